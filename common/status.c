@@ -1,0 +1,24 @@
+/* Names for status codes. */
+#include "common/status.h"
+
+const char *status_str(int status)
+{
+    switch (status) {
+    case KVS_OK: return "ok";
+    case KVS_ENOMEM: return "out of memory";
+    case KVS_EINVAL: return "invalid argument";
+    case KVS_EIO: return "i/o error";
+    case KVS_ENOSPC: return "no space left in pool";
+    case KVS_EFORMAT: return "malformed file";
+    case KVS_EVERSION: return "unsupported format version";
+    case KVS_ETRUNC: return "file truncated";
+    case KVS_EUNSUPPORTED: return "unsupported";
+    case KVS_ENOKEY: return "missing key";
+    case KVS_EKEYTYPE: return "key has wrong type";
+    case KVS_ENOTFOUND: return "not found";
+    case KVS_ECANCELED: return "cancelled";
+    case KVS_EBUSY: return "busy";
+    case KVS_ERANGE: return "out of range";
+    }
+    return "unknown status";
+}

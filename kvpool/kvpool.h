@@ -1,0 +1,103 @@
+/* kvpool: the paged KV cache's bookkeeping. A fixed pool of blocks, each holding block_size
+ * token slots; sequences own block tables that map logical block i to a physical block id.
+ *
+ * The pool knows ids, refcounts and token ids, never K/V memory: whoever owns the memory
+ * (the engine's KV arena) stores token at position p of a sequence in slot
+ *     blocks[p / block_size] * block_size + p % block_size
+ * and performs the block copies kvpool asks for on copy-on-write.
+ *
+ * Block states (invariant: used + cached + free == total after every call):
+ *   used   refcount > 0, in one or more block tables
+ *   cached refcount 0 but full and indexed by its prefix hash: findable by a later
+ *          sequence with the same prefix until evicted, least recently released first
+ *   free   refcount 0 and holding nothing anyone can find
+ * Prefix hashes chain: hash(block i) = H(hash(block i-1), token ids of block i), and a hit
+ * also compares the stored token ids and parent, so a hash collision can never alias.
+ *
+ * Not thread-safe: one owner thread (the engine thread) calls everything. */
+#ifndef KVS_KVPOOL_KVPOOL_H
+#define KVS_KVPOOL_KVPOOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct kvpool kvpool;
+typedef struct kvpool_seq kvpool_seq;
+
+typedef struct kvpool_params {
+    uint32_t n_blocks;   /* > 0 */
+    uint32_t block_size; /* tokens per block, > 0 (default 16) */
+    bool prefix_cache;   /* index full blocks for reuse (default true) */
+} kvpool_params;
+
+typedef struct kvpool_stats {
+    uint32_t blocks_total;
+    uint32_t blocks_used;
+    uint32_t blocks_cached;
+    uint32_t blocks_free;
+    uint64_t tokens_stored;  /* token slots filled across live sequences (shared counted once per seq) */
+    uint64_t slots_waste;    /* slots reserved in used blocks but not filled by any sequence */
+    uint64_t prefix_queries; /* blocks looked up by kvpool_seq_match_prefix */
+    uint64_t prefix_hits;    /* blocks found */
+    uint64_t evictions;      /* cached blocks reused for new data */
+} kvpool_stats;
+
+/* One block copy the caller must perform (K and V, all layers) before writing to dst. */
+typedef struct kvpool_copy {
+    int32_t src;
+    int32_t dst;
+} kvpool_copy;
+
+/* Creates a pool; on error returns KVS_EINVAL or KVS_ENOMEM and *out is NULL. */
+int kvpool_create(const kvpool_params *p, kvpool **out);
+/* Destroys the pool; live sequences must be destroyed first. NULL is a no-op. */
+void kvpool_destroy(kvpool *pool);
+
+uint32_t kvpool_block_size(const kvpool *pool);
+void kvpool_get_stats(const kvpool *pool, kvpool_stats *st);
+/* Number of blocks an allocation could obtain now (free + evictable cached). */
+uint32_t kvpool_available(const kvpool *pool);
+
+/* New empty sequence. */
+int kvpool_seq_create(kvpool *pool, kvpool_seq **out);
+/* Releases all the sequence's blocks (refcount--; full hashed blocks become cached, others
+ * free) and destroys it. NULL is a no-op. */
+void kvpool_seq_destroy(kvpool *pool, kvpool_seq *seq);
+
+/* New sequence sharing every block of src (refcounts++), including a partly filled last
+ * block, which is copied on the first write by either side. KVS_ENOMEM only. */
+int kvpool_seq_fork(kvpool *pool, const kvpool_seq *src, kvpool_seq **out);
+
+/* For an empty seq: attaches the longest run of cached or live full blocks whose tokens equal
+ * tokens[0..n), block by block from the start. Returns the number of tokens now covered (a
+ * multiple of block_size, <= n); those positions are already computed and committed. Pass
+ * n = prompt length - 1 so at least one token is left to compute logits from. */
+uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *tokens,
+                                 uint32_t n);
+
+/* Blocks that kvpool_seq_append(seq, n) would have to take from the pool (including a
+ * copy-on-write of a shared last block). */
+uint32_t kvpool_seq_blocks_needed(const kvpool *pool, const kvpool_seq *seq, uint32_t n);
+
+/* Reserves slots for n more tokens (positions len..len+n-1) and records their ids. If the
+ * last block is shared and partly filled it is first replaced by a private copy: *copy is set
+ * to {src, dst} and *n_copy to 1 (else 0); the caller copies K/V before its forward pass.
+ * All or nothing: KVS_ENOSPC leaves seq and pool unchanged. */
+int kvpool_seq_append(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n,
+                      kvpool_copy *copy, int *n_copy);
+
+/* Marks the first n_computed positions as holding K/V (after the forward pass wrote them):
+ * blocks that are now full are entered into the prefix index. n_computed <= length. */
+void kvpool_seq_commit(kvpool *pool, kvpool_seq *seq, uint32_t n_computed);
+
+/* Length in tokens (reserved), and the block table (valid until the next call that changes
+ * seq). */
+uint32_t kvpool_seq_len(const kvpool_seq *seq);
+uint32_t kvpool_seq_n_computed(const kvpool_seq *seq);
+const int32_t *kvpool_seq_blocks(const kvpool_seq *seq, uint32_t *n_blocks);
+
+/* Checks every invariant (refcounts match block tables, counts add up, index consistent);
+ * returns 0 or KVS_EINVAL. For tests. */
+int kvpool_check(const kvpool *pool);
+
+#endif
