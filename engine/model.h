@@ -1,0 +1,99 @@
+/* Llama-family model: hyperparameters and weights from a GGUF file, the KV arena the paged
+ * cache lives in, and the batched forward pass.
+ *
+ * engine_forward takes a flat batch of tokens from many sequences. Every projection and the
+ * MLP is one GEMM over all rows of the batch (weights are read once per step, not once per
+ * sequence); attention runs per token over its own sequence's blocks. Token t of sequence s
+ * at position p writes its K/V into slot blocks[p / block_size] * block_size + p % block_size
+ * of the arena and attends over positions 0..p of s (causal); all of a layer's K/V writes for
+ * the batch happen before that layer's attention, so a prefill chunk sees itself.
+ *
+ * Threads: an engine_model is immutable after load and may be shared. An engine_kv and an
+ * engine_ctx belong to one thread at a time (the engine thread). */
+#ifndef KVS_ENGINE_MODEL_H
+#define KVS_ENGINE_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/tokenizer.h"
+
+typedef struct engine_hparams {
+    uint32_t n_ctx_train; /* llama.context_length */
+    uint32_t n_embd;      /* llama.embedding_length */
+    uint32_t n_layer;     /* llama.block_count */
+    uint32_t n_ff;        /* llama.feed_forward_length */
+    uint32_t n_head;      /* llama.attention.head_count */
+    uint32_t n_head_kv;   /* llama.attention.head_count_kv (GQA) */
+    uint32_t head_dim;    /* n_embd / n_head */
+    uint32_t n_rot;       /* llama.rope.dimension_count (default head_dim) */
+    uint32_t n_vocab;
+    float rms_eps;        /* llama.attention.layer_norm_rms_epsilon */
+    float rope_base;      /* llama.rope.freq_base (default 10000) */
+} engine_hparams;
+
+typedef struct engine_model engine_model;
+
+typedef struct engine_load_params {
+    bool verbose; /* log one line with shape, parameters, bytes, load time */
+} engine_load_params;
+
+/* Loads path. Returns 0, or a negative status with a one-line reason in err: GGUF errors,
+ * KVS_EUNSUPPORTED (architecture, tensor type), KVS_ENOKEY / KVS_EKEYTYPE (metadata),
+ * KVS_EFORMAT (a tensor of the wrong shape), KVS_ENOMEM. */
+int engine_model_load(const char *path, const engine_load_params *p, engine_model **out,
+                      char *err, size_t err_len);
+void engine_model_destroy(engine_model *m);
+
+const engine_hparams *engine_model_hparams(const engine_model *m);
+const tok_vocab *engine_model_vocab(const engine_model *m);
+/* general.name, or the file's base name without .gguf; never NULL. */
+const char *engine_model_name(const engine_model *m);
+/* tokenizer.chat_template, or NULL if the file has none. NUL-terminated copy. */
+const char *engine_model_chat_template(const engine_model *m);
+/* Weight type of the projection matrices ("F32", "F16", "Q8_0"). */
+const char *engine_model_weight_type(const engine_model *m);
+uint64_t engine_model_n_params(const engine_model *m);
+
+/* --- KV arena: n_blocks * block_size token slots of K and V for every layer --- */
+typedef struct engine_kv engine_kv;
+
+/* Bytes one block takes (K and V, all layers). */
+size_t engine_kv_block_bytes(const engine_model *m, uint32_t block_size);
+int engine_kv_create(const engine_model *m, uint32_t n_blocks, uint32_t block_size,
+                     engine_kv **out);
+void engine_kv_destroy(engine_kv *kv);
+/* Copies block src's K/V (every layer) into block dst (copy-on-write). */
+void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst);
+
+/* --- forward --- */
+typedef struct engine_seq_view {
+    const int32_t *blocks; /* block table: physical block ids */
+    uint32_t n_blocks;
+} engine_seq_view;
+
+typedef struct engine_batch {
+    uint32_t n_tokens;
+    const int32_t *token;  /* [n_tokens] token ids */
+    const int32_t *pos;    /* [n_tokens] position within its sequence */
+    const int32_t *seq;    /* [n_tokens] index into seqs */
+    const bool *logits;    /* [n_tokens] whether this row's logits are wanted */
+    uint32_t n_seqs;
+    const engine_seq_view *seqs;
+} engine_batch;
+
+typedef struct engine_ctx engine_ctx;
+
+/* Scratch for batches of up to max_tokens rows; n_threads compute threads (BLAS and the
+ * attention workers). */
+int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_threads,
+                      engine_ctx **out);
+void engine_ctx_destroy(engine_ctx *c);
+
+/* Runs the batch, writing K/V into kv and the logits of the rows marked in b->logits, in row
+ * order, to logits_out ([n_marked][n_vocab]). KVS_EINVAL if the batch is malformed (token or
+ * position out of range, slot outside its block table, too many rows). */
+int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *logits_out);
+
+#endif

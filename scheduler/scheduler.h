@@ -1,0 +1,150 @@
+/* Scheduler: continuous batching over the paged KV cache, on one engine thread.
+ *
+ * Every step the engine thread (1) drains the inbox and drops cancelled requests, freeing
+ * their blocks; (2) plans a batch within max_batched_tokens: one decode token per running
+ * sequence, then prefill chunks of waiting prompts, admitting a sequence only if the pool can
+ * hold it (cached prefix blocks first) and preempting the newest sequence if the pool runs
+ * dry mid-decode; (3) runs one engine_forward over the batch; (4) samples, detokenizes and
+ * checks stop conditions; (5) publishes text deltas to each request's event queue.
+ *
+ * Threads: sched_submit / sched_req_* / sched_get_metrics may be called from any thread. The
+ * engine thread never blocks on a client: events are queued and the request's notify callback
+ * is called (from the engine thread, with no scheduler lock held) when new events arrive.
+ * Locks: sched.inbox_mu guards the inbox and the draining flag; each request's mu guards its
+ * event queue and the cancelled/released flags; sched.metrics_mu guards the metrics snapshot.
+ * No two are ever held together. */
+#ifndef KVS_SCHEDULER_SCHEDULER_H
+#define KVS_SCHEDULER_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+#include "engine/sampler.h"
+
+typedef struct sched sched;
+typedef struct sched_req sched_req;
+
+typedef struct sched_params {
+    uint32_t max_num_seqs;       /* running sequences at most (default 64) */
+    uint32_t max_queue;          /* waiting requests at most; beyond: KVS_ENOSPC -> 429 (256) */
+    uint32_t max_batched_tokens; /* tokens per step (default 512) */
+    uint32_t kv_cache_mb;        /* KV pool budget in MiB (default 256) */
+    uint32_t block_size;         /* tokens per KV block (default 16) */
+    bool prefix_cache;           /* reuse cached prompt blocks (default true) */
+    uint32_t n_threads;          /* compute threads for the engine (default: cores) */
+    uint32_t n_ctx;              /* context length; 0 = the model's */
+} sched_params;
+
+sched_params sched_default_params(void);
+
+/* Builds the pool, KV arena and engine scratch for model (which must outlive the scheduler)
+ * and starts the engine thread. KVS_EINVAL for bad params, KVS_ENOMEM. */
+int sched_create(const sched_params *p, const engine_model *model, sched **out);
+/* Stops the engine thread, ends every request with a KVS_ECANCELED error event, frees all.
+ * Requests not yet released stay valid until sched_req_release. NULL is a no-op. */
+void sched_destroy(sched *s);
+
+/* Stop admitting new requests (sched_submit returns KVS_EBUSY); running ones go on. */
+void sched_drain(sched *s);
+/* End every unfinished request now with an error event (code KVS_ECANCELED). */
+void sched_abort_all(sched *s);
+/* Requests submitted and not yet finished. */
+uint32_t sched_n_unfinished(sched *s);
+
+enum sched_finish {
+    SCHED_FINISH_NONE = 0,
+    SCHED_FINISH_STOP,   /* EOS / stop token / stop string */
+    SCHED_FINISH_LENGTH, /* max_tokens or context end */
+    SCHED_FINISH_ERROR,  /* see event.status */
+};
+
+#define SCHED_MAX_STOP 4
+#define SCHED_MAX_TOP_LOGPROBS 20
+
+typedef struct sched_request_params {
+    const int32_t *prompt; /* copied by sched_submit */
+    uint32_t n_prompt;     /* >= 1; prompt + max_tokens must fit n_ctx (else KVS_ERANGE) */
+    uint32_t max_tokens;   /* >= 1 */
+    uint32_t n;            /* choices sharing the prompt's blocks, >= 1 */
+    sampler_params sampling;
+    bool ignore_eos;
+    const char *stop[SCHED_MAX_STOP]; /* stop strings (copied); NULL entries unused */
+    int n_top_logprobs;               /* -1: no logprobs; 0..20: logprobs with that many tops */
+} sched_request_params;
+
+typedef struct sched_token_info {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_ids[SCHED_MAX_TOP_LOGPROBS];
+    float top_logprobs[SCHED_MAX_TOP_LOGPROBS];
+} sched_token_info;
+
+/* One event of a request's output, owned by the caller after sched_req_next (free with
+ * sched_event_free). */
+typedef struct sched_event {
+    uint32_t choice;          /* which of the n choices */
+    char *text;               /* UTF-8 delta (whole characters, stop strings held back), may be "" */
+    size_t text_len;
+    sched_token_info *tokens; /* the tokens of this delta, when logprobs were asked for */
+    uint32_t n_tokens;
+    enum sched_finish finish; /* != NONE: this choice is finished, this is its last event */
+    int status;               /* with SCHED_FINISH_ERROR: KVS_ECANCELED, KVS_ENOMEM, ... */
+    /* on a finishing event: */
+    uint32_t prompt_tokens;
+    uint32_t completion_tokens; /* of this choice */
+    uint32_t cached_tokens;     /* prompt tokens served from the prefix cache */
+} sched_event;
+
+void sched_event_free(sched_event *ev);
+
+/* Queues a request. notify(ud) is called from the engine thread whenever new events are
+ * queued (it must not block nor call back into the scheduler except sched_req_next).
+ * Returns 0 and *out, or KVS_ENOSPC (queue full), KVS_EBUSY (draining), KVS_ERANGE (does not
+ * fit the context), KVS_EINVAL, KVS_ENOMEM. */
+int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *ud), void *ud,
+                 sched_req **out);
+
+/* Takes the next queued event: returns 1 and fills *ev, 0 if none is queued now, or -1 when
+ * every choice has finished and all events were taken. Never blocks. */
+int sched_req_next(sched_req *r, sched_event *ev);
+
+/* The client is done with r (finished, or gone: an unfinished request is cancelled and its
+ * blocks return to the pool within one step). r must not be used afterwards. */
+void sched_req_release(sched_req *r);
+
+/* A snapshot of the scheduler's gauges, counters and histograms (Prometheus-ready). */
+#define SCHED_HIST_BUCKETS 16
+typedef struct sched_hist {
+    double bounds[SCHED_HIST_BUCKETS]; /* upper bounds, ascending; +Inf implied after */
+    int n_bounds;
+    uint64_t counts[SCHED_HIST_BUCKETS + 1]; /* per bucket (not cumulative); last is +Inf */
+    double sum;
+    uint64_t count;
+} sched_hist;
+
+typedef struct sched_metrics {
+    uint32_t num_requests_running;
+    uint32_t num_requests_waiting;
+    uint32_t kv_blocks_total;
+    uint32_t kv_blocks_used;
+    uint32_t kv_blocks_cached;
+    double kv_cache_usage_ratio;
+    uint64_t prompt_tokens_total;
+    uint64_t generation_tokens_total;
+    uint64_t prefix_cache_queries_total; /* blocks looked up */
+    uint64_t prefix_cache_hits_total;    /* blocks found */
+    uint64_t preemptions_total;
+    uint64_t steps_total;
+    uint64_t multi_seq_steps_total; /* steps that carried more than one sequence */
+    sched_hist time_to_first_token_seconds;
+    sched_hist inter_token_latency_seconds;
+    sched_hist e2e_request_latency_seconds;
+    sched_hist batch_size; /* sequences per step */
+} sched_metrics;
+
+void sched_get_metrics(sched *s, sched_metrics *m);
+
+#endif
