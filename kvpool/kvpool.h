@@ -92,8 +92,8 @@ int kvpool_seq_append(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint
 /* Marks the first n_computed positions as holding K/V (after the forward pass wrote them):
  * blocks that are now full are entered into the prefix index. A full block whose prefix
  * another sequence already indexed is replaced in the block table by that indexed block
- * (same tokens after the same prefix, so equivalent K/V), and the duplicate goes back to the pool: re-read the table after
- * committing. Positions >= n_computed keep their slots. n_computed <= length. */
+ * (same tokens after the same prefix, so equivalent K/V) and goes back to the pool: re-read
+ * the table after committing. Positions >= n_computed keep their slots. n_computed <= length. */
 void kvpool_seq_commit(kvpool *pool, kvpool_seq *seq, uint32_t n_computed);
 
 /* Length in tokens (reserved), and the block table (valid until the next call that changes
