@@ -1,7 +1,8 @@
 /* kvpool: block bookkeeping for the paged KV cache (see kvpool.h for the contract).
  * Invariants: every block is in exactly one state (used: refcount > 0; cached: refcount 0,
  * indexed, on the LRU list; free: refcount 0, unindexed, on the free list); an indexed block
- * is full and its indexed parent is indexed too; block fill is the same for every holder. */
+ * is full, and every table holding it holds its indexed parent just before it (so children
+ * leave the LRU before their parents); block fill is the same for every holder. */
 #include "kvpool/kvpool.h"
 
 #include <stdlib.h>
@@ -27,7 +28,7 @@ typedef struct kvpool_block {
     int32_t parent;      /* indexed parent block, -1 for a sequence's first block */
     int32_t lprev;       /* free list or LRU links, -1 at the ends */
     int32_t lnext;
-    int32_t hnext;       /* next block in the same index bucket, -1 at the end */
+    int32_t hnext; /* next block in the same index bucket, -1 at the end */
     bool indexed;
 } kvpool_block;
 
@@ -44,6 +45,7 @@ struct kvpool_seq {
     uint32_t cap;
     uint32_t len;        /* reserved positions */
     uint32_t n_computed; /* positions holding K/V, <= len */
+    uint32_t n_indexed;  /* leading blocks known to be in the prefix index */
     kvpool_seq *prev;    /* the pool's list of live sequences (for kvpool_check) */
     kvpool_seq *next;
 };
@@ -52,9 +54,9 @@ struct kvpool {
     uint32_t n_blocks;
     uint32_t block_size;
     bool prefix_cache;
-    kvpool_block *blk; /* [n_blocks] */
-    int32_t *tokens;   /* [n_blocks * block_size] token id held by each slot */
-    int32_t *buckets;  /* [n_buckets] head of each index chain, -1 when empty */
+    kvpool_block *blk;  /* [n_blocks] */
+    int32_t *tokens;    /* [n_blocks * block_size] token id held by each slot */
+    int32_t *buckets;   /* [n_buckets] head of each index chain, -1 when empty */
     uint32_t n_buckets; /* power of two >= n_blocks */
     kvpool_list free_list;
     kvpool_list lru; /* cached blocks, least recently released at the head */
@@ -270,7 +272,10 @@ static void seq_unlink(kvpool *pool, kvpool_seq *s)
     pool->n_seqs--;
 }
 
-static uint32_t div_up(uint32_t a, uint32_t b) { return a / b + (a % b != 0); }
+static uint32_t div_up(uint32_t a, uint32_t b)
+{
+    return a / b + (a % b != 0);
+}
 
 /* --- public API --- */
 
@@ -329,7 +334,10 @@ void kvpool_destroy(kvpool *pool)
     free(pool);
 }
 
-uint32_t kvpool_block_size(const kvpool *pool) { return pool->block_size; }
+uint32_t kvpool_block_size(const kvpool *pool)
+{
+    return pool->block_size;
+}
 
 void kvpool_get_stats(const kvpool *pool, kvpool_stats *st)
 {
@@ -340,7 +348,10 @@ void kvpool_get_stats(const kvpool *pool, kvpool_stats *st)
     st->blocks_free = pool->free_list.n;
 }
 
-uint32_t kvpool_available(const kvpool *pool) { return pool->free_list.n + pool->lru.n; }
+uint32_t kvpool_available(const kvpool *pool)
+{
+    return pool->free_list.n + pool->lru.n;
+}
 
 int kvpool_seq_create(kvpool *pool, kvpool_seq **out)
 {
@@ -385,13 +396,13 @@ int kvpool_seq_fork(kvpool *pool, const kvpool_seq *src, kvpool_seq **out)
     s->n_blocks = src->n_blocks;
     s->len = src->len;
     s->n_computed = src->n_computed;
+    s->n_indexed = src->n_indexed;
     pool->st.tokens_stored += s->len;
     *out = s;
     return 0;
 }
 
-uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *tokens,
-                                 uint32_t n)
+uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n)
 {
     if (!pool->prefix_cache || seq->len != 0 || !tokens)
         return 0;
@@ -415,6 +426,7 @@ uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *t
     }
     seq->n_blocks = got;
     seq->len = seq->n_computed = got * bs;
+    seq->n_indexed = got;
     pool->st.prefix_hits += got;
     pool->st.tokens_stored += seq->len;
     return seq->len;
@@ -493,34 +505,49 @@ void kvpool_seq_commit(kvpool *pool, kvpool_seq *seq, uint32_t n_computed)
 {
     if (n_computed > seq->len)
         n_computed = seq->len;
-    if (n_computed <= seq->n_computed)
-        return;
-    uint32_t bs = pool->block_size;
-    uint32_t first = seq->n_computed / bs, end = n_computed / bs;
-    seq->n_computed = n_computed;
+    if (n_computed > seq->n_computed)
+        seq->n_computed = n_computed;
     if (!pool->prefix_cache)
         return;
-    for (uint32_t i = first; i < end; i++) {
+    uint32_t bs = pool->block_size, end = seq->n_computed / bs;
+    /* Index in table order: a child is findable only through its parent. */
+    for (uint32_t i = seq->n_indexed; i < end; i++) {
         int32_t b = seq->blocks[i];
-        if (pool->blk[b].indexed)
-            continue; /* matched, or committed through a fork sibling */
-        int32_t parent = i > 0 ? seq->blocks[i - 1] : -1;
-        /* A child is findable only through its parent, so stop at an unindexed parent (a
-         * duplicate of a block another sequence had already indexed). */
-        if (parent >= 0 && !pool->blk[parent].indexed)
-            break;
-        uint64_t ph = parent >= 0 ? pool->blk[parent].hash : KVPOOL_ROOT_HASH;
-        const int32_t *tok = block_tokens(pool, b);
-        uint64_t h = chain_hash(ph, tok, bs);
-        if (index_find(pool, h, parent, tok) >= 0)
-            break; /* same content already indexed: keep one copy findable */
-        index_insert(pool, b, h, parent);
+        if (!pool->blk[b].indexed) {
+            int32_t parent = i > 0 ? seq->blocks[i - 1] : -1;
+            uint64_t ph = parent >= 0 ? pool->blk[parent].hash : KVPOOL_ROOT_HASH;
+            const int32_t *tok = block_tokens(pool, b);
+            uint64_t h = chain_hash(ph, tok, bs);
+            int32_t same = index_find(pool, h, parent, tok);
+            if (same < 0) {
+                index_insert(pool, b, h, parent);
+            } else if (pool->blk[b].refcount == 1) {
+                /* Another sequence computed and indexed this very prefix first (both
+                 * prefilled it at once). Switch to the indexed block so our later blocks
+                 * chain from it and become findable too; ours returns to the pool. */
+                block_ref(pool, same);
+                block_unref(pool, b);
+                seq->blocks[i] = same;
+            } else {
+                /* Shared with a fork sibling: switching only our table would give our
+                 * later blocks a parent the sibling lacks. Retry on a later commit (the
+                 * sibling may have switched or gone by then). */
+                break;
+            }
+        }
+        seq->n_indexed = i + 1;
     }
 }
 
-uint32_t kvpool_seq_len(const kvpool_seq *seq) { return seq->len; }
+uint32_t kvpool_seq_len(const kvpool_seq *seq)
+{
+    return seq->len;
+}
 
-uint32_t kvpool_seq_n_computed(const kvpool_seq *seq) { return seq->n_computed; }
+uint32_t kvpool_seq_n_computed(const kvpool_seq *seq)
+{
+    return seq->n_computed;
+}
 
 const int32_t *kvpool_seq_blocks(const kvpool_seq *seq, uint32_t *n_blocks)
 {
@@ -531,8 +558,7 @@ const int32_t *kvpool_seq_blocks(const kvpool_seq *seq, uint32_t *n_blocks)
 
 /* --- invariant check (tests): scans everything --- */
 
-static int check_list(const kvpool *pool, const kvpool_list *l, bool want_indexed,
-                      uint8_t *seen)
+static int check_list(const kvpool *pool, const kvpool_list *l, bool want_indexed, uint8_t *seen)
 {
     uint32_t count = 0;
     int32_t prev = -1;
@@ -554,8 +580,7 @@ static int check_list(const kvpool *pool, const kvpool_list *l, bool want_indexe
 static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
 {
     uint32_t bs = pool->block_size, nb = pool->n_blocks;
-    if (check_list(pool, &pool->free_list, false, seen) ||
-        check_list(pool, &pool->lru, true, seen))
+    if (check_list(pool, &pool->free_list, false, seen) || check_list(pool, &pool->lru, true, seen))
         return KVS_EINVAL;
 
     /* Block tables: shapes, per-holder fill, and parent links of indexed blocks. */
@@ -563,7 +588,8 @@ static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
     uint32_t n_seqs = 0;
     for (const kvpool_seq *s = pool->seqs; s; s = s->next) {
         if (++n_seqs > pool->n_seqs || s->n_computed > s->len ||
-            s->n_blocks != div_up(s->len, bs) || s->n_blocks > s->cap)
+            s->n_blocks != div_up(s->len, bs) || s->n_blocks > s->cap ||
+            s->n_indexed > s->n_computed / bs)
             return KVS_EINVAL;
         if (s->next && s->next->prev != s)
             return KVS_EINVAL;
@@ -578,6 +604,8 @@ static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
             if (k->fill != fill)
                 return KVS_EINVAL;
             if (k->indexed && k->parent != (i > 0 ? s->blocks[i - 1] : -1))
+                return KVS_EINVAL;
+            if (i < s->n_indexed && !k->indexed)
                 return KVS_EINVAL;
         }
     }
@@ -630,8 +658,7 @@ static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
                 const kvpool_block *q = &pool->blk[c];
                 if (q->hash == k->hash && q->parent == k->parent &&
                     q->parent_gen == k->parent_gen &&
-                    memcmp(block_tokens(pool, b), block_tokens(pool, c),
-                           sizeof(int32_t) * bs) == 0)
+                    memcmp(block_tokens(pool, b), block_tokens(pool, c), sizeof(int32_t) * bs) == 0)
                     return KVS_EINVAL;
             }
         }
