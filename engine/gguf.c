@@ -518,6 +518,24 @@ int gguf_get_f32(const gguf_file *f, const char *key, float *out)
     return KVS_EKEYTYPE;
 }
 
+int gguf_get_f64(const gguf_file *f, const char *key, double *out)
+{
+    const gguf_kv *kv = lookup(f, key);
+    if (!kv)
+        return KVS_ENOKEY;
+    if (kv->type == GGUF_TYPE_FLOAT32) {
+        float v;
+        memcpy(&v, kv->value, 4);
+        *out = v;
+        return 0;
+    }
+    if (kv->type == GGUF_TYPE_FLOAT64) {
+        memcpy(out, kv->value, 8);
+        return 0;
+    }
+    return KVS_EKEYTYPE;
+}
+
 int gguf_get_bool(const gguf_file *f, const char *key, int *out)
 {
     const gguf_kv *kv = lookup(f, key);

@@ -92,6 +92,8 @@ int gguf_get_u32(const gguf_file *f, const char *key, uint32_t *out);
 int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out);
 int gguf_get_i64(const gguf_file *f, const char *key, int64_t *out);
 int gguf_get_f32(const gguf_file *f, const char *key, float *out);
+/* As gguf_get_f32 without the rounding of FLOAT64 values (FLOAT32 and FLOAT64). */
+int gguf_get_f64(const gguf_file *f, const char *key, double *out);
 int gguf_get_bool(const gguf_file *f, const char *key, int *out);
 int gguf_get_str(const gguf_file *f, const char *key, const char **s, size_t *len);
 
