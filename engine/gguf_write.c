@@ -332,6 +332,10 @@ int gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src, int64_t kv)
             uint8_t b8 = (uint8_t)v.u;
             uint16_t b16 = (uint16_t)v.u;
             uint32_t b32 = (uint32_t)v.u;
+            if (t == GGUF_TYPE_UINT32) { /* through add_u32: general.alignment takes effect */
+                rc = gguf_writer_add_u32(w, key, b32);
+                break;
+            }
             const void *p = t == GGUF_TYPE_UINT8    ? (const void *)&b8
                             : t == GGUF_TYPE_UINT16 ? (const void *)&b16
                             : t == GGUF_TYPE_UINT32 ? (const void *)&b32
