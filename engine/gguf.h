@@ -8,8 +8,9 @@
  *   string = u64 length | bytes (not NUL-terminated); array = u32 elem_type | u64 count | elems
  *
  * Every count, length, offset and tensor extent is checked against the file size while the
- * header is parsed, so once gguf_open succeeds every accessor is memory-safe. Strings handed out
- * point into the mapping and are NOT NUL-terminated: use the returned length.
+ * header is parsed (and tensors may not overlap), so once gguf_open succeeds every accessor is
+ * memory-safe. Strings handed out point into the mapping and are NOT NUL-terminated: use the
+ * returned length.
  * A gguf_file is immutable after open and may be read from any thread. */
 #ifndef KVS_ENGINE_GGUF_H
 #define KVS_ENGINE_GGUF_H

@@ -109,8 +109,14 @@ static int meta_put(gguf_writer *w, const void *src, size_t n)
     return 0;
 }
 
-static int meta_u32(gguf_writer *w, uint32_t v) { return meta_put(w, &v, 4); }
-static int meta_u64(gguf_writer *w, uint64_t v) { return meta_put(w, &v, 8); }
+static int meta_u32(gguf_writer *w, uint32_t v)
+{
+    return meta_put(w, &v, 4);
+}
+static int meta_u64(gguf_writer *w, uint64_t v)
+{
+    return meta_put(w, &v, 8);
+}
 
 static int meta_str(gguf_writer *w, const char *s, size_t n)
 {
@@ -275,8 +281,8 @@ static int add_arr_n(gguf_writer *w, const char *key, size_t klen, enum gguf_typ
     return kv_end(w, key, klen, mark, rc);
 }
 
-int gguf_writer_add_arr(gguf_writer *w, const char *key, enum gguf_type elem_type,
-                        const void *data, uint64_t count)
+int gguf_writer_add_arr(gguf_writer *w, const char *key, enum gguf_type elem_type, const void *data,
+                        uint64_t count)
 {
     return add_arr_n(w, key, key ? strlen(key) : 0, elem_type, data, count);
 }
@@ -462,8 +468,8 @@ static int add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const u
     return 0;
 }
 
-int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims,
-                           const uint64_t *dims, uint32_t type, const void *data)
+int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const uint64_t *dims,
+                           uint32_t type, const void *data)
 {
     if (!data)
         return KVS_EINVAL;
@@ -479,7 +485,10 @@ int gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, uint32_t n_dim
     return add_tensor(w, name, n_dims, dims, type, NULL, fill, user);
 }
 
-static uint64_t pad_to(uint64_t n, uint32_t a) { return (a - n % a) % a; }
+static uint64_t pad_to(uint64_t n, uint32_t a)
+{
+    return (a - n % a) % a;
+}
 
 static uint64_t header_size(const gguf_writer *w)
 {
@@ -514,8 +523,14 @@ static int put(sink *s, const void *p, size_t n)
     return 0;
 }
 
-static int put_u32(sink *s, uint32_t v) { return put(s, &v, 4); }
-static int put_u64(sink *s, uint64_t v) { return put(s, &v, 8); }
+static int put_u32(sink *s, uint32_t v)
+{
+    return put(s, &v, 4);
+}
+static int put_u64(sink *s, uint64_t v)
+{
+    return put(s, &v, 8);
+}
 
 static int put_zeros(sink *s, uint64_t n)
 {

@@ -47,8 +47,8 @@ int gguf_writer_add_bool(gguf_writer *w, const char *key, int v);
 int gguf_writer_add_str(gguf_writer *w, const char *key, const char *s);
 int gguf_writer_add_strn(gguf_writer *w, const char *key, const char *s, size_t len);
 /* Numeric array of count elements of elem_type (not STRING/ARRAY), native little-endian. */
-int gguf_writer_add_arr(gguf_writer *w, const char *key, enum gguf_type elem_type,
-                        const void *data, uint64_t count);
+int gguf_writer_add_arr(gguf_writer *w, const char *key, enum gguf_type elem_type, const void *data,
+                        uint64_t count);
 /* String array; lens may be NULL when every string is NUL-terminated. */
 int gguf_writer_add_arr_str(gguf_writer *w, const char *key, const char *const *strs,
                             const size_t *lens, uint64_t count);
@@ -60,8 +60,8 @@ int gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src, int64_t kv);
  * dim, unknown type, row not a whole number of blocks, size overflow) or KVS_ENOMEM.
  * dims are in ggml order (dims[0] contiguous). --- */
 /* data holds ggml_type_nbytes(type, product of dims) bytes and is copied. */
-int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims,
-                           const uint64_t *dims, uint32_t type, const void *data);
+int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims, const uint64_t *dims,
+                           uint32_t type, const void *data);
 /* The data is produced by fill(user, ...) during the write; user must outlive it. */
 int gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, uint32_t n_dims,
                                 const uint64_t *dims, uint32_t type, gguf_writer_fill_fn fill,
@@ -70,7 +70,7 @@ int gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, uint32_t n_dim
 /* Bytes the finished file will take. */
 uint64_t gguf_writer_file_size(const gguf_writer *w);
 
-/* Writes the file to path (created or truncated, mode 0644 minus umask; removed again on
+/* Writes the file to path (created or truncated, mode 0666 minus umask; removed again on
  * failure). Returns 0, KVS_EIO (with a reason in err), a fill callback's status, or
  * KVS_ENOMEM. The writer is unchanged and may be written again. */
 int gguf_writer_write(gguf_writer *w, const char *path, char *err, size_t err_len);

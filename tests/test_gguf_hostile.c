@@ -2,12 +2,12 @@
  * plus the writer (gguf_write.h) round-tripping every metadata type. Every candidate is opened
  * from an exact-size heap copy so that ASan sees any read past its end; when a damaged file
  * still opens, every accessor is swept to prove the "memory-safe after open" promise. */
+#include <cmocka.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,8 +61,14 @@ static uint32_t rd32(const uint8_t *p)
     memcpy(&v, p, 4);
     return v;
 }
-static void wr64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static void wr32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void wr64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+static void wr32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
 
 static size_t elem_size(uint32_t t)
 {
@@ -400,7 +406,7 @@ static void test_bad_magic_and_version(void **state)
     expect32(b, 4, 1, KVS_EVERSION, "version");
     expect32(b, 4, 4, KVS_EVERSION, "version");
     expect32(b, 4, 0x03000000u, KVS_EVERSION, "version"); /* a big-endian file */
-    expect32(b, 4, 2, 0, "version");                       /* v2 has v3's layout */
+    expect32(b, 4, 2, 0, "version");                      /* v2 has v3's layout */
     free(b);
 }
 
@@ -501,7 +507,7 @@ static void test_lying_dims(void **state)
     NEED_MODEL();
     uint8_t *b = dup_model();
     const t_loc *emb = t_by_name("token_embd.weight"); /* [64, 512], first in the data */
-    const t_loc *last = &M.t[M.n_t - 1];                 /* [64], last in the data */
+    const t_loc *last = &M.t[M.n_t - 1];               /* [64], last in the data */
     expect32(b, emb->n_dims, 0, KVS_EFORMAT, "n_dims");
     expect32(b, emb->n_dims, GGUF_MAX_DIMS + 1, KVS_EFORMAT, "n_dims");
     expect32(b, emb->n_dims, UINT32_MAX, KVS_EFORMAT, "n_dims");
@@ -875,18 +881,12 @@ static void test_writer_short_data(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pristine_opens),
-        cmocka_unit_test(test_truncations),
-        cmocka_unit_test(test_bit_flips),
-        cmocka_unit_test(test_bad_magic_and_version),
-        cmocka_unit_test(test_lying_counts),
-        cmocka_unit_test(test_lying_lengths),
-        cmocka_unit_test(test_lying_types),
-        cmocka_unit_test(test_lying_dims),
-        cmocka_unit_test(test_lying_offsets),
-        cmocka_unit_test(test_duplicates),
-        cmocka_unit_test(test_files_on_disk),
-        cmocka_unit_test(test_writer_roundtrip),
+        cmocka_unit_test(test_pristine_opens),    cmocka_unit_test(test_truncations),
+        cmocka_unit_test(test_bit_flips),         cmocka_unit_test(test_bad_magic_and_version),
+        cmocka_unit_test(test_lying_counts),      cmocka_unit_test(test_lying_lengths),
+        cmocka_unit_test(test_lying_types),       cmocka_unit_test(test_lying_dims),
+        cmocka_unit_test(test_lying_offsets),     cmocka_unit_test(test_duplicates),
+        cmocka_unit_test(test_files_on_disk),     cmocka_unit_test(test_writer_roundtrip),
         cmocka_unit_test(test_writer_short_data),
     };
     return cmocka_run_group_tests_name("gguf_hostile", tests, setup, teardown);

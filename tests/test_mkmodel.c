@@ -1,12 +1,12 @@
 /* kvs-mkmodel: runs the real tool (path in argv[1]) on the small stories260K shape into a temp
  * dir and re-reads the result with the GGUF reader: metadata llama.cpp needs, tensor names,
  * ggml dim order and types, weight statistics, F16/Q8_0 conversions, determinism, vocab. */
+#include <cmocka.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,8 +53,19 @@ static gguf_file *make(const char *name, const char *type, const char *seed, con
 {
     char path[512];
     out_path(path, sizeof path, name);
-    const char *args[] = {"--shape", "stories260K", "--type", type, "--seed", seed, "--ctx",
-                          "256", "-o", path, vocab ? "--vocab" : NULL, vocab, NULL};
+    const char *args[] = {"--shape",
+                          "stories260K",
+                          "--type",
+                          type,
+                          "--seed",
+                          seed,
+                          "--ctx",
+                          "256",
+                          "-o",
+                          path,
+                          vocab ? "--vocab" : NULL,
+                          vocab,
+                          NULL};
     assert_int_equal(run_tool(args), 0);
     gguf_file *f = NULL;
     char err[256] = "";
@@ -143,9 +154,9 @@ static void check_tensors(const gguf_file *f, uint32_t mtype)
         const char *name;
         uint64_t d0, d1; /* d1 == 0: 1-D norm */
     } want[] = {
-        {"attn_norm", 64, 0}, {"attn_q", 64, 64},    {"attn_k", 64, 32},
-        {"attn_v", 64, 32},   {"attn_output", 64, 64}, {"ffn_norm", 64, 0},
-        {"ffn_gate", 64, 172}, {"ffn_up", 64, 172},  {"ffn_down", 172, 64},
+        {"attn_norm", 64, 0},  {"attn_q", 64, 64},      {"attn_k", 64, 32},
+        {"attn_v", 64, 32},    {"attn_output", 64, 64}, {"ffn_norm", 64, 0},
+        {"ffn_gate", 64, 172}, {"ffn_up", 64, 172},     {"ffn_down", 172, 64},
     };
     for (int l = 0; l < 5; l++)
         for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
@@ -155,7 +166,7 @@ static void check_tensors(const gguf_file *f, uint32_t mtype)
             assert_int_equal(t->n_dims, want[k].d1 ? 2 : 1);
             assert_int_equal(t->dims[0], want[k].d0);
             assert_int_equal(t->dims[1], want[k].d1 ? want[k].d1 : 1);
-            uint32_t type = !want[k].d1 ? GGML_TYPE_F32
+            uint32_t type = !want[k].d1                                    ? GGML_TYPE_F32
                             : (mtype == GGML_TYPE_Q8_0 && want[k].d0 % 32) ? GGML_TYPE_F16
                                                                            : mtype;
             assert_int_equal(t->type, type);
@@ -368,8 +379,7 @@ static void test_bad_arguments(void **state)
     assert_int_equal(run_tool(a3), 2);
     const char *a4[] = {"--shape", "stories260K", "--ctx", "-5", "-o", path, NULL};
     assert_int_equal(run_tool(a4), 2);
-    const char *a5[] = {"--shape", "stories260K", "--vocab", "/nonexistent.gguf", "-o", path,
-                        NULL};
+    const char *a5[] = {"--shape", "stories260K", "--vocab", "/nonexistent.gguf", "-o", path, NULL};
     assert_int_equal(run_tool(a5), 1);
     assert_int_equal(access(path, F_OK), -1); /* nothing written */
 }
@@ -401,10 +411,8 @@ int main(int argc, char **argv)
     }
     tool = argv[1];
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_f32_shape),
-        cmocka_unit_test(test_f16_q8_0_match_f32),
-        cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_vocab_copy),
+        cmocka_unit_test(test_f32_shape),     cmocka_unit_test(test_f16_q8_0_match_f32),
+        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_vocab_copy),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests_name("mkmodel", tests, setup, teardown);

@@ -50,7 +50,10 @@ static uint64_t splitmix64(uint64_t *s)
 }
 
 /* Uniform in (0, 1]: never 0, so log() is finite. */
-static double rng_uniform(rng *r) { return ((splitmix64(&r->s) >> 11) + 1) * 0x1.0p-53; }
+static double rng_uniform(rng *r)
+{
+    return ((splitmix64(&r->s) >> 11) + 1) * 0x1.0p-53;
+}
 
 static double rng_normal(rng *r)
 {
@@ -217,12 +220,13 @@ static int vocab_synth(vocab *v, uint32_t n)
 
 static void usage(FILE *fp)
 {
-    fprintf(fp,
-            "usage: kvs-mkmodel --shape NAME -o OUT.gguf [--type f32|f16|q8_0] [--vocab FILE.gguf]\n"
-            "                   [--seed N] [--ctx N]\n"
-            "Writes a llama GGUF with random weights (std %.2f, norms 1.0).\n"
-            "  --shape   one of:",
-            WEIGHT_STD);
+    fprintf(
+        fp,
+        "usage: kvs-mkmodel --shape NAME -o OUT.gguf [--type f32|f16|q8_0] [--vocab FILE.gguf]\n"
+        "                   [--seed N] [--ctx N]\n"
+        "Writes a llama GGUF with random weights (std %.2f, norms 1.0).\n"
+        "  --shape   one of:",
+        WEIGHT_STD);
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++)
         fprintf(fp, " %s", SHAPES[i].name);
     fprintf(fp, "\n"
@@ -336,8 +340,10 @@ static int gen_tensor(gen *g, const char *name, uint64_t d0, uint64_t d1)
     bool matrix = d1 != 0;
     uint32_t type = matrix ? g->wtype : GGML_TYPE_F32;
     if (type == GGML_TYPE_Q8_0 && d0 % QK8_0) {
-        fprintf(stderr, "kvs-mkmodel: note: %s rows of %llu are not a multiple of %d, "
-                        "stored as F16\n", name, (unsigned long long)d0, QK8_0);
+        fprintf(stderr,
+                "kvs-mkmodel: note: %s rows of %llu are not a multiple of %d, "
+                "stored as F16\n",
+                name, (unsigned long long)d0, QK8_0);
         type = GGML_TYPE_F16;
     }
     if (g->n_fills == g->cap_fills)
@@ -346,8 +352,8 @@ static int gen_tensor(gen *g, const char *name, uint64_t d0, uint64_t d1)
     uint64_t idx = g->n_fills++;
     /* Each tensor gets its own stream so that its values do not depend on the others' sizes. */
     uint64_t s = g->seed ^ (idx * 0xd1b54a32d192ed03ull);
-    *f = (wfill){.seed = splitmix64(&s), .ones = !matrix, .type = type, .row_len = d0,
-                 .tmp = g->tmp};
+    *f = (wfill){
+        .seed = splitmix64(&s), .ones = !matrix, .type = type, .row_len = d0, .tmp = g->tmp};
     uint64_t dims[2] = {d0, d1};
     return gguf_writer_add_tensor_fill(g->w, name, matrix ? 2 : 1, dims, type, fill_tensor, f);
 }
@@ -391,10 +397,9 @@ static int add_vocab(gguf_writer *w, const opts *o, uint32_t *n_vocab)
     *n_vocab = v.n;
     if (!(rc = gguf_writer_add_str(w, "tokenizer.ggml.model", "llama")) &&
         !(rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", v.pieces, v.lens, v.n)) &&
-        !(rc = gguf_writer_add_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, v.scores,
-                                   v.n)) &&
-        !(rc = gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v.types,
-                                   v.n)) &&
+        !(rc = gguf_writer_add_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, v.scores, v.n)) &&
+        !(rc =
+              gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v.types, v.n)) &&
         !(rc = gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0)) &&
         !(rc = gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1)) &&
         !(rc = gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2)) &&
@@ -433,8 +438,8 @@ static int build(gen *g, const opts *o)
     if ((rc = add_vocab(w, o, &n_vocab)))
         return rc;
     if (n_vocab != sh->vocab)
-        fprintf(stderr, "kvs-mkmodel: note: vocabulary has %u tokens (shape default %u)\n",
-                n_vocab, sh->vocab);
+        fprintf(stderr, "kvs-mkmodel: note: vocabulary has %u tokens (shape default %u)\n", n_vocab,
+                sh->vocab);
     if ((rc = gguf_writer_add_u32(w, "llama.vocab_size", n_vocab)))
         return rc;
 
@@ -452,9 +457,9 @@ static int build(gen *g, const opts *o)
             const char *suffix;
             int d0, d1; /* 0 none, 1 dim, 2 kv_dim, 3 ffn */
         } L[] = {
-            {"attn_norm", 1, 0}, {"attn_q", 1, 1},   {"attn_k", 1, 2},
+            {"attn_norm", 1, 0}, {"attn_q", 1, 1},      {"attn_k", 1, 2},
             {"attn_v", 1, 2},    {"attn_output", 1, 1}, {"ffn_norm", 1, 0},
-            {"ffn_gate", 1, 3},  {"ffn_down", 3, 1}, {"ffn_up", 1, 3},
+            {"ffn_gate", 1, 3},  {"ffn_down", 3, 1},    {"ffn_up", 1, 3},
         };
         for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
             uint64_t sz[4] = {0, sh->dim, kv_dim, sh->ffn};
