@@ -2,12 +2,15 @@
  * plus the writer (gguf_write.h) round-tripping every metadata type. Every candidate is opened
  * from an exact-size heap copy so that ASan sees any read past its end; when a damaged file
  * still opens, every accessor is swept to prove the "memory-safe after open" promise. */
-#include <cmocka.h>
-#include <math.h>
+/* cmocka needs these four first. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

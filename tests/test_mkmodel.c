@@ -1,12 +1,15 @@
 /* kvs-mkmodel: runs the real tool (path in argv[1]) on the small stories260K shape into a temp
  * dir and re-reads the result with the GGUF reader: metadata llama.cpp needs, tensor names,
  * ggml dim order and types, weight statistics, F16/Q8_0 conversions, determinism, vocab. */
-#include <cmocka.h>
-#include <math.h>
+/* cmocka needs these four first. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
