@@ -88,9 +88,15 @@ int tok__spm_encode(const tok_vocab *v, const char *text, size_t len, bool space
 
     int32_t n_sym = 0;
     for (size_t off = 0; off < elen;) {
+        /* A character is what its lead byte announces, but a malformed sequence is cut to
+         * its lead byte alone (llama.cpp would swallow the next bytes into it, turning a
+         * following space into raw U+2581 bytes). Valid text is split exactly as there. */
         size_t n = tok__utf8_len((unsigned char)esc[off]);
         if (n > elen - off)
-            n = elen - off;
+            n = 1;
+        for (size_t k = 1; k < n; k++)
+            if (((unsigned char)esc[off + k] & 0xC0) != 0x80)
+                n = 1;
         sym[n_sym] = (tok__sym){.prev = n_sym - 1, .next = off + n == elen ? -1 : n_sym + 1,
                                 .off = (uint32_t)off, .n = (uint32_t)n};
         off += n;
