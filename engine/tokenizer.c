@@ -116,15 +116,17 @@ static void fix_phi3(tok_vocab *v, const gguf_file *f)
     }
 }
 
-static const tok_vocab *g_sort_vocab; /* qsort has no context argument; load is serialised */
+typedef struct special_key {
+    uint32_t len;
+    int32_t id;
+} special_key;
 
 static int cmp_special(const void *a, const void *b)
 {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    uint32_t lx = g_sort_vocab->text_len[x], ly = g_sort_vocab->text_len[y];
-    if (lx != ly)
-        return lx > ly ? -1 : 1; /* longest first, as llama.cpp's cache_special_tokens */
-    return (x > y) - (x < y);
+    const special_key *x = a, *y = b;
+    if (x->len != y->len)
+        return x->len > y->len ? -1 : 1; /* longest first, as llama.cpp's cache_special_tokens */
+    return (x->id > y->id) - (x->id < y->id);
 }
 
 static int build_specials(tok_vocab *v)
@@ -142,9 +144,15 @@ static int build_specials(tok_vocab *v)
             v->special[v->n_special++] = id;
             bytes += v->text_len[id];
         }
-    g_sort_vocab = v;
-    qsort(v->special, v->n_special, sizeof *v->special, cmp_special);
-    g_sort_vocab = NULL;
+    special_key *keys = malloc((v->n_special ? v->n_special : 1) * sizeof *keys);
+    if (!keys)
+        return KVS_ENOMEM;
+    for (size_t k = 0; k < v->n_special; k++)
+        keys[k] = (special_key){v->text_len[v->special[k]], v->special[k]};
+    qsort(keys, v->n_special, sizeof *keys, cmp_special);
+    for (size_t k = 0; k < v->n_special; k++)
+        v->special[k] = keys[k].id;
+    free(keys);
 
     /* Trie: root children through trie_root[], deeper levels through sibling lists. */
     for (int i = 0; i < 256; i++)
@@ -624,7 +632,8 @@ static int partition(const tok_vocab *v, const char *text, size_t len, bool pars
     }
 
     /* Walk the text: raw runs become text fragments, taken occurrences become tokens. */
-    qsort(taken, n_taken, sizeof *taken, cmp_occ_pos);
+    if (n_taken > 1)
+        qsort(taken, n_taken, sizeof *taken, cmp_occ_pos);
     size_t ti = 0;
     for (size_t p = 0; p < len;) {
         if (mark[p] == RAW) {
@@ -687,7 +696,8 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos,
     }
     if (!rc) {
         *n_out = out.n;
-        memcpy(ids, out.v, (out.n < cap ? out.n : cap) * sizeof *ids);
+        if (out.n && cap)
+            memcpy(ids, out.v, (out.n < cap ? out.n : cap) * sizeof *ids);
         if (out.n > cap)
             rc = KVS_ENOSPC;
     }
@@ -703,7 +713,8 @@ int tok_token_to_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap)
     if (id < 0 || id >= v->n_vocab)
         return KVS_ERANGE;
     size_t n = v->piece_len[id];
-    memcpy(buf, v->piece_arena + v->piece_off[id], n < cap ? n : cap);
+    if (buf && cap)
+        memcpy(buf, v->piece_arena + v->piece_off[id], n < cap ? n : cap);
     return (int)n;
 }
 
