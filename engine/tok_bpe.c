@@ -14,36 +14,36 @@
 #include <string.h>
 
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
-#define RE_LLAMA3                                                                              \
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
+#define RE_LLAMA3                                                                                  \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"     \
     "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_QWEN2                                                                               \
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" \
+#define RE_QWEN2                                                                                   \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"     \
     "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* CJK ideographs, a block below them, Hangul (deepseek's "[一-龥ࠀ-一가-퟿]+"). */
 #define RE_DEEPSEEK_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 /* deepseek-llm's letter class: the cased letters (Lu, Ll, Lt) of its Unicode version, spelled
  * out as code points so no editor or normaliser can fold look-alikes (U+212A KELVIN SIGN). */
-#define RE_DEEPSEEK_LETTERS                                                                    \
-    "\\s?[\\x{41}-\\x{5A}\\x{61}-\\x{7A}\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}"  \
-    "\\x{1BC}-\\x{1BF}\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}"      \
-    "\\x{37B}-\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-"      \
-    "\\x{3F5}\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}\\x{13A0}-"  \
-    "\\x{13F5}\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}\\x{1D00}-\\x{1D2B}"     \
-    "\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}\\x{1F20}-"    \
-    "\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-"      \
-    "\\x{1F7D}\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}\\x{1FC6}-"     \
-    "\\x{1FCC}\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}"     \
-    "\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}"      \
-    "\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}\\x{213C}-"      \
-    "\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}\\x{2184}\\x{2C00}-\\x{2C7B}\\x{2C7E}-"      \
-    "\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}\\x{A640}-\\x{A66D}\\x{A680}-\\x{A69B}"      \
-    "\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-"    \
-    "\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}"   \
-    "\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}"      \
+#define RE_DEEPSEEK_LETTERS                                                                        \
+    "\\s?[\\x{41}-\\x{5A}\\x{61}-\\x{7A}\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}"     \
+    "\\x{1BC}-\\x{1BF}\\x{1C4}-\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}"         \
+    "\\x{37B}-\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-"         \
+    "\\x{3F5}\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}\\x{13A0}-"     \
+    "\\x{13F5}\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}\\x{1D00}-\\x{1D2B}"        \
+    "\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}\\x{1F20}-"       \
+    "\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-"         \
+    "\\x{1F7D}\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}\\x{1FC6}-"        \
+    "\\x{1FCC}\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}"        \
+    "\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}"         \
+    "\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}\\x{213C}-"         \
+    "\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}\\x{2184}\\x{2C00}-\\x{2C7B}\\x{2C7E}-"         \
+    "\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}\\x{A640}-\\x{A66D}\\x{A680}-\\x{A69B}"         \
+    "\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-"       \
+    "\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}"      \
+    "\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}"         \
     "\\x{118A0}-\\x{118DF}\\x{1E900}-\\x{1E943}]+"
 /* ASCII and full-width punctuation, curly quotes, ideographic space/comma/stop. */
-#define RE_DEEPSEEK_PUNCT                                                                      \
+#define RE_DEEPSEEK_PUNCT                                                                          \
     "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+"
 
 /* Pre-tokenizers by tokenizer.ggml.pre, as llama.cpp's llm_tokenizer_bpe sets them up. */
@@ -59,7 +59,10 @@ static const pre_def k_pre[] = {
      {"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]", NULL},
      false,
      false},
-    {{"gpt-2", "mpt", "phi-2", "olmo", "jais", "jina-es", "jina-de", NULL}, {RE_GPT2, NULL}, false, false},
+    {{"gpt-2", "mpt", "phi-2", "olmo", "jais", "jina-es", "jina-de", NULL},
+     {RE_GPT2, NULL},
+     false,
+     false},
     {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", NULL},
      {"\\p{N}", RE_GPT2, NULL},
      false,
@@ -76,7 +79,10 @@ static const pre_def k_pre[] = {
      {"[\r\n]", RE_DEEPSEEK_LETTERS, RE_DEEPSEEK_PUNCT, "\\s+$", RE_DEEPSEEK_CJK, "\\p{N}+"},
      false,
      false},
-    {{"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", NULL}, {RE_LLAMA3, NULL}, true, true},
+    {{"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", NULL},
+     {RE_LLAMA3, NULL},
+     true,
+     true},
     {{"dbrx", "smaug-bpe", NULL}, {RE_LLAMA3, NULL}, false, false},
     {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", NULL}, {RE_QWEN2, NULL}, false, false},
 };
@@ -168,9 +174,9 @@ int tok__bpe_init(tok_vocab *v, const gguf_file *f, char *err, size_t err_len)
     for (int i = 0; i < TOK__MAX_REGEX && def->regex[i]; i++) {
         int code;
         PCRE2_SIZE eoff;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)def->regex[i], PCRE2_ZERO_TERMINATED,
-                                       PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &code, &eoff,
-                                       NULL);
+        pcre2_code *re =
+            pcre2_compile((PCRE2_SPTR)def->regex[i], PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &code, &eoff, NULL);
         if (!re) {
             PCRE2_UCHAR msg[128];
             pcre2_get_error_message(code, msg, sizeof msg);
@@ -199,11 +205,11 @@ size_t tok__bpe_unmap(const tok_vocab *v, const char *text, size_t len, char *ou
 {
     static const char hex[] = "0123456789abcdef";
     size_t n = 0;
-#define PUT(c)                                                                                 \
-    do {                                                                                       \
-        if (n < cap)                                                                           \
-            out[n] = (char)(c);                                                                \
-        n++;                                                                                   \
+#define PUT(c)                                                                                     \
+    do {                                                                                           \
+        if (n < cap)                                                                               \
+            out[n] = (char)(c);                                                                    \
+        n++;                                                                                       \
     } while (0)
     const unsigned char *s = (const unsigned char *)text;
     for (size_t i = 0; i < len;) {
@@ -297,8 +303,10 @@ static int bpe_word(const tok_vocab *v, bpe_scratch *s, const unsigned char *raw
     }
     size_t wlen = 0;
     for (size_t i = 0; i < len; i++) {
-        s->sym[i] = (tok__sym){.prev = (int32_t)i - 1, .next = i + 1 == len ? -1 : (int32_t)i + 1,
-                               .off = (uint32_t)wlen, .n = v->byte_enc_len[raw[i]]};
+        s->sym[i] = (tok__sym){.prev = (int32_t)i - 1,
+                               .next = i + 1 == len ? -1 : (int32_t)i + 1,
+                               .off = (uint32_t)wlen,
+                               .n = v->byte_enc_len[raw[i]]};
         memcpy(s->word + wlen, v->byte_enc[raw[i]], v->byte_enc_len[raw[i]]);
         wlen += v->byte_enc_len[raw[i]];
     }

@@ -103,12 +103,12 @@ struct tok_vocab {
     enum tok_family family;
     int32_t n_vocab;
 
-    char *text_arena;    /* all token texts, each NUL-terminated */
-    uint32_t *text_off;  /* [n_vocab] */
-    uint32_t *text_len;  /* [n_vocab] */
-    float *score;        /* [n_vocab] */
-    uint8_t *flags;      /* [n_vocab] TOK__* bits */
-    tok__map token_map;  /* text -> id */
+    char *text_arena;   /* all token texts, each NUL-terminated */
+    uint32_t *text_off; /* [n_vocab] */
+    uint32_t *text_len; /* [n_vocab] */
+    float *score;       /* [n_vocab] */
+    uint8_t *flags;     /* [n_vocab] TOK__* bits */
+    tok__map token_map; /* text -> id */
     size_t max_token_len;
 
     char *piece_arena;   /* decoded piece per token (what tok_token_to_piece returns) */

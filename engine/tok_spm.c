@@ -30,8 +30,8 @@ static int try_add_bigram(spm_state *st, int32_t left, int32_t right)
     /* Byte tokens only serve the fallback, as in SentencePiece itself. */
     if (!tok__mergeable(st->v, id) || (st->v->flags[id] & TOK__BYTE))
         return 0;
-    tok__bigram b = {.key = -(double)st->v->score[id], .left = left, .right = right,
-                     .size = (uint32_t)n};
+    tok__bigram b = {
+        .key = -(double)st->v->score[id], .left = left, .right = right, .size = (uint32_t)n};
     return tok__heap_push(&st->heap, b);
 }
 
@@ -97,8 +97,10 @@ int tok__spm_encode(const tok_vocab *v, const char *text, size_t len, bool space
         for (size_t k = 1; k < n; k++)
             if (((unsigned char)esc[off + k] & 0xC0) != 0x80)
                 n = 1;
-        sym[n_sym] = (tok__sym){.prev = n_sym - 1, .next = off + n == elen ? -1 : n_sym + 1,
-                                .off = (uint32_t)off, .n = (uint32_t)n};
+        sym[n_sym] = (tok__sym){.prev = n_sym - 1,
+                                .next = off + n == elen ? -1 : n_sym + 1,
+                                .off = (uint32_t)off,
+                                .n = (uint32_t)n};
         off += n;
         n_sym++;
     }

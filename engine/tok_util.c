@@ -86,8 +86,7 @@ int32_t tok__map_get(const tok__map *m, const char *key, size_t len)
     return -1;
 }
 
-int32_t tok__map_get_pair(const tok__map *m, const char *a, size_t alen, const char *b,
-                          size_t blen)
+int32_t tok__map_get_pair(const tok__map *m, const char *a, size_t alen, const char *b, size_t blen)
 {
     if (!m->e)
         return -1;
@@ -96,8 +95,8 @@ int32_t tok__map_get_pair(const tok__map *m, const char *a, size_t alen, const c
     size_t j = h & m->mask;
     while (m->e[j].key) {
         const tok__map_entry *e = &m->e[j];
-        if (e->hash == h && e->len == len && memcmp(e->key, a, alen) == 0 &&
-            e->key[alen] == ' ' && memcmp(e->key + alen + 1, b, blen) == 0)
+        if (e->hash == h && e->len == len && memcmp(e->key, a, alen) == 0 && e->key[alen] == ' ' &&
+            memcmp(e->key + alen + 1, b, blen) == 0)
             return e->val;
         j = (j + 1) & m->mask;
     }

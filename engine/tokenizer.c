@@ -71,15 +71,40 @@ static uint8_t flags_from_type(int32_t type)
 static void fix_control_by_name(tok_vocab *v)
 {
     static const char *const names[] = {
-        "<|eot_id|>",     "<|im_end|>",      "<|end|>",       "<end_of_turn>", "<|endoftext|>",
-        "<|end_of_text|>", "<EOT>",          "<|eom_id|>",    "<|fim_prefix|>", "<|fim_suffix|>",
-        "<|fim_middle|>", "<|fim_pad|>",     "<|fim_repo|>",  "<|file_sep|>",  "<fim_prefix>",
-        "<fim_suffix>",   "<fim_middle>",    "<fim_pad>",     "<fim-prefix>",  "<fim-suffix>",
-        "<fim-middle>",   "<fim-pad>",       "<|repo_name|>", "<reponame>",
-        "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
-        "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
-        "<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
-        "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>",
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|end_of_text|>",
+        "<EOT>",
+        "<|eom_id|>",
+        "<|fim_prefix|>",
+        "<|fim_suffix|>",
+        "<|fim_middle|>",
+        "<|fim_pad|>",
+        "<|fim_repo|>",
+        "<|file_sep|>",
+        "<fim_prefix>",
+        "<fim_suffix>",
+        "<fim_middle>",
+        "<fim_pad>",
+        "<fim-prefix>",
+        "<fim-suffix>",
+        "<fim-middle>",
+        "<fim-pad>",
+        "<|repo_name|>",
+        "<reponame>",
+        "<\xEF\xBD\x9C"
+        "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+        "<\xEF\xBD\x9C"
+        "fim\xE2\x96\x81"
+        "begin\xEF\xBD\x9C>",
+        "<\xEF\xBD\x9C"
+        "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
+        "<\xEF\xBD\x9C"
+        "fim\xE2\x96\x81"
+        "end\xEF\xBD\x9C>",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         int32_t id = tok__map_get(&v->token_map, names[i], strlen(names[i]));
@@ -116,15 +141,17 @@ static void fix_phi3(tok_vocab *v, const gguf_file *f)
     }
 }
 
-static const tok_vocab *g_sort_vocab; /* qsort has no context argument; load is serialised */
+typedef struct special_key {
+    uint32_t len;
+    int32_t id;
+} special_key;
 
 static int cmp_special(const void *a, const void *b)
 {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    uint32_t lx = g_sort_vocab->text_len[x], ly = g_sort_vocab->text_len[y];
-    if (lx != ly)
-        return lx > ly ? -1 : 1; /* longest first, as llama.cpp's cache_special_tokens */
-    return (x > y) - (x < y);
+    const special_key *x = a, *y = b;
+    if (x->len != y->len)
+        return x->len > y->len ? -1 : 1; /* longest first, as llama.cpp's cache_special_tokens */
+    return (x->id > y->id) - (x->id < y->id);
 }
 
 static int build_specials(tok_vocab *v)
@@ -142,9 +169,15 @@ static int build_specials(tok_vocab *v)
             v->special[v->n_special++] = id;
             bytes += v->text_len[id];
         }
-    g_sort_vocab = v;
-    qsort(v->special, v->n_special, sizeof *v->special, cmp_special);
-    g_sort_vocab = NULL;
+    special_key *keys = malloc((v->n_special ? v->n_special : 1) * sizeof *keys);
+    if (!keys)
+        return KVS_ENOMEM;
+    for (size_t k = 0; k < v->n_special; k++)
+        keys[k] = (special_key){v->text_len[v->special[k]], v->special[k]};
+    qsort(keys, v->n_special, sizeof *keys, cmp_special);
+    for (size_t k = 0; k < v->n_special; k++)
+        v->special[k] = keys[k].id;
+    free(keys);
 
     /* Trie: root children through trie_root[], deeper levels through sibling lists. */
     for (int i = 0; i < 256; i++)
@@ -162,14 +195,11 @@ static int build_specials(tok_vocab *v)
             int32_t c = *link;
             while (c >= 0 && v->trie[c].byte != t[i])
                 c = v->trie[c].sibling;
-            if (c < 0) {
+            if (c < 0) { /* new node goes to the head of its sibling list */
                 c = (int32_t)v->n_trie++;
                 v->trie[c] = (struct tok__trie_node){
-                    .child = -1, .sibling = node < 0 ? -1 : *link, .token = -1, .byte = t[i]};
-                if (node >= 0)
-                    *link = c;
-                else
-                    *link = c;
+                    .child = -1, .sibling = *link, .token = -1, .byte = t[i]};
+                *link = c;
             }
             node = c;
         }
@@ -280,8 +310,7 @@ int tok_create_from_gguf(const gguf_file *f, tok_vocab **out, char *err, size_t 
     enum gguf_type et;
     uint64_t count;
     const void *data;
-    if (gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &count, &data) != 0 ||
-        et != GGUF_TYPE_STRING)
+    if (gguf_get_arr(f, "tokenizer.ggml.tokens", &et, &count, &data) != 0 || et != GGUF_TYPE_STRING)
         return fail(err, err_len, KVS_EKEYTYPE, "not a string array", "tokenizer.ggml.tokens");
     if (count == 0 || count > INT32_MAX / 2)
         return fail(err, err_len, KVS_ERANGE, "bad token count", "tokenizer.ggml.tokens");
@@ -356,8 +385,8 @@ int tok_create_from_gguf(const gguf_file *f, tok_vocab **out, char *err, size_t 
     }
     memset(v->flags, TOK__NORMAL, n);
     if (gguf_find_key(f, "tokenizer.ggml.token_type") >= 0) {
-        if (gguf_get_arr(f, "tokenizer.ggml.token_type", &et, &count, &data) != 0 ||
-            count < n || et != GGUF_TYPE_INT32) {
+        if (gguf_get_arr(f, "tokenizer.ggml.token_type", &et, &count, &data) != 0 || count < n ||
+            et != GGUF_TYPE_INT32) {
             rc = fail(err, err_len, KVS_EKEYTYPE, "not an int32 array covering the vocab",
                       "tokenizer.ggml.token_type");
             goto fail;
@@ -383,9 +412,12 @@ int tok_create_from_gguf(const gguf_file *f, tok_vocab **out, char *err, size_t 
         if ((rc = tok__bpe_init(v, f, err, err_len)))
             goto fail;
     }
-    for (int32_t *id = &v->bos; id; id = id == &v->bos ? &v->eos : id == &v->eos ? &v->unk : NULL)
-        if (*id >= v->n_vocab)
-            *id = -1;
+    if (v->bos >= v->n_vocab)
+        v->bos = -1;
+    if (v->eos >= v->n_vocab)
+        v->eos = -1;
+    if (v->unk >= v->n_vocab)
+        v->unk = -1;
     static const char *const bool_keys[] = {"tokenizer.ggml.add_bos_token",
                                             "tokenizer.ggml.add_space_prefix"};
     if ((rc = read_id(f, "tokenizer.ggml.bos_token_id", v->n_vocab, &v->bos)) ||
@@ -451,11 +483,26 @@ void tok_destroy(tok_vocab *v)
 
 /* ---------------------------------------------------------------- accessors */
 
-enum tok_family tok_family(const tok_vocab *v) { return v->family; }
-int32_t tok_n_vocab(const tok_vocab *v) { return v->n_vocab; }
-int32_t tok_bos(const tok_vocab *v) { return v->bos; }
-int32_t tok_eos(const tok_vocab *v) { return v->eos; }
-bool tok_add_bos(const tok_vocab *v) { return v->add_bos; }
+enum tok_family tok_family(const tok_vocab *v)
+{
+    return v->family;
+}
+int32_t tok_n_vocab(const tok_vocab *v)
+{
+    return v->n_vocab;
+}
+int32_t tok_bos(const tok_vocab *v)
+{
+    return v->bos;
+}
+int32_t tok_eos(const tok_vocab *v)
+{
+    return v->eos;
+}
+bool tok_add_bos(const tok_vocab *v)
+{
+    return v->add_bos;
+}
 
 bool tok_is_control(const tok_vocab *v, int32_t id)
 {
@@ -624,7 +671,7 @@ static int partition(const tok_vocab *v, const char *text, size_t len, bool pars
     }
 
     /* Walk the text: raw runs become text fragments, taken occurrences become tokens. */
-    if (n_taken) /* qsort(NULL, 0) is undefined */
+    if (n_taken > 1) /* qsort(NULL, 0) is undefined */
         qsort(taken, n_taken, sizeof *taken, cmp_occ_pos);
     size_t ti = 0;
     for (size_t p = 0; p < len;) {
@@ -657,8 +704,8 @@ out:
     return rc;
 }
 
-int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos,
-               bool parse_special, int32_t *ids, size_t cap, size_t *n_out)
+int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos, bool parse_special,
+               int32_t *ids, size_t cap, size_t *n_out)
 {
     if (n_out)
         *n_out = 0;
@@ -688,7 +735,8 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos,
     }
     if (!rc) {
         *n_out = out.n;
-        memcpy(ids, out.v, (out.n < cap ? out.n : cap) * sizeof *ids);
+        if (out.n && cap)
+            memcpy(ids, out.v, (out.n < cap ? out.n : cap) * sizeof *ids);
         if (out.n > cap)
             rc = KVS_ENOSPC;
     }
@@ -704,7 +752,8 @@ int tok_token_to_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap)
     if (id < 0 || id >= v->n_vocab)
         return KVS_ERANGE;
     size_t n = v->piece_len[id];
-    memcpy(buf, v->piece_arena + v->piece_off[id], n < cap ? n : cap);
+    if (buf && cap)
+        memcpy(buf, v->piece_arena + v->piece_off[id], n < cap ? n : cap);
     return (int)n;
 }
 
@@ -743,8 +792,7 @@ void tok_decoder_init(tok_decoder *d)
 }
 
 /* Byte k of the concatenation a[0..na) b[0..nb). */
-static inline unsigned char at2(const unsigned char *a, size_t na, const unsigned char *b,
-                                size_t k)
+static inline unsigned char at2(const unsigned char *a, size_t na, const unsigned char *b, size_t k)
 {
     return k < na ? a[k] : b[k - na];
 }
@@ -753,8 +801,7 @@ static inline unsigned char at2(const unsigned char *a, size_t na, const unsigne
  * returns its length if it is a complete, valid character; 0 if it is a valid but unfinished
  * prefix running to the end; or -k for an invalid maximal subpart of k bytes (Unicode's
  * "maximal subpart" rule: one U+FFFD per such run). */
-static int utf8_class(const unsigned char *a, size_t na, const unsigned char *b, size_t n,
-                      size_t i)
+static int utf8_class(const unsigned char *a, size_t na, const unsigned char *b, size_t n, size_t i)
 {
     unsigned char c = at2(a, na, b, i);
     if (c < 0x80)

@@ -48,20 +48,23 @@ int32_t tok_find(const tok_vocab *v, const char *s, size_t len);
 /* Encodes len bytes of text (need not be valid UTF-8; invalid bytes become byte tokens or
  * are replaced as the family's reference does). add_bos prepends BOS when the vocab has one.
  * parse_special: text equal to a control/user-defined token's text becomes that token (for
- * rendered chat templates); without it such text is tokenized as plain characters.
+ * rendered chat templates); without it control-token text is tokenized as plain characters.
+ * User-defined tokens (added vocabulary, e.g. NeoX's runs of spaces) are split out even without
+ * parse_special, as llama.cpp and HF tokenizers do (the llama.cpp test vectors depend on it).
  * Writes up to cap ids and sets *n_out to the total count; returns KVS_ENOSPC (ids holds the
  * first cap) when cap was too small, so callers can retry with *n_out. */
 int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos,
                bool parse_special, int32_t *ids, size_t cap, size_t *n_out);
 
 /* The bytes a token stands for in output text (U+2581 -> ' ', <0x0A> -> '\n', byte-level BPE
- * unmapped). Control tokens give "". Returns the byte count (may exceed cap: then only cap
+ * unmapped). Control, unknown and unused tokens give "". Returns the byte count (may exceed cap: then only cap
  * bytes are written) or a negative status for an invalid id. */
 int tok_token_to_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap);
 
 /* Decodes ids into text. strip_leading_space removes the one space an SPM vocab adds in
  * front of the text (what a full decode of a prompt wants; streaming completions keep it).
- * Sets *n_out to the total bytes (NUL not counted); KVS_ENOSPC if cap was too small. */
+ * Sets *n_out to the total bytes (NUL not counted); out is NUL-terminated when total < cap;
+ * KVS_ENOSPC if cap < total + 1 (out then holds the first cap bytes), KVS_ERANGE for a bad id. */
 int tok_decode(const tok_vocab *v, const int32_t *ids, size_t n, bool strip_leading_space,
                char *out, size_t cap, size_t *n_out);
 
@@ -74,8 +77,9 @@ typedef struct tok_decoder {
 } tok_decoder;
 
 void tok_decoder_init(tok_decoder *d);
-/* Appends token id's text to out (cap bytes, 64 + piece length always suffices); returns bytes
- * written or a negative status. */
+/* Appends token id's text to out (cap bytes; 64 + 3 x piece length always suffices, as each
+ * invalid byte may become a 3-byte U+FFFD); returns bytes written or a negative status
+ * (KVS_ENOSPC leaves d unchanged, so the call can be retried with more room). */
 int tok_decoder_push(const tok_vocab *v, tok_decoder *d, int32_t id, char *out, size_t cap);
 /* Emits whatever is pending at end of stream (as U+FFFD); returns bytes written. */
 int tok_decoder_flush(tok_decoder *d, char *out, size_t cap);

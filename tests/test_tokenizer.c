@@ -5,7 +5,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
+
+#include <cmocka.h> /* needs the four headers above first */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +19,8 @@
 #include "test_util.h"
 
 static const char *const k_vocabs[] = {
-    "llama-spm", "phi-3", "gpt-2", "starcoder", "refact", "deepseek-coder", "deepseek-llm",
-    "falcon", "mpt",
+    "llama-spm",      "phi-3",        "gpt-2",  "starcoder", "refact",
+    "deepseek-coder", "deepseek-llm", "falcon", "mpt",
 };
 
 static char *read_file(const char *path, size_t *len)
@@ -177,8 +179,8 @@ static void test_vocab_vectors(void **state)
         if (n == 0)
             continue;
         ran++;
-        fprintf(stderr, "vocab %-15s encode %d/%d  decode round-trip %d/%d\n", k_vocabs[i], enc,
-                n, dec, n);
+        fprintf(stderr, "vocab %-15s encode %d/%d  decode round-trip %d/%d\n", k_vocabs[i], enc, n,
+                dec, n);
         failures += (n - enc) + (n - dec);
     }
     if (ran == 0)
@@ -332,6 +334,41 @@ static void test_control_tokens(void **state)
     tok_destroy(v);
 }
 
+static void test_user_defined_and_rstrip(void **state)
+{
+    (void)state;
+    /* mpt: its runs of spaces are user-defined tokens, split out even from plain text. */
+    tok_vocab *v = load_named("mpt");
+    if (!v)
+        skip();
+    int32_t two = tok_find(v, "  ", 2);
+    assert_true(two >= 0 && !tok_is_control(v, two));
+    size_t n;
+    int32_t *ids = encode(v, "a  b", 4, false, false, &n);
+    bool found = false;
+    for (size_t i = 0; i < n; i++)
+        found |= ids[i] == two;
+    assert_true(found);
+    free(ids);
+    tok_destroy(v);
+
+    /* phi-3: llama.cpp gives its special tokens rstrip, so "\n" after <|user|> is dropped. */
+    v = load_named("phi-3");
+    if (!v)
+        skip();
+    int32_t user = tok_find(v, "<|user|>", 8);
+    assert_true(user >= 0 && tok_is_control(v, user));
+    int32_t *a = encode(v, "<|user|>\nHi", 11, false, true, &n);
+    size_t nb;
+    int32_t *b = encode(v, "Hi", 2, false, false, &nb);
+    assert_int_equal(n, nb + 1);
+    assert_int_equal(a[0], user);
+    assert_memory_equal(a + 1, b, nb * sizeof *b);
+    free(a);
+    free(b);
+    tok_destroy(v);
+}
+
 static void test_incremental_decoder(void **state)
 {
     (void)state;
@@ -371,7 +408,10 @@ static void test_incremental_decoder(void **state)
     char out[64];
     assert_int_equal(tok_decoder_push(v, &d, c3, out, sizeof out), 0);
     assert_int_equal(tok_decoder_push(v, &d, a, out, sizeof out), 4);
-    assert_memory_equal(out, "\xEF\xBF\xBD" "a", 4);
+    assert_memory_equal(out,
+                        "\xEF\xBF\xBD"
+                        "a",
+                        4);
     assert_int_equal(tok_decoder_push(v, &d, c3, out, sizeof out), 0);
     assert_int_equal(tok_decoder_push(v, &d, c3, out, 2), KVS_ENOSPC); /* state kept */
     assert_int_equal(tok_decoder_push(v, &d, c3, out, sizeof out), 3);
@@ -416,6 +456,29 @@ static void test_invalid_utf8_and_enospc(void **state)
         assert_int_equal(tok_decode(v, ids, n, false, small, sizeof small, &need), KVS_ENOSPC);
         assert_true(need >= sizeof small);
         free(ids);
+        /* Random bytes (fixed seed): every result is a valid id; SPM keeps every byte. */
+        uint32_t seed = 12345u;
+        for (int round = 0; round < 200; round++) {
+            char buf[96];
+            size_t bl = (size_t)(round % 96);
+            for (size_t i = 0; i < bl; i++) {
+                seed = seed * 1664525u + 1013904223u;
+                /* bias towards UTF-8 lead/continuation bytes, spaces and '<' */
+                static const char pool[] = {' ',    '<',    '|',    'a',    '\n',   '\xC3',
+                                            '\xE2', '\xF0', '\x80', '\xBF', '\xFF', '1'};
+                buf[i] = (seed >> 28) < 12 ? pool[(seed >> 28)] : (char)(seed >> 16);
+            }
+            int32_t *r = encode(v, buf, bl, false, (round & 1) != 0, &n);
+            for (size_t i = 0; i < n; i++)
+                assert_true(r[i] >= 0 && r[i] < tok_n_vocab(v));
+            if (tok_family(v) == TOK_FAMILY_SPM && (round & 1) == 0) {
+                char *d = decode(v, r, n, true, &dlen);
+                assert_int_equal(dlen, bl);
+                assert_memory_equal(d, buf, bl);
+                free(d);
+            }
+            free(r);
+        }
         /* Empty input: nothing, or just BOS. */
         ids = encode(v, "", 0, true, false, &n);
         assert_int_equal(n, tok_bos(v) >= 0 ? 1u : 0u);
@@ -472,13 +535,10 @@ static void test_speed_1mb(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_vocab_vectors),
-        cmocka_unit_test(test_stories_prompts),
-        cmocka_unit_test(test_pieces_and_lookup),
-        cmocka_unit_test(test_control_tokens),
-        cmocka_unit_test(test_incremental_decoder),
-        cmocka_unit_test(test_invalid_utf8_and_enospc),
-        cmocka_unit_test(test_speed_1mb),
+        cmocka_unit_test(test_vocab_vectors),           cmocka_unit_test(test_stories_prompts),
+        cmocka_unit_test(test_pieces_and_lookup),       cmocka_unit_test(test_control_tokens),
+        cmocka_unit_test(test_user_defined_and_rstrip), cmocka_unit_test(test_incremental_decoder),
+        cmocka_unit_test(test_invalid_utf8_and_enospc), cmocka_unit_test(test_speed_1mb),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
