@@ -3,6 +3,7 @@
 #   release build           all suites
 #   ASan+UBSan build        all suites (halt on the first finding)
 #   TSan build              the threaded suites (scheduler, end-to-end server)
+#   libFuzzer               each fuzz target for KVS_FUZZ_SECONDS (default 60) from its seeds
 # Ends with one line: "N passed, N failed, N skipped" (one count per suite per build).
 # Usage: tools/test.sh [--quick]   (--quick: release build only)
 set -uo pipefail
@@ -61,6 +62,15 @@ if [ $quick -eq 0 ]; then
         meson test -C build --list 2>/dev/null | grep -qx "$s" && threaded+=("$s")
     done
     run_suites tsan build-tsan "-Db_sanitize=thread -Dbuildtype=debug -Db_lundef=false" "${threaded[@]}"
+    echo "=== fuzz"
+    while read -r line; do
+        echo "$line"
+        case "$line" in
+        "fuzz "*": ok"*) passed=$((passed + 1)) ;;
+        "fuzz "*": FAILED"*) failed=$((failed + 1)) ;;
+        "fuzz run: FAILED") [ "$failed" -gt 0 ] || failed=$((failed + 1)) ;;
+        esac
+    done < <(bash tools/fuzz.sh "${KVS_FUZZ_SECONDS:-60}" 2>&1 || echo "fuzz run: FAILED")
 fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
