@@ -88,7 +88,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         {"block-size", required_argument, NULL, O_BS}, {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    long v;
+    long v = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:n:h", longopts, NULL)) != -1) {
