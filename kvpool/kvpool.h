@@ -37,7 +37,8 @@ typedef struct kvpool_stats {
     uint32_t blocks_free;
     uint64_t tokens_stored;  /* token slots filled across live sequences (shared counted once per seq) */
     uint64_t slots_waste;    /* slots reserved in used blocks but not filled by any sequence */
-    uint64_t prefix_queries; /* blocks looked up by kvpool_seq_match_prefix */
+    uint64_t prefix_queries; /* blocks looked up by kvpool_seq_match_prefix (every full block
+                              * of the tokens passed, so hits / queries is the hit rate) */
     uint64_t prefix_hits;    /* blocks found */
     uint64_t evictions;      /* cached blocks reused for new data */
 } kvpool_stats;
@@ -82,12 +83,17 @@ uint32_t kvpool_seq_blocks_needed(const kvpool *pool, const kvpool_seq *seq, uin
 /* Reserves slots for n more tokens (positions len..len+n-1) and records their ids. If the
  * last block is shared and partly filled it is first replaced by a private copy: *copy is set
  * to {src, dst} and *n_copy to 1 (else 0); the caller copies K/V before its forward pass.
- * All or nothing: KVS_ENOSPC leaves seq and pool unchanged. */
+ * All or nothing: KVS_ENOSPC (too few blocks), KVS_ENOMEM (table growth), KVS_ERANGE (length
+ * overflow) and KVS_EINVAL (a copy is due but copy or n_copy is NULL) leave seq and pool
+ * unchanged. */
 int kvpool_seq_append(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n,
                       kvpool_copy *copy, int *n_copy);
 
 /* Marks the first n_computed positions as holding K/V (after the forward pass wrote them):
- * blocks that are now full are entered into the prefix index. n_computed <= length. */
+ * blocks that are now full are entered into the prefix index. A full block whose prefix
+ * another sequence already indexed is replaced in the block table by that indexed block
+ * (same tokens after the same prefix, so equivalent K/V) and goes back to the pool: re-read
+ * the table after committing. Positions >= n_computed keep their slots. n_computed <= length. */
 void kvpool_seq_commit(kvpool *pool, kvpool_seq *seq, uint32_t n_computed);
 
 /* Length in tokens (reserved), and the block table (valid until the next call that changes

@@ -1,0 +1,653 @@
+/* Llama model: loading from GGUF, the KV arena, and the batched forward pass.
+ * F32 weights are used in place from the mapping; F16/Q8_0 weights are widened to F32 once
+ * at load (correct first; an F16 kernel path is a speed item). The forward pass does every
+ * matrix product as one cblas_sgemm over all rows of the batch. */
+#include "engine/model.h"
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/timeutil.h"
+#include "engine/gguf.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Limits on metadata we accept: well beyond any llama model, and small enough that every
+ * size computed from them fits in size_t without overflow. */
+#define MAX_LAYERS 1024u
+#define MAX_EMBD 65536u
+#define MAX_FF 262144u
+#define MAX_HEADS 1024u
+#define MAX_VOCAB 1048576u
+#define MAX_CTX (1u << 20)
+
+typedef struct layer_weights {
+    const float *attn_norm; /* (n_embd) */
+    const float *wq;        /* (n_head * head_dim, n_embd): row-major out x in */
+    const float *wk;        /* (n_head_kv * head_dim, n_embd) */
+    const float *wv;        /* (n_head_kv * head_dim, n_embd) */
+    const float *wo;        /* (n_embd, n_head * head_dim) */
+    const float *ffn_norm;  /* (n_embd) */
+    const float *w_gate;    /* (n_ff, n_embd) */
+    const float *w_up;      /* (n_ff, n_embd) */
+    const float *w_down;    /* (n_embd, n_ff) */
+} layer_weights;
+
+struct engine_model {
+    engine_hparams hp;
+    gguf_file *file;
+    tok_vocab *vocab;
+    char *name;
+    char *chat_template;
+    const float *tok_embd;    /* (n_vocab, n_embd) */
+    const float *output_norm; /* (n_embd) */
+    const float *output;      /* (n_vocab, n_embd), token_embd when tied */
+    layer_weights *layers;
+    uint32_t weight_type;
+    uint64_t n_params;
+    uint64_t weight_bytes;
+    float **owned; /* widened copies of non-F32 tensors */
+    size_t n_owned;
+};
+
+static int set_err(char *err, size_t len, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int set_err(char *err, size_t len, int status, const char *fmt, ...)
+{
+    if (err && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, len, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+static int get_u32_key(const engine_model *m, const char *key, uint32_t *out, bool required,
+                       uint32_t lo, uint32_t hi, char *err, size_t err_len)
+{
+    int rc = gguf_get_u32(m->file, key, out);
+    if (rc == KVS_ENOKEY && !required)
+        return 0;
+    if (rc == KVS_ENOKEY)
+        return set_err(err, err_len, rc, "missing metadata key %s", key);
+    if (rc)
+        return set_err(err, err_len, rc, "metadata key %s is not an unsigned integer", key);
+    if (*out < lo || *out > hi)
+        return set_err(err, err_len, KVS_EFORMAT, "metadata %s = %u is outside %u..%u", key, *out,
+                       lo, hi);
+    return 0;
+}
+
+/* Finds tensor name with exactly the ggml dims {d0, d1} (d1 = 1 for vectors) and returns its
+ * data as F32, widening F16/BF16/Q8_0 into an owned copy. */
+static int load_tensor(engine_model *m, const char *name, uint64_t d0, uint64_t d1,
+                       bool required, const float **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    int64_t i = gguf_find_tensor(m->file, name);
+    if (i < 0) {
+        if (!required)
+            return 0;
+        return set_err(err, err_len, KVS_EFORMAT, "missing tensor %s", name);
+    }
+    const gguf_tensor *t = gguf_tensor_at(m->file, i);
+    if (t->dims[0] != d0 || t->dims[1] != d1 || t->dims[2] != 1 || t->dims[3] != 1)
+        return set_err(err, err_len, KVS_EFORMAT,
+                       "tensor %s has shape [%llu, %llu, %llu, %llu], expected [%llu, %llu]",
+                       name, (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
+                       (unsigned long long)t->dims[2], (unsigned long long)t->dims[3],
+                       (unsigned long long)d0, (unsigned long long)d1);
+    m->n_params += t->n_elements;
+    m->weight_bytes += t->n_bytes;
+    if (t->type == GGML_TYPE_F32) {
+        *out = t->data;
+        return 0;
+    }
+    if (t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_Q8_0 && t->type != GGML_TYPE_BF16)
+        return set_err(err, err_len, KVS_EUNSUPPORTED,
+                       "tensor %s has type %s; supported: F32, F16, BF16, Q8_0", name,
+                       ggml_type_name(t->type));
+    float *dst = malloc(t->n_elements * sizeof *dst);
+    float **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
+    if (!dst || !owned) {
+        free(dst);
+        if (owned)
+            m->owned = owned;
+        return set_err(err, err_len, KVS_ENOMEM, "out of memory widening %s", name);
+    }
+    m->owned = owned;
+    m->owned[m->n_owned++] = dst;
+    const uint8_t *src = t->data;
+    if (t->type == GGML_TYPE_F16) {
+        for (uint64_t k = 0; k < t->n_elements; k++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * k, 2);
+            dst[k] = ggml_fp16_to_fp32(h);
+        }
+    } else if (t->type == GGML_TYPE_BF16) {
+        for (uint64_t k = 0; k < t->n_elements; k++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * k, 2);
+            uint32_t bits = (uint32_t)h << 16;
+            memcpy(&dst[k], &bits, 4);
+        }
+    } else { /* Q8_0: blocks of f16 scale + 32 int8 */
+        for (uint64_t b = 0; b < t->n_elements / QK8_0; b++) {
+            const uint8_t *blk = src + b * 34;
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            float d = ggml_fp16_to_fp32(h);
+            for (int k = 0; k < QK8_0; k++)
+                dst[b * QK8_0 + k] = d * (float)(int8_t)blk[2 + k];
+        }
+    }
+    *out = dst;
+    return 0;
+}
+
+static int load_hparams(engine_model *m, char *err, size_t err_len)
+{
+    engine_hparams *hp = &m->hp;
+    const char *arch;
+    size_t arch_len;
+    int rc = gguf_get_str(m->file, "general.architecture", &arch, &arch_len);
+    if (rc)
+        return set_err(err, err_len, rc, "general.architecture: %s", status_str(rc));
+    if (arch_len != 5 || memcmp(arch, "llama", 5) != 0)
+        return set_err(err, err_len, KVS_EUNSUPPORTED,
+                       "architecture '%.*s' is not supported (only llama)", (int)arch_len, arch);
+    if ((rc = get_u32_key(m, "llama.context_length", &hp->n_ctx_train, true, 1, MAX_CTX, err,
+                          err_len)) ||
+        (rc = get_u32_key(m, "llama.embedding_length", &hp->n_embd, true, 1, MAX_EMBD, err,
+                          err_len)) ||
+        (rc = get_u32_key(m, "llama.block_count", &hp->n_layer, true, 1, MAX_LAYERS, err,
+                          err_len)) ||
+        (rc = get_u32_key(m, "llama.feed_forward_length", &hp->n_ff, true, 1, MAX_FF, err,
+                          err_len)) ||
+        (rc = get_u32_key(m, "llama.attention.head_count", &hp->n_head, true, 1, MAX_HEADS, err,
+                          err_len)))
+        return rc;
+    hp->n_head_kv = hp->n_head;
+    if ((rc = get_u32_key(m, "llama.attention.head_count_kv", &hp->n_head_kv, false, 1,
+                          hp->n_head, err, err_len)))
+        return rc;
+    if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv)
+        return set_err(err, err_len, KVS_EFORMAT,
+                       "embedding_length %u, head_count %u, head_count_kv %u do not divide",
+                       hp->n_embd, hp->n_head, hp->n_head_kv);
+    hp->head_dim = hp->n_embd / hp->n_head;
+    hp->n_rot = hp->head_dim;
+    if ((rc = get_u32_key(m, "llama.rope.dimension_count", &hp->n_rot, false, 2, hp->head_dim,
+                          err, err_len)))
+        return rc;
+    if (hp->n_rot % 2)
+        return set_err(err, err_len, KVS_EFORMAT, "rope.dimension_count %u is odd", hp->n_rot);
+    hp->rms_eps = 1e-5f;
+    rc = gguf_get_f32(m->file, "llama.attention.layer_norm_rms_epsilon", &hp->rms_eps);
+    if (rc && rc != KVS_ENOKEY)
+        return set_err(err, err_len, rc, "llama.attention.layer_norm_rms_epsilon is not a float");
+    if (!(hp->rms_eps > 0 && hp->rms_eps < 1))
+        return set_err(err, err_len, KVS_EFORMAT, "rms epsilon %g out of range",
+                       (double)hp->rms_eps);
+    hp->rope_base = 10000.0f;
+    rc = gguf_get_f32(m->file, "llama.rope.freq_base", &hp->rope_base);
+    if (rc && rc != KVS_ENOKEY)
+        return set_err(err, err_len, rc, "llama.rope.freq_base is not a float");
+    if (!(hp->rope_base > 1 && hp->rope_base < 1e12f))
+        return set_err(err, err_len, KVS_EFORMAT, "rope.freq_base %g out of range",
+                       (double)hp->rope_base);
+    return 0;
+}
+
+static int load_weights(engine_model *m, char *err, size_t err_len)
+{
+    const engine_hparams *hp = &m->hp;
+    uint64_t E = hp->n_embd, KV = (uint64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff,
+             V = hp->n_vocab;
+    int rc;
+    if ((rc = load_tensor(m, "token_embd.weight", E, V, true, &m->tok_embd, err, err_len)) ||
+        (rc = load_tensor(m, "output_norm.weight", E, 1, true, &m->output_norm, err, err_len)) ||
+        (rc = load_tensor(m, "output.weight", E, V, false, &m->output, err, err_len)))
+        return rc;
+    if (!m->output)
+        m->output = m->tok_embd; /* tied embeddings */
+    m->layers = calloc(hp->n_layer, sizeof *m->layers);
+    if (!m->layers)
+        return set_err(err, err_len, KVS_ENOMEM, "out of memory");
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        layer_weights *w = &m->layers[l];
+        struct {
+            const char *suffix;
+            uint64_t d0, d1;
+            const float **dst;
+        } spec[] = {
+            {"attn_norm.weight", E, 1, &w->attn_norm}, {"attn_q.weight", E, E, &w->wq},
+            {"attn_k.weight", E, KV, &w->wk},          {"attn_v.weight", E, KV, &w->wv},
+            {"attn_output.weight", E, E, &w->wo},      {"ffn_norm.weight", E, 1, &w->ffn_norm},
+            {"ffn_gate.weight", E, F, &w->w_gate},     {"ffn_up.weight", E, F, &w->w_up},
+            {"ffn_down.weight", F, E, &w->w_down},
+        };
+        for (size_t k = 0; k < sizeof spec / sizeof spec[0]; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%u.%s", l, spec[k].suffix);
+            if ((rc = load_tensor(m, name, spec[k].d0, spec[k].d1, true, spec[k].dst, err,
+                                  err_len)))
+                return rc;
+        }
+    }
+    int64_t q = gguf_find_tensor(m->file, "blk.0.attn_q.weight");
+    m->weight_type = gguf_tensor_at(m->file, q)->type;
+    return 0;
+}
+
+static char *dup_str(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+int engine_model_load(const char *path, const engine_load_params *p, engine_model **out,
+                      char *err, size_t err_len)
+{
+    *out = NULL;
+    double t0 = time_now_s();
+    engine_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return set_err(err, err_len, KVS_ENOMEM, "out of memory");
+    int rc = gguf_open(path, &m->file, err, err_len);
+    if (rc)
+        goto fail;
+    if ((rc = load_hparams(m, err, err_len)))
+        goto fail;
+    if ((rc = tok_create_from_gguf(m->file, &m->vocab, err, err_len)))
+        goto fail;
+    m->hp.n_vocab = (uint32_t)tok_n_vocab(m->vocab);
+    if (m->hp.n_vocab == 0 || m->hp.n_vocab > MAX_VOCAB) {
+        rc = set_err(err, err_len, KVS_EFORMAT, "vocabulary of %u tokens", m->hp.n_vocab);
+        goto fail;
+    }
+    if ((rc = load_weights(m, err, err_len)))
+        goto fail;
+    const char *s;
+    size_t n;
+    if (gguf_get_str(m->file, "general.name", &s, &n) == 0 && n > 0) {
+        m->name = dup_str(s, n);
+    } else {
+        const char *base = strrchr(path, '/');
+        base = base ? base + 1 : path;
+        n = strlen(base);
+        if (n > 5 && !strcmp(base + n - 5, ".gguf"))
+            n -= 5;
+        m->name = dup_str(base, n);
+    }
+    if (gguf_get_str(m->file, "tokenizer.chat_template", &s, &n) == 0)
+        m->chat_template = dup_str(s, n);
+    if (!m->name) {
+        rc = set_err(err, err_len, KVS_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (!p || p->verbose) {
+        const engine_hparams *hp = &m->hp;
+        log_info("model %s: llama, %u layers, dim %u, %u heads (%u kv), head_dim %u, ffn %u, "
+                 "vocab %u, ctx %u; %.2fM params, %s weights %.1f MiB; loaded in %.3f s",
+                 m->name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
+                 hp->n_ff, hp->n_vocab, hp->n_ctx_train, (double)m->n_params / 1e6,
+                 ggml_type_name(m->weight_type), (double)m->weight_bytes / (1024.0 * 1024.0),
+                 time_now_s() - t0);
+    }
+    *out = m;
+    return 0;
+fail:
+    engine_model_destroy(m);
+    return rc;
+}
+
+void engine_model_destroy(engine_model *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n_owned; i++)
+        free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    free(m->name);
+    free(m->chat_template);
+    tok_destroy(m->vocab);
+    gguf_close(m->file);
+    free(m);
+}
+
+const engine_hparams *engine_model_hparams(const engine_model *m) { return &m->hp; }
+const tok_vocab *engine_model_vocab(const engine_model *m) { return m->vocab; }
+const char *engine_model_name(const engine_model *m) { return m->name; }
+const char *engine_model_chat_template(const engine_model *m) { return m->chat_template; }
+const char *engine_model_weight_type(const engine_model *m)
+{
+    return ggml_type_name(m->weight_type);
+}
+uint64_t engine_model_n_params(const engine_model *m) { return m->n_params; }
+
+/* ---------------------------------------------------------------- KV arena */
+
+struct engine_kv {
+    uint32_t n_blocks, block_size, n_layer, kv_dim;
+    size_t layer_stride; /* floats per layer per K (or V): n_blocks * block_size * kv_dim */
+    float *k;            /* (n_layer, n_slots, kv_dim) */
+    float *v;            /* (n_layer, n_slots, kv_dim) */
+};
+
+size_t engine_kv_block_bytes(const engine_model *m, uint32_t block_size)
+{
+    const engine_hparams *hp = &m->hp;
+    return (size_t)2 * hp->n_layer * block_size * hp->n_head_kv * hp->head_dim * sizeof(float);
+}
+
+int engine_kv_create(const engine_model *m, uint32_t n_blocks, uint32_t block_size,
+                     engine_kv **out)
+{
+    *out = NULL;
+    if (n_blocks == 0 || block_size == 0 || (uint64_t)n_blocks * block_size > (1ull << 32))
+        return KVS_EINVAL;
+    engine_kv *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return KVS_ENOMEM;
+    kv->n_blocks = n_blocks;
+    kv->block_size = block_size;
+    kv->n_layer = m->hp.n_layer;
+    kv->kv_dim = m->hp.n_head_kv * m->hp.head_dim;
+    kv->layer_stride = (size_t)n_blocks * block_size * kv->kv_dim;
+    size_t total = kv->layer_stride * kv->n_layer;
+    kv->k = calloc(total, sizeof(float));
+    kv->v = calloc(total, sizeof(float));
+    if (!kv->k || !kv->v) {
+        engine_kv_destroy(kv);
+        return KVS_ENOMEM;
+    }
+    *out = kv;
+    return 0;
+}
+
+void engine_kv_destroy(engine_kv *kv)
+{
+    if (!kv)
+        return;
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst)
+{
+    size_t blk = (size_t)kv->block_size * kv->kv_dim;
+    for (uint32_t l = 0; l < kv->n_layer; l++) {
+        size_t base = l * kv->layer_stride;
+        memcpy(kv->k + base + (size_t)dst * blk, kv->k + base + (size_t)src * blk,
+               blk * sizeof(float));
+        memcpy(kv->v + base + (size_t)dst * blk, kv->v + base + (size_t)src * blk,
+               blk * sizeof(float));
+    }
+}
+
+/* ---------------------------------------------------------------- forward */
+
+struct engine_ctx {
+    const engine_model *m;
+    uint32_t max_tokens;
+    uint32_t n_threads;
+    float *x;      /* (max_tokens, n_embd) residual stream */
+    float *xn;     /* (max_tokens, n_embd) normed input of a sublayer */
+    float *q;      /* (max_tokens, n_embd) */
+    float *k;      /* (max_tokens, kv_dim) */
+    float *v;      /* (max_tokens, kv_dim) */
+    float *att;    /* (max_tokens, n_embd) attention output before wo */
+    float *gate;   /* (max_tokens, n_ff) */
+    float *up;     /* (max_tokens, n_ff) */
+    float *scores; /* (scores_cap) one head's attention weights */
+    size_t scores_cap;
+    int32_t *slot; /* (max_tokens) arena slot of each row */
+    float *rope_inv_freq; /* (n_rot / 2) base^(-2j/n_rot) */
+};
+
+int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_threads,
+                      engine_ctx **out)
+{
+    *out = NULL;
+    if (max_tokens == 0 || max_tokens > 65536)
+        return KVS_EINVAL;
+    engine_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return KVS_ENOMEM;
+    const engine_hparams *hp = &m->hp;
+    size_t T = max_tokens, E = hp->n_embd, KV = (size_t)hp->n_head_kv * hp->head_dim,
+           F = hp->n_ff;
+    c->m = m;
+    c->max_tokens = max_tokens;
+    c->n_threads = n_threads ? n_threads : 1;
+    c->x = malloc(T * E * sizeof(float));
+    c->xn = malloc(T * E * sizeof(float));
+    c->q = malloc(T * E * sizeof(float));
+    c->k = malloc(T * KV * sizeof(float));
+    c->v = malloc(T * KV * sizeof(float));
+    c->att = malloc(T * E * sizeof(float));
+    c->gate = malloc(T * F * sizeof(float));
+    c->up = malloc(T * F * sizeof(float));
+    c->slot = malloc(T * sizeof(int32_t));
+    c->rope_inv_freq = malloc(hp->n_rot / 2 * sizeof(float));
+    if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up ||
+        !c->slot || !c->rope_inv_freq) {
+        engine_ctx_destroy(c);
+        return KVS_ENOMEM;
+    }
+    for (uint32_t j = 0; j < hp->n_rot / 2; j++)
+        c->rope_inv_freq[j] = powf(hp->rope_base, -(float)(2 * j) / (float)hp->n_rot);
+    openblas_set_num_threads((int)c->n_threads);
+    *out = c;
+    return 0;
+}
+
+void engine_ctx_destroy(engine_ctx *c)
+{
+    if (!c)
+        return;
+    free(c->x);
+    free(c->xn);
+    free(c->q);
+    free(c->k);
+    free(c->v);
+    free(c->att);
+    free(c->gate);
+    free(c->up);
+    free(c->scores);
+    free(c->slot);
+    free(c->rope_inv_freq);
+    free(c);
+}
+
+static void rmsnorm_rows(float *out, const float *x, const float *w, size_t rows, size_t n,
+                         float eps)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        float ss = 0.0f;
+        for (size_t i = 0; i < n; i++)
+            ss += xr[i] * xr[i];
+        float scale = 1.0f / sqrtf(ss / (float)n + eps);
+        for (size_t i = 0; i < n; i++)
+            o[i] = xr[i] * scale * w[i];
+    }
+}
+
+/* out (rows, n_out) = in (rows, n_in) * W^T, W row-major (n_out, n_in). */
+static void matmul(float *out, const float *in, const float *w, size_t rows, size_t n_in,
+                   size_t n_out)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n_out, (int)n_in, 1.0f,
+                in, (int)n_in, w, (int)n_in, 0.0f, out, (int)n_out);
+}
+
+/* Rotates adjacent pairs (x[2j], x[2j+1]) of each head by pos * inv_freq[j] (llama.cpp's
+ * "normal" RoPE, which the GGUF converters lay Q and K out for). */
+static void rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, int32_t pos,
+                 const float *inv_freq)
+{
+    for (uint32_t j = 0; j < n_rot / 2; j++) {
+        float theta = (float)pos * inv_freq[j];
+        float cs = cosf(theta), sn = sinf(theta);
+        for (uint32_t h = 0; h < n_heads; h++) {
+            float *p = x + (size_t)h * head_dim + 2 * j;
+            float a = p[0], b = p[1];
+            p[0] = a * cs - b * sn;
+            p[1] = a * sn + b * cs;
+        }
+    }
+}
+
+static int validate_batch(engine_ctx *c, const engine_kv *kv, const engine_batch *b)
+{
+    if (b->n_tokens == 0 || b->n_tokens > c->max_tokens)
+        return KVS_EINVAL;
+    for (uint32_t t = 0; t < b->n_tokens; t++) {
+        if (b->token[t] < 0 || (uint32_t)b->token[t] >= c->m->hp.n_vocab || b->pos[t] < 0 ||
+            b->seq[t] < 0 || (uint32_t)b->seq[t] >= b->n_seqs)
+            return KVS_EINVAL;
+        const engine_seq_view *s = &b->seqs[b->seq[t]];
+        uint32_t bi = (uint32_t)b->pos[t] / kv->block_size;
+        if (bi >= s->n_blocks)
+            return KVS_EINVAL;
+        for (uint32_t i = 0; i <= bi; i++)
+            if (s->blocks[i] < 0 || (uint32_t)s->blocks[i] >= kv->n_blocks)
+                return KVS_EINVAL;
+        c->slot[t] = s->blocks[bi] * (int32_t)kv->block_size +
+                     (int32_t)((uint32_t)b->pos[t] % kv->block_size);
+    }
+    return 0;
+}
+
+/* Attention of row t over positions 0..pos of its sequence, for every head. */
+static void attend(engine_ctx *c, const engine_kv *kv, const engine_batch *b, uint32_t t,
+                   const float *kl, const float *vl)
+{
+    const engine_hparams *hp = &c->m->hp;
+    const engine_seq_view *s = &b->seqs[b->seq[t]];
+    uint32_t n_pos = (uint32_t)b->pos[t] + 1;
+    uint32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, group = hp->n_head / hp->n_head_kv;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *scores = c->scores;
+    for (uint32_t h = 0; h < hp->n_head; h++) {
+        const float *qh = c->q + (size_t)t * hp->n_embd + (size_t)h * hd;
+        size_t koff = (size_t)(h / group) * hd;
+        float maxv = -INFINITY;
+        for (uint32_t p = 0; p < n_pos; p++) {
+            size_t slot = (size_t)s->blocks[p / kv->block_size] * kv->block_size +
+                          p % kv->block_size;
+            const float *kp = kl + slot * kv_dim + koff;
+            float dot = 0.0f;
+            for (uint32_t i = 0; i < hd; i++)
+                dot += qh[i] * kp[i];
+            scores[p] = dot * scale;
+            if (scores[p] > maxv)
+                maxv = scores[p];
+        }
+        float sum = 0.0f;
+        for (uint32_t p = 0; p < n_pos; p++) {
+            scores[p] = expf(scores[p] - maxv);
+            sum += scores[p];
+        }
+        float inv = 1.0f / sum;
+        float *out = c->att + (size_t)t * hp->n_embd + (size_t)h * hd;
+        memset(out, 0, hd * sizeof(float));
+        for (uint32_t p = 0; p < n_pos; p++) {
+            size_t slot = (size_t)s->blocks[p / kv->block_size] * kv->block_size +
+                          p % kv->block_size;
+            const float *vp = vl + slot * kv_dim + koff;
+            float wgt = scores[p] * inv;
+            for (uint32_t i = 0; i < hd; i++)
+                out[i] += wgt * vp[i];
+        }
+    }
+}
+
+int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *logits_out)
+{
+    int rc = validate_batch(c, kv, b);
+    if (rc)
+        return rc;
+    const engine_model *m = c->m;
+    const engine_hparams *hp = &m->hp;
+    size_t T = b->n_tokens, E = hp->n_embd, kv_dim = (size_t)hp->n_head_kv * hp->head_dim,
+           F = hp->n_ff;
+    uint32_t max_pos = 0;
+    for (size_t t = 0; t < T; t++)
+        if ((uint32_t)b->pos[t] + 1 > max_pos)
+            max_pos = (uint32_t)b->pos[t] + 1;
+    if (max_pos > c->scores_cap) {
+        /* Grows with the longest context seen, so steady-state steps allocate nothing. */
+        size_t cap = c->scores_cap ? c->scores_cap : 256;
+        while (cap < max_pos)
+            cap *= 2;
+        float *s = realloc(c->scores, cap * sizeof(float));
+        if (!s)
+            return KVS_ENOMEM;
+        c->scores = s;
+        c->scores_cap = cap;
+    }
+
+    for (size_t t = 0; t < T; t++)
+        memcpy(c->x + t * E, m->tok_embd + (size_t)b->token[t] * E, E * sizeof(float));
+
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const layer_weights *w = &m->layers[l];
+        float *kl = kv->k + l * kv->layer_stride;
+        float *vl = kv->v + l * kv->layer_stride;
+
+        rmsnorm_rows(c->xn, c->x, w->attn_norm, T, E, hp->rms_eps);
+        matmul(c->q, c->xn, w->wq, T, E, E);
+        matmul(c->k, c->xn, w->wk, T, E, kv_dim);
+        matmul(c->v, c->xn, w->wv, T, E, kv_dim);
+        for (size_t t = 0; t < T; t++) {
+            rope(c->q + t * E, hp->n_head, hp->head_dim, hp->n_rot, b->pos[t], c->rope_inv_freq);
+            rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, b->pos[t],
+                 c->rope_inv_freq);
+            memcpy(kl + (size_t)c->slot[t] * kv_dim, c->k + t * kv_dim, kv_dim * sizeof(float));
+            memcpy(vl + (size_t)c->slot[t] * kv_dim, c->v + t * kv_dim, kv_dim * sizeof(float));
+        }
+        for (uint32_t t = 0; t < T; t++)
+            attend(c, kv, b, t, kl, vl);
+        matmul(c->xn, c->att, w->wo, T, E, E);
+        for (size_t i = 0; i < T * E; i++)
+            c->x[i] += c->xn[i];
+
+        rmsnorm_rows(c->xn, c->x, w->ffn_norm, T, E, hp->rms_eps);
+        matmul(c->gate, c->xn, w->w_gate, T, E, F);
+        matmul(c->up, c->xn, w->w_up, T, E, F);
+        for (size_t i = 0; i < T * F; i++) {
+            float g = c->gate[i];
+            c->gate[i] = g / (1.0f + expf(-g)) * c->up[i];
+        }
+        matmul(c->xn, c->gate, w->w_down, T, F, E);
+        for (size_t i = 0; i < T * E; i++)
+            c->x[i] += c->xn[i];
+    }
+
+    /* Final norm and the vocabulary projection, only for rows whose logits are wanted. */
+    size_t n_out = 0;
+    for (size_t t = 0; t < T; t++) {
+        if (!b->logits[t])
+            continue;
+        rmsnorm_rows(c->xn + n_out * E, c->x + t * E, m->output_norm, 1, E, hp->rms_eps);
+        n_out++;
+    }
+    if (n_out)
+        matmul(logits_out, c->xn, m->output, n_out, E, hp->n_vocab);
+    return 0;
+}

@@ -1,0 +1,681 @@
+/* kvpool: block bookkeeping for the paged KV cache (see kvpool.h for the contract).
+ * Invariants: every block is in exactly one state (used: refcount > 0; cached: refcount 0,
+ * indexed, on the LRU list; free: refcount 0, unindexed, on the free list); an indexed block
+ * is full, and every table holding it holds its indexed parent just before it (so children
+ * leave the LRU before their parents); block fill is the same for every holder. */
+#include "kvpool/kvpool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+
+/* Tests may build this file with a tiny mask so that hash collisions are common and the
+ * token/parent comparisons are exercised; production keeps all 64 bits. */
+#ifndef KVPOOL_HASH_MASK
+#define KVPOOL_HASH_MASK UINT64_MAX
+#endif
+
+#define KVPOOL_ROOT_HASH UINT64_C(0xcbf29ce484222325)
+
+typedef struct kvpool_block {
+    uint64_t hash;       /* chain hash, valid while indexed */
+    uint32_t refcount;   /* block tables holding this block */
+    uint32_t fill;       /* slots written; equal for every holder (shared partial blocks
+                          * are copied before anyone writes to them) */
+    uint32_t gen;        /* bumped whenever the block is taken for new data */
+    uint32_t parent_gen; /* gen of parent when indexed: a reused parent never matches */
+    int32_t parent;      /* indexed parent block, -1 for a sequence's first block */
+    int32_t lprev;       /* free list or LRU links, -1 at the ends */
+    int32_t lnext;
+    int32_t hnext; /* next block in the same index bucket, -1 at the end */
+    bool indexed;
+} kvpool_block;
+
+/* Intrusive doubly linked list over block ids (free list, LRU). */
+typedef struct kvpool_list {
+    int32_t head; /* oldest */
+    int32_t tail; /* newest */
+    uint32_t n;
+} kvpool_list;
+
+struct kvpool_seq {
+    int32_t *blocks; /* block table */
+    uint32_t n_blocks;
+    uint32_t cap;
+    uint32_t len;        /* reserved positions */
+    uint32_t n_computed; /* positions holding K/V, <= len */
+    uint32_t n_indexed;  /* leading blocks known to be in the prefix index */
+    kvpool_seq *prev;    /* the pool's list of live sequences (for kvpool_check) */
+    kvpool_seq *next;
+};
+
+struct kvpool {
+    uint32_t n_blocks;
+    uint32_t block_size;
+    bool prefix_cache;
+    kvpool_block *blk;  /* [n_blocks] */
+    int32_t *tokens;    /* [n_blocks * block_size] token id held by each slot */
+    int32_t *buckets;   /* [n_buckets] head of each index chain, -1 when empty */
+    uint32_t n_buckets; /* power of two >= n_blocks */
+    kvpool_list free_list;
+    kvpool_list lru; /* cached blocks, least recently released at the head */
+    uint32_t n_used;
+    uint32_t n_indexed;
+    kvpool_seq *seqs;
+    uint32_t n_seqs;
+    kvpool_stats st; /* counters and sums kept incrementally; block counts filled on read */
+};
+
+/* --- lists --- */
+
+static void list_init(kvpool_list *l)
+{
+    l->head = l->tail = -1;
+    l->n = 0;
+}
+
+static void list_push_tail(kvpool *pool, kvpool_list *l, int32_t b)
+{
+    kvpool_block *k = &pool->blk[b];
+    k->lprev = l->tail;
+    k->lnext = -1;
+    if (l->tail >= 0)
+        pool->blk[l->tail].lnext = b;
+    else
+        l->head = b;
+    l->tail = b;
+    l->n++;
+}
+
+static void list_remove(kvpool *pool, kvpool_list *l, int32_t b)
+{
+    kvpool_block *k = &pool->blk[b];
+    if (k->lprev >= 0)
+        pool->blk[k->lprev].lnext = k->lnext;
+    else
+        l->head = k->lnext;
+    if (k->lnext >= 0)
+        pool->blk[k->lnext].lprev = k->lprev;
+    else
+        l->tail = k->lprev;
+    k->lprev = k->lnext = -1;
+    l->n--;
+}
+
+/* --- prefix index --- */
+
+static uint64_t mix64(uint64_t x)
+{
+    /* splitmix64 finalizer: every input bit reaches every output bit. */
+    x ^= x >> 30;
+    x *= UINT64_C(0xbf58476d1ce4e5b9);
+    x ^= x >> 27;
+    x *= UINT64_C(0x94d049bb133111eb);
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t chain_hash(uint64_t parent_hash, const int32_t *tok, uint32_t n)
+{
+    uint64_t h = mix64(parent_hash ^ UINT64_C(0x9e3779b97f4a7c15));
+    for (uint32_t i = 0; i < n; i++)
+        h = mix64(h ^ (uint64_t)(uint32_t)tok[i]);
+    return h & (uint64_t)KVPOOL_HASH_MASK;
+}
+
+static const int32_t *block_tokens(const kvpool *pool, int32_t b)
+{
+    return pool->tokens + (size_t)b * pool->block_size;
+}
+
+static int32_t *block_tokens_mut(kvpool *pool, int32_t b)
+{
+    return pool->tokens + (size_t)b * pool->block_size;
+}
+
+static uint32_t bucket_of(const kvpool *pool, uint64_t h)
+{
+    return (uint32_t)(mix64(h) & (pool->n_buckets - 1));
+}
+
+/* The indexed block holding exactly tok[0..block_size) after parent (at its current gen), or
+ * -1. The hash only narrows the search: tokens and parent are compared, so no collision can
+ * alias two different prefixes. */
+static int32_t index_find(const kvpool *pool, uint64_t h, int32_t parent, const int32_t *tok)
+{
+    uint32_t pgen = parent >= 0 ? pool->blk[parent].gen : 0;
+    for (int32_t b = pool->buckets[bucket_of(pool, h)]; b >= 0; b = pool->blk[b].hnext) {
+        const kvpool_block *k = &pool->blk[b];
+        if (k->hash == h && k->parent == parent && k->parent_gen == pgen &&
+            memcmp(block_tokens(pool, b), tok, sizeof(int32_t) * pool->block_size) == 0)
+            return b;
+    }
+    return -1;
+}
+
+static void index_insert(kvpool *pool, int32_t b, uint64_t h, int32_t parent)
+{
+    kvpool_block *k = &pool->blk[b];
+    uint32_t bi = bucket_of(pool, h);
+    k->hash = h;
+    k->parent = parent;
+    k->parent_gen = parent >= 0 ? pool->blk[parent].gen : 0;
+    k->indexed = true;
+    k->hnext = pool->buckets[bi];
+    pool->buckets[bi] = b;
+    pool->n_indexed++;
+}
+
+static void index_remove(kvpool *pool, int32_t b)
+{
+    kvpool_block *k = &pool->blk[b];
+    int32_t *link = &pool->buckets[bucket_of(pool, k->hash)];
+    while (*link != b)
+        link = &pool->blk[*link].hnext;
+    *link = k->hnext;
+    k->hnext = -1;
+    k->indexed = false;
+    pool->n_indexed--;
+}
+
+/* --- blocks --- */
+
+/* Takes a block for new data: a free one if any, else evicts the least recently released
+ * cached block, so cached prefixes survive until the pool actually needs their space. The
+ * caller has checked availability. */
+static int32_t block_take(kvpool *pool)
+{
+    int32_t b = pool->free_list.head;
+    if (b >= 0) {
+        list_remove(pool, &pool->free_list, b);
+    } else {
+        b = pool->lru.head;
+        list_remove(pool, &pool->lru, b);
+        index_remove(pool, b);
+        pool->st.evictions++;
+    }
+    kvpool_block *k = &pool->blk[b];
+    k->refcount = 1;
+    k->fill = 0;
+    k->gen++;
+    k->parent = -1;
+    k->parent_gen = 0;
+    pool->n_used++;
+    pool->st.slots_waste += pool->block_size;
+    return b;
+}
+
+static void block_ref(kvpool *pool, int32_t b)
+{
+    kvpool_block *k = &pool->blk[b];
+    if (k->refcount++ == 0) {
+        /* Only indexed (hence full, zero-waste) blocks are found with refcount 0. */
+        list_remove(pool, &pool->lru, b);
+        pool->n_used++;
+    }
+}
+
+static void block_unref(kvpool *pool, int32_t b)
+{
+    kvpool_block *k = &pool->blk[b];
+    if (--k->refcount > 0)
+        return;
+    pool->n_used--;
+    pool->st.slots_waste -= pool->block_size - k->fill;
+    if (k->indexed)
+        list_push_tail(pool, &pool->lru, b);
+    else
+        list_push_tail(pool, &pool->free_list, b);
+}
+
+/* --- sequences --- */
+
+/* Grows the block table geometrically so appends cost amortized O(1). */
+static int seq_reserve(kvpool_seq *seq, uint32_t want)
+{
+    if (want <= seq->cap)
+        return 0;
+    uint32_t cap = seq->cap ? seq->cap : 4;
+    while (cap < want)
+        cap = cap > UINT32_MAX / 2 ? want : cap * 2;
+    int32_t *nb = realloc(seq->blocks, sizeof(int32_t) * cap);
+    if (!nb)
+        return KVS_ENOMEM;
+    seq->blocks = nb;
+    seq->cap = cap;
+    return 0;
+}
+
+static int seq_new(kvpool *pool, kvpool_seq **out)
+{
+    kvpool_seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return KVS_ENOMEM;
+    s->next = pool->seqs;
+    if (pool->seqs)
+        pool->seqs->prev = s;
+    pool->seqs = s;
+    pool->n_seqs++;
+    *out = s;
+    return 0;
+}
+
+static void seq_unlink(kvpool *pool, kvpool_seq *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        pool->seqs = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    pool->n_seqs--;
+}
+
+static uint32_t div_up(uint32_t a, uint32_t b)
+{
+    return a / b + (a % b != 0);
+}
+
+/* --- public API --- */
+
+int kvpool_create(const kvpool_params *p, kvpool **out)
+{
+    if (!out)
+        return KVS_EINVAL;
+    *out = NULL;
+    /* Slot ids (block * block_size + offset) must fit in int32 for the engine. */
+    if (!p || p->n_blocks == 0 || p->block_size == 0 ||
+        (uint64_t)p->n_blocks * p->block_size > INT32_MAX)
+        return KVS_EINVAL;
+    kvpool *pool = calloc(1, sizeof *pool);
+    if (!pool)
+        return KVS_ENOMEM;
+    pool->n_blocks = p->n_blocks;
+    pool->block_size = p->block_size;
+    pool->prefix_cache = p->prefix_cache;
+    pool->n_buckets = 1;
+    while (pool->n_buckets < p->n_blocks)
+        pool->n_buckets *= 2;
+    pool->blk = calloc(p->n_blocks, sizeof *pool->blk);
+    pool->tokens = calloc((size_t)p->n_blocks * p->block_size, sizeof(int32_t));
+    pool->buckets = malloc(sizeof(int32_t) * pool->n_buckets);
+    if (!pool->blk || !pool->tokens || !pool->buckets) {
+        kvpool_destroy(pool);
+        return KVS_ENOMEM;
+    }
+    for (uint32_t i = 0; i < pool->n_buckets; i++)
+        pool->buckets[i] = -1;
+    list_init(&pool->free_list);
+    list_init(&pool->lru);
+    for (uint32_t i = 0; i < p->n_blocks; i++) {
+        pool->blk[i].parent = -1;
+        pool->blk[i].hnext = -1;
+        list_push_tail(pool, &pool->free_list, (int32_t)i);
+    }
+    *out = pool;
+    return 0;
+}
+
+void kvpool_destroy(kvpool *pool)
+{
+    if (!pool)
+        return;
+    /* Contract says sequences go first; free stragglers anyway rather than leak them. */
+    while (pool->seqs) {
+        kvpool_seq *s = pool->seqs;
+        pool->seqs = s->next;
+        free(s->blocks);
+        free(s);
+    }
+    free(pool->blk);
+    free(pool->tokens);
+    free(pool->buckets);
+    free(pool);
+}
+
+uint32_t kvpool_block_size(const kvpool *pool)
+{
+    return pool->block_size;
+}
+
+void kvpool_get_stats(const kvpool *pool, kvpool_stats *st)
+{
+    *st = pool->st;
+    st->blocks_total = pool->n_blocks;
+    st->blocks_used = pool->n_used;
+    st->blocks_cached = pool->lru.n;
+    st->blocks_free = pool->free_list.n;
+}
+
+uint32_t kvpool_available(const kvpool *pool)
+{
+    return pool->free_list.n + pool->lru.n;
+}
+
+int kvpool_seq_create(kvpool *pool, kvpool_seq **out)
+{
+    if (!pool || !out)
+        return KVS_EINVAL;
+    *out = NULL;
+    return seq_new(pool, out);
+}
+
+void kvpool_seq_destroy(kvpool *pool, kvpool_seq *seq)
+{
+    if (!seq)
+        return;
+    /* Last block first: a child then always sits in the LRU ahead of its parent, so it is
+     * evicted before the parent and an indexed block's parent stays indexed. */
+    for (uint32_t i = seq->n_blocks; i-- > 0;)
+        block_unref(pool, seq->blocks[i]);
+    pool->st.tokens_stored -= seq->len;
+    seq_unlink(pool, seq);
+    free(seq->blocks);
+    free(seq);
+}
+
+int kvpool_seq_fork(kvpool *pool, const kvpool_seq *src, kvpool_seq **out)
+{
+    if (!pool || !src || !out)
+        return KVS_EINVAL;
+    *out = NULL;
+    kvpool_seq *s;
+    int rc = seq_new(pool, &s);
+    if (rc)
+        return rc;
+    if (seq_reserve(s, src->n_blocks) != 0) {
+        seq_unlink(pool, s);
+        free(s);
+        return KVS_ENOMEM;
+    }
+    for (uint32_t i = 0; i < src->n_blocks; i++) {
+        s->blocks[i] = src->blocks[i];
+        block_ref(pool, src->blocks[i]);
+    }
+    s->n_blocks = src->n_blocks;
+    s->len = src->len;
+    s->n_computed = src->n_computed;
+    s->n_indexed = src->n_indexed;
+    pool->st.tokens_stored += s->len;
+    *out = s;
+    return 0;
+}
+
+uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n)
+{
+    if (!pool->prefix_cache || seq->len != 0 || !tokens)
+        return 0;
+    uint32_t bs = pool->block_size;
+    uint32_t want = n / bs;
+    pool->st.prefix_queries += want;
+    uint64_t h = KVPOOL_ROOT_HASH;
+    int32_t parent = -1;
+    uint32_t got = 0;
+    while (got < want) {
+        const int32_t *tok = tokens + (size_t)got * bs;
+        uint64_t hh = chain_hash(h, tok, bs);
+        int32_t b = index_find(pool, hh, parent, tok);
+        /* A table that cannot grow just ends the match early: a shorter hit is still valid. */
+        if (b < 0 || seq_reserve(seq, got + 1) != 0)
+            break;
+        block_ref(pool, b);
+        seq->blocks[got++] = b;
+        h = hh;
+        parent = b;
+    }
+    seq->n_blocks = got;
+    seq->len = seq->n_computed = got * bs;
+    seq->n_indexed = got;
+    pool->st.prefix_hits += got;
+    pool->st.tokens_stored += seq->len;
+    return seq->len;
+}
+
+/* Whether the last block is partly filled and shared, so writing to it needs a copy. */
+static bool seq_needs_cow(const kvpool *pool, const kvpool_seq *seq)
+{
+    return seq->len % pool->block_size != 0 &&
+           pool->blk[seq->blocks[seq->n_blocks - 1]].refcount > 1;
+}
+
+uint32_t kvpool_seq_blocks_needed(const kvpool *pool, const kvpool_seq *seq, uint32_t n)
+{
+    if (n == 0)
+        return 0;
+    uint64_t new_len = (uint64_t)seq->len + n;
+    uint64_t blocks = new_len / pool->block_size + (new_len % pool->block_size != 0);
+    uint64_t need = blocks - seq->n_blocks + (seq_needs_cow(pool, seq) ? 1 : 0);
+    return need > UINT32_MAX ? UINT32_MAX : (uint32_t)need;
+}
+
+int kvpool_seq_append(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n,
+                      kvpool_copy *copy, int *n_copy)
+{
+    if (n_copy)
+        *n_copy = 0;
+    if (!pool || !seq || (n > 0 && !tokens))
+        return KVS_EINVAL;
+    if (n == 0)
+        return 0;
+    uint32_t bs = pool->block_size;
+    if ((uint64_t)seq->len + n > UINT32_MAX)
+        return KVS_ERANGE;
+    uint32_t need = kvpool_seq_blocks_needed(pool, seq, n);
+    if (need > kvpool_available(pool))
+        return KVS_ENOSPC;
+    bool cow = seq_needs_cow(pool, seq);
+    if (cow && (!copy || !n_copy))
+        return KVS_EINVAL; /* the caller could not learn about the copy it must make */
+    /* Grow the table before touching any block so ENOMEM also leaves everything unchanged. */
+    if (seq_reserve(seq, div_up(seq->len + n, bs)) != 0)
+        return KVS_ENOMEM;
+
+    if (cow) {
+        int32_t src = seq->blocks[seq->n_blocks - 1];
+        int32_t dst = block_take(pool);
+        uint32_t f = pool->blk[src].fill;
+        memcpy(block_tokens_mut(pool, dst), block_tokens(pool, src), sizeof(int32_t) * f);
+        pool->blk[dst].fill = f;
+        pool->st.slots_waste -= f;
+        block_unref(pool, src); /* stays used: other holders remain */
+        seq->blocks[seq->n_blocks - 1] = dst;
+        copy->src = src;
+        copy->dst = dst;
+        *n_copy = 1;
+    }
+    uint32_t done = 0;
+    while (done < n) {
+        uint32_t off = seq->len % bs;
+        if (off == 0)
+            seq->blocks[seq->n_blocks++] = block_take(pool);
+        int32_t b = seq->blocks[seq->n_blocks - 1];
+        uint32_t k = bs - off < n - done ? bs - off : n - done;
+        memcpy(block_tokens_mut(pool, b) + off, tokens + done, sizeof(int32_t) * k);
+        pool->blk[b].fill = off + k;
+        pool->st.slots_waste -= k;
+        seq->len += k;
+        done += k;
+    }
+    pool->st.tokens_stored += n;
+    return 0;
+}
+
+void kvpool_seq_commit(kvpool *pool, kvpool_seq *seq, uint32_t n_computed)
+{
+    if (n_computed > seq->len)
+        n_computed = seq->len;
+    if (n_computed > seq->n_computed)
+        seq->n_computed = n_computed;
+    if (!pool->prefix_cache)
+        return;
+    uint32_t bs = pool->block_size, end = seq->n_computed / bs;
+    /* Index in table order: a child is findable only through its parent. */
+    for (uint32_t i = seq->n_indexed; i < end; i++) {
+        int32_t b = seq->blocks[i];
+        if (!pool->blk[b].indexed) {
+            int32_t parent = i > 0 ? seq->blocks[i - 1] : -1;
+            uint64_t ph = parent >= 0 ? pool->blk[parent].hash : KVPOOL_ROOT_HASH;
+            const int32_t *tok = block_tokens(pool, b);
+            uint64_t h = chain_hash(ph, tok, bs);
+            int32_t same = index_find(pool, h, parent, tok);
+            if (same < 0) {
+                index_insert(pool, b, h, parent);
+            } else if (pool->blk[b].refcount == 1) {
+                /* Another sequence computed and indexed this very prefix first (both
+                 * prefilled it at once). Switch to the indexed block so our later blocks
+                 * chain from it and become findable too; ours returns to the pool. */
+                block_ref(pool, same);
+                block_unref(pool, b);
+                seq->blocks[i] = same;
+            } else {
+                /* Shared with a fork sibling: switching only our table would give our
+                 * later blocks a parent the sibling lacks. Retry on a later commit (the
+                 * sibling may have switched or gone by then). */
+                break;
+            }
+        }
+        seq->n_indexed = i + 1;
+    }
+}
+
+uint32_t kvpool_seq_len(const kvpool_seq *seq)
+{
+    return seq->len;
+}
+
+uint32_t kvpool_seq_n_computed(const kvpool_seq *seq)
+{
+    return seq->n_computed;
+}
+
+const int32_t *kvpool_seq_blocks(const kvpool_seq *seq, uint32_t *n_blocks)
+{
+    if (n_blocks)
+        *n_blocks = seq->n_blocks;
+    return seq->blocks;
+}
+
+/* --- invariant check (tests): scans everything --- */
+
+static int check_list(const kvpool *pool, const kvpool_list *l, bool want_indexed, uint8_t *seen)
+{
+    uint32_t count = 0;
+    int32_t prev = -1;
+    for (int32_t b = l->head; b >= 0; b = pool->blk[b].lnext) {
+        if ((uint32_t)b >= pool->n_blocks || seen[b] || count >= pool->n_blocks)
+            return KVS_EINVAL;
+        seen[b] = 1;
+        const kvpool_block *k = &pool->blk[b];
+        if (k->lprev != prev || k->refcount != 0 || k->indexed != want_indexed)
+            return KVS_EINVAL;
+        prev = b;
+        count++;
+    }
+    if (prev != l->tail || count != l->n)
+        return KVS_EINVAL;
+    return 0;
+}
+
+static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
+{
+    uint32_t bs = pool->block_size, nb = pool->n_blocks;
+    if (check_list(pool, &pool->free_list, false, seen) || check_list(pool, &pool->lru, true, seen))
+        return KVS_EINVAL;
+
+    /* Block tables: shapes, per-holder fill, and parent links of indexed blocks. */
+    uint64_t tokens = 0;
+    uint32_t n_seqs = 0;
+    for (const kvpool_seq *s = pool->seqs; s; s = s->next) {
+        if (++n_seqs > pool->n_seqs || s->n_computed > s->len ||
+            s->n_blocks != div_up(s->len, bs) || s->n_blocks > s->cap ||
+            s->n_indexed > s->n_computed / bs)
+            return KVS_EINVAL;
+        if (s->next && s->next->prev != s)
+            return KVS_EINVAL;
+        tokens += s->len;
+        for (uint32_t i = 0; i < s->n_blocks; i++) {
+            int32_t b = s->blocks[i];
+            if (b < 0 || (uint32_t)b >= nb)
+                return KVS_EINVAL;
+            refs[b]++;
+            uint32_t fill = s->len - i * bs < bs ? s->len - i * bs : bs;
+            const kvpool_block *k = &pool->blk[b];
+            if (k->fill != fill)
+                return KVS_EINVAL;
+            if (k->indexed && k->parent != (i > 0 ? s->blocks[i - 1] : -1))
+                return KVS_EINVAL;
+            if (i < s->n_indexed && !k->indexed)
+                return KVS_EINVAL;
+        }
+    }
+    if (n_seqs != pool->n_seqs || tokens != pool->st.tokens_stored)
+        return KVS_EINVAL;
+
+    /* Refcounts and states. */
+    uint32_t used = 0, indexed = 0;
+    uint64_t waste = 0;
+    for (uint32_t b = 0; b < nb; b++) {
+        const kvpool_block *k = &pool->blk[b];
+        if (k->refcount != refs[b])
+            return KVS_EINVAL;
+        if (k->refcount > 0) {
+            if (seen[b])
+                return KVS_EINVAL; /* used block on the free list or LRU */
+            used++;
+            waste += bs - k->fill;
+        } else if (!seen[b]) {
+            return KVS_EINVAL; /* unreferenced block on no list: leaked */
+        }
+        if (k->indexed) {
+            indexed++;
+            if (k->fill != bs)
+                return KVS_EINVAL;
+            uint64_t ph = KVPOOL_ROOT_HASH;
+            if (k->parent >= 0) {
+                const kvpool_block *p = &pool->blk[k->parent];
+                if ((uint32_t)k->parent >= nb || !p->indexed || p->gen != k->parent_gen)
+                    return KVS_EINVAL;
+                ph = p->hash;
+            }
+            if (chain_hash(ph, block_tokens(pool, (int32_t)b), bs) != k->hash)
+                return KVS_EINVAL;
+        }
+    }
+    if (used != pool->n_used || indexed != pool->n_indexed || waste != pool->st.slots_waste ||
+        used + pool->lru.n + pool->free_list.n != nb)
+        return KVS_EINVAL;
+
+    /* Index: every chain entry sits in its bucket, is indexed, and is unique by content. */
+    uint32_t in_chains = 0;
+    for (uint32_t i = 0; i < pool->n_buckets; i++) {
+        for (int32_t b = pool->buckets[i]; b >= 0; b = pool->blk[b].hnext) {
+            const kvpool_block *k = &pool->blk[b];
+            if ((uint32_t)b >= nb || ++in_chains > indexed || !k->indexed ||
+                bucket_of(pool, k->hash) != i)
+                return KVS_EINVAL;
+            for (int32_t c = k->hnext; c >= 0; c = pool->blk[c].hnext) {
+                const kvpool_block *q = &pool->blk[c];
+                if (q->hash == k->hash && q->parent == k->parent &&
+                    q->parent_gen == k->parent_gen &&
+                    memcmp(block_tokens(pool, b), block_tokens(pool, c), sizeof(int32_t) * bs) == 0)
+                    return KVS_EINVAL;
+            }
+        }
+    }
+    if (in_chains != indexed)
+        return KVS_EINVAL;
+    return 0;
+}
+
+int kvpool_check(const kvpool *pool)
+{
+    if (!pool)
+        return KVS_EINVAL;
+    uint32_t *refs = calloc(pool->n_blocks, sizeof *refs);
+    uint8_t *seen = calloc(pool->n_blocks, 1);
+    int rc = refs && seen ? check_all(pool, refs, seen) : KVS_ENOMEM;
+    free(refs);
+    free(seen);
+    return rc;
+}

@@ -1,0 +1,1037 @@
+/* kvpool: block bookkeeping through the public header. A shadow KV arena (one token id per
+ * slot) plays the engine: it performs the copies kvpool reports and writes each appended
+ * token to its slot, so a wrong share, copy or prefix hit shows up as wrong arena content. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h> /* after the headers it needs */
+
+#include "common/status.h"
+#include "kvpool/kvpool.h"
+
+typedef struct harness {
+    kvpool *pool;
+    uint32_t bs;
+    uint32_t nb;
+    int32_t *arena; /* [nb * bs] token id each slot holds */
+} harness;
+
+typedef struct tseq {
+    kvpool_seq *s;
+    int32_t *tok; /* what the sequence should read back at each position */
+    uint32_t len;
+    uint32_t cap;
+} tseq;
+
+static void h_init(harness *h, uint32_t nb, uint32_t bs, bool prefix)
+{
+    kvpool_params p = {.n_blocks = nb, .block_size = bs, .prefix_cache = prefix};
+    assert_int_equal(kvpool_create(&p, &h->pool), 0);
+    h->bs = bs;
+    h->nb = nb;
+    h->arena = malloc(sizeof(int32_t) * nb * bs);
+    assert_non_null(h->arena);
+    for (uint32_t i = 0; i < nb * bs; i++)
+        h->arena[i] = -1;
+}
+
+static void h_fini(harness *h)
+{
+    assert_int_equal(kvpool_check(h->pool), 0);
+    kvpool_destroy(h->pool);
+    free(h->arena);
+}
+
+static void ts_push(tseq *t, const int32_t *tok, uint32_t n)
+{
+    if (n == 0)
+        return;
+    if (t->len + n > t->cap) {
+        t->cap = (t->len + n) * 2;
+        t->tok = realloc(t->tok, sizeof(int32_t) * t->cap);
+        assert_non_null(t->tok);
+    }
+    memcpy(t->tok + t->len, tok, sizeof(int32_t) * n);
+    t->len += n;
+}
+
+static int32_t slot_of(const harness *h, const kvpool_seq *s, uint32_t pos)
+{
+    uint32_t nblk;
+    const int32_t *blocks = kvpool_seq_blocks(s, &nblk);
+    assert_true(pos / h->bs < nblk);
+    return blocks[pos / h->bs] * (int32_t)h->bs + (int32_t)(pos % h->bs);
+}
+
+/* The sequence reads back exactly the tokens it was given. */
+static void ts_verify(const harness *h, const tseq *t)
+{
+    assert_int_equal(kvpool_seq_len(t->s), t->len);
+    for (uint32_t p = 0; p < t->len; p++)
+        assert_int_equal(h->arena[slot_of(h, t->s, p)], t->tok[p]);
+}
+
+static void ts_create(harness *h, tseq *t)
+{
+    memset(t, 0, sizeof *t);
+    assert_int_equal(kvpool_seq_create(h->pool, &t->s), 0);
+    assert_int_equal(kvpool_seq_len(t->s), 0);
+}
+
+static void ts_destroy(harness *h, tseq *t)
+{
+    kvpool_seq_destroy(h->pool, t->s);
+    free(t->tok);
+    memset(t, 0, sizeof *t);
+}
+
+/* Appends like the engine would: performs any reported copy, then writes the slots. */
+static int ts_append(harness *h, tseq *t, const int32_t *tok, uint32_t n, int *n_copy_out)
+{
+    kvpool_copy cp = {-1, -1};
+    int n_copy = -1;
+    int rc = kvpool_seq_append(h->pool, t->s, tok, n, &cp, &n_copy);
+    if (n_copy_out)
+        *n_copy_out = n_copy;
+    if (rc != 0) {
+        assert_int_equal(n_copy, 0);
+        return rc;
+    }
+    assert_true(n_copy == 0 || n_copy == 1);
+    if (n_copy == 1) {
+        assert_true(cp.src >= 0 && (uint32_t)cp.src < h->nb);
+        assert_true(cp.dst >= 0 && (uint32_t)cp.dst < h->nb);
+        assert_int_not_equal(cp.src, cp.dst);
+        memcpy(h->arena + (size_t)cp.dst * h->bs, h->arena + (size_t)cp.src * h->bs,
+               sizeof(int32_t) * h->bs);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        h->arena[slot_of(h, t->s, t->len + i)] = tok[i];
+    ts_push(t, tok, n);
+    return 0;
+}
+
+/* Matches a prefix and checks every attached position really holds the queried token. */
+static uint32_t ts_match(harness *h, tseq *t, const int32_t *tok, uint32_t n)
+{
+    uint32_t k = kvpool_seq_match_prefix(h->pool, t->s, tok, n);
+    assert_true(k <= n);
+    assert_int_equal(k % h->bs, 0);
+    assert_int_equal(kvpool_seq_len(t->s), k);
+    assert_int_equal(kvpool_seq_n_computed(t->s), k);
+    for (uint32_t p = 0; p < k; p++)
+        assert_int_equal(h->arena[slot_of(h, t->s, p)], tok[p]);
+    ts_push(t, tok, k);
+    return k;
+}
+
+static void ts_fork(harness *h, const tseq *src, tseq *t)
+{
+    memset(t, 0, sizeof *t);
+    assert_int_equal(kvpool_seq_fork(h->pool, src->s, &t->s), 0);
+    ts_push(t, src->tok, src->len);
+    ts_verify(h, t);
+}
+
+static kvpool_stats stats(const harness *h)
+{
+    kvpool_stats st;
+    kvpool_get_stats(h->pool, &st);
+    return st;
+}
+
+static void seq_tokens(int32_t *out, uint32_t n, int32_t base)
+{
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = base + (int32_t)i;
+}
+
+/* --- deterministic cases --- */
+
+static void test_create_invalid(void **state)
+{
+    (void)state;
+    kvpool *pool = (kvpool *)1;
+    kvpool_params p = {.n_blocks = 0, .block_size = 16, .prefix_cache = true};
+    assert_int_equal(kvpool_create(&p, &pool), KVS_EINVAL);
+    assert_null(pool);
+    p.n_blocks = 4;
+    p.block_size = 0;
+    assert_int_equal(kvpool_create(&p, &pool), KVS_EINVAL);
+    p.n_blocks = UINT32_MAX;
+    p.block_size = 16;
+    assert_int_equal(kvpool_create(&p, &pool), KVS_EINVAL);
+    assert_int_equal(kvpool_create(NULL, &pool), KVS_EINVAL);
+    kvpool_destroy(NULL);
+    p.n_blocks = 4;
+    assert_int_equal(kvpool_create(&p, &pool), 0);
+    assert_int_equal(kvpool_block_size(pool), 16);
+    kvpool_seq_destroy(pool, NULL);
+    kvpool_stats st;
+    kvpool_get_stats(pool, &st);
+    assert_int_equal(st.blocks_total, 4);
+    assert_int_equal(st.blocks_free, 4);
+    assert_int_equal(st.blocks_used + st.blocks_cached, 0);
+    assert_int_equal(kvpool_available(pool), 4);
+    assert_int_equal(kvpool_check(pool), 0);
+    kvpool_destroy(pool);
+}
+
+static void test_append_across_blocks(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 8, 4, true);
+    tseq a;
+    ts_create(&h, &a);
+    int32_t tok[32];
+    seq_tokens(tok, 32, 100);
+
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, a.s, 0), 0);
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, a.s, 3), 1);
+    assert_int_equal(ts_append(&h, &a, tok, 3, NULL), 0);
+    uint32_t nb;
+    kvpool_seq_blocks(a.s, &nb);
+    assert_int_equal(nb, 1);
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, a.s, 1), 0);
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, a.s, 2), 1);
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, a.s, 10), 3);
+    /* 3 + 10 = 13 tokens: 4 blocks, the last holding one token. */
+    assert_int_equal(ts_append(&h, &a, tok + 3, 10, NULL), 0);
+    const int32_t *blocks = kvpool_seq_blocks(a.s, &nb);
+    assert_int_equal(nb, 4);
+    for (uint32_t i = 0; i < nb; i++)
+        for (uint32_t j = i + 1; j < nb; j++)
+            assert_int_not_equal(blocks[i], blocks[j]);
+    assert_int_equal(kvpool_seq_len(a.s), 13);
+    assert_int_equal(kvpool_seq_n_computed(a.s), 0);
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.blocks_used, 4);
+    assert_int_equal(st.blocks_free, 4);
+    assert_int_equal(kvpool_available(h.pool), 4);
+    /* Appending zero tokens is a no-op. */
+    int n_copy = -1;
+    assert_int_equal(kvpool_seq_append(h.pool, a.s, tok, 0, NULL, &n_copy), 0);
+    assert_int_equal(n_copy, 0);
+    ts_verify(&h, &a);
+    assert_int_equal(kvpool_check(h.pool), 0);
+
+    /* Many single-token appends (decode) keep exactly ceil(len / bs) blocks. */
+    for (uint32_t i = 13; i < 32; i++) {
+        assert_int_equal(ts_append(&h, &a, tok + i, 1, NULL), 0);
+        kvpool_seq_blocks(a.s, &nb);
+        assert_int_equal(nb, (i + 1 + 3) / 4);
+    }
+    ts_verify(&h, &a);
+    assert_int_equal(kvpool_available(h.pool), 0);
+    ts_destroy(&h, &a);
+    st = stats(&h);
+    /* Nothing committed, so nothing cached. */
+    assert_int_equal(st.blocks_free, 8);
+    assert_int_equal(st.blocks_used, 0);
+    h_fini(&h);
+}
+
+static void test_destroy_and_refcount(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 8, 4, false);
+    tseq a, b, c;
+    int32_t tok[16];
+    seq_tokens(tok, 16, 1);
+    ts_create(&h, &a);
+    assert_int_equal(ts_append(&h, &a, tok, 10, NULL), 0);
+    ts_fork(&h, &a, &b);
+    ts_fork(&h, &b, &c);
+    uint32_t na, nb;
+    const int32_t *ba = kvpool_seq_blocks(a.s, &na);
+    const int32_t *bb = kvpool_seq_blocks(b.s, &nb);
+    assert_int_equal(na, 3);
+    assert_int_equal(nb, 3);
+    assert_memory_equal(ba, bb, sizeof(int32_t) * 3);
+    assert_int_equal(kvpool_seq_len(c.s), 10);
+    assert_int_equal(stats(&h).blocks_used, 3); /* shared, not copied */
+    assert_int_equal(kvpool_check(h.pool), 0);
+
+    ts_destroy(&h, &a);
+    assert_int_equal(stats(&h).blocks_used, 3);
+    ts_verify(&h, &b);
+    ts_destroy(&h, &b);
+    assert_int_equal(stats(&h).blocks_used, 3);
+    ts_verify(&h, &c);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    ts_destroy(&h, &c);
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.blocks_used, 0);
+    assert_int_equal(st.blocks_free, 8);
+    assert_int_equal(st.tokens_stored, 0);
+    assert_int_equal(st.slots_waste, 0);
+
+    /* Forking an empty sequence gives another empty one. */
+    ts_create(&h, &a);
+    ts_fork(&h, &a, &b);
+    assert_int_equal(kvpool_seq_len(b.s), 0);
+    ts_destroy(&h, &a);
+    ts_destroy(&h, &b);
+    h_fini(&h);
+}
+
+static void test_copy_on_write(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 16, 4, true);
+    tseq a, b, c;
+    int32_t tok[64];
+    seq_tokens(tok, 64, 500);
+    ts_create(&h, &a);
+    assert_int_equal(ts_append(&h, &a, tok, 6, NULL), 0); /* block 1 holds 2 of 4 */
+    kvpool_seq_commit(h.pool, a.s, 6);
+    ts_fork(&h, &a, &b);
+    assert_int_equal(kvpool_seq_n_computed(b.s), 6);
+    uint32_t n;
+    int32_t shared_last = kvpool_seq_blocks(a.s, &n)[1];
+    int32_t shared_first = kvpool_seq_blocks(a.s, &n)[0];
+
+    /* A writes first: one block for the copy, none for the token (it fits). */
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, a.s, 1), 1);
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, a.s, 3), 2);
+    uint32_t avail = kvpool_available(h.pool);
+    kvpool_copy cp;
+    int n_copy = -1;
+    int32_t t1 = 9001;
+    assert_int_equal(kvpool_seq_append(h.pool, a.s, &t1, 1, &cp, &n_copy), 0);
+    assert_int_equal(n_copy, 1);
+    assert_int_equal(cp.src, shared_last);
+    const int32_t *ta = kvpool_seq_blocks(a.s, &n);
+    assert_int_equal(ta[1], cp.dst);
+    assert_int_equal(ta[0], shared_first); /* full blocks stay shared */
+    assert_int_equal(kvpool_seq_blocks(b.s, &n)[1], shared_last);
+    assert_int_equal(kvpool_available(h.pool), avail - 1);
+    /* play the engine for that append */
+    memcpy(h.arena + cp.dst * 4, h.arena + cp.src * 4, sizeof(int32_t) * 4);
+    h.arena[cp.dst * 4 + 2] = t1;
+    ts_push(&a, &t1, 1);
+    ts_verify(&h, &a);
+    ts_verify(&h, &b);
+
+    /* B is now the only holder of the old block: it writes in place. */
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, b.s, 1), 0);
+    int32_t t2 = 9002;
+    assert_int_equal(ts_append(&h, &b, &t2, 1, &n_copy), 0);
+    assert_int_equal(n_copy, 0);
+    assert_int_equal(kvpool_seq_blocks(b.s, &n)[1], shared_last);
+    ts_verify(&h, &a);
+    ts_verify(&h, &b);
+    assert_int_equal(kvpool_check(h.pool), 0);
+
+    /* Three-way share: the two writers each copy, the last holder keeps the original. */
+    ts_fork(&h, &b, &c);
+    tseq d;
+    ts_fork(&h, &b, &d);
+    int32_t more[3] = {1, 2, 3};
+    assert_int_equal(ts_append(&h, &c, more, 3, &n_copy), 0); /* crosses into a new block */
+    assert_int_equal(n_copy, 1);
+    assert_int_equal(ts_append(&h, &d, more + 1, 1, &n_copy), 0);
+    assert_int_equal(n_copy, 1);
+    assert_int_equal(ts_append(&h, &b, more + 2, 1, &n_copy), 0);
+    assert_int_equal(n_copy, 0);
+    assert_int_equal(kvpool_seq_blocks(b.s, &n)[1], shared_last);
+    ts_verify(&h, &a);
+    ts_verify(&h, &b);
+    ts_verify(&h, &c);
+    ts_verify(&h, &d);
+    assert_int_equal(kvpool_check(h.pool), 0);
+
+    /* A full shared last block needs no copy: appends go to a new block. */
+    tseq e, f;
+    ts_create(&h, &e);
+    assert_int_equal(ts_append(&h, &e, tok, 8, NULL), 0);
+    ts_fork(&h, &e, &f);
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, f.s, 1), 1);
+    assert_int_equal(ts_append(&h, &f, tok + 8, 1, &n_copy), 0);
+    assert_int_equal(n_copy, 0);
+    assert_int_equal(ts_append(&h, &e, tok + 20, 1, &n_copy), 0);
+    assert_int_equal(n_copy, 0);
+    ts_verify(&h, &e);
+    ts_verify(&h, &f);
+
+    tseq *all[] = {&a, &b, &c, &d, &e, &f};
+    for (size_t i = 0; i < 6; i++) {
+        ts_destroy(&h, all[i]);
+        assert_int_equal(kvpool_check(h.pool), 0);
+    }
+    assert_int_equal(stats(&h).blocks_used, 0);
+    h_fini(&h);
+}
+
+static void test_exhaustion(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 4, 4, true);
+    tseq a, b;
+    int32_t tok[32];
+    seq_tokens(tok, 32, 7);
+    ts_create(&h, &a);
+    ts_create(&h, &b);
+    assert_int_equal(ts_append(&h, &a, tok, 10, NULL), 0); /* 3 blocks */
+    kvpool_stats before = stats(&h);
+    uint32_t nb_before;
+    kvpool_seq_blocks(b.s, &nb_before);
+
+    /* B wants 8 tokens = 2 blocks, only 1 left: nothing happens. */
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, b.s, 8), 2);
+    assert_int_equal(ts_append(&h, &b, tok, 8, NULL), KVS_ENOSPC);
+    kvpool_stats after = stats(&h);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(kvpool_seq_len(b.s), 0);
+    uint32_t nb;
+    kvpool_seq_blocks(b.s, &nb);
+    assert_int_equal(nb, nb_before);
+    assert_int_equal(kvpool_check(h.pool), 0);
+
+    /* A wants 3 more tokens: 2 fit its last block, the third needs the last free block. */
+    assert_int_equal(ts_append(&h, &a, tok + 10, 3, NULL), 0);
+    assert_int_equal(kvpool_available(h.pool), 0);
+    assert_int_equal(ts_append(&h, &b, tok, 1, NULL), KVS_ENOSPC);
+    assert_int_equal(ts_append(&h, &a, tok, 3, NULL), 0); /* fills its last block */
+    assert_int_equal(ts_append(&h, &a, tok, 1, NULL), KVS_ENOSPC);
+    assert_int_equal(kvpool_seq_len(a.s), 16);
+    ts_verify(&h, &a);
+    ts_destroy(&h, &a);
+    assert_int_equal(kvpool_check(h.pool), 0);
+
+    /* A copy-on-write that cannot get a block fails whole, sharing intact. */
+    tseq c, d;
+    ts_create(&h, &c);
+    assert_int_equal(ts_append(&h, &c, tok, 14, NULL), 0); /* 4 blocks, last holds 2 */
+    ts_fork(&h, &c, &d);
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, d.s, 1), 1);
+    before = stats(&h);
+    uint32_t n;
+    int32_t last = kvpool_seq_blocks(d.s, &n)[3];
+    int n_copy = -1;
+    assert_int_equal(ts_append(&h, &d, tok, 1, &n_copy), KVS_ENOSPC);
+    assert_int_equal(n_copy, 0);
+    after = stats(&h);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(kvpool_seq_blocks(d.s, &n)[3], last);
+    assert_int_equal(kvpool_seq_len(d.s), 14);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    /* Once C is gone D owns the block and can write without any new block. */
+    ts_destroy(&h, &c);
+    assert_int_equal(ts_append(&h, &d, tok + 20, 2, &n_copy), 0);
+    assert_int_equal(n_copy, 0);
+    ts_verify(&h, &d);
+    ts_destroy(&h, &d);
+    ts_destroy(&h, &b);
+    h_fini(&h);
+}
+
+static void test_prefix_hit(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 16, 4, true);
+    int32_t tok[12];
+    seq_tokens(tok, 12, 40);
+    tseq a;
+    ts_create(&h, &a);
+    assert_int_equal(ts_append(&h, &a, tok, 12, NULL), 0);
+    uint32_t n;
+    int32_t ablk[3];
+    memcpy(ablk, kvpool_seq_blocks(a.s, &n), sizeof ablk);
+    kvpool_seq_commit(h.pool, a.s, 12);
+    assert_int_equal(kvpool_seq_n_computed(a.s), 12);
+    ts_destroy(&h, &a);
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.blocks_cached, 3);
+    assert_int_equal(st.blocks_free, 13);
+    assert_int_equal(kvpool_available(h.pool), 16);
+    assert_int_equal(kvpool_check(h.pool), 0);
+
+    /* Full hit; n = len - 1 leaves the last block to compute. */
+    tseq b;
+    ts_create(&h, &b);
+    assert_int_equal(ts_match(&h, &b, tok, 11), 8);
+    const int32_t *bb = kvpool_seq_blocks(b.s, &n);
+    assert_int_equal(n, 2);
+    assert_memory_equal(bb, ablk, sizeof(int32_t) * 2);
+    st = stats(&h);
+    assert_int_equal(st.prefix_queries, 2);
+    assert_int_equal(st.prefix_hits, 2);
+    assert_int_equal(st.blocks_used, 2);
+    assert_int_equal(st.blocks_cached, 1);
+    assert_int_equal(st.tokens_stored, 8);
+    /* A matched sequence is not empty, so a second match does nothing. */
+    assert_int_equal(kvpool_seq_match_prefix(h.pool, b.s, tok, 12), 0);
+    /* and it continues with the rest of its prompt into a new block. */
+    assert_int_equal(ts_append(&h, &b, tok + 8, 4, NULL), 0);
+    assert_int_not_equal(kvpool_seq_blocks(b.s, &n)[2], ablk[2]);
+    ts_verify(&h, &b);
+    ts_destroy(&h, &b);
+    assert_int_equal(kvpool_check(h.pool), 0);
+
+    tseq c;
+    ts_create(&h, &c);
+    assert_int_equal(ts_match(&h, &c, tok, 12), 12);
+    assert_memory_equal(kvpool_seq_blocks(c.s, &n), ablk, sizeof ablk);
+    ts_destroy(&h, &c);
+
+    /* Block-by-block partial match: first 2 blocks equal, third differs in its last token. */
+    int32_t q[12];
+    memcpy(q, tok, sizeof q);
+    q[11] = 999;
+    ts_create(&h, &c);
+    assert_int_equal(ts_match(&h, &c, q, 12), 8);
+    ts_destroy(&h, &c);
+    /* Mismatch in the middle: block 1 differs, so block 2 (equal tokens) is not reached. */
+    memcpy(q, tok, sizeof q);
+    q[5] = 999;
+    ts_create(&h, &c);
+    assert_int_equal(ts_match(&h, &c, q, 12), 4);
+    ts_destroy(&h, &c);
+    /* Block 2's tokens alone, at the start, are a different prefix. */
+    ts_create(&h, &c);
+    assert_int_equal(ts_match(&h, &c, tok + 8, 4), 0);
+    /* Fewer tokens than a block: nothing to look up. */
+    assert_int_equal(ts_match(&h, &c, tok, 3), 0);
+    ts_destroy(&h, &c);
+    /* First block differs: no hit at all. */
+    memcpy(q, tok, sizeof q);
+    q[0] = 999;
+    ts_create(&h, &c);
+    uint64_t queries = stats(&h).prefix_queries, hits = stats(&h).prefix_hits;
+    assert_int_equal(ts_match(&h, &c, q, 12), 0);
+    assert_int_equal(stats(&h).prefix_queries, queries + 3);
+    assert_int_equal(stats(&h).prefix_hits, hits);
+    ts_destroy(&h, &c);
+
+    /* A partial commit indexes only the blocks it completes. */
+    int32_t t2[12];
+    seq_tokens(t2, 12, 300);
+    tseq d;
+    ts_create(&h, &d);
+    assert_int_equal(ts_append(&h, &d, t2, 12, NULL), 0);
+    kvpool_seq_commit(h.pool, d.s, 6);
+    assert_int_equal(kvpool_seq_n_computed(d.s), 6);
+    ts_destroy(&h, &d);
+    ts_create(&h, &d);
+    assert_int_equal(ts_match(&h, &d, t2, 12), 4);
+    ts_destroy(&h, &d);
+    h_fini(&h);
+}
+
+static void test_prefix_hit_live(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 16, 4, true);
+    int32_t sys[16];
+    seq_tokens(sys, 16, 70);
+    tseq a, b, c;
+    ts_create(&h, &a);
+    assert_int_equal(ts_append(&h, &a, sys, 14, NULL), 0);
+    /* Not yet computed: not findable. */
+    ts_create(&h, &b);
+    assert_int_equal(ts_match(&h, &b, sys, 13), 0);
+    kvpool_seq_commit(h.pool, a.s, 14);
+    /* A still runs; B with the same system prompt shares its full blocks. */
+    assert_int_equal(ts_match(&h, &b, sys, 13), 12);
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.blocks_used, 4); /* nothing new taken */
+    assert_int_equal(st.blocks_cached, 0);
+    uint32_t n;
+    assert_memory_equal(kvpool_seq_blocks(a.s, &n), kvpool_seq_blocks(b.s, &n),
+                        sizeof(int32_t) * 3);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    /* B diverges after the shared prefix; A keeps decoding. */
+    int32_t tail[3] = {1, 2, 3};
+    assert_int_equal(ts_append(&h, &b, tail, 3, NULL), 0);
+    assert_int_equal(ts_append(&h, &a, tail, 3, NULL), 0);
+    ts_verify(&h, &a);
+    ts_verify(&h, &b);
+    ts_destroy(&h, &a);
+    ts_verify(&h, &b);
+    /* C finds the prefix through B now. */
+    ts_create(&h, &c);
+    assert_int_equal(ts_match(&h, &c, sys, 16), 12);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    ts_destroy(&h, &b);
+    ts_destroy(&h, &c);
+    assert_int_equal(stats(&h).blocks_cached, 3);
+    h_fini(&h);
+}
+
+/* Two sequences prefill the same system prompt at once: the second to commit switches to the
+ * first one's blocks, so its own later blocks chain from them and stay findable. */
+static void test_prefix_concurrent_prefill(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 16, 4, true);
+    int32_t pa[12], pb[12];
+    seq_tokens(pa, 12, 50);
+    memcpy(pb, pa, sizeof pb);
+    pa[8] = 1;
+    pb[8] = 2;
+    tseq a, b, c;
+    ts_create(&h, &a);
+    ts_create(&h, &b);
+    assert_int_equal(ts_append(&h, &a, pa, 12, NULL), 0);
+    assert_int_equal(ts_append(&h, &b, pb, 12, NULL), 0);
+    assert_int_equal(stats(&h).blocks_used, 6);
+    kvpool_seq_commit(h.pool, a.s, 12);
+    kvpool_seq_commit(h.pool, b.s, 12);
+    uint32_t n;
+    assert_memory_equal(kvpool_seq_blocks(a.s, &n), kvpool_seq_blocks(b.s, &n),
+                        sizeof(int32_t) * 2);
+    assert_int_not_equal(kvpool_seq_blocks(a.s, &n)[2], kvpool_seq_blocks(b.s, &n)[2]);
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.blocks_used, 4);
+    assert_int_equal(st.tokens_stored, 24);
+    ts_verify(&h, &a);
+    ts_verify(&h, &b);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    ts_destroy(&h, &a);
+    ts_create(&h, &c);
+    assert_int_equal(ts_match(&h, &c, pb, 12), 12);
+    ts_destroy(&h, &c);
+    ts_destroy(&h, &b);
+    ts_create(&h, &c);
+    assert_int_equal(ts_match(&h, &c, pa, 12), 12);
+
+    /* X and its fork Y share uncomputed copies of C's blocks. X committing cannot switch a
+     * block Y still holds; once Y is gone, the next commit does. */
+    tseq x, y;
+    ts_create(&h, &x);
+    assert_int_equal(ts_append(&h, &x, pa, 10, NULL), 0);
+    ts_fork(&h, &x, &y);
+    kvpool_seq_commit(h.pool, x.s, 10);
+    assert_int_equal(kvpool_seq_n_computed(x.s), 10);
+    const int32_t *bc = kvpool_seq_blocks(c.s, &n);
+    assert_int_not_equal(kvpool_seq_blocks(x.s, &n)[0], bc[0]);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    ts_destroy(&h, &y);
+    kvpool_seq_commit(h.pool, x.s, 10);
+    assert_memory_equal(kvpool_seq_blocks(x.s, &n), bc, sizeof(int32_t) * 2);
+    assert_int_equal(stats(&h).blocks_used, 4); /* C's 3 and X's partial last block */
+    ts_verify(&h, &x);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    ts_destroy(&h, &x);
+    ts_destroy(&h, &c);
+    h_fini(&h);
+}
+
+/* A block completed after a copy-on-write carries the copied tokens into the index. */
+static void test_prefix_after_cow(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 8, 4, true);
+    int32_t tok[8];
+    seq_tokens(tok, 8, 77);
+    tseq a, b, c;
+    ts_create(&h, &a);
+    assert_int_equal(ts_append(&h, &a, tok, 6, NULL), 0);
+    ts_fork(&h, &a, &b);
+    int n_copy;
+    assert_int_equal(ts_append(&h, &b, tok + 6, 2, &n_copy), 0);
+    assert_int_equal(n_copy, 1);
+    kvpool_seq_commit(h.pool, b.s, 8);
+    ts_destroy(&h, &a);
+    ts_destroy(&h, &b);
+    ts_create(&h, &c);
+    assert_int_equal(ts_match(&h, &c, tok, 8), 8);
+    ts_destroy(&h, &c);
+    h_fini(&h);
+}
+
+static void test_prefix_disabled(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 8, 4, false);
+    int32_t tok[8];
+    seq_tokens(tok, 8, 5);
+    tseq a;
+    ts_create(&h, &a);
+    assert_int_equal(ts_append(&h, &a, tok, 8, NULL), 0);
+    kvpool_seq_commit(h.pool, a.s, 8);
+    ts_destroy(&h, &a);
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.blocks_cached, 0);
+    assert_int_equal(st.blocks_free, 8);
+    ts_create(&h, &a);
+    assert_int_equal(ts_match(&h, &a, tok, 8), 0);
+    ts_destroy(&h, &a);
+    h_fini(&h);
+}
+
+/* One committed one-block sequence per base, destroyed in the order given. */
+static void cache_blocks(harness *h, const int32_t *bases, int n, uint32_t bs)
+{
+    for (int i = 0; i < n; i++) {
+        int32_t tok[16];
+        seq_tokens(tok, bs, bases[i]);
+        tseq t;
+        ts_create(h, &t);
+        assert_int_equal(ts_append(h, &t, tok, bs, NULL), 0);
+        kvpool_seq_commit(h->pool, t.s, bs);
+        ts_destroy(h, &t);
+    }
+}
+
+static bool findable(harness *h, int32_t base, uint32_t bs)
+{
+    int32_t tok[16];
+    seq_tokens(tok, bs, base);
+    tseq t;
+    ts_create(h, &t);
+    uint32_t k = ts_match(h, &t, tok, bs);
+    ts_destroy(h, &t); /* re-releasing refreshes its LRU position */
+    return k == bs;
+}
+
+static void test_lru_eviction(void **state)
+{
+    (void)state;
+    harness h;
+    const uint32_t bs = 2;
+    h_init(&h, 6, bs, true);
+    const int32_t bases[3] = {100, 200, 300};
+    cache_blocks(&h, bases, 3, bs); /* released X=100, Y=200, Z=300 */
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.blocks_cached, 3);
+    assert_int_equal(st.blocks_free, 3);
+    assert_int_equal(kvpool_available(h.pool), 6);
+
+    /* Cached blocks survive while free blocks remain. */
+    tseq fill;
+    ts_create(&h, &fill);
+    int32_t tok[16];
+    seq_tokens(tok, 16, 1);
+    assert_int_equal(ts_append(&h, &fill, tok, 3 * bs, NULL), 0);
+    st = stats(&h);
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(st.blocks_cached, 3);
+    assert_int_equal(st.blocks_free, 0);
+    assert_int_equal(kvpool_available(h.pool), 3);
+
+    /* Touch X: now Y is the least recently released. */
+    assert_true(findable(&h, 100, bs));
+    /* One more block evicts Y, and only Y. */
+    assert_int_equal(ts_append(&h, &fill, tok, 1, NULL), 0);
+    st = stats(&h);
+    assert_int_equal(st.evictions, 1);
+    assert_int_equal(st.blocks_cached, 2);
+    assert_false(findable(&h, 200, bs));
+    assert_true(findable(&h, 300, bs)); /* Z touched: X is oldest now */
+    assert_int_equal(ts_append(&h, &fill, tok, bs, NULL), 0);
+    assert_int_equal(stats(&h).evictions, 2);
+    assert_false(findable(&h, 100, bs));
+    assert_true(findable(&h, 300, bs));
+    assert_int_equal(ts_append(&h, &fill, tok, bs, NULL), 0);
+    assert_int_equal(stats(&h).evictions, 3);
+    assert_false(findable(&h, 300, bs));
+    st = stats(&h);
+    assert_int_equal(st.blocks_used, 6);
+    assert_int_equal(st.blocks_cached, 0);
+    assert_int_equal(ts_append(&h, &fill, tok, 2 * bs, NULL), KVS_ENOSPC);
+    ts_verify(&h, &fill);
+    ts_destroy(&h, &fill);
+    h_fini(&h);
+}
+
+/* A cached chain is evicted child first, so its prefix shrinks block by block. */
+static void test_lru_chain(void **state)
+{
+    (void)state;
+    harness h;
+    const uint32_t bs = 4;
+    h_init(&h, 4, bs, true);
+    int32_t tok[16];
+    seq_tokens(tok, 16, 10);
+    tseq a;
+    ts_create(&h, &a);
+    assert_int_equal(ts_append(&h, &a, tok, 12, NULL), 0);
+    kvpool_seq_commit(h.pool, a.s, 12);
+    ts_destroy(&h, &a);
+    tseq x;
+    ts_create(&h, &x);
+    int32_t other[8];
+    seq_tokens(other, 8, 900);
+    assert_int_equal(ts_append(&h, &x, other, 2 * bs, NULL), 0); /* free block + 1 eviction */
+    assert_int_equal(stats(&h).evictions, 1);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    tseq b;
+    ts_create(&h, &b);
+    assert_int_equal(ts_match(&h, &b, tok, 12), 8); /* the last block went first */
+    ts_destroy(&h, &b);
+    ts_destroy(&h, &x);
+    h_fini(&h);
+}
+
+static void test_stats(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 8, 4, true);
+    int32_t tok[16];
+    seq_tokens(tok, 16, 3);
+    tseq a, b;
+    ts_create(&h, &a);
+    assert_int_equal(ts_append(&h, &a, tok, 5, NULL), 0);
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.tokens_stored, 5);
+    assert_int_equal(st.slots_waste, 3);
+    assert_int_equal(st.blocks_used, 2);
+    ts_fork(&h, &a, &b);
+    st = stats(&h);
+    assert_int_equal(st.tokens_stored, 10); /* once per sequence */
+    assert_int_equal(st.slots_waste, 3);    /* the shared partial block is one block */
+    assert_int_equal(st.blocks_used, 2);
+    int n_copy;
+    assert_int_equal(ts_append(&h, &b, tok + 5, 1, &n_copy), 0);
+    assert_int_equal(n_copy, 1);
+    st = stats(&h);
+    assert_int_equal(st.tokens_stored, 11);
+    assert_int_equal(st.slots_waste, 3 + 2);
+    assert_int_equal(st.blocks_used, 3);
+    assert_int_equal(ts_append(&h, &b, tok + 6, 3, NULL), 0); /* 9 tokens: 3 blocks */
+    st = stats(&h);
+    assert_int_equal(st.tokens_stored, 14);
+    assert_int_equal(st.slots_waste, 3 + 3);
+    assert_int_equal(st.blocks_used, 4);
+    ts_destroy(&h, &a);
+    st = stats(&h);
+    assert_int_equal(st.tokens_stored, 9);
+    assert_int_equal(st.slots_waste, 3);
+    assert_int_equal(st.blocks_used, 3);
+    assert_int_equal(st.blocks_used + st.blocks_cached + st.blocks_free, st.blocks_total);
+    ts_destroy(&h, &b);
+    st = stats(&h);
+    assert_int_equal(st.tokens_stored, 0);
+    assert_int_equal(st.slots_waste, 0);
+    h_fini(&h);
+}
+
+/* --- randomized --- */
+
+static uint64_t rng_state;
+
+static uint32_t rnd(uint32_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return n ? (uint32_t)(rng_state % n) : 0;
+}
+
+#define MAX_SEQS 12
+
+/* A prompt drawn from a few shared "system prompts" plus a random tail over a small
+ * vocabulary, so prefixes repeat, diverge mid-block and collide often. */
+static uint32_t make_prompt(int32_t *out, uint32_t cap, uint32_t bs)
+{
+    uint32_t sys = rnd(4);
+    uint32_t sys_len = sys * bs + rnd(bs);
+    uint32_t len = sys_len + rnd(3 * bs + 2);
+    if (len > cap)
+        len = cap;
+    for (uint32_t i = 0; i < len; i++)
+        out[i] = i < sys_len ? (int32_t)(sys * 1000 + i % 7) : (int32_t)rnd(3);
+    return len;
+}
+
+static void run_random(uint32_t bs, uint32_t n_blocks, uint32_t iters, uint64_t seed)
+{
+    harness h;
+    h_init(&h, n_blocks, bs, true);
+    rng_state = seed;
+    tseq seqs[MAX_SEQS];
+    int32_t *pending[MAX_SEQS]; /* rest of each sequence's prompt, appended in chunks */
+    uint32_t n_pending[MAX_SEQS], pending_at[MAX_SEQS];
+    /* Forked while sharing full blocks not yet computed: if another sequence indexes the
+     * same prefix first, indexing of that shared run waits until one sibling goes, so such
+     * sequences are left out of the "everything committed is findable" bound. */
+    bool tainted[MAX_SEQS];
+    uint32_t n_live = 0;
+    uint32_t cap = 8 * bs + 8;
+    int32_t *buf = malloc(sizeof(int32_t) * cap);
+    assert_non_null(buf);
+    uint64_t last_queries = 0;
+
+    for (uint32_t it = 0; it < iters; it++) {
+        uint32_t op = rnd(100);
+        if (op < 20 && n_live < MAX_SEQS) {
+            /* create, matching a prompt prefix */
+            tseq *t = &seqs[n_live];
+            ts_create(&h, t);
+            uint32_t len = make_prompt(buf, cap, bs);
+            uint32_t want = len > 0 ? len - rnd(2) : 0;
+            /* Every committed full block of a live sequence is findable. */
+            uint32_t lower = 0;
+            for (uint32_t i = 0; i < n_live; i++) {
+                if (tainted[i])
+                    continue;
+                uint32_t nc = kvpool_seq_n_computed(seqs[i].s) / bs * bs;
+                uint32_t j = 0;
+                while (j < nc && j < want && seqs[i].tok[j] == buf[j])
+                    j++;
+                j = j / bs * bs;
+                if (j > lower)
+                    lower = j;
+            }
+            uint32_t k = ts_match(&h, t, buf, want);
+            assert_true(k >= lower);
+            assert_int_equal(stats(&h).prefix_queries, last_queries + want / bs);
+            pending[n_live] = malloc(sizeof(int32_t) * (len - k + 1));
+            assert_non_null(pending[n_live]);
+            memcpy(pending[n_live], buf + k, sizeof(int32_t) * (len - k));
+            n_pending[n_live] = len - k;
+            pending_at[n_live] = 0;
+            tainted[n_live] = false;
+            n_live++;
+        } else if (op < 55 && n_live > 0) {
+            /* append: the prompt's next chunk, else decode-like tokens */
+            uint32_t i = rnd(n_live);
+            uint32_t n = 1 + rnd(2 * bs + 3);
+            const int32_t *src;
+            if (pending_at[i] < n_pending[i]) {
+                if (n > n_pending[i] - pending_at[i])
+                    n = n_pending[i] - pending_at[i];
+                src = pending[i] + pending_at[i];
+            } else {
+                for (uint32_t j = 0; j < n && j < cap; j++)
+                    buf[j] = (int32_t)rnd(3);
+                if (n > cap)
+                    n = cap;
+                src = buf;
+            }
+            uint32_t need = kvpool_seq_blocks_needed(h.pool, seqs[i].s, n);
+            uint32_t avail = kvpool_available(h.pool);
+            kvpool_stats before = stats(&h);
+            uint32_t len_before = kvpool_seq_len(seqs[i].s);
+            int rc = ts_append(&h, &seqs[i], src, n, NULL);
+            if (rc == KVS_ENOSPC) {
+                assert_true(need > avail);
+                kvpool_stats after = stats(&h);
+                assert_memory_equal(&before, &after, sizeof before);
+                assert_int_equal(kvpool_seq_len(seqs[i].s), len_before);
+            } else {
+                assert_int_equal(rc, 0);
+                assert_true(need <= avail);
+                assert_int_equal(kvpool_available(h.pool), avail - need);
+                if (src != buf)
+                    pending_at[i] += n;
+            }
+        } else if (op < 75 && n_live > 0) {
+            uint32_t i = rnd(n_live);
+            uint32_t len = kvpool_seq_len(seqs[i].s);
+            uint32_t nc = kvpool_seq_n_computed(seqs[i].s);
+            uint32_t to = rnd(3) ? len : nc + rnd(len - nc + 1);
+            kvpool_seq_commit(h.pool, seqs[i].s, to);
+            assert_int_equal(kvpool_seq_n_computed(seqs[i].s), to > nc ? to : nc);
+        } else if (op < 85 && n_live > 0 && n_live < MAX_SEQS) {
+            uint32_t i = rnd(n_live);
+            if (kvpool_seq_len(seqs[i].s) / bs > kvpool_seq_n_computed(seqs[i].s) / bs)
+                tainted[i] = true;
+            tainted[n_live] = tainted[i];
+            ts_fork(&h, &seqs[i], &seqs[n_live]);
+            assert_int_equal(kvpool_seq_n_computed(seqs[n_live].s),
+                             kvpool_seq_n_computed(seqs[i].s));
+            uint32_t rest = n_pending[i] - pending_at[i];
+            pending[n_live] = malloc(sizeof(int32_t) * (rest + 1));
+            assert_non_null(pending[n_live]);
+            memcpy(pending[n_live], pending[i] + pending_at[i], sizeof(int32_t) * rest);
+            n_pending[n_live] = rest;
+            pending_at[n_live] = 0;
+            n_live++;
+        } else if (n_live > 0) {
+            uint32_t i = rnd(n_live);
+            ts_destroy(&h, &seqs[i]);
+            free(pending[i]);
+            n_live--;
+            seqs[i] = seqs[n_live];
+            pending[i] = pending[n_live];
+            n_pending[i] = n_pending[n_live];
+            pending_at[i] = pending_at[n_live];
+            tainted[i] = tainted[n_live];
+        }
+        last_queries = stats(&h).prefix_queries;
+        assert_int_equal(kvpool_check(h.pool), 0);
+        kvpool_stats st = stats(&h);
+        assert_int_equal(st.blocks_used + st.blocks_cached + st.blocks_free, n_blocks);
+        assert_int_equal(kvpool_available(h.pool), st.blocks_cached + st.blocks_free);
+        assert_true(st.prefix_hits <= st.prefix_queries);
+        uint64_t tokens = 0;
+        for (uint32_t i = 0; i < n_live; i++) {
+            ts_verify(&h, &seqs[i]);
+            tokens += seqs[i].len;
+        }
+        assert_int_equal(st.tokens_stored, tokens);
+    }
+    kvpool_stats st = stats(&h);
+    /* The workload must actually have exercised sharing, hits and eviction. */
+    assert_true(st.prefix_hits > 0);
+    assert_true(st.evictions > 0);
+    for (uint32_t i = 0; i < n_live; i++) {
+        ts_destroy(&h, &seqs[i]);
+        free(pending[i]);
+        assert_int_equal(kvpool_check(h.pool), 0);
+    }
+    st = stats(&h);
+    assert_int_equal(st.blocks_used, 0);
+    assert_int_equal(st.tokens_stored, 0);
+    assert_int_equal(st.slots_waste, 0);
+    free(buf);
+    h_fini(&h);
+}
+
+static void test_random_bs1(void **state)
+{
+    (void)state;
+    run_random(1, 96, 4000, 0x1234567u);
+}
+
+static void test_random_bs16(void **state)
+{
+    (void)state;
+    run_random(16, 48, 4000, 0xfeedbeefu);
+}
+
+static void test_random_bs64(void **state)
+{
+    (void)state;
+    run_random(64, 40, 3000, 0xabcdef01u);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_invalid),
+        cmocka_unit_test(test_append_across_blocks),
+        cmocka_unit_test(test_destroy_and_refcount),
+        cmocka_unit_test(test_copy_on_write),
+        cmocka_unit_test(test_exhaustion),
+        cmocka_unit_test(test_prefix_hit),
+        cmocka_unit_test(test_prefix_hit_live),
+        cmocka_unit_test(test_prefix_concurrent_prefill),
+        cmocka_unit_test(test_prefix_after_cow),
+        cmocka_unit_test(test_prefix_disabled),
+        cmocka_unit_test(test_lru_eviction),
+        cmocka_unit_test(test_lru_chain),
+        cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_random_bs1),
+        cmocka_unit_test(test_random_bs16),
+        cmocka_unit_test(test_random_bs64),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

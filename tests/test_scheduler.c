@@ -1,0 +1,444 @@
+/* Scheduler: continuous batching on the real stories260K model. Concurrent requests give the
+ * reference tokens; a tiny pool forces preemption without changing any output; cancellation,
+ * prefix reuse, n > 1, stop strings and the queue bound behave as scheduler.h says. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/status.h"
+#include "scheduler/scheduler.h"
+#include "test_util.h"
+
+#define MAX_CASES 8
+#define MAX_IDS 300
+
+typedef struct ref_case {
+    int32_t prompt[64];
+    int n_prompt;
+    int32_t completion[MAX_IDS];
+    int n_completion;
+    char text[4096];
+} ref_case;
+
+static engine_model *g_model;
+static ref_case g_cases[MAX_CASES];
+static int g_n_cases;
+
+static int read_ids(const cJSON *arr, int32_t *out, int cap)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr)
+    {
+        if (n < cap)
+            out[n] = (int32_t)it->valuedouble;
+        n++;
+    }
+    return n;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    char path[1024], ref[1024];
+    if (!test_model_path(path, sizeof path, "stories260K.gguf") ||
+        !test_model_path(ref, sizeof ref, "reference/stories260K-greedy.json"))
+        return 0;
+    char err[256];
+    engine_load_params lp = {.verbose = false};
+    if (engine_model_load(path, &lp, &g_model, err, sizeof err))
+        return -1;
+    FILE *f = fopen(ref, "rb");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    buf[fread(buf, 1, (size_t)n, f)] = 0;
+    fclose(f);
+    cJSON *j = cJSON_Parse(buf);
+    free(buf);
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases"))
+    {
+        ref_case *rc = &g_cases[g_n_cases++];
+        rc->n_prompt = read_ids(cJSON_GetObjectItem(c, "prompt_ids"), rc->prompt, 64);
+        rc->n_completion = read_ids(cJSON_GetObjectItem(c, "completion_ids"), rc->completion,
+                                    MAX_IDS);
+        snprintf(rc->text, sizeof rc->text, "%s",
+                 cJSON_GetObjectItem(c, "completion_text")->valuestring);
+    }
+    cJSON_Delete(j);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    engine_model_destroy(g_model);
+    return 0;
+}
+
+/* A client: collects one request's events; woken by the scheduler's notify. */
+typedef struct client {
+    sched_req *req;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int notified;
+    uint32_t n_choices;
+    int32_t ids[4][MAX_IDS];
+    int n_ids[4];
+    char text[4][8192];
+    size_t text_len[4];
+    enum sched_finish finish[4];
+    int status[4];
+    uint32_t completion_tokens[4];
+    int done;
+} client;
+
+static void on_notify(void *ud)
+{
+    client *c = ud;
+    pthread_mutex_lock(&c->mu);
+    c->notified = 1;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void client_init(client *c, uint32_t n)
+{
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->n_choices = n;
+}
+
+/* Takes whatever is queued; returns 1 once every choice has finished. */
+static int client_drain(client *c)
+{
+    sched_event ev;
+    int rc;
+    while ((rc = sched_req_next(c->req, &ev)) == 1) {
+        uint32_t ch = ev.choice;
+        assert_true(ch < c->n_choices);
+        for (uint32_t i = 0; i < ev.n_tokens; i++)
+            c->ids[ch][c->n_ids[ch]++] = ev.tokens[i].id;
+        assert_true(c->text_len[ch] + ev.text_len < sizeof c->text[ch]);
+        if (ev.text_len)
+            memcpy(c->text[ch] + c->text_len[ch], ev.text, ev.text_len);
+        c->text_len[ch] += ev.text_len;
+        if (ev.finish != SCHED_FINISH_NONE) {
+            c->finish[ch] = ev.finish;
+            c->status[ch] = ev.status;
+            c->completion_tokens[ch] = ev.completion_tokens;
+        }
+        sched_event_free(&ev);
+    }
+    if (rc < 0)
+        c->done = 1;
+    return c->done;
+}
+
+static void client_wait(client *c)
+{
+    for (;;) {
+        if (client_drain(c))
+            return;
+        pthread_mutex_lock(&c->mu);
+        if (!c->notified) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        }
+        c->notified = 0;
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+static void client_finish(client *c)
+{
+    sched_req_release(c->req);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+}
+
+static sched_request_params greedy_params(const ref_case *rc)
+{
+    sched_request_params p = {0};
+    p.prompt = rc->prompt;
+    p.n_prompt = (uint32_t)rc->n_prompt;
+    p.max_tokens = (uint32_t)rc->n_completion;
+    p.n = 1;
+    p.sampling = sampler_default_params();
+    p.sampling.temperature = 0.0f;
+    p.n_top_logprobs = 0; /* token ids come with logprob infos */
+    return p;
+}
+
+static sched *make_sched(uint32_t kv_blocks, uint32_t max_seqs, uint32_t max_queue)
+{
+    sched_params sp = sched_default_params();
+    sp.n_ctx = 512;
+    sp.n_threads = 1;
+    sp.kv_blocks = kv_blocks;
+    sp.kv_cache_mb = 16;
+    sp.max_num_seqs = max_seqs;
+    sp.max_queue = max_queue;
+    sp.max_batched_tokens = 64; /* small: prompts are chunked across steps */
+    sched *s;
+    assert_int_equal(sched_create(&sp, g_model, &s), 0);
+    return s;
+}
+
+static void expect_case(const client *c, uint32_t ch, const ref_case *rc)
+{
+    /* Stop at BOS: the scheduler stops on it and reports the reference's length without it. */
+    int n = c->n_ids[ch];
+    if (n > 0 && c->ids[ch][n - 1] == 1) {
+        assert_int_equal(c->finish[ch], SCHED_FINISH_STOP);
+        n--;
+    } else {
+        assert_int_equal(c->finish[ch], SCHED_FINISH_LENGTH);
+    }
+    assert_int_equal(n, rc->n_completion);
+    for (int i = 0; i < n; i++)
+        if (c->ids[ch][i] != rc->completion[i])
+            fail_msg("token %d: %d, reference %d", i, c->ids[ch][i], rc->completion[i]);
+    assert_int_equal(c->text_len[ch], strlen(rc->text));
+    assert_memory_equal(c->text[ch], rc->text, c->text_len[ch]);
+}
+
+static void wait_blocks_free(sched *s)
+{
+    sched_metrics m;
+    for (int i = 0; i < 200; i++) {
+        sched_get_metrics(s, &m);
+        if (m.kv_blocks_used == 0 && m.num_requests_running == 0)
+            return;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("%u KV blocks still used", m.kv_blocks_used);
+}
+
+static void run_all_cases(sched *s, int copies)
+{
+    client *cl = calloc((size_t)(g_n_cases * copies), sizeof *cl);
+    for (int k = 0; k < g_n_cases * copies; k++) {
+        const ref_case *rc = &g_cases[k % g_n_cases];
+        sched_request_params p = greedy_params(rc);
+        client_init(&cl[k], 1);
+        assert_int_equal(sched_submit(s, &p, on_notify, &cl[k], &cl[k].req), 0);
+    }
+    for (int k = 0; k < g_n_cases * copies; k++) {
+        client_wait(&cl[k]);
+        expect_case(&cl[k], 0, &g_cases[k % g_n_cases]);
+        client_finish(&cl[k]);
+    }
+    free(cl);
+}
+
+static void test_concurrent_reference(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    sched *s = make_sched(0, 16, 64);
+    run_all_cases(s, 1);
+    sched_metrics m;
+    sched_get_metrics(s, &m);
+    assert_true(m.multi_seq_steps_total > 0);
+    wait_blocks_free(s);
+    sched_destroy(s);
+}
+
+static void test_pool_pressure_preempts(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    /* 40 blocks of 16 = 640 slots; 12 sequences of ~260 tokens need ~200 blocks. */
+    sched *s = make_sched(40, 12, 64);
+    run_all_cases(s, 3);
+    sched_metrics m;
+    sched_get_metrics(s, &m);
+    assert_true(m.preemptions_total > 0);
+    wait_blocks_free(s);
+    sched_destroy(s);
+}
+
+static void test_prefix_reuse_same_output(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    /* Prompt: a reference prompt plus its first 40 completion tokens (so it spans full
+     * blocks); the continuation must be the reference's next 20 tokens both times, the second
+     * time served partly from cached blocks. */
+    const ref_case *rc = &g_cases[1];
+    int32_t prompt[128];
+    int np = rc->n_prompt;
+    memcpy(prompt, rc->prompt, (size_t)np * sizeof(int32_t));
+    memcpy(prompt + np, rc->completion, 40 * sizeof(int32_t));
+    np += 40;
+    sched *s = make_sched(0, 4, 16);
+    for (int round = 0; round < 2; round++) {
+        client c;
+        sched_request_params p = greedy_params(rc);
+        p.prompt = prompt;
+        p.n_prompt = (uint32_t)np;
+        p.max_tokens = 20;
+        client_init(&c, 1);
+        assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), 0);
+        client_wait(&c);
+        assert_int_equal(c.n_ids[0], 20);
+        assert_memory_equal(c.ids[0], rc->completion + 40, 20 * sizeof(int32_t));
+        client_finish(&c);
+        sched_metrics m;
+        sched_get_metrics(s, &m);
+        if (round == 0)
+            assert_int_equal(m.prefix_cache_hits_total, 0);
+        else
+            assert_true(m.prefix_cache_hits_total >= 3); /* 53 tokens: 3 full blocks of 16 */
+    }
+    wait_blocks_free(s);
+    sched_destroy(s);
+}
+
+static void test_cancel_frees_blocks(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    sched *s = make_sched(0, 16, 64);
+    for (int k = 0; k < 8; k++) {
+        client c;
+        sched_request_params p = greedy_params(&g_cases[k % g_n_cases]);
+        client_init(&c, 1);
+        assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), 0);
+        if (k % 2) { /* wait for a first token, then vanish */
+            while (c.n_ids[0] == 0 && !c.done) {
+                client_drain(&c);
+                struct timespec ts = {0, 1000 * 1000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        client_finish(&c);
+    }
+    wait_blocks_free(s);
+    assert_int_equal(sched_n_unfinished(s), 0);
+    sched_destroy(s);
+}
+
+static void test_n_choices_and_stop_string(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    sched *s = make_sched(0, 16, 64);
+    client c;
+    sched_request_params p = greedy_params(&g_cases[0]);
+    p.n = 3;
+    p.max_tokens = 40;
+    p.sampling.temperature = 0.8f;
+    p.sampling.seed = 42;
+    client_init(&c, 3);
+    assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), 0);
+    client_wait(&c);
+    for (int ch = 0; ch < 3; ch++) {
+        assert_true(c.finish[ch] == SCHED_FINISH_LENGTH || c.finish[ch] == SCHED_FINISH_STOP);
+        assert_true(c.n_ids[ch] > 0);
+    }
+    /* three different draws from the same prompt */
+    assert_true(c.n_ids[0] != c.n_ids[1] || memcmp(c.ids[0], c.ids[1], sizeof c.ids[0]) != 0 ||
+                c.n_ids[0] != c.n_ids[2] || memcmp(c.ids[0], c.ids[2], sizeof c.ids[0]) != 0);
+    client_finish(&c);
+
+    /* the same seed gives the same tokens */
+    client d;
+    p.n = 1;
+    client_init(&d, 1);
+    assert_int_equal(sched_submit(s, &p, on_notify, &d, &d.req), 0);
+    client_wait(&d);
+    assert_int_equal(d.n_ids[0], c.n_ids[0]);
+    assert_memory_equal(d.ids[0], c.ids[0], (size_t)d.n_ids[0] * sizeof(int32_t));
+    client_finish(&d);
+
+    /* stop string: the reference text up to "Lily" */
+    client e;
+    p = greedy_params(&g_cases[0]);
+    p.stop[0] = "Lily";
+    client_init(&e, 1);
+    assert_int_equal(sched_submit(s, &p, on_notify, &e, &e.req), 0);
+    client_wait(&e);
+    assert_int_equal(e.finish[0], SCHED_FINISH_STOP);
+    const char *at = strstr(g_cases[0].text, "Lily");
+    assert_non_null(at);
+    assert_int_equal(e.text_len[0], (size_t)(at - g_cases[0].text));
+    assert_memory_equal(e.text[0], g_cases[0].text, e.text_len[0]);
+    client_finish(&e);
+    wait_blocks_free(s);
+    sched_destroy(s);
+}
+
+static void test_queue_bound_and_validation(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    sched *s = make_sched(0, 1, 2);
+    client c[6];
+    int accepted = 0, rejected = 0;
+    for (int k = 0; k < 6; k++) {
+        sched_request_params p = greedy_params(&g_cases[0]);
+        client_init(&c[k], 1);
+        int rc = sched_submit(s, &p, on_notify, &c[k], &c[k].req);
+        if (rc == 0)
+            accepted++;
+        else {
+            assert_int_equal(rc, KVS_ENOSPC);
+            rejected++;
+        }
+    }
+    assert_true(accepted <= 3);
+    assert_true(rejected >= 3);
+    sched_request_params p = greedy_params(&g_cases[0]);
+    sched_req *r;
+    p.max_tokens = 600; /* prompt + max_tokens over the 512 context */
+    assert_int_equal(sched_submit(s, &p, NULL, NULL, &r), KVS_ERANGE);
+    p.max_tokens = 4;
+    int32_t bad[2] = {1, 9999};
+    p.prompt = bad;
+    p.n_prompt = 2;
+    assert_int_equal(sched_submit(s, &p, NULL, NULL, &r), KVS_EINVAL);
+    for (int k = 0; k < 6; k++)
+        if (c[k].req)
+            client_finish(&c[k]);
+    wait_blocks_free(s);
+    sched_drain(s);
+    p = greedy_params(&g_cases[0]);
+    assert_int_equal(sched_submit(s, &p, NULL, NULL, &r), KVS_EBUSY);
+    sched_destroy(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_concurrent_reference),
+        cmocka_unit_test(test_pool_pressure_preempts),
+        cmocka_unit_test(test_prefix_reuse_same_output),
+        cmocka_unit_test(test_cancel_frees_blocks),
+        cmocka_unit_test(test_n_choices_and_stop_string),
+        cmocka_unit_test(test_queue_bound_and_validation),
+    };
+    return cmocka_run_group_tests_name("scheduler", tests, setup, teardown);
+}
