@@ -17,6 +17,10 @@
 
 #define GGUF_MAGIC 0x46554747u /* "GGUF" read as a little-endian u32 */
 
+/* printf precision for a key or tensor name in an error: bounded, because a hostile length
+ * cast to int could turn negative and make printf read until a NUL past the mapping. */
+#define NAME_PREC(len) ((int)((len) > 96 ? 96 : (len)))
+
 typedef struct gguf_kv {
     const char *key;
     size_t key_len;
@@ -119,7 +123,7 @@ static int parse_kv(cursor *c, gguf_kv *kv)
     if ((rc = read_u32(c, &t, "metadata value type")))
         return rc;
     if (t >= GGUF_TYPE_COUNT_)
-        return fail(c, KVS_EFORMAT, "key '%.*s': unknown value type %u", (int)kv->key_len,
+        return fail(c, KVS_EFORMAT, "key '%.*s': unknown value type %u", NAME_PREC(kv->key_len),
                     kv->key, t);
     kv->type = (enum gguf_type)t;
     kv->value = c->base + c->pos;
@@ -132,7 +136,7 @@ static int parse_kv(cursor *c, gguf_kv *kv)
         size_t n = scalar_size(kv->type);
         if (!have(c, n))
             return fail(c, KVS_ETRUNC, "truncated: value of '%.*s' at offset %zu",
-                        (int)kv->key_len, kv->key, c->pos);
+                        NAME_PREC(kv->key_len), kv->key, c->pos);
         c->pos += n;
         return 0;
     }
@@ -140,9 +144,12 @@ static int parse_kv(cursor *c, gguf_kv *kv)
     uint64_t count = 0;
     if ((rc = read_u32(c, &et, "array element type")) || (rc = read_u64(c, &count, "array count")))
         return rc;
-    if (et >= GGUF_TYPE_COUNT_ || et == GGUF_TYPE_ARRAY)
+    if (et >= GGUF_TYPE_COUNT_)
+        return fail(c, KVS_EFORMAT, "key '%.*s': unknown array element type %u",
+                    NAME_PREC(kv->key_len), kv->key, et);
+    if (et == GGUF_TYPE_ARRAY) /* valid GGUF, but nothing we read uses nested arrays */
         return fail(c, KVS_EUNSUPPORTED, "key '%.*s': array of type %u is not supported",
-                    (int)kv->key_len, kv->key, et);
+                    NAME_PREC(kv->key_len), kv->key, et);
     kv->arr_type = (enum gguf_type)et;
     kv->arr_count = count;
     kv->value = c->base + c->pos;
@@ -151,7 +158,7 @@ static int parse_kv(cursor *c, gguf_kv *kv)
         if (count > (c->size - c->pos) / es)
             return fail(c, KVS_ETRUNC, "truncated: array '%.*s' declares %llu elements of %zu "
                         "bytes at offset %zu, file has %zu",
-                        (int)kv->key_len, kv->key, (unsigned long long)count, es, c->pos, c->size);
+                        NAME_PREC(kv->key_len), kv->key, (unsigned long long)count, es, c->pos, c->size);
         c->pos += count * es;
         return 0;
     }
@@ -159,7 +166,7 @@ static int parse_kv(cursor *c, gguf_kv *kv)
     if (count > (c->size - c->pos) / 8)
         return fail(c, KVS_ETRUNC, "truncated: string array '%.*s' declares %llu elements, "
                     "more than the %zu bytes left can hold",
-                    (int)kv->key_len, kv->key, (unsigned long long)count, c->size - c->pos);
+                    NAME_PREC(kv->key_len), kv->key, (unsigned long long)count, c->size - c->pos);
     kv->arr_strs = malloc((count ? count : 1) * sizeof *kv->arr_strs);
     if (!kv->arr_strs)
         return KVS_ENOMEM;
@@ -220,7 +227,7 @@ static int parse_tensor(cursor *c, gguf_tensor *t)
         return rc;
     if (t->n_dims == 0 || t->n_dims > GGUF_MAX_DIMS)
         return fail(c, KVS_EFORMAT, "tensor '%.*s': %u dimensions (1..%d allowed)",
-                    (int)t->name_len, t->name, t->n_dims, GGUF_MAX_DIMS);
+                    NAME_PREC(t->name_len), t->name, t->n_dims, GGUF_MAX_DIMS);
     uint64_t n = 1;
     for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) {
         t->dims[d] = 1;
@@ -231,7 +238,7 @@ static int parse_tensor(cursor *c, gguf_tensor *t)
         /* 2^40 elements is far beyond any file we can map; it also keeps products exact. */
         if (t->dims[d] == 0 || t->dims[d] > (1ull << 40) || n > (1ull << 40) / t->dims[d])
             return fail(c, KVS_EFORMAT, "tensor '%.*s': absurd dimension %llu",
-                        (int)t->name_len, t->name, (unsigned long long)t->dims[d]);
+                        NAME_PREC(t->name_len), t->name, (unsigned long long)t->dims[d]);
         n *= t->dims[d];
     }
     t->n_elements = n;
@@ -240,10 +247,10 @@ static int parse_tensor(cursor *c, gguf_tensor *t)
     const struct type_info *ti = type_info(t->type);
     if (!ti)
         return fail(c, KVS_EUNSUPPORTED, "tensor '%.*s': unsupported tensor type %u",
-                    (int)t->name_len, t->name, t->type);
+                    NAME_PREC(t->name_len), t->name, t->type);
     if (t->dims[0] % ti->block)
         return fail(c, KVS_EFORMAT, "tensor '%.*s': row of %llu elements is not a whole number "
-                    "of %s blocks", (int)t->name_len, t->name,
+                    "of %s blocks", NAME_PREC(t->name_len), t->name,
                     (unsigned long long)t->dims[0], ti->name);
     t->n_bytes = ggml_type_nbytes(t->type, n);
     uint64_t off = 0;
@@ -256,6 +263,44 @@ static int parse_tensor(cursor *c, gguf_tensor *t)
 static bool names_equal(const char *a, size_t alen, const char *b, size_t blen)
 {
     return alen == blen && memcmp(a, b, alen) == 0;
+}
+
+typedef struct extent {
+    uint64_t begin, end;
+    int64_t tensor;
+} extent;
+
+static int extent_cmp(const void *a, const void *b)
+{
+    const extent *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Tensors must not share bytes: ggml lays them out back to back, so an overlap means a lying
+ * dimension or offset, and two weights would alias each other. */
+static int check_overlap(gguf_file *f, cursor *c)
+{
+    if (f->n_tensors < 2)
+        return 0;
+    extent *e = malloc((size_t)f->n_tensors * sizeof *e);
+    if (!e)
+        return KVS_ENOMEM;
+    for (int64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        e[i].begin = (uint64_t)((const uint8_t *)t->data - f->base);
+        e[i].end = e[i].begin + t->n_bytes; /* both inside the file: no overflow */
+        e[i].tensor = i;
+    }
+    qsort(e, (size_t)f->n_tensors, sizeof *e, extent_cmp);
+    int rc = 0;
+    for (int64_t i = 1; i < f->n_tensors && !rc; i++)
+        if (e[i].begin < e[i - 1].end) {
+            const gguf_tensor *a = &f->tensors[e[i - 1].tensor], *b = &f->tensors[e[i].tensor];
+            rc = fail(c, KVS_EFORMAT, "tensors '%.*s' and '%.*s' overlap in the data section",
+                      NAME_PREC(a->name_len), a->name, NAME_PREC(b->name_len), b->name);
+        }
+    free(e);
+    return rc;
 }
 
 static int parse(gguf_file *f, char *err, size_t err_len)
@@ -289,7 +334,7 @@ static int parse(gguf_file *f, char *err, size_t err_len)
         for (uint64_t j = 0; j < i; j++)
             if (names_equal(f->kv[i].key, f->kv[i].key_len, f->kv[j].key, f->kv[j].key_len))
                 return fail(&c, KVS_EFORMAT, "duplicate metadata key '%.*s'",
-                            (int)f->kv[i].key_len, f->kv[i].key);
+                            NAME_PREC(f->kv[i].key_len), f->kv[i].key);
     }
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
     int64_t ai = gguf_find_key(f, "general.alignment");
@@ -316,7 +361,7 @@ static int parse(gguf_file *f, char *err, size_t err_len)
             if (names_equal(f->tensors[i].name, f->tensors[i].name_len, f->tensors[j].name,
                             f->tensors[j].name_len))
                 return fail(&c, KVS_EFORMAT, "duplicate tensor '%.*s'",
-                            (int)f->tensors[i].name_len, f->tensors[i].name);
+                            NAME_PREC(f->tensors[i].name_len), f->tensors[i].name);
     }
     size_t data_start = c.pos + (f->alignment - c.pos % f->alignment) % f->alignment;
     for (uint64_t i = 0; i < n_tensors; i++) {
@@ -324,16 +369,16 @@ static int parse(gguf_file *f, char *err, size_t err_len)
         uint64_t off = (uint64_t)(uintptr_t)t->data;
         if (off % f->alignment)
             return fail(&c, KVS_EFORMAT, "tensor '%.*s': offset %llu is not aligned to %u",
-                        (int)t->name_len, t->name, (unsigned long long)off, f->alignment);
+                        NAME_PREC(t->name_len), t->name, (unsigned long long)off, f->alignment);
         if (data_start > f->size || off > f->size - data_start ||
             t->n_bytes > f->size - data_start - off)
             return fail(&c, KVS_ETRUNC, "truncated: tensor '%.*s' needs bytes %llu..%llu of "
                         "the data section, file has %zu bytes",
-                        (int)t->name_len, t->name, (unsigned long long)off,
+                        NAME_PREC(t->name_len), t->name, (unsigned long long)off,
                         (unsigned long long)(off + t->n_bytes), f->size);
         t->data = f->base + data_start + off;
     }
-    return 0;
+    return check_overlap(f, &c);
 }
 
 static int open_common(gguf_file *f, gguf_file **out, char *err, size_t err_len)
@@ -513,6 +558,24 @@ int gguf_get_f32(const gguf_file *f, const char *key, float *out)
         double d;
         memcpy(&d, kv->value, 8);
         *out = (float)d;
+        return 0;
+    }
+    return KVS_EKEYTYPE;
+}
+
+int gguf_get_f64(const gguf_file *f, const char *key, double *out)
+{
+    const gguf_kv *kv = lookup(f, key);
+    if (!kv)
+        return KVS_ENOKEY;
+    if (kv->type == GGUF_TYPE_FLOAT32) {
+        float v;
+        memcpy(&v, kv->value, 4);
+        *out = v;
+        return 0;
+    }
+    if (kv->type == GGUF_TYPE_FLOAT64) {
+        memcpy(out, kv->value, 8);
         return 0;
     }
     return KVS_EKEYTYPE;

@@ -8,8 +8,9 @@
  *   string = u64 length | bytes (not NUL-terminated); array = u32 elem_type | u64 count | elems
  *
  * Every count, length, offset and tensor extent is checked against the file size while the
- * header is parsed, so once gguf_open succeeds every accessor is memory-safe. Strings handed out
- * point into the mapping and are NOT NUL-terminated: use the returned length.
+ * header is parsed (and tensors may not overlap), so once gguf_open succeeds every accessor is
+ * memory-safe. Strings handed out point into the mapping and are NOT NUL-terminated: use the
+ * returned length.
  * A gguf_file is immutable after open and may be read from any thread. */
 #ifndef KVS_ENGINE_GGUF_H
 #define KVS_ENGINE_GGUF_H
@@ -92,6 +93,8 @@ int gguf_get_u32(const gguf_file *f, const char *key, uint32_t *out);
 int gguf_get_u64(const gguf_file *f, const char *key, uint64_t *out);
 int gguf_get_i64(const gguf_file *f, const char *key, int64_t *out);
 int gguf_get_f32(const gguf_file *f, const char *key, float *out);
+/* As gguf_get_f32 without the rounding of FLOAT64 values (FLOAT32 and FLOAT64). */
+int gguf_get_f64(const gguf_file *f, const char *key, double *out);
 int gguf_get_bool(const gguf_file *f, const char *key, int *out);
 int gguf_get_str(const gguf_file *f, const char *key, const char **s, size_t *len);
 

@@ -279,16 +279,14 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
         goto fail;
     const char *s;
     size_t n;
-    if (gguf_get_str(m->file, "general.name", &s, &n) == 0 && n > 0) {
-        m->name = dup_str(s, n);
-    } else {
-        const char *base = strrchr(path, '/');
-        base = base ? base + 1 : path;
-        n = strlen(base);
-        if (n > 5 && !strcmp(base + n - 5, ".gguf"))
-            n -= 5;
-        m->name = dup_str(base, n);
-    }
+    /* The file's base name identifies the model to clients (general.name is often generic,
+     * e.g. "llama"), as vLLM names a model by its path. */
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    n = strlen(base);
+    if (n > 5 && !strcmp(base + n - 5, ".gguf"))
+        n -= 5;
+    m->name = dup_str(base, n);
     if (gguf_get_str(m->file, "tokenizer.chat_template", &s, &n) == 0)
         m->chat_template = dup_str(s, n);
     if (!m->name) {

@@ -48,7 +48,7 @@ void engine_model_destroy(engine_model *m);
 
 const engine_hparams *engine_model_hparams(const engine_model *m);
 const tok_vocab *engine_model_vocab(const engine_model *m);
-/* general.name, or the file's base name without .gguf; never NULL. */
+/* The file's base name without .gguf ("stories260K"); never NULL. */
 const char *engine_model_name(const engine_model *m);
 /* tokenizer.chat_template, or NULL if the file has none. NUL-terminated copy. */
 const char *engine_model_chat_template(const engine_model *m);

@@ -1,0 +1,291 @@
+/* kvserve generate: one prompt, one sequence, straight through the engine and a kvpool block
+ * table (the same paged path the server uses, without HTTP or the scheduler thread).
+ * --no-cache recomputes the whole sequence every step: the textbook quadratic loop, kept to
+ * verify the cache and to show what it buys. */
+#include "server/commands.h"
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/timeutil.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "kvpool/kvpool.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct gen_opts {
+    const char *model;
+    const char *prompt;
+    long max_tokens;
+    sampler_params sp;
+    bool ids;
+    bool no_cache;
+    bool ignore_eos;
+    long threads;
+    long block_size;
+} gen_opts;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvserve generate -m MODEL.gguf -p PROMPT [options]\n"
+            "\n"
+            "  -m, --model PATH       GGUF model to load (required)\n"
+            "  -p, --prompt TEXT      prompt text; BOS is added when the vocabulary asks for it\n"
+            "  -n, --max-tokens N     tokens to generate (default 64); stops early at EOS/BOS\n"
+            "      --temp T           temperature, 0 = greedy (default 0)\n"
+            "      --top-k K          keep the K most likely tokens (default 0 = off)\n"
+            "      --top-p P          nucleus sampling mass (default 1 = off)\n"
+            "      --min-p P          drop tokens below P x the top probability (default 0)\n"
+            "      --seed S           sampling seed (default 0)\n"
+            "      --ids              print generated token ids, space-separated, instead of text\n"
+            "      --no-cache         recompute the whole sequence at every step (no KV reuse)\n"
+            "      --ignore-eos       keep generating past EOS/BOS\n"
+            "      --threads N        compute threads (default: online cores)\n"
+            "      --block-size N     KV block size in tokens (default 16)\n"
+            "  -h, --help             this text\n");
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, float lo, float hi, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || *end || end == s || !(v >= lo && v <= hi))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, gen_opts *o)
+{
+    enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_IDS, O_NOCACHE, O_IGNEOS, O_THREADS,
+           O_BS };
+    static const struct option longopts[] = {
+        {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
+        {"max-tokens", required_argument, NULL, 'n'}, {"temp", required_argument, NULL, O_TEMP},
+        {"top-k", required_argument, NULL, O_TOPK}, {"top-p", required_argument, NULL, O_TOPP},
+        {"min-p", required_argument, NULL, O_MINP}, {"seed", required_argument, NULL, O_SEED},
+        {"ids", no_argument, NULL, O_IDS},          {"no-cache", no_argument, NULL, O_NOCACHE},
+        {"ignore-eos", no_argument, NULL, O_IGNEOS},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"block-size", required_argument, NULL, O_BS}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    long v;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:n:h", longopts, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'p': o->prompt = optarg; break;
+        case 'n': bad = parse_long(optarg, 1, 1 << 20, &o->max_tokens); break;
+        case O_TEMP: bad = parse_float(optarg, 0, 100, &o->sp.temperature); break;
+        case O_TOPK:
+            bad = parse_long(optarg, 0, 1 << 20, &v);
+            o->sp.top_k = (int32_t)v;
+            break;
+        case O_TOPP: bad = parse_float(optarg, 1e-6f, 1, &o->sp.top_p); break;
+        case O_MINP: bad = parse_float(optarg, 0, 1, &o->sp.min_p); break;
+        case O_SEED:
+            bad = parse_long(optarg, 0, __LONG_MAX__, &v);
+            o->sp.seed = (uint64_t)v;
+            break;
+        case O_IDS: o->ids = true; break;
+        case O_NOCACHE: o->no_cache = true; break;
+        case O_IGNEOS: o->ignore_eos = true; break;
+        case O_THREADS: bad = parse_long(optarg, 1, 1024, &o->threads); break;
+        case O_BS: bad = parse_long(optarg, 1, 1024, &o->block_size); break;
+        case 'h': usage(stdout); return 1;
+        default: usage(stderr); return -1;
+        }
+        if (bad) {
+            fprintf(stderr, "kvserve generate: invalid value '%s' for option %s\n", optarg,
+                    argv[optind - 1]);
+            return -1;
+        }
+    }
+    if (!o->model || !o->prompt) {
+        fprintf(stderr, "kvserve generate: -m MODEL and -p PROMPT are required\n");
+        usage(stderr);
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs positions [from, n) of tokens through the engine, logits for the last one. */
+static int forward_span(engine_ctx *ctx, engine_kv *kv, kvpool *pool, kvpool_seq *seq,
+                        const int32_t *tokens, uint32_t from, uint32_t n, int32_t *pos,
+                        int32_t *sq, bool *want, float *logits)
+{
+    kvpool_copy cp;
+    int n_cp;
+    int rc = kvpool_seq_append(pool, seq, tokens + from, n - from, &cp, &n_cp);
+    if (rc)
+        return rc;
+    for (uint32_t i = from; i < n; i++) {
+        pos[i - from] = (int32_t)i;
+        sq[i - from] = 0;
+        want[i - from] = i == n - 1;
+    }
+    engine_seq_view view;
+    view.blocks = kvpool_seq_blocks(seq, &view.n_blocks);
+    engine_batch b = {n - from, tokens + from, pos, sq, want, 1, &view};
+    rc = engine_forward(ctx, kv, &b, logits);
+    if (!rc)
+        kvpool_seq_commit(pool, seq, n);
+    return rc;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    gen_opts o = {0};
+    o.max_tokens = 64;
+    o.sp = sampler_default_params();
+    o.sp.temperature = 0.0f;
+    o.block_size = 16;
+    o.threads = sysconf(_SC_NPROCESSORS_ONLN);
+    int prc = parse_args(argc, argv, &o);
+    if (prc)
+        return prc > 0 ? 0 : 2;
+
+    char err[512] = "";
+    engine_model *model = NULL;
+    engine_load_params lp = {.verbose = true};
+    int rc = engine_model_load(o.model, &lp, &model, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "kvserve generate: cannot load %s: %s\n", o.model, err);
+        return 1;
+    }
+    const engine_hparams *hp = engine_model_hparams(model);
+    const tok_vocab *vocab = engine_model_vocab(model);
+    size_t plen = strlen(o.prompt), n_prompt = 0;
+    size_t cap = plen + 2 + (size_t)o.max_tokens;
+    int32_t *tokens = malloc(cap * sizeof(int32_t));
+    rc = tokens ? tok_encode(vocab, o.prompt, plen, tok_add_bos(vocab), false, tokens, cap,
+                             &n_prompt)
+                : KVS_ENOMEM;
+    if (rc || n_prompt == 0) {
+        fprintf(stderr, "kvserve generate: cannot tokenize the prompt: %s\n",
+                rc ? status_str(rc) : "empty prompt");
+        free(tokens);
+        engine_model_destroy(model);
+        return 1;
+    }
+    uint32_t n_total = (uint32_t)(n_prompt + (size_t)o.max_tokens);
+    uint32_t bs = (uint32_t)o.block_size;
+    kvpool_params kp = {(n_total + bs - 1) / bs + 1, bs, false};
+    kvpool *pool = NULL;
+    kvpool_seq *seq = NULL;
+    engine_kv *kv = NULL;
+    engine_ctx *ctx = NULL;
+    sampler *smp = NULL;
+    uint32_t max_rows = o.no_cache ? n_total : (uint32_t)n_prompt;
+    int32_t *pos = malloc(n_total * sizeof(int32_t)), *sq = malloc(n_total * sizeof(int32_t));
+    bool *want = malloc(n_total * sizeof(bool));
+    float *logits = malloc(hp->n_vocab * sizeof(float));
+    rc = (!pos || !sq || !want || !logits) ? KVS_ENOMEM : 0;
+    if (!rc)
+        rc = kvpool_create(&kp, &pool);
+    if (!rc)
+        rc = kvpool_seq_create(pool, &seq);
+    if (!rc)
+        rc = engine_kv_create(model, kp.n_blocks, bs, &kv);
+    if (!rc)
+        rc = engine_ctx_create(model, max_rows < 1 ? 1 : max_rows, (uint32_t)o.threads, &ctx);
+    if (!rc)
+        rc = sampler_create(&o.sp, (int32_t)hp->n_vocab, &smp);
+    if (rc) {
+        fprintf(stderr, "kvserve generate: setup failed: %s\n", status_str(rc));
+        goto out;
+    }
+    for (size_t i = 0; i < n_prompt; i++)
+        sampler_accept(smp, tokens[i], true);
+
+    tok_decoder dec;
+    tok_decoder_init(&dec);
+    uint32_t n = (uint32_t)n_prompt, n_gen = 0;
+    double t0 = time_now_s(), t_first = 0;
+    rc = forward_span(ctx, kv, pool, seq, tokens, 0, n, pos, sq, want, logits);
+    while (!rc) {
+        int32_t tok = sampler_sample(smp, logits, NULL, 0, NULL, NULL);
+        sampler_accept(smp, tok, false);
+        if (n_gen == 0)
+            t_first = time_now_s();
+        bool stop = !o.ignore_eos && (tok == tok_eos(vocab) || tok == tok_bos(vocab));
+        if (stop)
+            break;
+        tokens[n++] = tok;
+        n_gen++;
+        if (o.ids) {
+            printf(n_gen > 1 ? " %d" : "%d", tok);
+        } else {
+            char piece[256];
+            int len = tok_decoder_push(vocab, &dec, tok, piece, sizeof piece);
+            if (len > 0)
+                fwrite(piece, 1, (size_t)len, stdout);
+        }
+        fflush(stdout);
+        if (n_gen >= (uint32_t)o.max_tokens)
+            break;
+        if (o.no_cache) {
+            /* Forget everything and recompute the whole sequence from position 0. */
+            kvpool_seq_destroy(pool, seq);
+            seq = NULL;
+            rc = kvpool_seq_create(pool, &seq);
+            if (!rc)
+                rc = forward_span(ctx, kv, pool, seq, tokens, 0, n, pos, sq, want, logits);
+        } else {
+            rc = forward_span(ctx, kv, pool, seq, tokens, n - 1, n, pos, sq, want, logits);
+        }
+    }
+    if (!o.ids) {
+        char tail[16];
+        int len = tok_decoder_flush(&dec, tail, sizeof tail);
+        if (len > 0)
+            fwrite(tail, 1, (size_t)len, stdout);
+    }
+    printf("\n");
+    if (rc) {
+        fprintf(stderr, "kvserve generate: forward pass failed: %s\n", status_str(rc));
+    } else {
+        double t1 = time_now_s();
+        double decode_s = t1 - t_first;
+        fprintf(stderr,
+                "kvserve generate: prompt %zu tokens, generated %u tokens; prefill %.1f ms, "
+                "decode %.2f tok/s (%s)\n",
+                n_prompt, n_gen, (t_first - t0) * 1e3,
+                n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0.0,
+                o.no_cache ? "no cache: full recompute per token" : "paged KV cache");
+    }
+out:
+    sampler_destroy(smp);
+    engine_ctx_destroy(ctx);
+    engine_kv_destroy(kv);
+    kvpool_seq_destroy(pool, seq);
+    kvpool_destroy(pool);
+    free(pos);
+    free(sq);
+    free(want);
+    free(logits);
+    free(tokens);
+    engine_model_destroy(model);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,506 @@
+/* kvs-mkmodel: writes a random-weight llama GGUF of a named shape, for load and speed tests.
+ * Weights are a deterministic function of (seed, tensor index, element index): N(0, 0.02^2)
+ * for matrices, exactly 1.0 for norms; tensor data is generated row-block by row-block while
+ * the file is written, so multi-GB shapes need only a few MB of memory. */
+#include "common/status.h"
+#include "engine/gguf.h"
+#include "engine/gguf_write.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct shape {
+    const char *name;
+    uint32_t dim, n_layers, n_heads, n_kv_heads, ffn, vocab;
+} shape;
+
+static const shape SHAPES[] = {
+    {"stories260K", 64, 5, 8, 4, 172, 512},
+    {"110m", 768, 12, 12, 12, 2048, 32000},
+    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000},
+};
+
+/* llama.cpp's LLAMA_FTYPE values for general.file_type. */
+enum { FTYPE_ALL_F32 = 0, FTYPE_MOSTLY_F16 = 1, FTYPE_MOSTLY_Q8_0 = 7 };
+
+/* llama.cpp's token types (tokenizer.ggml.token_type). */
+enum { TOK_NORMAL = 1, TOK_UNKNOWN = 2, TOK_CONTROL = 3, TOK_BYTE = 6 };
+
+#define WEIGHT_STD 0.02
+
+/* ---- deterministic normal numbers: splitmix64 + Box-Muller ---- */
+
+typedef struct rng {
+    uint64_t s;
+    bool have_spare;
+    double spare;
+} rng;
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1]: never 0, so log() is finite. */
+static double rng_uniform(rng *r)
+{
+    return ((splitmix64(&r->s) >> 11) + 1) * 0x1.0p-53;
+}
+
+static double rng_normal(rng *r)
+{
+    if (r->have_spare) {
+        r->have_spare = false;
+        return r->spare;
+    }
+    double u1 = rng_uniform(r), u2 = rng_uniform(r);
+    double rad = sqrt(-2.0 * log(u1));
+    double th = 6.283185307179586 * u2;
+    r->spare = rad * sin(th);
+    r->have_spare = true;
+    return rad * cos(th);
+}
+
+/* ---- tensor fill ---- */
+
+typedef struct wfill {
+    uint64_t seed; /* of this tensor */
+    rng r;
+    bool ones;     /* norm weights: every element 1.0 */
+    uint32_t type; /* ggml type of the stored data */
+    uint64_t row_len;
+    float *tmp; /* one row of float32 before conversion */
+} wfill;
+
+static void quantize_row_q8_0(const float *x, uint8_t *dst, uint64_t n)
+{
+    /* As ggml's quantize_row_q8_0_ref: block = f16 scale d = max|x|/127, then round(x/d). */
+    for (uint64_t b = 0; b < n / QK8_0; b++) {
+        const float *xb = x + b * QK8_0;
+        uint8_t *yb = dst + b * (2 + QK8_0);
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++)
+            amax = fmaxf(amax, fabsf(xb[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = ggml_fp32_to_fp16(d);
+        memcpy(yb, &dh, 2);
+        for (int j = 0; j < QK8_0; j++) {
+            int8_t q = (int8_t)roundf(xb[j] * id);
+            memcpy(yb + 2 + j, &q, 1);
+        }
+    }
+}
+
+static int fill_tensor(void *user, uint64_t row, uint64_t n_rows, void *dst, size_t row_bytes)
+{
+    wfill *f = user;
+    if (row == 0) /* a fresh write (the writer may be asked to write twice) */
+        f->r = (rng){.s = f->seed};
+    uint8_t *out = dst;
+    for (uint64_t i = 0; i < n_rows; i++, out += row_bytes) {
+        for (uint64_t j = 0; j < f->row_len; j++)
+            f->tmp[j] = f->ones ? 1.0f : (float)(WEIGHT_STD * rng_normal(&f->r));
+        switch (f->type) {
+        case GGML_TYPE_F32: memcpy(out, f->tmp, row_bytes); break;
+        case GGML_TYPE_F16:
+            for (uint64_t j = 0; j < f->row_len; j++) {
+                uint16_t h = ggml_fp32_to_fp16(f->tmp[j]);
+                memcpy(out + 2 * j, &h, 2);
+            }
+            break;
+        case GGML_TYPE_Q8_0: quantize_row_q8_0(f->tmp, out, f->row_len); break;
+        default: return KVS_EUNSUPPORTED;
+        }
+    }
+    return 0;
+}
+
+/* ---- synthesized vocabulary ---- */
+
+typedef struct vocab {
+    uint32_t n;
+    char *buf; /* all pieces, back to back */
+    const char **pieces;
+    size_t *lens;
+    float *scores;
+    int32_t *types;
+} vocab;
+
+static void vocab_free(vocab *v)
+{
+    free(v->buf);
+    free(v->pieces);
+    free(v->lens);
+    free(v->scores);
+    free(v->types);
+}
+
+#define SPM_SPACE "\xe2\x96\x81" /* U+2581, SentencePiece's word-start marker */
+#define PIECE_MAX 24
+
+/* Filler piece k (0-based): "▁", printable chars, "▁"+char, lowercase bigrams, "▁"+bigram,
+ * trigrams, "▁"+trigram, then "▁tok<k>". Each piece's prefixes come earlier, so the SPM merge
+ * of its characters can reach it. */
+static size_t filler_piece(uint64_t k, char *out)
+{
+    const uint64_t np = 94; /* '!'..'~' */
+    if (k == 0)
+        return (size_t)sprintf(out, SPM_SPACE);
+    k--;
+    if (k < np)
+        return (size_t)sprintf(out, "%c", (char)('!' + k));
+    k -= np;
+    if (k < np)
+        return (size_t)sprintf(out, SPM_SPACE "%c", (char)('!' + k));
+    k -= np;
+    for (int len = 2; len <= 3; len++) {
+        uint64_t cnt = len == 2 ? 26 * 26 : 26 * 26 * 26;
+        for (int sp = 0; sp < 2; sp++) {
+            if (k < cnt) {
+                char s[4] = {0};
+                uint64_t x = k;
+                for (int i = len - 1; i >= 0; i--, x /= 26)
+                    s[i] = (char)('a' + x % 26);
+                return (size_t)sprintf(out, "%s%s", sp ? SPM_SPACE : "", s);
+            }
+            k -= cnt;
+        }
+    }
+    return (size_t)sprintf(out, SPM_SPACE "tok%llu", (unsigned long long)k);
+}
+
+static int vocab_synth(vocab *v, uint32_t n)
+{
+    memset(v, 0, sizeof *v);
+    if (n < 3 + 256)
+        return KVS_EINVAL;
+    v->n = n;
+    v->buf = malloc((size_t)n * PIECE_MAX);
+    v->pieces = malloc(n * sizeof *v->pieces);
+    v->lens = malloc(n * sizeof *v->lens);
+    v->scores = malloc(n * sizeof *v->scores);
+    v->types = malloc(n * sizeof *v->types);
+    if (!v->buf || !v->pieces || !v->lens || !v->scores || !v->types) {
+        vocab_free(v);
+        return KVS_ENOMEM;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        char *p = v->buf + (size_t)i * PIECE_MAX;
+        size_t len;
+        if (i < 3) {
+            static const char *const special[] = {"<unk>", "<s>", "</s>"};
+            len = (size_t)sprintf(p, "%s", special[i]);
+            v->types[i] = i == 0 ? TOK_UNKNOWN : TOK_CONTROL;
+            v->scores[i] = 0.0f;
+        } else if (i < 3 + 256) {
+            len = (size_t)sprintf(p, "<0x%02X>", i - 3);
+            v->types[i] = TOK_BYTE;
+            v->scores[i] = 0.0f;
+        } else {
+            len = filler_piece(i - 259, p);
+            v->types[i] = TOK_NORMAL;
+            v->scores[i] = -(float)(i - 259); /* earlier (shorter) pieces merge first */
+        }
+        v->pieces[i] = p;
+        v->lens[i] = len;
+    }
+    return 0;
+}
+
+/* ---- command line ---- */
+
+static void usage(FILE *fp)
+{
+    fprintf(
+        fp,
+        "usage: kvs-mkmodel --shape NAME -o OUT.gguf [--type f32|f16|q8_0] [--vocab FILE.gguf]\n"
+        "                   [--seed N] [--ctx N]\n"
+        "Writes a llama GGUF with random weights (std %.2f, norms 1.0).\n"
+        "  --shape   one of:",
+        WEIGHT_STD);
+    for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++)
+        fprintf(fp, " %s", SHAPES[i].name);
+    fprintf(fp, "\n"
+                "  --type    type of the 2-D weight matrices (default f32; norms stay F32; q8_0\n"
+                "            falls back to f16 for matrices whose rows are not a multiple of 32)\n"
+                "  --vocab   copy tokenizer.* metadata from this GGUF (its token count sets the\n"
+                "            vocabulary size); without it a llama-style byte vocabulary is made\n"
+                "  --seed    weight seed (default 1)\n"
+                "  --ctx     llama.context_length (default 2048)\n");
+}
+
+static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+    if (!s || !*s || *s == '-')
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || *end || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+typedef struct opts {
+    const shape *shape;
+    uint32_t type;
+    const char *vocab_path;
+    uint64_t seed;
+    uint32_t ctx;
+    const char *out;
+} opts;
+
+static int parse_args(int argc, char **argv, opts *o)
+{
+    *o = (opts){.type = GGML_TYPE_F32, .seed = 1, .ctx = 2048};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!val) {
+            fprintf(stderr, "kvs-mkmodel: %s needs a value (or is unknown)\n", a);
+            return -1;
+        }
+        i++;
+        uint64_t n;
+        if (!strcmp(a, "--shape")) {
+            for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++)
+                if (!strcmp(val, SHAPES[k].name))
+                    o->shape = &SHAPES[k];
+            if (!o->shape) {
+                fprintf(stderr, "kvs-mkmodel: unknown shape '%s'\n", val);
+                return -1;
+            }
+        } else if (!strcmp(a, "--type")) {
+            if (!strcmp(val, "f32"))
+                o->type = GGML_TYPE_F32;
+            else if (!strcmp(val, "f16"))
+                o->type = GGML_TYPE_F16;
+            else if (!strcmp(val, "q8_0"))
+                o->type = GGML_TYPE_Q8_0;
+            else {
+                fprintf(stderr, "kvs-mkmodel: unknown type '%s' (f32, f16, q8_0)\n", val);
+                return -1;
+            }
+        } else if (!strcmp(a, "--vocab")) {
+            o->vocab_path = val;
+        } else if (!strcmp(a, "--seed")) {
+            if (!parse_u64(val, UINT64_MAX, &o->seed)) {
+                fprintf(stderr, "kvs-mkmodel: bad seed '%s'\n", val);
+                return -1;
+            }
+        } else if (!strcmp(a, "--ctx")) {
+            if (!parse_u64(val, UINT32_MAX, &n) || n == 0) {
+                fprintf(stderr, "kvs-mkmodel: bad context length '%s'\n", val);
+                return -1;
+            }
+            o->ctx = (uint32_t)n;
+        } else if (!strcmp(a, "-o")) {
+            o->out = val;
+        } else {
+            fprintf(stderr, "kvs-mkmodel: unknown option '%s'\n", a);
+            return -1;
+        }
+    }
+    if (!o->shape || !o->out) {
+        fprintf(stderr, "kvs-mkmodel: --shape and -o are required\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- model description ---- */
+
+typedef struct gen {
+    gguf_writer *w;
+    wfill *fills;
+    size_t n_fills, cap_fills;
+    uint64_t seed;
+    uint32_t wtype;
+    float *tmp;
+    uint64_t tmp_len;
+} gen;
+
+/* Adds one tensor whose data fill_tensor generates. Matrices use the requested type. */
+static int gen_tensor(gen *g, const char *name, uint64_t d0, uint64_t d1)
+{
+    bool matrix = d1 != 0;
+    uint32_t type = matrix ? g->wtype : GGML_TYPE_F32;
+    if (type == GGML_TYPE_Q8_0 && d0 % QK8_0) {
+        fprintf(stderr,
+                "kvs-mkmodel: note: %s rows of %llu are not a multiple of %d, "
+                "stored as F16\n",
+                name, (unsigned long long)d0, QK8_0);
+        type = GGML_TYPE_F16;
+    }
+    if (g->n_fills == g->cap_fills)
+        return KVS_ENOSPC; /* sized exactly by the caller */
+    wfill *f = &g->fills[g->n_fills];
+    uint64_t idx = g->n_fills++;
+    /* Each tensor gets its own stream so that its values do not depend on the others' sizes. */
+    uint64_t s = g->seed ^ (idx * 0xd1b54a32d192ed03ull);
+    *f = (wfill){
+        .seed = splitmix64(&s), .ones = !matrix, .type = type, .row_len = d0, .tmp = g->tmp};
+    uint64_t dims[2] = {d0, d1};
+    return gguf_writer_add_tensor_fill(g->w, name, matrix ? 2 : 1, dims, type, fill_tensor, f);
+}
+
+static int add_vocab(gguf_writer *w, const opts *o, uint32_t *n_vocab)
+{
+    if (o->vocab_path) {
+        gguf_file *vf = NULL;
+        char err[256] = "";
+        int rc = gguf_open(o->vocab_path, &vf, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "kvs-mkmodel: %s: %s\n", o->vocab_path, err);
+            return rc;
+        }
+        enum gguf_type et;
+        uint64_t count = 0;
+        const void *data;
+        rc = gguf_get_arr(vf, "tokenizer.ggml.tokens", &et, &count, &data);
+        if (rc || et != GGUF_TYPE_STRING || count == 0 || count > UINT32_MAX) {
+            fprintf(stderr, "kvs-mkmodel: %s has no tokenizer.ggml.tokens string array\n",
+                    o->vocab_path);
+            gguf_close(vf);
+            return rc ? rc : KVS_EKEYTYPE;
+        }
+        *n_vocab = (uint32_t)count;
+        for (int64_t i = 0; i < gguf_n_kv(vf) && !rc; i++) {
+            size_t klen;
+            const char *k = gguf_key_name(vf, i, &klen);
+            if (klen > 10 && !memcmp(k, "tokenizer.", 10))
+                rc = gguf_writer_copy_kv(w, vf, i);
+        }
+        gguf_close(vf);
+        if (rc)
+            fprintf(stderr, "kvs-mkmodel: copying the vocabulary failed: %s\n", status_str(rc));
+        return rc;
+    }
+    vocab v;
+    int rc = vocab_synth(&v, o->shape->vocab);
+    if (rc)
+        return rc;
+    *n_vocab = v.n;
+    if (!(rc = gguf_writer_add_str(w, "tokenizer.ggml.model", "llama")) &&
+        !(rc = gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", v.pieces, v.lens, v.n)) &&
+        !(rc = gguf_writer_add_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, v.scores, v.n)) &&
+        !(rc =
+              gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v.types, v.n)) &&
+        !(rc = gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0)) &&
+        !(rc = gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1)) &&
+        !(rc = gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2)) &&
+        !(rc = gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", 1)))
+        rc = gguf_writer_add_bool(w, "tokenizer.ggml.add_eos_token", 0);
+    vocab_free(&v);
+    return rc;
+}
+
+static int build(gen *g, const opts *o)
+{
+    const shape *sh = o->shape;
+    gguf_writer *w = g->w;
+    uint32_t head_dim = sh->dim / sh->n_heads;
+    uint32_t kv_dim = head_dim * sh->n_kv_heads;
+    uint32_t ftype = o->type == GGML_TYPE_F32   ? FTYPE_ALL_F32
+                     : o->type == GGML_TYPE_F16 ? FTYPE_MOSTLY_F16
+                                                : FTYPE_MOSTLY_Q8_0;
+    char name[128];
+    snprintf(name, sizeof name, "%s-random-seed%llu", sh->name, (unsigned long long)o->seed);
+    int rc;
+    if ((rc = gguf_writer_add_str(w, "general.architecture", "llama")) ||
+        (rc = gguf_writer_add_str(w, "general.name", name)) ||
+        (rc = gguf_writer_add_u32(w, "general.file_type", ftype)) ||
+        (rc = gguf_writer_add_u32(w, "llama.context_length", o->ctx)) ||
+        (rc = gguf_writer_add_u32(w, "llama.embedding_length", sh->dim)) ||
+        (rc = gguf_writer_add_u32(w, "llama.block_count", sh->n_layers)) ||
+        (rc = gguf_writer_add_u32(w, "llama.feed_forward_length", sh->ffn)) ||
+        (rc = gguf_writer_add_u32(w, "llama.attention.head_count", sh->n_heads)) ||
+        (rc = gguf_writer_add_u32(w, "llama.attention.head_count_kv", sh->n_kv_heads)) ||
+        (rc = gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)) ||
+        (rc = gguf_writer_add_f32(w, "llama.rope.freq_base", 10000.0f)) ||
+        (rc = gguf_writer_add_u32(w, "llama.rope.dimension_count", head_dim)))
+        return rc;
+    uint32_t n_vocab = 0;
+    if ((rc = add_vocab(w, o, &n_vocab)))
+        return rc;
+    if (n_vocab != sh->vocab)
+        fprintf(stderr, "kvs-mkmodel: note: vocabulary has %u tokens (shape default %u)\n", n_vocab,
+                sh->vocab);
+    if ((rc = gguf_writer_add_u32(w, "llama.vocab_size", n_vocab)))
+        return rc;
+
+    /* One row buffer serves every tensor: the writer fills them one at a time. */
+    g->tmp_len = sh->dim > sh->ffn ? sh->dim : sh->ffn;
+    g->tmp = malloc(g->tmp_len * sizeof *g->tmp);
+    g->cap_fills = 3 + 9 * (size_t)sh->n_layers;
+    g->fills = calloc(g->cap_fills, sizeof *g->fills);
+    if (!g->tmp || !g->fills)
+        return KVS_ENOMEM;
+    if ((rc = gen_tensor(g, "token_embd.weight", sh->dim, n_vocab)))
+        return rc;
+    for (uint32_t l = 0; l < sh->n_layers; l++) {
+        static const struct {
+            const char *suffix;
+            int d0, d1; /* 0 none, 1 dim, 2 kv_dim, 3 ffn */
+        } L[] = {
+            {"attn_norm", 1, 0}, {"attn_q", 1, 1},      {"attn_k", 1, 2},
+            {"attn_v", 1, 2},    {"attn_output", 1, 1}, {"ffn_norm", 1, 0},
+            {"ffn_gate", 1, 3},  {"ffn_down", 3, 1},    {"ffn_up", 1, 3},
+        };
+        for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
+            uint64_t sz[4] = {0, sh->dim, kv_dim, sh->ffn};
+            char tn[96];
+            snprintf(tn, sizeof tn, "blk.%u.%s.weight", l, L[k].suffix);
+            if ((rc = gen_tensor(g, tn, sz[L[k].d0], sz[L[k].d1])))
+                return rc;
+        }
+    }
+    if ((rc = gen_tensor(g, "output_norm.weight", sh->dim, 0)) ||
+        (rc = gen_tensor(g, "output.weight", sh->dim, n_vocab)))
+        return rc;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    opts o;
+    int prc = parse_args(argc, argv, &o);
+    if (prc) {
+        if (prc < 0)
+            usage(stderr);
+        return prc < 0 ? 2 : 0;
+    }
+    gen g = {.seed = o.seed, .wtype = o.type};
+    int rc = gguf_writer_create(&g.w);
+    if (!rc)
+        rc = build(&g, &o);
+    char err[512] = "";
+    if (!rc) {
+        rc = gguf_writer_write(g.w, o.out, err, sizeof err);
+        if (rc)
+            fprintf(stderr, "kvs-mkmodel: %s\n", err);
+    } else {
+        fprintf(stderr, "kvs-mkmodel: building the model failed: %s\n", status_str(rc));
+    }
+    if (!rc)
+        fprintf(stderr, "kvs-mkmodel: wrote %s (%s, %zu tensors, %llu bytes)\n", o.out,
+                o.shape->name, g.n_fills, (unsigned long long)gguf_writer_file_size(g.w));
+    gguf_writer_destroy(g.w);
+    free(g.fills);
+    free(g.tmp);
+    return rc ? 1 : 0;
+}

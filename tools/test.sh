@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test suite, the way CI does:
+#   release build           all suites
+#   ASan+UBSan build        all suites (halt on the first finding)
+#   TSan build              the threaded suites (scheduler, end-to-end server)
+# Ends with one line: "N passed, N failed, N skipped" (one count per suite per build).
+# Usage: tools/test.sh [--quick]   (--quick: release build only)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
+
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+passed=0 failed=0 skipped=0
+
+# run_suites NAME DIR "MESON SETUP ARGS" [SUITE...]
+run_suites() {
+    local name=$1 dir=$2 args=$3
+    shift 3
+    echo "=== $name ($dir)"
+    if [ ! -f "$dir/build.ninja" ]; then
+        # shellcheck disable=SC2086
+        if ! meson setup "$dir" $args >"$dir.setup.log" 2>&1; then
+            cat "$dir.setup.log"; failed=$((failed + 1)); return
+        fi
+    fi
+    if ! ninja -C "$dir" >"$dir.build.log" 2>&1; then
+        tail -50 "$dir.build.log"; failed=$((failed + 1)); return
+    fi
+    meson test -C "$dir" --print-errorlogs --num-processes 2 "$@" || true
+    local log="$dir/meson-logs/testlog.json"
+    [ -f "$log" ] || { failed=$((failed + 1)); return; }
+    local counts
+    counts=$(python3 - "$log" <<'PY'
+import json, sys
+p = f = s = 0
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if not line:
+        continue
+    r = json.loads(line).get("result", "")
+    if r in ("OK", "EXPECTEDFAIL"):
+        p += 1
+    elif r == "SKIP":
+        s += 1
+    else:
+        f += 1
+print(p, f, s)
+PY
+)
+    read -r p f s <<<"$counts"
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+    echo "=== $name: $p passed, $f failed, $s skipped"
+}
+
+run_suites release build ""
+if [ $quick -eq 0 ]; then
+    run_suites asan build-asan "-Db_sanitize=address,undefined -Dbuildtype=debug -Db_lundef=false"
+    threaded=()
+    for s in scheduler e2e; do
+        meson test -C build --list 2>/dev/null | grep -qx "$s" && threaded+=("$s")
+    done
+    run_suites tsan build-tsan "-Db_sanitize=thread -Dbuildtype=debug -Db_lundef=false" "${threaded[@]}"
+fi
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
