@@ -990,10 +990,10 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
     }
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     unsigned pool = cfg->http_threads > 1 ? cfg->http_threads : 1;
-    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET,
-                            s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
+                            mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                             pool > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, pool,
                             MHD_OPTION_END);
     if (!s->d) {

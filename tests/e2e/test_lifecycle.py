@@ -24,8 +24,11 @@ def run(*args, timeout=20):
 
 
 def raw_stream_request(port, body):
-    """Sends a streaming request on a raw socket and returns the socket without reading."""
-    s = socket.create_connection(("127.0.0.1", port))
+    """Sends a streaming request on a raw socket and returns the socket without reading; its
+    receive buffer is small so the server soon cannot write more."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
     data = json.dumps(body).encode()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
@@ -161,7 +164,8 @@ class Shutdown(unittest.TestCase):
         and new requests get 503; after --shutdown-timeout the server exits 0 anyway."""
         srv = e2e.Server("--shutdown-timeout", "1")
         stuck = raw_stream_request(srv.port, {"prompt": "Once upon a time", "max_tokens": 500,
-                                              "ignore_eos": True, "logprobs": 5, "stream": True})
+                                              "ignore_eos": True, "logprobs": 5, "n": 8,
+                                              "stream": True})
         time.sleep(0.3)
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
