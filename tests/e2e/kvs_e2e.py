@@ -124,7 +124,13 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        text = self.stderr()
         os.unlink(self.log.name)
+        # Sanitizer builds report at exit: surface them in the test output.
+        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+            if marker in text:
+                print("\n--- kvserve stderr (%s) ---\n%s" % (marker, text))
+                break
         return self.proc.returncode
 
 

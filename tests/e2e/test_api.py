@@ -19,7 +19,9 @@ def setUpModule():
 
 def tearDownModule():
     if srv:
-        srv.stop()
+        rc = srv.stop()
+        if rc != 0:
+            raise AssertionError("kvserve exited with %d after SIGTERM" % rc)
 
 
 def max_tokens(case):
@@ -326,8 +328,8 @@ class Concurrency(unittest.TestCase):
     def test_disconnect_frees_blocks(self):
         for _ in range(3):
             s = socket.create_connection(("127.0.0.1", srv.port))
-            body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400,
-                               "ignore_eos": True, "stream": True}).encode()
+            body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400, "n": 8,
+                               "logprobs": 5, "ignore_eos": True, "stream": True}).encode()
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                       b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             got = b""
@@ -337,6 +339,7 @@ class Concurrency(unittest.TestCase):
                 got += chunk
             s.close()
         wait_blocks_free(self, timeout=1.0)
+        self.assertIn("client_closed=1", srv.stderr(), "no stream was cut mid-generation")
         st, r = srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})
         self.assertEqual(st, 200)
 

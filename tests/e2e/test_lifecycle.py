@@ -159,6 +159,27 @@ class Shutdown(unittest.TestCase):
                 self.assertEqual(st, 503)
         srv.stop()
 
+    def test_abort_sends_error_event(self):
+        """--shutdown-timeout 0: streams still generating are aborted with one error event."""
+        srv = e2e.Server("--shutdown-timeout", "0")
+        c = srv.conn()
+        c.request("POST", "/v1/completions", body=json.dumps({
+            "prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True, "n": 16,
+            "logprobs": 5, "stream": True}), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        self.assertEqual(r.status, 200)
+        first = r.read1(100)  # generation has started
+        self.assertTrue(first.startswith(b"data: "))
+        srv.proc.send_signal(signal.SIGTERM)
+        rest = first + r.read()
+        c.close()
+        self.assertEqual(srv.proc.wait(15), 0, srv.stderr())
+        events, done = e2e.parse_sse(rest.decode())
+        if not done:  # aborted mid-stream (the usual case): the last event is the error
+            self.assertEqual(set(events[-1]), {"error"})
+            self.assertEqual(events[-1]["error"]["type"], "unavailable_error")
+        srv.stop()
+
     def test_drain_then_abort(self):
         """A stream that cannot finish (its client does not read) holds the drain open: /health
         and new requests get 503; after --shutdown-timeout the server exits 0 anyway."""
