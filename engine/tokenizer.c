@@ -624,7 +624,8 @@ static int partition(const tok_vocab *v, const char *text, size_t len, bool pars
     }
 
     /* Walk the text: raw runs become text fragments, taken occurrences become tokens. */
-    qsort(taken, n_taken, sizeof *taken, cmp_occ_pos);
+    if (n_taken) /* qsort(NULL, 0) is undefined */
+        qsort(taken, n_taken, sizeof *taken, cmp_occ_pos);
     size_t ti = 0;
     for (size_t p = 0; p < len;) {
         if (mark[p] == RAW) {
