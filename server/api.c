@@ -1,0 +1,441 @@
+/* Request validation. Every field is checked for type and range where it enters, and the
+ * first bad field is reported by name; unknown fields are ignored (OpenAI clients send many). */
+#include "server/api.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+static const char *type_for_status(int status)
+{
+    switch (status) {
+    case 401:
+        return "authentication_error";
+    case 404:
+        return "not_found_error";
+    case 429:
+        return "rate_limit_error";
+    case 500:
+        return "server_error";
+    case 503:
+        return "unavailable_error";
+    default:
+        return "invalid_request_error";
+    }
+}
+
+int srv_error_set(srv_error *e, int status, const char *param, const char *code, const char *fmt,
+                  ...)
+{
+    e->status = status;
+    e->type = type_for_status(status);
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    e->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+char *srv_error_json(const srv_error *e)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(root, "error");
+    if (!err) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type ? e->type : type_for_status(e->status));
+    if (e->param[0])
+        cJSON_AddStringToObject(err, "param", e->param);
+    else
+        cJSON_AddNullToObject(err, "param");
+    if (e->code)
+        cJSON_AddStringToObject(err, "code", e->code);
+    else
+        cJSON_AddNullToObject(err, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+void srv_request_free(srv_request *r)
+{
+    if (!r)
+        return;
+    free(r->model);
+    free(r->prompt_text);
+    free(r->prompt_ids);
+    for (int i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}
+
+/* Field helpers: absent or null fields leave the default; a present field of the wrong type or
+ * outside [lo, hi] is an error naming it. */
+static int get_num(const cJSON *root, const char *key, double lo, double hi, bool integer,
+                   double *out, bool *present, srv_error *e)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (present)
+        *present = false;
+    if (!it || cJSON_IsNull(it))
+        return 0;
+    if (!cJSON_IsNumber(it))
+        return srv_error_set(e, 400, key, NULL, "'%s' must be %s", key,
+                             integer ? "an integer" : "a number");
+    double d = it->valuedouble;
+    if (integer && (!isfinite(d) || d != floor(d)))
+        return srv_error_set(e, 400, key, NULL, "'%s' must be an integer", key);
+    if (!(d >= lo && d <= hi))
+        return srv_error_set(e, 400, key, NULL, "'%s' must be between %g and %g, got %g", key, lo,
+                             hi, d);
+    *out = d;
+    if (present)
+        *present = true;
+    return 0;
+}
+
+static int get_bool(const cJSON *root, const char *key, bool *out, srv_error *e)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!it || cJSON_IsNull(it))
+        return 0;
+    if (!cJSON_IsBool(it))
+        return srv_error_set(e, 400, key, NULL, "'%s' must be a boolean", key);
+    *out = cJSON_IsTrue(it);
+    return 0;
+}
+
+static int oom(srv_error *e) { return srv_error_set(e, 500, NULL, NULL, "out of memory"); }
+
+static int parse_stop(const cJSON *root, srv_request *r, srv_error *e)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (!it || cJSON_IsNull(it))
+        return 0;
+    if (cJSON_IsString(it)) {
+        if (!it->valuestring[0])
+            return 0;
+        if (!(r->stop[0] = strdup(it->valuestring)))
+            return oom(e);
+        r->n_stop = 1;
+        return 0;
+    }
+    if (!cJSON_IsArray(it))
+        return srv_error_set(e, 400, "stop", NULL, "'stop' must be a string or an array of strings");
+    if (cJSON_GetArraySize(it) > 4)
+        return srv_error_set(e, 400, "stop", NULL, "'stop' takes at most 4 strings");
+    const cJSON *s;
+    cJSON_ArrayForEach(s, it)
+    {
+        if (!cJSON_IsString(s))
+            return srv_error_set(e, 400, "stop", NULL, "'stop' must be an array of strings");
+        if (!s->valuestring[0])
+            continue;
+        if (!(r->stop[r->n_stop] = strdup(s->valuestring)))
+            return oom(e);
+        r->n_stop++;
+    }
+    return 0;
+}
+
+/* Token ids: any non-negative int32; the caller checks them against the vocabulary. */
+static int parse_ids(const cJSON *arr, srv_request *r, srv_error *e)
+{
+    int n = cJSON_GetArraySize(arr);
+    if (n == 0)
+        return srv_error_set(e, 400, "prompt", NULL, "'prompt' must not be empty");
+    r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
+    if (!r->prompt_ids)
+        return oom(e);
+    const cJSON *t;
+    cJSON_ArrayForEach(t, arr)
+    {
+        double d = cJSON_IsNumber(t) ? t->valuedouble : -1;
+        if (!cJSON_IsNumber(t) || d != floor(d) || d < 0 || d > INT32_MAX)
+            return srv_error_set(e, 400, "prompt", NULL,
+                                 "'prompt' must be a string or an array of token ids");
+        r->prompt_ids[r->n_prompt_ids++] = (int32_t)d;
+    }
+    return 0;
+}
+
+static int parse_prompt(const cJSON *root, srv_request *r, srv_error *e)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!p || cJSON_IsNull(p))
+        return srv_error_set(e, 400, "prompt", NULL, "'prompt' is required");
+    if (cJSON_IsString(p)) {
+        if (!(r->prompt_text = strdup(p->valuestring)))
+            return oom(e);
+        return 0;
+    }
+    if (!cJSON_IsArray(p))
+        return srv_error_set(e, 400, "prompt", NULL,
+                             "'prompt' must be a string or an array of token ids");
+    const cJSON *first = p->child;
+    if (first && (cJSON_IsString(first) || cJSON_IsArray(first))) {
+        /* A batch of prompts: served when it holds exactly one. */
+        if (cJSON_GetArraySize(p) != 1)
+            return srv_error_set(e, 400, "prompt", NULL,
+                                 "batched prompts are not supported: send one prompt per request");
+        if (cJSON_IsString(first)) {
+            if (!(r->prompt_text = strdup(first->valuestring)))
+                return oom(e);
+            return 0;
+        }
+        return parse_ids(first, r, e);
+    }
+    return parse_ids(p, r, e);
+}
+
+/* Message content: a string, or an array of {"type":"text","text":...} parts joined by "\n". */
+static int content_text(const cJSON *c, char **out, srv_error *e)
+{
+    if (!c || cJSON_IsNull(c)) {
+        *out = strdup("");
+        return *out ? 0 : oom(e);
+    }
+    if (cJSON_IsString(c)) {
+        *out = strdup(c->valuestring);
+        return *out ? 0 : oom(e);
+    }
+    if (!cJSON_IsArray(c))
+        return srv_error_set(e, 400, "messages", NULL,
+                             "message 'content' must be a string or an array of text parts");
+    size_t len = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c)
+    {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
+            !cJSON_IsString(text))
+            return srv_error_set(e, 400, "messages", NULL,
+                                 "only content parts of type 'text' are supported");
+        len += strlen(text->valuestring) + 1;
+    }
+    char *s = malloc(len + 1);
+    if (!s)
+        return oom(e);
+    size_t n = 0;
+    cJSON_ArrayForEach(part, c)
+    {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        if (n)
+            s[n++] = '\n';
+        memcpy(s + n, t, strlen(t));
+        n += strlen(t);
+    }
+    s[n] = '\0';
+    *out = s;
+    return 0;
+}
+
+static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r,
+                          srv_error *e)
+{
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!msgs || cJSON_IsNull(msgs))
+        return srv_error_set(e, 400, "messages", NULL, "'messages' is required");
+    if (!cJSON_IsArray(msgs))
+        return srv_error_set(e, 400, "messages", NULL, "'messages' must be an array");
+    int n = cJSON_GetArraySize(msgs);
+    if (n == 0)
+        return srv_error_set(e, 400, "messages", NULL, "'messages' must not be empty");
+    srv_chat_msg *m = calloc((size_t)n, sizeof *m);
+    char **texts = calloc((size_t)n, sizeof *texts);
+    int rc = 0, i = 0;
+    if (!m || !texts) {
+        rc = oom(e);
+        goto out;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, msgs)
+    {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        if (!cJSON_IsObject(it) || !cJSON_IsString(role)) {
+            rc = srv_error_set(e, 400, "messages", NULL, "messages[%d] needs a string 'role'", i);
+            goto out;
+        }
+        const char *ro = role->valuestring;
+        if (!strcmp(ro, "developer"))
+            ro = "system"; /* OpenAI's newer name for the system role */
+        if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant")) {
+            rc = srv_error_set(e, 400, "messages", NULL,
+                               "messages[%d]: role must be system, user or assistant", i);
+            goto out;
+        }
+        if ((rc = content_text(cJSON_GetObjectItemCaseSensitive(it, "content"), &texts[i], e)))
+            goto out;
+        m[i].role = ro;
+        m[i].content = texts[i];
+        i++;
+    }
+    if (srv_chat_render(tmpl, m, (size_t)n, &r->prompt_text))
+        rc = oom(e);
+out:
+    if (texts)
+        for (int k = 0; k < n; k++)
+            free(texts[k]);
+    free(texts);
+    free(m);
+    return rc;
+}
+
+int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmpl tmpl,
+                      const sampler_params *defaults, srv_request *r, srv_error *e)
+{
+    memset(r, 0, sizeof *r);
+    r->chat = chat;
+    r->n = 1;
+    r->max_tokens = 16;
+    r->n_top_logprobs = -1;
+    r->sampling = *defaults;
+
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root)
+        return srv_error_set(e, 400, NULL, NULL, "request body is not valid JSON");
+    int rc = -1;
+    if (!cJSON_IsObject(root)) {
+        srv_error_set(e, 400, NULL, NULL, "request body must be a JSON object");
+        goto out;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model && !cJSON_IsNull(model)) {
+        if (!cJSON_IsString(model)) {
+            srv_error_set(e, 400, "model", NULL, "'model' must be a string");
+            goto out;
+        }
+        if (!(r->model = strdup(model->valuestring))) {
+            oom(e);
+            goto out;
+        }
+    }
+    if (chat ? parse_messages(root, tmpl, r, e) : parse_prompt(root, r, e))
+        goto out;
+
+    double d;
+    bool has;
+    const char *mt_key = "max_tokens";
+    if (get_num(root, "max_tokens", 1, UINT32_MAX, true, &d, &has, e))
+        goto out;
+    if (!has) {
+        mt_key = "max_completion_tokens";
+        if (get_num(root, mt_key, 1, UINT32_MAX, true, &d, &has, e))
+            goto out;
+    }
+    (void)mt_key;
+    if (has) {
+        r->has_max_tokens = true;
+        r->max_tokens = (uint32_t)d;
+    }
+    if (get_num(root, "n", 1, SRV_MAX_N, true, &d, &has, e))
+        goto out;
+    if (has)
+        r->n = (uint32_t)d;
+    sampler_params *s = &r->sampling;
+    if (get_num(root, "temperature", 0, 2, false, &d, &has, e))
+        goto out;
+    if (has)
+        s->temperature = (float)d;
+    if (get_num(root, "top_p", 0, 1, false, &d, &has, e))
+        goto out;
+    if (has) {
+        if (d <= 0) {
+            srv_error_set(e, 400, "top_p", NULL, "'top_p' must be in (0, 1]");
+            goto out;
+        }
+        s->top_p = (float)d;
+    }
+    if (get_num(root, "top_k", -1, INT32_MAX, true, &d, &has, e))
+        goto out;
+    if (has)
+        s->top_k = (int32_t)d;
+    if (get_num(root, "min_p", 0, 1, false, &d, &has, e))
+        goto out;
+    if (has)
+        s->min_p = (float)d;
+    if (get_num(root, "presence_penalty", -2, 2, false, &d, &has, e))
+        goto out;
+    if (has)
+        s->presence_penalty = (float)d;
+    if (get_num(root, "frequency_penalty", -2, 2, false, &d, &has, e))
+        goto out;
+    if (has)
+        s->frequency_penalty = (float)d;
+    if (get_num(root, "repetition_penalty", 0, 2, false, &d, &has, e))
+        goto out;
+    if (has) {
+        if (d <= 0) {
+            srv_error_set(e, 400, "repetition_penalty", NULL,
+                          "'repetition_penalty' must be in (0, 2]");
+            goto out;
+        }
+        s->repetition_penalty = (float)d;
+    }
+    /* Seeds beyond 2^53 lose precision as JSON doubles; the range is what clients send. */
+    if (get_num(root, "seed", -9007199254740992.0, 9007199254740992.0, true, &d, &has, e))
+        goto out;
+    if (has) {
+        r->has_seed = true;
+        s->seed = (uint64_t)(int64_t)d;
+    }
+    if (get_bool(root, "ignore_eos", &r->ignore_eos, e) || get_bool(root, "stream", &r->stream, e))
+        goto out;
+    if (parse_stop(root, r, e))
+        goto out;
+
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) {
+            srv_error_set(e, 400, "stream_options", NULL, "'stream_options' must be an object");
+            goto out;
+        }
+        const cJSON *iu = cJSON_GetObjectItemCaseSensitive(so, "include_usage");
+        if (iu && !cJSON_IsNull(iu) && !cJSON_IsBool(iu)) {
+            srv_error_set(e, 400, "stream_options.include_usage", NULL,
+                          "'stream_options.include_usage' must be a boolean");
+            goto out;
+        }
+        r->include_usage = cJSON_IsTrue(iu);
+    }
+
+    if (chat) {
+        bool lp = false;
+        if (get_bool(root, "logprobs", &lp, e))
+            goto out;
+        if (get_num(root, "top_logprobs", 0, 20, true, &d, &has, e))
+            goto out;
+        if (has && !lp) {
+            srv_error_set(e, 400, "top_logprobs", NULL,
+                          "'top_logprobs' requires 'logprobs' to be true");
+            goto out;
+        }
+        if (lp)
+            r->n_top_logprobs = has ? (int)d : 0;
+    } else {
+        if (get_num(root, "logprobs", 0, 5, true, &d, &has, e))
+            goto out;
+        if (has)
+            r->n_top_logprobs = (int)d;
+    }
+    const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
+    if (user && !cJSON_IsNull(user) && !cJSON_IsString(user)) {
+        srv_error_set(e, 400, "user", NULL, "'user' must be a string");
+        goto out;
+    }
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    if (rc)
+        srv_request_free(r);
+    return rc;
+}

@@ -1,0 +1,58 @@
+/* OpenAI request parsing and validation for /v1/completions and /v1/chat/completions, and the
+ * error body every failure uses. Pure functions over JSON text: no tokenizer, no scheduler, so
+ * they are unit-tested without a model. A failed parse fills srv_error (status, message,
+ * param, code) exactly as the HTTP response must carry it. */
+#ifndef KVS_SERVER_API_H
+#define KVS_SERVER_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/sampler.h"
+#include "server/chat_template.h"
+
+#define SRV_MAX_N 128 /* choices per request, as OpenAI */
+
+typedef struct srv_error {
+    int status;        /* HTTP status */
+    const char *type;  /* invalid_request_error, ... (static) */
+    char param[48];    /* field name, "" = null */
+    const char *code;  /* e.g. "context_length_exceeded", NULL = null */
+    char message[256];
+} srv_error;
+
+/* Fills e and returns -1 (so callers can `return srv_error_set(...)`). type is derived from
+ * status as in API.md. */
+int srv_error_set(srv_error *e, int status, const char *param, const char *code, const char *fmt,
+                  ...) __attribute__((format(printf, 5, 6)));
+/* The {"error":{...}} body, malloc'd (NULL on OOM). */
+char *srv_error_json(const srv_error *e);
+
+typedef struct srv_request {
+    bool chat;
+    char *model;         /* as given, or NULL */
+    char *prompt_text;   /* string prompt (completions) or the rendered chat; NULL if ids */
+    int32_t *prompt_ids; /* token-id prompt (completions only) */
+    size_t n_prompt_ids;
+    bool has_max_tokens;
+    uint32_t max_tokens;
+    uint32_t n;
+    sampler_params sampling;
+    bool has_seed;
+    bool ignore_eos;
+    char *stop[4];
+    int n_stop;
+    int n_top_logprobs; /* -1 = no logprobs */
+    bool stream;
+    bool include_usage;
+} srv_request;
+
+/* Parses and validates body. chat selects the endpoint's schema; tmpl renders messages;
+ * sampling fields not in the body keep defaults (sampler_default_params()).
+ * Returns 0, or -1 with e filled (400 for everything the client got wrong, 500 on OOM). */
+int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmpl tmpl,
+                      const sampler_params *defaults, srv_request *r, srv_error *e);
+void srv_request_free(srv_request *r);
+
+#endif

@@ -1,0 +1,40 @@
+/* Chat templates: renders OpenAI chat messages into prompt text for the common families,
+ * detected from the GGUF's tokenizer.chat_template by characteristic substrings (as llama.cpp's
+ * llm_chat_detect_template does; no Jinja interpreter). The rendered text is meant to be
+ * tokenized with parse_special=true so markers like <|im_start|> become their control tokens.
+ *
+ * PLAIN, for models without a template (stories260K): message contents joined by "\n" with no
+ * roles or markers, so a single user message "Once upon a time" renders to exactly that text.
+ * Pure functions, any thread. */
+#ifndef KVS_SERVER_CHAT_TEMPLATE_H
+#define KVS_SERVER_CHAT_TEMPLATE_H
+
+#include <stddef.h>
+
+enum srv_chat_tmpl {
+    SRV_CHAT_PLAIN = 0,
+    SRV_CHAT_CHATML,
+    SRV_CHAT_LLAMA2,
+    SRV_CHAT_LLAMA3,
+    SRV_CHAT_ZEPHYR,
+    SRV_CHAT_MISTRAL,
+    SRV_CHAT_GEMMA,
+    SRV_CHAT_PHI3,
+};
+
+typedef struct srv_chat_msg {
+    const char *role;    /* "system", "user", "assistant" (others passed through) */
+    const char *content; /* NUL-terminated */
+} srv_chat_msg;
+
+/* The family of a GGUF chat template (NULL or unrecognised: PLAIN). */
+enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
+/* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, plain. -1 if unknown. */
+int srv_chat_from_name(const char *name);
+const char *srv_chat_name(enum srv_chat_tmpl t);
+
+/* Renders msgs (with the assistant generation prompt at the end) into a malloc'd string.
+ * Returns 0 and *out, or KVS_ENOMEM. */
+int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n, char **out);
+
+#endif

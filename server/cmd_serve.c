@@ -1,0 +1,177 @@
+/* kvserve serve: configuration, model load, scheduler, HTTP daemon, and the shutdown sequence
+ * SIGINT/SIGTERM -> drain (503 for new requests) -> wait for in-flight requests up to
+ * --shutdown-timeout -> abort the rest (their streams get an error event) -> stop -> exit 0.
+ * Signals are blocked in every thread and taken synchronously with sigwait on the main thread,
+ * so no code runs in signal context. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/timeutil.h"
+#include "engine/model.h"
+#include "scheduler/scheduler.h"
+#include "server/chat_template.h"
+#include "server/commands.h"
+#include "server/config.h"
+#include "server/http.h"
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static int parse_level(const char *s, enum log_level *out)
+{
+    static const char *names[] = {"debug", "info", "warn", "error", "off"};
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(s, names[i])) {
+            *out = (enum log_level)i;
+            return 0;
+        }
+    return -1;
+}
+
+/* Waits (polling the counters only during shutdown) until no generation request is in
+ * flight or the deadline passes. */
+static bool wait_idle(srv_server *srv, double deadline)
+{
+    while (srv_n_active(srv) > 0) {
+        if (time_now_s() >= deadline)
+            return false;
+        sleep_ms(20);
+    }
+    return true;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    srv_config cfg;
+    srv_config_defaults(&cfg);
+    char err[512] = "";
+    int exit_code = 1;
+    engine_model *model = NULL;
+    sched *sc = NULL;
+    srv_server *srv = NULL;
+
+    if (srv_config_parse(&cfg, argc, argv, err, sizeof err)) {
+        fprintf(stderr, "kvserve serve: %s\n", err);
+        srv_config_free(&cfg);
+        return 2;
+    }
+    if (cfg.help) {
+        srv_config_usage(stdout);
+        srv_config_free(&cfg);
+        return 0;
+    }
+    enum log_level lvl;
+    if (parse_level(cfg.log_level ? cfg.log_level : "info", &lvl)) {
+        fprintf(stderr, "kvserve serve: invalid --log-level '%s' (debug|info|warn|error)\n",
+                cfg.log_level);
+        srv_config_free(&cfg);
+        return 2;
+    }
+    log_set_level(lvl);
+    int forced_tmpl = -1;
+    if (cfg.chat_template && (forced_tmpl = srv_chat_from_name(cfg.chat_template)) < 0) {
+        fprintf(stderr,
+                "kvserve serve: unknown --chat-template '%s' "
+                "(chatml|llama2|llama3|zephyr|mistral|gemma|phi3|plain)\n",
+                cfg.chat_template);
+        srv_config_free(&cfg);
+        return 2;
+    }
+    if (!cfg.model) {
+        fprintf(stderr, "kvserve serve: no model given (-m MODEL.gguf; see --help)\n");
+        srv_config_free(&cfg);
+        return 2;
+    }
+    if (access(cfg.model, R_OK) != 0) {
+        fprintf(stderr, "kvserve serve: cannot read model %s: %s\n", cfg.model, strerror(errno));
+        srv_config_free(&cfg);
+        return 1;
+    }
+    if (cfg.block_size == 0 || cfg.max_num_seqs == 0 || cfg.max_batched_tokens == 0 ||
+        cfg.kv_cache_mb == 0 || cfg.max_body_bytes == 0) {
+        fprintf(stderr, "kvserve serve: --block-size, --max-num-seqs, --max-batched-tokens, "
+                        "--kv-cache-mb and --max-body-bytes must be positive\n");
+        srv_config_free(&cfg);
+        return 2;
+    }
+
+    /* Block the signals before any thread starts so every thread inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    /* Listen first, so a port in use fails fast and /health says 503 while loading. */
+    if (srv_start(&cfg, &srv, err, sizeof err)) {
+        fprintf(stderr, "kvserve serve: %s\n", err);
+        goto out;
+    }
+    log_info("listening on http://%s:%u", cfg.host, (unsigned)srv_port(srv));
+
+    engine_load_params lp = {.verbose = true};
+    if (engine_model_load(cfg.model, &lp, &model, err, sizeof err)) {
+        fprintf(stderr, "kvserve serve: cannot load %s: %s\n", cfg.model, err);
+        goto out;
+    }
+    const engine_hparams *hp = engine_model_hparams(model);
+    sched_params sp = sched_default_params();
+    sp.max_num_seqs = cfg.max_num_seqs;
+    sp.max_queue = cfg.max_queue;
+    sp.max_batched_tokens = cfg.max_batched_tokens;
+    sp.kv_cache_mb = cfg.kv_cache_mb;
+    sp.block_size = cfg.block_size;
+    sp.prefix_cache = !cfg.no_prefix_cache;
+    if (cfg.threads)
+        sp.n_threads = cfg.threads;
+    sp.n_ctx = cfg.ctx_size;
+    int rc = sched_create(&sp, model, &sc);
+    if (rc) {
+        fprintf(stderr, "kvserve serve: cannot start the scheduler: %s\n", status_str(rc));
+        goto out;
+    }
+    uint32_t n_ctx = cfg.ctx_size ? cfg.ctx_size : hp->n_ctx_train;
+    enum srv_chat_tmpl tmpl = forced_tmpl >= 0
+                                  ? (enum srv_chat_tmpl)forced_tmpl
+                                  : srv_chat_detect(engine_model_chat_template(model));
+    const char *name = cfg.served_model_name ? cfg.served_model_name : engine_model_name(model);
+    srv_set_ready(srv, model, sc, name, tmpl, n_ctx);
+    log_info("serving model '%s' (context %u, chat template %s) on http://%s:%u", name, n_ctx,
+             srv_chat_name(tmpl), cfg.host, (unsigned)srv_port(srv));
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0) {
+    }
+    log_info("received %s: draining (up to %.0f s for %u requests in flight)",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", cfg.shutdown_timeout, srv_n_active(srv));
+    srv_begin_drain(srv);
+    sched_drain(sc);
+    if (!wait_idle(srv, time_now_s() + cfg.shutdown_timeout)) {
+        log_warn("shutdown timeout: aborting %u requests", srv_n_active(srv));
+        sched_abort_all(sc);
+        /* Aborted streams still have to write their error event. */
+        wait_idle(srv, time_now_s() + 2.0);
+    }
+    exit_code = 0;
+out:
+    srv_stop(srv);       /* releases requests still held: needs the scheduler alive */
+    sched_destroy(sc);   /* no notify after this */
+    srv_destroy(srv);
+    engine_model_destroy(model);
+    if (exit_code == 0)
+        log_info("stopped");
+    srv_config_free(&cfg);
+    return exit_code;
+}

@@ -1,0 +1,323 @@
+/* Configuration parsing. One table describes every setting (flag name, type, field, default
+ * text, help), so --help, the JSON file and the flags can never disagree. */
+#include "server/config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/status.h"
+
+enum opt_type { OPT_STR, OPT_U32, OPT_U64, OPT_DBL, OPT_FLAG };
+
+typedef struct opt {
+    const char *name;  /* long flag without "--" */
+    char short_name;   /* 0 = none */
+    enum opt_type type;
+    size_t off;        /* offsetof(srv_config, field) */
+    const char *defval; /* shown by --help and written to configs/default.json */
+    const char *help;
+} opt;
+
+#define OFF(f) offsetof(srv_config, f)
+static const opt k_opts[] = {
+    {"model", 'm', OPT_STR, OFF(model), "", "GGUF model file (required)"},
+    {"host", 0, OPT_STR, OFF(host), "127.0.0.1", "address to listen on"},
+    {"port", 0, OPT_U32, OFF(port), "8080", "TCP port (0 = any free port, logged at start)"},
+    {"threads", 0, OPT_U32, OFF(threads), "0", "engine compute threads (0 = all cores)"},
+    {"kv-cache-mb", 0, OPT_U32, OFF(kv_cache_mb), "256", "KV cache pool size in MiB"},
+    {"block-size", 0, OPT_U32, OFF(block_size), "16", "tokens per KV cache block"},
+    {"max-num-seqs", 0, OPT_U32, OFF(max_num_seqs), "64", "sequences running at once"},
+    {"max-batched-tokens", 0, OPT_U32, OFF(max_batched_tokens), "512", "tokens per engine step"},
+    {"max-queue", 0, OPT_U32, OFF(max_queue), "256", "waiting requests before 429"},
+    {"ctx-size", 0, OPT_U32, OFF(ctx_size), "0", "context length (0 = the model's)"},
+    {"served-model-name", 0, OPT_STR, OFF(served_model_name), "",
+     "model id in the API (default: the model's general.name)"},
+    {"api-key", 0, OPT_STR, OFF(api_key), "",
+     "require 'Authorization: Bearer KEY' (empty = no auth; /health stays open)"},
+    {"max-body-bytes", 0, OPT_U64, OFF(max_body_bytes), "1048576",
+     "largest request body accepted (larger: 413)"},
+    {"shutdown-timeout", 0, OPT_DBL, OFF(shutdown_timeout), "30",
+     "seconds to let in-flight requests finish after SIGINT/SIGTERM"},
+    {"chat-template", 0, OPT_STR, OFF(chat_template), "",
+     "chatml|llama2|llama3|zephyr|mistral|gemma|phi3|plain (default: detect from the model)"},
+    {"no-prefix-cache", 0, OPT_FLAG, OFF(no_prefix_cache), "false",
+     "do not reuse cached prompt blocks"},
+    {"log-level", 0, OPT_STR, OFF(log_level), "info", "debug|info|warn|error"},
+    {"http-threads", 0, OPT_U32, OFF(http_threads), "2", "HTTP polling threads"},
+};
+#define N_OPTS (sizeof k_opts / sizeof k_opts[0])
+
+static int set_str(char **dst, const char *v)
+{
+    char *s = NULL;
+    if (v && *v) {
+        s = strdup(v);
+        if (!s)
+            return KVS_ENOMEM;
+    }
+    free(*dst);
+    *dst = s;
+    return 0;
+}
+
+/* Applies text value v to option o; 0 or KVS_EINVAL with err set. */
+static int opt_set(srv_config *c, const opt *o, const char *v, char *err, size_t err_len)
+{
+    void *field = (char *)c + o->off;
+    char *end = NULL;
+    errno = 0;
+    switch (o->type) {
+    case OPT_STR:
+        return set_str((char **)field, v);
+    case OPT_U32:
+    case OPT_U64: {
+        if (!*v || *v == '-')
+            goto bad;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (errno || *end || (o->type == OPT_U32 && x > UINT32_MAX))
+            goto bad;
+        if (o->type == OPT_U32)
+            *(uint32_t *)field = (uint32_t)x;
+        else
+            *(uint64_t *)field = x;
+        return 0;
+    }
+    case OPT_DBL: {
+        double x = strtod(v, &end);
+        if (!*v || errno || *end || !(x >= 0))
+            goto bad;
+        *(double *)field = x;
+        return 0;
+    }
+    case OPT_FLAG:
+        if (!strcmp(v, "true") || !strcmp(v, "1"))
+            *(bool *)field = true;
+        else if (!strcmp(v, "false") || !strcmp(v, "0"))
+            *(bool *)field = false;
+        else
+            goto bad;
+        return 0;
+    }
+bad:
+    snprintf(err, err_len, "invalid value '%s' for --%s", v, o->name);
+    return KVS_EINVAL;
+}
+
+void srv_config_defaults(srv_config *c)
+{
+    memset(c, 0, sizeof *c);
+    char err[64];
+    for (size_t i = 0; i < N_OPTS; i++)
+        opt_set(c, &k_opts[i], k_opts[i].defval, err, sizeof err);
+}
+
+void srv_config_free(srv_config *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (k_opts[i].type == OPT_STR) {
+            char **p = (char **)((char *)c + k_opts[i].off);
+            free(*p);
+            *p = NULL;
+        }
+}
+
+/* Finds an option by key, treating '_' and '-' alike. */
+static const opt *opt_find(const char *key, size_t len)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const char *n = k_opts[i].name;
+        if (strlen(n) != len)
+            continue;
+        size_t j = 0;
+        for (; j < len; j++) {
+            char a = key[j] == '_' ? '-' : key[j];
+            if (a != n[j])
+                break;
+        }
+        if (j == len)
+            return &k_opts[i];
+    }
+    return NULL;
+}
+
+int srv_config_apply_json(srv_config *c, const char *json, char *err, size_t err_len)
+{
+    cJSON *root = cJSON_Parse(json);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        snprintf(err, err_len, "config file is not a JSON object");
+        return KVS_EINVAL;
+    }
+    int rc = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root)
+    {
+        const opt *o = opt_find(it->string, strlen(it->string));
+        if (!o || !strcmp(o->name, "config")) {
+            snprintf(err, err_len, "config file: unknown key \"%s\"", it->string);
+            rc = KVS_EINVAL;
+            break;
+        }
+        char buf[64];
+        const char *v = NULL;
+        if (cJSON_IsString(it) && (o->type == OPT_STR))
+            v = it->valuestring;
+        else if (cJSON_IsNull(it) && o->type == OPT_STR)
+            v = "";
+        else if (cJSON_IsBool(it) && o->type == OPT_FLAG)
+            v = cJSON_IsTrue(it) ? "true" : "false";
+        else if (cJSON_IsNumber(it) && o->type != OPT_STR && o->type != OPT_FLAG) {
+            double d = it->valuedouble;
+            if (o->type == OPT_DBL)
+                snprintf(buf, sizeof buf, "%.17g", d);
+            else if (d >= 0 && d == (double)(uint64_t)d)
+                snprintf(buf, sizeof buf, "%llu", (unsigned long long)d);
+            else
+                snprintf(buf, sizeof buf, "%g", d);
+            v = buf;
+        }
+        if (!v) {
+            snprintf(err, err_len, "config file: key \"%s\" has the wrong type", it->string);
+            rc = KVS_EINVAL;
+            break;
+        }
+        if ((rc = opt_set(c, o, v, err, err_len)) != 0)
+            break;
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+static int read_file(const char *path, char **out, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, err_len, "cannot open config file %s: %s", path, strerror(errno));
+        return KVS_EIO;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n < cap - 1)
+            break;
+        if (cap > (1u << 24)) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    fclose(f);
+    if (!buf) {
+        snprintf(err, err_len, "config file %s is too large", path);
+        return KVS_ENOMEM;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    return 0;
+}
+
+int srv_config_parse(srv_config *c, int argc, char **argv, char *err, size_t err_len)
+{
+    /* The file first, so that flags given anywhere override it. */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *path = NULL;
+        if (!strcmp(a, "--config")) {
+            if (i + 1 >= argc) {
+                snprintf(err, err_len, "--config needs a value");
+                return KVS_EINVAL;
+            }
+            path = argv[++i];
+        } else if (!strncmp(a, "--config=", 9)) {
+            path = a + 9;
+        }
+        if (path) {
+            char *text = NULL;
+            int rc = read_file(path, &text, err, err_len);
+            if (rc)
+                return KVS_EINVAL;
+            rc = srv_config_apply_json(c, text, err, err_len);
+            free(text);
+            if (rc)
+                return rc;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            c->help = true;
+            continue;
+        }
+        if (!strcmp(a, "--config")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(a, "--config=", 9))
+            continue;
+        const opt *o = NULL;
+        const char *val = NULL;
+        if (a[0] == '-' && a[1] == '-') {
+            const char *name = a + 2;
+            const char *eq = strchr(name, '=');
+            size_t len = eq ? (size_t)(eq - name) : strlen(name);
+            o = opt_find(name, len);
+            if (eq)
+                val = eq + 1;
+        } else if (a[0] == '-' && a[1] && !a[2]) {
+            for (size_t k = 0; k < N_OPTS; k++)
+                if (k_opts[k].short_name == a[1])
+                    o = &k_opts[k];
+        }
+        if (!o) {
+            snprintf(err, err_len, "unknown option '%s' (see kvserve serve --help)", a);
+            return KVS_EINVAL;
+        }
+        if (!val) {
+            if (o->type == OPT_FLAG) {
+                val = "true";
+            } else {
+                if (i + 1 >= argc) {
+                    snprintf(err, err_len, "--%s needs a value", o->name);
+                    return KVS_EINVAL;
+                }
+                val = argv[++i];
+            }
+        }
+        int rc = opt_set(c, o, val, err, err_len);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+void srv_config_usage(FILE *out)
+{
+    fprintf(out, "usage: kvserve serve -m MODEL.gguf [options]\n\n"
+                 "Serves the OpenAI-compatible HTTP API (see docs). Options (default in []):\n");
+    fprintf(out, "  %-28s %s\n", "--config FILE",
+            "JSON file with any of these settings (keys as below, '-' or '_'); flags override it");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const opt *o = &k_opts[i];
+        char flag[64];
+        const char *arg = o->type == OPT_FLAG ? "" : o->type == OPT_STR ? " STR" : " N";
+        if (o->short_name)
+            snprintf(flag, sizeof flag, "-%c, --%s%s", o->short_name, o->name, arg);
+        else
+            snprintf(flag, sizeof flag, "--%s%s", o->name, arg);
+        fprintf(out, "  %-28s %s [%s]\n", flag, o->help, o->defval);
+    }
+    fprintf(out, "  %-28s %s\n", "-h, --help", "show this help");
+}

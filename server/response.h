@@ -1,0 +1,53 @@
+/* Response bodies of the generation endpoints: whole completions, SSE chunks, the usage chunk,
+ * and OpenAI-shaped logprobs. Strings returned are malloc'd (NULL on OOM). Any thread. */
+#ifndef KVS_SERVER_RESPONSE_H
+#define KVS_SERVER_RESPONSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/tokenizer.h"
+#include "scheduler/scheduler.h"
+
+typedef struct srv_resp_ctx {
+    bool chat;
+    const char *id;    /* cmpl-… / chatcmpl-… shared by every chunk */
+    long long created; /* unix seconds, shared by every chunk */
+    const char *model; /* served name */
+    const tok_vocab *vocab;
+    int n_top_logprobs; /* -1: no logprobs */
+} srv_resp_ctx;
+
+/* What one choice produced, accumulated from its events. */
+typedef struct srv_choice {
+    char *text;
+    size_t len, cap;
+    sched_token_info *toks; /* when logprobs were asked for */
+    size_t n_toks, cap_toks;
+    enum sched_finish finish;
+    int status;
+    uint32_t completion_tokens;
+} srv_choice;
+
+/* Appends an event's text and tokens to c; KVS_ENOMEM. */
+int srv_choice_add(srv_choice *c, const sched_event *ev);
+void srv_choice_free(srv_choice *c);
+
+const char *srv_finish_str(enum sched_finish f); /* "stop", "length", NULL */
+
+/* The non-streaming body. */
+char *srv_resp_full(const srv_resp_ctx *x, const srv_choice *ch, uint32_t n, uint32_t prompt_tokens,
+                    uint32_t cached_tokens);
+/* One "data: {…}\n\n" SSE event for a delta of choice idx (role_only: the chat opening chunk
+ * with role "assistant" and empty content). finish NONE gives finish_reason null. text_offset
+ * is the choice's text length before this delta (completions logprobs). */
+char *srv_resp_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size_t len,
+                     const sched_token_info *toks, uint32_t n_toks, enum sched_finish finish,
+                     bool role_only, size_t text_offset);
+/* The final usage chunk (choices: []), as an SSE event. */
+char *srv_resp_usage_chunk(const srv_resp_ctx *x, uint32_t prompt_tokens, uint32_t completion_tokens);
+/* "data: {json}\n\n" around an error body. */
+char *srv_sse_wrap(const char *json);
+
+#endif

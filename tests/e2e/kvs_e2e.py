@@ -1,0 +1,151 @@
+"""Helpers for kvserve end-to-end tests: start the real server on an ephemeral loopback port,
+talk to it with the standard library only, and stop it.
+
+Environment: KVSERVE_BIN (the built kvserve), KVS_SHARED_MODELS (folder with stories260K.gguf
+and reference/). Tests skip with a message when either is missing."""
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+BIN = os.environ.get("KVSERVE_BIN", "")
+MODELS = os.environ.get("KVS_SHARED_MODELS") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "shared", "models")
+MODEL = os.path.join(MODELS, "stories260K.gguf")
+REFERENCE = os.path.join(MODELS, "reference", "stories260K-greedy.json")
+
+
+def require_server(testcase=None):
+    """Raises SkipTest unless the binary and the model are present."""
+    if not BIN or not os.access(BIN, os.X_OK):
+        raise unittest.SkipTest("KVSERVE_BIN not set or not executable")
+    if not os.path.exists(MODEL):
+        raise unittest.SkipTest(MODEL + " not found (tests read ../shared/models; see MODELS.md)")
+
+
+def load_reference():
+    with open(REFERENCE) as f:
+        return json.load(f)["cases"]
+
+
+class Server:
+    """A kvserve serve process on 127.0.0.1 with --port 0; stderr goes to a temp file."""
+
+    def __init__(self, *extra, ctx=512, wait=True):
+        self.log = tempfile.NamedTemporaryFile(prefix="kvserve-e2e-", suffix=".log", delete=False)
+        args = [BIN, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", "0",
+                "--ctx-size", str(ctx), "--threads", "1", "--http-threads", "2"] + list(extra)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.port = None
+        if wait:
+            self.wait_ready()
+
+    def stderr(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def wait_ready(self, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvserve exited with %d:\n%s" % (self.proc.returncode, self.stderr()))
+            if self.port is None:
+                m = re.search(r"listening on http://[^:]+:(\d+)", self.stderr())
+                if m:
+                    self.port = int(m.group(1))
+            if self.port is not None:
+                try:
+                    st, _, _ = self.request("GET", "/health")
+                    if st == 200:
+                        return
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError("kvserve did not become ready:\n" + self.stderr())
+
+    def conn(self, timeout=60):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        """Returns (status, headers dict, body bytes). body is JSON-encoded unless raw is given."""
+        c = self.conn()
+        try:
+            h = dict(headers or {})
+            data = raw
+            if body is not None:
+                data = json.dumps(body).encode()
+                h.setdefault("Content-Type", "application/json")
+            c.request(method, path, body=data, headers=h)
+            r = c.getresponse()
+            return r.status, dict((k.lower(), v) for k, v in r.getheaders()), r.read()
+        finally:
+            c.close()
+
+    def post(self, path, body, headers=None):
+        st, h, data = self.request("POST", path, body, headers)
+        return st, json.loads(data) if data else None
+
+    def stream(self, path, body, headers=None):
+        """POSTs a streaming request; returns (status, list of parsed events, saw_done)."""
+        c = self.conn()
+        try:
+            h = {"Content-Type": "application/json"}
+            h.update(headers or {})
+            c.request("POST", path, body=json.dumps(body).encode(), headers=h)
+            r = c.getresponse()
+            if r.status != 200:
+                return r.status, [json.loads(r.read())], False
+            assert r.getheader("Content-Type", "").startswith("text/event-stream")
+            return 200, *parse_sse(r.read().decode())
+        finally:
+            c.close()
+
+    def metrics(self):
+        st, _, data = self.request("GET", "/metrics")
+        assert st == 200
+        out = {}
+        for line in data.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        text = self.stderr()
+        os.unlink(self.log.name)
+        # Sanitizer builds report at exit: surface them in the test output.
+        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+            if marker in text:
+                print("\n--- kvserve stderr (%s) ---\n%s" % (marker, text))
+                break
+        return self.proc.returncode
+
+
+def parse_sse(text):
+    """Splits an SSE body into parsed JSON events; returns (events, saw_done)."""
+    events, done = [], False
+    for block in text.split("\n\n"):
+        block = block.strip("\n")
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        payload = block[6:]
+        if payload == "[DONE]":
+            done = True
+            continue
+        assert not done, "event after [DONE]"
+        events.append(json.loads(payload))
+    return events, done

@@ -1,0 +1,297 @@
+/* Server pieces that need no model: request validation (field named in the error), config
+ * parsing (file + flags), and the Prometheus text (cumulative buckets, no colons). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "server/api.h"
+#include "server/config.h"
+#include "server/metrics.h"
+
+static const sampler_params k_defaults = {.temperature = 1, .top_p = 1, .repetition_penalty = 1};
+
+static int parse(const char *body, bool chat, srv_request *r, srv_error *e)
+{
+    return srv_request_parse(body, strlen(body), chat, SRV_CHAT_PLAIN, &k_defaults, r, e);
+}
+
+static void expect_400(const char *body, bool chat, const char *param)
+{
+    srv_request r;
+    srv_error e;
+    memset(&e, 0, sizeof e);
+    if (parse(body, chat, &r, &e) == 0)
+        fail_msg("accepted: %s", body);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.type, "invalid_request_error");
+    assert_string_equal(e.param, param);
+}
+
+static void test_completion_ok(void **state)
+{
+    (void)state;
+    srv_request r;
+    srv_error e;
+    assert_int_equal(parse("{\"prompt\":\"Once\",\"max_tokens\":5,\"temperature\":0,"
+                           "\"stop\":[\"a\",\"b\"],\"n\":2,\"seed\":7,\"logprobs\":3,"
+                           "\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                           "\"user\":\"u\",\"unknown_field\":[1,2]}",
+                           false, &r, &e),
+                     0);
+    assert_string_equal(r.prompt_text, "Once");
+    assert_true(r.has_max_tokens);
+    assert_int_equal(r.max_tokens, 5);
+    assert_true(r.sampling.temperature == 0.0f);
+    assert_true(r.sampling.top_p == 1.0f);
+    assert_int_equal(r.n_stop, 2);
+    assert_string_equal(r.stop[1], "b");
+    assert_int_equal(r.n, 2);
+    assert_true(r.has_seed);
+    assert_int_equal(r.sampling.seed, 7);
+    assert_int_equal(r.n_top_logprobs, 3);
+    assert_true(r.stream && r.include_usage);
+    srv_request_free(&r);
+
+    assert_int_equal(parse("{\"prompt\":[1,403,407]}", false, &r, &e), 0);
+    assert_null(r.prompt_text);
+    assert_int_equal(r.n_prompt_ids, 3);
+    assert_int_equal(r.prompt_ids[1], 403);
+    assert_false(r.has_max_tokens);
+    assert_int_equal(r.max_tokens, 16);
+    assert_int_equal(r.n_top_logprobs, -1);
+    srv_request_free(&r);
+
+    assert_int_equal(parse("{\"prompt\":[\"one\"],\"max_completion_tokens\":9,\"stop\":\"x\"}",
+                           false, &r, &e),
+                     0);
+    assert_string_equal(r.prompt_text, "one");
+    assert_int_equal(r.max_tokens, 9);
+    assert_int_equal(r.n_stop, 1);
+    srv_request_free(&r);
+}
+
+static void test_chat_ok(void **state)
+{
+    (void)state;
+    srv_request r;
+    srv_error e;
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],"
+                           "\"logprobs\":true,\"top_logprobs\":2}",
+                           true, &r, &e),
+                     0);
+    assert_string_equal(r.prompt_text, "Once upon a time");
+    assert_int_equal(r.n_top_logprobs, 2);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"system\",\"content\":\"A\"},"
+                           "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"B\"},"
+                           "{\"type\":\"text\",\"text\":\"C\"}]}]}",
+                           true, &r, &e),
+                     0);
+    assert_string_equal(r.prompt_text, "A\nB\nC");
+    assert_int_equal(r.n_top_logprobs, -1);
+    srv_request_free(&r);
+}
+
+static void test_rejects(void **state)
+{
+    (void)state;
+    expect_400("{\"prompt\":", false, "");
+    expect_400("[1,2]", false, "");
+    expect_400("{}", false, "prompt");
+    expect_400("{\"prompt\":5}", false, "prompt");
+    expect_400("{\"prompt\":[1,\"a\"]}", false, "prompt");
+    expect_400("{\"prompt\":[]}", false, "prompt");
+    expect_400("{\"prompt\":[\"a\",\"b\"]}", false, "prompt");
+    expect_400("{\"prompt\":\"a\",\"max_tokens\":0}", false, "max_tokens");
+    expect_400("{\"prompt\":\"a\",\"max_tokens\":\"5\"}", false, "max_tokens");
+    expect_400("{\"prompt\":\"a\",\"max_tokens\":1.5}", false, "max_tokens");
+    expect_400("{\"prompt\":\"a\",\"max_completion_tokens\":-1}", false, "max_completion_tokens");
+    expect_400("{\"prompt\":\"a\",\"temperature\":-0.1}", false, "temperature");
+    expect_400("{\"prompt\":\"a\",\"temperature\":\"hot\"}", false, "temperature");
+    expect_400("{\"prompt\":\"a\",\"top_p\":0}", false, "top_p");
+    expect_400("{\"prompt\":\"a\",\"top_p\":1.5}", false, "top_p");
+    expect_400("{\"prompt\":\"a\",\"top_k\":-2}", false, "top_k");
+    expect_400("{\"prompt\":\"a\",\"min_p\":2}", false, "min_p");
+    expect_400("{\"prompt\":\"a\",\"presence_penalty\":3}", false, "presence_penalty");
+    expect_400("{\"prompt\":\"a\",\"frequency_penalty\":-3}", false, "frequency_penalty");
+    expect_400("{\"prompt\":\"a\",\"repetition_penalty\":0}", false, "repetition_penalty");
+    expect_400("{\"prompt\":\"a\",\"n\":0}", false, "n");
+    expect_400("{\"prompt\":\"a\",\"n\":1000}", false, "n");
+    expect_400("{\"prompt\":\"a\",\"seed\":\"x\"}", false, "seed");
+    expect_400("{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", false, "stop");
+    expect_400("{\"prompt\":\"a\",\"stop\":[1]}", false, "stop");
+    expect_400("{\"prompt\":\"a\",\"stop\":3}", false, "stop");
+    expect_400("{\"prompt\":\"a\",\"logprobs\":6}", false, "logprobs");
+    expect_400("{\"prompt\":\"a\",\"stream\":\"yes\"}", false, "stream");
+    expect_400("{\"prompt\":\"a\",\"ignore_eos\":1}", false, "ignore_eos");
+    expect_400("{\"prompt\":\"a\",\"model\":3}", false, "model");
+    expect_400("{\"prompt\":\"a\",\"user\":3}", false, "user");
+    expect_400("{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}", false,
+               "stream_options.include_usage");
+    expect_400("{}", true, "messages");
+    expect_400("{\"messages\":[]}", true, "messages");
+    expect_400("{\"messages\":\"hi\"}", true, "messages");
+    expect_400("{\"messages\":[{\"content\":\"hi\"}]}", true, "messages");
+    expect_400("{\"messages\":[{\"role\":\"wizard\",\"content\":\"hi\"}]}", true, "messages");
+    expect_400("{\"messages\":[{\"role\":\"user\",\"content\":5}]}", true, "messages");
+    expect_400("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":3}", true,
+               "logprobs");
+    expect_400("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":2}", true,
+               "top_logprobs");
+    expect_400("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,"
+               "\"top_logprobs\":21}",
+               true, "top_logprobs");
+}
+
+static void test_error_json(void **state)
+{
+    (void)state;
+    srv_error e;
+    srv_error_set(&e, 400, "max_tokens", "context_length_exceeded", "too long: %d", 3);
+    char *s = srv_error_json(&e);
+    assert_string_equal(s, "{\"error\":{\"message\":\"too long: 3\",\"type\":"
+                           "\"invalid_request_error\",\"param\":\"max_tokens\",\"code\":"
+                           "\"context_length_exceeded\"}}");
+    free(s);
+    srv_error_set(&e, 429, NULL, NULL, "busy");
+    s = srv_error_json(&e);
+    assert_string_equal(s, "{\"error\":{\"message\":\"busy\",\"type\":\"rate_limit_error\","
+                           "\"param\":null,\"code\":null}}");
+    free(s);
+}
+
+static void test_config(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kvs_test_config_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *json = "{\"port\": 9000, \"max_queue\": 3, \"kv-cache-mb\": 64, "
+                       "\"api_key\": \"k\", \"no-prefix-cache\": true, \"shutdown_timeout\": 2.5}";
+    assert_int_equal(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+    close(fd);
+
+    srv_config c;
+    srv_config_defaults(&c);
+    assert_int_equal(c.port, 8080);
+    assert_int_equal(c.block_size, 16);
+    assert_string_equal(c.host, "127.0.0.1");
+    char err[256];
+    char *argv[] = {"serve", "--port", "9001", "--config", path, "-m", "x.gguf", "--ctx-size=512"};
+    assert_int_equal(srv_config_parse(&c, 8, argv, err, sizeof err), 0);
+    assert_int_equal(c.port, 9001); /* the flag beats the file */
+    assert_int_equal(c.max_queue, 3);
+    assert_int_equal(c.kv_cache_mb, 64);
+    assert_int_equal(c.ctx_size, 512);
+    assert_string_equal(c.api_key, "k");
+    assert_string_equal(c.model, "x.gguf");
+    assert_true(c.no_prefix_cache);
+    assert_true(c.shutdown_timeout == 2.5);
+    srv_config_free(&c);
+
+    srv_config_defaults(&c);
+    assert_int_equal(srv_config_apply_json(&c, "{\"prot\": 1}", err, sizeof err), KVS_EINVAL);
+    assert_non_null(strstr(err, "prot"));
+    assert_int_equal(srv_config_apply_json(&c, "{\"port\": \"x\"}", err, sizeof err),
+                     KVS_EINVAL);
+    char *bad[] = {"serve", "--bogus"};
+    assert_int_equal(srv_config_parse(&c, 2, bad, err, sizeof err), KVS_EINVAL);
+    char *badv[] = {"serve", "--port", "-3"};
+    assert_int_equal(srv_config_parse(&c, 3, badv, err, sizeof err), KVS_EINVAL);
+    srv_config_free(&c);
+    unlink(path);
+}
+
+/* configs/default.json must hold exactly the defaults (every key accepted, values unchanged). */
+static void test_default_json(void **state)
+{
+    (void)state;
+    FILE *f = fopen(KVS_SOURCE_ROOT "/configs/default.json", "rb");
+    assert_non_null(f);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    srv_config a, b;
+    srv_config_defaults(&a);
+    srv_config_defaults(&b);
+    char err[256] = "";
+    if (srv_config_apply_json(&b, buf, err, sizeof err))
+        fail_msg("%s", err);
+    assert_int_equal(a.port, b.port);
+    assert_int_equal(a.kv_cache_mb, b.kv_cache_mb);
+    assert_int_equal(a.max_body_bytes, b.max_body_bytes);
+    assert_int_equal(a.max_queue, b.max_queue);
+    assert_true(a.shutdown_timeout == b.shutdown_timeout);
+    assert_string_equal(a.host, b.host);
+    srv_config_free(&a);
+    srv_config_free(&b);
+}
+
+static void test_metrics(void **state)
+{
+    (void)state;
+    sched_metrics m;
+    memset(&m, 0, sizeof m);
+    m.kv_blocks_total = 100;
+    m.kv_blocks_used = 7;
+    m.generation_tokens_total = 42;
+    sched_hist *h = &m.time_to_first_token_seconds;
+    h->n_bounds = 3;
+    h->bounds[0] = 0.01;
+    h->bounds[1] = 0.1;
+    h->bounds[2] = 1;
+    h->counts[0] = 2;
+    h->counts[1] = 3;
+    h->counts[2] = 0;
+    h->counts[3] = 1;
+    h->count = 6;
+    h->sum = 2.5;
+    uint64_t req[SRV_N_STATUS] = {0};
+    req[srv_status_index(200)] = 5;
+    req[srv_status_index(429)] = 1;
+    char *t = srv_metrics_format(&m, req);
+    assert_non_null(t);
+    assert_non_null(strstr(t, "# TYPE kvserve_kv_blocks_used gauge\nkvserve_kv_blocks_used 7\n"));
+    assert_non_null(strstr(t, "kvserve_generation_tokens_total 42\n"));
+    assert_non_null(strstr(t, "kvserve_requests_total{status=\"200\"} 5\n"));
+    assert_non_null(strstr(t, "kvserve_requests_total{status=\"429\"} 1\n"));
+    assert_non_null(strstr(t, "# TYPE kvserve_time_to_first_token_seconds histogram\n"));
+    assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"0.01\"} 2\n"));
+    assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"0.10000000000000001\"} 5\n") ||
+                    strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"0.1\"} 5\n"));
+    assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"1\"} 5\n"));
+    assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"+Inf\"} 6\n"));
+    assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_count 6\n"));
+    /* Every sample line belongs to a family with HELP and TYPE, and no name has a colon. */
+    for (char *line = t; *line;) {
+        char *nl = strchr(line, '\n');
+        assert_non_null(nl);
+        if (line[0] != '#') {
+            char *sp = strpbrk(line, "{ ");
+            assert_non_null(sp);
+            assert_null(memchr(line, ':', (size_t)(sp - line)));
+            assert_memory_equal(line, "kvserve_", 8);
+        }
+        line = nl + 1;
+    }
+    free(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_completion_ok), cmocka_unit_test(test_chat_ok),
+        cmocka_unit_test(test_rejects),       cmocka_unit_test(test_error_json),
+        cmocka_unit_test(test_config),        cmocka_unit_test(test_default_json),
+        cmocka_unit_test(test_metrics),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
