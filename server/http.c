@@ -701,6 +701,7 @@ static enum MHD_Result do_generate(srv_conn *c)
     for (int i = 0; i < rq->n_stop && i < SCHED_MAX_STOP; i++)
         p.stop[i] = rq->stop[i];
     p.n_top_logprobs = rq->n_top_logprobs;
+    p.notify_on_finish_only = !rq->stream; /* the whole body is built at the end */
 
     make_id(s, chat ? "chatcmpl-" : "cmpl-", c->id, sizeof c->id);
     c->rx.chat = chat;
