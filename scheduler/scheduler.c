@@ -588,7 +588,7 @@ static bool sample_and_emit(sched *s, seq *q, const float *row_in, float *scratc
         fin = SCHED_FINISH_STOP;
     } else {
         /* Decode into the held buffer, then release what cannot start a stop string. */
-        char piece[512];
+        char piece[4096]; /* tok_decoder_push needs 64 + 3 x the piece: far above any vocab entry */
         int n = tok_decoder_push(s->vocab, &q->dec, tok, piece, sizeof piece);
         if (n > (int)sizeof piece)
             n = (int)sizeof piece;
