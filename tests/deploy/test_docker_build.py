@@ -297,6 +297,35 @@ class Dockerfile(unittest.TestCase):
                 base, "nginx.conf")))
         self.assertEqual(ngx["depends_on"]["kvserve"]["condition"], "service_healthy")
 
+    def test_6_kubernetes_manifests_in_deploy_md(self):
+        try:
+            import yaml
+        except ImportError:
+            self.skipTest("python3-yaml not installed")
+        with open(os.path.join(ROOT, "docs", "DEPLOY.md")) as f:
+            blocks = re.findall(r"```yaml\n(.*?)```", f.read(), flags=re.S)
+        docs = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict)]
+        kinds = {d.get("kind"): d for d in docs}
+        dep, svc = kinds["Deployment"], kinds["Service"]
+        pod = dep["spec"]["template"]["spec"]
+        self.assertEqual(dep["spec"]["selector"]["matchLabels"], svc["spec"]["selector"])
+        c = pod["containers"][0]
+        for probe in ("readinessProbe", "livenessProbe"):
+            self.assertEqual(c[probe]["httpGet"]["path"], "/health", probe)
+        self.assertEqual(str(c["resources"]["requests"]["cpu"]), "2")
+        self.assertEqual(c["args"][c["args"].index("--threads") + 1], "2")
+        self.assertTrue(c["args"][c["args"].index("-m") + 1].startswith("/models/"))
+        self.assertIn(8080, [p["containerPort"] for p in c["ports"]])
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        self.assertIn("/models", mounts.values())
+        self.assertIn(next(k for k, v in mounts.items() if v == "/models"),
+                      [v["name"] for v in pod["volumes"]])
+        # The uid the manifest runs as is the one the image creates.
+        useradd = [a for i, a in self.stages[1]["instrs"] if i == "RUN" and "useradd" in a][0]
+        uid = int(re.search(r"--uid (\d+)", useradd).group(1))
+        self.assertEqual(pod["securityContext"]["runAsUser"], uid)
+        self.assertGreater(pod["terminationGracePeriodSeconds"], 30, "> --shutdown-timeout")
+
 
 def main():
     if os.environ.get("KVS_SANITIZE", "none") not in ("", "none"):
