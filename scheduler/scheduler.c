@@ -46,8 +46,10 @@ struct sched_req {
     void *ud;
     double t_submit;
 
-    /* mu guards the event queue, the flags and refs (see scheduler.h) */
+    /* mu guards the event queue, the flags, refs and notifying (see scheduler.h) */
     pthread_mutex_t mu;
+    pthread_cond_t notify_done; /* signalled when a notify call returns */
+    int notifying;              /* notify calls in progress: release waits for them */
     event_node *head, *tail;
     uint32_t n_finished_taken; /* finishing events handed to the client */
     int refs;                  /* client + engine */
@@ -241,6 +243,7 @@ static void req_unref(sched_req *r)
         free(r->stop[i]);
     free(r->prompt);
     pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->notify_done);
     free(r);
 }
 
@@ -276,14 +279,25 @@ static void push_event(sched_req *r, sched_event *ev)
             r->head = n;
         r->tail = n;
     }
+    wake = wake && !gone && r->notify;
+    if (wake)
+        r->notifying++;
     pthread_mutex_unlock(&r->mu);
     if (gone) {
         sched_event_free(&n->ev);
         free(n);
         return;
     }
-    if (r->notify && wake)
+    if (wake) {
+        /* Outside the lock (the callback may take the client's own locks, which the client
+         * holds while calling sched_req_next); release waits for it, so the client's ud is
+         * never used after sched_req_release returns. */
         r->notify(r->ud);
+        pthread_mutex_lock(&r->mu);
+        if (--r->notifying == 0)
+            pthread_cond_broadcast(&r->notify_done);
+        pthread_mutex_unlock(&r->mu);
+    }
 }
 
 int sched_req_next(sched_req *r, sched_event *ev)
@@ -312,7 +326,11 @@ void sched_req_release(sched_req *r)
     if (!r)
         return;
     sched *s = r->owner;
+    pthread_mutex_lock(&r->mu);
     atomic_store(&r->released, true);
+    while (r->notifying)
+        pthread_cond_wait(&r->notify_done, &r->mu);
+    pthread_mutex_unlock(&r->mu);
     pthread_mutex_lock(&s->inbox_mu);
     s->wake = true;
     pthread_cond_signal(&s->inbox_cv);
@@ -343,10 +361,13 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
     sched_req *r = calloc(1, sizeof *r);
     if (!r)
         return KVS_ENOMEM;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->notify_done, NULL);
     r->owner = s;
     r->prompt = malloc(p->n_prompt * sizeof(int32_t));
     if (!r->prompt) {
-        free(r);
+        r->refs = 1;
+        req_unref(r);
         return KVS_ENOMEM;
     }
     memcpy(r->prompt, p->prompt, p->n_prompt * sizeof(int32_t));
@@ -376,7 +397,6 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
     r->notify = notify;
     r->ud = ud;
     r->t_submit = time_now_s();
-    pthread_mutex_init(&r->mu, NULL);
     r->refs = 2; /* the client's, and the engine thread's until every choice is finished */
 
     pthread_mutex_lock(&s->inbox_mu);

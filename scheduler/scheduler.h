@@ -116,7 +116,9 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
 int sched_req_next(sched_req *r, sched_event *ev);
 
 /* The client is done with r (finished, or gone: an unfinished request is cancelled and its
- * blocks return to the pool within one step). r must not be used afterwards. */
+ * blocks return to the pool within one step). r must not be used afterwards. Waits for a
+ * notify call in progress, so once this returns notify(ud) is never called again: do not
+ * call it while holding a lock that notify takes. */
 void sched_req_release(sched_req *r);
 
 /* A snapshot of the scheduler's gauges, counters and histograms (Prometheus-ready). */
