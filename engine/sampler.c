@@ -147,6 +147,42 @@ static void sort_candidates(int32_t *ids, size_t n, const float *keys)
     qsort(ids, n, sizeof *ids, cmp_by_key);
 }
 
+/* Moves the k candidates with the largest keys (ties: lower id) to ids[0..k), unordered, in
+ * O(n log k) with a min-heap, so top-k over a 32k vocabulary never sorts all of it. */
+static bool key_less(const float *keys, int32_t a, int32_t b)
+{
+    return keys[a] < keys[b] || (keys[a] == keys[b] && a > b);
+}
+
+static void heap_sift_down(int32_t *h, int32_t k, int32_t i, const float *keys)
+{
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < k && key_less(keys, h[l], h[m]))
+            m = l;
+        if (r < k && key_less(keys, h[r], h[m]))
+            m = r;
+        if (m == i)
+            return;
+        int32_t t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static void select_top_k(int32_t *ids, int32_t n, int32_t k, const float *keys)
+{
+    for (int32_t i = k / 2 - 1; i >= 0; i--)
+        heap_sift_down(ids, k, i, keys);
+    for (int32_t i = k; i < n; i++) {
+        if (key_less(keys, ids[0], ids[i])) {
+            ids[0] = ids[i];
+            heap_sift_down(ids, k, 0, keys);
+        }
+    }
+}
+
 /* Log-softmax value of logits[id] over all of logits. */
 static float log_softmax_at(const float *logits, int32_t n, int32_t id, float maxv)
 {
@@ -220,7 +256,8 @@ int32_t sampler_sample(sampler *s, float *logits, float *logprob, int n_top, int
         }
         bool sorted = false;
         if (p->top_k > 0 && p->top_k < n) {
-            sort_candidates(s->cand_id, (size_t)n, logits);
+            select_top_k(s->cand_id, n, p->top_k, logits);
+            sort_candidates(s->cand_id, (size_t)p->top_k, logits);
             sorted = true;
             n = p->top_k;
         }

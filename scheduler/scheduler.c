@@ -41,6 +41,7 @@ struct sched_req {
     int n_stop;
     size_t max_stop_len;
     int n_top_logprobs;
+    bool notify_on_finish_only;
     void (*notify)(void *ud);
     void *ud;
     double t_submit;
@@ -265,6 +266,7 @@ static void push_event(sched_req *r, sched_event *ev)
     }
     n->ev = *ev;
     n->next = NULL;
+    bool wake = !r->notify_on_finish_only || ev->finish != SCHED_FINISH_NONE;
     pthread_mutex_lock(&r->mu);
     bool gone = atomic_load(&r->released);
     if (!gone) {
@@ -280,7 +282,7 @@ static void push_event(sched_req *r, sched_event *ev)
         free(n);
         return;
     }
-    if (r->notify)
+    if (r->notify && wake)
         r->notify(r->ud);
 }
 
@@ -354,6 +356,7 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
     r->sampling = p->sampling;
     r->ignore_eos = p->ignore_eos;
     r->n_top_logprobs = p->n_top_logprobs;
+    r->notify_on_finish_only = p->notify_on_finish_only;
     for (int i = 0; i < SCHED_MAX_STOP; i++) {
         if (!p->stop[i] || !p->stop[i][0])
             continue;
@@ -585,7 +588,7 @@ static bool sample_and_emit(sched *s, seq *q, const float *row_in, float *scratc
         fin = SCHED_FINISH_STOP;
     } else {
         /* Decode into the held buffer, then release what cannot start a stop string. */
-        char piece[512];
+        char piece[4096]; /* tok_decoder_push needs 64 + 3 x the piece: far above any vocab entry */
         int n = tok_decoder_push(s->vocab, &q->dec, tok, piece, sizeof piece);
         if (n > (int)sizeof piece)
             n = (int)sizeof piece;

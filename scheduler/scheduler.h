@@ -73,6 +73,9 @@ typedef struct sched_request_params {
     bool ignore_eos;
     const char *stop[SCHED_MAX_STOP]; /* stop strings (copied); NULL entries unused */
     int n_top_logprobs;               /* -1: no logprobs; 0..20: logprobs with that many tops */
+    bool notify_on_finish_only;       /* call notify only for finishing events: a client that
+                                         reads everything at the end (non-streaming) is then
+                                         woken once per choice, not once per token */
 } sched_request_params;
 
 typedef struct sched_token_info {

@@ -106,6 +106,7 @@ typedef struct srv_conn {
     char reqid[32];
     double t_start, t_first;
     enum phase phase;
+    bool checked; /* answer_early has run */
     int status; /* HTTP status sent */
     bool client_gone;
 
@@ -780,6 +781,7 @@ static enum MHD_Result do_generate(srv_conn *c)
     for (int i = 0; i < rq->n_stop && i < SCHED_MAX_STOP; i++)
         p.stop[i] = rq->stop[i];
     p.n_top_logprobs = rq->n_top_logprobs;
+    p.notify_on_finish_only = !rq->stream; /* the whole body is built at the end */
 
     make_id(s, chat ? "chatcmpl-" : "cmpl-", c->id, sizeof c->id);
     c->rx.chat = chat;
@@ -843,6 +845,37 @@ static srv_conn *conn_new(srv_server *s, struct MHD_Connection *mc, const char *
     return c;
 }
 
+/* Second call of a request (MHD has its headers): health, auth, state, and the GET routes.
+ * Returns true with *r set if a response was queued. */
+static bool answer_early(srv_conn *c, const char *url, enum MHD_Result *r)
+{
+    srv_server *s = c->srv;
+    int st = atomic_load(&s->state);
+    if (c->route == R_HEALTH) {
+        if (st == ST_READY)
+            *r = send_json(c, 200, "{\"status\":\"ok\"}");
+        else
+            *r = fail(c, 503, NULL, NULL,
+                      st == ST_LOADING ? "the model is loading" : "the server is shutting down");
+        return true;
+    }
+    if (c->route != R_METRICS && !authorized(c)) {
+        *r = fail(c, 401, NULL, "invalid_api_key", "Invalid or missing API key");
+        return true;
+    }
+    if (st != ST_READY && c->route != R_METRICS) {
+        *r = fail(c, 503, NULL, NULL,
+                  st == ST_LOADING ? "the model is loading" : "the server is shutting down");
+        return true;
+    }
+    switch (c->route) {
+    case R_MODELS:
+    case R_MODEL_ONE: *r = do_models(c, url); return true;
+    case R_METRICS: *r = do_metrics(c); return true;
+    default: return false; /* a POST route: read its body */
+    }
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
@@ -862,19 +895,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         if (strcmp(method, post ? "POST" : "GET") &&
             !(strcmp(method, "HEAD") == 0 && !post))
             return fail(c, 405, NULL, NULL, "Method not allowed");
-        int st = atomic_load(&s->state);
-        if (c->route == R_HEALTH) {
-            if (st == ST_READY)
-                return send_json(c, 200, "{\"status\":\"ok\"}");
-            return fail(c, 503, NULL, NULL,
-                        st == ST_LOADING ? "the model is loading" : "the server is shutting down");
-        }
-        if (c->route != R_METRICS && !authorized(c))
-            return fail(c, 401, NULL, "invalid_api_key", "Invalid or missing API key");
-        if (st != ST_READY && c->route != R_METRICS)
-            return fail(c, 503, NULL, NULL,
-                        st == ST_LOADING ? "the model is loading" : "the server is shutting down");
         if (post) {
+            /* Refuse an oversized body before reading any of it (the connection then closes,
+             * which is what we want for a client that would send 100 MB). */
             const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
             if (cl) {
                 char *end;
@@ -882,16 +905,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                 if (n > s->cfg->max_body_bytes)
                     return fail(c, 413, NULL, NULL, "request body is too large");
             }
-            return MHD_YES;
         }
-        switch (c->route) {
-        case R_MODELS:
-        case R_MODEL_ONE:
-            return do_models(c, url);
-        case R_METRICS:
-            return do_metrics(c);
-        default:
-            return fail(c, 404, NULL, NULL, "Not found");
+        /* A POST's auth and state are checked before its body is read. A GET is answered
+         * from the next call, once MHD has the whole request: a response queued on the first
+         * call makes MHD close the connection, which would cost keep-alive clients (wrk,
+         * SDKs) a new TCP connection per request. */
+        if (post) {
+            c->checked = true;
+            enum MHD_Result r;
+            if (answer_early(c, url, &r))
+                return r;
+        }
+        return MHD_YES;
+    }
+    if (c->phase == PH_BODY && !c->checked) {
+        c->checked = true;
+        enum MHD_Result r;
+        if (answer_early(c, url, &r)) {
+            *upload_size = 0; /* answered: whatever body there is will not be read */
+            return r;
         }
     }
     if (c->phase == PH_DONE || c->phase == PH_STREAM) {

@@ -2,6 +2,7 @@
  * into the cumulative counts Prometheus expects. */
 #include "server/metrics.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -53,6 +54,29 @@ static void ob_printf(obuf *b, const char *fmt, ...)
     }
 }
 
+/* Writes v with the fewest significant digits that read back as the same double, so bucket
+ * bounds print as le="0.005" rather than le="0.0050000000000000001" (both parse to the same
+ * value; the short form is what people grep for and what other exporters print). */
+static void ob_double(obuf *b, double v)
+{
+    char s[40];
+    if (isnan(v) || isinf(v)) { /* the exposition format's spellings */
+        ob_printf(b, "%s", isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf");
+        return;
+    }
+    if (v > -1e15 && v < 1e15 && v == (double)(long long)v) { /* range first: NaN, inf */
+        /* Whole numbers (gauges, counts, batch-size bounds) without %g's 1e+02. */
+        ob_printf(b, "%lld", (long long)v);
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(s, sizeof s, "%.*g", prec, v);
+        if (strtod(s, NULL) == v)
+            break;
+    }
+    ob_printf(b, "%s", s);
+}
+
 static void head(obuf *b, const char *name, const char *type, const char *help)
 {
     ob_printf(b, "# HELP kvserve_%s %s\n# TYPE kvserve_%s %s\n", name, help, name, type);
@@ -61,7 +85,9 @@ static void head(obuf *b, const char *name, const char *type, const char *help)
 static void gauge(obuf *b, const char *name, const char *help, double v)
 {
     head(b, name, "gauge", help);
-    ob_printf(b, "kvserve_%s %.17g\n", name, v);
+    ob_printf(b, "kvserve_%s ", name);
+    ob_double(b, v);
+    ob_printf(b, "\n");
 }
 
 static void counter(obuf *b, const char *name, const char *help, uint64_t v)
@@ -78,12 +104,15 @@ static void hist(obuf *b, const char *name, const char *help, const sched_hist *
                                                                        : h->n_bounds;
     for (int i = 0; i < nb; i++) {
         cum += h->counts[i];
-        ob_printf(b, "kvserve_%s_bucket{le=\"%.17g\"} %llu\n", name, h->bounds[i],
-                  (unsigned long long)cum);
+        ob_printf(b, "kvserve_%s_bucket{le=\"", name);
+        ob_double(b, h->bounds[i]);
+        ob_printf(b, "\"} %llu\n", (unsigned long long)cum);
     }
     /* The +Inf bucket equals _count by definition, whatever the per-bucket tail says. */
     ob_printf(b, "kvserve_%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)h->count);
-    ob_printf(b, "kvserve_%s_sum %.17g\n", name, h->sum);
+    ob_printf(b, "kvserve_%s_sum ", name);
+    ob_double(b, h->sum);
+    ob_printf(b, "\n");
     ob_printf(b, "kvserve_%s_count %llu\n", name, (unsigned long long)h->count);
 }
 
@@ -107,7 +136,8 @@ char *srv_metrics_format(const sched_metrics *m, const uint64_t requests[SRV_N_S
               m->num_requests_running);
         gauge(&b, "num_requests_waiting", "Requests waiting for admission.",
               m->num_requests_waiting);
-        gauge(&b, "kv_blocks_total", "KV cache blocks in the pool.", m->kv_blocks_total);
+        /* Not kv_blocks_total: promtool rejects a _total suffix on anything but a counter. */
+        gauge(&b, "kv_blocks_capacity", "KV cache blocks in the pool.", m->kv_blocks_total);
         gauge(&b, "kv_blocks_used", "KV cache blocks held by sequences.", m->kv_blocks_used);
         gauge(&b, "kv_blocks_cached", "Free KV cache blocks still findable by prefix hash.",
               m->kv_blocks_cached);

@@ -265,8 +265,10 @@ static void test_metrics(void **state)
     assert_non_null(strstr(t, "kvserve_requests_total{status=\"429\"} 1\n"));
     assert_non_null(strstr(t, "# TYPE kvserve_time_to_first_token_seconds histogram\n"));
     assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"0.01\"} 2\n"));
-    assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"0.10000000000000001\"} 5\n") ||
-                    strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"0.1\"} 5\n"));
+    assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"0.1\"} 5\n"));
+    assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_sum 2.5\n"));
+    assert_non_null(strstr(t, "kvserve_kv_blocks_capacity 100\n"));
+    assert_null(strstr(t, "kvserve_kv_blocks_total"));
     assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"1\"} 5\n"));
     assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_bucket{le=\"+Inf\"} 6\n"));
     assert_non_null(strstr(t, "kvserve_time_to_first_token_seconds_count 6\n"));

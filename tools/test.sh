@@ -58,8 +58,9 @@ run_suites release build ""
 if [ $quick -eq 0 ]; then
     run_suites asan build-asan "-Db_sanitize=address,undefined -Dbuildtype=debug -Db_lundef=false"
     threaded=()
+    suites=$(meson test -C build --list 2>/dev/null)
     for s in scheduler e2e load_short; do
-        meson test -C build --list 2>/dev/null | grep -qx "$s" && threaded+=("$s")
+        grep -qx "$s" <<<"$suites" && threaded+=("$s")
     done
     run_suites tsan build-tsan "-Db_sanitize=thread -Dbuildtype=debug -Db_lundef=false" "${threaded[@]}"
     echo "=== fuzz"

@@ -214,7 +214,7 @@ class Misc(unittest.TestCase):
         self.assertEqual(st, 200)
         self.assertTrue(h["content-type"].startswith("text/plain"))
         text = data.decode()
-        for name in ["num_requests_running", "num_requests_waiting", "kv_blocks_total",
+        for name in ["num_requests_running", "num_requests_waiting", "kv_blocks_capacity",
                      "kv_blocks_used", "kv_blocks_cached", "kv_cache_usage_ratio",
                      "requests_total", "prompt_tokens_total", "generation_tokens_total",
                      "prefix_cache_queries_total", "prefix_cache_hits_total", "preemptions_total",
@@ -225,7 +225,7 @@ class Misc(unittest.TestCase):
         m = srv.metrics()
         self.assertGreater(m['kvserve_requests_total{status="200"}'], 0)
         self.assertGreater(m["kvserve_generation_tokens_total"], 0)
-        self.assertGreater(m["kvserve_kv_blocks_total"], 0)
+        self.assertGreater(m["kvserve_kv_blocks_capacity"], 0)
         b = [v for k, v in m.items() if k.startswith("kvserve_e2e_request_latency_seconds_bucket")]
         self.assertEqual(b, sorted(b), "buckets are not cumulative")
         self.assertEqual(m['kvserve_e2e_request_latency_seconds_bucket{le="+Inf"}'],

@@ -570,5 +570,23 @@ class Exhaustion(Fault):
         self.assertEqual(own.stop(), 0)
 
 
+class SanitizerGate(unittest.TestCase):
+    """In the ASan/UBSan and TSan builds the e2e suites run that build's kvserve; a report in
+    its log must fail the test, not just be printed."""
+
+    def test_reports_fail(self):
+        for text in ["==1==ERROR: AddressSanitizer: heap-use-after-free on address",
+                     "==1==ERROR: LeakSanitizer: detected memory leaks",
+                     "server/http.c:10:5: runtime error: signed integer overflow",
+                     "WARNING: ThreadSanitizer: data race (pid=1)"]:
+            with self.assertRaises(AssertionError):
+                e2e.check_sanitizer_report("log line\n" + text + "\n")
+        e2e.check_sanitizer_report("info: listening on http://127.0.0.1:1\n")
+
+    def test_binary_under_test(self):
+        """The suite runs the kvserve of the build it belongs to (meson sets KVSERVE_BIN)."""
+        self.assertTrue(os.path.isabs(e2e.BIN) or os.path.exists(e2e.BIN), e2e.BIN)
+
+
 if __name__ == "__main__":
     unittest.main()

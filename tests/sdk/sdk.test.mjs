@@ -1,0 +1,140 @@
+// kvserve through the official OpenAI Node SDK, used exactly as an application would: the
+// client only gets a baseURL. Greedy text must equal llama2.c's reference to the character.
+//
+// Environment: KVSERVE_BIN (built kvserve) and KVS_SHARED_MODELS (folder with stories260K.gguf
+// and reference/) to start a server here on a free loopback port; or KVSERVE_URL
+// (e.g. http://127.0.0.1:8080) to test a server that is already running the same model.
+// run.sh checks the prerequisites and exits 77 (meson's skip) when one is missing.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import OpenAI from 'openai';
+
+const MODELS = process.env.KVS_SHARED_MODELS ?? path.resolve('../../../shared/models');
+const MODEL = path.join(MODELS, 'stories260K.gguf');
+const CASES = JSON.parse(
+    readFileSync(path.join(MODELS, 'reference', 'stories260K-greedy.json'), 'utf8')).cases;
+
+let server = null; // the child process when this file started kvserve
+let stderr = '';
+let client = null;
+
+// Starts kvserve on port 0 and resolves with its base URL once /health answers 200.
+async function startServer() {
+    const bin = process.env.KVSERVE_BIN;
+    assert.ok(bin, 'KVSERVE_BIN or KVSERVE_URL must be set');
+    server = spawn(bin, ['serve', '-m', MODEL, '--host', '127.0.0.1', '--port', '0',
+        '--ctx-size', '512', '--threads', '1', '--chat-template', 'plain'],
+    { stdio: ['ignore', 'ignore', 'pipe'] });
+    server.stderr.setEncoding('utf8');
+    server.stderr.on('data', (d) => { stderr += d; });
+    const deadline = Date.now() + 30000;
+    while (Date.now() < deadline) {
+        if (server.exitCode !== null)
+            throw new Error(`kvserve exited with ${server.exitCode}:\n${stderr}`);
+        const m = /listening on http:\/\/[^:]+:(\d+)/.exec(stderr);
+        if (m) {
+            const url = `http://127.0.0.1:${m[1]}`;
+            try {
+                if ((await fetch(`${url}/health`)).status === 200)
+                    return url;
+            } catch { /* not accepting yet */ }
+        }
+        await new Promise((r) => setTimeout(r, 50));
+    }
+    throw new Error(`kvserve did not become ready:\n${stderr}`);
+}
+
+before(async () => {
+    const url = process.env.KVSERVE_URL || await startServer();
+    // maxRetries 0: a failure must show up here, not be papered over by the SDK's retries.
+    client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
+});
+
+after(async () => {
+    if (!server || server.exitCode !== null)
+        return;
+    const exited = new Promise((r) => server.once('exit', r));
+    server.kill('SIGTERM');
+    await exited;
+});
+
+describe('models', () => {
+    test('models.list names the served model', async () => {
+        const ids = [];
+        for await (const m of client.models.list())
+            ids.push(m.id);
+        assert.equal(ids.length, 1);
+        assert.equal(ids[0], 'stories260K');
+    });
+});
+
+for (const c of CASES) {
+    const greedy = { temperature: 0, max_tokens: c.completion_ids.length };
+    const messages = [{ role: 'user', content: c.prompt }];
+
+    describe(`reference "${c.prompt}"`, () => {
+        test('completions.create', async () => {
+            const r = await client.completions.create({ model: 'stories260K', prompt: c.prompt,
+                ...greedy });
+            assert.equal(r.object, 'text_completion');
+            assert.equal(r.choices.length, 1);
+            assert.equal(r.choices[0].text, c.completion_text);
+            assert.equal(r.usage.prompt_tokens, c.prompt_ids.length);
+            assert.equal(r.usage.completion_tokens, c.completion_ids.length);
+        });
+
+        test('completions.create stream', async () => {
+            const stream = await client.completions.create({ model: 'stories260K',
+                prompt: c.prompt, stream: true, ...greedy });
+            let text = '';
+            let finish = null;
+            let chunks = 0;
+            for await (const chunk of stream) {
+                chunks++;
+                text += chunk.choices[0].text;
+                finish = chunk.choices[0].finish_reason ?? finish;
+            }
+            assert.equal(text, c.completion_text);
+            assert.ok(chunks > 1, 'one chunk: not streamed');
+            assert.ok(finish === 'length' || finish === 'stop', `finish_reason ${finish}`);
+        });
+
+        test('chat.completions.create', async () => {
+            const r = await client.chat.completions.create({ model: 'stories260K', messages,
+                ...greedy });
+            assert.equal(r.object, 'chat.completion');
+            assert.equal(r.choices[0].message.role, 'assistant');
+            assert.equal(r.choices[0].message.content, c.completion_text);
+            assert.equal(r.usage.completion_tokens, c.completion_ids.length);
+        });
+
+        test('chat.completions.create stream', async () => {
+            const stream = await client.chat.completions.create({ model: 'stories260K',
+                messages, stream: true, ...greedy });
+            let text = '';
+            let role = null;
+            let finish = null;
+            for await (const chunk of stream) {
+                assert.equal(chunk.object, 'chat.completion.chunk');
+                const d = chunk.choices[0].delta;
+                role = d.role ?? role;
+                text += d.content ?? '';
+                finish = chunk.choices[0].finish_reason ?? finish;
+            }
+            assert.equal(role, 'assistant');
+            assert.equal(text, c.completion_text);
+            assert.ok(finish === 'length' || finish === 'stop', `finish_reason ${finish}`);
+        });
+    });
+}
+
+describe('errors', () => {
+    test('an invalid request raises the SDK\'s BadRequestError', async () => {
+        await assert.rejects(
+            client.completions.create({ model: 'stories260K', prompt: 'x', max_tokens: -1 }),
+            (e) => e instanceof OpenAI.BadRequestError && e.status === 400);
+    });
+});
