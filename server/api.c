@@ -290,6 +290,53 @@ out:
     return rc;
 }
 
+/* The literal at p is one of the non-finite numbers clients emit (NaN, Infinity; JSON has
+ * neither, but Python's json.dumps and JavaScript-ish encoders write them). */
+static bool non_finite_at(const char *p, const char *end)
+{
+    static const char *lits[] = {"NaN", "nan", "Infinity", "-Infinity", "inf", "-inf",
+                                 "+Infinity", "+inf", "-NaN", "-nan"};
+    for (size_t i = 0; i < sizeof lits / sizeof lits[0]; i++) {
+        size_t n = strlen(lits[i]);
+        if ((size_t)(end - p) >= n && !memcmp(p, lits[i], n))
+            return true;
+    }
+    return false;
+}
+
+/* A body cJSON rejected. When the failure is a non-finite number literal as an object value,
+ * the error names that field (found by walking back over `"key" :` from the failure point),
+ * so `{"temperature": NaN}` reports param "temperature" like any out-of-range value. */
+static int parse_failure(const char *body, size_t len, const char *at, srv_error *e)
+{
+    const char *end = body + len;
+    if (!at || at < body || at >= end || !non_finite_at(at, end))
+        return srv_error_set(e, 400, NULL, NULL, "request body is not valid JSON");
+    const char *p = at;
+    while (p > body && strchr(" \t\r\n", p[-1]))
+        p--;
+    char key[48] = "";
+    if (p > body && p[-1] == ':') {
+        p--;
+        while (p > body && strchr(" \t\r\n", p[-1]))
+            p--;
+        if (p > body && p[-1] == '"') {
+            const char *close = p - 1, *open = close;
+            while (open > body && open[-1] != '"')
+                open--;
+            size_t n = (size_t)(close - open);
+            if (open > body && n < sizeof key) {
+                memcpy(key, open, n);
+                key[n] = '\0';
+            }
+        }
+    }
+    if (!key[0])
+        return srv_error_set(e, 400, NULL, NULL,
+                             "request body is not valid JSON: NaN and Infinity are not numbers");
+    return srv_error_set(e, 400, key, NULL, "'%s' must be a finite number", key);
+}
+
 int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmpl tmpl,
                       const sampler_params *defaults, srv_request *r, srv_error *e)
 {
@@ -300,9 +347,10 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
     r->n_top_logprobs = -1;
     r->sampling = *defaults;
 
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!root)
-        return srv_error_set(e, 400, NULL, NULL, "request body is not valid JSON");
+        return parse_failure(body, len, end, e);
     int rc = -1;
     if (!cJSON_IsObject(root)) {
         srv_error_set(e, 400, NULL, NULL, "request body must be a JSON object");

@@ -212,6 +212,13 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, char 
             sb_add_trim(&b, m[i].content);
             sb_add(&b, "<end_of_turn>\n");
         }
+        /* A system text with no user turn after it (found by fuzz_chat_template): rather than
+         * dropping it, give it a user turn of its own. */
+        if (sys.len) {
+            sb_add(&b, "<start_of_turn>user\n");
+            sb_add(&b, sys.p);
+            sb_add(&b, "<end_of_turn>\n");
+        }
         if (sys.oom)
             b.oom = true;
         free(sys.p);

@@ -99,9 +99,11 @@ int cmd_serve(int argc, char **argv)
         return 1;
     }
     if (cfg.block_size == 0 || cfg.max_num_seqs == 0 || cfg.max_batched_tokens == 0 ||
-        cfg.kv_cache_mb == 0 || cfg.max_body_bytes == 0) {
+        cfg.kv_cache_mb == 0 || cfg.max_body_bytes == 0 || cfg.max_connections == 0 ||
+        cfg.connection_memory_kb < 4 || cfg.connection_memory_kb > 1024 * 1024) {
         fprintf(stderr, "kvserve serve: --block-size, --max-num-seqs, --max-batched-tokens, "
-                        "--kv-cache-mb and --max-body-bytes must be positive\n");
+                        "--kv-cache-mb, --max-body-bytes and --max-connections must be "
+                        "positive; --connection-memory-kb must be 4..1048576\n");
         srv_config_free(&cfg);
         return 2;
     }

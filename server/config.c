@@ -47,6 +47,15 @@ static const opt k_opts[] = {
      "do not reuse cached prompt blocks"},
     {"log-level", 0, OPT_STR, OFF(log_level), "info", "debug|info|warn|error"},
     {"http-threads", 0, OPT_U32, OFF(http_threads), "2", "HTTP polling threads"},
+    /* Per-connection bounds. The inactivity timeout closes idle and stalled connections
+     * (slowloris headers, a client that stopped reading); connections waiting for generation
+     * are suspended and never time out. */
+    {"connection-timeout", 0, OPT_U32, OFF(connection_timeout), "60",
+     "seconds without any I/O before a connection is closed (0 = never)"},
+    {"max-connections", 0, OPT_U32, OFF(max_connections), "1024",
+     "open HTTP connections at most (more are refused at accept)"},
+    {"connection-memory-kb", 0, OPT_U32, OFF(connection_memory_kb), "32",
+     "per-connection buffer for request line, headers and reads, KiB (larger headers: 431)"},
 };
 #define N_OPTS (sizeof k_opts / sizeof k_opts[0])
 

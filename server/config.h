@@ -28,6 +28,9 @@ typedef struct srv_config {
     bool no_prefix_cache;    /* --no-prefix-cache */
     char *log_level;         /* --log-level debug|info|warn|error (info) */
     uint32_t http_threads;   /* --http-threads: libmicrohttpd polling threads (2) */
+    uint32_t connection_timeout;   /* --connection-timeout: idle seconds, 0 = never (60) */
+    uint32_t max_connections;      /* --max-connections: open connections at most (1024) */
+    uint32_t connection_memory_kb; /* --connection-memory-kb: MHD per-connection pool (32) */
     bool help;               /* --help was given */
 } srv_config;
 

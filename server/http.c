@@ -44,6 +44,7 @@ typedef struct srv_wake {
     pthread_mutex_t mu;
     struct MHD_Connection *mc; /* NULL: no connection waits on this slot */
     bool suspended;
+    bool peer_gone; /* the reaper saw the client close while suspended */
     struct srv_wake *next_free;
     struct srv_wake *next_all;
 } srv_wake;
@@ -71,6 +72,14 @@ struct srv_server {
     pthread_mutex_t wake_mu; /* guards wake_free, wake_all */
     srv_wake *wake_free;
     srv_wake *wake_all;
+
+    /* The reaper (see reaper_main): notices clients that closed while their connection is
+     * suspended, which MHD does not poll. */
+    pthread_t reaper;
+    bool reaper_started;
+    pthread_mutex_t reaper_mu; /* guards reaper_stop */
+    pthread_cond_t reaper_cv;
+    bool reaper_stop;
 };
 
 enum route {
@@ -104,6 +113,7 @@ typedef struct srv_conn {
     char *body;
     size_t body_len, body_cap;
     bool too_large;
+    uint64_t discarded; /* body bytes dropped after too_large (bounded, see on_request) */
 
     /* generation */
     srv_request rq;
@@ -144,6 +154,7 @@ static srv_wake *wake_get(srv_server *s, struct MHD_Connection *mc)
     pthread_mutex_lock(&w->mu);
     w->mc = mc;
     w->suspended = false;
+    w->peer_gone = false;
     pthread_mutex_unlock(&w->mu);
     return w;
 }
@@ -153,6 +164,7 @@ static void wake_put(srv_server *s, srv_wake *w)
     pthread_mutex_lock(&w->mu);
     w->mc = NULL;
     w->suspended = false;
+    w->peer_gone = false;
     pthread_mutex_unlock(&w->mu);
     pthread_mutex_lock(&s->wake_mu);
     w->next_free = s->wake_free;
@@ -172,11 +184,17 @@ static void on_notify(void *ud)
     pthread_mutex_unlock(&w->mu);
 }
 
-/* Takes the next event, or suspends the connection when none is queued (returns 0 then). */
+/* Takes the next event, or suspends the connection when none is queued (returns 0 then).
+ * Returns -2 when the reaper found the client gone: the caller closes the connection, and
+ * on_completed releases (cancels) the request. */
 static int next_or_suspend(srv_conn *c, sched_event *ev)
 {
     srv_wake *w = c->wake;
     pthread_mutex_lock(&w->mu);
+    if (w->peer_gone) {
+        pthread_mutex_unlock(&w->mu);
+        return -2;
+    }
     int r = sched_req_next(c->req, ev);
     if (r == 0) {
         w->suspended = true;
@@ -184,6 +202,63 @@ static int next_or_suspend(srv_conn *c, sched_event *ev)
     }
     pthread_mutex_unlock(&w->mu);
     return r;
+}
+
+/* The reaper. A suspended connection is not polled by MHD, so a client that vanishes while
+ * its request waits in the queue (no events until admitted, which may take long) would go
+ * unnoticed and keep its queue slot, and later its KV blocks, until its first event. Every
+ * REAPER_PERIOD_MS this thread peeks at the socket of each suspended connection: end of
+ * stream (the peer closed; a half-close counts too, as clients do not half-close an HTTP
+ * request) or a socket error marks the slot peer_gone and resumes the connection, whose
+ * handler then closes it, which cancels the request. One non-blocking recv per suspended
+ * connection per period: cheap, and nothing runs while no connection is suspended. */
+#define REAPER_PERIOD_MS 200
+
+static bool peer_closed(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return false;
+    char b;
+    ssize_t r = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (r == 0)
+        return true;
+    return r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
+static void *reaper_main(void *arg)
+{
+    srv_server *s = arg;
+    pthread_mutex_lock(&s->reaper_mu);
+    while (!s->reaper_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += REAPER_PERIOD_MS * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&s->reaper_cv, &s->reaper_mu, &ts);
+        if (s->reaper_stop)
+            break;
+        pthread_mutex_unlock(&s->reaper_mu);
+        /* Slots are only prepended and live until srv_destroy (see srv_stop). */
+        pthread_mutex_lock(&s->wake_mu);
+        srv_wake *head = s->wake_all;
+        pthread_mutex_unlock(&s->wake_mu);
+        for (srv_wake *w = head; w; w = w->next_all) {
+            pthread_mutex_lock(&w->mu);
+            /* Under w->mu a suspended slot's connection is alive and stays suspended. */
+            if (w->mc && w->suspended && peer_closed(w->mc)) {
+                w->peer_gone = true;
+                w->suspended = false;
+                MHD_resume_connection(w->mc);
+            }
+            pthread_mutex_unlock(&w->mu);
+        }
+        pthread_mutex_lock(&s->reaper_mu);
+    }
+    pthread_mutex_unlock(&s->reaper_mu);
+    return NULL;
 }
 
 /* ---------- responses ---------- */
@@ -473,6 +548,8 @@ static enum MHD_Result pump_full(srv_conn *c)
         int r = next_or_suspend(c, &ev);
         if (r == 0)
             return MHD_YES;
+        if (r == -2)
+            return MHD_NO; /* client gone */
         if (r < 0)
             return finish_full(c);
         note_event(c, &ev);
@@ -579,6 +656,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         int r = next_or_suspend(c, &ev);
         if (r == 0)
             return 0;
+        if (r == -2)
+            return MHD_CONTENT_READER_END_WITH_ERROR; /* client gone */
         if (r < 0) {
             if (c->rq.include_usage &&
                 !out_append(c, srv_resp_usage_chunk(&c->rx, c->prompt_tokens,
@@ -860,10 +939,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         size_t n = *upload_size;
         *upload_size = 0;
         if (c->too_large || c->body_len + n > s->cfg->max_body_bytes) {
-            c->too_large = true; /* keep reading without storing, answer at the end */
-            free(c->body);
-            c->body = NULL;
-            c->body_len = c->body_cap = 0;
+            /* A body without Content-Length (chunked) crossed the limit. MHD cannot queue a
+             * response in the middle of a body, so the rest is read and dropped (nothing is
+             * stored) to answer 413 at its end, but only up to another max_body_bytes: a
+             * larger upload is cut off by closing the connection, so the server never reads
+             * an unbounded body. */
+            if (!c->too_large) {
+                free(c->body);
+                c->body = NULL;
+                c->body_len = c->body_cap = 0;
+                c->too_large = true;
+            }
+            c->discarded += n;
+            if (c->discarded > s->cfg->max_body_bytes) {
+                log_warn("request %s: body over twice --max-body-bytes; connection closed",
+                         c->reqid);
+                c->status = 413;
+                return MHD_NO;
+            }
             return MHD_YES;
         }
         if (c->body_len + n + 1 > c->body_cap) {
@@ -1025,7 +1118,12 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
     s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
                             mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
+                            /* Bounds per connection and in total (see README, "Resource
+                             * bounds"): idle connections close, headers must fit the pool. */
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                            (size_t)cfg->connection_memory_kb * 1024,
                             pool > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, pool,
                             MHD_OPTION_END);
     if (!s->d) {
@@ -1035,6 +1133,12 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
         free(s);
         return KVS_EIO;
     }
+    pthread_mutex_init(&s->reaper_mu, NULL);
+    pthread_cond_init(&s->reaper_cv, NULL);
+    /* Without the reaper vanished clients are still noticed at their next event: serve on. */
+    s->reaper_started = pthread_create(&s->reaper, NULL, reaper_main, s) == 0;
+    if (!s->reaper_started)
+        log_warn("cannot start the connection reaper thread; serving without it");
     *out = s;
     return 0;
 }
@@ -1063,6 +1167,14 @@ void srv_stop(srv_server *s)
     if (!s || !s->d)
         return;
     atomic_store(&s->state, ST_STOPPING);
+    if (s->reaper_started) {
+        pthread_mutex_lock(&s->reaper_mu);
+        s->reaper_stop = true;
+        pthread_cond_signal(&s->reaper_cv);
+        pthread_mutex_unlock(&s->reaper_mu);
+        pthread_join(s->reaper, NULL);
+        s->reaper_started = false;
+    }
     /* Suspended connections must be resumed before the daemon stops; once resumed they see
      * ST_STOPPING and close. A few rounds cover a connection that suspended just now. */
     for (int round = 0; round < 50; round++) {
@@ -1104,6 +1216,8 @@ void srv_destroy(srv_server *s)
         w = next;
     }
     pthread_mutex_destroy(&s->wake_mu);
+    pthread_mutex_destroy(&s->reaper_mu);
+    pthread_cond_destroy(&s->reaper_cv);
     free(s->served_name);
     free(s);
 }

@@ -123,6 +123,19 @@ static void test_gemma(void **state)
           "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
 }
 
+/* Regression (fuzz_chat_template): a system message with no user turn after it was dropped. */
+static void test_gemma_trailing_system(void **state)
+{
+    (void)state;
+    const srv_chat_msg m[] = {{"user", "hi"}, {"assistant", "yo"}, {"system", " be brief "}};
+    check(SRV_CHAT_GEMMA, m, 3,
+          "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\nyo<end_of_turn>\n"
+          "<start_of_turn>user\nbe brief<end_of_turn>\n<start_of_turn>model\n");
+    const srv_chat_msg only[] = {{"system", "rules"}};
+    check(SRV_CHAT_GEMMA, only, 1,
+          "<start_of_turn>user\nrules<end_of_turn>\n<start_of_turn>model\n");
+}
+
 static void test_phi3(void **state)
 {
     (void)state;
@@ -139,6 +152,7 @@ int main(void)
         cmocka_unit_test(test_llama2), cmocka_unit_test(test_llama3),
         cmocka_unit_test(test_zephyr), cmocka_unit_test(test_mistral),
         cmocka_unit_test(test_gemma),  cmocka_unit_test(test_phi3),
+        cmocka_unit_test(test_gemma_trailing_system),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

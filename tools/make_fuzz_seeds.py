@@ -78,6 +78,40 @@ def main():
         with open(os.path.join(CORPUS, "tokenizer", name), "wb") as fh:
             fh.write(blob)
 
+    # fuzz_api: byte 0 = endpoint (bit 0: chat) and template (bits 1-3), then the JSON body.
+    api = {
+        "completion.json": b"\x00" + b'{"model": "m", "prompt": "Once upon a time", "max_tokens": 16,'
+                           b' "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,'
+                           b' "n": 2, "stop": ["\\n", "end"], "seed": 42, "logprobs": 3,'
+                           b' "presence_penalty": 0.5, "frequency_penalty": -0.5,'
+                           b' "repetition_penalty": 1.1, "ignore_eos": true, "user": "u"}',
+        "ids.json": b"\x00" + b'{"prompt": [1, 403, 407, 261], "stream": true,'
+                    b' "stream_options": {"include_usage": true}}',
+        "batch.json": b"\x00" + b'{"prompt": [[1, 2, 3]], "max_completion_tokens": 4}',
+        "chat.json": b"\x03" + b'{"messages": [{"role": "system", "content": "Be brief."},'
+                     b' {"role": "user", "content": [{"type": "text", "text": "hi"}]},'
+                     b' {"role": "assistant", "content": null},'
+                     b' {"role": "developer", "content": "x"}], "logprobs": true,'
+                     b' "top_logprobs": 2, "stop": "\\u0000"}',
+        "nonfinite.json": b"\x00" + b'{"prompt": "a", "temperature": NaN, "top_p": -Infinity}',
+        "nested.json": b"\x01" + b'{"messages": [[[[[{"role": "user"}]]]]]}',
+        "escapes.json": b"\x05" + b'{"messages": [{"role": "user", "content": "\\ud800\\udc00'
+                        b'\\u00e9\\"\\\\"}]}',
+    }
+    chat = {
+        "chatml.bin": b"\x01u\x00hello\x00a\x00hi there\x00s\x00<|im_start|>",
+        "llama2.bin": b"\x02\x00system prompt\x00\x01\x00[INST] user [/INST]\x00\x02\x00ok",
+        "plain.bin": b"\x00\x01\x00Once upon a time",
+        "gemma.bin": b"\x06\x01\x00<start_of_turn>user\x00\x02\x00",
+        "detect.bin": b"\x03{% for m in messages %}<|start_header_id|>{{ m.role }}"
+                      b"<|end_header_id|>{% endfor %}",
+    }
+    for folder, items in (("api", api), ("chat_template", chat)):
+        os.makedirs(os.path.join(CORPUS, folder), exist_ok=True)
+        for name, blob in items.items():
+            with open(os.path.join(CORPUS, folder, name), "wb") as fh:
+                fh.write(blob)
+
 
 if __name__ == "__main__":
     main()

@@ -126,12 +126,20 @@ class Server:
         self.log.close()
         text = self.stderr()
         os.unlink(self.log.name)
-        # Sanitizer builds report at exit: surface them in the test output.
-        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
-            if marker in text:
-                print("\n--- kvserve stderr (%s) ---\n%s" % (marker, text))
-                break
+        check_sanitizer_report(text)
         return self.proc.returncode
+
+
+# What ASan, LSan, UBSan and TSan print when they find something. In a sanitized build
+# (KVSERVE_BIN from build-asan / build-tsan) any of them fails the test that ran the server.
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                     "WARNING: ThreadSanitizer", "ERROR: ThreadSanitizer")
+
+
+def check_sanitizer_report(text):
+    for marker in SANITIZER_MARKERS:
+        if marker in text:
+            raise AssertionError("kvserve sanitizer report (%s):\n%s" % (marker, text[-20000:]))
 
 
 def parse_sse(text):

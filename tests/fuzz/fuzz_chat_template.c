@@ -1,0 +1,72 @@
+/* libFuzzer target: the chat-template renderer and detector (server/chat_template.h).
+ * Input: byte 0 picks the template; the rest is split at NUL bytes into alternating role and
+ * content strings (up to 64 messages), and is also given whole to srv_chat_detect as a GGUF
+ * template. Checks: rendering succeeds, the output is NUL-terminated, and every message
+ * content appears in it, verbatim apart from surrounding whitespace (llama2/llama3 trim it
+ * as their official templates do): no template may drop or cut what the user wrote.
+ * Regression seed: corpus/chat_template/crash-llama3-trim (an untrimmed check flagged it). */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/chat_template.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define MAX_MSGS 64
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    enum srv_chat_tmpl t = (enum srv_chat_tmpl)(data[0] % 8);
+    /* A NUL-terminated copy, split in place. */
+    char *buf = malloc(size);
+    if (!buf)
+        return 0;
+    memcpy(buf, data + 1, size - 1);
+    buf[size - 1] = '\0';
+    enum srv_chat_tmpl det = srv_chat_detect(buf);
+    if ((unsigned)det > SRV_CHAT_PHI3 || srv_chat_from_name(srv_chat_name(det)) != (int)det)
+        abort();
+
+    static const char *roles[] = {"system", "user", "assistant"};
+    srv_chat_msg msgs[MAX_MSGS];
+    size_t n = 0;
+    char *p = buf, *end = buf + size - 1;
+    while (p <= end && n < MAX_MSGS) {
+        char *content = p + strlen(p) + 1; /* role text picks one of the three roles */
+        if (content > end)
+            content = end;
+        msgs[n].role = roles[(unsigned char)p[0] % 3];
+        msgs[n].content = content;
+        n++;
+        p = content + strlen(content) + 1;
+    }
+    char *out = NULL;
+    if (srv_chat_render(t, msgs, n, &out) != 0 || !out)
+        abort();
+    for (size_t i = 0; i < n; i++) {
+        const char *c = msgs[i].content;
+        size_t len = strlen(c);
+        while (len && strchr(" \t\n\r\f\v", *c))
+            c++, len--;
+        while (len && strchr(" \t\n\r\f\v", c[len - 1]))
+            len--;
+        char *want = strndup(c, len);
+        if (!want)
+            break;
+        bool found = strstr(out, want) != NULL;
+        free(want);
+        if (!found) {
+            fprintf(stderr, "fuzz_chat_template: content of message %zu missing from %s\n", i,
+                    srv_chat_name(t));
+            abort();
+        }
+    }
+    free(out);
+    free(buf);
+    return 0;
+}
