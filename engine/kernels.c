@@ -61,6 +61,9 @@ static inline float w_at(kern_type type, const uint8_t *row, size_t k)
 #define CB 2
 #endif
 #define RB 4
+#ifndef PF_DIST
+#define PF_DIST 512
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 INLINE float hsum8(__m256 v)
@@ -110,6 +113,9 @@ INLINE void tile_fp(kern_type type, int rb, int cb, const float *x, size_t ldx,
             xv[r] = _mm256_loadu_ps(x + r * ldx + k);
 #pragma GCC unroll 4
         for (int c = 0; c < cb; c++) {
+            /* The rows are separate streams: fetch ahead so T = 1 runs at memory speed. */
+            _mm_prefetch((const char *)(w + c * ldw + (type == KERN_F32 ? 4 : 2) * k + PF_DIST),
+                         _MM_HINT_T0);
             __m256 wv = load_w8(type, w + c * ldw, k);
 #pragma GCC unroll 4
             for (int r = 0; r < rb; r++)

@@ -550,45 +550,49 @@ typedef struct matmul_job {
     const float *in;
     float *out;
     size_t rows;
+    size_t chunk;      /* output columns per work item */
+    atomic_uint next;  /* next work item */
 } matmul_job;
 
-/* Thread ith computes output columns [n0, n1): a contiguous share rounded to 16 so tiles and
- * the kernels' column groups line up; the split depends only on n_out and nth, so a batch
- * gives the same bits on every run. */
+/* Threads take chunks of output columns from a shared counter, so a thread the OS preempts
+ * (the cores are shared) delays the step by one chunk, not by its whole share. Chunk
+ * boundaries depend only on the matrix and the batch size, never on the thread count or on
+ * which thread took a chunk, so a batch gives the same bits on every run. */
 static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
 {
-    const matmul_job *j = arg;
+    (void)nth;
+    matmul_job *j = arg;
     const kern_mat *w = j->w;
     size_t N = w->n_out, K = w->n_in;
-    size_t share = (N + nth - 1) / nth;
-    share = (share + 15) / 16 * 16;
-    size_t n0 = (size_t)ith * share, n1 = n0 + share < N ? n0 + share : N;
-    if (n0 >= n1)
-        return;
-    if (j->rows < j->c->small_batch) {
-        kern_matmul_rows(w, j->in, j->rows, K, j->out, N, n0, n1);
-        return;
-    }
-    if (w->type == KERN_F32) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->rows, (int)(n1 - n0),
-                    (int)K, 1.0f, j->in, (int)K, (const float *)w->data + n0 * K, (int)K, 0.0f,
-                    j->out + n0, (int)N);
-        return;
-    }
     float *tile = j->c->tile + ith * j->c->tile_floats;
-    size_t nr = j->c->tile_floats / K / 16 * 16;
-    for (size_t n = n0; n < n1; n += nr) {
-        size_t cnt = n1 - n < nr ? n1 - n : nr;
-        kern_rows_to_f32(w, n, cnt, tile);
+    for (;;) {
+        size_t n0 = (size_t)atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) *
+                    j->chunk;
+        if (n0 >= N)
+            return;
+        size_t cnt = N - n0 < j->chunk ? N - n0 : j->chunk;
+        if (j->rows < j->c->small_batch) {
+            kern_matmul_rows(w, j->in, j->rows, K, j->out, N, n0, n0 + cnt);
+            continue;
+        }
+        const float *wf = (const float *)w->data + n0 * K;
+        if (w->type != KERN_F32) {
+            kern_rows_to_f32(w, n0, cnt, tile);
+            wf = tile;
+        }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->rows, (int)cnt, (int)K,
-                    1.0f, j->in, (int)K, tile, (int)K, 0.0f, j->out + n, (int)N);
+                    1.0f, j->in, (int)K, wf, (int)K, 0.0f, j->out + n0, (int)N);
     }
 }
 
 /* out (rows, n_out) = in (rows, n_in) * W^T. */
 static void matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows)
 {
-    matmul_job j = {c, w, in, out, rows};
+    matmul_job j = {.c = c, .w = w, .in = in, .out = out, .rows = rows};
+    /* Small batches: 64 columns (a few KB of weights per item); sgemm: a widened tile that
+     * fits the scratch (and the L2), in multiples of 16 columns. */
+    j.chunk = rows < c->small_batch ? 64 : c->tile_floats / w->n_in / 16 * 16;
+    atomic_init(&j.next, 0);
     tpool_run(c->pool, matmul_worker, &j);
 }
 

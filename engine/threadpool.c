@@ -43,7 +43,7 @@ static void *worker_main(void *a)
 {
     worker *w = a;
     tpool *p = w->pool;
-    unsigned seen = atomic_load(&p->gen);
+    unsigned seen = 0; /* gen at creation: a job posted before this thread ran still counts */
     for (;;) {
         unsigned g;
         int spins = 0;
