@@ -31,6 +31,7 @@ typedef struct ref_case {
 } ref_case;
 
 static engine_model *g_model;
+static uint32_t g_threads = 1; /* compute threads of run_batched's ctx */
 static ref_case g_cases[MAX_CASES];
 static int g_n_cases;
 
@@ -117,7 +118,7 @@ static void run_batched(const int *cases, int n_seqs, uint32_t block_size, int32
     engine_kv *kv;
     engine_ctx *ctx;
     assert_int_equal(engine_kv_create(g_model, n_blocks, block_size, &kv), 0);
-    assert_int_equal(engine_ctx_create(g_model, 64 * (uint32_t)n_seqs, 1, &ctx), 0);
+    assert_int_equal(engine_ctx_create(g_model, 64 * (uint32_t)n_seqs, g_threads, &ctx), 0);
     test_seq *seqs = calloc((size_t)n_seqs, sizeof *seqs);
     for (int s = 0; s < n_seqs; s++) {
         /* interleave: sequence s owns blocks s, s + n_seqs, ... in reverse order */
@@ -215,6 +216,30 @@ static void test_reference_batched_block_sizes(void **state)
         for (int c = 0; c < g_n_cases; c++)
             expect_reference(c, out[c], n[c]);
     }
+}
+
+/* The engine's worker pool (matmul chunks and attention items shared between threads) changes
+ * nothing: two threads reproduce the reference, alone and batched. */
+static void test_reference_threads(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    g_threads = 2;
+    int cases[MAX_CASES];
+    for (int c = 0; c < g_n_cases; c++) {
+        cases[c] = c;
+        int32_t out[1][CTX + 1];
+        int n;
+        run_batched(&c, 1, 16, out, &n);
+        expect_reference(c, out[0], n);
+    }
+    int32_t out[MAX_CASES][CTX + 1];
+    int n[MAX_CASES];
+    run_batched(cases, g_n_cases, 16, out, n);
+    for (int c = 0; c < g_n_cases; c++)
+        expect_reference(c, out[c], n[c]);
+    g_threads = 1;
 }
 
 /* Along each reference generation, the cached step's logits equal a full recomputation of the
@@ -319,6 +344,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_alone),
         cmocka_unit_test(test_reference_batched_block_sizes),
+        cmocka_unit_test(test_reference_threads),
         cmocka_unit_test(test_cache_equals_recompute),
         cmocka_unit_test(test_malformed_batch_rejected),
     };
