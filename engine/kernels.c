@@ -61,6 +61,9 @@ static inline float w_at(kern_type type, const uint8_t *row, size_t k)
 #define CB 2
 #endif
 #define RB 4
+#ifndef SEQ_MAX_T
+#define SEQ_MAX_T 4 /* measured: 2-3x at T = 1, 2; even at 4 */
+#endif
 #ifndef PF_DIST
 #define PF_DIST 512
 #endif
@@ -82,13 +85,13 @@ INLINE __m256 load_w8(kern_type type, const uint8_t *row, size_t k)
 }
 
 /* Stores the tile's sums plus the scalar tail k0..K-1. */
-INLINE void tile_store(__m256 acc[RB][CB], int rb, int cb, kern_type type, const float *x,
-                       size_t ldx, const uint8_t *w, size_t ldw, size_t k0, size_t K, float *out,
-                       size_t ldo)
+INLINE void tile_store(const __m256 *acc, int stride, int rb, int cb, kern_type type,
+                       const float *x, size_t ldx, const uint8_t *w, size_t ldw, size_t k0,
+                       size_t K, float *out, size_t ldo)
 {
     for (int r = 0; r < rb; r++)
         for (int c = 0; c < cb; c++) {
-            float s = hsum8(acc[r][c]);
+            float s = hsum8(acc[r * stride + c]);
             for (size_t k = k0; k < K; k++)
                 s += x[r * ldx + k] * w_at(type, w + c * ldw, k);
             out[r * ldo + c] = s;
@@ -122,7 +125,47 @@ INLINE void tile_fp(kern_type type, int rb, int cb, const float *x, size_t ldx,
                 acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
         }
     }
-    tile_store(acc, rb, cb, type, x, ldx, w, ldw, k, K, out, ldo);
+    tile_store(&acc[0][0], CB, rb, cb, type, x, ldx, w, ldw, k, K, out, ldo);
+}
+
+/* One weight row against rb rows of x, with U partial sums per row interleaved over k: the
+ * row is read as one sequential stream (several interleaved row streams defeat the hardware
+ * prefetcher and halve the bandwidth a memory-bound small batch gets). */
+INLINE void seq_fp(kern_type type, int rb, int U, const float *x, size_t ldx, const uint8_t *w,
+                   size_t K, float *out, size_t ldo)
+{
+    __m256 acc[RB][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++)
+            acc[r][u] = _mm256_setzero_ps();
+    size_t k = 0;
+    for (; k + 8 * (size_t)U <= K; k += 8 * (size_t)U) {
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            __m256 wv = load_w8(type, w, k + 8 * (size_t)u);
+#pragma GCC unroll 4
+            for (int r = 0; r < rb; r++)
+                acc[r][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k + 8 * u), wv,
+                                            acc[r][u]);
+        }
+    }
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv = load_w8(type, w, k);
+#pragma GCC unroll 4
+        for (int r = 0; r < rb; r++)
+            acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k), wv, acc[r][0]);
+    }
+    __m256 sum[RB];
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++) {
+        sum[r] = acc[r][0];
+#pragma GCC unroll 4
+        for (int u = 1; u < U; u++)
+            sum[r] = _mm256_add_ps(sum[r], acc[r][u]);
+    }
+    tile_store(sum, 1, rb, 1, type, x, ldx, w, 0, k, K, out, ldo);
 }
 
 /* Q8_0 tile: weight = scale * int8, rounded to float as a widened copy would be. */
@@ -163,7 +206,7 @@ INLINE void tile_q8(int rb, int cb, const float *x, size_t ldx, const uint8_t *w
             }
         }
     }
-    tile_store(acc, rb, cb, KERN_Q8_0, x, ldx, w, ldw, nb * QK8_0, K, out, ldo);
+    tile_store(&acc[0][0], CB, rb, cb, KERN_Q8_0, x, ldx, w, ldw, nb * QK8_0, K, out, ldo);
 }
 
 /* One instantiation per (type, rb, cb) so every loop bound is a constant. */
@@ -187,6 +230,27 @@ INLINE void tile_q8(int rb, int cb, const float *x, size_t ldx, const uint8_t *w
         }                                                                                      \
     }
 #define TILE_CALL(TYPE, R, C) TILE_CALL_##TYPE(R, C)
+#define SEQ_CALL(TYPE, R) seq_fp(TYPE, R, R == 1 ? 4 : 2, x, ldx, w, K, out, ldo)
+static void seq_f32(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K, float *out,
+                    size_t ldo)
+{
+    switch (rb) {
+    case 1: SEQ_CALL(KERN_F32, 1); return;
+    case 2: SEQ_CALL(KERN_F32, 2); return;
+    case 3: SEQ_CALL(KERN_F32, 3); return;
+    default: SEQ_CALL(KERN_F32, 4); return;
+    }
+}
+static void seq_f16(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K, float *out,
+                    size_t ldo)
+{
+    switch (rb) {
+    case 1: SEQ_CALL(KERN_F16, 1); return;
+    case 2: SEQ_CALL(KERN_F16, 2); return;
+    case 3: SEQ_CALL(KERN_F16, 3); return;
+    default: SEQ_CALL(KERN_F16, 4); return;
+    }
+}
 #define TILE_CALL_f32(R, C) tile_fp(KERN_F32, R, C, x, ldx, w, ldw, K, out, ldo)
 #define TILE_CALL_f16(R, C) tile_fp(KERN_F16, R, C, x, ldx, w, ldw, K, out, ldo)
 #define TILE_CALL_q8(R, C) tile_q8(R, C, x, ldx, w, ldw, K, out, ldo)
@@ -202,6 +266,15 @@ void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, f
                                                                                 : tiles_q8;
     const uint8_t *base = m->data;
     size_t ldw = m->row_bytes;
+    if (m->type != KERN_Q8_0 && T <= SEQ_MAX_T) {
+        void (*seq)(int, const float *, size_t, const uint8_t *, size_t, float *, size_t) =
+            m->type == KERN_F32 ? seq_f32 : seq_f16;
+        for (size_t n = n0; n < n1; n++)
+            for (size_t t = 0; t < T; t += RB)
+                seq(T - t >= RB ? RB : (int)(T - t), x + t * ldx, ldx, base + n * ldw, m->n_in,
+                    out + t * ldo + n, ldo);
+        return;
+    }
     /* Columns outer: a CB-row weight tile (a few KB) stays in L1 while all of x streams by. */
     for (size_t n = n0; n < n1;) {
         int cb = n1 - n >= CB ? CB : 1;
