@@ -31,6 +31,7 @@ if ! command -v gnuplot >/dev/null; then
     apt-get install -y gnuplot-nox >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y gnuplot-nox >/dev/null)
 fi
 
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 TMP=$(mktemp -d /tmp/kvs-bench-engine.XXXXXX)
 cleanup() { [ "${KEEP_MODELS:-0}" = 1 ] && echo "models kept in $TMP" >&2 || rm -rf "$TMP"; }
 trap cleanup EXIT
@@ -120,6 +121,7 @@ plot "$OUT/engine-position.csv" every ::1 using 1:2 with linespoints title "deco
      "" every ::1 using 1:3 with linespoints title "recompute whole sequence"
 EOF
 
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f)$' | tr '\n' ' ')
 DOC=docs/BENCHMARKS.md
@@ -130,7 +132,8 @@ SECTION="$TMP/section.md"
     echo
     echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU} (${FLAGS% }), $THREADS engine threads;"
     echo "random-weight 110m models (dim 768, 12 layers, ffn 2048, vocab 32000) from kvs-mkmodel."
-    echo "Median of $REPEATS runs. Command:"
+    echo "Median of $REPEATS runs. Load average (1/5/15 min) before: $LOAD_BEFORE, after: $LOAD_AFTER"
+    echo "(other processes on the machine; above ~0.5 the figures understate the engine). Command:"
     echo
     echo '```'
     echo "REPEATS=$REPEATS MAX_POS=$MAX_POS STEPS=$STEPS THREADS=$THREADS bench/engine.sh"
