@@ -133,7 +133,8 @@ SECTION="$TMP/section.md"
     echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU} (${FLAGS% }), $THREADS engine threads;"
     echo "random-weight 110m models (dim 768, 12 layers, ffn 2048, vocab 32000) from kvs-mkmodel."
     echo "Median of $REPEATS runs. Load average (1/5/15 min) before: $LOAD_BEFORE, after: $LOAD_AFTER"
-    echo "(other processes on the machine; above ~0.5 the figures understate the engine). Command:"
+    echo "(the after figure includes this benchmark's own threads; anything well above THREADS means"
+    echo "other processes shared the cores and the figures understate the engine). Command:"
     echo
     echo '```'
     echo "REPEATS=$REPEATS MAX_POS=$MAX_POS STEPS=$STEPS THREADS=$THREADS bench/engine.sh"
