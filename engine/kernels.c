@@ -168,6 +168,40 @@ INLINE void seq_fp(kern_type type, int rb, int U, const float *x, size_t ldx, co
     tile_store(sum, 1, rb, 1, type, x, ldx, w, 0, k, K, out, ldo);
 }
 
+/* The same for a Q8_0 row: one partial sum per 8-value quarter of a block. */
+INLINE void seq_q8(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K, float *out,
+                   size_t ldo)
+{
+    __m256 acc[RB][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            acc[r][u] = _mm256_setzero_ps();
+    size_t nb = K / QK8_0;
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * Q8_BLOCK_BYTES;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            __m256 wv = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                             (const __m128i *)(const void *)(blk + 2 + u * 8)))));
+#pragma GCC unroll 4
+            for (int r = 0; r < rb; r++)
+                acc[r][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + b * QK8_0 + u * 8), wv,
+                                            acc[r][u]);
+        }
+    }
+    __m256 sum[RB];
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++)
+        sum[r] = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
+                               _mm256_add_ps(acc[r][2], acc[r][3]));
+    tile_store(sum, 1, rb, 1, KERN_Q8_0, x, ldx, w, 0, nb * QK8_0, K, out, ldo);
+}
+
 /* Q8_0 tile: weight = scale * int8, rounded to float as a widened copy would be. */
 INLINE void tile_q8(int rb, int cb, const float *x, size_t ldx, const uint8_t *w, size_t ldw,
                     size_t K, float *out, size_t ldo)
@@ -241,6 +275,16 @@ static void seq_f32(int rb, const float *x, size_t ldx, const uint8_t *w, size_t
     default: SEQ_CALL(KERN_F32, 4); return;
     }
 }
+static void seq_q8_rb(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K,
+                      float *out, size_t ldo)
+{
+    switch (rb) {
+    case 1: seq_q8(1, x, ldx, w, K, out, ldo); return;
+    case 2: seq_q8(2, x, ldx, w, K, out, ldo); return;
+    case 3: seq_q8(3, x, ldx, w, K, out, ldo); return;
+    default: seq_q8(4, x, ldx, w, K, out, ldo); return;
+    }
+}
 static void seq_f16(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K, float *out,
                     size_t ldo)
 {
@@ -266,9 +310,9 @@ void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, f
                                                                                 : tiles_q8;
     const uint8_t *base = m->data;
     size_t ldw = m->row_bytes;
-    if (m->type != KERN_Q8_0 && T <= SEQ_MAX_T) {
+    if (T <= SEQ_MAX_T) {
         void (*seq)(int, const float *, size_t, const uint8_t *, size_t, float *, size_t) =
-            m->type == KERN_F32 ? seq_f32 : seq_f16;
+            m->type == KERN_F32 ? seq_f32 : m->type == KERN_F16 ? seq_f16 : seq_q8_rb;
         for (size_t n = n0; n < n1; n++)
             for (size_t t = 0; t < T; t += RB)
                 seq(T - t >= RB ? RB : (int)(T - t), x + t * ldx, ldx, base + n * ldw, m->n_in,
