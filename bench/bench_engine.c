@@ -187,6 +187,9 @@ static int run_batch(engine_model *m, uint32_t steps, const char *list, uint32_t
         bench_free(&b);
     }
     free(dup);
+    /* The engine runs BLAS single-threaded inside its own pool; measure sgemm with the same
+     * thread budget the engine had. */
+    openblas_set_num_threads((int)threads);
     printf("# sgemm 64 x %u -> %u: %.1f GFLOP/s\n", hp->n_embd, hp->n_ff,
            sgemm_gflops(64, hp->n_embd, hp->n_ff));
     return 0;

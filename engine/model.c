@@ -1,15 +1,21 @@
 /* Llama model: loading from GGUF, the KV arena, and the batched forward pass.
- * F32 weights are used in place from the mapping; F16/Q8_0 weights are widened to F32 once
- * at load (correct first; an F16 kernel path is a speed item). The forward pass does every
- * matrix product as one cblas_sgemm over all rows of the batch. */
+ * F32, F16 and Q8_0 matrices are used in place from the mapping (BF16 is widened to F32 at
+ * load); norm vectors are F32 copies. Each matrix product is split over output rows between
+ * the ctx's pool threads: small batches use the fused kernels of kernels.h (weights read once,
+ * converted in registers), larger ones single-threaded sgemm per thread on the F32 rows or on
+ * F16/Q8_0 tiles widened into a per-thread scratch. OpenBLAS itself runs one thread, so the
+ * pool's n_threads is the whole CPU budget. */
 #include "engine/model.h"
 
 #include "common/log.h"
 #include "common/status.h"
 #include "common/timeutil.h"
 #include "engine/gguf.h"
+#include "engine/kernels.h"
+#include "engine/threadpool.h"
 
 #include <cblas.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,14 +33,14 @@
 
 typedef struct layer_weights {
     const float *attn_norm; /* (n_embd) */
-    const float *wq;        /* (n_head * head_dim, n_embd): row-major out x in */
-    const float *wk;        /* (n_head_kv * head_dim, n_embd) */
-    const float *wv;        /* (n_head_kv * head_dim, n_embd) */
-    const float *wo;        /* (n_embd, n_head * head_dim) */
+    kern_mat wq;            /* (n_head * head_dim, n_embd): row-major out x in */
+    kern_mat wk;            /* (n_head_kv * head_dim, n_embd) */
+    kern_mat wv;            /* (n_head_kv * head_dim, n_embd) */
+    kern_mat wo;            /* (n_embd, n_head * head_dim) */
     const float *ffn_norm;  /* (n_embd) */
-    const float *w_gate;    /* (n_ff, n_embd) */
-    const float *w_up;      /* (n_ff, n_embd) */
-    const float *w_down;    /* (n_embd, n_ff) */
+    kern_mat w_gate;        /* (n_ff, n_embd) */
+    kern_mat w_up;          /* (n_ff, n_embd) */
+    kern_mat w_down;        /* (n_embd, n_ff) */
 } layer_weights;
 
 struct engine_model {
@@ -43,14 +49,14 @@ struct engine_model {
     tok_vocab *vocab;
     char *name;
     char *chat_template;
-    const float *tok_embd;    /* (n_vocab, n_embd) */
+    kern_mat tok_embd;        /* (n_vocab, n_embd) */
     const float *output_norm; /* (n_embd) */
-    const float *output;      /* (n_vocab, n_embd), token_embd when tied */
+    kern_mat output;          /* (n_vocab, n_embd), token_embd when tied */
     layer_weights *layers;
     uint32_t weight_type;
     uint64_t n_params;
     uint64_t weight_bytes;
-    float **owned; /* widened copies of non-F32 tensors */
+    float **owned; /* widened copies: norm vectors, BF16 matrices */
     size_t n_owned;
 };
 
@@ -84,9 +90,11 @@ static int get_u32_key(const engine_model *m, const char *key, uint32_t *out, bo
 }
 
 /* Finds tensor name with exactly the ggml dims {d0, d1} (d1 = 1 for vectors) and returns its
- * data as F32, widening F16/BF16/Q8_0 into an owned copy. */
-static int load_tensor(engine_model *m, const char *name, uint64_t d0, uint64_t d1,
-                       bool required, const float **out, char *err, size_t err_len)
+ * data as F32, widening F16/BF16/Q8_0 into an owned copy. With mat, F32/F16/Q8_0 data is
+ * returned in place in *mat instead (and only BF16 is widened). */
+static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64_t d1,
+                          bool required, const float **out, kern_mat *mat, char *err,
+                          size_t err_len)
 {
     *out = NULL;
     int64_t i = gguf_find_tensor(m->file, name);
@@ -104,6 +112,18 @@ static int load_tensor(engine_model *m, const char *name, uint64_t d0, uint64_t 
                        (unsigned long long)d0, (unsigned long long)d1);
     m->n_params += t->n_elements;
     m->weight_bytes += t->n_bytes;
+    if (t->type == GGML_TYPE_Q8_0 && d0 % QK8_0)
+        return set_err(err, err_len, KVS_EFORMAT, "Q8_0 tensor %s has rows of %llu values", name,
+                       (unsigned long long)d0);
+    if (mat && (t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 ||
+                t->type == GGML_TYPE_Q8_0)) {
+        kern_type kt = t->type == GGML_TYPE_F32   ? KERN_F32
+                       : t->type == GGML_TYPE_F16 ? KERN_F16
+                                                  : KERN_Q8_0;
+        kern_mat_init(mat, kt, t->data, d1, d0);
+        *out = t->data;
+        return 0;
+    }
     if (t->type == GGML_TYPE_F32) {
         *out = t->data;
         return 0;
@@ -147,7 +167,22 @@ static int load_tensor(engine_model *m, const char *name, uint64_t d0, uint64_t 
         }
     }
     *out = dst;
+    if (mat)
+        kern_mat_init(mat, KERN_F32, dst, d1, d0);
     return 0;
+}
+
+static int load_tensor(engine_model *m, const char *name, uint64_t d0, uint64_t d1,
+                       bool required, const float **out, char *err, size_t err_len)
+{
+    return load_tensor_as(m, name, d0, d1, required, out, NULL, err, err_len);
+}
+
+static int load_mat(engine_model *m, const char *name, uint64_t d0, uint64_t d1, bool required,
+                    kern_mat *out, char *err, size_t err_len)
+{
+    const float *p;
+    return load_tensor_as(m, name, d0, d1, required, &p, out, err, err_len);
 }
 
 static int load_hparams(engine_model *m, char *err, size_t err_len)
@@ -210,11 +245,11 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
     uint64_t E = hp->n_embd, KV = (uint64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff,
              V = hp->n_vocab;
     int rc;
-    if ((rc = load_tensor(m, "token_embd.weight", E, V, true, &m->tok_embd, err, err_len)) ||
+    if ((rc = load_mat(m, "token_embd.weight", E, V, true, &m->tok_embd, err, err_len)) ||
         (rc = load_tensor(m, "output_norm.weight", E, 1, true, &m->output_norm, err, err_len)) ||
-        (rc = load_tensor(m, "output.weight", E, V, false, &m->output, err, err_len)))
+        (rc = load_mat(m, "output.weight", E, V, false, &m->output, err, err_len)))
         return rc;
-    if (!m->output)
+    if (!m->output.data)
         m->output = m->tok_embd; /* tied embeddings */
     m->layers = calloc(hp->n_layer, sizeof *m->layers);
     if (!m->layers)
@@ -224,19 +259,27 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
         struct {
             const char *suffix;
             uint64_t d0, d1;
-            const float **dst;
+            const float **vec;
+            kern_mat *mat;
         } spec[] = {
-            {"attn_norm.weight", E, 1, &w->attn_norm}, {"attn_q.weight", E, E, &w->wq},
-            {"attn_k.weight", E, KV, &w->wk},          {"attn_v.weight", E, KV, &w->wv},
-            {"attn_output.weight", E, E, &w->wo},      {"ffn_norm.weight", E, 1, &w->ffn_norm},
-            {"ffn_gate.weight", E, F, &w->w_gate},     {"ffn_up.weight", E, F, &w->w_up},
-            {"ffn_down.weight", F, E, &w->w_down},
+            {"attn_norm.weight", E, 1, &w->attn_norm, NULL},
+            {"attn_q.weight", E, E, NULL, &w->wq},
+            {"attn_k.weight", E, KV, NULL, &w->wk},
+            {"attn_v.weight", E, KV, NULL, &w->wv},
+            {"attn_output.weight", E, E, NULL, &w->wo},
+            {"ffn_norm.weight", E, 1, &w->ffn_norm, NULL},
+            {"ffn_gate.weight", E, F, NULL, &w->w_gate},
+            {"ffn_up.weight", E, F, NULL, &w->w_up},
+            {"ffn_down.weight", F, E, NULL, &w->w_down},
         };
         for (size_t k = 0; k < sizeof spec / sizeof spec[0]; k++) {
             char name[96];
             snprintf(name, sizeof name, "blk.%u.%s", l, spec[k].suffix);
-            if ((rc = load_tensor(m, name, spec[k].d0, spec[k].d1, true, spec[k].dst, err,
-                                  err_len)))
+            rc = spec[k].vec ? load_tensor(m, name, spec[k].d0, spec[k].d1, true, spec[k].vec,
+                                           err, err_len)
+                             : load_mat(m, name, spec[k].d0, spec[k].d1, true, spec[k].mat, err,
+                                        err_len);
+            if (rc)
                 return rc;
         }
     }
@@ -397,10 +440,18 @@ void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst)
 
 /* ---------------------------------------------------------------- forward */
 
+/* Batches of fewer rows than this take the fused kernels (weights are the traffic); larger
+ * ones sgemm, whose blocking wins once each weight is reused across many rows. */
+#define SMALL_BATCH_DEFAULT 8
+/* Floats of a thread's weight-tile scratch (F16/Q8_0 rows widened for sgemm): L2-sized. */
+#define TILE_FLOATS (64u * 1024u)
+
 struct engine_ctx {
     const engine_model *m;
     uint32_t max_tokens;
     uint32_t n_threads;
+    tpool *pool;
+    uint32_t small_batch; /* see SMALL_BATCH_DEFAULT */
     float *x;      /* (max_tokens, n_embd) residual stream */
     float *xn;     /* (max_tokens, n_embd) normed input of a sublayer */
     float *q;      /* (max_tokens, n_embd) */
@@ -409,17 +460,20 @@ struct engine_ctx {
     float *att;    /* (max_tokens, n_embd) attention output before wo */
     float *gate;   /* (max_tokens, n_ff) */
     float *up;     /* (max_tokens, n_ff) */
-    float *scores; /* (scores_cap) one head's attention weights */
+    float *scores; /* (n_threads, scores_cap) each thread's attention weights of one head */
     size_t scores_cap;
+    float *tile;   /* (n_threads, tile_floats) widened weight rows */
+    size_t tile_floats;
     int32_t *slot; /* (max_tokens) arena slot of each row */
     float *rope_inv_freq; /* (n_rot / 2) base^(-2j/n_rot) */
+    float *rope_cs;       /* (max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
 };
 
 int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_threads,
                       engine_ctx **out)
 {
     *out = NULL;
-    if (max_tokens == 0 || max_tokens > 65536)
+    if (max_tokens == 0 || max_tokens > 65536 || n_threads > 1024)
         return KVS_EINVAL;
     engine_ctx *c = calloc(1, sizeof *c);
     if (!c)
@@ -430,6 +484,12 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->m = m;
     c->max_tokens = max_tokens;
     c->n_threads = n_threads ? n_threads : 1;
+    c->small_batch = SMALL_BATCH_DEFAULT;
+    const char *env = getenv("KVS_SMALL_BATCH"); /* tuning knob for benchmarks */
+    if (env && atoi(env) >= 0)
+        c->small_batch = (uint32_t)atoi(env);
+    size_t max_in = E > F ? E : F;
+    c->tile_floats = TILE_FLOATS > 16 * max_in ? TILE_FLOATS : 16 * max_in;
     c->x = malloc(T * E * sizeof(float));
     c->xn = malloc(T * E * sizeof(float));
     c->q = malloc(T * E * sizeof(float));
@@ -440,14 +500,18 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->up = malloc(T * F * sizeof(float));
     c->slot = malloc(T * sizeof(int32_t));
     c->rope_inv_freq = malloc(hp->n_rot / 2 * sizeof(float));
+    c->rope_cs = malloc(T * hp->n_rot * sizeof(float));
+    c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up ||
-        !c->slot || !c->rope_inv_freq) {
+        !c->slot || !c->rope_inv_freq || !c->rope_cs || !c->tile ||
+        tpool_create(c->n_threads, &c->pool)) {
         engine_ctx_destroy(c);
         return KVS_ENOMEM;
     }
     for (uint32_t j = 0; j < hp->n_rot / 2; j++)
         c->rope_inv_freq[j] = powf(hp->rope_base, -(float)(2 * j) / (float)hp->n_rot);
-    openblas_set_num_threads((int)c->n_threads);
+    /* The pool is the CPU budget: BLAS calls run inside pool threads, one thread each. */
+    openblas_set_num_threads(1);
     *out = c;
     return 0;
 }
@@ -456,6 +520,7 @@ void engine_ctx_destroy(engine_ctx *c)
 {
     if (!c)
         return;
+    tpool_destroy(c->pool);
     free(c->x);
     free(c->xn);
     free(c->q);
@@ -465,47 +530,83 @@ void engine_ctx_destroy(engine_ctx *c)
     free(c->gate);
     free(c->up);
     free(c->scores);
+    free(c->tile);
     free(c->slot);
     free(c->rope_inv_freq);
+    free(c->rope_cs);
     free(c);
 }
 
 static void rmsnorm_rows(float *out, const float *x, const float *w, size_t rows, size_t n,
                          float eps)
 {
-    for (size_t r = 0; r < rows; r++) {
-        const float *xr = x + r * n;
-        float *o = out + r * n;
-        float ss = 0.0f;
-        for (size_t i = 0; i < n; i++)
-            ss += xr[i] * xr[i];
-        float scale = 1.0f / sqrtf(ss / (float)n + eps);
-        for (size_t i = 0; i < n; i++)
-            o[i] = xr[i] * scale * w[i];
+    for (size_t r = 0; r < rows; r++)
+        kern_rmsnorm(out + r * n, x + r * n, w, n, eps);
+}
+
+typedef struct matmul_job {
+    engine_ctx *c;
+    const kern_mat *w;
+    const float *in;
+    float *out;
+    size_t rows;
+    size_t chunk;      /* output columns per work item */
+    atomic_uint next;  /* next work item */
+} matmul_job;
+
+/* Threads take chunks of output columns from a shared counter, so a thread the OS preempts
+ * (the cores are shared) delays the step by one chunk, not by its whole share. Chunk
+ * boundaries depend only on the matrix and the batch size, never on the thread count or on
+ * which thread took a chunk, so a batch gives the same bits on every run. */
+static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
+{
+    (void)nth;
+    matmul_job *j = arg;
+    const kern_mat *w = j->w;
+    size_t N = w->n_out, K = w->n_in;
+    float *tile = j->c->tile + ith * j->c->tile_floats;
+    for (;;) {
+        size_t n0 = (size_t)atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) *
+                    j->chunk;
+        if (n0 >= N)
+            return;
+        size_t cnt = N - n0 < j->chunk ? N - n0 : j->chunk;
+        if (j->rows < j->c->small_batch) {
+            kern_matmul_rows(w, j->in, j->rows, K, j->out, N, n0, n0 + cnt);
+            continue;
+        }
+        const float *wf = (const float *)w->data + n0 * K;
+        if (w->type != KERN_F32) {
+            kern_rows_to_f32(w, n0, cnt, tile);
+            wf = tile;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->rows, (int)cnt, (int)K,
+                    1.0f, j->in, (int)K, wf, (int)K, 0.0f, j->out + n0, (int)N);
     }
 }
 
-/* out (rows, n_out) = in (rows, n_in) * W^T, W row-major (n_out, n_in). */
-static void matmul(float *out, const float *in, const float *w, size_t rows, size_t n_in,
-                   size_t n_out)
+/* out (rows, n_out) = in (rows, n_in) * W^T. */
+static void matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n_out, (int)n_in, 1.0f,
-                in, (int)n_in, w, (int)n_in, 0.0f, out, (int)n_out);
+    matmul_job j = {.c = c, .w = w, .in = in, .out = out, .rows = rows};
+    /* Small batches: 64 columns (a few KB of weights per item); sgemm: a widened tile that
+     * fits the scratch (and the L2), in multiples of 16 columns. */
+    j.chunk = rows < c->small_batch ? 64 : c->tile_floats / w->n_in / 16 * 16;
+    atomic_init(&j.next, 0);
+    tpool_run(c->pool, matmul_worker, &j);
 }
 
-/* Rotates adjacent pairs (x[2j], x[2j+1]) of each head by pos * inv_freq[j] (llama.cpp's
- * "normal" RoPE, which the GGUF converters lay Q and K out for). */
-static void rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, int32_t pos,
-                 const float *inv_freq)
+/* Rotates adjacent pairs (x[2j], x[2j+1]) of each head by the row's angles pos * inv_freq[j]
+ * (llama.cpp's "normal" RoPE, which the GGUF converters lay Q and K out for); cs holds
+ * (cos, sin) of each angle, computed once per step instead of once per layer. */
+static void rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, const float *cs)
 {
-    for (uint32_t j = 0; j < n_rot / 2; j++) {
-        float theta = (float)pos * inv_freq[j];
-        float cs = cosf(theta), sn = sinf(theta);
-        for (uint32_t h = 0; h < n_heads; h++) {
-            float *p = x + (size_t)h * head_dim + 2 * j;
-            float a = p[0], b = p[1];
-            p[0] = a * cs - b * sn;
-            p[1] = a * sn + b * cs;
+    for (uint32_t h = 0; h < n_heads; h++) {
+        float *p = x + (size_t)h * head_dim;
+        for (uint32_t j = 0; j < n_rot / 2; j++) {
+            float a = p[2 * j], b = p[2 * j + 1], co = cs[2 * j], sn = cs[2 * j + 1];
+            p[2 * j] = a * co - b * sn;
+            p[2 * j + 1] = a * sn + b * co;
         }
     }
 }
@@ -531,47 +632,67 @@ static int validate_batch(engine_ctx *c, const engine_kv *kv, const engine_batch
     return 0;
 }
 
-/* Attention of row t over positions 0..pos of its sequence, for every head. */
-static void attend(engine_ctx *c, const engine_kv *kv, const engine_batch *b, uint32_t t,
-                   const float *kl, const float *vl)
+typedef struct attn_job {
+    engine_ctx *c;
+    const engine_kv *kv;
+    const engine_batch *b;
+    const float *kl, *vl;
+    atomic_uint next; /* next (row, head) item to take */
+} attn_job;
+
+/* Attention of row t's head h over positions 0..pos of its sequence. */
+static void attend_head(const attn_job *j, uint32_t t, uint32_t h, float *scores)
 {
+    const engine_ctx *c = j->c;
+    const engine_kv *kv = j->kv;
     const engine_hparams *hp = &c->m->hp;
-    const engine_seq_view *s = &b->seqs[b->seq[t]];
-    uint32_t n_pos = (uint32_t)b->pos[t] + 1;
+    const engine_seq_view *s = &j->b->seqs[j->b->seq[t]];
+    uint32_t n_pos = (uint32_t)j->b->pos[t] + 1, bs = kv->block_size;
     uint32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, group = hp->n_head / hp->n_head_kv;
     float scale = 1.0f / sqrtf((float)hd);
-    float *scores = c->scores;
-    for (uint32_t h = 0; h < hp->n_head; h++) {
-        const float *qh = c->q + (size_t)t * hp->n_embd + (size_t)h * hd;
-        size_t koff = (size_t)(h / group) * hd;
-        float maxv = -INFINITY;
-        for (uint32_t p = 0; p < n_pos; p++) {
-            size_t slot = (size_t)s->blocks[p / kv->block_size] * kv->block_size +
-                          p % kv->block_size;
-            const float *kp = kl + slot * kv_dim + koff;
-            float dot = 0.0f;
-            for (uint32_t i = 0; i < hd; i++)
-                dot += qh[i] * kp[i];
-            scores[p] = dot * scale;
+    const float *qh = c->q + (size_t)t * hp->n_embd + (size_t)h * hd;
+    const float *kh = j->kl + (size_t)(h / group) * hd;
+    const float *vh = j->vl + (size_t)(h / group) * hd;
+    float maxv = -INFINITY;
+    for (uint32_t p = 0, bi = 0; p < n_pos; bi++) {
+        const float *kp = kh + (size_t)s->blocks[bi] * bs * kv_dim;
+        uint32_t n = n_pos - p < bs ? n_pos - p : bs;
+        for (uint32_t i = 0; i < n; i++, p++, kp += kv_dim) {
+            scores[p] = kern_dot(qh, kp, hd) * scale;
             if (scores[p] > maxv)
                 maxv = scores[p];
         }
-        float sum = 0.0f;
-        for (uint32_t p = 0; p < n_pos; p++) {
-            scores[p] = expf(scores[p] - maxv);
-            sum += scores[p];
-        }
-        float inv = 1.0f / sum;
-        float *out = c->att + (size_t)t * hp->n_embd + (size_t)h * hd;
-        memset(out, 0, hd * sizeof(float));
-        for (uint32_t p = 0; p < n_pos; p++) {
-            size_t slot = (size_t)s->blocks[p / kv->block_size] * kv->block_size +
-                          p % kv->block_size;
-            const float *vp = vl + slot * kv_dim + koff;
-            float wgt = scores[p] * inv;
-            for (uint32_t i = 0; i < hd; i++)
-                out[i] += wgt * vp[i];
-        }
+    }
+    float sum = 0.0f;
+    for (uint32_t p = 0; p < n_pos; p++) {
+        scores[p] = expf(scores[p] - maxv);
+        sum += scores[p];
+    }
+    float inv = 1.0f / sum;
+    float *out = c->att + (size_t)t * hp->n_embd + (size_t)h * hd;
+    memset(out, 0, hd * sizeof(float));
+    for (uint32_t p = 0, bi = 0; p < n_pos; bi++) {
+        const float *vp = vh + (size_t)s->blocks[bi] * bs * kv_dim;
+        uint32_t n = n_pos - p < bs ? n_pos - p : bs;
+        for (uint32_t i = 0; i < n; i++, p++, vp += kv_dim)
+            kern_axpy(out, scores[p] * inv, vp, hd);
+    }
+}
+
+/* Items are taken one at a time from a shared counter: rows of a prefill chunk differ in
+ * length, and each item is computed whole by one thread, so the result does not depend on
+ * which thread took it. */
+static void attn_worker(void *arg, uint32_t ith, uint32_t nth)
+{
+    (void)nth;
+    attn_job *j = arg;
+    uint32_t n_head = j->c->m->hp.n_head, n_items = j->b->n_tokens * n_head;
+    float *scores = j->c->scores + ith * j->c->scores_cap;
+    for (;;) {
+        uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= n_items)
+            return;
+        attend_head(j, i / n_head, i % n_head, scores);
     }
 }
 
@@ -583,7 +704,7 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
     const engine_model *m = c->m;
     const engine_hparams *hp = &m->hp;
     size_t T = b->n_tokens, E = hp->n_embd, kv_dim = (size_t)hp->n_head_kv * hp->head_dim,
-           F = hp->n_ff;
+           F = hp->n_ff, R = hp->n_rot / 2;
     uint32_t max_pos = 0;
     for (size_t t = 0; t < T; t++)
         if ((uint32_t)b->pos[t] + 1 > max_pos)
@@ -593,15 +714,21 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         size_t cap = c->scores_cap ? c->scores_cap : 256;
         while (cap < max_pos)
             cap *= 2;
-        float *s = realloc(c->scores, cap * sizeof(float));
+        float *s = realloc(c->scores, c->n_threads * cap * sizeof(float));
         if (!s)
             return KVS_ENOMEM;
         c->scores = s;
         c->scores_cap = cap;
     }
 
-    for (size_t t = 0; t < T; t++)
-        memcpy(c->x + t * E, m->tok_embd + (size_t)b->token[t] * E, E * sizeof(float));
+    for (size_t t = 0; t < T; t++) {
+        kern_rows_to_f32(&m->tok_embd, (size_t)b->token[t], 1, c->x + t * E);
+        for (size_t r = 0; r < R; r++) {
+            float theta = (float)b->pos[t] * c->rope_inv_freq[r];
+            c->rope_cs[(t * R + r) * 2] = cosf(theta);
+            c->rope_cs[(t * R + r) * 2 + 1] = sinf(theta);
+        }
+    }
 
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const layer_weights *w = &m->layers[l];
@@ -609,32 +736,28 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         float *vl = kv->v + l * kv->layer_stride;
 
         rmsnorm_rows(c->xn, c->x, w->attn_norm, T, E, hp->rms_eps);
-        matmul(c->q, c->xn, w->wq, T, E, E);
-        matmul(c->k, c->xn, w->wk, T, E, kv_dim);
-        matmul(c->v, c->xn, w->wv, T, E, kv_dim);
+        matmul(c, c->q, c->xn, &w->wq, T);
+        matmul(c, c->k, c->xn, &w->wk, T);
+        matmul(c, c->v, c->xn, &w->wv, T);
         for (size_t t = 0; t < T; t++) {
-            rope(c->q + t * E, hp->n_head, hp->head_dim, hp->n_rot, b->pos[t], c->rope_inv_freq);
-            rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, b->pos[t],
-                 c->rope_inv_freq);
+            rope(c->q + t * E, hp->n_head, hp->head_dim, hp->n_rot, c->rope_cs + t * R * 2);
+            rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot,
+                 c->rope_cs + t * R * 2);
             memcpy(kl + (size_t)c->slot[t] * kv_dim, c->k + t * kv_dim, kv_dim * sizeof(float));
             memcpy(vl + (size_t)c->slot[t] * kv_dim, c->v + t * kv_dim, kv_dim * sizeof(float));
         }
-        for (uint32_t t = 0; t < T; t++)
-            attend(c, kv, b, t, kl, vl);
-        matmul(c->xn, c->att, w->wo, T, E, E);
-        for (size_t i = 0; i < T * E; i++)
-            c->x[i] += c->xn[i];
+        attn_job aj = {.c = c, .kv = kv, .b = b, .kl = kl, .vl = vl};
+        atomic_init(&aj.next, 0);
+        tpool_run(c->pool, attn_worker, &aj);
+        matmul(c, c->xn, c->att, &w->wo, T);
+        kern_add(c->x, c->xn, T * E);
 
         rmsnorm_rows(c->xn, c->x, w->ffn_norm, T, E, hp->rms_eps);
-        matmul(c->gate, c->xn, w->w_gate, T, E, F);
-        matmul(c->up, c->xn, w->w_up, T, E, F);
-        for (size_t i = 0; i < T * F; i++) {
-            float g = c->gate[i];
-            c->gate[i] = g / (1.0f + expf(-g)) * c->up[i];
-        }
-        matmul(c->xn, c->gate, w->w_down, T, F, E);
-        for (size_t i = 0; i < T * E; i++)
-            c->x[i] += c->xn[i];
+        matmul(c, c->gate, c->xn, &w->w_gate, T);
+        matmul(c, c->up, c->xn, &w->w_up, T);
+        kern_silu_mul(c->gate, c->up, T * F);
+        matmul(c, c->xn, c->gate, &w->w_down, T);
+        kern_add(c->x, c->xn, T * E);
     }
 
     /* Final norm and the vocabulary projection, only for rows whose logits are wanted. */
@@ -646,6 +769,6 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         n_out++;
     }
     if (n_out)
-        matmul(logits_out, c->xn, m->output, n_out, E, hp->n_vocab);
+        matmul(c, logits_out, c->xn, &m->output, n_out);
     return 0;
 }

@@ -3,7 +3,7 @@
  *
  * engine_forward takes a flat batch of tokens from many sequences. Every projection and the
  * MLP is one GEMM over all rows of the batch (weights are read once per step, not once per
- * sequence); attention runs per token over its own sequence's blocks. Token t of sequence s
+ * sequence); attention runs per token and head over its own sequence's blocks. Token t of sequence s
  * at position p writes its K/V into slot blocks[p / block_size] * block_size + p % block_size
  * of the arena and attends over positions 0..p of s (causal); all of a layer's K/V writes for
  * the batch happen before that layer's attention, so a prefill chunk sees itself.
@@ -85,8 +85,11 @@ typedef struct engine_batch {
 
 typedef struct engine_ctx engine_ctx;
 
-/* Scratch for batches of up to max_tokens rows; n_threads compute threads (BLAS and the
- * attention workers). */
+/* Scratch for batches of up to max_tokens rows; n_threads compute threads (0 means 1): a
+ * persistent pool of n_threads - 1 workers plus the thread calling engine_forward, shared by
+ * the matrix products and attention. BLAS runs single-threaded inside that pool: this sets
+ * openblas_set_num_threads(1), which is process-wide. Idle workers sleep. The same batch gives
+ * the same logits on every run, whatever n_threads. */
 int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_threads,
                       engine_ctx **out);
 void engine_ctx_destroy(engine_ctx *c);

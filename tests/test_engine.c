@@ -31,6 +31,7 @@ typedef struct ref_case {
 } ref_case;
 
 static engine_model *g_model;
+static uint32_t g_threads = 1; /* compute threads of run_batched's ctx */
 static ref_case g_cases[MAX_CASES];
 static int g_n_cases;
 
@@ -117,7 +118,7 @@ static void run_batched(const int *cases, int n_seqs, uint32_t block_size, int32
     engine_kv *kv;
     engine_ctx *ctx;
     assert_int_equal(engine_kv_create(g_model, n_blocks, block_size, &kv), 0);
-    assert_int_equal(engine_ctx_create(g_model, 64 * (uint32_t)n_seqs, 1, &ctx), 0);
+    assert_int_equal(engine_ctx_create(g_model, 64 * (uint32_t)n_seqs, g_threads, &ctx), 0);
     test_seq *seqs = calloc((size_t)n_seqs, sizeof *seqs);
     for (int s = 0; s < n_seqs; s++) {
         /* interleave: sequence s owns blocks s, s + n_seqs, ... in reverse order */
@@ -215,6 +216,88 @@ static void test_reference_batched_block_sizes(void **state)
         for (int c = 0; c < g_n_cases; c++)
             expect_reference(c, out[c], n[c]);
     }
+}
+
+/* The engine's worker pool (matmul chunks and attention items shared between threads) changes
+ * nothing: two threads reproduce the reference, alone and batched. */
+static void test_reference_threads(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    g_threads = 2;
+    int cases[MAX_CASES];
+    for (int c = 0; c < g_n_cases; c++) {
+        cases[c] = c;
+        int32_t out[1][CTX + 1];
+        int n;
+        run_batched(&c, 1, 16, out, &n);
+        expect_reference(c, out[0], n);
+    }
+    int32_t out[MAX_CASES][CTX + 1];
+    int n[MAX_CASES];
+    run_batched(cases, g_n_cases, 16, out, n);
+    for (int c = 0; c < g_n_cases; c++)
+        expect_reference(c, out[c], n[c]);
+    g_threads = 1;
+}
+
+/* Every prompt prefilled in one batch (all rows' logits wanted, so small and large matrix paths
+ * both run: 1-row decode steps follow), on 1, 2 and 3 threads and twice each: the logits are
+ * the same bits every time. The scheduler relies on a batch being reproducible. */
+static void run_logits(uint32_t threads, float *out, size_t *n_out)
+{
+    const engine_hparams *hp = engine_model_hparams(g_model);
+    engine_kv *kv;
+    engine_ctx *ctx;
+    uint32_t bs = 16, per_seq = 5, nb = per_seq * MAX_CASES; /* 64-token prompts + 1 */
+    assert_int_equal(engine_kv_create(g_model, nb, bs, &kv), 0);
+    assert_int_equal(engine_ctx_create(g_model, 64 * MAX_CASES, threads, &ctx), 0);
+    int32_t blocks[5 * MAX_CASES], tok[64 * MAX_CASES], pos[64 * MAX_CASES], sq[64 * MAX_CASES];
+    bool want[64 * MAX_CASES];
+    engine_seq_view views[MAX_CASES];
+    for (uint32_t i = 0; i < nb; i++)
+        blocks[i] = (int32_t)(nb - 1 - i);
+    uint32_t n = 0;
+    for (int c = 0; c < g_n_cases; c++) {
+        views[c].blocks = blocks + c * (int)per_seq;
+        views[c].n_blocks = per_seq;
+        for (int p = 0; p < g_cases[c].n_prompt; p++, n++) {
+            tok[n] = g_cases[c].prompt[p];
+            pos[n] = p;
+            sq[n] = c;
+            want[n] = true;
+        }
+    }
+    engine_batch b = {n, tok, pos, sq, want, (uint32_t)g_n_cases, views};
+    assert_int_equal(engine_forward(ctx, kv, &b, out), 0);
+    *n_out = n;
+    /* one decode step of the first sequence: the single-row kernels */
+    int32_t t1 = 1, p1 = g_cases[0].n_prompt, s1 = 0;
+    bool w1 = true;
+    engine_batch d = {1, &t1, &p1, &s1, &w1, 1, views};
+    assert_int_equal(engine_forward(ctx, kv, &d, out + (size_t)n * hp->n_vocab), 0);
+    (*n_out)++;
+    engine_ctx_destroy(ctx);
+    engine_kv_destroy(kv);
+}
+
+static void test_deterministic_across_threads(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    size_t V = engine_model_hparams(g_model)->n_vocab, rows = 64 * MAX_CASES + 1, n0, n;
+    float *ref = malloc(rows * V * sizeof(float)), *got = malloc(rows * V * sizeof(float));
+    run_logits(1, ref, &n0);
+    for (uint32_t threads = 1; threads <= 3; threads++)
+        for (int rep = 0; rep < 2; rep++) {
+            run_logits(threads, got, &n);
+            assert_int_equal(n, n0);
+            assert_memory_equal(ref, got, n * V * sizeof(float));
+        }
+    free(ref);
+    free(got);
 }
 
 /* Along each reference generation, the cached step's logits equal a full recomputation of the
@@ -319,6 +402,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_alone),
         cmocka_unit_test(test_reference_batched_block_sizes),
+        cmocka_unit_test(test_reference_threads),
+        cmocka_unit_test(test_deterministic_across_threads),
         cmocka_unit_test(test_cache_equals_recompute),
         cmocka_unit_test(test_malformed_batch_rejected),
     };

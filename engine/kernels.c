@@ -1,0 +1,457 @@
+/* Forward-pass kernels. The matrix kernels tile RB input rows x CB weight rows and keep the
+ * RB * CB partial sums in registers, reducing over k in 8-lane vectors and summing the lanes
+ * once at the end (so a weight row's bytes are read once per RB rows of x). */
+#include "engine/kernels.h"
+
+#include "engine/gguf.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KERN_AVX2 1
+#include <immintrin.h>
+#endif
+
+#define Q8_BLOCK_BYTES (2 + QK8_0)
+
+void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, size_t n_in)
+{
+    m->type = type;
+    m->data = data;
+    m->n_out = n_out;
+    m->n_in = n_in;
+    m->row_bytes = type == KERN_F32   ? n_in * 4
+                   : type == KERN_F16 ? n_in * 2
+                                      : n_in / QK8_0 * Q8_BLOCK_BYTES;
+}
+
+static inline float f16_at(const uint8_t *p, size_t i)
+{
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return ggml_fp16_to_fp32(h);
+}
+
+/* Weight k of a row as the F32 value a widened copy would hold. */
+static inline float w_at(kern_type type, const uint8_t *row, size_t k)
+{
+    switch (type) {
+    case KERN_F32: {
+        float f;
+        memcpy(&f, row + 4 * k, 4);
+        return f;
+    }
+    case KERN_F16:
+        return f16_at(row, k);
+    default: {
+        const uint8_t *blk = row + k / QK8_0 * Q8_BLOCK_BYTES;
+        return f16_at(blk, 0) * (float)(int8_t)blk[2 + k % QK8_0];
+    }
+    }
+}
+
+#ifdef KERN_AVX2
+
+/* With AVX-512VL the compiler has 32 vector registers: a 4 x 4 tile (16 sums, 4 x, 4 scales)
+ * fits; plain AVX2 has 16, so 4 x 2. */
+#ifdef __AVX512VL__
+#define CB 4
+#else
+#define CB 2
+#endif
+#define RB 4
+#ifndef SEQ_MAX_T
+#define SEQ_MAX_T 4 /* measured: 2-3x at T = 1, 2; even at 4 */
+#endif
+#ifndef PF_DIST
+#define PF_DIST 512
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE __m256 load_w8(kern_type type, const uint8_t *row, size_t k)
+{
+    if (type == KERN_F32)
+        return _mm256_loadu_ps((const float *)(const void *)(row + 4 * k));
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(row + 2 * k)));
+}
+
+/* Stores the tile's sums plus the scalar tail k0..K-1. */
+INLINE void tile_store(const __m256 *acc, int stride, int rb, int cb, kern_type type,
+                       const float *x, size_t ldx, const uint8_t *w, size_t ldw, size_t k0,
+                       size_t K, float *out, size_t ldo)
+{
+    for (int r = 0; r < rb; r++)
+        for (int c = 0; c < cb; c++) {
+            float s = hsum8(acc[r * stride + c]);
+            for (size_t k = k0; k < K; k++)
+                s += x[r * ldx + k] * w_at(type, w + c * ldw, k);
+            out[r * ldo + c] = s;
+        }
+}
+
+/* F32 / F16 tile: rb rows of x against cb weight rows. */
+INLINE void tile_fp(kern_type type, int rb, int cb, const float *x, size_t ldx,
+                    const uint8_t *w, size_t ldw, size_t K, float *out, size_t ldo)
+{
+    __m256 acc[RB][CB];
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < cb; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    size_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 xv[RB];
+#pragma GCC unroll 4
+        for (int r = 0; r < rb; r++)
+            xv[r] = _mm256_loadu_ps(x + r * ldx + k);
+#pragma GCC unroll 4
+        for (int c = 0; c < cb; c++) {
+            /* The rows are separate streams: fetch ahead so T = 1 runs at memory speed. */
+            _mm_prefetch((const char *)(w + c * ldw + (type == KERN_F32 ? 4 : 2) * k + PF_DIST),
+                         _MM_HINT_T0);
+            __m256 wv = load_w8(type, w + c * ldw, k);
+#pragma GCC unroll 4
+            for (int r = 0; r < rb; r++)
+                acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+        }
+    }
+    tile_store(&acc[0][0], CB, rb, cb, type, x, ldx, w, ldw, k, K, out, ldo);
+}
+
+/* One weight row against rb rows of x, with U partial sums per row interleaved over k: the
+ * row is read as one sequential stream (several interleaved row streams defeat the hardware
+ * prefetcher and halve the bandwidth a memory-bound small batch gets). */
+INLINE void seq_fp(kern_type type, int rb, int U, const float *x, size_t ldx, const uint8_t *w,
+                   size_t K, float *out, size_t ldo)
+{
+    __m256 acc[RB][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++)
+            acc[r][u] = _mm256_setzero_ps();
+    size_t k = 0;
+    for (; k + 8 * (size_t)U <= K; k += 8 * (size_t)U) {
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            __m256 wv = load_w8(type, w, k + 8 * (size_t)u);
+#pragma GCC unroll 4
+            for (int r = 0; r < rb; r++)
+                acc[r][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k + 8 * u), wv,
+                                            acc[r][u]);
+        }
+    }
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv = load_w8(type, w, k);
+#pragma GCC unroll 4
+        for (int r = 0; r < rb; r++)
+            acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k), wv, acc[r][0]);
+    }
+    __m256 sum[RB];
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++) {
+        sum[r] = acc[r][0];
+#pragma GCC unroll 4
+        for (int u = 1; u < U; u++)
+            sum[r] = _mm256_add_ps(sum[r], acc[r][u]);
+    }
+    tile_store(sum, 1, rb, 1, type, x, ldx, w, 0, k, K, out, ldo);
+}
+
+/* The same for a Q8_0 row: one partial sum per 8-value quarter of a block. */
+INLINE void seq_q8(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K, float *out,
+                   size_t ldo)
+{
+    __m256 acc[RB][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            acc[r][u] = _mm256_setzero_ps();
+    size_t nb = K / QK8_0;
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * Q8_BLOCK_BYTES;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            __m256 wv = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                             (const __m128i *)(const void *)(blk + 2 + u * 8)))));
+#pragma GCC unroll 4
+            for (int r = 0; r < rb; r++)
+                acc[r][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + b * QK8_0 + u * 8), wv,
+                                            acc[r][u]);
+        }
+    }
+    __m256 sum[RB];
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++)
+        sum[r] = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
+                               _mm256_add_ps(acc[r][2], acc[r][3]));
+    tile_store(sum, 1, rb, 1, KERN_Q8_0, x, ldx, w, 0, nb * QK8_0, K, out, ldo);
+}
+
+/* Q8_0 tile: weight = scale * int8, rounded to float as a widened copy would be. */
+INLINE void tile_q8(int rb, int cb, const float *x, size_t ldx, const uint8_t *w, size_t ldw,
+                    size_t K, float *out, size_t ldo)
+{
+    __m256 acc[RB][CB];
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < cb; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    size_t nb = K / QK8_0;
+    for (size_t b = 0; b < nb; b++) {
+        __m256 d[CB];
+#pragma GCC unroll 4
+        for (int c = 0; c < cb; c++) {
+            uint16_t h;
+            memcpy(&h, w + c * ldw + b * Q8_BLOCK_BYTES, 2);
+            d[c] = _mm256_set1_ps(_cvtsh_ss(h));
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < QK8_0 / 8; j++) {
+            size_t k = b * QK8_0 + (size_t)j * 8;
+            __m256 xv[RB];
+#pragma GCC unroll 4
+            for (int r = 0; r < rb; r++)
+                xv[r] = _mm256_loadu_ps(x + r * ldx + k);
+#pragma GCC unroll 4
+            for (int c = 0; c < cb; c++) {
+                const uint8_t *q = w + c * ldw + b * Q8_BLOCK_BYTES + 2 + j * 8;
+                __m256 wv = _mm256_mul_ps(
+                    d[c], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                              _mm_loadl_epi64((const __m128i *)(const void *)q))));
+#pragma GCC unroll 4
+                for (int r = 0; r < rb; r++)
+                    acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+            }
+        }
+    }
+    tile_store(&acc[0][0], CB, rb, cb, KERN_Q8_0, x, ldx, w, ldw, nb * QK8_0, K, out, ldo);
+}
+
+/* One instantiation per (type, rb, cb) so every loop bound is a constant. */
+#define TILE_CASES(TYPE)                                                                       \
+    static void tiles_##TYPE(int rb, int cb, const float *x, size_t ldx, const uint8_t *w,     \
+                            size_t ldw, size_t K, float *out, size_t ldo)                      \
+    {                                                                                          \
+        if (cb == CB) {                                                                        \
+            switch (rb) {                                                                      \
+            case 1: TILE_CALL(TYPE, 1, CB); return;                                            \
+            case 2: TILE_CALL(TYPE, 2, CB); return;                                            \
+            case 3: TILE_CALL(TYPE, 3, CB); return;                                            \
+            default: TILE_CALL(TYPE, 4, CB); return;                                           \
+            }                                                                                  \
+        }                                                                                      \
+        switch (rb) {                                                                          \
+        case 1: TILE_CALL(TYPE, 1, 1); return;                                                 \
+        case 2: TILE_CALL(TYPE, 2, 1); return;                                                 \
+        case 3: TILE_CALL(TYPE, 3, 1); return;                                                 \
+        default: TILE_CALL(TYPE, 4, 1); return;                                                \
+        }                                                                                      \
+    }
+#define TILE_CALL(TYPE, R, C) TILE_CALL_##TYPE(R, C)
+#define SEQ_CALL(TYPE, R) seq_fp(TYPE, R, R == 1 ? 4 : 2, x, ldx, w, K, out, ldo)
+static void seq_f32(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K, float *out,
+                    size_t ldo)
+{
+    switch (rb) {
+    case 1: SEQ_CALL(KERN_F32, 1); return;
+    case 2: SEQ_CALL(KERN_F32, 2); return;
+    case 3: SEQ_CALL(KERN_F32, 3); return;
+    default: SEQ_CALL(KERN_F32, 4); return;
+    }
+}
+static void seq_q8_rb(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K,
+                      float *out, size_t ldo)
+{
+    switch (rb) {
+    case 1: seq_q8(1, x, ldx, w, K, out, ldo); return;
+    case 2: seq_q8(2, x, ldx, w, K, out, ldo); return;
+    case 3: seq_q8(3, x, ldx, w, K, out, ldo); return;
+    default: seq_q8(4, x, ldx, w, K, out, ldo); return;
+    }
+}
+static void seq_f16(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K, float *out,
+                    size_t ldo)
+{
+    switch (rb) {
+    case 1: SEQ_CALL(KERN_F16, 1); return;
+    case 2: SEQ_CALL(KERN_F16, 2); return;
+    case 3: SEQ_CALL(KERN_F16, 3); return;
+    default: SEQ_CALL(KERN_F16, 4); return;
+    }
+}
+#define TILE_CALL_f32(R, C) tile_fp(KERN_F32, R, C, x, ldx, w, ldw, K, out, ldo)
+#define TILE_CALL_f16(R, C) tile_fp(KERN_F16, R, C, x, ldx, w, ldw, K, out, ldo)
+#define TILE_CALL_q8(R, C) tile_q8(R, C, x, ldx, w, ldw, K, out, ldo)
+TILE_CASES(f32)
+TILE_CASES(f16)
+TILE_CASES(q8)
+
+void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
+                      size_t ldo, size_t n0, size_t n1)
+{
+    void (*tile)(int, int, const float *, size_t, const uint8_t *, size_t, size_t, float *,
+                 size_t) = m->type == KERN_F32 ? tiles_f32 : m->type == KERN_F16 ? tiles_f16
+                                                                                : tiles_q8;
+    const uint8_t *base = m->data;
+    size_t ldw = m->row_bytes;
+    if (T <= SEQ_MAX_T) {
+        void (*seq)(int, const float *, size_t, const uint8_t *, size_t, float *, size_t) =
+            m->type == KERN_F32 ? seq_f32 : m->type == KERN_F16 ? seq_f16 : seq_q8_rb;
+        for (size_t n = n0; n < n1; n++)
+            for (size_t t = 0; t < T; t += RB)
+                seq(T - t >= RB ? RB : (int)(T - t), x + t * ldx, ldx, base + n * ldw, m->n_in,
+                    out + t * ldo + n, ldo);
+        return;
+    }
+    /* Columns outer: a CB-row weight tile (a few KB) stays in L1 while all of x streams by. */
+    for (size_t n = n0; n < n1;) {
+        int cb = n1 - n >= CB ? CB : 1;
+        for (size_t t = 0; t < T; t += RB) {
+            int rb = T - t >= RB ? RB : (int)(T - t);
+            tile(rb, cb, x + t * ldx, ldx, base + n * ldw, ldw, m->n_in, out + t * ldo + n,
+                 ldo);
+        }
+        n += (size_t)cb;
+    }
+}
+
+void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
+{
+    const uint8_t *base = (const uint8_t *)m->data + r0 * m->row_bytes;
+    size_t K = m->n_in;
+    if (m->type == KERN_F32) {
+        memcpy(dst, base, nr * K * sizeof(float));
+        return;
+    }
+    for (size_t r = 0; r < nr; r++, base += m->row_bytes, dst += K) {
+        if (m->type == KERN_F16) {
+            size_t k = 0;
+            for (; k + 8 <= K; k += 8)
+                _mm256_storeu_ps(dst + k, load_w8(KERN_F16, base, k));
+            for (; k < K; k++)
+                dst[k] = f16_at(base, k);
+            continue;
+        }
+        for (size_t b = 0; b < K / QK8_0; b++) {
+            const uint8_t *blk = base + b * Q8_BLOCK_BYTES;
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+            for (int j = 0; j < QK8_0 / 8; j++)
+                _mm256_storeu_ps(dst + b * QK8_0 + j * 8,
+                                 _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                      _mm_loadl_epi64((const __m128i *)(
+                                                          const void *)(blk + 2 + j * 8))))));
+        }
+    }
+}
+
+float kern_dot(const float *a, const float *b, size_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+void kern_axpy(float *y, float a, const float *x, size_t n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i),
+                                                _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static float sum_squares(const float *x, size_t n)
+{
+    return kern_dot(x, x, n);
+}
+
+#else /* portable C */
+
+void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
+                      size_t ldo, size_t n0, size_t n1)
+{
+    for (size_t n = n0; n < n1; n++) {
+        const uint8_t *row = (const uint8_t *)m->data + n * m->row_bytes;
+        for (size_t t = 0; t < T; t++) {
+            float s = 0.0f;
+            for (size_t k = 0; k < m->n_in; k++)
+                s += x[t * ldx + k] * w_at(m->type, row, k);
+            out[t * ldo + n] = s;
+        }
+    }
+}
+
+void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
+{
+    for (size_t r = 0; r < nr; r++) {
+        const uint8_t *row = (const uint8_t *)m->data + (r0 + r) * m->row_bytes;
+        for (size_t k = 0; k < m->n_in; k++)
+            dst[r * m->n_in + k] = w_at(m->type, row, k);
+    }
+}
+
+float kern_dot(const float *a, const float *b, size_t n)
+{
+    float s = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+void kern_axpy(float *y, float a, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static float sum_squares(const float *x, size_t n) { return kern_dot(x, x, n); }
+
+#endif
+
+void kern_add(float *y, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) /* auto-vectorized; exact either way */
+        y[i] += x[i];
+}
+
+void kern_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
+{
+    float scale = 1.0f / sqrtf(sum_squares(x, n) / (float)n + eps);
+    for (size_t i = 0; i < n; i++)
+        out[i] = x[i] * scale * w[i];
+}
+
+void kern_silu_mul(float *g, const float *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}

@@ -1,0 +1,44 @@
+/* CPU kernels of the forward pass: products with weight matrices kept in their file type
+ * (F32, F16, Q8_0; never widened in memory), and the vector helpers around them.
+ * Every kernel is single-threaded and deterministic: the same inputs give the same bits.
+ * AVX2+FMA+F16C code when compiled for it, plain C otherwise. Weights are multiplied exactly
+ * as widened F32 values (an F16 value, or scale * int8 rounded to float), so results differ
+ * from a widened copy only in summation order. */
+#ifndef KVS_ENGINE_KERNELS_H
+#define KVS_ENGINE_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kern_type { KERN_F32, KERN_F16, KERN_Q8_0 } kern_type;
+
+/* A row-major weight matrix (n_out rows of n_in inputs) in place: F32/F16 rows are n_in
+ * values; Q8_0 rows are n_in / 32 blocks of an f16 scale and 32 int8 (n_in % 32 == 0). */
+typedef struct kern_mat {
+    kern_type type;
+    const void *data;
+    size_t n_out, n_in;
+    size_t row_bytes;
+} kern_mat;
+
+/* Fills m from its parts; row_bytes from type and n_in. */
+void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, size_t n_in);
+
+/* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1: the fused
+ * small-batch path, converting weights in registers (each weight byte read once per call). */
+void kern_matmul_rows(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out,
+                      size_t ldo, size_t n0, size_t n1);
+/* Widens rows r0..r0+nr-1 of w to F32 into dst ([nr][n_in]). */
+void kern_rows_to_f32(const kern_mat *w, size_t r0, size_t nr, float *dst);
+
+float kern_dot(const float *a, const float *b, size_t n);
+/* y += a * x */
+void kern_axpy(float *y, float a, const float *x, size_t n);
+/* y += x */
+void kern_add(float *y, const float *x, size_t n);
+/* out = x / rms(x) * w */
+void kern_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
+/* g = silu(g) * u */
+void kern_silu_mul(float *g, const float *u, size_t n);
+
+#endif
