@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------ requests and events */
 
@@ -926,8 +927,13 @@ static void run_step(sched *s)
     }
     engine_batch b = {n_rows, s->b_token, s->b_pos, s->b_seq, s->b_logits, n_seqs, s->b_views};
     int rc = engine_forward(s->ctx, s->kv, &b, s->logits);
+    if (s->p.fail_step && s->m.steps_total + 1 == s->p.fail_step)
+        rc = KVS_EIO; /* fault injection for tests: see sched_params.fail_step */
     if (rc) {
         log_error("scheduler: forward pass failed: %s", status_str(rc));
+        pthread_mutex_lock(&s->metrics_mu);
+        s->m.steps_total++;
+        pthread_mutex_unlock(&s->metrics_mu);
         for (uint32_t i = 0; i < n_seqs; i++)
             finish_seq(s, &s->running, s->b_seqs[i], SCHED_FINISH_ERROR, rc);
         return;
@@ -1034,6 +1040,10 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
     }
     if (p.max_batched_tokens < p.max_num_seqs)
         p.max_batched_tokens = p.max_num_seqs; /* every running sequence decodes every step */
+    if (p.n_threads == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        p.n_threads = cores > 0 ? (uint32_t)cores : 1;
+    }
     size_t block_bytes = engine_kv_block_bytes(model, p.block_size);
     uint64_t n_blocks = p.kv_blocks ? p.kv_blocks : (uint64_t)p.kv_cache_mb * 1024 * 1024 / block_bytes;
     uint64_t ctx_blocks = (p.n_ctx + p.block_size - 1) / p.block_size;
@@ -1095,10 +1105,10 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
     }
     s->thread_started = true;
     log_info("scheduler: %llu KV blocks of %u tokens (%.1f MiB), context %u, up to %u "
-             "sequences and %u tokens per step",
+             "sequences and %u tokens per step, %u compute threads",
              (unsigned long long)n_blocks, p.block_size,
              (double)(n_blocks * block_bytes) / (1024.0 * 1024.0), p.n_ctx, p.max_num_seqs,
-             p.max_batched_tokens);
+             p.max_batched_tokens, p.n_threads);
     *out = s;
     return 0;
 }

@@ -34,8 +34,10 @@ typedef struct sched_params {
     uint32_t kv_blocks;          /* if > 0: exactly this many blocks, ignoring kv_cache_mb */
     uint32_t block_size;         /* tokens per KV block (default 16) */
     bool prefix_cache;           /* reuse cached prompt blocks (default true) */
-    uint32_t n_threads;          /* compute threads for the engine (default: cores) */
+    uint32_t n_threads;          /* compute threads for the engine; 0 = the online cores */
     uint32_t n_ctx;              /* context length; 0 = the model's */
+    uint64_t fail_step;          /* tests only: if > 0, step number fail_step fails as if the
+                                    forward pass had (KVS_EIO), to exercise error paths */
 } sched_params;
 
 sched_params sched_default_params(void);

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -139,6 +140,10 @@ int cmd_serve(int argc, char **argv)
     if (cfg.threads)
         sp.n_threads = cfg.threads;
     sp.n_ctx = cfg.ctx_size;
+    /* Fault injection for the end-to-end tests of the 500 path; never set in production. */
+    const char *fail = getenv("KVSERVE_TEST_FAIL_STEP");
+    if (fail && *fail)
+        sp.fail_step = strtoull(fail, NULL, 10);
     int rc = sched_create(&sp, model, &sc);
     if (rc) {
         fprintf(stderr, "kvserve serve: cannot start the scheduler: %s\n", status_str(rc));
