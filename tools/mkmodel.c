@@ -228,25 +228,30 @@ static void usage(FILE *fp)
         "usage: kvs-mkmodel --shape NAME -o OUT.gguf [--type f32|f16|q8_0] [--vocab FILE.gguf]\n"
         "                   [--seed N] [--ctx N] [--arch llama|qwen2] [--tied]\n"
         "                   [--rope-base F] [--rope-freqs] [--chat-template TEXT]\n"
+        "                   [--weight-std F]\n"
         "Writes a llama or qwen2 GGUF with random weights (std %.2f, norms 1.0).\n"
         "  --shape   one of:",
         WEIGHT_STD);
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++)
         fprintf(fp, " %s", SHAPES[i].name);
-    fprintf(fp, "\n"
-                "  --type    type of the 2-D weight matrices (default f32; norms stay F32; q8_0\n"
-                "            falls back to f16 for matrices whose rows are not a multiple of 32)\n"
-                "  --vocab   copy tokenizer.* metadata from this GGUF (its token count sets the\n"
-                "            vocabulary size); without it a llama-style byte vocabulary is made\n"
-                "  --seed    weight seed (default 1)\n"
-                "  --ctx     <arch>.context_length (default 2048)\n"
-                "  --arch    llama (default) or qwen2 (adds F32 Q/K/V biases, std 0.5; NEOX RoPE\n"
-                "            when loaded)\n"
-                "  --tied    no output.weight: the output projection reuses token_embd\n"
-                "  --rope-base  <arch>.rope.freq_base (default 10000; Llama 3 uses 500000)\n"
-                "  --rope-freqs write rope_freqs.weight, Llama 3.1's per-frequency divisors\n"
-                "            (1 for the fastest pair rising to 8 for the slowest)\n"
-                "  --chat-template  store TEXT as tokenizer.chat_template\n");
+    fprintf(fp,
+            "\n"
+            "  --type    type of the 2-D weight matrices (default f32; norms stay F32; q8_0\n"
+            "            falls back to f16 for matrices whose rows are not a multiple of 32)\n"
+            "  --vocab   copy tokenizer.* metadata from this GGUF (its token count sets the\n"
+            "            vocabulary size); without it a llama-style byte vocabulary is made\n"
+            "  --seed    weight seed (default 1)\n"
+            "  --ctx     <arch>.context_length (default 2048)\n"
+            "  --arch    llama (default) or qwen2 (adds F32 Q/K/V biases, std 0.5; NEOX RoPE\n"
+            "            when loaded)\n"
+            "  --tied    no output.weight: the output projection reuses token_embd\n"
+            "  --rope-base  <arch>.rope.freq_base (default 10000; Llama 3 uses 500000)\n"
+            "  --rope-freqs write rope_freqs.weight, Llama 3.1's per-frequency divisors\n"
+            "            (1 for the fastest pair rising to 8 for the slowest)\n"
+            "  --chat-template  store TEXT as tokenizer.chat_template\n"
+            "  --weight-std  std of the random matrices (default %.2f; larger makes\n"
+            "            attention sharper, so tests see position effects)\n",
+            WEIGHT_STD);
 }
 
 static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
@@ -274,12 +279,17 @@ typedef struct opts {
     float rope_base;
     bool rope_freqs;           /* write rope_freqs.weight (Llama 3.1 style divisors) */
     const char *chat_template; /* tokenizer.chat_template, or NULL */
+    double weight_std;         /* of the random matrices */
 } opts;
 
 static int parse_args(int argc, char **argv, opts *o)
 {
-    *o = (opts){
-        .type = GGML_TYPE_F32, .seed = 1, .ctx = 2048, .arch = "llama", .rope_base = 10000.0f};
+    *o = (opts){.type = GGML_TYPE_F32,
+                .seed = 1,
+                .ctx = 2048,
+                .arch = "llama",
+                .rope_base = 10000.0f,
+                .weight_std = WEIGHT_STD};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -348,6 +358,14 @@ static int parse_args(int argc, char **argv, opts *o)
                 return -1;
             }
             o->rope_base = (float)b;
+        } else if (!strcmp(a, "--weight-std")) {
+            char *end;
+            errno = 0;
+            o->weight_std = strtod(val, &end);
+            if (errno || *end || !(o->weight_std > 0 && o->weight_std <= 10)) {
+                fprintf(stderr, "kvs-mkmodel: bad weight std '%s'\n", val);
+                return -1;
+            }
         } else if (!strcmp(a, "--chat-template")) {
             o->chat_template = val;
         } else if (!strcmp(a, "-o")) {
@@ -372,6 +390,7 @@ typedef struct gen {
     size_t n_fills, cap_fills;
     uint64_t seed;
     uint32_t wtype;
+    double std;
     float *tmp;
     uint64_t tmp_len;
 } gen;
@@ -397,7 +416,7 @@ static int gen_tensor_ex(gen *g, const char *name, uint64_t d0, uint64_t d1, dou
     uint64_t s = g->seed ^ (idx * 0xd1b54a32d192ed03ull);
     *f = (wfill){.seed = splitmix64(&s),
                  .ones = !matrix && bias_std <= 0,
-                 .std = matrix ? WEIGHT_STD : bias_std,
+                 .std = matrix ? g->std : bias_std,
                  .type = type,
                  .row_len = d0,
                  .tmp = g->tmp};
@@ -566,7 +585,7 @@ int main(int argc, char **argv)
             usage(stderr);
         return prc < 0 ? 2 : 0;
     }
-    gen g = {.seed = o.seed, .wtype = o.type};
+    gen g = {.seed = o.seed, .wtype = o.type, .std = o.weight_std};
     int rc = gguf_writer_create(&g.w);
     if (!rc)
         rc = build(&g, &o);
