@@ -287,6 +287,14 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
         (rc = get_arch_u32(m, "attention.head_count", &hp->n_head, true, 1, MAX_HEADS, err,
                            err_len)))
         return rc;
+    /* Mixtral-style files say llama but hold expert tensors (ffn_*_exps) instead of one MLP. */
+    uint32_t n_expert = 0;
+    if ((rc = get_arch_u32(m, "expert_count", &n_expert, false, 0, UINT32_MAX, err, err_len)))
+        return rc;
+    if (n_expert > 0)
+        return set_err(err, err_len, KVS_EUNSUPPORTED,
+                       "mixture of experts (%s.expert_count = %u) is not supported", hp->arch,
+                       n_expert);
     hp->n_head_kv = hp->n_head;
     if ((rc = get_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err,
                            err_len)))

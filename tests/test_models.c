@@ -612,6 +612,8 @@ static void test_refuse_metadata(void **st)
     expect_refusal(&yarn, KVS_EUNSUPPORTED, "rope scaling type 'yarn'", NULL);
     edit kl = {.u32_key = "llama.attention.key_length", .u32_val = 32};
     expect_refusal(&kl, KVS_EUNSUPPORTED, "llama.attention.key_length = 32", NULL);
+    edit moe = {.u32_key = "llama.expert_count", .u32_val = 8};
+    expect_refusal(&moe, KVS_EUNSUPPORTED, "mixture of experts (llama.expert_count = 8)", NULL);
     edit vs = {.u32_key = "llama.vocab_size", .u32_val = 600};
     expect_refusal(&vs, KVS_EFORMAT, "llama.vocab_size = 600", "512 tokens");
 }
