@@ -1,4 +1,5 @@
-/* Llama model: loading from GGUF, the KV arena, and the batched forward pass.
+/* Llama-family model (architectures llama and qwen2): loading from GGUF, the KV arena, and the
+ * batched forward pass.
  * F32, F16 and Q8_0 matrices are used in place from the mapping (BF16 is widened to F32 at
  * load); norm vectors are F32 copies. Each matrix product is split over output rows between
  * the ctx's pool threads: small batches use the fused kernels of kernels.h (weights read once,
@@ -22,6 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+typedef struct engine_arch {
+    const char *name; /* general.architecture, and the prefix of its metadata keys */
+    engine_rope_type rope_type;
+    bool qkv_bias; /* blk.N.attn_{q,k,v}.bias may be present */
+} engine_arch;
+
 /* Limits on metadata we accept: well beyond any llama model, and small enough that every
  * size computed from them fits in size_t without overflow. */
 #define MAX_LAYERS 1024u
@@ -36,6 +43,9 @@ typedef struct layer_weights {
     kern_mat wq;            /* (n_head * head_dim, n_embd): row-major out x in */
     kern_mat wk;            /* (n_head_kv * head_dim, n_embd) */
     kern_mat wv;            /* (n_head_kv * head_dim, n_embd) */
+    const float *bq;        /* (n_head * head_dim) or NULL: qwen2's projection biases */
+    const float *bk;        /* (n_head_kv * head_dim) or NULL */
+    const float *bv;        /* (n_head_kv * head_dim) or NULL */
     kern_mat wo;            /* (n_embd, n_head * head_dim) */
     const float *ffn_norm;  /* (n_embd) */
     kern_mat w_gate;        /* (n_ff, n_embd) */
@@ -45,6 +55,8 @@ typedef struct layer_weights {
 
 struct engine_model {
     engine_hparams hp;
+    const engine_arch *arch;
+    const float *rope_freqs; /* (n_rot / 2) or NULL: Llama 3.1 frequency divisors */
     gguf_file *file;
     tok_vocab *vocab;
     char *name;
@@ -106,8 +118,8 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
     const gguf_tensor *t = gguf_tensor_at(m->file, i);
     if (t->dims[0] != d0 || t->dims[1] != d1 || t->dims[2] != 1 || t->dims[3] != 1)
         return set_err(err, err_len, KVS_EFORMAT,
-                       "tensor %s has shape [%llu, %llu, %llu, %llu], expected [%llu, %llu]",
-                       name, (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
+                       "tensor %s has shape [%llu, %llu, %llu, %llu], expected [%llu, %llu]", name,
+                       (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
                        (unsigned long long)t->dims[2], (unsigned long long)t->dims[3],
                        (unsigned long long)d0, (unsigned long long)d1);
     m->n_params += t->n_elements;
@@ -115,8 +127,8 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
     if (t->type == GGML_TYPE_Q8_0 && d0 % QK8_0)
         return set_err(err, err_len, KVS_EFORMAT, "Q8_0 tensor %s has rows of %llu values", name,
                        (unsigned long long)d0);
-    if (mat && (t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 ||
-                t->type == GGML_TYPE_Q8_0)) {
+    if (mat &&
+        (t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_Q8_0)) {
         kern_type kt = t->type == GGML_TYPE_F32   ? KERN_F32
                        : t->type == GGML_TYPE_F16 ? KERN_F16
                                                   : KERN_Q8_0;
@@ -172,8 +184,8 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
     return 0;
 }
 
-static int load_tensor(engine_model *m, const char *name, uint64_t d0, uint64_t d1,
-                       bool required, const float **out, char *err, size_t err_len)
+static int load_tensor(engine_model *m, const char *name, uint64_t d0, uint64_t d1, bool required,
+                       const float **out, char *err, size_t err_len)
 {
     return load_tensor_as(m, name, d0, d1, required, out, NULL, err, err_len);
 }
@@ -185,6 +197,71 @@ static int load_mat(engine_model *m, const char *name, uint64_t d0, uint64_t d1,
     return load_tensor_as(m, name, d0, d1, required, &p, out, err, err_len);
 }
 
+/* Architectures the forward pass implements: both are the llama block (RMSNorm, GQA
+ * attention with RoPE, SwiGLU MLP); they differ in the RoPE pairing their converters lay Q/K
+ * out for (llama.cpp's llama_model_rope_type: llama NORM, qwen2 NEOX) and qwen2's Q/K/V biases. */
+static const engine_arch ARCHS[] = {
+    {"llama", ENGINE_ROPE_NORM, false},
+    {"qwen2", ENGINE_ROPE_NEOX, true},
+};
+
+/* Metadata key "<arch>.<suffix>" into buf. */
+static const char *arch_key(const engine_model *m, const char *suffix, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s.%s", m->arch->name, suffix);
+    return buf;
+}
+
+static int get_arch_u32(const engine_model *m, const char *suffix, uint32_t *out, bool required,
+                        uint32_t lo, uint32_t hi, char *err, size_t err_len)
+{
+    char key[128];
+    return get_u32_key(m, arch_key(m, suffix, key, sizeof key), out, required, lo, hi, err,
+                       err_len);
+}
+
+static int get_arch_f32(const engine_model *m, const char *suffix, float *out, char *err,
+                        size_t err_len)
+{
+    char key[128];
+    int rc = gguf_get_f32(m->file, arch_key(m, suffix, key, sizeof key), out);
+    if (rc && rc != KVS_ENOKEY)
+        return set_err(err, err_len, rc, "metadata key %s is not a float", key);
+    return 0;
+}
+
+/* <arch>.rope.scaling.type: none, or linear (positions divided by rope.scaling.factor, as
+ * llama.cpp's freq_scale); YaRN and LongRoPE change attention itself and are refused. */
+static int load_rope_scaling(engine_model *m, char *err, size_t err_len)
+{
+    engine_hparams *hp = &m->hp;
+    char key[128];
+    const char *type = "linear";
+    size_t type_len = 6;
+    int rc =
+        gguf_get_str(m->file, arch_key(m, "rope.scaling.type", key, sizeof key), &type, &type_len);
+    if (rc && rc != KVS_ENOKEY)
+        return set_err(err, err_len, rc, "metadata key %s is not a string", key);
+    float factor = 0.0f;
+    if ((rc = get_arch_f32(m, "rope.scaling.factor", &factor, err, err_len)))
+        return rc;
+    if (factor == 0.0f && (rc = get_arch_f32(m, "rope.scale_linear", &factor, err, err_len)))
+        return rc;
+    /* As llama.cpp, the factor applies whether the type says none or linear. */
+    if (!(type_len == 4 && !memcmp(type, "none", 4)) &&
+        !(type_len == 6 && !memcmp(type, "linear", 6)))
+        return set_err(err, err_len, KVS_EUNSUPPORTED,
+                       "rope scaling type '%.*s' is not supported (supported: none, linear)",
+                       (int)type_len, type);
+    if (factor == 0.0f)
+        factor = 1.0f;
+    if (!(factor >= 1e-3f && factor <= 1e3f))
+        return set_err(err, err_len, KVS_EFORMAT, "rope scaling factor %g out of range",
+                       (double)factor);
+    hp->rope_freq_scale = 1.0f / factor;
+    return 0;
+}
+
 static int load_hparams(engine_model *m, char *err, size_t err_len)
 {
     engine_hparams *hp = &m->hp;
@@ -193,50 +270,71 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     int rc = gguf_get_str(m->file, "general.architecture", &arch, &arch_len);
     if (rc)
         return set_err(err, err_len, rc, "general.architecture: %s", status_str(rc));
-    if (arch_len != 5 || memcmp(arch, "llama", 5) != 0)
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if (strlen(ARCHS[i].name) == arch_len && !memcmp(ARCHS[i].name, arch, arch_len))
+            m->arch = &ARCHS[i];
+    if (!m->arch)
         return set_err(err, err_len, KVS_EUNSUPPORTED,
-                       "architecture '%.*s' is not supported (only llama)", (int)arch_len, arch);
-    if ((rc = get_u32_key(m, "llama.context_length", &hp->n_ctx_train, true, 1, MAX_CTX, err,
-                          err_len)) ||
-        (rc = get_u32_key(m, "llama.embedding_length", &hp->n_embd, true, 1, MAX_EMBD, err,
-                          err_len)) ||
-        (rc = get_u32_key(m, "llama.block_count", &hp->n_layer, true, 1, MAX_LAYERS, err,
-                          err_len)) ||
-        (rc = get_u32_key(m, "llama.feed_forward_length", &hp->n_ff, true, 1, MAX_FF, err,
-                          err_len)) ||
-        (rc = get_u32_key(m, "llama.attention.head_count", &hp->n_head, true, 1, MAX_HEADS, err,
-                          err_len)))
+                       "architecture '%.*s' is not supported (supported: llama, qwen2)",
+                       (int)(arch_len > 64 ? 64 : arch_len), arch);
+    hp->arch = m->arch->name;
+    hp->rope_type = m->arch->rope_type;
+    if ((rc =
+             get_arch_u32(m, "context_length", &hp->n_ctx_train, true, 1, MAX_CTX, err, err_len)) ||
+        (rc = get_arch_u32(m, "embedding_length", &hp->n_embd, true, 1, MAX_EMBD, err, err_len)) ||
+        (rc = get_arch_u32(m, "block_count", &hp->n_layer, true, 1, MAX_LAYERS, err, err_len)) ||
+        (rc = get_arch_u32(m, "feed_forward_length", &hp->n_ff, true, 1, MAX_FF, err, err_len)) ||
+        (rc = get_arch_u32(m, "attention.head_count", &hp->n_head, true, 1, MAX_HEADS, err,
+                           err_len)))
         return rc;
+    /* Mixtral-style files say llama but hold expert tensors (ffn_*_exps) instead of one MLP. */
+    uint32_t n_expert = 0;
+    if ((rc = get_arch_u32(m, "expert_count", &n_expert, false, 0, UINT32_MAX, err, err_len)))
+        return rc;
+    if (n_expert > 0)
+        return set_err(err, err_len, KVS_EUNSUPPORTED,
+                       "mixture of experts (%s.expert_count = %u) is not supported", hp->arch,
+                       n_expert);
     hp->n_head_kv = hp->n_head;
-    if ((rc = get_u32_key(m, "llama.attention.head_count_kv", &hp->n_head_kv, false, 1,
-                          hp->n_head, err, err_len)))
+    if ((rc = get_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err,
+                           err_len)))
         return rc;
     if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv)
         return set_err(err, err_len, KVS_EFORMAT,
                        "embedding_length %u, head_count %u, head_count_kv %u do not divide",
                        hp->n_embd, hp->n_head, hp->n_head_kv);
     hp->head_dim = hp->n_embd / hp->n_head;
+    /* Heads wider or narrower than n_embd / n_head (Gemma-style) need a different Q/O shape. */
+    static const char *const head_keys[] = {"attention.key_length", "attention.value_length"};
+    for (size_t i = 0; i < 2; i++) {
+        uint32_t len = hp->head_dim;
+        if ((rc = get_arch_u32(m, head_keys[i], &len, false, 1, MAX_EMBD, err, err_len)))
+            return rc;
+        if (len != hp->head_dim)
+            return set_err(err, err_len, KVS_EUNSUPPORTED,
+                           "%s.%s = %u differs from embedding_length / head_count = %u (not "
+                           "supported)",
+                           hp->arch, head_keys[i], len, hp->head_dim);
+    }
     hp->n_rot = hp->head_dim;
-    if ((rc = get_u32_key(m, "llama.rope.dimension_count", &hp->n_rot, false, 2, hp->head_dim,
-                          err, err_len)))
+    if ((rc = get_arch_u32(m, "rope.dimension_count", &hp->n_rot, false, 2, hp->head_dim, err,
+                           err_len)))
         return rc;
     if (hp->n_rot % 2)
         return set_err(err, err_len, KVS_EFORMAT, "rope.dimension_count %u is odd", hp->n_rot);
     hp->rms_eps = 1e-5f;
-    rc = gguf_get_f32(m->file, "llama.attention.layer_norm_rms_epsilon", &hp->rms_eps);
-    if (rc && rc != KVS_ENOKEY)
-        return set_err(err, err_len, rc, "llama.attention.layer_norm_rms_epsilon is not a float");
+    if ((rc = get_arch_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err, err_len)))
+        return rc;
     if (!(hp->rms_eps > 0 && hp->rms_eps < 1))
         return set_err(err, err_len, KVS_EFORMAT, "rms epsilon %g out of range",
                        (double)hp->rms_eps);
     hp->rope_base = 10000.0f;
-    rc = gguf_get_f32(m->file, "llama.rope.freq_base", &hp->rope_base);
-    if (rc && rc != KVS_ENOKEY)
-        return set_err(err, err_len, rc, "llama.rope.freq_base is not a float");
+    if ((rc = get_arch_f32(m, "rope.freq_base", &hp->rope_base, err, err_len)))
+        return rc;
     if (!(hp->rope_base > 1 && hp->rope_base < 1e12f))
         return set_err(err, err_len, KVS_EFORMAT, "rope.freq_base %g out of range",
                        (double)hp->rope_base);
-    return 0;
+    return load_rope_scaling(m, err, err_len);
 }
 
 static int load_weights(engine_model *m, char *err, size_t err_len)
@@ -245,12 +343,26 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
     uint64_t E = hp->n_embd, KV = (uint64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff,
              V = hp->n_vocab;
     int rc;
+    uint32_t n_vocab_key = hp->n_vocab;
+    if ((rc = get_arch_u32(m, "vocab_size", &n_vocab_key, false, 1, MAX_VOCAB, err, err_len)))
+        return rc;
+    if (n_vocab_key != hp->n_vocab)
+        return set_err(err, err_len, KVS_EFORMAT,
+                       "%s.vocab_size = %u but the tokenizer has %u tokens", hp->arch, n_vocab_key,
+                       hp->n_vocab);
     if ((rc = load_mat(m, "token_embd.weight", E, V, true, &m->tok_embd, err, err_len)) ||
         (rc = load_tensor(m, "output_norm.weight", E, 1, true, &m->output_norm, err, err_len)) ||
         (rc = load_mat(m, "output.weight", E, V, false, &m->output, err, err_len)))
         return rc;
     if (!m->output.data)
         m->output = m->tok_embd; /* tied embeddings */
+    if ((rc = load_tensor(m, "rope_freqs.weight", hp->n_rot / 2, 1, false, &m->rope_freqs, err,
+                          err_len)))
+        return rc;
+    for (uint32_t j = 0; m->rope_freqs && j < hp->n_rot / 2; j++)
+        if (!(m->rope_freqs[j] > 0 && m->rope_freqs[j] < 1e30f)) /* a divisor: finite, > 0 */
+            return set_err(err, err_len, KVS_EFORMAT, "rope_freqs.weight[%u] = %g is not positive",
+                           j, (double)m->rope_freqs[j]);
     m->layers = calloc(hp->n_layer, sizeof *m->layers);
     if (!m->layers)
         return set_err(err, err_len, KVS_ENOMEM, "out of memory");
@@ -275,11 +387,29 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
         for (size_t k = 0; k < sizeof spec / sizeof spec[0]; k++) {
             char name[96];
             snprintf(name, sizeof name, "blk.%u.%s", l, spec[k].suffix);
-            rc = spec[k].vec ? load_tensor(m, name, spec[k].d0, spec[k].d1, true, spec[k].vec,
-                                           err, err_len)
-                             : load_mat(m, name, spec[k].d0, spec[k].d1, true, spec[k].mat, err,
-                                        err_len);
+            rc = spec[k].vec
+                     ? load_tensor(m, name, spec[k].d0, spec[k].d1, true, spec[k].vec, err, err_len)
+                     : load_mat(m, name, spec[k].d0, spec[k].d1, true, spec[k].mat, err, err_len);
             if (rc)
+                return rc;
+        }
+        /* Biases are optional even for qwen2 (llama.cpp's TENSOR_NOT_REQUIRED); for llama a
+         * stray bias would be silently ignored by llama.cpp too, so only qwen2 reads them. */
+        if (!m->arch->qkv_bias)
+            continue;
+        struct {
+            const char *suffix;
+            uint64_t d0;
+            const float **vec;
+        } bias[] = {
+            {"attn_q.bias", E, &w->bq},
+            {"attn_k.bias", KV, &w->bk},
+            {"attn_v.bias", KV, &w->bv},
+        };
+        for (size_t k = 0; k < sizeof bias / sizeof bias[0]; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%u.%s", l, bias[k].suffix);
+            if ((rc = load_tensor(m, name, bias[k].d0, 1, false, bias[k].vec, err, err_len)))
                 return rc;
         }
     }
@@ -298,8 +428,8 @@ static char *dup_str(const char *s, size_t n)
     return d;
 }
 
-int engine_model_load(const char *path, const engine_load_params *p, engine_model **out,
-                      char *err, size_t err_len)
+int engine_model_load(const char *path, const engine_load_params *p, engine_model **out, char *err,
+                      size_t err_len)
 {
     *out = NULL;
     double t0 = time_now_s();
@@ -338,10 +468,10 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
     }
     if (!p || p->verbose) {
         const engine_hparams *hp = &m->hp;
-        log_info("model %s: llama, %u layers, dim %u, %u heads (%u kv), head_dim %u, ffn %u, "
+        log_info("model %s: %s, %u layers, dim %u, %u heads (%u kv), head_dim %u, ffn %u, "
                  "vocab %u, ctx %u; %.2fM params, %s weights %.1f MiB; loaded in %.3f s",
-                 m->name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
-                 hp->n_ff, hp->n_vocab, hp->n_ctx_train, (double)m->n_params / 1e6,
+                 m->name, hp->arch, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv,
+                 hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_ctx_train, (double)m->n_params / 1e6,
                  ggml_type_name(m->weight_type), (double)m->weight_bytes / (1024.0 * 1024.0),
                  time_now_s() - t0);
     }
@@ -367,15 +497,30 @@ void engine_model_destroy(engine_model *m)
     free(m);
 }
 
-const engine_hparams *engine_model_hparams(const engine_model *m) { return &m->hp; }
-const tok_vocab *engine_model_vocab(const engine_model *m) { return m->vocab; }
-const char *engine_model_name(const engine_model *m) { return m->name; }
-const char *engine_model_chat_template(const engine_model *m) { return m->chat_template; }
+const engine_hparams *engine_model_hparams(const engine_model *m)
+{
+    return &m->hp;
+}
+const tok_vocab *engine_model_vocab(const engine_model *m)
+{
+    return m->vocab;
+}
+const char *engine_model_name(const engine_model *m)
+{
+    return m->name;
+}
+const char *engine_model_chat_template(const engine_model *m)
+{
+    return m->chat_template;
+}
 const char *engine_model_weight_type(const engine_model *m)
 {
     return ggml_type_name(m->weight_type);
 }
-uint64_t engine_model_n_params(const engine_model *m) { return m->n_params; }
+uint64_t engine_model_n_params(const engine_model *m)
+{
+    return m->n_params;
+}
 
 /* ---------------------------------------------------------------- KV arena */
 
@@ -392,8 +537,7 @@ size_t engine_kv_block_bytes(const engine_model *m, uint32_t block_size)
     return (size_t)2 * hp->n_layer * block_size * hp->n_head_kv * hp->head_dim * sizeof(float);
 }
 
-int engine_kv_create(const engine_model *m, uint32_t n_blocks, uint32_t block_size,
-                     engine_kv **out)
+int engine_kv_create(const engine_model *m, uint32_t n_blocks, uint32_t block_size, engine_kv **out)
 {
     *out = NULL;
     if (n_blocks == 0 || block_size == 0 || (uint64_t)n_blocks * block_size > (1ull << 32))
@@ -452,19 +596,19 @@ struct engine_ctx {
     uint32_t n_threads;
     tpool *pool;
     uint32_t small_batch; /* see SMALL_BATCH_DEFAULT */
-    float *x;      /* (max_tokens, n_embd) residual stream */
-    float *xn;     /* (max_tokens, n_embd) normed input of a sublayer */
-    float *q;      /* (max_tokens, n_embd) */
-    float *k;      /* (max_tokens, kv_dim) */
-    float *v;      /* (max_tokens, kv_dim) */
-    float *att;    /* (max_tokens, n_embd) attention output before wo */
-    float *gate;   /* (max_tokens, n_ff) */
-    float *up;     /* (max_tokens, n_ff) */
-    float *scores; /* (n_threads, scores_cap) each thread's attention weights of one head */
+    float *x;             /* (max_tokens, n_embd) residual stream */
+    float *xn;            /* (max_tokens, n_embd) normed input of a sublayer */
+    float *q;             /* (max_tokens, n_embd) */
+    float *k;             /* (max_tokens, kv_dim) */
+    float *v;             /* (max_tokens, kv_dim) */
+    float *att;           /* (max_tokens, n_embd) attention output before wo */
+    float *gate;          /* (max_tokens, n_ff) */
+    float *up;            /* (max_tokens, n_ff) */
+    float *scores;        /* (n_threads, scores_cap) each thread's attention weights of one head */
     size_t scores_cap;
-    float *tile;   /* (n_threads, tile_floats) widened weight rows */
+    float *tile; /* (n_threads, tile_floats) widened weight rows */
     size_t tile_floats;
-    int32_t *slot; /* (max_tokens) arena slot of each row */
+    int32_t *slot;        /* (max_tokens) arena slot of each row */
     float *rope_inv_freq; /* (n_rot / 2) base^(-2j/n_rot) */
     float *rope_cs;       /* (max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
 };
@@ -479,8 +623,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     if (!c)
         return KVS_ENOMEM;
     const engine_hparams *hp = &m->hp;
-    size_t T = max_tokens, E = hp->n_embd, KV = (size_t)hp->n_head_kv * hp->head_dim,
-           F = hp->n_ff;
+    size_t T = max_tokens, E = hp->n_embd, KV = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
     c->m = m;
     c->max_tokens = max_tokens;
     c->n_threads = n_threads ? n_threads : 1;
@@ -502,14 +645,17 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->rope_inv_freq = malloc(hp->n_rot / 2 * sizeof(float));
     c->rope_cs = malloc(T * hp->n_rot * sizeof(float));
     c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
-    if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up ||
-        !c->slot || !c->rope_inv_freq || !c->rope_cs || !c->tile ||
-        tpool_create(c->n_threads, &c->pool)) {
+    if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up || !c->slot ||
+        !c->rope_inv_freq || !c->rope_cs || !c->tile || tpool_create(c->n_threads, &c->pool)) {
         engine_ctx_destroy(c);
         return KVS_ENOMEM;
     }
-    for (uint32_t j = 0; j < hp->n_rot / 2; j++)
-        c->rope_inv_freq[j] = powf(hp->rope_base, -(float)(2 * j) / (float)hp->n_rot);
+    /* Angle of pair j at position p: p * freq_scale * base^(-2j/n_rot) / freq_factor[j], as
+     * ggml_rope_ext with freq_factors and no YaRN extrapolation. */
+    for (uint32_t j = 0; j < hp->n_rot / 2; j++) {
+        float f = powf(hp->rope_base, -(float)(2 * j) / (float)hp->n_rot) * hp->rope_freq_scale;
+        c->rope_inv_freq[j] = m->rope_freqs ? f / m->rope_freqs[j] : f;
+    }
     /* The pool is the CPU budget: BLAS calls run inside pool threads, one thread each. */
     openblas_set_num_threads(1);
     *out = c;
@@ -550,8 +696,8 @@ typedef struct matmul_job {
     const float *in;
     float *out;
     size_t rows;
-    size_t chunk;      /* output columns per work item */
-    atomic_uint next;  /* next work item */
+    size_t chunk;     /* output columns per work item */
+    atomic_uint next; /* next work item */
 } matmul_job;
 
 /* Threads take chunks of output columns from a shared counter, so a thread the OS preempts
@@ -566,8 +712,7 @@ static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
     size_t N = w->n_out, K = w->n_in;
     float *tile = j->c->tile + ith * j->c->tile_floats;
     for (;;) {
-        size_t n0 = (size_t)atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) *
-                    j->chunk;
+        size_t n0 = (size_t)atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) * j->chunk;
         if (n0 >= N)
             return;
         size_t cnt = N - n0 < j->chunk ? N - n0 : j->chunk;
@@ -580,8 +725,8 @@ static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
             kern_rows_to_f32(w, n0, cnt, tile);
             wf = tile;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->rows, (int)cnt, (int)K,
-                    1.0f, j->in, (int)K, wf, (int)K, 0.0f, j->out + n0, (int)N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->rows, (int)cnt, (int)K, 1.0f,
+                    j->in, (int)K, wf, (int)K, 0.0f, j->out + n0, (int)N);
     }
 }
 
@@ -596,17 +741,23 @@ static void matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w
     tpool_run(c->pool, matmul_worker, &j);
 }
 
-/* Rotates adjacent pairs (x[2j], x[2j+1]) of each head by the row's angles pos * inv_freq[j]
- * (llama.cpp's "normal" RoPE, which the GGUF converters lay Q and K out for); cs holds
- * (cos, sin) of each angle, computed once per step instead of once per layer. */
-static void rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, const float *cs)
+/* Rotates pair j of each head's first n_rot dimensions by the row's angle pos * inv_freq[j]:
+ * NORM pairs (x[2j], x[2j+1]) (llama, whose converter permutes Q and K for it), NEOX pairs
+ * (x[j], x[j + n_rot/2]) (qwen2, Hugging Face layout). Dimensions past n_rot pass through. cs
+ * holds (cos, sin) of each angle, computed once per step instead of once per layer. */
+static void rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot,
+                 engine_rope_type type, const float *cs)
 {
+    uint32_t half = n_rot / 2;
+    uint32_t stride = type == ENGINE_ROPE_NEOX ? 1 : 2; /* index step between pairs */
+    uint32_t off = type == ENGINE_ROPE_NEOX ? half : 1; /* partner's offset in the pair */
     for (uint32_t h = 0; h < n_heads; h++) {
         float *p = x + (size_t)h * head_dim;
-        for (uint32_t j = 0; j < n_rot / 2; j++) {
-            float a = p[2 * j], b = p[2 * j + 1], co = cs[2 * j], sn = cs[2 * j + 1];
-            p[2 * j] = a * co - b * sn;
-            p[2 * j + 1] = a * sn + b * co;
+        for (uint32_t j = 0; j < half; j++) {
+            float *a = p + j * stride, *b = a + off;
+            float xa = *a, xb = *b, co = cs[2 * j], sn = cs[2 * j + 1];
+            *a = xa * co - xb * sn;
+            *b = xa * sn + xb * co;
         }
     }
 }
@@ -740,8 +891,15 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         matmul(c, c->k, c->xn, &w->wk, T);
         matmul(c, c->v, c->xn, &w->wv, T);
         for (size_t t = 0; t < T; t++) {
-            rope(c->q + t * E, hp->n_head, hp->head_dim, hp->n_rot, c->rope_cs + t * R * 2);
-            rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot,
+            if (w->bq)
+                kern_add(c->q + t * E, w->bq, E);
+            if (w->bk)
+                kern_add(c->k + t * kv_dim, w->bk, kv_dim);
+            if (w->bv)
+                kern_add(c->v + t * kv_dim, w->bv, kv_dim);
+            rope(c->q + t * E, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type,
+                 c->rope_cs + t * R * 2);
+            rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type,
                  c->rope_cs + t * R * 2);
             memcpy(kl + (size_t)c->slot[t] * kv_dim, c->k + t * kv_dim, kv_dim * sizeof(float));
             memcpy(vl + (size_t)c->slot[t] * kv_dim, c->v + t * kv_dim, kv_dim * sizeof(float));

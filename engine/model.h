@@ -3,10 +3,10 @@
  *
  * engine_forward takes a flat batch of tokens from many sequences. Every projection and the
  * MLP is one GEMM over all rows of the batch (weights are read once per step, not once per
- * sequence); attention runs per token and head over its own sequence's blocks. Token t of sequence s
- * at position p writes its K/V into slot blocks[p / block_size] * block_size + p % block_size
- * of the arena and attends over positions 0..p of s (causal); all of a layer's K/V writes for
- * the batch happen before that layer's attention, so a prefill chunk sees itself.
+ * sequence); attention runs per token and head over its own sequence's blocks. Token t of sequence
+ * s at position p writes its K/V into slot blocks[p / block_size] * block_size + p % block_size of
+ * the arena and attends over positions 0..p of s (causal); all of a layer's K/V writes for the
+ * batch happen before that layer's attention, so a prefill chunk sees itself.
  *
  * Threads: an engine_model is immutable after load and may be shared. An engine_kv and an
  * engine_ctx belong to one thread at a time (the engine thread). */
@@ -19,7 +19,14 @@
 
 #include "engine/tokenizer.h"
 
+/* How RoPE pairs a head's dimensions (llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX): NORM rotates
+ * adjacent pairs (2j, 2j+1), as llama.cpp's converter permutes llama Q/K for; NEOX rotates
+ * (j, j + n_rot/2), the Hugging Face layout qwen2 keeps. */
+typedef enum engine_rope_type { ENGINE_ROPE_NORM, ENGINE_ROPE_NEOX } engine_rope_type;
+
+/* Keys are read under "<arch>." (llama.*, qwen2.*). */
 typedef struct engine_hparams {
+    const char *arch;     /* general.architecture: "llama" or "qwen2" (static string) */
     uint32_t n_ctx_train; /* llama.context_length */
     uint32_t n_embd;      /* llama.embedding_length */
     uint32_t n_layer;     /* llama.block_count */
@@ -29,8 +36,10 @@ typedef struct engine_hparams {
     uint32_t head_dim;    /* n_embd / n_head */
     uint32_t n_rot;       /* llama.rope.dimension_count (default head_dim) */
     uint32_t n_vocab;
-    float rms_eps;        /* llama.attention.layer_norm_rms_epsilon */
-    float rope_base;      /* llama.rope.freq_base (default 10000) */
+    float rms_eps;              /* llama.attention.layer_norm_rms_epsilon */
+    float rope_base;            /* llama.rope.freq_base (default 10000) */
+    float rope_freq_scale;      /* 1 / llama.rope.scaling.factor (linear scaling; default 1) */
+    engine_rope_type rope_type; /* from the architecture */
 } engine_hparams;
 
 typedef struct engine_model engine_model;
@@ -40,10 +49,11 @@ typedef struct engine_load_params {
 } engine_load_params;
 
 /* Loads path. Returns 0, or a negative status with a one-line reason in err: GGUF errors,
- * KVS_EUNSUPPORTED (architecture, tensor type), KVS_ENOKEY / KVS_EKEYTYPE (metadata),
+ * KVS_EUNSUPPORTED (architecture, tensor type, head size, rope scaling type: the message
+ * names it), KVS_ENOKEY / KVS_EKEYTYPE (metadata),
  * KVS_EFORMAT (a tensor of the wrong shape), KVS_ENOMEM. */
-int engine_model_load(const char *path, const engine_load_params *p, engine_model **out,
-                      char *err, size_t err_len);
+int engine_model_load(const char *path, const engine_load_params *p, engine_model **out, char *err,
+                      size_t err_len);
 void engine_model_destroy(engine_model *m);
 
 const engine_hparams *engine_model_hparams(const engine_model *m);
@@ -75,10 +85,10 @@ typedef struct engine_seq_view {
 
 typedef struct engine_batch {
     uint32_t n_tokens;
-    const int32_t *token;  /* [n_tokens] token ids */
-    const int32_t *pos;    /* [n_tokens] position within its sequence */
-    const int32_t *seq;    /* [n_tokens] index into seqs */
-    const bool *logits;    /* [n_tokens] whether this row's logits are wanted */
+    const int32_t *token; /* [n_tokens] token ids */
+    const int32_t *pos;   /* [n_tokens] position within its sequence */
+    const int32_t *seq;   /* [n_tokens] index into seqs */
+    const bool *logits;   /* [n_tokens] whether this row's logits are wanted */
     uint32_t n_seqs;
     const engine_seq_view *seqs;
 } engine_batch;

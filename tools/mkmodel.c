@@ -1,4 +1,5 @@
-/* kvs-mkmodel: writes a random-weight llama GGUF of a named shape, for load and speed tests.
+/* kvs-mkmodel: writes a random-weight llama or qwen2 GGUF of a named shape, for load, speed and
+ * model-support tests.
  * Weights are a deterministic function of (seed, tensor index, element index): N(0, 0.02^2)
  * for matrices, exactly 1.0 for norms; tensor data is generated row-block by row-block while
  * the file is written, so multi-GB shapes need only a few MB of memory. */
@@ -20,6 +21,7 @@ typedef struct shape {
 } shape;
 
 static const shape SHAPES[] = {
+    {"tiny", 64, 2, 4, 2, 128, 512},
     {"stories260K", 64, 5, 8, 4, 172, 512},
     {"110m", 768, 12, 12, 12, 2048, 32000},
     {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000},
@@ -75,6 +77,7 @@ typedef struct wfill {
     uint64_t seed; /* of this tensor */
     rng r;
     bool ones;     /* norm weights: every element 1.0 */
+    double std;    /* of the random values */
     uint32_t type; /* ggml type of the stored data */
     uint64_t row_len;
     float *tmp; /* one row of float32 before conversion */
@@ -108,7 +111,7 @@ static int fill_tensor(void *user, uint64_t row, uint64_t n_rows, void *dst, siz
     uint8_t *out = dst;
     for (uint64_t i = 0; i < n_rows; i++, out += row_bytes) {
         for (uint64_t j = 0; j < f->row_len; j++)
-            f->tmp[j] = f->ones ? 1.0f : (float)(WEIGHT_STD * rng_normal(&f->r));
+            f->tmp[j] = f->ones ? 1.0f : (float)(f->std * rng_normal(&f->r));
         switch (f->type) {
         case GGML_TYPE_F32: memcpy(out, f->tmp, row_bytes); break;
         case GGML_TYPE_F16:
@@ -223,19 +226,32 @@ static void usage(FILE *fp)
     fprintf(
         fp,
         "usage: kvs-mkmodel --shape NAME -o OUT.gguf [--type f32|f16|q8_0] [--vocab FILE.gguf]\n"
-        "                   [--seed N] [--ctx N]\n"
-        "Writes a llama GGUF with random weights (std %.2f, norms 1.0).\n"
+        "                   [--seed N] [--ctx N] [--arch llama|qwen2] [--tied]\n"
+        "                   [--rope-base F] [--rope-freqs] [--chat-template TEXT]\n"
+        "                   [--weight-std F]\n"
+        "Writes a llama or qwen2 GGUF with random weights (std %.2f, norms 1.0).\n"
         "  --shape   one of:",
         WEIGHT_STD);
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++)
         fprintf(fp, " %s", SHAPES[i].name);
-    fprintf(fp, "\n"
-                "  --type    type of the 2-D weight matrices (default f32; norms stay F32; q8_0\n"
-                "            falls back to f16 for matrices whose rows are not a multiple of 32)\n"
-                "  --vocab   copy tokenizer.* metadata from this GGUF (its token count sets the\n"
-                "            vocabulary size); without it a llama-style byte vocabulary is made\n"
-                "  --seed    weight seed (default 1)\n"
-                "  --ctx     llama.context_length (default 2048)\n");
+    fprintf(fp,
+            "\n"
+            "  --type    type of the 2-D weight matrices (default f32; norms stay F32; q8_0\n"
+            "            falls back to f16 for matrices whose rows are not a multiple of 32)\n"
+            "  --vocab   copy tokenizer.* metadata from this GGUF (its token count sets the\n"
+            "            vocabulary size); without it a llama-style byte vocabulary is made\n"
+            "  --seed    weight seed (default 1)\n"
+            "  --ctx     <arch>.context_length (default 2048)\n"
+            "  --arch    llama (default) or qwen2 (adds F32 Q/K/V biases, std 0.5; NEOX RoPE\n"
+            "            when loaded)\n"
+            "  --tied    no output.weight: the output projection reuses token_embd\n"
+            "  --rope-base  <arch>.rope.freq_base (default 10000; Llama 3 uses 500000)\n"
+            "  --rope-freqs write rope_freqs.weight, Llama 3.1's per-frequency divisors\n"
+            "            (1 for the fastest pair rising to 8 for the slowest)\n"
+            "  --chat-template  store TEXT as tokenizer.chat_template\n"
+            "  --weight-std  std of the random matrices (default %.2f; larger makes\n"
+            "            attention sharper, so tests see position effects)\n",
+            WEIGHT_STD);
 }
 
 static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
@@ -258,16 +274,35 @@ typedef struct opts {
     uint64_t seed;
     uint32_t ctx;
     const char *out;
+    const char *arch; /* "llama" or "qwen2" */
+    bool tied;        /* no output.weight: the output reuses token_embd */
+    float rope_base;
+    bool rope_freqs;           /* write rope_freqs.weight (Llama 3.1 style divisors) */
+    const char *chat_template; /* tokenizer.chat_template, or NULL */
+    double weight_std;         /* of the random matrices */
 } opts;
 
 static int parse_args(int argc, char **argv, opts *o)
 {
-    *o = (opts){.type = GGML_TYPE_F32, .seed = 1, .ctx = 2048};
+    *o = (opts){.type = GGML_TYPE_F32,
+                .seed = 1,
+                .ctx = 2048,
+                .arch = "llama",
+                .rope_base = 10000.0f,
+                .weight_std = WEIGHT_STD};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 1;
+        }
+        if (!strcmp(a, "--tied")) {
+            o->tied = true;
+            continue;
+        }
+        if (!strcmp(a, "--rope-freqs")) {
+            o->rope_freqs = true;
+            continue;
         }
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!val) {
@@ -308,6 +343,31 @@ static int parse_args(int argc, char **argv, opts *o)
                 return -1;
             }
             o->ctx = (uint32_t)n;
+        } else if (!strcmp(a, "--arch")) {
+            if (strcmp(val, "llama") && strcmp(val, "qwen2")) {
+                fprintf(stderr, "kvs-mkmodel: unknown architecture '%s' (llama, qwen2)\n", val);
+                return -1;
+            }
+            o->arch = val;
+        } else if (!strcmp(a, "--rope-base")) {
+            char *end;
+            errno = 0;
+            double b = strtod(val, &end);
+            if (errno || *end || !(b > 1 && b < 1e12)) {
+                fprintf(stderr, "kvs-mkmodel: bad rope base '%s'\n", val);
+                return -1;
+            }
+            o->rope_base = (float)b;
+        } else if (!strcmp(a, "--weight-std")) {
+            char *end;
+            errno = 0;
+            o->weight_std = strtod(val, &end);
+            if (errno || *end || !(o->weight_std > 0 && o->weight_std <= 10)) {
+                fprintf(stderr, "kvs-mkmodel: bad weight std '%s'\n", val);
+                return -1;
+            }
+        } else if (!strcmp(a, "--chat-template")) {
+            o->chat_template = val;
         } else if (!strcmp(a, "-o")) {
             o->out = val;
         } else {
@@ -330,12 +390,14 @@ typedef struct gen {
     size_t n_fills, cap_fills;
     uint64_t seed;
     uint32_t wtype;
+    double std;
     float *tmp;
     uint64_t tmp_len;
 } gen;
 
-/* Adds one tensor whose data fill_tensor generates. Matrices use the requested type. */
-static int gen_tensor(gen *g, const char *name, uint64_t d0, uint64_t d1)
+/* Adds one tensor whose data fill_tensor generates. Matrices use the requested type; vectors
+ * are F32, all 1.0 unless bias_std > 0 (then random with that std). */
+static int gen_tensor_ex(gen *g, const char *name, uint64_t d0, uint64_t d1, double bias_std)
 {
     bool matrix = d1 != 0;
     uint32_t type = matrix ? g->wtype : GGML_TYPE_F32;
@@ -352,10 +414,19 @@ static int gen_tensor(gen *g, const char *name, uint64_t d0, uint64_t d1)
     uint64_t idx = g->n_fills++;
     /* Each tensor gets its own stream so that its values do not depend on the others' sizes. */
     uint64_t s = g->seed ^ (idx * 0xd1b54a32d192ed03ull);
-    *f = (wfill){
-        .seed = splitmix64(&s), .ones = !matrix, .type = type, .row_len = d0, .tmp = g->tmp};
+    *f = (wfill){.seed = splitmix64(&s),
+                 .ones = !matrix && bias_std <= 0,
+                 .std = matrix ? g->std : bias_std,
+                 .type = type,
+                 .row_len = d0,
+                 .tmp = g->tmp};
     uint64_t dims[2] = {d0, d1};
     return gguf_writer_add_tensor_fill(g->w, name, matrix ? 2 : 1, dims, type, fill_tensor, f);
+}
+
+static int gen_tensor(gen *g, const char *name, uint64_t d0, uint64_t d1)
+{
+    return gen_tensor_ex(g, name, d0, d1, 0.0);
 }
 
 static int add_vocab(gguf_writer *w, const opts *o, uint32_t *n_vocab)
@@ -421,18 +492,24 @@ static int build(gen *g, const opts *o)
     char name[128];
     snprintf(name, sizeof name, "%s-random-seed%llu", sh->name, (unsigned long long)o->seed);
     int rc;
-    if ((rc = gguf_writer_add_str(w, "general.architecture", "llama")) ||
+    char key[128];
+#define ARCH_KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, o->arch), key)
+    if ((rc = gguf_writer_add_str(w, "general.architecture", o->arch)) ||
         (rc = gguf_writer_add_str(w, "general.name", name)) ||
         (rc = gguf_writer_add_u32(w, "general.file_type", ftype)) ||
-        (rc = gguf_writer_add_u32(w, "llama.context_length", o->ctx)) ||
-        (rc = gguf_writer_add_u32(w, "llama.embedding_length", sh->dim)) ||
-        (rc = gguf_writer_add_u32(w, "llama.block_count", sh->n_layers)) ||
-        (rc = gguf_writer_add_u32(w, "llama.feed_forward_length", sh->ffn)) ||
-        (rc = gguf_writer_add_u32(w, "llama.attention.head_count", sh->n_heads)) ||
-        (rc = gguf_writer_add_u32(w, "llama.attention.head_count_kv", sh->n_kv_heads)) ||
-        (rc = gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)) ||
-        (rc = gguf_writer_add_f32(w, "llama.rope.freq_base", 10000.0f)) ||
-        (rc = gguf_writer_add_u32(w, "llama.rope.dimension_count", head_dim)))
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("context_length"), o->ctx)) ||
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("embedding_length"), sh->dim)) ||
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("block_count"), sh->n_layers)) ||
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("feed_forward_length"), sh->ffn)) ||
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count"), sh->n_heads)) ||
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count_kv"), sh->n_kv_heads)) ||
+        (rc = gguf_writer_add_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"),
+                                  strcmp(o->arch, "qwen2") ? 1e-5f : 1e-6f)) ||
+        (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), o->rope_base)) ||
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), head_dim)))
+        return rc;
+    if (o->chat_template &&
+        (rc = gguf_writer_add_str(w, "tokenizer.chat_template", o->chat_template)))
         return rc;
     uint32_t n_vocab = 0;
     if ((rc = add_vocab(w, o, &n_vocab)))
@@ -440,13 +517,15 @@ static int build(gen *g, const opts *o)
     if (n_vocab != sh->vocab)
         fprintf(stderr, "kvs-mkmodel: note: vocabulary has %u tokens (shape default %u)\n", n_vocab,
                 sh->vocab);
-    if ((rc = gguf_writer_add_u32(w, "llama.vocab_size", n_vocab)))
+    if ((rc = gguf_writer_add_u32(w, ARCH_KEY("vocab_size"), n_vocab)))
         return rc;
+#undef ARCH_KEY
+    bool qwen2 = !strcmp(o->arch, "qwen2");
 
     /* One row buffer serves every tensor: the writer fills them one at a time. */
     g->tmp_len = sh->dim > sh->ffn ? sh->dim : sh->ffn;
     g->tmp = malloc(g->tmp_len * sizeof *g->tmp);
-    g->cap_fills = 3 + 9 * (size_t)sh->n_layers;
+    g->cap_fills = 3 + 12 * (size_t)sh->n_layers;
     g->fills = calloc(g->cap_fills, sizeof *g->fills);
     if (!g->tmp || !g->fills)
         return KVS_ENOMEM;
@@ -467,11 +546,33 @@ static int build(gen *g, const opts *o)
             snprintf(tn, sizeof tn, "blk.%u.%s.weight", l, L[k].suffix);
             if ((rc = gen_tensor(g, tn, sz[L[k].d0], sz[L[k].d1])))
                 return rc;
+            /* Qwen2's biases: large enough (std 0.5) that dropping one changes the logits. */
+            if (qwen2 && k >= 1 && k <= 3) {
+                snprintf(tn, sizeof tn, "blk.%u.%s.bias", l, L[k].suffix);
+                if ((rc = gen_tensor_ex(g, tn, sz[L[k].d1], 0, 0.5)))
+                    return rc;
+            }
         }
     }
-    if ((rc = gen_tensor(g, "output_norm.weight", sh->dim, 0)) ||
-        (rc = gen_tensor(g, "output.weight", sh->dim, n_vocab)))
+    if ((rc = gen_tensor(g, "output_norm.weight", sh->dim, 0)))
         return rc;
+    if (!o->tied && (rc = gen_tensor(g, "output.weight", sh->dim, n_vocab)))
+        return rc;
+    if (o->rope_freqs) {
+        /* Llama 3.1's factors divide the frequencies: 1 for the fast pairs rising to 8 for the
+         * slow ones. A ramp keeps every pair distinct, so a misapplied factor shows. */
+        uint32_t half = head_dim / 2;
+        float *ff = malloc(half * sizeof *ff);
+        if (!ff)
+            return KVS_ENOMEM;
+        for (uint32_t j = 0; j < half; j++)
+            ff[j] = 1.0f + 7.0f * (float)j / (float)(half > 1 ? half - 1 : 1);
+        uint64_t dims[1] = {half};
+        rc = gguf_writer_add_tensor(w, "rope_freqs.weight", 1, dims, GGML_TYPE_F32, ff);
+        free(ff);
+        if (rc)
+            return rc;
+    }
     return 0;
 }
 
@@ -484,7 +585,7 @@ int main(int argc, char **argv)
             usage(stderr);
         return prc < 0 ? 2 : 0;
     }
-    gen g = {.seed = o.seed, .wtype = o.type};
+    gen g = {.seed = o.seed, .wtype = o.type, .std = o.weight_std};
     int rc = gguf_writer_create(&g.w);
     if (!rc)
         rc = build(&g, &o);

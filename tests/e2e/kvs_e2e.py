@@ -2,7 +2,8 @@
 talk to it with the standard library only, and stop it.
 
 Environment: KVSERVE_BIN (the built kvserve), KVS_SHARED_MODELS (folder with stories260K.gguf
-and reference/). Tests skip with a message when either is missing."""
+and reference/), KVS_MKMODEL (the built kvs-mkmodel, for tests that write their own GGUFs).
+Tests skip with a message when one they need is missing."""
 import http.client
 import json
 import os
@@ -18,6 +19,7 @@ MODELS = os.environ.get("KVS_SHARED_MODELS") or os.path.join(
     os.path.dirname(__file__), "..", "..", "..", "shared", "models")
 MODEL = os.path.join(MODELS, "stories260K.gguf")
 REFERENCE = os.path.join(MODELS, "reference", "stories260K-greedy.json")
+MKMODEL = os.environ.get("KVS_MKMODEL", "")
 
 
 def require_server(testcase=None):
@@ -36,9 +38,9 @@ def load_reference():
 class Server:
     """A kvserve serve process on 127.0.0.1 with --port 0; stderr goes to a temp file."""
 
-    def __init__(self, *extra, ctx=512, wait=True):
+    def __init__(self, *extra, ctx=512, wait=True, model=None):
         self.log = tempfile.NamedTemporaryFile(prefix="kvserve-e2e-", suffix=".log", delete=False)
-        args = [BIN, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", "0",
+        args = [BIN, "serve", "-m", model or MODEL, "--host", "127.0.0.1", "--port", "0",
                 "--ctx-size", str(ctx), "--threads", "1", "--http-threads", "2"] + list(extra)
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
         self.port = None

@@ -1,0 +1,149 @@
+"""Model support end to end: kvserve serves GGUFs that kvs-mkmodel writes in the llama and
+qwen2 layouts, picks the chat template family from the file's tokenizer.chat_template, and
+refuses at start a model it cannot run, naming what is unsupported. Needs KVSERVE_BIN and
+KVS_MKMODEL (not the shared models)."""
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import unittest
+
+import kvs_e2e as e2e
+
+# The templates as they ship in the official GGUF conversions (Qwen2-0.5B-Instruct,
+# Meta-Llama-3-8B-Instruct).
+QWEN2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}")
+
+TMP = None
+
+
+def setUpModule():
+    global TMP
+    if not e2e.BIN or not os.access(e2e.BIN, os.X_OK):
+        raise unittest.SkipTest("KVSERVE_BIN not set or not executable")
+    if not e2e.MKMODEL or not os.access(e2e.MKMODEL, os.X_OK):
+        raise unittest.SkipTest("KVS_MKMODEL not set or not executable")
+    TMP = tempfile.mkdtemp(prefix="kvs-e2e-models-")
+
+
+def tearDownModule():
+    if TMP:
+        shutil.rmtree(TMP, ignore_errors=True)
+
+
+def mkmodel(name, *args):
+    path = os.path.join(TMP, name)
+    subprocess.run([e2e.MKMODEL, "--shape", "tiny", "--ctx", "512", "-o", path] + list(args),
+                   check=True, capture_output=True)
+    return path
+
+
+def kv_string_offset(data, key):
+    """Offset of the value bytes of GGUF string metadata `key` (length-prefixed key, type 8)."""
+    k = key.encode()
+    needle = struct.pack("<Q", len(k)) + k + struct.pack("<I", 8)
+    i = data.index(needle) + len(needle)
+    n = struct.unpack_from("<Q", data, i)[0]
+    return i + 8, n
+
+
+def tensor_type_offset(data, name):
+    """Offset of the ggml type field in the tensor info of `name`."""
+    k = name.encode()
+    i = data.index(struct.pack("<Q", len(k)) + k) + 8 + len(k)
+    n_dims = struct.unpack_from("<I", data, i)[0]
+    return i + 4 + 8 * n_dims
+
+
+def patch(path, fn):
+    """Rewrites the file at path with fn applied to its bytes (a bytearray, edited in place)."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    fn(data)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def serve_refused(path):
+    p = subprocess.run([e2e.BIN, "serve", "-m", path, "--host", "127.0.0.1", "--port", "0"],
+                       capture_output=True, text=True, timeout=30)
+    e2e.check_sanitizer_report(p.stderr)
+    return p.returncode, p.stderr
+
+
+class ServeFamilies(unittest.TestCase):
+    def serve(self, path, family, arch):
+        srv = e2e.Server(model=path, ctx=256)
+        try:
+            log = srv.stderr()
+            self.assertIn(": %s, 2 layers" % arch, log)
+            self.assertIn("chat template %s" % family, log)
+            body = {"prompt": "once upon a time", "max_tokens": 6, "temperature": 0}
+            st, r = srv.post("/v1/completions", body)
+            self.assertEqual(st, 200, r)
+            self.assertGreater(r["usage"]["completion_tokens"], 0)
+            self.assertIsInstance(r["choices"][0]["text"], str)
+            # Greedy is deterministic: the cached second run gives the same text.
+            st2, r2 = srv.post("/v1/completions", body)
+            self.assertEqual(st2, 200)
+            self.assertEqual(r2["choices"][0]["text"], r["choices"][0]["text"])
+            st, c = srv.post("/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "temperature": 0})
+            self.assertEqual(st, 200, c)
+            self.assertEqual(c["choices"][0]["message"]["role"], "assistant")
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def test_qwen2_chatml(self):
+        path = mkmodel("qwen2.gguf", "--arch", "qwen2", "--type", "q8_0", "--tied",
+                       "--rope-base", "1000000", "--chat-template", QWEN2_TEMPLATE)
+        self.serve(path, "chatml", "qwen2")
+
+    def test_llama3_template_and_rope_freqs(self):
+        path = mkmodel("llama3.gguf", "--type", "f16", "--rope-base", "500000", "--rope-freqs",
+                       "--chat-template", LLAMA3_TEMPLATE)
+        self.serve(path, "llama3", "llama")
+
+
+class Refusals(unittest.TestCase):
+    def test_unsupported_architecture(self):
+        path = mkmodel("gemma.gguf")
+
+        def to_gemma(data):
+            off, n = kv_string_offset(data, "general.architecture")
+            self.assertEqual(bytes(data[off:off + n]), b"llama")
+            data[off:off + n] = b"gemma"
+        patch(path, to_gemma)
+        rc, err = serve_refused(path)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("architecture 'gemma' is not supported (supported: llama, qwen2)", err)
+
+    def test_unsupported_tensor_type(self):
+        path = mkmodel("q4.gguf")
+
+        def to_q4_0(data):
+            off = tensor_type_offset(data, "blk.1.ffn_up.weight")
+            self.assertEqual(struct.unpack_from("<I", data, off)[0], 0)  # F32
+            struct.pack_into("<I", data, off, 2)  # Q4_0: smaller, so it still fits its slot
+        patch(path, to_q4_0)
+        rc, err = serve_refused(path)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("blk.1.ffn_up.weight", err)
+        self.assertIn("Q4_0", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
