@@ -504,8 +504,17 @@ static void finish_seq(sched *s, seq_list *from, seq *q, enum sched_finish why, 
     uint32_t choices = r->n;
     bool was_fork_pending = q->fork_pending;
     seq_free(s, q);
-    push_event(r, &ev);
     /* A first choice that ends before forking (error, cancel) ends the others too. */
+    uint32_t ending = was_fork_pending ? choices : 1;
+    bool last = r->n_done + ending == choices;
+    if (last) {
+        /* Recorded before the last event goes out, so a client that reads /metrics right
+         * after its response already sees its request counted. */
+        pthread_mutex_lock(&s->metrics_mu);
+        hist_add(&s->m.e2e_request_latency_seconds, time_now_s() - r->t_submit);
+        pthread_mutex_unlock(&s->metrics_mu);
+    }
+    push_event(r, &ev);
     if (was_fork_pending) {
         for (uint32_t c = 1; c < choices; c++) {
             sched_event e2 = ev;
@@ -515,13 +524,9 @@ static void finish_seq(sched *s, seq_list *from, seq *q, enum sched_finish why, 
             e2.completion_tokens = 0;
             push_event(r, &e2);
         }
-        r->n_done += choices - 1;
     }
-    if (++r->n_done == choices) {
-        double now = time_now_s();
-        pthread_mutex_lock(&s->metrics_mu);
-        hist_add(&s->m.e2e_request_latency_seconds, now - r->t_submit);
-        pthread_mutex_unlock(&s->metrics_mu);
+    r->n_done += ending;
+    if (last) {
         pthread_mutex_lock(&s->inbox_mu);
         s->n_unfinished--;
         pthread_mutex_unlock(&s->inbox_mu);
