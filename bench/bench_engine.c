@@ -15,9 +15,8 @@
 
 static int usage(void)
 {
-    fprintf(stderr,
-            "usage: kvs-bench-engine position MODEL.gguf MAX_POS [THREADS]\n"
-            "       kvs-bench-engine batch MODEL.gguf STEPS B1,B2,... [THREADS]\n");
+    fprintf(stderr, "usage: kvs-bench-engine position MODEL.gguf MAX_POS [THREADS]\n"
+                    "       kvs-bench-engine batch MODEL.gguf STEPS B1,B2,... [THREADS]\n");
     return 2;
 }
 
@@ -138,8 +137,8 @@ static double sgemm_gflops(uint32_t rows, uint32_t n_in, uint32_t n_out)
     int iters = 0;
     double t0 = time_now_s(), t;
     do {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n_out, (int)n_in,
-                    1.0f, a, (int)n_in, w, (int)n_in, 0.0f, c, (int)n_out);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n_out, (int)n_in, 1.0f,
+                    a, (int)n_in, w, (int)n_in, 0.0f, c, (int)n_out);
         iters++;
         t = time_now_s() - t0;
     } while (t < 1.0);

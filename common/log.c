@@ -7,8 +7,14 @@
 
 static enum log_level g_level = LOG_INFO;
 
-void log_set_level(enum log_level level) { g_level = level; }
-enum log_level log_get_level(void) { return g_level; }
+void log_set_level(enum log_level level)
+{
+    g_level = level;
+}
+enum log_level log_get_level(void)
+{
+    return g_level;
+}
 
 void log_msg(enum log_level level, const char *fmt, ...)
 {
@@ -21,8 +27,8 @@ void log_msg(enum log_level level, const char *fmt, ...)
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
     int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000L, names[level]);
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000L, names[level]);
     va_list ap;
     va_start(ap, fmt);
     if (n > 0 && (size_t)n < sizeof line)

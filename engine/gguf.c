@@ -63,7 +63,10 @@ static int fail(cursor *c, int status, const char *fmt, ...)
     return status;
 }
 
-static bool have(const cursor *c, uint64_t n) { return n <= c->size - c->pos; }
+static bool have(const cursor *c, uint64_t n)
+{
+    return n <= c->size - c->pos;
+}
 
 static int read_bytes(cursor *c, void *dst, size_t n, const char *what)
 {
@@ -75,8 +78,14 @@ static int read_bytes(cursor *c, void *dst, size_t n, const char *what)
     return 0;
 }
 
-static int read_u32(cursor *c, uint32_t *v, const char *what) { return read_bytes(c, v, 4, what); }
-static int read_u64(cursor *c, uint64_t *v, const char *what) { return read_bytes(c, v, 8, what); }
+static int read_u32(cursor *c, uint32_t *v, const char *what)
+{
+    return read_bytes(c, v, 4, what);
+}
+static int read_u64(cursor *c, uint64_t *v, const char *what)
+{
+    return read_bytes(c, v, 8, what);
+}
 
 /* A string: u64 length then bytes; on success *s points into the file. */
 static int read_str(cursor *c, const char **s, size_t *len, const char *what)
@@ -156,15 +165,18 @@ static int parse_kv(cursor *c, gguf_kv *kv)
     if (et != GGUF_TYPE_STRING) {
         size_t es = scalar_size(kv->arr_type);
         if (count > (c->size - c->pos) / es)
-            return fail(c, KVS_ETRUNC, "truncated: array '%.*s' declares %llu elements of %zu "
+            return fail(c, KVS_ETRUNC,
+                        "truncated: array '%.*s' declares %llu elements of %zu "
                         "bytes at offset %zu, file has %zu",
-                        NAME_PREC(kv->key_len), kv->key, (unsigned long long)count, es, c->pos, c->size);
+                        NAME_PREC(kv->key_len), kv->key, (unsigned long long)count, es, c->pos,
+                        c->size);
         c->pos += count * es;
         return 0;
     }
     /* Each string takes at least its 8-byte length, which bounds the index we allocate. */
     if (count > (c->size - c->pos) / 8)
-        return fail(c, KVS_ETRUNC, "truncated: string array '%.*s' declares %llu elements, "
+        return fail(c, KVS_ETRUNC,
+                    "truncated: string array '%.*s' declares %llu elements, "
                     "more than the %zu bytes left can hold",
                     NAME_PREC(kv->key_len), kv->key, (unsigned long long)count, c->size - c->pos);
     kv->arr_strs = malloc((count ? count : 1) * sizeof *kv->arr_strs);
@@ -188,10 +200,10 @@ struct type_info {
 };
 
 static const struct type_info TYPES[] = {
-    {GGML_TYPE_F32, "F32", 1, 4},      {GGML_TYPE_F16, "F16", 1, 2},
-    {GGML_TYPE_BF16, "BF16", 1, 2},    {GGML_TYPE_Q8_0, "Q8_0", 32, 34},
-    {GGML_TYPE_Q4_0, "Q4_0", 32, 18},  {GGML_TYPE_Q4_1, "Q4_1", 32, 20},
-    {GGML_TYPE_Q5_0, "Q5_0", 32, 22},  {GGML_TYPE_Q5_1, "Q5_1", 32, 24},
+    {GGML_TYPE_F32, "F32", 1, 4},     {GGML_TYPE_F16, "F16", 1, 2},
+    {GGML_TYPE_BF16, "BF16", 1, 2},   {GGML_TYPE_Q8_0, "Q8_0", 32, 34},
+    {GGML_TYPE_Q4_0, "Q4_0", 32, 18}, {GGML_TYPE_Q4_1, "Q4_1", 32, 20},
+    {GGML_TYPE_Q5_0, "Q5_0", 32, 22}, {GGML_TYPE_Q5_1, "Q5_1", 32, 24},
 };
 
 static const struct type_info *type_info(uint32_t t)
@@ -249,9 +261,10 @@ static int parse_tensor(cursor *c, gguf_tensor *t)
         return fail(c, KVS_EUNSUPPORTED, "tensor '%.*s': unsupported tensor type %u",
                     NAME_PREC(t->name_len), t->name, t->type);
     if (t->dims[0] % ti->block)
-        return fail(c, KVS_EFORMAT, "tensor '%.*s': row of %llu elements is not a whole number "
-                    "of %s blocks", NAME_PREC(t->name_len), t->name,
-                    (unsigned long long)t->dims[0], ti->name);
+        return fail(c, KVS_EFORMAT,
+                    "tensor '%.*s': row of %llu elements is not a whole number "
+                    "of %s blocks",
+                    NAME_PREC(t->name_len), t->name, (unsigned long long)t->dims[0], ti->name);
     t->n_bytes = ggml_type_nbytes(t->type, n);
     uint64_t off = 0;
     if ((rc = read_u64(c, &off, "tensor offset")))
@@ -316,8 +329,7 @@ static int parse(gguf_file *f, char *err, size_t err_len)
     if ((rc = read_u32(&c, &f->version, "version")))
         return rc;
     if (f->version != 2 && f->version != 3)
-        return fail(&c, KVS_EVERSION, "GGUF version %u is not supported (2 and 3 are)",
-                    f->version);
+        return fail(&c, KVS_EVERSION, "GGUF version %u is not supported (2 and 3 are)", f->version);
     if ((rc = read_u64(&c, &n_tensors, "tensor count")) || (rc = read_u64(&c, &n_kv, "kv count")))
         return rc;
     /* Smallest kv: 8-byte key length + 4-byte type + 1-byte value. */
@@ -372,7 +384,8 @@ static int parse(gguf_file *f, char *err, size_t err_len)
                         NAME_PREC(t->name_len), t->name, (unsigned long long)off, f->alignment);
         if (data_start > f->size || off > f->size - data_start ||
             t->n_bytes > f->size - data_start - off)
-            return fail(&c, KVS_ETRUNC, "truncated: tensor '%.*s' needs bytes %llu..%llu of "
+            return fail(&c, KVS_ETRUNC,
+                        "truncated: tensor '%.*s' needs bytes %llu..%llu of "
                         "the data section, file has %zu bytes",
                         NAME_PREC(t->name_len), t->name, (unsigned long long)off,
                         (unsigned long long)(off + t->n_bytes), f->size);
@@ -458,9 +471,18 @@ void gguf_close(gguf_file *f)
     free(f);
 }
 
-uint32_t gguf_version(const gguf_file *f) { return f->version; }
-size_t gguf_file_size(const gguf_file *f) { return f->size; }
-int64_t gguf_n_kv(const gguf_file *f) { return f->n_kv; }
+uint32_t gguf_version(const gguf_file *f)
+{
+    return f->version;
+}
+size_t gguf_file_size(const gguf_file *f)
+{
+    return f->size;
+}
+int64_t gguf_n_kv(const gguf_file *f)
+{
+    return f->n_kv;
+}
 
 int64_t gguf_find_key(const gguf_file *f, const char *key)
 {
@@ -477,7 +499,10 @@ const char *gguf_key_name(const gguf_file *f, int64_t i, size_t *len)
     return f->kv[i].key;
 }
 
-enum gguf_type gguf_kv_type(const gguf_file *f, int64_t i) { return f->kv[i].type; }
+enum gguf_type gguf_kv_type(const gguf_file *f, int64_t i)
+{
+    return f->kv[i].type;
+}
 
 /* Reads an integer-typed value as a signed 128-bit-safe pair: returns false if not integer. */
 static bool kv_int(const gguf_kv *kv, int64_t *sv, uint64_t *uv, bool *is_signed)
@@ -486,12 +511,37 @@ static bool kv_int(const gguf_kv *kv, int64_t *sv, uint64_t *uv, bool *is_signed
     *is_signed = false;
     switch (kv->type) {
     case GGUF_TYPE_UINT8: *uv = p[0]; return true;
-    case GGUF_TYPE_UINT16: { uint16_t v; memcpy(&v, p, 2); *uv = v; return true; }
-    case GGUF_TYPE_UINT32: { uint32_t v; memcpy(&v, p, 4); *uv = v; return true; }
+    case GGUF_TYPE_UINT16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        *uv = v;
+        return true;
+    }
+    case GGUF_TYPE_UINT32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        *uv = v;
+        return true;
+    }
     case GGUF_TYPE_UINT64: memcpy(uv, p, 8); return true;
-    case GGUF_TYPE_INT8: { int8_t v; memcpy(&v, p, 1); *sv = v; break; }
-    case GGUF_TYPE_INT16: { int16_t v; memcpy(&v, p, 2); *sv = v; break; }
-    case GGUF_TYPE_INT32: { int32_t v; memcpy(&v, p, 4); *sv = v; break; }
+    case GGUF_TYPE_INT8: {
+        int8_t v;
+        memcpy(&v, p, 1);
+        *sv = v;
+        break;
+    }
+    case GGUF_TYPE_INT16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        *sv = v;
+        break;
+    }
+    case GGUF_TYPE_INT32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        *sv = v;
+        break;
+    }
     case GGUF_TYPE_INT64: memcpy(sv, p, 8); break;
     default: return false;
     }
@@ -606,8 +656,8 @@ int gguf_get_str(const gguf_file *f, const char *key, const char **s, size_t *le
     return 0;
 }
 
-int gguf_get_arr(const gguf_file *f, const char *key, enum gguf_type *elem_type,
-                 uint64_t *count, const void **data)
+int gguf_get_arr(const gguf_file *f, const char *key, enum gguf_type *elem_type, uint64_t *count,
+                 const void **data)
 {
     const gguf_kv *kv = lookup(f, key);
     if (!kv)
@@ -636,7 +686,10 @@ int gguf_arr_str(const gguf_file *f, int64_t kvi, uint64_t i, const char **s, si
     return 0;
 }
 
-int64_t gguf_n_tensors(const gguf_file *f) { return f->n_tensors; }
+int64_t gguf_n_tensors(const gguf_file *f)
+{
+    return f->n_tensors;
+}
 
 int64_t gguf_find_tensor(const gguf_file *f, const char *name)
 {
@@ -689,7 +742,7 @@ uint16_t ggml_fp32_to_fp16(float f)
     uint32_t absx = x & 0x7fffffff;
     if (absx > 0x7f800000u)
         return (uint16_t)(sign | 0x7e00); /* NaN */
-    if (absx >= 0x477ff000u)               /* rounds to >= 65520: infinity */
+    if (absx >= 0x477ff000u)              /* rounds to >= 65520: infinity */
         return (uint16_t)(sign | 0x7c00);
     if (absx < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
         if (absx < 0x33000000u)

@@ -100,8 +100,8 @@ int gguf_get_str(const gguf_file *f, const char *key, const char **s, size_t *le
 
 /* Arrays: element type and count. Numeric arrays are handed out as a pointer into the file
  * (may be unaligned: copy with memcpy); string arrays through gguf_arr_str(). */
-int gguf_get_arr(const gguf_file *f, const char *key, enum gguf_type *elem_type,
-                 uint64_t *count, const void **data);
+int gguf_get_arr(const gguf_file *f, const char *key, enum gguf_type *elem_type, uint64_t *count,
+                 const void **data);
 /* String i of the string array stored under key index kv (from gguf_find_key).
  * Returns 0, or KVS_EKEYTYPE / KVS_ERANGE. */
 int gguf_arr_str(const gguf_file *f, int64_t kv, uint64_t i, const char **s, size_t *len);

@@ -11,11 +11,11 @@
 struct sampler {
     sampler_params p;
     int32_t n_vocab;
-    uint64_t rng;            /* xorshift64* state, never 0 */
-    uint32_t *prompt_count;  /* (n_vocab) occurrences in the prompt */
-    uint32_t *output_count;  /* (n_vocab) occurrences in the output */
-    int32_t *cand_id;        /* (n_vocab) scratch */
-    float *cand_p;           /* (n_vocab) scratch */
+    uint64_t rng;           /* xorshift64* state, never 0 */
+    uint32_t *prompt_count; /* (n_vocab) occurrences in the prompt */
+    uint32_t *output_count; /* (n_vocab) occurrences in the output */
+    int32_t *cand_id;       /* (n_vocab) scratch */
+    float *cand_p;          /* (n_vocab) scratch */
 };
 
 sampler_params sampler_default_params(void)

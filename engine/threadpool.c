@@ -123,7 +123,10 @@ void tpool_destroy(tpool *p)
     free(p);
 }
 
-uint32_t tpool_n_threads(const tpool *p) { return p->n; }
+uint32_t tpool_n_threads(const tpool *p)
+{
+    return p->n;
+}
 
 void tpool_run(tpool *p, tpool_fn fn, void *arg)
 {

@@ -35,8 +35,8 @@ void tok_destroy(tok_vocab *v);
 
 enum tok_family tok_family(const tok_vocab *v);
 int32_t tok_n_vocab(const tok_vocab *v);
-int32_t tok_bos(const tok_vocab *v); /* -1 if none */
-int32_t tok_eos(const tok_vocab *v); /* -1 if none */
+int32_t tok_bos(const tok_vocab *v);  /* -1 if none */
+int32_t tok_eos(const tok_vocab *v);  /* -1 if none */
 bool tok_add_bos(const tok_vocab *v); /* whether prompts start with BOS by default */
 /* Control tokens (BOS, EOS, chat markers) never come out of plain text. */
 bool tok_is_control(const tok_vocab *v, int32_t id);
@@ -53,12 +53,12 @@ int32_t tok_find(const tok_vocab *v, const char *s, size_t len);
  * parse_special, as llama.cpp and HF tokenizers do (the llama.cpp test vectors depend on it).
  * Writes up to cap ids and sets *n_out to the total count; returns KVS_ENOSPC (ids holds the
  * first cap) when cap was too small, so callers can retry with *n_out. */
-int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos,
-               bool parse_special, int32_t *ids, size_t cap, size_t *n_out);
+int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos, bool parse_special,
+               int32_t *ids, size_t cap, size_t *n_out);
 
 /* The bytes a token stands for in output text (U+2581 -> ' ', <0x0A> -> '\n', byte-level BPE
- * unmapped). Control, unknown and unused tokens give "". Returns the byte count (may exceed cap: then only cap
- * bytes are written) or a negative status for an invalid id. */
+ * unmapped). Control, unknown and unused tokens give "". Returns the byte count (may exceed cap:
+ * then only cap bytes are written) or a negative status for an invalid id. */
 int tok_token_to_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap);
 
 /* Decodes ids into text. strip_leading_space removes the one space an SPM vocab adds in

@@ -35,7 +35,8 @@ typedef struct kvpool_stats {
     uint32_t blocks_used;
     uint32_t blocks_cached;
     uint32_t blocks_free;
-    uint64_t tokens_stored;  /* token slots filled across live sequences (shared counted once per seq) */
+    uint64_t
+        tokens_stored; /* token slots filled across live sequences (shared counted once per seq) */
     uint64_t slots_waste;    /* slots reserved in used blocks but not filled by any sequence */
     uint64_t prefix_queries; /* blocks looked up by kvpool_seq_match_prefix (every full block
                               * of the tokens passed, so hits / queries is the hit rate) */
@@ -73,8 +74,7 @@ int kvpool_seq_fork(kvpool *pool, const kvpool_seq *src, kvpool_seq **out);
  * tokens[0..n), block by block from the start. Returns the number of tokens now covered (a
  * multiple of block_size, <= n); those positions are already computed and committed. Pass
  * n = prompt length - 1 so at least one token is left to compute logits from. */
-uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *tokens,
-                                 uint32_t n);
+uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n);
 
 /* Blocks that kvpool_seq_append(seq, n) would have to take from the pool (including a
  * copy-on-write of a shared last block). */

@@ -58,7 +58,7 @@ struct sched_req {
 
     /* engine thread only */
     struct sched_req *inbox_next;
-    uint32_t n_done;      /* choices finished */
+    uint32_t n_done; /* choices finished */
     bool first_token_seen;
     uint32_t cached_tokens;
 };
@@ -68,7 +68,7 @@ enum seq_state { SEQ_WAITING, SEQ_RUNNING };
 typedef struct seq {
     sched_req *req;
     uint32_t choice;
-    bool fork_pending; /* first choice of an n > 1 request whose prompt is not computed yet */
+    bool fork_pending;  /* first choice of an n > 1 request whose prompt is not computed yet */
     bool ever_admitted; /* has left the queue once (the 429 bound counts queued requests) */
     enum seq_state state;
     uint64_t admit_order; /* larger = admitted later = first to be preempted */
@@ -83,8 +83,8 @@ typedef struct seq {
     size_t held_len, held_cap;
     double t_last_token;
     /* this step */
-    uint32_t chunk;    /* rows in the batch */
-    int logits_row;    /* index into the logits buffer, -1 if none */
+    uint32_t chunk; /* rows in the batch */
+    int logits_row; /* index into the logits buffer, -1 if none */
     struct seq *prev, *next;
 } seq;
 
@@ -215,7 +215,7 @@ static void init_metrics(sched_metrics *m)
                                   0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0};
     static const double itl[] = {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03,
                                  0.04,  0.05,   0.075, 0.1,  0.15,  0.2,  0.3,   0.5};
-    static const double e2e[] = {0.01, 0.05, 0.1, 0.3,  0.5,  0.8,  1.0,   2.5,
+    static const double e2e[] = {0.01, 0.05, 0.1,  0.3,  0.5,  0.8,  1.0,  2.5,
                                  5.0,  10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0};
     static const double bs[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
     memset(m, 0, sizeof *m);
@@ -682,8 +682,8 @@ static bool sample_and_emit(sched *s, seq *q, const float *row_in, float *scratc
             }
         }
         if (ev.n_tokens)
-            push_event(r, &(sched_event){.choice = q->choice, .tokens = ev.tokens,
-                                         .n_tokens = ev.n_tokens});
+            push_event(r, &(sched_event){
+                              .choice = q->choice, .tokens = ev.tokens, .n_tokens = ev.n_tokens});
         free(ev.text);
         finish_seq(s, &s->running, q, fin, 0);
         return true;
@@ -847,7 +847,9 @@ static void fork_choices(sched *s, seq *q)
                 free(f->tokens);
                 free(f);
             }
-            sched_event ev = {.choice = c, .finish = SCHED_FINISH_ERROR, .status = rc,
+            sched_event ev = {.choice = c,
+                              .finish = SCHED_FINISH_ERROR,
+                              .status = rc,
                               .prompt_tokens = r->n_prompt};
             push_event(r, &ev);
             r->n_done++;
@@ -994,8 +996,10 @@ static void *engine_main(void *arg)
             if (!q) {
                 /* tell the client and retire the request as if it had run */
                 for (uint32_t c = 0; c < r->n; c++) {
-                    sched_event ev = {.choice = c, .finish = SCHED_FINISH_ERROR,
-                                      .status = KVS_ENOMEM, .prompt_tokens = r->n_prompt};
+                    sched_event ev = {.choice = c,
+                                      .finish = SCHED_FINISH_ERROR,
+                                      .status = KVS_ENOMEM,
+                                      .prompt_tokens = r->n_prompt};
                     push_event(r, &ev);
                 }
                 pthread_mutex_lock(&s->inbox_mu);
@@ -1037,9 +1041,9 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
     const engine_hparams *hp = engine_model_hparams(model);
     if (p.n_ctx == 0)
         p.n_ctx = hp->n_ctx_train;
-    if (p.block_size == 0 || p.block_size > 1024 || p.max_num_seqs == 0 ||
-        p.max_num_seqs > 4096 || p.max_batched_tokens == 0 || p.max_batched_tokens > 65536 ||
-        p.kv_cache_mb == 0 || p.n_ctx > (1u << 20)) {
+    if (p.block_size == 0 || p.block_size > 1024 || p.max_num_seqs == 0 || p.max_num_seqs > 4096 ||
+        p.max_batched_tokens == 0 || p.max_batched_tokens > 65536 || p.kv_cache_mb == 0 ||
+        p.n_ctx > (1u << 20)) {
         log_error("scheduler: invalid parameters");
         return KVS_EINVAL;
     }
@@ -1050,7 +1054,8 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
         p.n_threads = cores > 0 ? (uint32_t)cores : 1;
     }
     size_t block_bytes = engine_kv_block_bytes(model, p.block_size);
-    uint64_t n_blocks = p.kv_blocks ? p.kv_blocks : (uint64_t)p.kv_cache_mb * 1024 * 1024 / block_bytes;
+    uint64_t n_blocks =
+        p.kv_blocks ? p.kv_blocks : (uint64_t)p.kv_cache_mb * 1024 * 1024 / block_bytes;
     uint64_t ctx_blocks = (p.n_ctx + p.block_size - 1) / p.block_size;
     if (n_blocks < ctx_blocks) {
         log_error("scheduler: the KV pool (--kv-cache-mb %u / --kv-blocks %u) holds %llu blocks "

@@ -91,8 +91,8 @@ typedef struct sched_token_info {
 /* One event of a request's output, owned by the caller after sched_req_next (free with
  * sched_event_free). */
 typedef struct sched_event {
-    uint32_t choice;          /* which of the n choices */
-    char *text;               /* UTF-8 delta (whole characters, stop strings held back), may be "" */
+    uint32_t choice; /* which of the n choices */
+    char *text;      /* UTF-8 delta (whole characters, stop strings held back), may be "" */
     size_t text_len;
     sched_token_info *tokens; /* the tokens of this delta, when logprobs were asked for */
     uint32_t n_tokens;

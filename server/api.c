@@ -13,18 +13,12 @@
 static const char *type_for_status(int status)
 {
     switch (status) {
-    case 401:
-        return "authentication_error";
-    case 404:
-        return "not_found_error";
-    case 429:
-        return "rate_limit_error";
-    case 500:
-        return "server_error";
-    case 503:
-        return "unavailable_error";
-    default:
-        return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 429: return "rate_limit_error";
+    case 500: return "server_error";
+    case 503: return "unavailable_error";
+    default: return "invalid_request_error";
     }
 }
 
@@ -113,7 +107,10 @@ static int get_bool(const cJSON *root, const char *key, bool *out, srv_error *e)
     return 0;
 }
 
-static int oom(srv_error *e) { return srv_error_set(e, 500, NULL, NULL, "out of memory"); }
+static int oom(srv_error *e)
+{
+    return srv_error_set(e, 500, NULL, NULL, "out of memory");
+}
 
 static int parse_stop(const cJSON *root, srv_request *r, srv_error *e)
 {
@@ -129,7 +126,8 @@ static int parse_stop(const cJSON *root, srv_request *r, srv_error *e)
         return 0;
     }
     if (!cJSON_IsArray(it))
-        return srv_error_set(e, 400, "stop", NULL, "'stop' must be a string or an array of strings");
+        return srv_error_set(e, 400, "stop", NULL,
+                             "'stop' must be a string or an array of strings");
     if (cJSON_GetArraySize(it) > 4)
         return srv_error_set(e, 400, "stop", NULL, "'stop' takes at most 4 strings");
     const cJSON *s;
@@ -239,8 +237,7 @@ static int content_text(const cJSON *c, char **out, srv_error *e)
     return 0;
 }
 
-static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r,
-                          srv_error *e)
+static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!msgs || cJSON_IsNull(msgs))
@@ -294,8 +291,8 @@ out:
  * neither, but Python's json.dumps and JavaScript-ish encoders write them). */
 static bool non_finite_at(const char *p, const char *end)
 {
-    static const char *lits[] = {"NaN", "nan", "Infinity", "-Infinity", "inf", "-inf",
-                                 "+Infinity", "+inf", "-NaN", "-nan"};
+    static const char *lits[] = {"NaN",  "nan",       "Infinity", "-Infinity", "inf",
+                                 "-inf", "+Infinity", "+inf",     "-NaN",      "-nan"};
     for (size_t i = 0; i < sizeof lits / sizeof lits[0]; i++) {
         size_t n = strlen(lits[i]);
         if ((size_t)(end - p) >= n && !memcmp(p, lits[i], n))

@@ -15,10 +15,10 @@
 #define SRV_MAX_N 128 /* choices per request, as OpenAI */
 
 typedef struct srv_error {
-    int status;        /* HTTP status */
-    const char *type;  /* invalid_request_error, ... (static) */
-    char param[48];    /* field name, "" = null */
-    const char *code;  /* e.g. "context_length_exceeded", NULL = null */
+    int status;       /* HTTP status */
+    const char *type; /* invalid_request_error, ... (static) */
+    char param[48];   /* field name, "" = null */
+    const char *code; /* e.g. "context_length_exceeded", NULL = null */
     char message[256];
 } srv_error;
 

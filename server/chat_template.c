@@ -9,8 +9,8 @@
 
 #include "common/status.h"
 
-static const char *k_names[] = {"plain", "chatml", "llama2", "llama3",
-                                "zephyr", "mistral", "gemma", "phi3"};
+static const char *k_names[] = {"plain",  "chatml",  "llama2", "llama3",
+                                "zephyr", "mistral", "gemma",  "phi3"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -79,9 +79,15 @@ static void sb_addn(sbuf *b, const char *s, size_t n)
     b->p[b->len] = '\0';
 }
 
-static void sb_add(sbuf *b, const char *s) { sb_addn(b, s, strlen(s)); }
+static void sb_add(sbuf *b, const char *s)
+{
+    sb_addn(b, s, strlen(s));
+}
 
-static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
 
 static void sb_add_trim(sbuf *b, const char *s)
 {

@@ -75,17 +75,33 @@ static int parse_float(const char *s, float lo, float hi, float *out)
 
 static int parse_args(int argc, char **argv, gen_opts *o)
 {
-    enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_IDS, O_NOCACHE, O_IGNEOS, O_THREADS,
-           O_BS };
+    enum {
+        O_TEMP = 256,
+        O_TOPK,
+        O_TOPP,
+        O_MINP,
+        O_SEED,
+        O_IDS,
+        O_NOCACHE,
+        O_IGNEOS,
+        O_THREADS,
+        O_BS
+    };
     static const struct option longopts[] = {
-        {"model", required_argument, NULL, 'm'},   {"prompt", required_argument, NULL, 'p'},
-        {"max-tokens", required_argument, NULL, 'n'}, {"temp", required_argument, NULL, O_TEMP},
-        {"top-k", required_argument, NULL, O_TOPK}, {"top-p", required_argument, NULL, O_TOPP},
-        {"min-p", required_argument, NULL, O_MINP}, {"seed", required_argument, NULL, O_SEED},
-        {"ids", no_argument, NULL, O_IDS},          {"no-cache", no_argument, NULL, O_NOCACHE},
+        {"model", required_argument, NULL, 'm'},
+        {"prompt", required_argument, NULL, 'p'},
+        {"max-tokens", required_argument, NULL, 'n'},
+        {"temp", required_argument, NULL, O_TEMP},
+        {"top-k", required_argument, NULL, O_TOPK},
+        {"top-p", required_argument, NULL, O_TOPP},
+        {"min-p", required_argument, NULL, O_MINP},
+        {"seed", required_argument, NULL, O_SEED},
+        {"ids", no_argument, NULL, O_IDS},
+        {"no-cache", no_argument, NULL, O_NOCACHE},
         {"ignore-eos", no_argument, NULL, O_IGNEOS},
         {"threads", required_argument, NULL, O_THREADS},
-        {"block-size", required_argument, NULL, O_BS}, {"help", no_argument, NULL, 'h'},
+        {"block-size", required_argument, NULL, O_BS},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     long v = 0;
@@ -132,8 +148,8 @@ static int parse_args(int argc, char **argv, gen_opts *o)
 
 /* Runs positions [from, n) of tokens through the engine, logits for the last one. */
 static int forward_span(engine_ctx *ctx, engine_kv *kv, kvpool *pool, kvpool_seq *seq,
-                        const int32_t *tokens, uint32_t from, uint32_t n, int32_t *pos,
-                        int32_t *sq, bool *want, float *logits)
+                        const int32_t *tokens, uint32_t from, uint32_t n, int32_t *pos, int32_t *sq,
+                        bool *want, float *logits)
 {
     kvpool_copy cp;
     int n_cp;
@@ -179,9 +195,9 @@ int cmd_generate(int argc, char **argv)
     size_t plen = strlen(o.prompt), n_prompt = 0;
     size_t cap = plen + 2 + (size_t)o.max_tokens;
     int32_t *tokens = malloc(cap * sizeof(int32_t));
-    rc = tokens ? tok_encode(vocab, o.prompt, plen, tok_add_bos(vocab), false, tokens, cap,
-                             &n_prompt)
-                : KVS_ENOMEM;
+    rc = tokens
+             ? tok_encode(vocab, o.prompt, plen, tok_add_bos(vocab), false, tokens, cap, &n_prompt)
+             : KVS_ENOMEM;
     if (rc || n_prompt == 0) {
         fprintf(stderr, "kvserve generate: cannot tokenize the prompt: %s\n",
                 rc ? status_str(rc) : "empty prompt");

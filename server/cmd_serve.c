@@ -150,9 +150,8 @@ int cmd_serve(int argc, char **argv)
         goto out;
     }
     uint32_t n_ctx = cfg.ctx_size ? cfg.ctx_size : hp->n_ctx_train;
-    enum srv_chat_tmpl tmpl = forced_tmpl >= 0
-                                  ? (enum srv_chat_tmpl)forced_tmpl
-                                  : srv_chat_detect(engine_model_chat_template(model));
+    enum srv_chat_tmpl tmpl = forced_tmpl >= 0 ? (enum srv_chat_tmpl)forced_tmpl
+                                               : srv_chat_detect(engine_model_chat_template(model));
     const char *name = cfg.served_model_name ? cfg.served_model_name : engine_model_name(model);
     srv_set_ready(srv, model, sc, name, tmpl, n_ctx);
     log_info("serving model '%s' (context %u, chat template %s) on http://%s:%u", name, n_ctx,
@@ -173,8 +172,8 @@ int cmd_serve(int argc, char **argv)
     }
     exit_code = 0;
 out:
-    srv_stop(srv);       /* releases requests still held: needs the scheduler alive */
-    sched_destroy(sc);   /* no notify after this */
+    srv_stop(srv);     /* releases requests still held: needs the scheduler alive */
+    sched_destroy(sc); /* no notify after this */
     srv_destroy(srv);
     engine_model_destroy(model);
     if (exit_code == 0)

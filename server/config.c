@@ -13,10 +13,10 @@
 enum opt_type { OPT_STR, OPT_U32, OPT_U64, OPT_DBL, OPT_FLAG };
 
 typedef struct opt {
-    const char *name;  /* long flag without "--" */
-    char short_name;   /* 0 = none */
+    const char *name; /* long flag without "--" */
+    char short_name;  /* 0 = none */
     enum opt_type type;
-    size_t off;        /* offsetof(srv_config, field) */
+    size_t off;         /* offsetof(srv_config, field) */
     const char *defval; /* shown by --help and written to configs/default.json */
     const char *help;
 } opt;
@@ -79,8 +79,7 @@ static int opt_set(srv_config *c, const opt *o, const char *v, char *err, size_t
     char *end = NULL;
     errno = 0;
     switch (o->type) {
-    case OPT_STR:
-        return set_str((char **)field, v);
+    case OPT_STR: return set_str((char **)field, v);
     case OPT_U32:
     case OPT_U64: {
         if (!*v || *v == '-')

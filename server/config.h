@@ -10,28 +10,28 @@
 #include <stdio.h>
 
 typedef struct srv_config {
-    char *model;             /* -m/--model: GGUF path (required) */
-    char *host;              /* --host: listen address (127.0.0.1) */
-    uint32_t port;           /* --port: 0 = ephemeral, the bound port is logged (8080) */
-    uint32_t threads;        /* --threads: engine compute threads, 0 = all cores */
-    uint32_t kv_cache_mb;    /* --kv-cache-mb (256) */
-    uint32_t block_size;     /* --block-size (16) */
-    uint32_t max_num_seqs;   /* --max-num-seqs (64) */
-    uint32_t max_batched_tokens; /* --max-batched-tokens (512) */
-    uint32_t max_queue;      /* --max-queue (256) */
-    uint32_t ctx_size;       /* --ctx-size: 0 = the model's */
-    char *served_model_name; /* --served-model-name: NULL = the model's name */
-    char *api_key;           /* --api-key: NULL = no auth */
-    uint64_t max_body_bytes; /* --max-body-bytes (1 MiB) */
-    double shutdown_timeout; /* --shutdown-timeout seconds (30) */
-    char *chat_template;     /* --chat-template NAME: NULL = detect from the model */
-    bool no_prefix_cache;    /* --no-prefix-cache */
-    char *log_level;         /* --log-level debug|info|warn|error (info) */
-    uint32_t http_threads;   /* --http-threads: libmicrohttpd polling threads (2) */
+    char *model;                   /* -m/--model: GGUF path (required) */
+    char *host;                    /* --host: listen address (127.0.0.1) */
+    uint32_t port;                 /* --port: 0 = ephemeral, the bound port is logged (8080) */
+    uint32_t threads;              /* --threads: engine compute threads, 0 = all cores */
+    uint32_t kv_cache_mb;          /* --kv-cache-mb (256) */
+    uint32_t block_size;           /* --block-size (16) */
+    uint32_t max_num_seqs;         /* --max-num-seqs (64) */
+    uint32_t max_batched_tokens;   /* --max-batched-tokens (512) */
+    uint32_t max_queue;            /* --max-queue (256) */
+    uint32_t ctx_size;             /* --ctx-size: 0 = the model's */
+    char *served_model_name;       /* --served-model-name: NULL = the model's name */
+    char *api_key;                 /* --api-key: NULL = no auth */
+    uint64_t max_body_bytes;       /* --max-body-bytes (1 MiB) */
+    double shutdown_timeout;       /* --shutdown-timeout seconds (30) */
+    char *chat_template;           /* --chat-template NAME: NULL = detect from the model */
+    bool no_prefix_cache;          /* --no-prefix-cache */
+    char *log_level;               /* --log-level debug|info|warn|error (info) */
+    uint32_t http_threads;         /* --http-threads: libmicrohttpd polling threads (2) */
     uint32_t connection_timeout;   /* --connection-timeout: idle seconds, 0 = never (60) */
     uint32_t max_connections;      /* --max-connections: open connections at most (1024) */
     uint32_t connection_memory_kb; /* --connection-memory-kb: MHD per-connection pool (32) */
-    bool help;               /* --help was given */
+    bool help;                     /* --help was given */
 } srv_config;
 
 /* Fills c with the defaults (strings are heap copies or NULL). */

@@ -107,7 +107,7 @@ typedef struct srv_conn {
     double t_start, t_first;
     enum phase phase;
     bool checked; /* answer_early has run */
-    int status; /* HTTP status sent */
+    int status;   /* HTTP status sent */
     bool client_gone;
 
     char *body;
@@ -402,8 +402,8 @@ static enum MHD_Result do_metrics(srv_conn *c)
     char *text = srv_metrics_format(have ? &m : NULL, counts);
     if (!text)
         return fail(c, 500, NULL, NULL, "out of memory");
-    enum MHD_Result r = send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", text,
-                                  strlen(text));
+    enum MHD_Result r =
+        send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
     free(text);
     return r;
 }
@@ -566,8 +566,8 @@ static enum MHD_Result finish_full(srv_conn *c)
         error_of_status(c->fail_status, &e);
         return send_error(c, &e);
     }
-    char *body = srv_resp_full(&c->rx, c->choices, c->n_choices, c->prompt_tokens,
-                               c->cached_tokens);
+    char *body =
+        srv_resp_full(&c->rx, c->choices, c->n_choices, c->prompt_tokens, c->cached_tokens);
     if (!body)
         return fail(c, 500, NULL, NULL, "out of memory");
     enum MHD_Result r = send_json(c, 200, body);
@@ -620,8 +620,8 @@ static bool format_event(srv_conn *c, const sched_event *ev)
                                           ev->n_tokens, SCHED_FINISH_NONE, false, ch->len));
     ch->len += ev->text_len; /* only the offset is tracked: streams keep no text */
     if (ok && ev->finish != SCHED_FINISH_NONE)
-        ok = out_append(c, srv_resp_chunk(&c->rx, ev->choice, "", 0, NULL, 0, ev->finish, false,
-                                          ch->len));
+        ok = out_append(
+            c, srv_resp_chunk(&c->rx, ev->choice, "", 0, NULL, 0, ev->finish, false, ch->len));
     return ok;
 }
 
@@ -647,8 +647,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             c->ss = SS_EVENTS;
             if (c->rx.chat)
                 for (uint32_t i = 0; i < c->n_choices; i++)
-                    if (!out_append(c, srv_resp_chunk(&c->rx, i, "", 0, NULL, 0,
-                                                      SCHED_FINISH_NONE, true, 0)))
+                    if (!out_append(c, srv_resp_chunk(&c->rx, i, "", 0, NULL, 0, SCHED_FINISH_NONE,
+                                                      true, 0)))
                         return MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }
@@ -659,9 +659,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         if (r == -2)
             return MHD_CONTENT_READER_END_WITH_ERROR; /* client gone */
         if (r < 0) {
-            if (c->rq.include_usage &&
-                !out_append(c, srv_resp_usage_chunk(&c->rx, c->prompt_tokens,
-                                                    c->completion_tokens)))
+            if (c->rq.include_usage && !out_append(c, srv_resp_usage_chunk(&c->rx, c->prompt_tokens,
+                                                                           c->completion_tokens)))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             if (!out_append(c, strdup("data: [DONE]\n\n")))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -799,9 +798,7 @@ static enum MHD_Result do_generate(srv_conn *c)
         case KVS_ENOSPC:
             ret = fail(c, 429, NULL, NULL, "too many requests waiting; retry later");
             break;
-        case KVS_EBUSY:
-            ret = fail(c, 503, NULL, NULL, "the server is shutting down");
-            break;
+        case KVS_EBUSY: ret = fail(c, 503, NULL, NULL, "the server is shutting down"); break;
         case KVS_ERANGE:
             ret = fail(c, 400, "max_tokens", "context_length_exceeded",
                        "the prompt and max_tokens do not fit the context");
@@ -892,8 +889,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->route = route_of(url, &post);
         if (c->route == R_NONE)
             return fail(c, 404, NULL, NULL, "Not found");
-        if (strcmp(method, post ? "POST" : "GET") &&
-            !(strcmp(method, "HEAD") == 0 && !post))
+        if (strcmp(method, post ? "POST" : "GET") && !(strcmp(method, "HEAD") == 0 && !post))
             return fail(c, 405, NULL, NULL, "Method not allowed");
         if (post) {
             /* Refuse an oversized body before reading any of it (the connection then closes,
@@ -978,14 +974,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return fail(c, 413, NULL, NULL, "request body is too large");
     switch (c->route) {
     case R_COMPLETIONS:
-    case R_CHAT:
-        return do_generate(c);
-    case R_TOKENIZE:
-        return do_tokenize(c);
-    case R_DETOKENIZE:
-        return do_detokenize(c);
-    default:
-        return fail(c, 404, NULL, NULL, "Not found");
+    case R_CHAT: return do_generate(c);
+    case R_TOKENIZE: return do_tokenize(c);
+    case R_DETOKENIZE: return do_detokenize(c);
+    default: return fail(c, 404, NULL, NULL, "Not found");
     }
 }
 
@@ -1106,8 +1098,8 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
     s->id_salt = random_salt();
     s->started = (long long)time(NULL);
     pthread_mutex_init(&s->wake_mu, NULL);
-    int rc = open_listener(cfg->host ? cfg->host : "127.0.0.1", cfg->port, &s->listen_fd,
-                           &s->port, err, err_len);
+    int rc = open_listener(cfg->host ? cfg->host : "127.0.0.1", cfg->port, &s->listen_fd, &s->port,
+                           err, err_len);
     if (rc) {
         pthread_mutex_destroy(&s->wake_mu);
         free(s);
@@ -1115,17 +1107,15 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
     }
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     unsigned pool = cfg->http_threads > 1 ? cfg->http_threads : 1;
-    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
-                            mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            /* Bounds per connection and in total (see README, "Resource
-                             * bounds"): idle connections close, headers must fit the pool. */
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                            (size_t)cfg->connection_memory_kb * 1024,
-                            pool > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, pool,
-                            MHD_OPTION_END);
+    s->d = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_LISTEN_SOCKET, s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        /* Bounds per connection and in total (see README, "Resource
+         * bounds"): idle connections close, headers must fit the pool. */
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)cfg->connection_memory_kb * 1024,
+        pool > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, pool, MHD_OPTION_END);
     if (!s->d) {
         snprintf(err, err_len, "cannot start the HTTP daemon on port %u", s->port);
         close(s->listen_fd);
@@ -1143,7 +1133,10 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
     return 0;
 }
 
-uint16_t srv_port(const srv_server *s) { return s->port; }
+uint16_t srv_port(const srv_server *s)
+{
+    return s->port;
+}
 
 void srv_set_ready(srv_server *s, const engine_model *m, sched *sc, const char *served_name,
                    enum srv_chat_tmpl tmpl, uint32_t n_ctx)
@@ -1158,9 +1151,15 @@ void srv_set_ready(srv_server *s, const engine_model *m, sched *sc, const char *
     atomic_store(&s->state, ST_READY);
 }
 
-void srv_begin_drain(srv_server *s) { atomic_store(&s->state, ST_DRAINING); }
+void srv_begin_drain(srv_server *s)
+{
+    atomic_store(&s->state, ST_DRAINING);
+}
 
-uint32_t srv_n_active(srv_server *s) { return atomic_load(&s->n_active); }
+uint32_t srv_n_active(srv_server *s)
+{
+    return atomic_load(&s->n_active);
+}
 
 void srv_stop(srv_server *s)
 {

@@ -6,11 +6,12 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: kvserve <command> [options]\n"
-                 "\n"
-                 "commands:\n"
-                 "  serve      run the OpenAI-compatible HTTP server (kvserve serve --help)\n"
-                 "  generate   complete one prompt from the command line (kvserve generate --help)\n");
+    fprintf(out,
+            "usage: kvserve <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  serve      run the OpenAI-compatible HTTP server (kvserve serve --help)\n"
+            "  generate   complete one prompt from the command line (kvserve generate --help)\n");
 }
 
 int main(int argc, char **argv)

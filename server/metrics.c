@@ -100,8 +100,9 @@ static void hist(obuf *b, const char *name, const char *help, const sched_hist *
 {
     head(b, name, "histogram", help);
     uint64_t cum = 0;
-    int nb = h->n_bounds < 0 ? 0 : h->n_bounds > SCHED_HIST_BUCKETS ? SCHED_HIST_BUCKETS
-                                                                       : h->n_bounds;
+    int nb = h->n_bounds < 0                    ? 0
+             : h->n_bounds > SCHED_HIST_BUCKETS ? SCHED_HIST_BUCKETS
+                                                : h->n_bounds;
     for (int i = 0; i < nb; i++) {
         cum += h->counts[i];
         ob_printf(b, "kvserve_%s_bucket{le=\"", name);

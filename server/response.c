@@ -13,12 +13,9 @@
 const char *srv_finish_str(enum sched_finish f)
 {
     switch (f) {
-    case SCHED_FINISH_STOP:
-        return "stop";
-    case SCHED_FINISH_LENGTH:
-        return "length";
-    default:
-        return NULL;
+    case SCHED_FINISH_STOP: return "stop";
+    case SCHED_FINISH_LENGTH: return "length";
+    default: return NULL;
     }
 }
 
@@ -298,7 +295,8 @@ char *srv_resp_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size
     return sse_of(r);
 }
 
-char *srv_resp_usage_chunk(const srv_resp_ctx *x, uint32_t prompt_tokens, uint32_t completion_tokens)
+char *srv_resp_usage_chunk(const srv_resp_ctx *x, uint32_t prompt_tokens,
+                           uint32_t completion_tokens)
 {
     cJSON *r = envelope(x, true);
     cJSON_AddArrayToObject(r, "choices");

@@ -46,7 +46,8 @@ char *srv_resp_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size
                      const sched_token_info *toks, uint32_t n_toks, enum sched_finish finish,
                      bool role_only, size_t text_offset);
 /* The final usage chunk (choices: []), as an SSE event. */
-char *srv_resp_usage_chunk(const srv_resp_ctx *x, uint32_t prompt_tokens, uint32_t completion_tokens);
+char *srv_resp_usage_chunk(const srv_resp_ctx *x, uint32_t prompt_tokens,
+                           uint32_t completion_tokens);
 /* "data: {json}\n\n" around an error body. */
 char *srv_sse_wrap(const char *json);
 

@@ -147,11 +147,16 @@ static void test_phi3(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_detect), cmocka_unit_test(test_names),
-        cmocka_unit_test(test_plain),  cmocka_unit_test(test_chatml),
-        cmocka_unit_test(test_llama2), cmocka_unit_test(test_llama3),
-        cmocka_unit_test(test_zephyr), cmocka_unit_test(test_mistral),
-        cmocka_unit_test(test_gemma),  cmocka_unit_test(test_phi3),
+        cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_plain),
+        cmocka_unit_test(test_chatml),
+        cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_zephyr),
+        cmocka_unit_test(test_mistral),
+        cmocka_unit_test(test_gemma),
+        cmocka_unit_test(test_phi3),
         cmocka_unit_test(test_gemma_trailing_system),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -75,7 +75,8 @@ static int setup(void **state)
     {
         ref_case *rc = &g_cases[g_n_cases++];
         rc->n_prompt = read_ids(cJSON_GetObjectItem(c, "prompt_ids"), rc->prompt, 64);
-        rc->n_completion = read_ids(cJSON_GetObjectItem(c, "completion_ids"), rc->completion, CTX + 1);
+        rc->n_completion =
+            read_ids(cJSON_GetObjectItem(c, "completion_ids"), rc->completion, CTX + 1);
     }
     cJSON_Delete(j);
     return 0;

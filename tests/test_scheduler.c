@@ -71,8 +71,8 @@ static int setup(void **state)
     {
         ref_case *rc = &g_cases[g_n_cases++];
         rc->n_prompt = read_ids(cJSON_GetObjectItem(c, "prompt_ids"), rc->prompt, 64);
-        rc->n_completion = read_ids(cJSON_GetObjectItem(c, "completion_ids"), rc->completion,
-                                    MAX_IDS);
+        rc->n_completion =
+            read_ids(cJSON_GetObjectItem(c, "completion_ids"), rc->completion, MAX_IDS);
         snprintf(rc->text, sizeof rc->text, "%s",
                  cJSON_GetObjectItem(c, "completion_text")->valuestring);
     }

@@ -68,9 +68,9 @@ static void test_completion_ok(void **state)
     assert_int_equal(r.n_top_logprobs, -1);
     srv_request_free(&r);
 
-    assert_int_equal(parse("{\"prompt\":[\"one\"],\"max_completion_tokens\":9,\"stop\":\"x\"}",
-                           false, &r, &e),
-                     0);
+    assert_int_equal(
+        parse("{\"prompt\":[\"one\"],\"max_completion_tokens\":9,\"stop\":\"x\"}", false, &r, &e),
+        0);
     assert_string_equal(r.prompt_text, "one");
     assert_int_equal(r.max_tokens, 9);
     assert_int_equal(r.n_stop, 1);
@@ -199,8 +199,7 @@ static void test_config(void **state)
     srv_config_defaults(&c);
     assert_int_equal(srv_config_apply_json(&c, "{\"prot\": 1}", err, sizeof err), KVS_EINVAL);
     assert_non_null(strstr(err, "prot"));
-    assert_int_equal(srv_config_apply_json(&c, "{\"port\": \"x\"}", err, sizeof err),
-                     KVS_EINVAL);
+    assert_int_equal(srv_config_apply_json(&c, "{\"port\": \"x\"}", err, sizeof err), KVS_EINVAL);
     char *bad[] = {"serve", "--bogus"};
     assert_int_equal(srv_config_parse(&c, 2, bad, err, sizeof err), KVS_EINVAL);
     char *badv[] = {"serve", "--port", "-3"};
