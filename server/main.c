@@ -26,7 +26,14 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "generate"))
         return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        /* The whole manual: every flag of every command, with its default. */
         usage(stdout);
+        char *serve_help[] = {"serve", "--help", NULL};
+        char *gen_help[] = {"generate", "--help", NULL};
+        printf("\n");
+        cmd_serve(2, serve_help);
+        printf("\n");
+        cmd_generate(2, gen_help);
         return 0;
     }
     fprintf(stderr, "kvserve: unknown command '%s'\n", cmd);
