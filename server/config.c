@@ -34,7 +34,7 @@ static const opt k_opts[] = {
     {"max-queue", 0, OPT_U32, OFF(max_queue), "256", "waiting requests before 429"},
     {"ctx-size", 0, OPT_U32, OFF(ctx_size), "0", "context length (0 = the model's)"},
     {"served-model-name", 0, OPT_STR, OFF(served_model_name), "",
-     "model id in the API (default: the model's general.name)"},
+     "model id in the API (default: the model file's name without .gguf)"},
     {"api-key", 0, OPT_STR, OFF(api_key), "",
      "require 'Authorization: Bearer KEY' (empty = no auth; /health stays open)"},
     {"max-body-bytes", 0, OPT_U64, OFF(max_body_bytes), "1048576",
