@@ -362,6 +362,183 @@ void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
     }
 }
 
+/* ---- mid-size batches: packed GEMM ----
+ * out = X W^T as a register-blocked outer product: GM rows of x (broadcast) x GN = 16 weight
+ * rows (two 8-lane vectors) per microkernel step. X is packed once per call as [row block][k]
+ * [GM] so the broadcasts stream sequentially; a GN x GKC weight panel is widened and transposed
+ * to [k][GN] F32 on the stack (16 KB, stays in L1) and reused by every row block, so each
+ * weight is converted once per call instead of once per 4 rows. Each output is
+ * sum over k blocks (in order) of an in-order FMA chain: its bits depend only on x, its weight
+ * row and K, never on T, the column range or the thread that computes it. */
+#ifdef __AVX512VL__
+#define GM 8 /* 16 accumulators + 2 weight vectors + broadcasts fit 32 registers */
+#else
+#define GM 4
+#endif
+#define GN 16
+#define GKC 256 /* multiple of QK8_0 and of 8 */
+
+size_t kern_gemm_xp_floats(size_t T, size_t K)
+{
+    return (T + GM - 1) / GM * GM * K;
+}
+
+INLINE void transpose8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+void kern_gemm_pack_x(const float *x, size_t T, size_t ldx, size_t K, float *xp)
+{
+    for (size_t t0 = 0; t0 < T; t0 += GM, xp += GM * K) {
+        size_t rows = T - t0 < GM ? T - t0 : GM;
+        size_t k = 0;
+        if (GM == 8 && rows == 8)
+            for (; k + 8 <= K; k += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++)
+                    r[i] = _mm256_loadu_ps(x + (t0 + (size_t)i) * ldx + k);
+                transpose8(r);
+                for (int i = 0; i < 8; i++)
+                    _mm256_storeu_ps(xp + (k + (size_t)i) * GM, r[i]);
+            }
+        for (; k < K; k++)
+            for (size_t i = 0; i < GM; i++)
+                xp[k * GM + i] = i < rows ? x[(t0 + i) * ldx + k] : 0.0f;
+    }
+}
+
+/* Widens weight rows r0..r0+nr-1 (nr <= GN), inputs k0..k0+kc-1, into wp[kc][GN]; missing
+ * rows are zero. The next block of the same rows is prefetched: the panel's 16 row streams
+ * are more than the hardware prefetcher follows. */
+static void pack_w(const kern_mat *m, size_t r0, size_t nr, size_t k0, size_t kc, float *wp)
+{
+    const uint8_t *base = (const uint8_t *)m->data + r0 * m->row_bytes;
+    size_t ldw = m->row_bytes;
+    size_t esz = m->type == KERN_F32 ? 4 : 2;
+    if (m->type != KERN_Q8_0 && k0 + kc < m->n_in)
+        for (size_t r = 0; r < nr; r++)
+            for (size_t off = 0; off < kc * esz; off += 64)
+                _mm_prefetch((const char *)(base + r * ldw + (k0 + kc) * esz + off),
+                             _MM_HINT_T0);
+    size_t k = 0;
+    if (nr == GN && m->type != KERN_Q8_0) {
+        for (; k + 8 <= kc; k += 8)
+            for (size_t g = 0; g < GN; g += 8) {
+                __m256 r[8];
+                for (size_t i = 0; i < 8; i++)
+                    r[i] = load_w8(m->type, base + (g + i) * ldw, k0 + k);
+                transpose8(r);
+                for (size_t i = 0; i < 8; i++)
+                    _mm256_storeu_ps(wp + (k + i) * GN + g, r[i]);
+            }
+    } else if (nr == GN) { /* Q8_0: k0 and kc are multiples of QK8_0 */
+        for (; k < kc; k += QK8_0) {
+            size_t b = (k0 + k) / QK8_0;
+            for (size_t g = 0; g < GN; g += 8) {
+                __m256 d[8];
+                for (size_t i = 0; i < 8; i++) {
+                    const uint8_t *blk = base + (g + i) * ldw + b * Q8_BLOCK_BYTES;
+                    if (k0 + kc < m->n_in)
+                        _mm_prefetch((const char *)(blk + kc / QK8_0 * Q8_BLOCK_BYTES),
+                                     _MM_HINT_T0);
+                    uint16_t h;
+                    memcpy(&h, blk, 2);
+                    d[i] = _mm256_set1_ps(_cvtsh_ss(h));
+                }
+                for (size_t j = 0; j < QK8_0; j += 8) {
+                    __m256 r[8];
+                    for (size_t i = 0; i < 8; i++) {
+                        const uint8_t *q = base + (g + i) * ldw + b * Q8_BLOCK_BYTES + 2 + j;
+                        r[i] = _mm256_mul_ps(d[i], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                       _mm_loadl_epi64((const __m128i *)(
+                                                           const void *)q))));
+                    }
+                    transpose8(r);
+                    for (size_t i = 0; i < 8; i++)
+                        _mm256_storeu_ps(wp + (k + j + i) * GN + g, r[i]);
+                }
+            }
+        }
+    }
+    for (; k < kc; k++)
+        for (size_t c = 0; c < GN; c++)
+            wp[k * GN + c] = c < nr ? w_at(m->type, base + c * ldw, k0 + k) : 0.0f;
+}
+
+/* acc (+)= xp[kc][GM] x wp[kc][GN], then rows < nt, columns < nc go to out. */
+INLINE void gemm_micro(const float *xp, const float *wp, size_t kc, int first, size_t nt,
+                       size_t nc, float *out, size_t ldo)
+{
+    __m256 acc[GM][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < GM; r++)
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (size_t k = 0; k < kc; k++) {
+        __m256 w0 = _mm256_loadu_ps(wp + k * GN), w1 = _mm256_loadu_ps(wp + k * GN + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < GM; r++) {
+            __m256 b = _mm256_broadcast_ss(xp + k * GM + r);
+            acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+        }
+    }
+    /* constant indices once unrolled, so acc stays in registers in the loop above */
+#pragma GCC unroll 8
+    for (int r = 0; r < GM; r++) {
+        if ((size_t)r >= nt)
+            break;
+        float *o = out + (size_t)r * ldo;
+        if (nc == GN) {
+            if (first) {
+                _mm256_storeu_ps(o, acc[r][0]);
+                _mm256_storeu_ps(o + 8, acc[r][1]);
+            } else {
+                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[r][0]));
+                _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), acc[r][1]));
+            }
+            continue;
+        }
+        float tmp[GN];
+        _mm256_storeu_ps(tmp, acc[r][0]);
+        _mm256_storeu_ps(tmp + 8, acc[r][1]);
+        for (size_t c = 0; c < nc; c++)
+            o[c] = first ? tmp[c] : o[c] + tmp[c];
+    }
+}
+
+void kern_gemm_packed(const kern_mat *m, const float *xp, size_t T, float *out, size_t ldo,
+                      size_t n0, size_t n1)
+{
+    float wp[GKC * GN] __attribute__((aligned(32)));
+    size_t K = m->n_in;
+    for (size_t n = n0; n < n1; n += GN) {
+        size_t nc = n1 - n < GN ? n1 - n : GN;
+        for (size_t k0 = 0; k0 < K; k0 += GKC) {
+            size_t kc = K - k0 < GKC ? K - k0 : GKC;
+            pack_w(m, n, nc, k0, kc, wp);
+            for (size_t t0 = 0; t0 < T; t0 += GM)
+                gemm_micro(xp + t0 * K + k0 * GM, wp, kc, k0 == 0, T - t0 < GM ? T - t0 : GM,
+                           nc, out + t0 * ldo + n, ldo);
+        }
+    }
+}
+
 float kern_dot(const float *a, const float *b, size_t n)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -417,6 +594,23 @@ void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
         for (size_t k = 0; k < m->n_in; k++)
             dst[r * m->n_in + k] = w_at(m->type, row, k);
     }
+}
+
+size_t kern_gemm_xp_floats(size_t T, size_t K)
+{
+    return T * K;
+}
+
+void kern_gemm_pack_x(const float *x, size_t T, size_t ldx, size_t K, float *xp)
+{
+    for (size_t t = 0; t < T; t++)
+        memcpy(xp + t * K, x + t * ldx, K * sizeof(float));
+}
+
+void kern_gemm_packed(const kern_mat *m, const float *xp, size_t T, float *out, size_t ldo,
+                      size_t n0, size_t n1)
+{
+    kern_matmul_rows(m, xp, T, m->n_in, out, ldo, n0, n1);
 }
 
 float kern_dot(const float *a, const float *b, size_t n)
