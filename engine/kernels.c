@@ -431,11 +431,19 @@ static void pack_w(const kern_mat *m, size_t r0, size_t nr, size_t k0, size_t kc
     const uint8_t *base = (const uint8_t *)m->data + r0 * m->row_bytes;
     size_t ldw = m->row_bytes;
     size_t esz = m->type == KERN_F32 ? 4 : 2;
-    if (m->type != KERN_Q8_0 && k0 + kc < m->n_in)
-        for (size_t r = 0; r < nr; r++)
-            for (size_t off = 0; off < kc * esz; off += 64)
-                _mm_prefetch((const char *)(base + r * ldw + (k0 + kc) * esz + off),
-                             _MM_HINT_T0);
+    if (m->type != KERN_Q8_0) {
+        /* the next block of these rows, or after the last one the next panel's first block */
+        const uint8_t *pf = base + (k0 + kc) * esz;
+        size_t pr = nr, pbytes = kc * esz;
+        if (k0 + kc >= m->n_in) {
+            pf = base + GN * ldw;
+            pr = r0 + 2 * GN <= m->n_out ? GN : 0;
+            pbytes = (m->n_in < GKC ? m->n_in : GKC) * esz;
+        }
+        for (size_t r = 0; r < pr; r++)
+            for (size_t off = 0; off < pbytes; off += 64)
+                _mm_prefetch((const char *)(pf + r * ldw + off), _MM_HINT_T0);
+    }
     size_t k = 0;
     if (nr == GN && m->type != KERN_Q8_0) {
         for (; k + 8 <= kc; k += 8)
@@ -481,18 +489,19 @@ static void pack_w(const kern_mat *m, size_t r0, size_t nr, size_t k0, size_t kc
             wp[k * GN + c] = c < nr ? w_at(m->type, base + c * ldw, k0 + k) : 0.0f;
 }
 
-/* acc (+)= xp[kc][GM] x wp[kc][GN], then rows < nt, columns < nc go to out. */
-INLINE void gemm_micro(const float *xp, const float *wp, size_t kc, int first, size_t nt,
-                       size_t nc, float *out, size_t ldo)
+/* acc (+)= xp[kc][GM] (its first R rows) x wp[kc][GN], then rows < nt (<= R), columns < nc
+ * go to out. */
+INLINE void gemm_micro(int R, const float *xp, const float *wp, size_t kc, int first,
+                       size_t nt, size_t nc, float *out, size_t ldo)
 {
     __m256 acc[GM][2];
 #pragma GCC unroll 8
-    for (int r = 0; r < GM; r++)
+    for (int r = 0; r < R; r++)
         acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (size_t k = 0; k < kc; k++) {
         __m256 w0 = _mm256_loadu_ps(wp + k * GN), w1 = _mm256_loadu_ps(wp + k * GN + 8);
 #pragma GCC unroll 8
-        for (int r = 0; r < GM; r++) {
+        for (int r = 0; r < R; r++) {
             __m256 b = _mm256_broadcast_ss(xp + k * GM + r);
             acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
             acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
@@ -500,7 +509,7 @@ INLINE void gemm_micro(const float *xp, const float *wp, size_t kc, int first, s
     }
     /* constant indices once unrolled, so acc stays in registers in the loop above */
 #pragma GCC unroll 8
-    for (int r = 0; r < GM; r++) {
+    for (int r = 0; r < R; r++) {
         if ((size_t)r >= nt)
             break;
         float *o = out + (size_t)r * ldo;
@@ -532,9 +541,19 @@ void kern_gemm_packed(const kern_mat *m, const float *xp, size_t T, float *out, 
         for (size_t k0 = 0; k0 < K; k0 += GKC) {
             size_t kc = K - k0 < GKC ? K - k0 : GKC;
             pack_w(m, n, nc, k0, kc, wp);
-            for (size_t t0 = 0; t0 < T; t0 += GM)
-                gemm_micro(xp + t0 * K + k0 * GM, wp, kc, k0 == 0, T - t0 < GM ? T - t0 : GM,
-                           nc, out + t0 * ldo + n, ldo);
+            for (size_t t0 = 0; t0 < T; t0 += GM) {
+                /* a short last block runs a narrower tile: no FMAs on padding rows */
+                size_t nt = T - t0 < GM ? T - t0 : GM;
+                const float *xb = xp + t0 * K + k0 * GM;
+                float *ob = out + t0 * ldo + n;
+                int first = k0 == 0;
+                switch ((nt + 1) / 2) {
+                case 1: gemm_micro(2, xb, wp, kc, first, nt, nc, ob, ldo); break;
+                case 2: gemm_micro(4, xb, wp, kc, first, nt, nc, ob, ldo); break;
+                case 3: gemm_micro(GM < 6 ? GM : 6, xb, wp, kc, first, nt, nc, ob, ldo); break;
+                default: gemm_micro(GM, xb, wp, kc, first, nt, nc, ob, ldo); break;
+                }
+            }
         }
     }
 }
