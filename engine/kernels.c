@@ -42,8 +42,7 @@ static inline float w_at(kern_type type, const uint8_t *row, size_t k)
         memcpy(&f, row + 4 * k, 4);
         return f;
     }
-    case KERN_F16:
-        return f16_at(row, k);
+    case KERN_F16: return f16_at(row, k);
     default: {
         const uint8_t *blk = row + k / QK8_0 * Q8_BLOCK_BYTES;
         return f16_at(blk, 0) * (float)(int8_t)blk[2 + k % QK8_0];
@@ -99,8 +98,8 @@ INLINE void tile_store(const __m256 *acc, int stride, int rb, int cb, kern_type 
 }
 
 /* F32 / F16 tile: rb rows of x against cb weight rows. */
-INLINE void tile_fp(kern_type type, int rb, int cb, const float *x, size_t ldx,
-                    const uint8_t *w, size_t ldw, size_t K, float *out, size_t ldo)
+INLINE void tile_fp(kern_type type, int rb, int cb, const float *x, size_t ldx, const uint8_t *w,
+                    size_t ldw, size_t K, float *out, size_t ldo)
 {
     __m256 acc[RB][CB];
 #pragma GCC unroll 4
@@ -147,8 +146,8 @@ INLINE void seq_fp(kern_type type, int rb, int U, const float *x, size_t ldx, co
             __m256 wv = load_w8(type, w, k + 8 * (size_t)u);
 #pragma GCC unroll 4
             for (int r = 0; r < rb; r++)
-                acc[r][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k + 8 * u), wv,
-                                            acc[r][u]);
+                acc[r][u] =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k + 8 * u), wv, acc[r][u]);
         }
     }
     for (; k + 8 <= K; k += 8) {
@@ -197,8 +196,8 @@ INLINE void seq_q8(int rb, const float *x, size_t ldx, const uint8_t *w, size_t 
     __m256 sum[RB];
 #pragma GCC unroll 4
     for (int r = 0; r < rb; r++)
-        sum[r] = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
-                               _mm256_add_ps(acc[r][2], acc[r][3]));
+        sum[r] =
+            _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
     tile_store(sum, 1, rb, 1, KERN_Q8_0, x, ldx, w, 0, nb * QK8_0, K, out, ldo);
 }
 
@@ -231,9 +230,9 @@ INLINE void tile_q8(int rb, int cb, const float *x, size_t ldx, const uint8_t *w
 #pragma GCC unroll 4
             for (int c = 0; c < cb; c++) {
                 const uint8_t *q = w + c * ldw + b * Q8_BLOCK_BYTES + 2 + j * 8;
-                __m256 wv = _mm256_mul_ps(
-                    d[c], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                              _mm_loadl_epi64((const __m128i *)(const void *)q))));
+                __m256 wv =
+                    _mm256_mul_ps(d[c], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                            _mm_loadl_epi64((const __m128i *)(const void *)q))));
 #pragma GCC unroll 4
                 for (int r = 0; r < rb; r++)
                     acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
@@ -244,24 +243,24 @@ INLINE void tile_q8(int rb, int cb, const float *x, size_t ldx, const uint8_t *w
 }
 
 /* One instantiation per (type, rb, cb) so every loop bound is a constant. */
-#define TILE_CASES(TYPE)                                                                       \
-    static void tiles_##TYPE(int rb, int cb, const float *x, size_t ldx, const uint8_t *w,     \
-                            size_t ldw, size_t K, float *out, size_t ldo)                      \
-    {                                                                                          \
-        if (cb == CB) {                                                                        \
-            switch (rb) {                                                                      \
-            case 1: TILE_CALL(TYPE, 1, CB); return;                                            \
-            case 2: TILE_CALL(TYPE, 2, CB); return;                                            \
-            case 3: TILE_CALL(TYPE, 3, CB); return;                                            \
-            default: TILE_CALL(TYPE, 4, CB); return;                                           \
-            }                                                                                  \
-        }                                                                                      \
-        switch (rb) {                                                                          \
-        case 1: TILE_CALL(TYPE, 1, 1); return;                                                 \
-        case 2: TILE_CALL(TYPE, 2, 1); return;                                                 \
-        case 3: TILE_CALL(TYPE, 3, 1); return;                                                 \
-        default: TILE_CALL(TYPE, 4, 1); return;                                                \
-        }                                                                                      \
+#define TILE_CASES(TYPE)                                                                           \
+    static void tiles_##TYPE(int rb, int cb, const float *x, size_t ldx, const uint8_t *w,         \
+                             size_t ldw, size_t K, float *out, size_t ldo)                         \
+    {                                                                                              \
+        if (cb == CB) {                                                                            \
+            switch (rb) {                                                                          \
+            case 1: TILE_CALL(TYPE, 1, CB); return;                                                \
+            case 2: TILE_CALL(TYPE, 2, CB); return;                                                \
+            case 3: TILE_CALL(TYPE, 3, CB); return;                                                \
+            default: TILE_CALL(TYPE, 4, CB); return;                                               \
+            }                                                                                      \
+        }                                                                                          \
+        switch (rb) {                                                                              \
+        case 1: TILE_CALL(TYPE, 1, 1); return;                                                     \
+        case 2: TILE_CALL(TYPE, 2, 1); return;                                                     \
+        case 3: TILE_CALL(TYPE, 3, 1); return;                                                     \
+        default: TILE_CALL(TYPE, 4, 1); return;                                                    \
+        }                                                                                          \
     }
 #define TILE_CALL(TYPE, R, C) TILE_CALL_##TYPE(R, C)
 #define SEQ_CALL(TYPE, R) seq_fp(TYPE, R, R == 1 ? 4 : 2, x, ldx, w, K, out, ldo)
@@ -275,8 +274,8 @@ static void seq_f32(int rb, const float *x, size_t ldx, const uint8_t *w, size_t
     default: SEQ_CALL(KERN_F32, 4); return;
     }
 }
-static void seq_q8_rb(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K,
-                      float *out, size_t ldo)
+static void seq_q8_rb(int rb, const float *x, size_t ldx, const uint8_t *w, size_t K, float *out,
+                      size_t ldo)
 {
     switch (rb) {
     case 1: seq_q8(1, x, ldx, w, K, out, ldo); return;
@@ -306,13 +305,16 @@ void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, f
                       size_t ldo, size_t n0, size_t n1)
 {
     void (*tile)(int, int, const float *, size_t, const uint8_t *, size_t, size_t, float *,
-                 size_t) = m->type == KERN_F32 ? tiles_f32 : m->type == KERN_F16 ? tiles_f16
-                                                                                : tiles_q8;
+                 size_t) = m->type == KERN_F32   ? tiles_f32
+                           : m->type == KERN_F16 ? tiles_f16
+                                                 : tiles_q8;
     const uint8_t *base = m->data;
     size_t ldw = m->row_bytes;
     if (T <= SEQ_MAX_T) {
         void (*seq)(int, const float *, size_t, const uint8_t *, size_t, float *, size_t) =
-            m->type == KERN_F32 ? seq_f32 : m->type == KERN_F16 ? seq_f16 : seq_q8_rb;
+            m->type == KERN_F32   ? seq_f32
+            : m->type == KERN_F16 ? seq_f16
+                                  : seq_q8_rb;
         for (size_t n = n0; n < n1; n++)
             for (size_t t = 0; t < T; t += RB)
                 seq(T - t >= RB ? RB : (int)(T - t), x + t * ldx, ldx, base + n * ldw, m->n_in,
@@ -324,8 +326,7 @@ void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, f
         int cb = n1 - n >= CB ? CB : 1;
         for (size_t t = 0; t < T; t += RB) {
             int rb = T - t >= RB ? RB : (int)(T - t);
-            tile(rb, cb, x + t * ldx, ldx, base + n * ldw, ldw, m->n_in, out + t * ldo + n,
-                 ldo);
+            tile(rb, cb, x + t * ldx, ldx, base + n * ldw, ldw, m->n_in, out + t * ldo + n, ldo);
         }
         n += (size_t)cb;
     }
@@ -354,10 +355,206 @@ void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
             memcpy(&h, blk, 2);
             __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
             for (int j = 0; j < QK8_0 / 8; j++)
-                _mm256_storeu_ps(dst + b * QK8_0 + j * 8,
-                                 _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                                      _mm_loadl_epi64((const __m128i *)(
-                                                          const void *)(blk + 2 + j * 8))))));
+                _mm256_storeu_ps(
+                    dst + b * QK8_0 + j * 8,
+                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                         (const __m128i *)(const void *)(blk + 2 + j * 8))))));
+        }
+    }
+}
+
+/* ---- mid-size batches: packed GEMM ----
+ * out = X W^T as a register-blocked outer product: GM rows of x (broadcast) x GN = 16 weight
+ * rows (two 8-lane vectors) per microkernel step. X is packed once per call as [row block][k]
+ * [GM] so the broadcasts stream sequentially; a GN x GKC weight panel is widened and transposed
+ * to [k][GN] F32 on the stack (16 KB, stays in L1) and reused by every row block, so each
+ * weight is converted once per call instead of once per 4 rows. Each output is
+ * sum over k blocks (in order) of an in-order FMA chain: its bits depend only on x, its weight
+ * row and K, never on T, the column range or the thread that computes it. */
+#ifdef __AVX512VL__
+#define GM 8 /* 16 accumulators + 2 weight vectors + broadcasts fit 32 registers */
+#else
+#define GM 4
+#endif
+#define GN 16
+#define GKC 256 /* multiple of QK8_0 and of 8 */
+
+size_t kern_gemm_xp_floats(size_t T, size_t K)
+{
+    return (T + GM - 1) / GM * GM * K;
+}
+
+INLINE void transpose8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+void kern_gemm_pack_x(const float *x, size_t T, size_t ldx, size_t K, float *xp)
+{
+    for (size_t t0 = 0; t0 < T; t0 += GM, xp += GM * K) {
+        size_t rows = T - t0 < GM ? T - t0 : GM;
+        size_t k = 0;
+        if (GM == 8 && rows == 8)
+            for (; k + 8 <= K; k += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++)
+                    r[i] = _mm256_loadu_ps(x + (t0 + (size_t)i) * ldx + k);
+                transpose8(r);
+                for (int i = 0; i < 8; i++)
+                    _mm256_storeu_ps(xp + (k + (size_t)i) * GM, r[i]);
+            }
+        for (; k < K; k++)
+            for (size_t i = 0; i < GM; i++)
+                xp[k * GM + i] = i < rows ? x[(t0 + i) * ldx + k] : 0.0f;
+    }
+}
+
+/* Widens weight rows r0..r0+nr-1 (nr <= GN), inputs k0..k0+kc-1, into wp[kc][GN]; missing
+ * rows are zero. The next block of the same rows is prefetched: the panel's 16 row streams
+ * are more than the hardware prefetcher follows. */
+static void pack_w(const kern_mat *m, size_t r0, size_t nr, size_t k0, size_t kc, float *wp)
+{
+    const uint8_t *base = (const uint8_t *)m->data + r0 * m->row_bytes;
+    size_t ldw = m->row_bytes;
+    size_t esz = m->type == KERN_F32 ? 4 : 2;
+    if (m->type != KERN_Q8_0) {
+        /* the next block of these rows, or after the last one the next panel's first block */
+        const uint8_t *pf = base + (k0 + kc) * esz;
+        size_t pr = nr, pbytes = kc * esz;
+        if (k0 + kc >= m->n_in) {
+            pf = base + GN * ldw;
+            pr = r0 + 2 * GN <= m->n_out ? GN : 0;
+            pbytes = (m->n_in < GKC ? m->n_in : GKC) * esz;
+        }
+        for (size_t r = 0; r < pr; r++)
+            for (size_t off = 0; off < pbytes; off += 64)
+                _mm_prefetch((const char *)(pf + r * ldw + off), _MM_HINT_T0);
+    }
+    size_t k = 0;
+    if (nr == GN && m->type != KERN_Q8_0) {
+        for (; k + 8 <= kc; k += 8)
+            for (size_t g = 0; g < GN; g += 8) {
+                __m256 r[8];
+                for (size_t i = 0; i < 8; i++)
+                    r[i] = load_w8(m->type, base + (g + i) * ldw, k0 + k);
+                transpose8(r);
+                for (size_t i = 0; i < 8; i++)
+                    _mm256_storeu_ps(wp + (k + i) * GN + g, r[i]);
+            }
+    } else if (nr == GN) { /* Q8_0: k0 and kc are multiples of QK8_0 */
+        for (; k < kc; k += QK8_0) {
+            size_t b = (k0 + k) / QK8_0;
+            for (size_t g = 0; g < GN; g += 8) {
+                __m256 d[8];
+                for (size_t i = 0; i < 8; i++) {
+                    const uint8_t *blk = base + (g + i) * ldw + b * Q8_BLOCK_BYTES;
+                    if (k0 + kc < m->n_in)
+                        _mm_prefetch((const char *)(blk + kc / QK8_0 * Q8_BLOCK_BYTES),
+                                     _MM_HINT_T0);
+                    uint16_t h;
+                    memcpy(&h, blk, 2);
+                    d[i] = _mm256_set1_ps(_cvtsh_ss(h));
+                }
+                for (size_t j = 0; j < QK8_0; j += 8) {
+                    __m256 r[8];
+                    for (size_t i = 0; i < 8; i++) {
+                        const uint8_t *q = base + (g + i) * ldw + b * Q8_BLOCK_BYTES + 2 + j;
+                        r[i] = _mm256_mul_ps(
+                            d[i], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                      _mm_loadl_epi64((const __m128i *)(const void *)q))));
+                    }
+                    transpose8(r);
+                    for (size_t i = 0; i < 8; i++)
+                        _mm256_storeu_ps(wp + (k + j + i) * GN + g, r[i]);
+                }
+            }
+        }
+    }
+    for (; k < kc; k++)
+        for (size_t c = 0; c < GN; c++)
+            wp[k * GN + c] = c < nr ? w_at(m->type, base + c * ldw, k0 + k) : 0.0f;
+}
+
+/* acc (+)= xp[kc][GM] (its first R rows) x wp[kc][GN], then rows < nt (<= R), columns < nc
+ * go to out. */
+INLINE void gemm_micro(int R, const float *xp, const float *wp, size_t kc, int first, size_t nt,
+                       size_t nc, float *out, size_t ldo)
+{
+    __m256 acc[GM][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (size_t k = 0; k < kc; k++) {
+        __m256 w0 = _mm256_loadu_ps(wp + k * GN), w1 = _mm256_loadu_ps(wp + k * GN + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m256 b = _mm256_broadcast_ss(xp + k * GM + r);
+            acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+        }
+    }
+    /* constant indices once unrolled, so acc stays in registers in the loop above */
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        if ((size_t)r >= nt)
+            break;
+        float *o = out + (size_t)r * ldo;
+        if (nc == GN) {
+            if (first) {
+                _mm256_storeu_ps(o, acc[r][0]);
+                _mm256_storeu_ps(o + 8, acc[r][1]);
+            } else {
+                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[r][0]));
+                _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), acc[r][1]));
+            }
+            continue;
+        }
+        float tmp[GN];
+        _mm256_storeu_ps(tmp, acc[r][0]);
+        _mm256_storeu_ps(tmp + 8, acc[r][1]);
+        for (size_t c = 0; c < nc; c++)
+            o[c] = first ? tmp[c] : o[c] + tmp[c];
+    }
+}
+
+void kern_gemm_packed(const kern_mat *m, const float *xp, size_t T, float *out, size_t ldo,
+                      size_t n0, size_t n1)
+{
+    float wp[GKC * GN] __attribute__((aligned(32)));
+    size_t K = m->n_in;
+    for (size_t n = n0; n < n1; n += GN) {
+        size_t nc = n1 - n < GN ? n1 - n : GN;
+        for (size_t k0 = 0; k0 < K; k0 += GKC) {
+            size_t kc = K - k0 < GKC ? K - k0 : GKC;
+            pack_w(m, n, nc, k0, kc, wp);
+            for (size_t t0 = 0; t0 < T; t0 += GM) {
+                /* a short last block runs a narrower tile: no FMAs on padding rows */
+                size_t nt = T - t0 < GM ? T - t0 : GM;
+                const float *xb = xp + t0 * K + k0 * GM;
+                float *ob = out + t0 * ldo + n;
+                int first = k0 == 0;
+                switch ((nt + 1) / 2) {
+                case 1: gemm_micro(2, xb, wp, kc, first, nt, nc, ob, ldo); break;
+                case 2: gemm_micro(4, xb, wp, kc, first, nt, nc, ob, ldo); break;
+                case 3: gemm_micro(GM < 6 ? GM : 6, xb, wp, kc, first, nt, nc, ob, ldo); break;
+                default: gemm_micro(GM, xb, wp, kc, first, nt, nc, ob, ldo); break;
+                }
+            }
         }
     }
 }
@@ -383,8 +580,8 @@ void kern_axpy(float *y, float a, const float *x, size_t n)
     __m256 av = _mm256_set1_ps(a);
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i),
-                                                _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++)
         y[i] += a * x[i];
 }
@@ -419,6 +616,23 @@ void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
     }
 }
 
+size_t kern_gemm_xp_floats(size_t T, size_t K)
+{
+    return T * K;
+}
+
+void kern_gemm_pack_x(const float *x, size_t T, size_t ldx, size_t K, float *xp)
+{
+    for (size_t t = 0; t < T; t++)
+        memcpy(xp + t * K, x + t * ldx, K * sizeof(float));
+}
+
+void kern_gemm_packed(const kern_mat *m, const float *xp, size_t T, float *out, size_t ldo,
+                      size_t n0, size_t n1)
+{
+    kern_matmul_rows(m, xp, T, m->n_in, out, ldo, n0, n1);
+}
+
 float kern_dot(const float *a, const float *b, size_t n)
 {
     float s = 0.0f;
@@ -433,7 +647,10 @@ void kern_axpy(float *y, float a, const float *x, size_t n)
         y[i] += a * x[i];
 }
 
-static float sum_squares(const float *x, size_t n) { return kern_dot(x, x, n); }
+static float sum_squares(const float *x, size_t n)
+{
+    return kern_dot(x, x, n);
+}
 
 #endif
 

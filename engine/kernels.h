@@ -28,6 +28,15 @@ void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, 
  * small-batch path, converting weights in registers (each weight byte read once per call). */
 void kern_matmul_rows(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out,
                       size_t ldo, size_t n0, size_t n1);
+/* The mid-size batch path (about 8..64 rows): x is packed once per product with
+ * kern_gemm_pack_x into xp (kern_gemm_xp_floats(T, n_in) floats), then any column ranges of
+ * out[t * ldo + n] = sum_k x[t][k] * W[n][k] are computed from xp by kern_gemm_packed (each
+ * weight converted once per call). An output's bits depend only on its x row and weight row,
+ * not on T or on the column range. */
+size_t kern_gemm_xp_floats(size_t T, size_t n_in);
+void kern_gemm_pack_x(const float *x, size_t T, size_t ldx, size_t n_in, float *xp);
+void kern_gemm_packed(const kern_mat *w, const float *xp, size_t T, float *out, size_t ldo,
+                      size_t n0, size_t n1);
 /* Widens rows r0..r0+nr-1 of w to F32 into dst ([nr][n_in]). */
 void kern_rows_to_f32(const kern_mat *w, size_t r0, size_t nr, float *dst);
 

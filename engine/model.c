@@ -587,6 +587,13 @@ void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst)
 /* Batches of fewer rows than this take the fused kernels (weights are the traffic); larger
  * ones sgemm, whose blocking wins once each weight is reused across many rows. */
 #define SMALL_BATCH_DEFAULT 8
+/* F16/Q8_0 batches of GEMM_MIN_ROWS..gemm_max rows take the packed GEMM of kernels.h
+ * (weights widened once per call in L1-sized panels). Single-thread rates on 110m shapes:
+ * 1.2-2.2x sgemm on widened tiles at 16-128 rows, 0.85-0.95x at 8-14 (its per-weight
+ * conversion is amortized over too few rows); past 128 rows x leaves the L2 and sgemm's
+ * blocking is the safer bet. */
+#define GEMM_MIN_ROWS 16
+#define GEMM_MAX_DEFAULT 128
 /* Floats of a thread's weight-tile scratch (F16/Q8_0 rows widened for sgemm): L2-sized. */
 #define TILE_FLOATS (64u * 1024u)
 
@@ -596,6 +603,8 @@ struct engine_ctx {
     uint32_t n_threads;
     tpool *pool;
     uint32_t small_batch; /* see SMALL_BATCH_DEFAULT */
+    uint32_t gemm_max;    /* see GEMM_MAX_DEFAULT */
+    float *xpack;         /* kern_gemm_xp_floats(min(max_tokens, gemm_max), max(E, F)) */
     float *x;             /* (max_tokens, n_embd) residual stream */
     float *xn;            /* (max_tokens, n_embd) normed input of a sublayer */
     float *q;             /* (max_tokens, n_embd) */
@@ -632,6 +641,12 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     if (env && atoi(env) >= 0)
         c->small_batch = (uint32_t)atoi(env);
     size_t max_in = E > F ? E : F;
+    c->gemm_max = GEMM_MAX_DEFAULT;
+    env = getenv("KVS_GEMM_MAX"); /* tuning knob for benchmarks; 0 = always sgemm */
+    if (env && atoi(env) >= 0)
+        c->gemm_max = (uint32_t)atoi(env);
+    c->xpack =
+        malloc(kern_gemm_xp_floats(T < c->gemm_max ? T : c->gemm_max, max_in) * sizeof(float) + 64);
     c->tile_floats = TILE_FLOATS > 16 * max_in ? TILE_FLOATS : 16 * max_in;
     c->x = malloc(T * E * sizeof(float));
     c->xn = malloc(T * E * sizeof(float));
@@ -646,7 +661,8 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->rope_cs = malloc(T * hp->n_rot * sizeof(float));
     c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up || !c->slot ||
-        !c->rope_inv_freq || !c->rope_cs || !c->tile || tpool_create(c->n_threads, &c->pool)) {
+        !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->xpack ||
+        tpool_create(c->n_threads, &c->pool)) {
         engine_ctx_destroy(c);
         return KVS_ENOMEM;
     }
@@ -677,6 +693,7 @@ void engine_ctx_destroy(engine_ctx *c)
     free(c->up);
     free(c->scores);
     free(c->tile);
+    free(c->xpack);
     free(c->slot);
     free(c->rope_inv_freq);
     free(c->rope_cs);
@@ -696,6 +713,7 @@ typedef struct matmul_job {
     const float *in;
     float *out;
     size_t rows;
+    bool packed;      /* x is in c->xpack for kern_gemm_packed */
     size_t chunk;     /* output columns per work item */
     atomic_uint next; /* next work item */
 } matmul_job;
@@ -720,6 +738,10 @@ static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
             kern_matmul_rows(w, j->in, j->rows, K, j->out, N, n0, n0 + cnt);
             continue;
         }
+        if (j->packed) {
+            kern_gemm_packed(w, j->c->xpack, j->rows, j->out, N, n0, n0 + cnt);
+            continue;
+        }
         const float *wf = (const float *)w->data + n0 * K;
         if (w->type != KERN_F32) {
             kern_rows_to_f32(w, n0, cnt, tile);
@@ -736,7 +758,11 @@ static void matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w
     matmul_job j = {.c = c, .w = w, .in = in, .out = out, .rows = rows};
     /* Small batches: 64 columns (a few KB of weights per item); sgemm: a widened tile that
      * fits the scratch (and the L2), in multiples of 16 columns. */
-    j.chunk = rows < c->small_batch ? 64 : c->tile_floats / w->n_in / 16 * 16;
+    j.packed = rows >= c->small_batch && rows >= GEMM_MIN_ROWS && rows <= c->gemm_max &&
+               w->type != KERN_F32;
+    j.chunk = rows < c->small_batch || j.packed ? 64 : c->tile_floats / w->n_in / 16 * 16;
+    if (j.packed)
+        kern_gemm_pack_x(in, rows, w->n_in, w->n_in, c->xpack);
     atomic_init(&j.next, 0);
     tpool_run(c->pool, matmul_worker, &j);
 }

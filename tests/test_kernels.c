@@ -58,6 +58,40 @@ static void *make_weights(kern_type type, size_t n_out, size_t n_in, float *wide
     return data;
 }
 
+/* The packed GEMM path on x (T rows, ldx 2 * n_in + 3 so rows are not packed already):
+ * near the naive product, the same bits for any column split and for a prefix of the rows. */
+static void check_gemm(const kern_mat *m, const float *wide, const float *x_dense, size_t T,
+                       float *scratch)
+{
+    size_t n_in = m->n_in, n_out = m->n_out, ldx = 2 * n_in + 3;
+    float *x = malloc(T * ldx * sizeof(float));
+    for (size_t t = 0; t < T; t++)
+        memcpy(x + t * ldx, x_dense + t * n_in, n_in * sizeof(float));
+    float *xp = malloc(kern_gemm_xp_floats(T, n_in) * sizeof(float));
+    float *out = malloc(T * n_out * sizeof(float));
+    kern_gemm_pack_x(x, T, ldx, n_in, xp);
+    kern_gemm_packed(m, xp, T, out, n_out, 0, 5);
+    kern_gemm_packed(m, xp, T, out, n_out, 5, n_out);
+    for (size_t t = 0; t < T; t++)
+        for (size_t n = 0; n < n_out; n++) {
+            double ref = 0, mag = 0;
+            for (size_t k = 0; k < n_in; k++) {
+                ref += (double)x[t * ldx + k] * wide[n * n_in + k];
+                mag += fabs((double)x[t * ldx + k] * wide[n * n_in + k]);
+            }
+            assert_true(fabs(out[t * n_out + n] - ref) <= 1e-5 * mag + 1e-6);
+        }
+    kern_gemm_packed(m, xp, T, scratch, n_out, 0, n_out);
+    assert_memory_equal(out, scratch, T * n_out * sizeof(float));
+    /* the first row alone gives the same bits as inside the batch */
+    kern_gemm_pack_x(x, 1, ldx, n_in, xp);
+    kern_gemm_packed(m, xp, 1, scratch, n_out, 0, n_out);
+    assert_memory_equal(out, scratch, n_out * sizeof(float));
+    free(out);
+    free(xp);
+    free(x);
+}
+
 static void check_type(kern_type type, size_t n_in)
 {
     size_t n_out = 37, T_max = 70;
@@ -69,7 +103,7 @@ static void check_type(kern_type type, size_t n_in)
     for (size_t i = 0; i < T_max * n_in; i++)
         x[i] = frand();
     float *out = malloc(T_max * n_out * sizeof(float)), *out2 = malloc(T_max * n_out * 4);
-    for (size_t T = 1; T <= T_max; T += T < 10 ? 1 : 7) {
+    for (size_t T = 1; T <= T_max; T += T < 20 ? 1 : 7) {
         /* in two column ranges, the second starting off the kernels' column-group grid */
         kern_matmul_rows(&m, x, T, n_in, out, n_out, 0, 5);
         kern_matmul_rows(&m, x, T, n_in, out, n_out, 5, n_out);
@@ -84,6 +118,7 @@ static void check_type(kern_type type, size_t n_in)
             }
         kern_matmul_rows(&m, x, T, n_in, out2, n_out, 0, n_out);
         assert_memory_equal(out, out2, T * n_out * sizeof(float));
+        check_gemm(&m, wide, x, T, out2);
     }
     float *rows = malloc(n_out * n_in * sizeof(float));
     kern_rows_to_f32(&m, 3, n_out - 3, rows);
@@ -102,6 +137,7 @@ static void test_f32(void **state)
     check_type(KERN_F32, 172);
     check_type(KERN_F32, 5);
     check_type(KERN_F32, 64);
+    check_type(KERN_F32, 300);
 }
 
 static void test_f16(void **state)
@@ -110,6 +146,7 @@ static void test_f16(void **state)
     check_type(KERN_F16, 172);
     check_type(KERN_F16, 3);
     check_type(KERN_F16, 768);
+    check_type(KERN_F16, 517);
 }
 
 static void test_q8_0(void **state)
@@ -117,6 +154,7 @@ static void test_q8_0(void **state)
     (void)state;
     check_type(KERN_Q8_0, 32);
     check_type(KERN_Q8_0, 160);
+    check_type(KERN_Q8_0, 544);
 }
 
 static void test_vector_helpers(void **state)
