@@ -54,6 +54,20 @@ PY
     echo "=== $name: $p passed, $f failed, $s skipped"
 }
 
+# Style: every C file as .clang-format says (LLVM base, 4 spaces, 100 columns).
+echo "=== format"
+if git rev-parse --git-dir >/dev/null 2>&1 && command -v clang-format >/dev/null; then
+    # shellcheck disable=SC2046
+    if clang-format --dry-run --Werror $(git ls-files '*.c' '*.h') 2>/tmp/kvs-format.log; then
+        echo "format: ok"; passed=$((passed + 1))
+    else
+        head -20 /tmp/kvs-format.log; echo "format: FAILED (run clang-format -i on the files above)"
+        failed=$((failed + 1))
+    fi
+else
+    echo "format: skipped (no git checkout or no clang-format)"; skipped=$((skipped + 1))
+fi
+
 run_suites release build ""
 if [ $quick -eq 0 ]; then
     run_suites asan build-asan "-Db_sanitize=address,undefined -Dbuildtype=debug -Db_lundef=false"
