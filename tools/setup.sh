@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential meson ninja-build pkg-config
       libmicrohttpd-dev libcjson-dev libopenblas-dev libcmocka-dev libpcre2-dev
-      python3 python3-yaml curl clang clang-format libclang-rt-dev prometheus nginx)
+      python3 python3-yaml curl clang clang-format libclang-rt-dev prometheus nginx wrk)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
