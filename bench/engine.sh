@@ -121,6 +121,25 @@ plot "$OUT/engine-position.csv" every ::1 using 1:2 with linespoints title "deco
      "" every ::1 using 1:3 with linespoints title "recompute whole sequence"
 EOF
 
+gnuplot <<EOF
+set terminal pngcairo size 900,560 noenhanced
+set output "$OUT/engine-batch.png"
+set datafile separator ","
+set title "kvserve engine, 110m, $THREADS threads: decode step time and throughput vs batch size"
+set xlabel "sequences in the step (batch)"
+set logscale x 2
+set ylabel "ms per step"
+set y2label "tokens/s"
+set ytics nomirror
+set y2tics
+set key top left
+set grid
+plot "< grep '^f32' $OUT/engine-batch.csv" using 2:5 with linespoints title "F32 ms/step", \\
+     "< grep '^f16' $OUT/engine-batch.csv" using 2:5 with linespoints title "F16 ms/step", \\
+     "< grep '^f32' $OUT/engine-batch.csv" using 2:4 axes x1y2 with linespoints dt 2 title "F32 tok/s", \\
+     "< grep '^f16' $OUT/engine-batch.csv" using 2:4 axes x1y2 with linespoints dt 2 title "F16 tok/s"
+EOF
+
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f)$' | tr '\n' ' ')
@@ -143,6 +162,8 @@ SECTION="$TMP/section.md"
     echo "Decode throughput (every sequence steps once per forward; 8-token prompts):"
     echo
     cat "$TMP/tables.md"
+    echo
+    echo "![step time vs batch size]($(realpath --relative-to=docs "$OUT")/engine-batch.png)"
     echo
     echo "![step time vs position]($(realpath --relative-to=docs "$OUT")/engine-position.png)"
     echo
