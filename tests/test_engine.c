@@ -16,70 +16,22 @@
 #include "common/status.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
-#include "test_util.h"
+#include "test_reference.h"
 
-#define MAX_CASES 8
+#define MAX_CASES REF_MAX_CASES
 /* run.c forwards positions 0..255 and samples after each, so a sequence ends with 257 tokens
  * (the last one never forwarded): prompt + completion = CTX + 1 for "stop": "length". */
 #define CTX 256
 
-typedef struct ref_case {
-    int32_t prompt[64];
-    int n_prompt;
-    int32_t completion[CTX + 1];
-    int n_completion;
-} ref_case;
-
 static engine_model *g_model;
 static uint32_t g_threads = 1; /* compute threads of run_batched's ctx */
-static ref_case g_cases[MAX_CASES];
+static ref_case g_cases[REF_MAX_CASES];
 static int g_n_cases;
-
-static int read_ids(const cJSON *arr, int32_t *out, int cap)
-{
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr)
-    {
-        if (n < cap)
-            out[n] = (int32_t)it->valuedouble;
-        n++;
-    }
-    return n;
-}
 
 static int setup(void **state)
 {
     (void)state;
-    char path[1024], ref[1024];
-    if (!test_model_path(path, sizeof path, "stories260K.gguf") ||
-        !test_model_path(ref, sizeof ref, "reference/stories260K-greedy.json"))
-        return 0;
-    char err[256];
-    engine_load_params lp = {.verbose = false};
-    if (engine_model_load(path, &lp, &g_model, err, sizeof err)) {
-        fprintf(stderr, "load failed: %s\n", err);
-        return -1;
-    }
-    FILE *f = fopen(ref, "rb");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    buf[fread(buf, 1, (size_t)n, f)] = 0;
-    fclose(f);
-    cJSON *j = cJSON_Parse(buf);
-    free(buf);
-    const cJSON *c;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases"))
-    {
-        ref_case *rc = &g_cases[g_n_cases++];
-        rc->n_prompt = read_ids(cJSON_GetObjectItem(c, "prompt_ids"), rc->prompt, 64);
-        rc->n_completion =
-            read_ids(cJSON_GetObjectItem(c, "completion_ids"), rc->completion, CTX + 1);
-    }
-    cJSON_Delete(j);
-    return 0;
+    return ref_load(&g_model, g_cases, &g_n_cases) < 0 ? -1 : 0;
 }
 
 static int teardown(void **state)
