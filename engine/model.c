@@ -783,6 +783,20 @@ static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
     }
 }
 
+/* Below this many multiply-adds a job runs on the calling thread alone: waking the pool costs
+ * microseconds when the other core is idle and a whole scheduler time slice when another
+ * process holds it, which for a tiny model's matrices is far more than the work. Results do
+ * not change: chunks are the same whichever thread takes them. */
+#define PARALLEL_MIN_MACS (1u << 17)
+
+static void run_job(engine_ctx *c, void (*fn)(void *, uint32_t, uint32_t), void *arg, uint64_t macs)
+{
+    if (macs < PARALLEL_MIN_MACS)
+        fn(arg, 0, 1);
+    else
+        tpool_run(c->pool, fn, arg);
+}
+
 /* out (rows, n_out) = in (rows, n_in) * W^T. */
 static void matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows)
 {
@@ -795,7 +809,7 @@ static void matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w
     if (j.packed)
         kern_gemm_pack_x(in, rows, w->n_in, w->n_in, c->xpack);
     atomic_init(&j.next, 0);
-    tpool_run(c->pool, matmul_worker, &j);
+    run_job(c, matmul_worker, &j, (uint64_t)rows * w->n_out * w->n_in);
 }
 
 /* Rotates pair j of each head's first n_rot dimensions by the row's angle pos * inv_freq[j]:
@@ -963,7 +977,10 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         }
         attn_job aj = {.c = c, .kv = kv, .b = b, .kl = kl, .vl = vl};
         atomic_init(&aj.next, 0);
-        tpool_run(c->pool, attn_worker, &aj);
+        uint64_t attn_macs = 0;
+        for (size_t t = 0; t < T; t++)
+            attn_macs += 2ull * ((uint64_t)b->pos[t] + 1) * E;
+        run_job(c, attn_worker, &aj, attn_macs);
         matmul(c, c->xn, c->att, &w->wo, T);
         kern_add(c->x, c->xn, T * E);
 
