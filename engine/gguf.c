@@ -105,7 +105,7 @@ static int read_str(cursor *c, const char **s, size_t *len, const char *what)
     return 0;
 }
 
-static size_t scalar_size(enum gguf_type t)
+size_t gguf_type_size(enum gguf_type t)
 {
     switch (t) {
     case GGUF_TYPE_UINT8:
@@ -142,7 +142,7 @@ static int parse_kv(cursor *c, gguf_kv *kv)
         return read_str(c, &s, &n, "metadata string");
     }
     if (kv->type != GGUF_TYPE_ARRAY) {
-        size_t n = scalar_size(kv->type);
+        size_t n = gguf_type_size(kv->type);
         if (!have(c, n))
             return fail(c, KVS_ETRUNC, "truncated: value of '%.*s' at offset %zu",
                         NAME_PREC(kv->key_len), kv->key, c->pos);
@@ -163,7 +163,7 @@ static int parse_kv(cursor *c, gguf_kv *kv)
     kv->arr_count = count;
     kv->value = c->base + c->pos;
     if (et != GGUF_TYPE_STRING) {
-        size_t es = scalar_size(kv->arr_type);
+        size_t es = gguf_type_size(kv->arr_type);
         if (count > (c->size - c->pos) / es)
             return fail(c, KVS_ETRUNC,
                         "truncated: array '%.*s' declares %llu elements of %zu "

@@ -112,6 +112,9 @@ int64_t gguf_n_tensors(const gguf_file *f);
 int64_t gguf_find_tensor(const gguf_file *f, const char *name);
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, int64_t i);
 
+/* Bytes of one scalar of metadata type t, or 0 for STRING, ARRAY and unknown types. */
+size_t gguf_type_size(enum gguf_type t);
+
 /* Size in bytes of n elements of ggml type t, or 0 if t is unknown or n does not fill whole
  * blocks of a block-quantized type. */
 uint64_t ggml_type_nbytes(uint32_t type, uint64_t n);

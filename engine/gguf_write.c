@@ -124,24 +124,6 @@ static int meta_str(gguf_writer *w, const char *s, size_t n)
     return rc ? rc : meta_put(w, s, n);
 }
 
-static size_t elem_size(enum gguf_type t)
-{
-    switch (t) {
-    case GGUF_TYPE_UINT8:
-    case GGUF_TYPE_INT8:
-    case GGUF_TYPE_BOOL: return 1;
-    case GGUF_TYPE_UINT16:
-    case GGUF_TYPE_INT16: return 2;
-    case GGUF_TYPE_UINT32:
-    case GGUF_TYPE_INT32:
-    case GGUF_TYPE_FLOAT32: return 4;
-    case GGUF_TYPE_UINT64:
-    case GGUF_TYPE_INT64:
-    case GGUF_TYPE_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 static bool key_exists(const gguf_writer *w, const char *key, size_t len)
 {
     for (size_t i = 0; i < w->n_kv; i++)
@@ -191,7 +173,7 @@ static int add_scalar(gguf_writer *w, const char *key, enum gguf_type type, cons
     int rc = kv_begin(w, key, klen, type, &mark);
     if (rc)
         return rc;
-    return kv_end(w, key, klen, mark, meta_put(w, v, elem_size(type)));
+    return kv_end(w, key, klen, mark, meta_put(w, v, gguf_type_size(type)));
 }
 
 int gguf_writer_add_u8(gguf_writer *w, const char *key, uint8_t v)
@@ -269,7 +251,7 @@ int gguf_writer_add_str(gguf_writer *w, const char *key, const char *s)
 static int add_arr_n(gguf_writer *w, const char *key, size_t klen, enum gguf_type et,
                      const void *data, uint64_t count)
 {
-    size_t es = elem_size(et);
+    size_t es = gguf_type_size(et);
     if (es == 0 || count > SIZE_MAX / es || (!data && count))
         return KVS_EINVAL;
     size_t mark;
