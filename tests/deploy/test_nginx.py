@@ -235,16 +235,7 @@ class ThroughNginx(unittest.TestCase):
 
 
 def main():
-    for why, missing in (("nginx not found (Debian package nginx; tools/setup.sh)", not NGINX),
-                         ("KVSERVE_BIN not set or not executable",
-                          not e2e.BIN or not os.access(e2e.BIN, os.X_OK)),
-                         (e2e.MODEL + " not found (see MODELS.md)",
-                          not os.path.exists(e2e.MODEL))):
-        if missing:
-            print("SKIP: " + why)
-            return 77
-    prog = unittest.main(exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
+    return e2e.run_standalone(("nginx not found (Debian package nginx; tools/setup.sh)", not NGINX))
 
 
 if __name__ == "__main__":

@@ -110,17 +110,8 @@ class Metrics(unittest.TestCase):
 
 
 def main():
-    for why, missing in (("promtool not found (Debian package prometheus; tools/setup.sh)",
-                          not PROMTOOL),
-                         ("KVSERVE_BIN not set or not executable",
-                          not e2e.BIN or not os.access(e2e.BIN, os.X_OK)),
-                         (e2e.MODEL + " not found (see MODELS.md)",
-                          not os.path.exists(e2e.MODEL))):
-        if missing:
-            print("SKIP: " + why)
-            return 77
-    prog = unittest.main(exit=False, verbosity=2)
-    return 0 if prog.result.wasSuccessful() else 1
+    return e2e.run_standalone(("promtool not found (Debian package prometheus; tools/setup.sh)",
+                                 not PROMTOOL))
 
 
 if __name__ == "__main__":

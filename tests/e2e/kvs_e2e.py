@@ -159,3 +159,18 @@ def parse_sse(text):
         assert not done, "event after [DONE]"
         events.append(json.loads(payload))
     return events, done
+
+
+def run_standalone(*requirements):
+    """main() of a test file run as its own meson suite: exits 77 (meson's "skipped") with the
+    reason when a (reason, missing) requirement, the binary or the model is missing, else
+    runs the file's tests and returns 0 or 1."""
+    checks = list(requirements) + [
+        ("KVSERVE_BIN not set or not executable", not BIN or not os.access(BIN, os.X_OK)),
+        (MODEL + " not found (see MODELS.md)", not os.path.exists(MODEL))]
+    for why, missing in checks:
+        if missing:
+            print("SKIP: " + why)
+            return 77
+    prog = unittest.main(exit=False, verbosity=2)
+    return 0 if prog.result.wasSuccessful() else 1
