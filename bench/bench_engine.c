@@ -2,7 +2,11 @@
  *   position  step time of one sequence against its position, with the paged KV cache and
  *             with a full recomputation (--no-cache loop), as CSV: what the cache buys.
  *   batch     decode throughput with B sequences stepping together (one GEMM per step),
- *             as CSV, plus the sgemm rate of the same machine at 64 rows for comparison.
+ *             as CSV, plus the sgemm rate of the same machine at 64 rows for comparison;
+ *             each sequence first prefills KVS_BENCH_PROMPT tokens (default 8), so the
+ *             attention's share at longer contexts can be measured too.
+ *   prefill   one step of R prompt rows (R / 32 sequences of 32 tokens, logits for each
+ *             sequence's last row), for each R of a list: prompt-processing speed as CSV.
  * Block tables are laid out by hand (the engine's contract), as in tests/test_engine.c. */
 #include "common/status.h"
 #include "common/timeutil.h"
@@ -16,7 +20,8 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: kvs-bench-engine position MODEL.gguf MAX_POS [THREADS]\n"
-                    "       kvs-bench-engine batch MODEL.gguf STEPS B1,B2,... [THREADS]\n");
+                    "       kvs-bench-engine batch MODEL.gguf STEPS B1,B2,... [THREADS]\n"
+                    "       kvs-bench-engine prefill MODEL.gguf R1,R2,... [THREADS]\n");
     return 2;
 }
 
@@ -157,7 +162,8 @@ static int run_batch(engine_model *m, uint32_t steps, const char *list, uint32_t
         uint32_t B = (uint32_t)atoi(tokn);
         if (B == 0 || B > 1024)
             continue;
-        uint32_t prompt = 8;
+        uint32_t prompt =
+            getenv("KVS_BENCH_PROMPT") ? (uint32_t)atoi(getenv("KVS_BENCH_PROMPT")) : 8;
         bench b;
         if (bench_init(&b, m, B, prompt + steps + 1, B * prompt, threads))
             return 1;
@@ -194,6 +200,39 @@ static int run_batch(engine_model *m, uint32_t steps, const char *list, uint32_t
     return 0;
 }
 
+static int run_prefill(engine_model *m, const char *list, uint32_t threads)
+{
+    const engine_hparams *hp = engine_model_hparams(m);
+    printf("rows,seqs,ms_per_step,rows_per_s\n");
+    char *dup = strdup(list);
+    for (char *tokn = strtok(dup, ","); tokn; tokn = strtok(NULL, ",")) {
+        uint32_t R = (uint32_t)atoi(tokn);
+        if (R == 0 || R > 65536)
+            continue;
+        uint32_t len = R < 32 ? R : 32, S = (R + len - 1) / len;
+        bench b;
+        if (bench_init(&b, m, S, len, R, threads))
+            return 1;
+        for (uint32_t n = 0; n < R; n++) {
+            b.sq[n] = (int32_t)(n / len);
+            b.pos[n] = (int32_t)(n % len);
+            b.tok[n] = (int32_t)((n * 131 + 5) % hp->n_vocab);
+            b.want[n] = n % len == len - 1 || n == R - 1;
+        }
+        timed_forward(&b, R, S); /* warm-up */
+        double best = 1e30;
+        for (int rep = 0; rep < 3; rep++) { /* the same rows again: overwrites the same slots */
+            double t = timed_forward(&b, R, S);
+            best = t < best ? t : best;
+        }
+        printf("%u,%u,%.3f,%.1f\n", R, S, best * 1e3, R / best);
+        fflush(stdout);
+        bench_free(&b);
+    }
+    free(dup);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4)
@@ -215,6 +254,10 @@ int main(int argc, char **argv)
         if (argc > 5)
             threads = (uint32_t)atoi(argv[5]);
         rc = run_batch(m, (uint32_t)atoi(argv[3]), argv[4], threads);
+    } else if (!strcmp(argv[1], "prefill")) {
+        if (argc > 4)
+            threads = (uint32_t)atoi(argv[4]);
+        rc = run_prefill(m, argv[3], threads);
     } else {
         rc = usage();
     }

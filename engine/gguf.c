@@ -1,5 +1,6 @@
 /* GGUF reader. The header is parsed once, with every read bounds-checked against the file
  * size; the parsed index (kv entries, tensor infos) points into the mapping. */
+#define _DEFAULT_SOURCE /* madvise */
 #include "engine/gguf.h"
 
 #include "common/status.h"
@@ -456,6 +457,18 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t err_len)
     f->size = (size_t)st.st_size;
     f->mapped = true;
     return open_common(f, out, err, err_len);
+}
+
+void gguf_release(const gguf_file *f, const void *p, size_t n)
+{
+    uintptr_t lo = (uintptr_t)p, hi = lo + n, base = (uintptr_t)f->base;
+    if (!f->mapped || lo < base || hi > base + f->size)
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    lo = (lo + page - 1) / page * page; /* whole pages inside the range only */
+    hi = hi / page * page;
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 void gguf_close(gguf_file *f)

@@ -21,9 +21,38 @@ void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, 
     m->data = data;
     m->n_out = n_out;
     m->n_in = n_in;
-    m->row_bytes = type == KERN_F32   ? n_in * 4
-                   : type == KERN_F16 ? n_in * 2
-                                      : n_in / QK8_0 * Q8_BLOCK_BYTES;
+    m->row_bytes = type == KERN_F32 || type == KERN_F32_PANEL   ? n_in * 4
+                   : type == KERN_F16 || type == KERN_F16_PANEL ? n_in * 2
+                                                                : n_in / QK8_0 * Q8_BLOCK_BYTES;
+}
+
+static size_t n_panels(size_t n_out)
+{
+    return (n_out + KERN_PANEL - 1) / KERN_PANEL;
+}
+
+size_t kern_panel_bytes(const kern_mat *src)
+{
+    if (src->type != KERN_F32 && src->type != KERN_F16)
+        return 0;
+    return n_panels(src->n_out) * KERN_PANEL * src->row_bytes;
+}
+
+void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out)
+{
+    size_t esz = src->type == KERN_F32 ? 4 : 2, K = src->n_in;
+    const uint8_t *s = src->data;
+    uint8_t *d = dst;
+    for (size_t p = 0; p < n_panels(src->n_out); p++)
+        for (size_t k = 0; k < K; k++)
+            for (size_t c = 0; c < KERN_PANEL; c++, d += esz) {
+                size_t n = p * KERN_PANEL + c;
+                if (n < src->n_out)
+                    memcpy(d, s + n * src->row_bytes + k * esz, esz);
+                else
+                    memset(d, 0, esz);
+            }
+    kern_mat_init(out, src->type == KERN_F32 ? KERN_F32_PANEL : KERN_F16_PANEL, dst, src->n_out, K);
 }
 
 static inline float f16_at(const uint8_t *p, size_t i)
@@ -31,6 +60,17 @@ static inline float f16_at(const uint8_t *p, size_t i)
     uint16_t h;
     memcpy(&h, p + 2 * i, 2);
     return ggml_fp16_to_fp32(h);
+}
+
+/* Weight (n, k) of a panel-type matrix. */
+static inline float panel_at(const kern_mat *m, size_t n, size_t k)
+{
+    size_t i = (n / KERN_PANEL * m->n_in + k) * KERN_PANEL + n % KERN_PANEL;
+    if (m->type == KERN_F16_PANEL)
+        return f16_at(m->data, i);
+    float f;
+    memcpy(&f, (const uint8_t *)m->data + 4 * i, 4);
+    return f;
 }
 
 /* Weight k of a row as the F32 value a widened copy would hold. */
@@ -301,9 +341,126 @@ TILE_CASES(f32)
 TILE_CASES(f16)
 TILE_CASES(q8)
 
+/* ---- panel types ----
+ * An R x 16 tile: per k, the panel's 16 weights (two vectors, converted once) against R
+ * broadcast x values, R * 2 accumulators. PM rows fill the registers (with AVX-512VL's 32, 24
+ * sums; with AVX2's 16, 12). Short tiles (R <= 3) keep U partial sums per output interleaved
+ * over k so a single row still has 8 independent FMA chains; otherwise each output is one
+ * in-order FMA chain over k. */
+#ifdef __AVX512VL__
+#define PM 12
+#else
+#define PM 6
+#endif
+#ifndef PANEL_PF
+#define PANEL_PF 4096 /* bytes ahead in the panel's stream */
+#endif
+
+INLINE void panel_tile(kern_type et, int R, int U, const float *x, size_t ldx, const uint8_t *wp,
+                       size_t K, float *out, size_t ldo, size_t c0, size_t c1)
+{
+    __m256 acc[PM][4][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++)
+            acc[r][u][0] = acc[r][u][1] = _mm256_setzero_ps();
+    size_t esz = et == KERN_F32 ? 4 : 2;
+    size_t k = 0;
+    for (; k + (size_t)U <= K; k += (size_t)U) {
+        _mm_prefetch((const char *)(wp + (k * KERN_PANEL) * esz + PANEL_PF), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            __m256 w0 = load_w8(et, wp, (k + (size_t)u) * KERN_PANEL);
+            __m256 w1 = load_w8(et, wp, (k + (size_t)u) * KERN_PANEL + 8);
+#pragma GCC unroll 12
+            for (int r = 0; r < R; r++) {
+                __m256 b = _mm256_broadcast_ss(x + (size_t)r * ldx + k + (size_t)u);
+                acc[r][u][0] = _mm256_fmadd_ps(b, w0, acc[r][u][0]);
+                acc[r][u][1] = _mm256_fmadd_ps(b, w1, acc[r][u][1]);
+            }
+        }
+    }
+    for (; k < K; k++) {
+        __m256 w0 = load_w8(et, wp, k * KERN_PANEL), w1 = load_w8(et, wp, k * KERN_PANEL + 8);
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            __m256 b = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+            acc[r][0][0] = _mm256_fmadd_ps(b, w0, acc[r][0][0]);
+            acc[r][0][1] = _mm256_fmadd_ps(b, w1, acc[r][0][1]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        __m256 s0 = acc[r][0][0], s1 = acc[r][0][1];
+#pragma GCC unroll 4
+        for (int u = 1; u < U; u++) {
+            s0 = _mm256_add_ps(s0, acc[r][u][0]);
+            s1 = _mm256_add_ps(s1, acc[r][u][1]);
+        }
+        float *o = out + (size_t)r * ldo;
+        if (c0 == 0 && c1 == KERN_PANEL) {
+            _mm256_storeu_ps(o, s0);
+            _mm256_storeu_ps(o + 8, s1);
+            continue;
+        }
+        float tmp[KERN_PANEL];
+        _mm256_storeu_ps(tmp, s0);
+        _mm256_storeu_ps(tmp + 8, s1);
+        for (size_t c = c0; c < c1; c++)
+            o[c] = tmp[c];
+    }
+}
+
+#define PANEL_CASE(R)                                                                              \
+    case R: panel_tile(et, R, R == 1 ? 4 : R <= 3 ? 2 : 1, x, ldx, wp, K, out, ldo, c0, c1); return;
+static void panel_tile_r(kern_type et, int R, const float *x, size_t ldx, const uint8_t *wp,
+                         size_t K, float *out, size_t ldo, size_t c0, size_t c1)
+{
+    switch (R) {
+        PANEL_CASE(1)
+        PANEL_CASE(2)
+        PANEL_CASE(3)
+        PANEL_CASE(4)
+        PANEL_CASE(5)
+#if PM > 6
+        PANEL_CASE(6)
+        PANEL_CASE(7)
+        PANEL_CASE(8)
+        PANEL_CASE(9)
+        PANEL_CASE(10)
+        PANEL_CASE(11)
+#endif
+    default: panel_tile(et, PM, 1, x, ldx, wp, K, out, ldo, c0, c1); return;
+    }
+}
+
+/* Panels outer (a panel, 16 x n_in weights, stays in L1/L2 while every row block of x passes);
+ * the T rows split into equal blocks of at most PM. */
+static void panel_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
+                       size_t ldo, size_t n0, size_t n1)
+{
+    kern_type et = m->type == KERN_F32_PANEL ? KERN_F32 : KERN_F16;
+    size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
+    size_t nb = (T + PM - 1) / PM, R = (T + nb - 1) / nb;
+    for (size_t p = n0 / KERN_PANEL; p * KERN_PANEL < n1; p++) {
+        size_t base = p * KERN_PANEL;
+        size_t c0 = n0 > base ? n0 - base : 0;
+        size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
+        const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
+        for (size_t t = 0; t < T; t += R)
+            panel_tile_r(et, (int)(T - t < R ? T - t : R), x + t * ldx, ldx, wp, K,
+                         out + t * ldo + base, ldo, c0, c1);
+    }
+}
+
 void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
                       size_t ldo, size_t n0, size_t n1)
 {
+    if (m->type == KERN_F32_PANEL || m->type == KERN_F16_PANEL) {
+        panel_rows(m, x, T, ldx, out, ldo, n0, n1);
+        return;
+    }
     void (*tile)(int, int, const float *, size_t, const uint8_t *, size_t, size_t, float *,
                  size_t) = m->type == KERN_F32   ? tiles_f32
                            : m->type == KERN_F16 ? tiles_f16
@@ -332,8 +489,14 @@ void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, f
     }
 }
 
+static void panel_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst);
+
 void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
 {
+    if (m->type == KERN_F32_PANEL || m->type == KERN_F16_PANEL) {
+        panel_rows_to_f32(m, r0, nr, dst);
+        return;
+    }
     const uint8_t *base = (const uint8_t *)m->data + r0 * m->row_bytes;
     size_t K = m->n_in;
     if (m->type == KERN_F32) {
@@ -402,6 +565,33 @@ INLINE void transpose8(__m256 r[8])
     r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
     r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
     r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* Whole panels: 8 k-vectors of 8 rows at a time, transposed back to rows. */
+static void panel_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
+{
+    kern_type et = m->type == KERN_F32_PANEL ? KERN_F32 : KERN_F16;
+    size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
+    size_t r = r0, end = r0 + nr;
+    while (r < end) {
+        if (r % KERN_PANEL || end - r < KERN_PANEL || K % 8) {
+            for (size_t k = 0; k < K; k++)
+                dst[(r - r0) * K + k] = panel_at(m, r, k);
+            r++;
+            continue;
+        }
+        const uint8_t *wp = (const uint8_t *)m->data + r / KERN_PANEL * pbytes;
+        for (size_t k = 0; k < K; k += 8)
+            for (size_t g = 0; g < KERN_PANEL; g += 8) {
+                __m256 v[8];
+                for (size_t i = 0; i < 8; i++)
+                    v[i] = load_w8(et, wp, (k + i) * KERN_PANEL + g);
+                transpose8(v);
+                for (size_t i = 0; i < 8; i++)
+                    _mm256_storeu_ps(dst + (r - r0 + g + i) * K + k, v[i]);
+            }
+        r += KERN_PANEL;
+    }
 }
 
 void kern_gemm_pack_x(const float *x, size_t T, size_t ldx, size_t K, float *xp)
@@ -593,15 +783,21 @@ static float sum_squares(const float *x, size_t n)
 
 #else /* portable C */
 
+static float mat_at(const kern_mat *m, size_t n, size_t k)
+{
+    if (m->type == KERN_F32_PANEL || m->type == KERN_F16_PANEL)
+        return panel_at(m, n, k);
+    return w_at(m->type, (const uint8_t *)m->data + n * m->row_bytes, k);
+}
+
 void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
                       size_t ldo, size_t n0, size_t n1)
 {
     for (size_t n = n0; n < n1; n++) {
-        const uint8_t *row = (const uint8_t *)m->data + n * m->row_bytes;
         for (size_t t = 0; t < T; t++) {
             float s = 0.0f;
             for (size_t k = 0; k < m->n_in; k++)
-                s += x[t * ldx + k] * w_at(m->type, row, k);
+                s += x[t * ldx + k] * mat_at(m, n, k);
             out[t * ldo + n] = s;
         }
     }
@@ -609,11 +805,9 @@ void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, f
 
 void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
 {
-    for (size_t r = 0; r < nr; r++) {
-        const uint8_t *row = (const uint8_t *)m->data + (r0 + r) * m->row_bytes;
+    for (size_t r = 0; r < nr; r++)
         for (size_t k = 0; k < m->n_in; k++)
-            dst[r * m->n_in + k] = w_at(m->type, row, k);
-    }
+            dst[r * m->n_in + k] = mat_at(m, r0 + r, k);
 }
 
 size_t kern_gemm_xp_floats(size_t T, size_t K)

@@ -10,7 +10,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum kern_type { KERN_F32, KERN_F16, KERN_Q8_0 } kern_type;
+/* KERN_F32_PANEL / KERN_F16_PANEL hold the same values as F32 / F16 rows, regrouped for the
+ * batched products (kern_mat_to_panels): rows in panels of KERN_PANEL, each panel stored
+ * k-major ([n_in][KERN_PANEL]: the panel's k-th values side by side, one contiguous stream),
+ * the last panel padded with zero rows. A product then broadcasts each x value against 16
+ * weights at once and converts every weight once per block of up to 12 rows of x. */
+typedef enum kern_type { KERN_F32, KERN_F16, KERN_Q8_0, KERN_F32_PANEL, KERN_F16_PANEL } kern_type;
+
+#define KERN_PANEL 16
 
 /* A row-major weight matrix (n_out rows of n_in inputs) in place: F32/F16 rows are n_in
  * values; Q8_0 rows are n_in / 32 blocks of an f16 scale and 32 int8 (n_in % 32 == 0). */
@@ -21,14 +28,23 @@ typedef struct kern_mat {
     size_t row_bytes;
 } kern_mat;
 
-/* Fills m from its parts; row_bytes from type and n_in. */
+/* Fills m from its parts; row_bytes from type and n_in (for panel types the bytes of one
+ * row's values; the data holds ceil(n_out / KERN_PANEL) * KERN_PANEL of them). */
 void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, size_t n_in);
+
+/* Bytes kern_mat_to_panels writes for src (F32 or F16); 0 for other types. */
+size_t kern_panel_bytes(const kern_mat *src);
+/* Copies F32 / F16 rows src into dst (kern_panel_bytes(src), any alignment) as the matching
+ * panel type, described in out. Values are copied bit for bit. */
+void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out);
 
 /* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1: the fused
  * small-batch path, converting weights in registers (each weight byte read once per call). */
 void kern_matmul_rows(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out,
                       size_t ldo, size_t n0, size_t n1);
-/* The mid-size batch path (about 8..64 rows): x is packed once per product with
+/* For panel types kern_matmul_rows is the path for every batch size up to a few hundred rows
+ * (it never reads x out of order) and kern_gemm_packed is not used.
+ * The mid-size batch path (about 8..64 rows): x is packed once per product with
  * kern_gemm_pack_x into xp (kern_gemm_xp_floats(T, n_in) floats), then any column ranges of
  * out[t * ldo + n] = sum_k x[t][k] * W[n][k] are computed from xp by kern_gemm_packed (each
  * weight converted once per call). An output's bits depend only on its x row and weight row,

@@ -68,7 +68,7 @@ struct engine_model {
     uint32_t weight_type;
     uint64_t n_params;
     uint64_t weight_bytes;
-    float **owned; /* widened copies: norm vectors, BF16 matrices */
+    void **owned; /* widened copies (norm vectors, BF16 matrices) and panel-layout weights */
     size_t n_owned;
 };
 
@@ -145,7 +145,7 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
                        "tensor %s has type %s; supported: F32, F16, BF16, Q8_0", name,
                        ggml_type_name(t->type));
     float *dst = malloc(t->n_elements * sizeof *dst);
-    float **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
+    void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
     if (!dst || !owned) {
         free(dst);
         if (owned)
@@ -418,6 +418,49 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
     return 0;
 }
 
+/* The block matrices and the output projection, F32 or F16, are copied once into the panel
+ * layout of kernels.h and the file's pages released: a batched product then converts each
+ * weight once per 12 rows instead of once per 4 (or per widened tile), which at 16 rows was half
+ * of every product. The embedding table stays rows (looked up one row at a time); so does a
+ * tied output that shares it. KVS_WEIGHT_PANELS=0 keeps every matrix in the file's rows (a
+ * knob for A/B benchmarks). */
+static int repack_weights(engine_model *m, char *err, size_t err_len)
+{
+    const char *env = getenv("KVS_WEIGHT_PANELS");
+    if (env && !strcmp(env, "0"))
+        return 0;
+    size_t n_mats = (size_t)m->hp.n_layer * 7 + 1;
+    for (size_t i = 0; i < n_mats; i++) {
+        kern_mat *mat;
+        if (i + 1 == n_mats) {
+            if (m->output.data == m->tok_embd.data)
+                break;
+            mat = &m->output;
+        } else {
+            layer_weights *w = &m->layers[i / 7];
+            kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+            mat = mats[i % 7];
+        }
+        size_t bytes = kern_panel_bytes(mat);
+        if (!bytes)
+            continue; /* Q8_0 keeps its blocks */
+        void *dst = malloc(bytes);
+        void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
+        if (!dst || !owned) {
+            free(dst);
+            if (owned)
+                m->owned = owned;
+            return set_err(err, err_len, KVS_ENOMEM, "out of memory repacking weights");
+        }
+        m->owned = owned;
+        m->owned[m->n_owned++] = dst;
+        const void *src = mat->data;
+        kern_mat_to_panels(mat, dst, mat);
+        gguf_release(m->file, src, mat->n_out * mat->row_bytes);
+    }
+    return 0;
+}
+
 static char *dup_str(const char *s, size_t n)
 {
     char *d = malloc(n + 1);
@@ -497,6 +540,8 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
         goto fail;
     }
     prefault_weights(m, !p || p->verbose, t0);
+    if ((rc = repack_weights(m, err, err_len)))
+        goto fail;
     if (!p || p->verbose) {
         const engine_hparams *hp = &m->hp;
         log_info("model %s: %s, %u layers, dim %u, %u heads (%u kv), head_dim %u, ffn %u, "
@@ -644,7 +689,7 @@ struct engine_ctx {
     float *att;           /* (max_tokens, n_embd) attention output before wo */
     float *gate;          /* (max_tokens, n_ff) */
     float *up;            /* (max_tokens, n_ff) */
-    float *scores;        /* (n_threads, scores_cap) each thread's attention weights of one head */
+    float *scores;        /* (n_threads, n_head, scores_cap) each thread's attention weights */
     size_t scores_cap;
     float *tile; /* (n_threads, tile_floats) widened weight rows */
     size_t tile_floats;
@@ -744,9 +789,9 @@ typedef struct matmul_job {
     const float *in;
     float *out;
     size_t rows;
-    bool packed;      /* x is in c->xpack for kern_gemm_packed */
-    size_t chunk;     /* output columns per work item */
-    atomic_uint next; /* next work item */
+    enum { MM_ROWS, MM_PACKED, MM_SGEMM } path; /* kernel: see matmul() */
+    size_t chunk;                               /* output columns per work item */
+    atomic_uint next;                           /* next work item */
 } matmul_job;
 
 /* Threads take chunks of output columns from a shared counter, so a thread the OS preempts
@@ -765,11 +810,11 @@ static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
         if (n0 >= N)
             return;
         size_t cnt = N - n0 < j->chunk ? N - n0 : j->chunk;
-        if (j->rows < j->c->small_batch) {
+        if (j->path == MM_ROWS) {
             kern_matmul_rows(w, j->in, j->rows, K, j->out, N, n0, n0 + cnt);
             continue;
         }
-        if (j->packed) {
+        if (j->path == MM_PACKED) {
             kern_gemm_packed(w, j->c->xpack, j->rows, j->out, N, n0, n0 + cnt);
             continue;
         }
@@ -801,12 +846,19 @@ static void run_job(engine_ctx *c, void (*fn)(void *, uint32_t, uint32_t), void 
 static void matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows)
 {
     matmul_job j = {.c = c, .w = w, .in = in, .out = out, .rows = rows};
-    /* Small batches: 64 columns (a few KB of weights per item); sgemm: a widened tile that
-     * fits the scratch (and the L2), in multiples of 16 columns. */
-    j.packed = rows >= c->small_batch && rows >= GEMM_MIN_ROWS && rows <= c->gemm_max &&
-               w->type != KERN_F32;
-    j.chunk = rows < c->small_batch || j.packed ? 64 : c->tile_floats / w->n_in / 16 * 16;
-    if (j.packed)
+    /* Panel-layout weights: their own kernel up to gemm_max rows. Row-layout weights: the fused
+     * kernels below small_batch rows, the packed GEMM (F16/Q8_0) up to gemm_max. Past that,
+     * sgemm. Items: 64 columns (a few KB of weights); for sgemm a widened tile that fits the
+     * scratch (and the L2), in multiples of 16 columns (whole panels). */
+    bool panels = w->type == KERN_F32_PANEL || w->type == KERN_F16_PANEL;
+    if (panels ? rows <= c->gemm_max : rows < c->small_batch)
+        j.path = MM_ROWS;
+    else if (!panels && rows >= GEMM_MIN_ROWS && rows <= c->gemm_max && w->type != KERN_F32)
+        j.path = MM_PACKED;
+    else
+        j.path = MM_SGEMM;
+    j.chunk = j.path != MM_SGEMM ? 64 : c->tile_floats / w->n_in / 16 * 16;
+    if (j.path == MM_PACKED)
         kern_gemm_pack_x(in, rows, w->n_in, w->n_in, c->xpack);
     atomic_init(&j.next, 0);
     run_job(c, matmul_worker, &j, (uint64_t)rows * w->n_out * w->n_in);
@@ -859,11 +911,18 @@ typedef struct attn_job {
     const engine_kv *kv;
     const engine_batch *b;
     const float *kl, *vl;
-    atomic_uint next; /* next (row, head) item to take */
+    uint32_t n_chunks;    /* kv-head chunks per row */
+    uint32_t chunk_heads; /* kv heads per chunk */
+    atomic_uint next;     /* next (row, chunk) item to take */
 } attn_job;
 
 /* Attention of row t's head h over positions 0..pos of its sequence. */
-static void attend_head(const attn_job *j, uint32_t t, uint32_t h, float *scores)
+/* Attention of row t for kv heads [g0, g1) and the query heads that share them. Positions are
+ * visited in cache order and each position's keys (then values) for all those heads are read
+ * together: a block's slots are contiguous rows of kv_dim floats, so the cache streams
+ * sequentially instead of once per head at a kv_dim stride (which ran at half the memory
+ * bandwidth). Per head the arithmetic is the same whichever heads share the item. */
+static void attend_heads(const attn_job *j, uint32_t t, uint32_t g0, uint32_t g1, float *scores)
 {
     const engine_ctx *c = j->c;
     const engine_kv *kv = j->kv;
@@ -871,50 +930,58 @@ static void attend_head(const attn_job *j, uint32_t t, uint32_t h, float *scores
     const engine_seq_view *s = &j->b->seqs[j->b->seq[t]];
     uint32_t n_pos = (uint32_t)j->b->pos[t] + 1, bs = kv->block_size;
     uint32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, group = hp->n_head / hp->n_head_kv;
+    uint32_t h0 = g0 * group, h1 = g1 * group;
+    size_t cap = c->scores_cap;
     float scale = 1.0f / sqrtf((float)hd);
-    const float *qh = c->q + (size_t)t * hp->n_embd + (size_t)h * hd;
-    const float *kh = j->kl + (size_t)(h / group) * hd;
-    const float *vh = j->vl + (size_t)(h / group) * hd;
-    float maxv = -INFINITY;
+    const float *q = c->q + (size_t)t * hp->n_embd;
     for (uint32_t p = 0, bi = 0; p < n_pos; bi++) {
-        const float *kp = kh + (size_t)s->blocks[bi] * bs * kv_dim;
+        const float *kp = j->kl + (size_t)s->blocks[bi] * bs * kv_dim;
         uint32_t n = n_pos - p < bs ? n_pos - p : bs;
-        for (uint32_t i = 0; i < n; i++, p++, kp += kv_dim) {
-            scores[p] = kern_dot(qh, kp, hd) * scale;
-            if (scores[p] > maxv)
-                maxv = scores[p];
+        for (uint32_t i = 0; i < n; i++, p++, kp += kv_dim)
+            for (uint32_t h = h0; h < h1; h++)
+                scores[(h - h0) * cap + p] =
+                    kern_dot(q + (size_t)h * hd, kp + (size_t)(h / group) * hd, hd) * scale;
+    }
+    float *out = c->att + (size_t)t * hp->n_embd;
+    for (uint32_t h = h0; h < h1; h++) {
+        float *sc = scores + (h - h0) * cap, maxv = -INFINITY, sum = 0.0f;
+        for (uint32_t p = 0; p < n_pos; p++)
+            maxv = sc[p] > maxv ? sc[p] : maxv;
+        for (uint32_t p = 0; p < n_pos; p++) {
+            sc[p] = expf(sc[p] - maxv);
+            sum += sc[p];
         }
+        float inv = 1.0f / sum;
+        for (uint32_t p = 0; p < n_pos; p++)
+            sc[p] *= inv;
+        memset(out + (size_t)h * hd, 0, hd * sizeof(float));
     }
-    float sum = 0.0f;
-    for (uint32_t p = 0; p < n_pos; p++) {
-        scores[p] = expf(scores[p] - maxv);
-        sum += scores[p];
-    }
-    float inv = 1.0f / sum;
-    float *out = c->att + (size_t)t * hp->n_embd + (size_t)h * hd;
-    memset(out, 0, hd * sizeof(float));
     for (uint32_t p = 0, bi = 0; p < n_pos; bi++) {
-        const float *vp = vh + (size_t)s->blocks[bi] * bs * kv_dim;
+        const float *vp = j->vl + (size_t)s->blocks[bi] * bs * kv_dim;
         uint32_t n = n_pos - p < bs ? n_pos - p : bs;
         for (uint32_t i = 0; i < n; i++, p++, vp += kv_dim)
-            kern_axpy(out, scores[p] * inv, vp, hd);
+            for (uint32_t h = h0; h < h1; h++)
+                kern_axpy(out + (size_t)h * hd, scores[(h - h0) * cap + p],
+                          vp + (size_t)(h / group) * hd, hd);
     }
 }
 
-/* Items are taken one at a time from a shared counter: rows of a prefill chunk differ in
- * length, and each item is computed whole by one thread, so the result does not depend on
- * which thread took it. */
+/* Items are (row, chunk of kv heads): one chunk (all heads) per row when the rows alone give
+ * every thread a few items, else the kv heads split so that they do (a single long sequence
+ * still uses every core). Chunking never changes a head's result. */
 static void attn_worker(void *arg, uint32_t ith, uint32_t nth)
 {
     (void)nth;
     attn_job *j = arg;
-    uint32_t n_head = j->c->m->hp.n_head, n_items = j->b->n_tokens * n_head;
-    float *scores = j->c->scores + ith * j->c->scores_cap;
+    uint32_t n_items = j->b->n_tokens * j->n_chunks, per = j->chunk_heads;
+    uint32_t n_kv = j->c->m->hp.n_head_kv;
+    float *scores = j->c->scores + (size_t)ith * j->c->scores_cap * j->c->m->hp.n_head;
     for (;;) {
         uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (i >= n_items)
             return;
-        attend_head(j, i / n_head, i % n_head, scores);
+        uint32_t g0 = i % j->n_chunks * per, g1 = g0 + per < n_kv ? g0 + per : n_kv;
+        attend_heads(j, i / j->n_chunks, g0, g1, scores);
     }
 }
 
@@ -936,7 +1003,7 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         size_t cap = c->scores_cap ? c->scores_cap : 256;
         while (cap < max_pos)
             cap *= 2;
-        float *s = realloc(c->scores, c->n_threads * cap * sizeof(float));
+        float *s = realloc(c->scores, c->n_threads * hp->n_head * cap * sizeof(float));
         if (!s)
             return KVS_ENOMEM;
         c->scores = s;
@@ -976,6 +1043,10 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
             memcpy(vl + (size_t)c->slot[t] * kv_dim, c->v + t * kv_dim, kv_dim * sizeof(float));
         }
         attn_job aj = {.c = c, .kv = kv, .b = b, .kl = kl, .vl = vl};
+        uint32_t want = (4 * c->n_threads + (uint32_t)T - 1) / (uint32_t)T;
+        aj.n_chunks = want < hp->n_head_kv ? want : hp->n_head_kv;
+        aj.chunk_heads = (hp->n_head_kv + aj.n_chunks - 1) / aj.n_chunks;
+        aj.n_chunks = (hp->n_head_kv + aj.chunk_heads - 1) / aj.chunk_heads;
         atomic_init(&aj.next, 0);
         uint64_t attn_macs = 0;
         for (size_t t = 0; t < T; t++)

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,13 +93,13 @@ static void check_gemm(const kern_mat *m, const float *wide, const float *x_dens
     free(x);
 }
 
-static void check_type(kern_type type, size_t n_in)
+/* kern_matmul_rows (and for row layouts the packed GEMM) against the naive product for batch
+ * sizes 1..70, then kern_rows_to_f32 from an odd row on. */
+static void check_mat(const kern_mat *mp, const float *wide)
 {
-    size_t n_out = 37, T_max = 70;
-    float *wide = malloc(n_out * n_in * sizeof(float));
-    void *data = make_weights(type, n_out, n_in, wide);
-    kern_mat m;
-    kern_mat_init(&m, type, data, n_out, n_in);
+    kern_mat m = *mp;
+    size_t n_out = m.n_out, n_in = m.n_in, T_max = 70;
+    bool panels = m.type == KERN_F32_PANEL || m.type == KERN_F16_PANEL;
     float *x = malloc(T_max * n_in * sizeof(float));
     for (size_t i = 0; i < T_max * n_in; i++)
         x[i] = frand();
@@ -118,15 +119,42 @@ static void check_type(kern_type type, size_t n_in)
             }
         kern_matmul_rows(&m, x, T, n_in, out2, n_out, 0, n_out);
         assert_memory_equal(out, out2, T * n_out * sizeof(float));
-        check_gemm(&m, wide, x, T, out2);
+        if (!panels)
+            check_gemm(&m, wide, x, T, out2);
     }
     float *rows = malloc(n_out * n_in * sizeof(float));
     kern_rows_to_f32(&m, 3, n_out - 3, rows);
     assert_memory_equal(rows, wide + 3 * n_in, (n_out - 3) * n_in * sizeof(float));
+    kern_rows_to_f32(&m, 16, 16, rows); /* one whole panel */
+    assert_memory_equal(rows, wide + 16 * n_in, 16 * n_in * sizeof(float));
     free(rows);
     free(out);
     free(out2);
     free(x);
+}
+
+/* Every kernel of the type, and for F32/F16 of its panel layout, with 37 output rows (two
+ * whole panels and a padded one). */
+static void check_type(kern_type type, size_t n_in)
+{
+    size_t n_out = 37;
+    float *wide = malloc(n_out * n_in * sizeof(float));
+    void *data = make_weights(type, n_out, n_in, wide);
+    kern_mat m;
+    kern_mat_init(&m, type, data, n_out, n_in);
+    check_mat(&m, wide);
+    size_t bytes = kern_panel_bytes(&m);
+    if (type == KERN_Q8_0) {
+        assert_int_equal(bytes, 0);
+    } else {
+        assert_int_equal(bytes, 48 * m.row_bytes);
+        void *pdata = malloc(bytes);
+        kern_mat pm;
+        kern_mat_to_panels(&m, pdata, &pm);
+        assert_int_equal(pm.type, type == KERN_F32 ? KERN_F32_PANEL : KERN_F16_PANEL);
+        check_mat(&pm, wide);
+        free(pdata);
+    }
     free(data);
     free(wide);
 }
