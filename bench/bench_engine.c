@@ -5,6 +5,7 @@
  *             as CSV, plus the sgemm rate of the same machine at 64 rows for comparison;
  *             each sequence first prefills KVS_BENCH_PROMPT tokens (default 8), so the
  *             attention's share at longer contexts can be measured too.
+ * KVS_BENCH_KV=f32 runs with an F32 KV cache instead of the server's default F16.
  *   prefill   one step of R prompt rows (R / 32 sequences of 32 tokens, logits for each
  *             sequence's last row), for each R of a list: prompt-processing speed as CSV.
  * Block tables are laid out by hand (the engine's contract), as in tests/test_engine.c. */
@@ -45,7 +46,9 @@ static int bench_init(bench *b, engine_model *m, uint32_t n_seqs, uint32_t ctx_l
     b->block_size = 16;
     b->blocks_per_seq = (ctx_len + 15) / 16;
     uint32_t nb = b->blocks_per_seq * n_seqs;
-    int rc = engine_kv_create(m, nb, b->block_size, &b->kv);
+    const char *kvt = getenv("KVS_BENCH_KV"); /* f16 (default, as the server) or f32 */
+    int type = kvt ? engine_kv_type_parse(kvt) : ENGINE_KV_F16;
+    int rc = type < 0 ? KVS_EINVAL : engine_kv_create(m, type, nb, b->block_size, &b->kv);
     if (!rc)
         rc = engine_ctx_create(m, max_rows, threads, &b->ctx);
     if (rc)

@@ -352,6 +352,12 @@ TILE_CASES(q8)
 #else
 #define PM 6
 #endif
+#ifndef PANEL_U
+#define PANEL_U(R) 1
+#endif
+#ifndef PANEL_TC
+#define PANEL_TC 192 /* rows of x per pass over the panels: about the L2 */
+#endif
 #ifndef PANEL_PF
 #define PANEL_PF 4096 /* bytes ahead in the panel's stream */
 #endif
@@ -413,7 +419,7 @@ INLINE void panel_tile(kern_type et, int R, int U, const float *x, size_t ldx, c
 }
 
 #define PANEL_CASE(R)                                                                              \
-    case R: panel_tile(et, R, R == 1 ? 4 : R <= 3 ? 2 : 1, x, ldx, wp, K, out, ldo, c0, c1); return;
+    case R: panel_tile(et, R, PANEL_U(R), x, ldx, wp, K, out, ldo, c0, c1); return;
 static void panel_tile_r(kern_type et, int R, const float *x, size_t ldx, const uint8_t *wp,
                          size_t K, float *out, size_t ldo, size_t c0, size_t c1)
 {
@@ -442,15 +448,18 @@ static void panel_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, 
 {
     kern_type et = m->type == KERN_F32_PANEL ? KERN_F32 : KERN_F16;
     size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
-    size_t nb = (T + PM - 1) / PM, R = (T + nb - 1) / nb;
-    for (size_t p = n0 / KERN_PANEL; p * KERN_PANEL < n1; p++) {
-        size_t base = p * KERN_PANEL;
-        size_t c0 = n0 > base ? n0 - base : 0;
-        size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
-        const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
-        for (size_t t = 0; t < T; t += R)
-            panel_tile_r(et, (int)(T - t < R ? T - t : R), x + t * ldx, ldx, wp, K,
-                         out + t * ldo + base, ldo, c0, c1);
+    for (size_t t0 = 0; t0 < T; t0 += PANEL_TC) {
+        size_t tc = T - t0 < PANEL_TC ? T - t0 : PANEL_TC;
+        size_t nb = (tc + PM - 1) / PM, R = (tc + nb - 1) / nb;
+        for (size_t p = n0 / KERN_PANEL; p * KERN_PANEL < n1; p++) {
+            size_t base = p * KERN_PANEL;
+            size_t c0 = n0 > base ? n0 - base : 0;
+            size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
+            const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
+            for (size_t t = t0; t < t0 + tc; t += R)
+                panel_tile_r(et, (int)(t0 + tc - t < R ? t0 + tc - t : R), x + t * ldx, ldx, wp, K,
+                             out + t * ldo + base, ldo, c0, c1);
+        }
     }
 }
 
@@ -765,6 +774,45 @@ float kern_dot(const float *a, const float *b, size_t n)
     return s;
 }
 
+float kern_dot_f16(const float *a, const uint16_t *b, size_t n)
+{
+    const uint8_t *bb = (const uint8_t *)b;
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_w8(KERN_F16, bb, i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_w8(KERN_F16, bb, i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_w8(KERN_F16, bb, i), s0);
+    float s = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++)
+        s += a[i] * f16_at(bb, i);
+    return s;
+}
+
+void kern_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
+{
+    const uint8_t *xb = (const uint8_t *)x;
+    __m256 av = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(av, load_w8(KERN_F16, xb, i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * f16_at(xb, i);
+}
+
+void kern_to_f16(uint16_t *dst, const float *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        dst[i] = ggml_fp32_to_fp16(x[i]);
+}
+
 void kern_axpy(float *y, float a, const float *x, size_t n)
 {
     __m256 av = _mm256_set1_ps(a);
@@ -839,6 +887,26 @@ void kern_axpy(float *y, float a, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         y[i] += a * x[i];
+}
+
+float kern_dot_f16(const float *a, const uint16_t *b, size_t n)
+{
+    float s = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * ggml_fp16_to_fp32(b[i]);
+    return s;
+}
+
+void kern_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * ggml_fp16_to_fp32(x[i]);
+}
+
+void kern_to_f16(uint16_t *dst, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = ggml_fp32_to_fp16(x[i]);
 }
 
 static float sum_squares(const float *x, size_t n)

@@ -57,6 +57,12 @@ void kern_gemm_packed(const kern_mat *w, const float *xp, size_t T, float *out, 
 void kern_rows_to_f32(const kern_mat *w, size_t r0, size_t nr, float *dst);
 
 float kern_dot(const float *a, const float *b, size_t n);
+/* The same with b in F16 (the KV cache's F16 type). */
+float kern_dot_f16(const float *a, const uint16_t *b, size_t n);
+/* y += a * x, x in F16 */
+void kern_axpy_f16(float *y, float a, const uint16_t *x, size_t n);
+/* dst = x rounded to F16 (to nearest even, as ggml_fp32_to_fp16) */
+void kern_to_f16(uint16_t *dst, const float *x, size_t n);
 /* y += a * x */
 void kern_axpy(float *y, float a, const float *x, size_t n);
 /* y += x */

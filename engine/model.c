@@ -601,34 +601,55 @@ uint64_t engine_model_n_params(const engine_model *m)
 /* ---------------------------------------------------------------- KV arena */
 
 struct engine_kv {
+    engine_kv_type type;
     uint32_t n_blocks, block_size, n_layer, kv_dim;
-    size_t layer_stride; /* floats per layer per K (or V): n_blocks * block_size * kv_dim */
-    float *k;            /* (n_layer, n_slots, kv_dim) */
-    float *v;            /* (n_layer, n_slots, kv_dim) */
+    size_t esz;          /* bytes per value: 2 (F16) or 4 (F32) */
+    size_t layer_stride; /* values per layer per K (or V): n_blocks * block_size * kv_dim */
+    uint8_t *k;          /* (n_layer, n_slots, kv_dim) */
+    uint8_t *v;          /* (n_layer, n_slots, kv_dim) */
 };
 
-size_t engine_kv_block_bytes(const engine_model *m, uint32_t block_size)
+int engine_kv_type_parse(const char *s)
 {
-    const engine_hparams *hp = &m->hp;
-    return (size_t)2 * hp->n_layer * block_size * hp->n_head_kv * hp->head_dim * sizeof(float);
+    return !strcmp(s, "f16") ? ENGINE_KV_F16 : !strcmp(s, "f32") ? ENGINE_KV_F32 : -1;
 }
 
-int engine_kv_create(const engine_model *m, uint32_t n_blocks, uint32_t block_size, engine_kv **out)
+const char *engine_kv_type_name(engine_kv_type t)
+{
+    return t == ENGINE_KV_F16 ? "f16" : "f32";
+}
+
+static size_t kv_esz(engine_kv_type type)
+{
+    return type == ENGINE_KV_F16 ? 2 : 4;
+}
+
+size_t engine_kv_block_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size)
+{
+    const engine_hparams *hp = &m->hp;
+    return (size_t)2 * hp->n_layer * block_size * hp->n_head_kv * hp->head_dim * kv_esz(type);
+}
+
+int engine_kv_create(const engine_model *m, engine_kv_type type, uint32_t n_blocks,
+                     uint32_t block_size, engine_kv **out)
 {
     *out = NULL;
-    if (n_blocks == 0 || block_size == 0 || (uint64_t)n_blocks * block_size > (1ull << 32))
+    if (n_blocks == 0 || block_size == 0 || (uint64_t)n_blocks * block_size > (1ull << 32) ||
+        (type != ENGINE_KV_F16 && type != ENGINE_KV_F32))
         return KVS_EINVAL;
     engine_kv *kv = calloc(1, sizeof *kv);
     if (!kv)
         return KVS_ENOMEM;
+    kv->type = type;
+    kv->esz = kv_esz(type);
     kv->n_blocks = n_blocks;
     kv->block_size = block_size;
     kv->n_layer = m->hp.n_layer;
     kv->kv_dim = m->hp.n_head_kv * m->hp.head_dim;
     kv->layer_stride = (size_t)n_blocks * block_size * kv->kv_dim;
     size_t total = kv->layer_stride * kv->n_layer;
-    kv->k = calloc(total, sizeof(float));
-    kv->v = calloc(total, sizeof(float));
+    kv->k = calloc(total, kv->esz);
+    kv->v = calloc(total, kv->esz);
     if (!kv->k || !kv->v) {
         engine_kv_destroy(kv);
         return KVS_ENOMEM;
@@ -648,13 +669,11 @@ void engine_kv_destroy(engine_kv *kv)
 
 void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst)
 {
-    size_t blk = (size_t)kv->block_size * kv->kv_dim;
+    size_t blk = (size_t)kv->block_size * kv->kv_dim * kv->esz;
     for (uint32_t l = 0; l < kv->n_layer; l++) {
-        size_t base = l * kv->layer_stride;
-        memcpy(kv->k + base + (size_t)dst * blk, kv->k + base + (size_t)src * blk,
-               blk * sizeof(float));
-        memcpy(kv->v + base + (size_t)dst * blk, kv->v + base + (size_t)src * blk,
-               blk * sizeof(float));
+        size_t base = l * kv->layer_stride * kv->esz;
+        memcpy(kv->k + base + (size_t)dst * blk, kv->k + base + (size_t)src * blk, blk);
+        memcpy(kv->v + base + (size_t)dst * blk, kv->v + base + (size_t)src * blk, blk);
     }
 }
 
@@ -851,7 +870,7 @@ static void matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w
      * sgemm. Items: 64 columns (a few KB of weights); for sgemm a widened tile that fits the
      * scratch (and the L2), in multiples of 16 columns (whole panels). */
     bool panels = w->type == KERN_F32_PANEL || w->type == KERN_F16_PANEL;
-    if (panels ? rows <= c->gemm_max : rows < c->small_batch)
+    if (panels || rows < c->small_batch)
         j.path = MM_ROWS;
     else if (!panels && rows >= GEMM_MIN_ROWS && rows <= c->gemm_max && w->type != KERN_F32)
         j.path = MM_PACKED;
@@ -910,10 +929,10 @@ typedef struct attn_job {
     engine_ctx *c;
     const engine_kv *kv;
     const engine_batch *b;
-    const float *kl, *vl;
-    uint32_t n_chunks;    /* kv-head chunks per row */
-    uint32_t chunk_heads; /* kv heads per chunk */
-    atomic_uint next;     /* next (row, chunk) item to take */
+    const uint8_t *kl, *vl; /* this layer's K and V arenas (kv->type values) */
+    uint32_t n_chunks;      /* kv-head chunks per row */
+    uint32_t chunk_heads;   /* kv heads per chunk */
+    atomic_uint next;       /* next (row, chunk) item to take */
 } attn_job;
 
 /* Attention of row t's head h over positions 0..pos of its sequence. */
@@ -934,13 +953,18 @@ static void attend_heads(const attn_job *j, uint32_t t, uint32_t g0, uint32_t g1
     size_t cap = c->scores_cap;
     float scale = 1.0f / sqrtf((float)hd);
     const float *q = c->q + (size_t)t * hp->n_embd;
+    bool f16 = kv->type == ENGINE_KV_F16;
+    size_t row = kv_dim * kv->esz, head = hd * kv->esz; /* bytes of a slot, of a head in it */
     for (uint32_t p = 0, bi = 0; p < n_pos; bi++) {
-        const float *kp = j->kl + (size_t)s->blocks[bi] * bs * kv_dim;
+        const uint8_t *kp = j->kl + (size_t)s->blocks[bi] * bs * row;
         uint32_t n = n_pos - p < bs ? n_pos - p : bs;
-        for (uint32_t i = 0; i < n; i++, p++, kp += kv_dim)
-            for (uint32_t h = h0; h < h1; h++)
+        for (uint32_t i = 0; i < n; i++, p++, kp += row)
+            for (uint32_t h = h0; h < h1; h++) {
+                const void *kh = kp + (size_t)(h / group) * head;
+                const float *qh = q + (size_t)h * hd;
                 scores[(h - h0) * cap + p] =
-                    kern_dot(q + (size_t)h * hd, kp + (size_t)(h / group) * hd, hd) * scale;
+                    (f16 ? kern_dot_f16(qh, kh, hd) : kern_dot(qh, kh, hd)) * scale;
+            }
     }
     float *out = c->att + (size_t)t * hp->n_embd;
     for (uint32_t h = h0; h < h1; h++) {
@@ -957,12 +981,17 @@ static void attend_heads(const attn_job *j, uint32_t t, uint32_t g0, uint32_t g1
         memset(out + (size_t)h * hd, 0, hd * sizeof(float));
     }
     for (uint32_t p = 0, bi = 0; p < n_pos; bi++) {
-        const float *vp = j->vl + (size_t)s->blocks[bi] * bs * kv_dim;
+        const uint8_t *vp = j->vl + (size_t)s->blocks[bi] * bs * row;
         uint32_t n = n_pos - p < bs ? n_pos - p : bs;
-        for (uint32_t i = 0; i < n; i++, p++, vp += kv_dim)
-            for (uint32_t h = h0; h < h1; h++)
-                kern_axpy(out + (size_t)h * hd, scores[(h - h0) * cap + p],
-                          vp + (size_t)(h / group) * hd, hd);
+        for (uint32_t i = 0; i < n; i++, p++, vp += row)
+            for (uint32_t h = h0; h < h1; h++) {
+                const void *vh = vp + (size_t)(h / group) * head;
+                float *oh = out + (size_t)h * hd, wgt = scores[(h - h0) * cap + p];
+                if (f16)
+                    kern_axpy_f16(oh, wgt, vh, hd);
+                else
+                    kern_axpy(oh, wgt, vh, hd);
+            }
     }
 }
 
@@ -1021,8 +1050,8 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
 
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const layer_weights *w = &m->layers[l];
-        float *kl = kv->k + l * kv->layer_stride;
-        float *vl = kv->v + l * kv->layer_stride;
+        uint8_t *kl = kv->k + l * kv->layer_stride * kv->esz;
+        uint8_t *vl = kv->v + l * kv->layer_stride * kv->esz;
 
         rmsnorm_rows(c->xn, c->x, w->attn_norm, T, E, hp->rms_eps);
         matmul(c, c->q, c->xn, &w->wq, T);
@@ -1039,8 +1068,14 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
                  c->rope_cs + t * R * 2);
             rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type,
                  c->rope_cs + t * R * 2);
-            memcpy(kl + (size_t)c->slot[t] * kv_dim, c->k + t * kv_dim, kv_dim * sizeof(float));
-            memcpy(vl + (size_t)c->slot[t] * kv_dim, c->v + t * kv_dim, kv_dim * sizeof(float));
+            size_t off = (size_t)c->slot[t] * kv_dim * kv->esz;
+            if (kv->type == ENGINE_KV_F16) {
+                kern_to_f16((uint16_t *)(void *)(kl + off), c->k + t * kv_dim, kv_dim);
+                kern_to_f16((uint16_t *)(void *)(vl + off), c->v + t * kv_dim, kv_dim);
+            } else {
+                memcpy(kl + off, c->k + t * kv_dim, kv_dim * sizeof(float));
+                memcpy(vl + off, c->v + t * kv_dim, kv_dim * sizeof(float));
+            }
         }
         attn_job aj = {.c = c, .kv = kv, .b = b, .kl = kl, .vl = vl};
         uint32_t want = (4 * c->n_threads + (uint32_t)T - 1) / (uint32_t)T;

@@ -69,10 +69,20 @@ uint64_t engine_model_n_params(const engine_model *m);
 /* --- KV arena: n_blocks * block_size token slots of K and V for every layer --- */
 typedef struct engine_kv engine_kv;
 
+/* What a cached key or value is stored as. F16 (llama.cpp's default cache type) halves the
+ * bytes every decode step reads back; F32 keeps the exact projections. Either way a cached
+ * step computes exactly what a full recomputation computes: every row's attention reads its
+ * keys and values back from the cache, its own included. */
+typedef enum engine_kv_type { ENGINE_KV_F16, ENGINE_KV_F32 } engine_kv_type;
+
+/* "f16" / "f32" to the type; -1 for anything else. */
+int engine_kv_type_parse(const char *s);
+const char *engine_kv_type_name(engine_kv_type t);
+
 /* Bytes one block takes (K and V, all layers). */
-size_t engine_kv_block_bytes(const engine_model *m, uint32_t block_size);
-int engine_kv_create(const engine_model *m, uint32_t n_blocks, uint32_t block_size,
-                     engine_kv **out);
+size_t engine_kv_block_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size);
+int engine_kv_create(const engine_model *m, engine_kv_type type, uint32_t n_blocks,
+                     uint32_t block_size, engine_kv **out);
 void engine_kv_destroy(engine_kv *kv);
 /* Copies block src's K/V (every layer) into block dst (copy-on-write). */
 void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst);

@@ -184,6 +184,7 @@ sched_params sched_default_params(void)
         .max_queue = 256,
         .max_batched_tokens = 512,
         .kv_cache_mb = 256,
+        .kv_type = ENGINE_KV_F16,
         .block_size = 16,
         .prefix_cache = true,
         .n_threads = 0,
@@ -1053,7 +1054,7 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         p.n_threads = cores > 0 ? (uint32_t)cores : 1;
     }
-    size_t block_bytes = engine_kv_block_bytes(model, p.block_size);
+    size_t block_bytes = engine_kv_block_bytes(model, p.kv_type, p.block_size);
     uint64_t n_blocks =
         p.kv_blocks ? p.kv_blocks : (uint64_t)p.kv_cache_mb * 1024 * 1024 / block_bytes;
     uint64_t ctx_blocks = (p.n_ctx + p.block_size - 1) / p.block_size;
@@ -1087,7 +1088,7 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
     kvpool_params kp = {(uint32_t)n_blocks, p.block_size, p.prefix_cache};
     int rc = kvpool_create(&kp, &s->pool);
     if (!rc)
-        rc = engine_kv_create(model, (uint32_t)n_blocks, p.block_size, &s->kv);
+        rc = engine_kv_create(model, p.kv_type, (uint32_t)n_blocks, p.block_size, &s->kv);
     if (!rc)
         rc = engine_ctx_create(model, p.max_batched_tokens, p.n_threads, &s->ctx);
     if (rc) {

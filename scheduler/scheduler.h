@@ -31,6 +31,7 @@ typedef struct sched_params {
     uint32_t max_queue;          /* waiting requests at most; beyond: KVS_ENOSPC -> 429 (256) */
     uint32_t max_batched_tokens; /* tokens per step (default 512) */
     uint32_t kv_cache_mb;        /* KV pool budget in MiB (default 256) */
+    engine_kv_type kv_type;      /* what cached K/V are stored as (default ENGINE_KV_F16) */
     uint32_t kv_blocks;          /* if > 0: exactly this many blocks, ignoring kv_cache_mb */
     uint32_t block_size;         /* tokens per KV block (default 16) */
     bool prefix_cache;           /* reuse cached prompt blocks (default true) */

@@ -28,6 +28,7 @@ typedef struct gen_opts {
     bool ignore_eos;
     long threads;
     long block_size;
+    engine_kv_type kv_type;
 } gen_opts;
 
 static void usage(FILE *out)
@@ -48,6 +49,7 @@ static void usage(FILE *out)
             "      --ignore-eos       keep generating past EOS/BOS\n"
             "      --threads N        compute threads (default: online cores)\n"
             "      --block-size N     KV block size in tokens (default 16)\n"
+            "      --kv-cache-type T  f16|f32: what cached keys and values are stored as (f16)\n"
             "  -h, --help             this text\n");
 }
 
@@ -85,7 +87,8 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         O_NOCACHE,
         O_IGNEOS,
         O_THREADS,
-        O_BS
+        O_BS,
+        O_KVTYPE
     };
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -101,6 +104,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         {"ignore-eos", no_argument, NULL, O_IGNEOS},
         {"threads", required_argument, NULL, O_THREADS},
         {"block-size", required_argument, NULL, O_BS},
+        {"kv-cache-type", required_argument, NULL, O_KVTYPE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -129,6 +133,12 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         case O_IGNEOS: o->ignore_eos = true; break;
         case O_THREADS: bad = parse_long(optarg, 1, 1024, &o->threads); break;
         case O_BS: bad = parse_long(optarg, 1, 1024, &o->block_size); break;
+        case O_KVTYPE: {
+            int t = engine_kv_type_parse(optarg);
+            bad = t < 0;
+            o->kv_type = (engine_kv_type)(t < 0 ? 0 : t);
+            break;
+        }
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return -1;
         }
@@ -177,6 +187,7 @@ int cmd_generate(int argc, char **argv)
     o.sp = sampler_default_params();
     o.sp.temperature = 0.0f;
     o.block_size = 16;
+    o.kv_type = ENGINE_KV_F16;
     o.threads = sysconf(_SC_NPROCESSORS_ONLN);
     int prc = parse_args(argc, argv, &o);
     if (prc)
@@ -223,7 +234,7 @@ int cmd_generate(int argc, char **argv)
     if (!rc)
         rc = kvpool_seq_create(pool, &seq);
     if (!rc)
-        rc = engine_kv_create(model, kp.n_blocks, bs, &kv);
+        rc = engine_kv_create(model, o.kv_type, kp.n_blocks, bs, &kv);
     if (!rc)
         rc = engine_ctx_create(model, max_rows < 1 ? 1 : max_rows, (uint32_t)o.threads, &ctx);
     if (!rc)

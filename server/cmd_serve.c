@@ -89,6 +89,13 @@ int cmd_serve(int argc, char **argv)
         srv_config_free(&cfg);
         return 2;
     }
+    int kv_type = engine_kv_type_parse(cfg.kv_cache_type ? cfg.kv_cache_type : "f16");
+    if (kv_type < 0) {
+        fprintf(stderr, "kvserve serve: invalid --kv-cache-type '%s' (f16|f32)\n",
+                cfg.kv_cache_type);
+        srv_config_free(&cfg);
+        return 2;
+    }
     if (!cfg.model) {
         fprintf(stderr, "kvserve serve: no model given (-m MODEL.gguf; see --help)\n");
         srv_config_free(&cfg);
@@ -135,6 +142,7 @@ int cmd_serve(int argc, char **argv)
     sp.max_queue = cfg.max_queue;
     sp.max_batched_tokens = cfg.max_batched_tokens;
     sp.kv_cache_mb = cfg.kv_cache_mb;
+    sp.kv_type = (engine_kv_type)kv_type;
     sp.block_size = cfg.block_size;
     sp.prefix_cache = !cfg.no_prefix_cache;
     if (cfg.threads)

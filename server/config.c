@@ -28,6 +28,8 @@ static const opt k_opts[] = {
     {"port", 0, OPT_U32, OFF(port), "8080", "TCP port (0 = any free port, logged at start)"},
     {"threads", 0, OPT_U32, OFF(threads), "0", "engine compute threads (0 = all cores)"},
     {"kv-cache-mb", 0, OPT_U32, OFF(kv_cache_mb), "256", "KV cache pool size in MiB"},
+    {"kv-cache-type", 0, OPT_STR, OFF(kv_cache_type), "f16",
+     "f16|f32: what cached keys and values are stored as"},
     {"block-size", 0, OPT_U32, OFF(block_size), "16", "tokens per KV cache block"},
     {"max-num-seqs", 0, OPT_U32, OFF(max_num_seqs), "64", "sequences running at once"},
     {"max-batched-tokens", 0, OPT_U32, OFF(max_batched_tokens), "512", "tokens per engine step"},

@@ -24,7 +24,8 @@
 #define CTX 256
 
 static engine_model *g_model;
-static uint32_t g_threads = 1; /* compute threads of run_batched's ctx */
+static uint32_t g_threads = 1;                   /* compute threads of run_batched's ctx */
+static engine_kv_type g_kv_type = ENGINE_KV_F16; /* cache type of every arena made here */
 static ref_case g_cases[REF_MAX_CASES];
 static int g_n_cases;
 
@@ -70,7 +71,7 @@ static void run_batched(const int *cases, int n_seqs, uint32_t block_size, int32
     uint32_t n_blocks = per_seq * (uint32_t)n_seqs;
     engine_kv *kv;
     engine_ctx *ctx;
-    assert_int_equal(engine_kv_create(g_model, n_blocks, block_size, &kv), 0);
+    assert_int_equal(engine_kv_create(g_model, g_kv_type, n_blocks, block_size, &kv), 0);
     assert_int_equal(engine_ctx_create(g_model, 64 * (uint32_t)n_seqs, g_threads, &ctx), 0);
     test_seq *seqs = calloc((size_t)n_seqs, sizeof *seqs);
     for (int s = 0; s < n_seqs; s++) {
@@ -140,17 +141,22 @@ static void expect_reference(int c, const int32_t *ids, int n)
     }
 }
 
+/* Every case alone, with the cache in F16 (the default) and in F32. */
 static void test_reference_alone(void **state)
 {
     (void)state;
     if (!g_model)
         skip();
-    for (int c = 0; c < g_n_cases; c++) {
-        int32_t out[1][CTX + 1];
-        int n;
-        run_batched(&c, 1, 16, out, &n);
-        expect_reference(c, out[0], n);
+    for (int t = 0; t < 2; t++) {
+        g_kv_type = t ? ENGINE_KV_F32 : ENGINE_KV_F16;
+        for (int c = 0; c < g_n_cases; c++) {
+            int32_t out[1][CTX + 1];
+            int n;
+            run_batched(&c, 1, 16, out, &n);
+            expect_reference(c, out[0], n);
+        }
     }
+    g_kv_type = ENGINE_KV_F16;
 }
 
 static void test_reference_batched_block_sizes(void **state)
@@ -204,7 +210,7 @@ static void run_logits(uint32_t threads, float *out, size_t *n_out)
     engine_kv *kv;
     engine_ctx *ctx;
     uint32_t bs = 16, per_seq = 5, nb = per_seq * MAX_CASES; /* 64-token prompts + 1 */
-    assert_int_equal(engine_kv_create(g_model, nb, bs, &kv), 0);
+    assert_int_equal(engine_kv_create(g_model, g_kv_type, nb, bs, &kv), 0);
     assert_int_equal(engine_ctx_create(g_model, 64 * MAX_CASES, threads, &ctx), 0);
     int32_t blocks[5 * MAX_CASES], tok[64 * MAX_CASES], pos[64 * MAX_CASES], sq[64 * MAX_CASES];
     bool want[64 * MAX_CASES];
@@ -253,19 +259,19 @@ static void test_deterministic_across_threads(void **state)
     free(got);
 }
 
-/* Along each reference generation, the cached step's logits equal a full recomputation of the
- * whole sequence from scratch (fresh arena, one prefill batch) to within 1e-4. */
-static void test_cache_equals_recompute(void **state)
+/* Along each reference generation, the cached step's logits are exactly (bit for bit) those of
+ * a full recomputation of the whole sequence from scratch (fresh arena, one prefill batch), for
+ * either cache type: F32/F16 weights are multiplied in panels whose results do not depend on the
+ * batch a row is in, and a recomputation stores and reads its keys and values as the cached
+ * steps did. */
+static void check_cache_equals_recompute(void)
 {
-    (void)state;
-    if (!g_model)
-        skip();
     const engine_hparams *hp = engine_model_hparams(g_model);
     const uint32_t bs = 16, nb = CTX / bs;
     engine_kv *kv, *kv2;
     engine_ctx *ctx;
-    assert_int_equal(engine_kv_create(g_model, nb, bs, &kv), 0);
-    assert_int_equal(engine_kv_create(g_model, nb, bs, &kv2), 0);
+    assert_int_equal(engine_kv_create(g_model, g_kv_type, nb, bs, &kv), 0);
+    assert_int_equal(engine_kv_create(g_model, g_kv_type, nb, bs, &kv2), 0);
     assert_int_equal(engine_ctx_create(g_model, CTX, 1, &ctx), 0);
     int32_t blocks[CTX / 16];
     for (uint32_t i = 0; i < nb; i++)
@@ -304,7 +310,7 @@ static void test_cache_equals_recompute(void **state)
                 double d = fabs((double)cached[i] - (double)full[i]);
                 if (d > worst)
                     worst = d;
-                if (d > 1e-4)
+                if (d != 0.0)
                     fail_msg("case %d pos %d token %u: cached %.7f full %.7f", c, n - 1, i,
                              (double)cached[i], (double)full[i]);
             }
@@ -314,12 +320,24 @@ static void test_cache_equals_recompute(void **state)
             n++;
         }
     }
-    fprintf(stderr, "max |cached - recomputed| logit difference: %.3g\n", worst);
+    fprintf(stderr, "%s cache: max |cached - recomputed| logit difference: %.3g\n",
+            engine_kv_type_name(g_kv_type), worst);
     free(cached);
     free(full);
     engine_ctx_destroy(ctx);
     engine_kv_destroy(kv);
     engine_kv_destroy(kv2);
+}
+
+static void test_cache_equals_recompute(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    g_kv_type = ENGINE_KV_F32;
+    check_cache_equals_recompute();
+    g_kv_type = ENGINE_KV_F16;
+    check_cache_equals_recompute();
 }
 
 static void test_malformed_batch_rejected(void **state)
@@ -329,7 +347,7 @@ static void test_malformed_batch_rejected(void **state)
         skip();
     engine_kv *kv;
     engine_ctx *ctx;
-    assert_int_equal(engine_kv_create(g_model, 2, 4, &kv), 0);
+    assert_int_equal(engine_kv_create(g_model, g_kv_type, 2, 4, &kv), 0);
     assert_int_equal(engine_ctx_create(g_model, 4, 1, &ctx), 0);
     int32_t blocks[2] = {0, 1}, bad_blocks[2] = {0, 7};
     engine_seq_view v = {blocks, 2}, bv = {bad_blocks, 2};

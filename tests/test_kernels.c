@@ -119,8 +119,15 @@ static void check_mat(const kern_mat *mp, const float *wide)
             }
         kern_matmul_rows(&m, x, T, n_in, out2, n_out, 0, n_out);
         assert_memory_equal(out, out2, T * n_out * sizeof(float));
-        if (!panels)
+        if (!panels) {
             check_gemm(&m, wide, x, T, out2);
+            continue;
+        }
+        /* panel products are batch-invariant: each row alone gives the bits it had in the batch */
+        for (size_t t = 0; t < T; t++) {
+            kern_matmul_rows(&m, x + t * n_in, 1, n_in, out2, n_out, 0, n_out);
+            assert_memory_equal(out + t * n_out, out2, n_out * sizeof(float));
+        }
     }
     float *rows = malloc(n_out * n_in * sizeof(float));
     kern_rows_to_f32(&m, 3, n_out - 3, rows);

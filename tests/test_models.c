@@ -370,7 +370,7 @@ static void check_model(const char *path, const char *arch, const char *wtype)
     engine_ctx *c = NULL;
     engine_kv *kv = NULL;
     assert_int_equal(engine_ctx_create(m, 16, 2, &c), 0);
-    assert_int_equal(engine_kv_create(m, 8, 4, &kv), 0);
+    assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv), 0);
     int32_t blocks[] = {5, 2, 7, 0};
     engine_seq_view view = {blocks, 4};
     int32_t pos[N_PROMPT], seq[N_PROMPT] = {0};

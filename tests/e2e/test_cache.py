@@ -42,13 +42,14 @@ def text_of(events):
 
 
 class PoolPressure(unittest.TestCase):
-    """stories260K blocks of 16 tokens take 20 KiB: --kv-cache-mb 1 holds 51 blocks, enough for
-    one 512-token context but far from 32 concurrent ~260-token stories (~550 blocks)."""
+    """stories260K blocks of 16 tokens take 20 KiB in an F32 cache: --kv-cache-mb 1 holds 51
+    blocks, enough for one 512-token context but far from 32 concurrent ~260-token stories (~550
+    blocks)."""
 
     @classmethod
     def setUpClass(cls):
         e2e.require_server()
-        cls.srv = e2e.Server("--kv-cache-mb", "1", "--max-num-seqs", "32")
+        cls.srv = e2e.Server("--kv-cache-mb", "1", "--kv-cache-type", "f32", "--max-num-seqs", "32")
 
     @classmethod
     def tearDownClass(cls):
@@ -138,12 +139,13 @@ class Batching(unittest.TestCase):
 class ForkShares(unittest.TestCase):
     """n = 3 over a 480-token prompt: shared, the prompt takes 30 blocks plus a few per
     choice; copied, it would take 3 x 31 = 93. The pool holds 51 blocks, so the request runs
-    without a single preemption only if the choices share the prompt's blocks."""
+    without a single preemption only if the choices share the prompt's blocks (F32 cache: in
+    F16 the same MiB holds twice the blocks and three copies would fit)."""
 
     @classmethod
     def setUpClass(cls):
         e2e.require_server()
-        cls.srv = e2e.Server("--kv-cache-mb", "1")
+        cls.srv = e2e.Server("--kv-cache-mb", "1", "--kv-cache-type", "f32")
 
     @classmethod
     def tearDownClass(cls):

@@ -485,10 +485,11 @@ class HostileBodies(Fault):
 
 class Exhaustion(Fault):
     def test_pool_exhausted(self):
-        """A pool of 8 blocks and 2 sequences: many long requests queue, then complete (or
-        get 429 once the queue is full); none crash, and the pool empties afterwards."""
-        own = e2e.Server("--kv-cache-mb", "1", "--max-num-seqs", "4", "--max-queue", "8",
-                         "--block-size", "16")
+        """A 51-block pool (1 MiB of F32 cache) and 4 running sequences of 200+ tokens (13+
+        blocks each): many long requests queue, then complete (or get 429 once the queue is
+        full); none crash, and the pool empties afterwards."""
+        own = e2e.Server("--kv-cache-mb", "1", "--kv-cache-type", "f32", "--max-num-seqs", "4",
+                         "--max-queue", "8", "--block-size", "16")
         self.server = own
         try:
             self.setUp()

@@ -39,7 +39,8 @@ class StartErrors(unittest.TestCase):
     def test_help_lists_flags(self):
         p = subprocess.run([e2e.BIN, "serve", "--help"], capture_output=True, text=True)
         self.assertEqual(p.returncode, 0)
-        for flag in ["--model", "--host", "--port", "--threads", "--kv-cache-mb", "--block-size",
+        for flag in ["--model", "--host", "--port", "--threads", "--kv-cache-mb",
+                     "--kv-cache-type", "--block-size",
                      "--max-num-seqs", "--max-batched-tokens", "--max-queue", "--ctx-size",
                      "--served-model-name", "--api-key", "--max-body-bytes",
                      "--shutdown-timeout", "--chat-template", "--no-prefix-cache",
@@ -62,6 +63,12 @@ class StartErrors(unittest.TestCase):
         self.assertEqual(rc, 2)
         self.assertEqual(len(err.strip().splitlines()), 1, err)
         self.assertIn("bogus_key", err)
+
+    def test_bad_kv_cache_type(self):
+        rc, err = run("-m", e2e.MODEL, "--port", "0", "--kv-cache-type", "q4")
+        self.assertEqual(rc, 2)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertIn("--kv-cache-type", err)
 
     def test_port_in_use(self):
         s = socket.socket()
