@@ -802,16 +802,46 @@ static void rmsnorm_rows(float *out, const float *x, const float *w, size_t rows
         kern_rmsnorm(out + r * n, x + r * n, w, n, eps);
 }
 
+#define MM_MAX 3 /* matrices one job can multiply the same input by (Q, K, V) */
+
 typedef struct matmul_job {
     engine_ctx *c;
-    const kern_mat *w;
     const float *in;
-    float *out;
     size_t rows;
-    enum { MM_ROWS, MM_PACKED, MM_SGEMM } path; /* kernel: see matmul() */
-    size_t chunk;                               /* output columns per work item */
-    atomic_uint next;                           /* next work item */
+    uint32_t n_mats;
+    const kern_mat *w[MM_MAX];
+    float *out[MM_MAX];
+    enum { MM_ROWS, MM_PACKED, MM_SGEMM } path[MM_MAX]; /* kernel: see matmuls() */
+    size_t chunk[MM_MAX];                               /* output columns per work item */
+    uint32_t first_item[MM_MAX + 1]; /* items of matrix m: [first_item[m], first_item[m+1]) */
+    bool silu_pair;   /* an item covers the same columns of w[0] and w[1] (gate and up), then
+                         out[0] = silu(out[0]) * out[1] on them */
+    atomic_uint next; /* next work item */
 } matmul_job;
+
+/* Columns [n0, n0 + chunk) of matrix m. */
+static void matmul_chunk(const matmul_job *j, uint32_t m, size_t n0, float *tile)
+{
+    const kern_mat *w = j->w[m];
+    size_t N = w->n_out, K = w->n_in;
+    size_t cnt = N - n0 < j->chunk[m] ? N - n0 : j->chunk[m];
+    float *out = j->out[m];
+    if (j->path[m] == MM_ROWS) {
+        kern_matmul_rows(w, j->in, j->rows, K, out, N, n0, n0 + cnt);
+        return;
+    }
+    if (j->path[m] == MM_PACKED) {
+        kern_gemm_packed(w, j->c->xpack, j->rows, out, N, n0, n0 + cnt);
+        return;
+    }
+    const float *wf = (const float *)w->data + n0 * K;
+    if (w->type != KERN_F32) {
+        kern_rows_to_f32(w, n0, cnt, tile);
+        wf = tile;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->rows, (int)cnt, (int)K, 1.0f,
+                j->in, (int)K, wf, (int)K, 0.0f, out + n0, (int)N);
+}
 
 /* Threads take chunks of output columns from a shared counter, so a thread the OS preempts
  * (the cores are shared) delays the step by one chunk, not by its whole share. Chunk
@@ -821,29 +851,22 @@ static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
 {
     (void)nth;
     matmul_job *j = arg;
-    const kern_mat *w = j->w;
-    size_t N = w->n_out, K = w->n_in;
     float *tile = j->c->tile + ith * j->c->tile_floats;
     for (;;) {
-        size_t n0 = (size_t)atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) * j->chunk;
-        if (n0 >= N)
+        uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->first_item[j->n_mats])
             return;
-        size_t cnt = N - n0 < j->chunk ? N - n0 : j->chunk;
-        if (j->path == MM_ROWS) {
-            kern_matmul_rows(w, j->in, j->rows, K, j->out, N, n0, n0 + cnt);
+        uint32_t m = 0;
+        while (i >= j->first_item[m + 1])
+            m++;
+        size_t n0 = (size_t)(i - j->first_item[m]) * j->chunk[m];
+        matmul_chunk(j, m, n0, tile);
+        if (!j->silu_pair)
             continue;
-        }
-        if (j->path == MM_PACKED) {
-            kern_gemm_packed(w, j->c->xpack, j->rows, j->out, N, n0, n0 + cnt);
-            continue;
-        }
-        const float *wf = (const float *)w->data + n0 * K;
-        if (w->type != KERN_F32) {
-            kern_rows_to_f32(w, n0, cnt, tile);
-            wf = tile;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->rows, (int)cnt, (int)K, 1.0f,
-                    j->in, (int)K, wf, (int)K, 0.0f, j->out + n0, (int)N);
+        matmul_chunk(j, 1, n0, tile);
+        size_t N = j->w[0]->n_out, cnt = N - n0 < j->chunk[0] ? N - n0 : j->chunk[0];
+        for (size_t t = 0; t < j->rows; t++)
+            kern_silu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
     }
 }
 
@@ -861,26 +884,48 @@ static void run_job(engine_ctx *c, void (*fn)(void *, uint32_t, uint32_t), void 
         tpool_run(c->pool, fn, arg);
 }
 
+/* out[m] (rows, w[m]->n_out) = in (rows, n_in) * w[m]^T for the n matrices, in one pool job
+ * (one hand-off instead of n). With silu_pair (n = 2, same shapes) out[0] becomes
+ * silu(out[0]) * out[1], computed on each chunk as soon as both products have it. */
+static void matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
+                    const kern_mat *const *w, float *const *out, bool silu_pair)
+{
+    matmul_job j = {.c = c, .in = in, .rows = rows, .n_mats = n, .silu_pair = silu_pair};
+    uint64_t macs = 0;
+    bool pack = false;
+    for (uint32_t m = 0; m < n; m++) {
+        /* Panel-layout weights: their own kernel at every batch size. Row-layout weights: the
+         * fused kernels below small_batch rows, the packed GEMM (F16/Q8_0) up to gemm_max.
+         * Past that, sgemm. Items: 64 columns (a few KB of weights); for sgemm a widened tile
+         * that fits the scratch (and the L2), in multiples of 16 columns (whole panels). */
+        const kern_mat *wm = w[m];
+        bool panels = wm->type == KERN_F32_PANEL || wm->type == KERN_F16_PANEL;
+        if (panels || rows < c->small_batch)
+            j.path[m] = MM_ROWS;
+        else if (rows >= GEMM_MIN_ROWS && rows <= c->gemm_max && wm->type != KERN_F32)
+            j.path[m] = MM_PACKED;
+        else
+            j.path[m] = MM_SGEMM;
+        pack |= j.path[m] == MM_PACKED;
+        j.w[m] = wm;
+        j.out[m] = out[m];
+        j.chunk[m] = j.path[m] != MM_SGEMM ? 64 : c->tile_floats / wm->n_in / 16 * 16;
+        uint32_t items = (uint32_t)((wm->n_out + j.chunk[m] - 1) / j.chunk[m]);
+        j.first_item[m + 1] = silu_pair ? items : j.first_item[m] + items;
+        macs += (uint64_t)rows * wm->n_out * wm->n_in;
+    }
+    if (silu_pair)
+        j.chunk[1] = j.chunk[0]; /* same shapes and types, so the same path and chunk anyway */
+    if (pack)
+        kern_gemm_pack_x(in, rows, w[0]->n_in, w[0]->n_in, c->xpack);
+    atomic_init(&j.next, 0);
+    run_job(c, matmul_worker, &j, macs);
+}
+
 /* out (rows, n_out) = in (rows, n_in) * W^T. */
 static void matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows)
 {
-    matmul_job j = {.c = c, .w = w, .in = in, .out = out, .rows = rows};
-    /* Panel-layout weights: their own kernel up to gemm_max rows. Row-layout weights: the fused
-     * kernels below small_batch rows, the packed GEMM (F16/Q8_0) up to gemm_max. Past that,
-     * sgemm. Items: 64 columns (a few KB of weights); for sgemm a widened tile that fits the
-     * scratch (and the L2), in multiples of 16 columns (whole panels). */
-    bool panels = w->type == KERN_F32_PANEL || w->type == KERN_F16_PANEL;
-    if (panels || rows < c->small_batch)
-        j.path = MM_ROWS;
-    else if (!panels && rows >= GEMM_MIN_ROWS && rows <= c->gemm_max && w->type != KERN_F32)
-        j.path = MM_PACKED;
-    else
-        j.path = MM_SGEMM;
-    j.chunk = j.path != MM_SGEMM ? 64 : c->tile_floats / w->n_in / 16 * 16;
-    if (j.path == MM_PACKED)
-        kern_gemm_pack_x(in, rows, w->n_in, w->n_in, c->xpack);
-    atomic_init(&j.next, 0);
-    run_job(c, matmul_worker, &j, (uint64_t)rows * w->n_out * w->n_in);
+    matmuls(c, in, rows, 1, &w, &out, false);
 }
 
 /* Rotates pair j of each head's first n_rot dimensions by the row's angle pos * inv_freq[j]:
@@ -1022,7 +1067,7 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
     const engine_model *m = c->m;
     const engine_hparams *hp = &m->hp;
     size_t T = b->n_tokens, E = hp->n_embd, kv_dim = (size_t)hp->n_head_kv * hp->head_dim,
-           F = hp->n_ff, R = hp->n_rot / 2;
+           R = hp->n_rot / 2;
     uint32_t max_pos = 0;
     for (size_t t = 0; t < T; t++)
         if ((uint32_t)b->pos[t] + 1 > max_pos)
@@ -1054,9 +1099,9 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         uint8_t *vl = kv->v + l * kv->layer_stride * kv->esz;
 
         rmsnorm_rows(c->xn, c->x, w->attn_norm, T, E, hp->rms_eps);
-        matmul(c, c->q, c->xn, &w->wq, T);
-        matmul(c, c->k, c->xn, &w->wk, T);
-        matmul(c, c->v, c->xn, &w->wv, T);
+        const kern_mat *qkv[3] = {&w->wq, &w->wk, &w->wv};
+        float *qkv_out[3] = {c->q, c->k, c->v};
+        matmuls(c, c->xn, T, 3, qkv, qkv_out, false);
         for (size_t t = 0; t < T; t++) {
             if (w->bq)
                 kern_add(c->q + t * E, w->bq, E);
@@ -1091,9 +1136,9 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         kern_add(c->x, c->xn, T * E);
 
         rmsnorm_rows(c->xn, c->x, w->ffn_norm, T, E, hp->rms_eps);
-        matmul(c, c->gate, c->xn, &w->w_gate, T);
-        matmul(c, c->up, c->xn, &w->w_up, T);
-        kern_silu_mul(c->gate, c->up, T * F);
+        const kern_mat *gate_up[2] = {&w->w_gate, &w->w_up};
+        float *gate_up_out[2] = {c->gate, c->up};
+        matmuls(c, c->xn, T, 2, gate_up, gate_up_out, true);
         matmul(c, c->xn, c->gate, &w->w_down, T);
         kern_add(c->x, c->xn, T * E);
     }
