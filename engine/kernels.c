@@ -343,17 +343,12 @@ TILE_CASES(q8)
 
 /* ---- panel types ----
  * An R x 16 tile: per k, the panel's 16 weights (two vectors, converted once) against R
- * broadcast x values, R * 2 accumulators. PM rows fill the registers (with AVX-512VL's 32, 24
- * sums; with AVX2's 16, 12). Short tiles (R <= 3) keep U partial sums per output interleaved
- * over k so a single row still has 8 independent FMA chains; otherwise each output is one
- * in-order FMA chain over k. */
-#ifdef __AVX512VL__
-#define PM 12
-#else
+ * broadcast x values, R * 2 accumulators; each output is one in-order FMA chain over k, so its
+ * bits depend only on its x row and weight row, never on the batch (the engine's cache equals
+ * a recomputation exactly because of this). PM = 6 rows (12 sums) fill AVX2's 16 registers;
+ * with AVX-512VL's 32, tiles of 8, 10 and 12 rows measured no faster on Zen 4 (12 slower). */
+#ifndef PM
 #define PM 6
-#endif
-#ifndef PANEL_U
-#define PANEL_U(R) 1
 #endif
 #ifndef PANEL_TC
 #define PANEL_TC 192 /* rows of x per pass over the panels: about the L2 */
@@ -362,64 +357,42 @@ TILE_CASES(q8)
 #define PANEL_PF 4096 /* bytes ahead in the panel's stream */
 #endif
 
-INLINE void panel_tile(kern_type et, int R, int U, const float *x, size_t ldx, const uint8_t *wp,
-                       size_t K, float *out, size_t ldo, size_t c0, size_t c1)
+INLINE void panel_tile(kern_type et, int R, const float *x, size_t ldx, const uint8_t *wp, size_t K,
+                       float *out, size_t ldo, size_t c0, size_t c1)
 {
-    __m256 acc[PM][4][2];
-#pragma GCC unroll 12
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++)
-            acc[r][u][0] = acc[r][u][1] = _mm256_setzero_ps();
     size_t esz = et == KERN_F32 ? 4 : 2;
-    size_t k = 0;
-    for (; k + (size_t)U <= K; k += (size_t)U) {
-        _mm_prefetch((const char *)(wp + (k * KERN_PANEL) * esz + PANEL_PF), _MM_HINT_T0);
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) {
-            __m256 w0 = load_w8(et, wp, (k + (size_t)u) * KERN_PANEL);
-            __m256 w1 = load_w8(et, wp, (k + (size_t)u) * KERN_PANEL + 8);
-#pragma GCC unroll 12
-            for (int r = 0; r < R; r++) {
-                __m256 b = _mm256_broadcast_ss(x + (size_t)r * ldx + k + (size_t)u);
-                acc[r][u][0] = _mm256_fmadd_ps(b, w0, acc[r][u][0]);
-                acc[r][u][1] = _mm256_fmadd_ps(b, w1, acc[r][u][1]);
-            }
-        }
-    }
-    for (; k < K; k++) {
+    __m256 acc[PM][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (size_t k = 0; k < K; k++) {
+        _mm_prefetch((const char *)(wp + k * KERN_PANEL * esz + PANEL_PF), _MM_HINT_T0);
         __m256 w0 = load_w8(et, wp, k * KERN_PANEL), w1 = load_w8(et, wp, k * KERN_PANEL + 8);
-#pragma GCC unroll 12
+#pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             __m256 b = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
-            acc[r][0][0] = _mm256_fmadd_ps(b, w0, acc[r][0][0]);
-            acc[r][0][1] = _mm256_fmadd_ps(b, w1, acc[r][0][1]);
+            acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
         }
     }
-#pragma GCC unroll 12
+#pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
-        __m256 s0 = acc[r][0][0], s1 = acc[r][0][1];
-#pragma GCC unroll 4
-        for (int u = 1; u < U; u++) {
-            s0 = _mm256_add_ps(s0, acc[r][u][0]);
-            s1 = _mm256_add_ps(s1, acc[r][u][1]);
-        }
         float *o = out + (size_t)r * ldo;
         if (c0 == 0 && c1 == KERN_PANEL) {
-            _mm256_storeu_ps(o, s0);
-            _mm256_storeu_ps(o + 8, s1);
+            _mm256_storeu_ps(o, acc[r][0]);
+            _mm256_storeu_ps(o + 8, acc[r][1]);
             continue;
         }
         float tmp[KERN_PANEL];
-        _mm256_storeu_ps(tmp, s0);
-        _mm256_storeu_ps(tmp + 8, s1);
+        _mm256_storeu_ps(tmp, acc[r][0]);
+        _mm256_storeu_ps(tmp + 8, acc[r][1]);
         for (size_t c = c0; c < c1; c++)
             o[c] = tmp[c];
     }
 }
 
 #define PANEL_CASE(R)                                                                              \
-    case R: panel_tile(et, R, PANEL_U(R), x, ldx, wp, K, out, ldo, c0, c1); return;
+    case R: panel_tile(et, R, x, ldx, wp, K, out, ldo, c0, c1); return;
 static void panel_tile_r(kern_type et, int R, const float *x, size_t ldx, const uint8_t *wp,
                          size_t K, float *out, size_t ldo, size_t c0, size_t c1)
 {
@@ -429,15 +402,7 @@ static void panel_tile_r(kern_type et, int R, const float *x, size_t ldx, const 
         PANEL_CASE(3)
         PANEL_CASE(4)
         PANEL_CASE(5)
-#if PM > 6
-        PANEL_CASE(6)
-        PANEL_CASE(7)
-        PANEL_CASE(8)
-        PANEL_CASE(9)
-        PANEL_CASE(10)
-        PANEL_CASE(11)
-#endif
-    default: panel_tile(et, PM, 1, x, ldx, wp, K, out, ldo, c0, c1); return;
+    default: panel_tile(et, PM, x, ldx, wp, K, out, ldo, c0, c1); return;
     }
 }
 
