@@ -689,6 +689,9 @@ void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst)
  * blocking is the safer bet. */
 #define GEMM_MIN_ROWS 16
 #define GEMM_MAX_DEFAULT 128
+/* Attention work units: positions per item and items per pool job (see attention()). */
+#define ATTN_SPAN 128
+#define ATTN_WAVE 256
 /* Floats of a thread's weight-tile scratch (F16/Q8_0 rows widened for sgemm): L2-sized. */
 #define TILE_FLOATS (64u * 1024u)
 
@@ -708,9 +711,11 @@ struct engine_ctx {
     float *att;           /* (max_tokens, n_embd) attention output before wo */
     float *gate;          /* (max_tokens, n_ff) */
     float *up;            /* (max_tokens, n_ff) */
-    float *scores;        /* (n_threads, n_head, scores_cap) each thread's attention weights */
-    size_t scores_cap;
-    float *tile; /* (n_threads, tile_floats) widened weight rows */
+    float *scores;        /* (n_threads, n_head, ATTN_SPAN) each thread's attention weights */
+    float *attn_part;     /* (ATTN_WAVE, n_head, head_dim + 2) a wave's span results */
+    float *attn_state;    /* (max_tokens, n_head, head_dim + 2) each row's spans folded so far */
+    uint32_t *attn_first; /* (max_tokens + 1) first attention item of each row */
+    float *tile;          /* (n_threads, tile_floats) widened weight rows */
     size_t tile_floats;
     int32_t *slot;        /* (max_tokens) arena slot of each row */
     float *rope_inv_freq; /* (n_rot / 2) base^(-2j/n_rot) */
@@ -752,12 +757,17 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->gate = malloc(T * F * sizeof(float));
     c->up = malloc(T * F * sizeof(float));
     c->slot = malloc(T * sizeof(int32_t));
+    size_t part = (size_t)hp->n_head * (hp->head_dim + 2);
+    c->scores = malloc(c->n_threads * hp->n_head * ATTN_SPAN * sizeof(float));
+    c->attn_part = malloc(ATTN_WAVE * part * sizeof(float));
+    c->attn_state = malloc(T * part * sizeof(float));
+    c->attn_first = malloc((T + 1) * sizeof(uint32_t));
     c->rope_inv_freq = malloc(hp->n_rot / 2 * sizeof(float));
     c->rope_cs = malloc(T * hp->n_rot * sizeof(float));
     c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up || !c->slot ||
-        !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->xpack ||
-        tpool_create(c->n_threads, &c->pool)) {
+        !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->xpack || !c->scores || !c->attn_part ||
+        !c->attn_state || !c->attn_first || tpool_create(c->n_threads, &c->pool)) {
         engine_ctx_destroy(c);
         return KVS_ENOMEM;
     }
@@ -787,6 +797,9 @@ void engine_ctx_destroy(engine_ctx *c)
     free(c->gate);
     free(c->up);
     free(c->scores);
+    free(c->attn_part);
+    free(c->attn_state);
+    free(c->attn_first);
     free(c->tile);
     free(c->xpack);
     free(c->slot);
@@ -970,93 +983,148 @@ static int validate_batch(engine_ctx *c, const engine_kv *kv, const engine_batch
     return 0;
 }
 
+/* Attention runs in items of one row and one span of ATTN_SPAN positions, with every head:
+ * each item streams its positions' cache rows (all kv heads of a position are contiguous) once
+ * for keys and once for values, and leaves per head the span's max score m, its sum of
+ * exp(score - m) l and its exp-weighted sum of values o. A row's spans are then folded in
+ * order (the merge of flash-decoding) and the row's output is o / l. Spans are fixed cuts of
+ * the position range, so a row's arithmetic depends on its length alone, never on the batch,
+ * the thread count or the wave sizes: cached decoding and a full recomputation give the same
+ * bits. A long sequence decoding alone still spreads over every core. Items run in waves of
+ * ATTN_WAVE, so the scratch is fixed at context creation whatever the context length. */
 typedef struct attn_job {
     engine_ctx *c;
     const engine_kv *kv;
     const engine_batch *b;
     const uint8_t *kl, *vl; /* this layer's K and V arenas (kv->type values) */
-    uint32_t n_chunks;      /* kv-head chunks per row */
-    uint32_t chunk_heads;   /* kv heads per chunk */
-    atomic_uint next;       /* next (row, chunk) item to take */
+    uint32_t i0, i1;        /* this wave's items */
+    atomic_uint next;       /* next item to take */
 } attn_job;
 
-/* Attention of row t's head h over positions 0..pos of its sequence. */
-/* Attention of row t for kv heads [g0, g1) and the query heads that share them. Positions are
- * visited in cache order and each position's keys (then values) for all those heads are read
- * together: a block's slots are contiguous rows of kv_dim floats, so the cache streams
- * sequentially instead of once per head at a kv_dim stride (which ran at half the memory
- * bandwidth). Per head the arithmetic is the same whichever heads share the item. */
-static void attend_heads(const attn_job *j, uint32_t t, uint32_t g0, uint32_t g1, float *scores)
+/* Row of item i: the last row whose first item is <= i. */
+static uint32_t attn_row(const engine_ctx *c, uint32_t n_rows, uint32_t i)
+{
+    uint32_t lo = 0, hi = n_rows - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi + 1) / 2;
+        if (c->attn_first[mid] <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+static void attend_span(const attn_job *j, uint32_t item, float *scores)
 {
     const engine_ctx *c = j->c;
     const engine_kv *kv = j->kv;
     const engine_hparams *hp = &c->m->hp;
+    uint32_t t = attn_row(c, j->b->n_tokens, item);
     const engine_seq_view *s = &j->b->seqs[j->b->seq[t]];
     uint32_t n_pos = (uint32_t)j->b->pos[t] + 1, bs = kv->block_size;
-    uint32_t hd = hp->head_dim, kv_dim = hp->n_head_kv * hd, group = hp->n_head / hp->n_head_kv;
-    uint32_t h0 = g0 * group, h1 = g1 * group;
-    size_t cap = c->scores_cap;
+    uint32_t p0 = (item - c->attn_first[t]) * ATTN_SPAN;
+    uint32_t n = n_pos - p0 < ATTN_SPAN ? n_pos - p0 : ATTN_SPAN;
+    uint32_t hd = hp->head_dim, n_head = hp->n_head, group = n_head / hp->n_head_kv;
+    size_t row = (size_t)hp->n_head_kv * hd * kv->esz, head = hd * kv->esz; /* bytes */
     float scale = 1.0f / sqrtf((float)hd);
     const float *q = c->q + (size_t)t * hp->n_embd;
     bool f16 = kv->type == ENGINE_KV_F16;
-    size_t row = kv_dim * kv->esz, head = hd * kv->esz; /* bytes of a slot, of a head in it */
-    for (uint32_t p = 0, bi = 0; p < n_pos; bi++) {
-        const uint8_t *kp = j->kl + (size_t)s->blocks[bi] * bs * row;
-        uint32_t n = n_pos - p < bs ? n_pos - p : bs;
-        for (uint32_t i = 0; i < n; i++, p++, kp += row)
-            for (uint32_t h = h0; h < h1; h++) {
-                const void *kh = kp + (size_t)(h / group) * head;
-                const float *qh = q + (size_t)h * hd;
-                scores[(h - h0) * cap + p] =
-                    (f16 ? kern_dot_f16(qh, kh, hd) : kern_dot(qh, kh, hd)) * scale;
-            }
-    }
-    float *out = c->att + (size_t)t * hp->n_embd;
-    for (uint32_t h = h0; h < h1; h++) {
-        float *sc = scores + (h - h0) * cap, maxv = -INFINITY, sum = 0.0f;
-        for (uint32_t p = 0; p < n_pos; p++)
-            maxv = sc[p] > maxv ? sc[p] : maxv;
-        for (uint32_t p = 0; p < n_pos; p++) {
-            sc[p] = expf(sc[p] - maxv);
-            sum += sc[p];
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t p = p0 + i;
+        const uint8_t *kp = j->kl + ((size_t)s->blocks[p / bs] * bs + p % bs) * row;
+        for (uint32_t h = 0; h < n_head; h++) {
+            const void *kh = kp + (size_t)(h / group) * head;
+            const float *qh = q + (size_t)h * hd;
+            scores[h * ATTN_SPAN + i] =
+                (f16 ? kern_dot_f16(qh, kh, hd) : kern_dot(qh, kh, hd)) * scale;
         }
-        float inv = 1.0f / sum;
-        for (uint32_t p = 0; p < n_pos; p++)
-            sc[p] *= inv;
-        memset(out + (size_t)h * hd, 0, hd * sizeof(float));
     }
-    for (uint32_t p = 0, bi = 0; p < n_pos; bi++) {
-        const uint8_t *vp = j->vl + (size_t)s->blocks[bi] * bs * row;
-        uint32_t n = n_pos - p < bs ? n_pos - p : bs;
-        for (uint32_t i = 0; i < n; i++, p++, vp += row)
-            for (uint32_t h = h0; h < h1; h++) {
-                const void *vh = vp + (size_t)(h / group) * head;
-                float *oh = out + (size_t)h * hd, wgt = scores[(h - h0) * cap + p];
-                if (f16)
-                    kern_axpy_f16(oh, wgt, vh, hd);
-                else
-                    kern_axpy(oh, wgt, vh, hd);
-            }
+    float *part = c->attn_part + (size_t)(item - j->i0) * n_head * (hd + 2);
+    for (uint32_t h = 0; h < n_head; h++) {
+        float *sc = scores + h * ATTN_SPAN, *ph = part + (size_t)h * (hd + 2);
+        float maxv = -INFINITY, sum = 0.0f;
+        for (uint32_t i = 0; i < n; i++)
+            maxv = sc[i] > maxv ? sc[i] : maxv;
+        for (uint32_t i = 0; i < n; i++) {
+            sc[i] = expf(sc[i] - maxv);
+            sum += sc[i];
+        }
+        memset(ph, 0, hd * sizeof(float));
+        ph[hd] = maxv;
+        ph[hd + 1] = sum;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t p = p0 + i;
+        const uint8_t *vp = j->vl + ((size_t)s->blocks[p / bs] * bs + p % bs) * row;
+        for (uint32_t h = 0; h < n_head; h++) {
+            const void *vh = vp + (size_t)(h / group) * head;
+            float *oh = part + (size_t)h * (hd + 2), wgt = scores[h * ATTN_SPAN + i];
+            if (f16)
+                kern_axpy_f16(oh, wgt, vh, hd);
+            else
+                kern_axpy(oh, wgt, vh, hd);
+        }
     }
 }
 
-/* Items are (row, chunk of kv heads): one chunk (all heads) per row when the rows alone give
- * every thread a few items, else the kv heads split so that they do (a single long sequence
- * still uses every core). Chunking never changes a head's result. */
 static void attn_worker(void *arg, uint32_t ith, uint32_t nth)
 {
     (void)nth;
     attn_job *j = arg;
-    uint32_t n_items = j->b->n_tokens * j->n_chunks, per = j->chunk_heads;
-    uint32_t n_kv = j->c->m->hp.n_head_kv;
-    float *scores = j->c->scores + (size_t)ith * j->c->scores_cap * j->c->m->hp.n_head;
+    float *scores = j->c->scores + (size_t)ith * j->c->m->hp.n_head * ATTN_SPAN;
     for (;;) {
         uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (i >= n_items)
+        if (i >= j->i1)
             return;
-        uint32_t g0 = i % j->n_chunks * per, g1 = g0 + per < n_kv ? g0 + per : n_kv;
-        attend_heads(j, i / j->n_chunks, g0, g1, scores);
+        attend_span(j, i, scores);
     }
+}
+
+/* Attention of every row of the batch into c->att, in waves of items; after each wave its span
+ * results are folded, in item order, into their rows' states. */
+static void attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b, const uint8_t *kl,
+                      const uint8_t *vl)
+{
+    const engine_hparams *hp = &c->m->hp;
+    uint32_t T = b->n_tokens, n_items = c->attn_first[T], hd = hp->head_dim;
+    size_t per_head = hd + 2, per_row = hp->n_head * per_head;
+    attn_job j = {.c = c, .kv = kv, .b = b, .kl = kl, .vl = vl};
+    uint64_t macs = 0; /* of the whole batch: a tiny model's attention stays on this thread */
+    for (uint32_t t = 0; t < T; t++)
+        macs += 2ull * ((uint64_t)b->pos[t] + 1) * hp->n_embd;
+    for (uint32_t i0 = 0; i0 < n_items; i0 += ATTN_WAVE) {
+        j.i0 = i0;
+        j.i1 = n_items - i0 < ATTN_WAVE ? n_items : i0 + ATTN_WAVE;
+        atomic_init(&j.next, i0);
+        run_job(c, attn_worker, &j, macs);
+        for (uint32_t i = j.i0; i < j.i1; i++) {
+            uint32_t t = attn_row(c, T, i);
+            float *st = c->attn_state + t * per_row;
+            const float *pt = c->attn_part + (size_t)(i - j.i0) * per_row;
+            if (i == c->attn_first[t]) {
+                memcpy(st, pt, per_row * sizeof(float));
+                continue;
+            }
+            for (uint32_t h = 0; h < hp->n_head; h++) {
+                float *sh = st + h * per_head;
+                const float *ph = pt + h * per_head;
+                float mx = sh[hd] > ph[hd] ? sh[hd] : ph[hd];
+                float a = expf(sh[hd] - mx), e = expf(ph[hd] - mx);
+                for (uint32_t d = 0; d < hd; d++)
+                    sh[d] = a * sh[d] + e * ph[d];
+                sh[hd] = mx;
+                sh[hd + 1] = a * sh[hd + 1] + e * ph[hd + 1];
+            }
+        }
+    }
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t h = 0; h < hp->n_head; h++) {
+            const float *sh = c->attn_state + t * per_row + h * per_head;
+            float *out = c->att + (size_t)t * hp->n_embd + (size_t)h * hd, inv = 1.0f / sh[hd + 1];
+            for (uint32_t d = 0; d < hd; d++)
+                out[d] = sh[d] * inv;
+        }
 }
 
 int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *logits_out)
@@ -1068,21 +1136,10 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
     const engine_hparams *hp = &m->hp;
     size_t T = b->n_tokens, E = hp->n_embd, kv_dim = (size_t)hp->n_head_kv * hp->head_dim,
            R = hp->n_rot / 2;
-    uint32_t max_pos = 0;
+    c->attn_first[0] = 0; /* a row of n positions has ceil(n / ATTN_SPAN) attention items */
     for (size_t t = 0; t < T; t++)
-        if ((uint32_t)b->pos[t] + 1 > max_pos)
-            max_pos = (uint32_t)b->pos[t] + 1;
-    if (max_pos > c->scores_cap) {
-        /* Grows with the longest context seen, so steady-state steps allocate nothing. */
-        size_t cap = c->scores_cap ? c->scores_cap : 256;
-        while (cap < max_pos)
-            cap *= 2;
-        float *s = realloc(c->scores, c->n_threads * hp->n_head * cap * sizeof(float));
-        if (!s)
-            return KVS_ENOMEM;
-        c->scores = s;
-        c->scores_cap = cap;
-    }
+        c->attn_first[t + 1] =
+            c->attn_first[t] + ((uint32_t)b->pos[t] + 1 + ATTN_SPAN - 1) / ATTN_SPAN;
 
     for (size_t t = 0; t < T; t++) {
         kern_rows_to_f32(&m->tok_embd, (size_t)b->token[t], 1, c->x + t * E);
@@ -1122,16 +1179,7 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
                 memcpy(vl + off, c->v + t * kv_dim, kv_dim * sizeof(float));
             }
         }
-        attn_job aj = {.c = c, .kv = kv, .b = b, .kl = kl, .vl = vl};
-        uint32_t want = (4 * c->n_threads + (uint32_t)T - 1) / (uint32_t)T;
-        aj.n_chunks = want < hp->n_head_kv ? want : hp->n_head_kv;
-        aj.chunk_heads = (hp->n_head_kv + aj.n_chunks - 1) / aj.n_chunks;
-        aj.n_chunks = (hp->n_head_kv + aj.chunk_heads - 1) / aj.chunk_heads;
-        atomic_init(&aj.next, 0);
-        uint64_t attn_macs = 0;
-        for (size_t t = 0; t < T; t++)
-            attn_macs += 2ull * ((uint64_t)b->pos[t] + 1) * E;
-        run_job(c, attn_worker, &aj, attn_macs);
+        attention(c, kv, b, kl, vl);
         matmul(c, c->xn, c->att, &w->wo, T);
         kern_add(c->x, c->xn, T * E);
 
