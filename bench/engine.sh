@@ -3,6 +3,7 @@
 # Generates 110m F32 and F16 models into a temp dir, runs kvs-bench-engine
 #   position  step time vs position, cached decode against full recompute, up to MAX_POS (F16)
 #   batch     decode tok/s at batch 1,4,16,64 (F32 and F16) and the sgemm rate of the run
+#   prefill   prompt rows per second in one step of 16..512 rows (F16)
 # REPEATS times each, keeps the per-row median, writes CSVs and a gnuplot PNG to OUT, and
 # rewrites the "Engine" section of docs/BENCHMARKS.md (between the engine.sh markers).
 # Run on a quiet machine: every number is wall-clock.
@@ -55,6 +56,7 @@ run position-f16 position "$TMP/110m-f16.gguf" "$MAX_POS" "$THREADS"
 for t in f32 f16; do
     run batch-$t batch "$TMP/110m-$t.gguf" "$STEPS" "$BATCHES" "$THREADS"
 done
+run prefill-f16 prefill "$TMP/110m-f16.gguf" 16,64,128,256,512 "$THREADS"
 
 # Medians per row, the CSVs, the plot data and the markdown section.
 python3 - "$TMP" "$OUT" "$REPEATS" <<'EOF'
@@ -101,7 +103,18 @@ for t in ("f32", "f16"):
     for r in body:
         gf = r[2] * 2 * (134.11e6 - 24.58e6) / 1e9
         lines.append(f"| {t.upper()} | {int(r[0])} | {r[2]:.1f} | {r[3]:.2f} | {gf:.1f} | {sg:.1f} |")
-lines += ["", "| position | cached ms/step | recompute ms |", "|---:|---:|---:|"]
+head, pre, _ = load("prefill-f16")
+with open(f"{out}/engine-prefill.csv", "w") as f:
+    f.write(",".join(head) + "\n")
+    for r in pre:
+        f.write(",".join(fmt(v) for v in r) + "\n")
+lines += ["", "Prompt processing, F16 (one step of R prompt rows: R / 32 sequences of 32 tokens, "
+          "logits for each sequence's last row):", "",
+          "| rows | ms/step | rows/s |", "|---:|---:|---:|"]
+for r in pre:
+    lines.append(f"| {int(r[0])} | {r[2]:.1f} | {r[3]:.0f} |")
+lines += ["", "Step time against position, one sequence (F16 weights, F16 cache):", "",
+          "| position | cached ms/step | recompute ms |", "|---:|---:|---:|"]
 for r in pos:
     lines.append(f"| {int(r[0])} | {r[1]:.2f} | {r[2]:.1f} |")
 open(f"{tmp}/tables.md", "w").write("\n".join(lines) + "\n")
@@ -167,7 +180,7 @@ SECTION="$TMP/section.md"
     echo
     echo "![step time vs position]($(realpath --relative-to=docs "$OUT")/engine-position.png)"
     echo
-    echo "CSVs: \`$OUT/engine-batch.csv\`, \`$OUT/engine-position.csv\`."
+    echo "CSVs: \`$OUT/engine-batch.csv\`, \`$OUT/engine-prefill.csv\`, \`$OUT/engine-position.csv\`."
     echo "<!-- engine.sh end -->"
 } >"$SECTION"
 mkdir -p docs
