@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Throughput and time to first token against concurrency (closed loop, streaming, so TTFT is
 # the real first-token time): writes docs/bench/concurrency-<model>.csv, a gnuplot PNG, and the
-# "concurrency" section of docs/BENCHMARKS.md.
-# Usage: bench/concurrency.sh [MODEL.gguf] [LEVELS] [REQUESTS_PER_CLIENT]
+# "concurrency" section of docs/BENCHMARKS.md for that model (one section per model name).
+# Usage: bench/concurrency.sh [MODEL.gguf | SHAPE-TYPE] [LEVELS] [REQUESTS_PER_CLIENT]
+# SHAPE-TYPE (e.g. 110m-f16) is generated with kvs-mkmodel (random weights, llama-spm vocab).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-../shared/models/stories260K.gguf}
@@ -12,14 +13,22 @@ bash tools/setup.sh
 bash tools/build.sh
 command -v gnuplot >/dev/null || apt-get install -y -qq gnuplot-nox >/dev/null
 name=$(basename "$model" .gguf)
+if [[ $model != *.gguf ]]; then
+    gen=$(mktemp -d)
+    ./build/tools/kvs-mkmodel --shape "${model%-*}" --type "${model##*-}" \
+        --vocab ../shared/models/vocab/ggml-vocab-llama-spm.gguf -o "$gen/$name.gguf" >/dev/null
+    model_file=$gen/$name.gguf
+else
+    model_file=$model
+fi
 mkdir -p docs/bench
 csv=docs/bench/concurrency-$name.csv
 png=docs/bench/concurrency-$name.png
 port=18090
-./build/server/kvserve serve -m "$model" --port $port --max-num-seqs 64 --log-level warn \
+./build/server/kvserve serve -m "$model_file" --port $port --max-num-seqs 64 --log-level warn \
     2>/tmp/kvserve-concurrency.log &
 pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
+trap 'kill $pid 2>/dev/null || true; [ -z "${gen:-}" ] || rm -rf "$gen"' EXIT
 for _ in $(seq 100); do curl -sf http://127.0.0.1:$port/health >/dev/null && break; sleep 0.1; done
 echo "clients,output_tok_s,ttft_p50_ms,ttft_p99_ms,itl_p50_ms" >"$csv"
 for c in $levels; do
@@ -51,7 +60,7 @@ plot "$csv" using 1:2 skip 1 with linespoints title "output tokens/s" axes x1y1,
 GP
 table=$(awk -F, 'NR>1 {printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5}' "$csv")
 section=$(cat <<MD
-<!-- concurrency:begin (written by bench/concurrency.sh) -->
+<!-- concurrency-$name:begin (written by bench/concurrency.sh) -->
 ## Throughput and TTFT against concurrency ($name)
 
 $(date -u +%Y-%m-%d), $(nproc) cores, kvserve $(git rev-parse --short HEAD), load average before
@@ -63,14 +72,14 @@ the run: $(cut -d' ' -f1-3 /proc/loadavg). Command: \`bench/concurrency.sh $mode
 $table
 
 ![throughput and TTFT against concurrency](bench/concurrency-$name.png)
-<!-- concurrency:end -->
+<!-- concurrency-$name:end -->
 MD
 )
-python3 - docs/BENCHMARKS.md "$section" <<'PY'
+python3 - docs/BENCHMARKS.md "$section" "$name" <<'PY'
 import re, sys
-path, section = sys.argv[1], sys.argv[2]
+path, section, name = sys.argv[1], sys.argv[2], re.escape(sys.argv[3])
 text = open(path).read()
-pat = re.compile(r"<!-- concurrency:begin.*?<!-- concurrency:end -->", re.S)
+pat = re.compile(r"<!-- concurrency-%s:begin.*?<!-- concurrency-%s:end -->" % (name, name), re.S)
 text = pat.sub(lambda m: section, text) if pat.search(text) else text.rstrip() + "\n\n" + section + "\n"
 open(path, "w").write(text)
 PY
