@@ -156,15 +156,28 @@ static double sgemm_gflops(uint32_t rows, uint32_t n_in, uint32_t n_out)
     return 2.0 * rows * n_in * n_out * iters / t / 1e9;
 }
 
+/* The values 1..max of a comma-separated list ("1,4,16"), at most cap of them. */
+static size_t parse_list(const char *list, uint32_t max, uint32_t *out, size_t cap)
+{
+    size_t n = 0;
+    char *dup = strdup(list);
+    for (char *tok = dup ? strtok(dup, ",") : NULL; tok && n < cap; tok = strtok(NULL, ",")) {
+        long v = atol(tok);
+        if (v >= 1 && v <= (long)max)
+            out[n++] = (uint32_t)v;
+    }
+    free(dup);
+    return n;
+}
+
 static int run_batch(engine_model *m, uint32_t steps, const char *list, uint32_t threads)
 {
     const engine_hparams *hp = engine_model_hparams(m);
     printf("batch,steps,tok_per_s,ms_per_step\n");
-    char *dup = strdup(list);
-    for (char *tokn = strtok(dup, ","); tokn; tokn = strtok(NULL, ",")) {
-        uint32_t B = (uint32_t)atoi(tokn);
-        if (B == 0 || B > 1024)
-            continue;
+    uint32_t sizes[32];
+    size_t n_sizes = parse_list(list, 1024, sizes, 32);
+    for (size_t k = 0; k < n_sizes; k++) {
+        uint32_t B = sizes[k];
         uint32_t prompt =
             getenv("KVS_BENCH_PROMPT") ? (uint32_t)atoi(getenv("KVS_BENCH_PROMPT")) : 8;
         bench b;
@@ -194,7 +207,6 @@ static int run_batch(engine_model *m, uint32_t steps, const char *list, uint32_t
         fflush(stdout);
         bench_free(&b);
     }
-    free(dup);
     /* The engine runs BLAS single-threaded inside its own pool; measure sgemm with the same
      * thread budget the engine had. */
     openblas_set_num_threads((int)threads);
@@ -207,11 +219,10 @@ static int run_prefill(engine_model *m, const char *list, uint32_t threads)
 {
     const engine_hparams *hp = engine_model_hparams(m);
     printf("rows,seqs,ms_per_step,rows_per_s\n");
-    char *dup = strdup(list);
-    for (char *tokn = strtok(dup, ","); tokn; tokn = strtok(NULL, ",")) {
-        uint32_t R = (uint32_t)atoi(tokn);
-        if (R == 0 || R > 65536)
-            continue;
+    uint32_t sizes[32];
+    size_t n_sizes = parse_list(list, 65536, sizes, 32);
+    for (size_t k = 0; k < n_sizes; k++) {
+        uint32_t R = sizes[k];
         uint32_t len = R < 32 ? R : 32, S = (R + len - 1) / len;
         bench b;
         if (bench_init(&b, m, S, len, R, threads))
@@ -232,7 +243,6 @@ static int run_prefill(engine_model *m, const char *list, uint32_t threads)
         fflush(stdout);
         bench_free(&b);
     }
-    free(dup);
     return 0;
 }
 
