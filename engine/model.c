@@ -418,14 +418,39 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
     return 0;
 }
 
-/* The block matrices and the output projection, F32 or F16, are copied once into the panel
- * layout of kernels.h and the file's pages released: a batched product then converts each
- * weight once per 12 rows instead of once per 4 (or per widened tile), which at 16 rows was half
- * of every product. The embedding table stays rows (looked up one row at a time); so does a
- * tied output that shares it. KVS_WEIGHT_PANELS=0 keeps every matrix in the file's rows (a
- * knob for A/B benchmarks). */
-static int repack_weights(engine_model *m, char *err, size_t err_len)
+/* Load progress over the tensor bytes, logged once a second once loading has taken more than a
+ * second (multi-GB files on a cold cache). */
+typedef struct load_progress {
+    const engine_model *m;
+    bool verbose;
+    uint64_t done, total;
+    double t0, last;
+} load_progress;
+
+static void progress_add(load_progress *lp, uint64_t bytes)
 {
+    lp->done += bytes;
+    double now = time_now_s();
+    if (lp->verbose && now - lp->t0 > 1.0 && now - lp->last >= 1.0) {
+        log_info("loading %s: %.0f%% of %.0f MiB", lp->m->name,
+                 100.0 * (double)lp->done / (double)lp->total,
+                 (double)lp->total / (1024.0 * 1024.0));
+        lp->last = now;
+    }
+}
+
+/* The block matrices and the output projection, F32 or F16, are copied once into the panel
+ * layout of kernels.h and their file pages released at once (so loading never holds a matrix
+ * twice for long): a batched product then converts each weight once per 6 rows instead of once
+ * per 4 (or per widened tile), which at 16 rows was half of every product, and its results do
+ * not depend on the batch. The embedding table stays rows (looked up one row at a time); so
+ * does a tied output that shares it. Sources of the copies go to released[] (at most n_layer *
+ * 7 + 1). KVS_WEIGHT_PANELS=0 keeps every matrix in the file's rows (a knob for A/B
+ * benchmarks). */
+static int repack_weights(engine_model *m, load_progress *lp, const void **released,
+                          size_t *n_released, char *err, size_t err_len)
+{
+    *n_released = 0;
     const char *env = getenv("KVS_WEIGHT_PANELS");
     if (env && !strcmp(env, "0"))
         return 0;
@@ -455,8 +480,11 @@ static int repack_weights(engine_model *m, char *err, size_t err_len)
         m->owned = owned;
         m->owned[m->n_owned++] = dst;
         const void *src = mat->data;
+        size_t src_bytes = mat->n_out * mat->row_bytes;
         kern_mat_to_panels(mat, dst, mat);
-        gguf_release(m->file, src, mat->n_out * mat->row_bytes);
+        gguf_release(m->file, src, src_bytes);
+        released[(*n_released)++] = src;
+        progress_add(lp, src_bytes);
     }
     return 0;
 }
@@ -471,32 +499,27 @@ static char *dup_str(const char *s, size_t n)
     return d;
 }
 
-/* Reads one byte of every page of every tensor, so the first request does not pay for page
- * faults (from disk, for a file not in the page cache) in the middle of a step. Logs progress
- * once a second when it takes longer than a second (multi-GB files on a cold cache). */
-static void prefault_weights(const engine_model *m, bool verbose, double t0)
+/* Reads one byte of every page of every tensor not copied by repack_weights, so the first
+ * request does not pay for page faults (from disk, for a file not in the page cache) in the
+ * middle of a step. */
+static void prefault_weights(const engine_model *m, load_progress *lp, const void *const *released,
+                             size_t n_released)
 {
-    uint64_t total = 0, done = 0;
-    for (int64_t i = 0; i < gguf_n_tensors(m->file); i++)
-        total += gguf_tensor_at(m->file, i)->n_bytes;
-    double last = time_now_s();
     volatile uint8_t sink = 0;
     for (int64_t i = 0; i < gguf_n_tensors(m->file); i++) {
         const gguf_tensor *t = gguf_tensor_at(m->file, i);
+        bool copied = false;
+        for (size_t r = 0; r < n_released && !copied; r++)
+            copied = released[r] == t->data;
+        if (copied)
+            continue;
         const uint8_t *p = t->data;
         for (uint64_t off = 0; off < t->n_bytes; off += 4096) {
             sink ^= p[off];
-            if (((done + off) & ((64u << 20) - 1)) < 4096) {
-                double now = time_now_s();
-                if (verbose && now - t0 > 1.0 && now - last >= 1.0) {
-                    log_info("loading %s: %.0f%% of %.0f MiB", m->name,
-                             100.0 * (double)(done + off) / (double)total,
-                             (double)total / (1024.0 * 1024.0));
-                    last = now;
-                }
-            }
+            if ((off & ((64u << 20) - 1)) == 0 && off)
+                progress_add(lp, 64u << 20);
         }
-        done += t->n_bytes;
+        progress_add(lp, t->n_bytes & ((64u << 20) - 1));
     }
     (void)sink;
 }
@@ -539,8 +562,20 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
         rc = set_err(err, err_len, KVS_ENOMEM, "out of memory");
         goto fail;
     }
-    prefault_weights(m, !p || p->verbose, t0);
-    if ((rc = repack_weights(m, err, err_len)))
+    load_progress lp = {.m = m, .verbose = !p || p->verbose, .t0 = t0, .last = t0};
+    for (int64_t i = 0; i < gguf_n_tensors(m->file); i++)
+        lp.total += gguf_tensor_at(m->file, i)->n_bytes;
+    size_t n_released;
+    const void **released = malloc(((size_t)m->hp.n_layer * 7 + 1) * sizeof *released);
+    if (!released) {
+        rc = set_err(err, err_len, KVS_ENOMEM, "out of memory");
+        goto fail;
+    }
+    rc = repack_weights(m, &lp, released, &n_released, err, err_len);
+    if (!rc)
+        prefault_weights(m, &lp, released, n_released);
+    free(released);
+    if (rc)
         goto fail;
     if (!p || p->verbose) {
         const engine_hparams *hp = &m->hp;
