@@ -1,5 +1,6 @@
 /* CPU kernels of the forward pass: products with weight matrices kept in their file type
- * (F32, F16, Q8_0; never widened in memory), and the vector helpers around them.
+ * (F32, F16, Q8_0; never widened in memory, F32/F16 regrouped into panels), and the vector
+ * helpers around them.
  * Every kernel is single-threaded and deterministic: the same inputs give the same bits.
  * AVX2+FMA+F16C code when compiled for it, plain C otherwise. Weights are multiplied exactly
  * as widened F32 values (an F16 value, or scale * int8 rounded to float), so results differ
@@ -14,7 +15,9 @@
  * batched products (kern_mat_to_panels): rows in panels of KERN_PANEL, each panel stored
  * k-major ([n_in][KERN_PANEL]: the panel's k-th values side by side, one contiguous stream),
  * the last panel padded with zero rows. A product then broadcasts each x value against 16
- * weights at once and converts every weight once per block of up to 12 rows of x. */
+ * weights at once and converts every weight once per tile of 6 rows of x. Panel products are
+ * batch-invariant: an output is one in-order FMA chain over k, whatever T and the column
+ * range, so a row's bits do not depend on the rows it is batched with. */
 typedef enum kern_type { KERN_F32, KERN_F16, KERN_Q8_0, KERN_F32_PANEL, KERN_F16_PANEL } kern_type;
 
 #define KERN_PANEL 16
@@ -38,13 +41,12 @@ size_t kern_panel_bytes(const kern_mat *src);
  * panel type, described in out. Values are copied bit for bit. */
 void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out);
 
-/* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1: the fused
- * small-batch path, converting weights in registers (each weight byte read once per call). */
+/* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1. Row layouts:
+ * the fused small-batch path, converting weights in registers (each weight byte read once per
+ * call). Panel layouts: every batch size, x in passes of 192 rows. */
 void kern_matmul_rows(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out,
                       size_t ldo, size_t n0, size_t n1);
-/* For panel types kern_matmul_rows is the path for every batch size up to a few hundred rows
- * (it never reads x out of order) and kern_gemm_packed is not used.
- * The mid-size batch path (about 8..64 rows): x is packed once per product with
+/* Row layouts' mid-size batch path (about 8..128 rows; not for panel types): x is packed once per product with
  * kern_gemm_pack_x into xp (kern_gemm_xp_floats(T, n_in) floats), then any column ranges of
  * out[t * ldo + n] = sum_k x[t][k] * W[n][k] are computed from xp by kern_gemm_packed (each
  * weight converted once per call). An output's bits depend only on its x row and weight row,
