@@ -14,6 +14,9 @@
 #endif
 
 #define Q8_BLOCK_BYTES (2 + QK8_0)
+/* A Q8_0 panel's block of 32 inputs: 16 f16 scales, then [32][16] int8. */
+#define Q8P_QUANTS (2 * KERN_PANEL)
+#define Q8P_BLOCK_BYTES (KERN_PANEL * Q8_BLOCK_BYTES)
 
 void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, size_t n_in)
 {
@@ -33,26 +36,43 @@ static size_t n_panels(size_t n_out)
 
 size_t kern_panel_bytes(const kern_mat *src)
 {
-    if (src->type != KERN_F32 && src->type != KERN_F16)
+    if (src->type != KERN_F32 && src->type != KERN_F16 && src->type != KERN_Q8_0)
         return 0;
     return n_panels(src->n_out) * KERN_PANEL * src->row_bytes;
 }
 
 void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out)
 {
-    size_t esz = src->type == KERN_F32 ? 4 : 2, K = src->n_in;
+    size_t K = src->n_in, pbytes = KERN_PANEL * src->row_bytes;
     const uint8_t *s = src->data;
     uint8_t *d = dst;
-    for (size_t p = 0; p < n_panels(src->n_out); p++)
-        for (size_t k = 0; k < K; k++)
-            for (size_t c = 0; c < KERN_PANEL; c++, d += esz) {
-                size_t n = p * KERN_PANEL + c;
-                if (n < src->n_out)
-                    memcpy(d, s + n * src->row_bytes + k * esz, esz);
-                else
-                    memset(d, 0, esz);
+    /* rows outer, so each source row is read once, sequentially */
+    for (size_t p = 0; p < n_panels(src->n_out); p++, d += pbytes) {
+        if ((p + 1) * KERN_PANEL > src->n_out)
+            memset(d, 0, pbytes); /* padding rows */
+        for (size_t c = 0; c < KERN_PANEL && p * KERN_PANEL + c < src->n_out; c++) {
+            const uint8_t *row = s + (p * KERN_PANEL + c) * src->row_bytes;
+            if (src->type == KERN_F16) {
+                for (size_t k = 0; k < K; k++)
+                    memcpy(d + (k * KERN_PANEL + c) * 2, row + k * 2, 2);
+            } else if (src->type == KERN_F32) {
+                for (size_t k = 0; k < K; k++)
+                    memcpy(d + (k * KERN_PANEL + c) * 4, row + k * 4, 4);
+            } else {
+                for (size_t b = 0; b < K / QK8_0; b++) {
+                    const uint8_t *blk = row + b * Q8_BLOCK_BYTES;
+                    uint8_t *db = d + b * Q8P_BLOCK_BYTES;
+                    memcpy(db + 2 * c, blk, 2);
+                    for (size_t i = 0; i < QK8_0; i++)
+                        db[Q8P_QUANTS + i * KERN_PANEL + c] = blk[2 + i];
+                }
             }
-    kern_mat_init(out, src->type == KERN_F32 ? KERN_F32_PANEL : KERN_F16_PANEL, dst, src->n_out, K);
+        }
+    }
+    kern_type pt = src->type == KERN_F32   ? KERN_F32_PANEL
+                   : src->type == KERN_F16 ? KERN_F16_PANEL
+                                           : KERN_Q8_0_PANEL;
+    kern_mat_init(out, pt, dst, src->n_out, K);
 }
 
 static inline float f16_at(const uint8_t *p, size_t i)
@@ -65,6 +85,12 @@ static inline float f16_at(const uint8_t *p, size_t i)
 /* Weight (n, k) of a panel-type matrix. */
 static inline float panel_at(const kern_mat *m, size_t n, size_t k)
 {
+    if (m->type == KERN_Q8_0_PANEL) {
+        const uint8_t *blk = (const uint8_t *)m->data +
+                             (n / KERN_PANEL * (m->n_in / QK8_0) + k / QK8_0) * Q8P_BLOCK_BYTES;
+        return f16_at(blk, n % KERN_PANEL) *
+               (float)(int8_t)blk[Q8P_QUANTS + k % QK8_0 * KERN_PANEL + n % KERN_PANEL];
+    }
     size_t i = (n / KERN_PANEL * m->n_in + k) * KERN_PANEL + n % KERN_PANEL;
     if (m->type == KERN_F16_PANEL)
         return f16_at(m->data, i);
@@ -357,22 +383,49 @@ TILE_CASES(q8)
 #define PANEL_PF 4096 /* bytes ahead in the panel's stream */
 #endif
 
-INLINE void panel_tile(kern_type et, int R, const float *x, size_t ldx, const uint8_t *wp, size_t K,
+/* acc[r] += x[r][k] * (w0, w1) for the tile's R rows. */
+INLINE void panel_fma(int R, __m256 acc[][2], const float *x, size_t ldx, size_t k, __m256 w0,
+                      __m256 w1)
+{
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        __m256 b = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+        acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+    }
+}
+
+/* One R x 16 tile of panel type pt. A Q8_0 weight is widened as scale * int8 rounded to float,
+ * the value a widened copy holds. */
+INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp, size_t K,
                        float *out, size_t ldo, size_t c0, size_t c1)
 {
-    size_t esz = et == KERN_F32 ? 4 : 2;
     __m256 acc[PM][2];
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
         acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (size_t k = 0; k < K; k++) {
-        _mm_prefetch((const char *)(wp + k * KERN_PANEL * esz + PANEL_PF), _MM_HINT_T0);
-        __m256 w0 = load_w8(et, wp, k * KERN_PANEL), w1 = load_w8(et, wp, k * KERN_PANEL + 8);
-#pragma GCC unroll 6
-        for (int r = 0; r < R; r++) {
-            __m256 b = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
-            acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+    if (pt == KERN_Q8_0_PANEL) {
+        for (size_t b = 0; b < K / QK8_0; b++) {
+            const uint8_t *blk = wp + b * Q8P_BLOCK_BYTES;
+            __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)blk));
+            __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(blk + 16)));
+            for (size_t i = 0; i < QK8_0; i++) {
+                const uint8_t *q = blk + Q8P_QUANTS + i * KERN_PANEL;
+                _mm_prefetch((const char *)(q + PANEL_PF), _MM_HINT_T0);
+                __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
+                __m256 w0 = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
+                __m256 w1 = _mm256_mul_ps(
+                    d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))));
+                panel_fma(R, acc, x, ldx, b * QK8_0 + i, w0, w1);
+            }
+        }
+    } else {
+        kern_type et = pt == KERN_F32_PANEL ? KERN_F32 : KERN_F16;
+        size_t esz = et == KERN_F32 ? 4 : 2;
+        for (size_t k = 0; k < K; k++) {
+            _mm_prefetch((const char *)(wp + k * KERN_PANEL * esz + PANEL_PF), _MM_HINT_T0);
+            panel_fma(R, acc, x, ldx, k, load_w8(et, wp, k * KERN_PANEL),
+                      load_w8(et, wp, k * KERN_PANEL + 8));
         }
     }
 #pragma GCC unroll 6
@@ -391,9 +444,17 @@ INLINE void panel_tile(kern_type et, int R, const float *x, size_t ldx, const ui
     }
 }
 
+/* One instantiation per (type, R) so every loop bound and branch is a constant. */
 #define PANEL_CASE(R)                                                                              \
-    case R: panel_tile(et, R, x, ldx, wp, K, out, ldo, c0, c1); return;
-static void panel_tile_r(kern_type et, int R, const float *x, size_t ldx, const uint8_t *wp,
+    case R:                                                                                        \
+        if (pt == KERN_Q8_0_PANEL)                                                                 \
+            panel_tile(KERN_Q8_0_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                       \
+        else if (pt == KERN_F16_PANEL)                                                             \
+            panel_tile(KERN_F16_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                        \
+        else                                                                                       \
+            panel_tile(KERN_F32_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                        \
+        return;
+static void panel_tile_r(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp,
                          size_t K, float *out, size_t ldo, size_t c0, size_t c1)
 {
     switch (R) {
@@ -402,16 +463,34 @@ static void panel_tile_r(kern_type et, int R, const float *x, size_t ldx, const 
         PANEL_CASE(3)
         PANEL_CASE(4)
         PANEL_CASE(5)
-    default: panel_tile(et, PM, x, ldx, wp, K, out, ldo, c0, c1); return;
+    default: PANEL_CASE(PM)
+    }
+}
+
+/* A Q8_0 panel widened to an F32 one ([K][16], the values panel_tile would compute). */
+static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
+{
+    for (size_t b = 0; b < K / QK8_0; b++) {
+        const uint8_t *blk = wp + b * Q8P_BLOCK_BYTES;
+        __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)blk));
+        __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(blk + 16)));
+        for (size_t i = 0; i < QK8_0; i++) {
+            __m128i v =
+                _mm_loadu_si128((const __m128i *)(const void *)(blk + Q8P_QUANTS + i * KERN_PANEL));
+            float *d = dst + (b * QK8_0 + i) * KERN_PANEL;
+            _mm256_storeu_ps(d, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
+            _mm256_storeu_ps(d + 8, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                          _mm_unpackhi_epi64(v, v)))));
+        }
     }
 }
 
 /* Panels outer (a panel, 16 x n_in weights, stays in L1/L2 while every row block of x passes);
- * the T rows split into equal blocks of at most PM. */
+ * the T rows split into equal blocks of at most PM. A Q8_0 panel that more than one block will
+ * read is widened once into scratch first (its conversion costs more than an F16 one). */
 static void panel_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
-                       size_t ldo, size_t n0, size_t n1)
+                       size_t ldo, size_t n0, size_t n1, float *scratch)
 {
-    kern_type et = m->type == KERN_F32_PANEL ? KERN_F32 : KERN_F16;
     size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
     for (size_t t0 = 0; t0 < T; t0 += PANEL_TC) {
         size_t tc = T - t0 < PANEL_TC ? T - t0 : PANEL_TC;
@@ -421,18 +500,30 @@ static void panel_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, 
             size_t c0 = n0 > base ? n0 - base : 0;
             size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
             const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
+            kern_type pt = m->type;
+            if (pt == KERN_Q8_0_PANEL && scratch && nb > 1) {
+                panel_widen_q8(wp, K, scratch);
+                wp = (const uint8_t *)scratch;
+                pt = KERN_F32_PANEL;
+            }
             for (size_t t = t0; t < t0 + tc; t += R)
-                panel_tile_r(et, (int)(t0 + tc - t < R ? t0 + tc - t : R), x + t * ldx, ldx, wp, K,
+                panel_tile_r(pt, (int)(t0 + tc - t < R ? t0 + tc - t : R), x + t * ldx, ldx, wp, K,
                              out + t * ldo + base, ldo, c0, c1);
         }
     }
 }
 
+void kern_matmul_panels(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
+                        size_t ldo, size_t n0, size_t n1, float *scratch)
+{
+    panel_rows(m, x, T, ldx, out, ldo, n0, n1, scratch);
+}
+
 void kern_matmul_rows(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
                       size_t ldo, size_t n0, size_t n1)
 {
-    if (m->type == KERN_F32_PANEL || m->type == KERN_F16_PANEL) {
-        panel_rows(m, x, T, ldx, out, ldo, n0, n1);
+    if (kern_is_panel(m->type)) {
+        panel_rows(m, x, T, ldx, out, ldo, n0, n1, NULL);
         return;
     }
     void (*tile)(int, int, const float *, size_t, const uint8_t *, size_t, size_t, float *,
@@ -467,7 +558,7 @@ static void panel_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *ds
 
 void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
 {
-    if (m->type == KERN_F32_PANEL || m->type == KERN_F16_PANEL) {
+    if (kern_is_panel(m->type)) {
         panel_rows_to_f32(m, r0, nr, dst);
         return;
     }
@@ -548,7 +639,7 @@ static void panel_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *ds
     size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
     size_t r = r0, end = r0 + nr;
     while (r < end) {
-        if (r % KERN_PANEL || end - r < KERN_PANEL || K % 8) {
+        if (r % KERN_PANEL || end - r < KERN_PANEL || K % 8 || m->type == KERN_Q8_0_PANEL) {
             for (size_t k = 0; k < K; k++)
                 dst[(r - r0) * K + k] = panel_at(m, r, k);
             r++;
@@ -798,7 +889,7 @@ static float sum_squares(const float *x, size_t n)
 
 static float mat_at(const kern_mat *m, size_t n, size_t k)
 {
-    if (m->type == KERN_F32_PANEL || m->type == KERN_F16_PANEL)
+    if (kern_is_panel(m->type))
         return panel_at(m, n, k);
     return w_at(m->type, (const uint8_t *)m->data + n * m->row_bytes, k);
 }
@@ -826,6 +917,13 @@ void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
 size_t kern_gemm_xp_floats(size_t T, size_t K)
 {
     return T * K;
+}
+
+void kern_matmul_panels(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
+                        size_t ldo, size_t n0, size_t n1, float *scratch)
+{
+    (void)scratch;
+    kern_matmul_rows(m, x, T, ldx, out, ldo, n0, n1);
 }
 
 void kern_gemm_pack_x(const float *x, size_t T, size_t ldx, size_t K, float *xp)

@@ -11,16 +11,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* KERN_F32_PANEL / KERN_F16_PANEL hold the same values as F32 / F16 rows, regrouped for the
- * batched products (kern_mat_to_panels): rows in panels of KERN_PANEL, each panel stored
- * k-major ([n_in][KERN_PANEL]: the panel's k-th values side by side, one contiguous stream),
- * the last panel padded with zero rows. A product then broadcasts each x value against 16
- * weights at once and converts every weight once per tile of 6 rows of x. Panel products are
- * batch-invariant: an output is one in-order FMA chain over k, whatever T and the column
- * range, so a row's bits do not depend on the rows it is batched with. */
-typedef enum kern_type { KERN_F32, KERN_F16, KERN_Q8_0, KERN_F32_PANEL, KERN_F16_PANEL } kern_type;
+/* KERN_F32_PANEL / KERN_F16_PANEL / KERN_Q8_0_PANEL hold the same values as F32 / F16 / Q8_0
+ * rows, regrouped for the batched products (kern_mat_to_panels): rows in panels of KERN_PANEL,
+ * each panel stored k-major ([n_in][KERN_PANEL]: the panel's k-th values side by side, one
+ * contiguous stream; for Q8_0, per block of 32 inputs the 16 rows' f16 scales, then the
+ * [32][16] int8 values), the last panel padded with zero rows. A product then broadcasts each x
+ * value against 16 weights at once and converts every weight once per tile of 6 rows of x. Panel
+ * products are batch-invariant: an output is one in-order FMA chain over k, whatever T and the
+ * column range, so a row's bits do not depend on the rows it is batched with. */
+typedef enum kern_type {
+    KERN_F32,
+    KERN_F16,
+    KERN_Q8_0,
+    KERN_F32_PANEL,
+    KERN_F16_PANEL,
+    KERN_Q8_0_PANEL
+} kern_type;
 
 #define KERN_PANEL 16
+
+static inline int kern_is_panel(kern_type t)
+{
+    return t == KERN_F32_PANEL || t == KERN_F16_PANEL || t == KERN_Q8_0_PANEL;
+}
 
 /* A row-major weight matrix (n_out rows of n_in inputs) in place: F32/F16 rows are n_in
  * values; Q8_0 rows are n_in / 32 blocks of an f16 scale and 32 int8 (n_in % 32 == 0). */
@@ -35,10 +48,10 @@ typedef struct kern_mat {
  * row's values; the data holds ceil(n_out / KERN_PANEL) * KERN_PANEL of them). */
 void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, size_t n_in);
 
-/* Bytes kern_mat_to_panels writes for src (F32 or F16); 0 for other types. */
+/* Bytes kern_mat_to_panels writes for src (F32, F16 or Q8_0 rows); 0 for panel types. */
 size_t kern_panel_bytes(const kern_mat *src);
-/* Copies F32 / F16 rows src into dst (kern_panel_bytes(src), any alignment) as the matching
- * panel type, described in out. Values are copied bit for bit. */
+/* Copies F32 / F16 / Q8_0 rows src into dst (kern_panel_bytes(src), any alignment) as the
+ * matching panel type, described in out. Values are copied bit for bit. */
 void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out);
 
 /* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1. Row layouts:
@@ -46,10 +59,15 @@ void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out);
  * call). Panel layouts: every batch size, x in passes of 192 rows. */
 void kern_matmul_rows(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out,
                       size_t ldo, size_t n0, size_t n1);
-/* Row layouts' mid-size batch path (about 8..128 rows; not for panel types): x is packed once per product with
- * kern_gemm_pack_x into xp (kern_gemm_xp_floats(T, n_in) floats), then any column ranges of
- * out[t * ldo + n] = sum_k x[t][k] * W[n][k] are computed from xp by kern_gemm_packed (each
- * weight converted once per call). An output's bits depend only on its x row and weight row,
+/* kern_matmul_rows for a panel type, with a scratch of KERN_PANEL * n_in floats (or NULL) in
+ * which a Q8_0 panel read by several row tiles is widened once; the bits are the same either
+ * way. */
+void kern_matmul_panels(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out,
+                        size_t ldo, size_t n0, size_t n1, float *scratch);
+/* Row layouts' mid-size batch path (about 8..128 rows; not for panel types): x is packed once per
+ * product with kern_gemm_pack_x into xp (kern_gemm_xp_floats(T, n_in) floats), then any column
+ * ranges of out[t * ldo + n] = sum_k x[t][k] * W[n][k] are computed from xp by kern_gemm_packed
+ * (each weight converted once per call). An output's bits depend only on its x row and weight row,
  * not on T or on the column range. */
 size_t kern_gemm_xp_floats(size_t T, size_t n_in);
 void kern_gemm_pack_x(const float *x, size_t T, size_t ldx, size_t n_in, float *xp);

@@ -439,7 +439,7 @@ static void progress_add(load_progress *lp, uint64_t bytes)
     }
 }
 
-/* The block matrices and the output projection, F32 or F16, are copied once into the panel
+/* The block matrices and the output projection, F32, F16 or Q8_0, are copied once into the panel
  * layout of kernels.h and their file pages released at once (so loading never holds a matrix
  * twice for long): a batched product then converts each weight once per 6 rows instead of once
  * per 4 (or per widened tile), which at 16 rows was half of every product, and its results do
@@ -468,7 +468,7 @@ static int repack_weights(engine_model *m, load_progress *lp, const void **relea
         }
         size_t bytes = kern_panel_bytes(mat);
         if (!bytes)
-            continue; /* Q8_0 keeps its blocks */
+            continue;
         void *dst = malloc(bytes);
         void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
         if (!dst || !owned) {
@@ -875,7 +875,10 @@ static void matmul_chunk(const matmul_job *j, uint32_t m, size_t n0, float *tile
     size_t cnt = N - n0 < j->chunk[m] ? N - n0 : j->chunk[m];
     float *out = j->out[m];
     if (j->path[m] == MM_ROWS) {
-        kern_matmul_rows(w, j->in, j->rows, K, out, N, n0, n0 + cnt);
+        if (kern_is_panel(w->type))
+            kern_matmul_panels(w, j->in, j->rows, K, out, N, n0, n0 + cnt, tile);
+        else
+            kern_matmul_rows(w, j->in, j->rows, K, out, N, n0, n0 + cnt);
         return;
     }
     if (j->path[m] == MM_PACKED) {
@@ -947,7 +950,7 @@ static void matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
          * Past that, sgemm. Items: 64 columns (a few KB of weights); for sgemm a widened tile
          * that fits the scratch (and the L2), in multiples of 16 columns (whole panels). */
         const kern_mat *wm = w[m];
-        bool panels = wm->type == KERN_F32_PANEL || wm->type == KERN_F16_PANEL;
+        bool panels = kern_is_panel(wm->type);
         if (panels || rows < c->small_batch)
             j.path[m] = MM_ROWS;
         else if (rows >= GEMM_MIN_ROWS && rows <= c->gemm_max && wm->type != KERN_F32)

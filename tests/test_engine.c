@@ -340,6 +340,39 @@ static void test_cache_equals_recompute(void **state)
     check_cache_equals_recompute();
 }
 
+/* KVS_WEIGHT_PANELS=0 keeps the matrices in the file's rows (the fused kernels, and sgemm for
+ * the batched prefill): that path, kept for A/B benchmarks, still decodes every reference
+ * exactly, alone and batched. */
+static void test_reference_row_layout(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    engine_model *panels = g_model;
+    ref_case cases[REF_MAX_CASES];
+    int n_cases;
+    setenv("KVS_WEIGHT_PANELS", "0", 1);
+    int rc = ref_load(&g_model, cases, &n_cases);
+    unsetenv("KVS_WEIGHT_PANELS");
+    assert_true(rc >= 0);
+    assert_non_null(g_model);
+    int all[MAX_CASES];
+    for (int c = 0; c < g_n_cases; c++) {
+        all[c] = c;
+        int32_t out[1][CTX + 1];
+        int n;
+        run_batched(&c, 1, 16, out, &n);
+        expect_reference(c, out[0], n);
+    }
+    int32_t out[MAX_CASES][CTX + 1];
+    int n[MAX_CASES];
+    run_batched(all, g_n_cases, 16, out, n);
+    for (int c = 0; c < g_n_cases; c++)
+        expect_reference(c, out[c], n[c]);
+    engine_model_destroy(g_model);
+    g_model = panels;
+}
+
 static void test_malformed_batch_rejected(void **state)
 {
     (void)state;
@@ -376,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_reference_threads),
         cmocka_unit_test(test_deterministic_across_threads),
         cmocka_unit_test(test_cache_equals_recompute),
+        cmocka_unit_test(test_reference_row_layout),
         cmocka_unit_test(test_malformed_batch_rejected),
     };
     return cmocka_run_group_tests_name("engine", tests, setup, teardown);

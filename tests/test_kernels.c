@@ -99,7 +99,7 @@ static void check_mat(const kern_mat *mp, const float *wide)
 {
     kern_mat m = *mp;
     size_t n_out = m.n_out, n_in = m.n_in, T_max = 70;
-    bool panels = m.type == KERN_F32_PANEL || m.type == KERN_F16_PANEL;
+    bool panels = kern_is_panel(m.type);
     float *x = malloc(T_max * n_in * sizeof(float));
     for (size_t i = 0; i < T_max * n_in; i++)
         x[i] = frand();
@@ -123,6 +123,11 @@ static void check_mat(const kern_mat *mp, const float *wide)
             check_gemm(&m, wide, x, T, out2);
             continue;
         }
+        /* with a scratch (Q8_0 panels widened once for several row tiles): the same bits */
+        float *scratch = malloc(KERN_PANEL * n_in * sizeof(float));
+        kern_matmul_panels(&m, x, T, n_in, out2, n_out, 0, n_out, scratch);
+        assert_memory_equal(out, out2, T * n_out * sizeof(float));
+        free(scratch);
         /* panel products are batch-invariant: each row alone gives the bits it had in the batch */
         for (size_t t = 0; t < T; t++) {
             kern_matmul_rows(&m, x + t * n_in, 1, n_in, out2, n_out, 0, n_out);
@@ -140,8 +145,8 @@ static void check_mat(const kern_mat *mp, const float *wide)
     free(x);
 }
 
-/* Every kernel of the type, and for F32/F16 of its panel layout, with 37 output rows (two
- * whole panels and a padded one). */
+/* Every kernel of the type and of its panel layout, with 37 output rows (two whole panels and
+ * a padded one). */
 static void check_type(kern_type type, size_t n_in)
 {
     size_t n_out = 37;
@@ -151,17 +156,16 @@ static void check_type(kern_type type, size_t n_in)
     kern_mat_init(&m, type, data, n_out, n_in);
     check_mat(&m, wide);
     size_t bytes = kern_panel_bytes(&m);
-    if (type == KERN_Q8_0) {
-        assert_int_equal(bytes, 0);
-    } else {
-        assert_int_equal(bytes, 48 * m.row_bytes);
-        void *pdata = malloc(bytes);
-        kern_mat pm;
-        kern_mat_to_panels(&m, pdata, &pm);
-        assert_int_equal(pm.type, type == KERN_F32 ? KERN_F32_PANEL : KERN_F16_PANEL);
-        check_mat(&pm, wide);
-        free(pdata);
-    }
+    assert_int_equal(bytes, 48 * m.row_bytes);
+    void *pdata = malloc(bytes);
+    kern_mat pm;
+    kern_mat_to_panels(&m, pdata, &pm);
+    assert_int_equal(pm.type, type == KERN_F32   ? KERN_F32_PANEL
+                              : type == KERN_F16 ? KERN_F16_PANEL
+                                                 : KERN_Q8_0_PANEL);
+    assert_int_equal(kern_panel_bytes(&pm), 0);
+    check_mat(&pm, wide);
+    free(pdata);
     free(data);
     free(wide);
 }
