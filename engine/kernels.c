@@ -640,8 +640,24 @@ static void panel_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *ds
     size_t r = r0, end = r0 + nr;
     while (r < end) {
         if (r % KERN_PANEL || end - r < KERN_PANEL || K % 8 || m->type == KERN_Q8_0_PANEL) {
-            for (size_t k = 0; k < K; k++)
-                dst[(r - r0) * K + k] = panel_at(m, r, k);
+            /* one row (an embedding lookup): its values sit KERN_PANEL apart */
+            const uint8_t *wp = (const uint8_t *)m->data + r / KERN_PANEL * pbytes;
+            size_t c = r % KERN_PANEL;
+            float *d = dst + (r - r0) * K;
+            if (m->type == KERN_F16_PANEL) {
+                for (size_t k = 0; k < K; k++)
+                    d[k] = f16_at(wp, k * KERN_PANEL + c);
+            } else if (m->type == KERN_F32_PANEL) {
+                for (size_t k = 0; k < K; k++)
+                    memcpy(d + k, wp + (k * KERN_PANEL + c) * 4, 4);
+            } else {
+                for (size_t b = 0; b < K / QK8_0; b++) {
+                    const uint8_t *blk = wp + b * Q8P_BLOCK_BYTES;
+                    float s = f16_at(blk, c);
+                    for (size_t i = 0; i < QK8_0; i++)
+                        d[b * QK8_0 + i] = s * (float)(int8_t)blk[Q8P_QUANTS + i * KERN_PANEL + c];
+                }
+            }
             r++;
             continue;
         }

@@ -439,14 +439,14 @@ static void progress_add(load_progress *lp, uint64_t bytes)
     }
 }
 
-/* The block matrices and the output projection, F32, F16 or Q8_0, are copied once into the panel
- * layout of kernels.h and their file pages released at once (so loading never holds a matrix
- * twice for long): a batched product then converts each weight once per 6 rows instead of once
- * per 4 (or per widened tile), which at 16 rows was half of every product, and its results do
- * not depend on the batch. The embedding table stays rows (looked up one row at a time); so
- * does a tied output that shares it. Sources of the copies go to released[] (at most n_layer *
- * 7 + 1). KVS_WEIGHT_PANELS=0 keeps every matrix in the file's rows (a knob for A/B
- * benchmarks). */
+/* Every weight matrix (F32, F16 or Q8_0) is copied once into the panel layout of kernels.h and
+ * its file pages released at once (so loading never holds a matrix twice for long): a batched
+ * product then converts each weight once per 6 rows instead of once per 4 (or per widened
+ * tile), which at 16 rows was half of every product, and its results do not depend on the
+ * batch. The embedding table too, so that a tied output projection (which is that table) is
+ * batch-invariant like the rest; a lookup gathers one row from it. Sources of the copies go to
+ * released[] (at most n_layer * 7 + 2). KVS_WEIGHT_PANELS=0 keeps every matrix in the file's
+ * rows (a knob for A/B benchmarks). */
 static int repack_weights(engine_model *m, load_progress *lp, const void **released,
                           size_t *n_released, char *err, size_t err_len)
 {
@@ -454,17 +454,22 @@ static int repack_weights(engine_model *m, load_progress *lp, const void **relea
     const char *env = getenv("KVS_WEIGHT_PANELS");
     if (env && !strcmp(env, "0"))
         return 0;
-    size_t n_mats = (size_t)m->hp.n_layer * 7 + 1;
+    bool tied = m->output.data == m->tok_embd.data;
+    size_t n_mats = (size_t)m->hp.n_layer * 7 + 2;
     for (size_t i = 0; i < n_mats; i++) {
         kern_mat *mat;
-        if (i + 1 == n_mats) {
-            if (m->output.data == m->tok_embd.data)
+        if (i == 0) {
+            mat = &m->tok_embd;
+        } else if (i + 1 == n_mats) {
+            if (tied) {
+                m->output = m->tok_embd; /* the same copy serves both */
                 break;
+            }
             mat = &m->output;
         } else {
-            layer_weights *w = &m->layers[i / 7];
+            layer_weights *w = &m->layers[(i - 1) / 7];
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-            mat = mats[i % 7];
+            mat = mats[(i - 1) % 7];
         }
         size_t bytes = kern_panel_bytes(mat);
         if (!bytes)
@@ -566,7 +571,7 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
     for (int64_t i = 0; i < gguf_n_tensors(m->file); i++)
         lp.total += gguf_tensor_at(m->file, i)->n_bytes;
     size_t n_released;
-    const void **released = malloc(((size_t)m->hp.n_layer * 7 + 1) * sizeof *released);
+    const void **released = malloc(((size_t)m->hp.n_layer * 7 + 2) * sizeof *released);
     if (!released) {
         rc = set_err(err, err_len, KVS_ENOMEM, "out of memory");
         goto fail;

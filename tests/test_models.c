@@ -345,7 +345,8 @@ static const int32_t TOKENS[N_TOTAL] = {1, 300, 77, 412, 5, 260, 301, 499, 42, 3
 
 /* Loads path with the engine and checks its logits against the reference: one prefill of
  * N_PROMPT rows (all logits), then N_DECODE single-token steps reading the cache through a
- * block table of scattered physical blocks (block size 4). */
+ * block table of scattered physical blocks (block size 4); the last step must also equal a
+ * one-batch recomputation exactly. */
 static void check_model(const char *path, const char *arch, const char *wtype)
 {
     engine_model *m = NULL;
@@ -395,6 +396,23 @@ static void check_model(const char *path, const char *arch, const char *wtype)
         if (e > TOL)
             fail_msg("%s decode position %d: relative error %g", path, t, e);
     }
+    /* The last cached decode step equals a recomputation of the whole sequence in one batch,
+     * bit for bit, whatever the weight type (panel products are batch-invariant). */
+    engine_kv *kv2 = NULL;
+    assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv2), 0);
+    int32_t posf[N_TOTAL], seqf[N_TOTAL] = {0};
+    bool wf[N_TOTAL];
+    for (int i = 0; i < N_TOTAL; i++) {
+        posf[i] = i;
+        wf[i] = i == N_TOTAL - 1;
+    }
+    float *full = malloc((size_t)V * sizeof(float));
+    engine_batch f = {N_TOTAL, TOKENS, posf, seqf, wf, 1, &view};
+    assert_int_equal(engine_forward(c, kv2, &f, full), 0);
+    if (memcmp(full, got, (size_t)V * sizeof(float)))
+        fail_msg("%s: cached decode and full recomputation differ", path);
+    free(full);
+    engine_kv_destroy(kv2);
     engine_kv_destroy(kv);
     engine_ctx_destroy(c);
     engine_model_destroy(m);
