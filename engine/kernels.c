@@ -7,6 +7,9 @@
 
 #include <math.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h> /* baseline on x86-64: the panel copy's transposes */
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KERN_AVX2 1
@@ -41,6 +44,33 @@ size_t kern_panel_bytes(const kern_mat *src)
     return n_panels(src->n_out) * KERN_PANEL * src->row_bytes;
 }
 
+#ifdef __SSE2__
+/* F16 rows r[0..7], inputs k..k+7, to 8 panel lines (the 8 rows' values at k + i): an 8 x 8
+ * transpose of 16-bit lanes. */
+static void f16_transpose8(const uint8_t *const *r, size_t k, uint8_t *d)
+{
+    __m128i a[8], t[8], u[8];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm_loadu_si128((const __m128i *)(const void *)(r[i] + 2 * k));
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm_unpacklo_epi16(a[i], a[i + 1]);
+        t[i + 1] = _mm_unpackhi_epi16(a[i], a[i + 1]);
+    }
+    for (int h = 0; h < 8; h += 4) {
+        u[h] = _mm_unpacklo_epi32(t[h], t[h + 2]);
+        u[h + 1] = _mm_unpackhi_epi32(t[h], t[h + 2]);
+        u[h + 2] = _mm_unpacklo_epi32(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm_unpackhi_epi32(t[h + 1], t[h + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        _mm_storeu_si128((__m128i *)(void *)(d + (2 * j) * KERN_PANEL * 2),
+                         _mm_unpacklo_epi64(u[j], u[j + 4]));
+        _mm_storeu_si128((__m128i *)(void *)(d + (2 * j + 1) * KERN_PANEL * 2),
+                         _mm_unpackhi_epi64(u[j], u[j + 4]));
+    }
+}
+#endif
+
 void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out)
 {
     size_t K = src->n_in, pbytes = KERN_PANEL * src->row_bytes;
@@ -50,7 +80,20 @@ void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out)
     for (size_t p = 0; p < n_panels(src->n_out); p++, d += pbytes) {
         if ((p + 1) * KERN_PANEL > src->n_out)
             memset(d, 0, pbytes); /* padding rows */
-        for (size_t c = 0; c < KERN_PANEL && p * KERN_PANEL + c < src->n_out; c++) {
+        size_t c_done = 0;
+#ifdef __SSE2__
+        if (src->type == KERN_F16 && (p + 1) * KERN_PANEL <= src->n_out && K % 8 == 0) {
+            for (size_t g = 0; g < KERN_PANEL; g += 8) {
+                const uint8_t *r[8];
+                for (int i = 0; i < 8; i++)
+                    r[i] = s + (p * KERN_PANEL + g + (size_t)i) * src->row_bytes;
+                for (size_t k = 0; k < K; k += 8)
+                    f16_transpose8(r, k, d + (k * KERN_PANEL + g) * 2);
+            }
+            c_done = KERN_PANEL; /* a whole F16 panel, 8 x 8 blocks at a time */
+        }
+#endif
+        for (size_t c = c_done; c < KERN_PANEL && p * KERN_PANEL + c < src->n_out; c++) {
             const uint8_t *row = s + (p * KERN_PANEL + c) * src->row_bytes;
             if (src->type == KERN_F16) {
                 for (size_t k = 0; k < K; k++)
