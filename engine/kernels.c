@@ -125,23 +125,6 @@ static inline float f16_at(const uint8_t *p, size_t i)
     return ggml_fp16_to_fp32(h);
 }
 
-/* Weight (n, k) of a panel-type matrix. */
-static inline float panel_at(const kern_mat *m, size_t n, size_t k)
-{
-    if (m->type == KERN_Q8_0_PANEL) {
-        const uint8_t *blk = (const uint8_t *)m->data +
-                             (n / KERN_PANEL * (m->n_in / QK8_0) + k / QK8_0) * Q8P_BLOCK_BYTES;
-        return f16_at(blk, n % KERN_PANEL) *
-               (float)(int8_t)blk[Q8P_QUANTS + k % QK8_0 * KERN_PANEL + n % KERN_PANEL];
-    }
-    size_t i = (n / KERN_PANEL * m->n_in + k) * KERN_PANEL + n % KERN_PANEL;
-    if (m->type == KERN_F16_PANEL)
-        return f16_at(m->data, i);
-    float f;
-    memcpy(&f, (const uint8_t *)m->data + 4 * i, 4);
-    return f;
-}
-
 /* Weight k of a row as the F32 value a widened copy would hold. */
 static inline float w_at(kern_type type, const uint8_t *row, size_t k)
 {
@@ -945,6 +928,23 @@ static float sum_squares(const float *x, size_t n)
 }
 
 #else /* portable C */
+
+/* Weight (n, k) of a panel-type matrix. */
+static inline float panel_at(const kern_mat *m, size_t n, size_t k)
+{
+    if (m->type == KERN_Q8_0_PANEL) {
+        const uint8_t *blk = (const uint8_t *)m->data +
+                             (n / KERN_PANEL * (m->n_in / QK8_0) + k / QK8_0) * Q8P_BLOCK_BYTES;
+        return f16_at(blk, n % KERN_PANEL) *
+               (float)(int8_t)blk[Q8P_QUANTS + k % QK8_0 * KERN_PANEL + n % KERN_PANEL];
+    }
+    size_t i = (n / KERN_PANEL * m->n_in + k) * KERN_PANEL + n % KERN_PANEL;
+    if (m->type == KERN_F16_PANEL)
+        return f16_at(m->data, i);
+    float f;
+    memcpy(&f, (const uint8_t *)m->data + 4 * i, 4);
+    return f;
+}
 
 static float mat_at(const kern_mat *m, size_t n, size_t k)
 {
