@@ -75,12 +75,5 @@ $table
 <!-- concurrency-$name:end -->
 MD
 )
-python3 - docs/BENCHMARKS.md "$section" "$name" <<'PY'
-import re, sys
-path, section, name = sys.argv[1], sys.argv[2], re.escape(sys.argv[3])
-text = open(path).read()
-pat = re.compile(r"<!-- concurrency-%s:begin.*?<!-- concurrency-%s:end -->" % (name, name), re.S)
-text = pat.sub(lambda m: section, text) if pat.search(text) else text.rstrip() + "\n\n" + section + "\n"
-open(path, "w").write(text)
-PY
+printf '%s\n' "$section" | python3 bench/doc_section.py docs/BENCHMARKS.md "concurrency-$name"
 echo "$section"

@@ -185,14 +185,5 @@ SECTION="$TMP/section.md"
 } >"$SECTION"
 mkdir -p docs
 [ -f "$DOC" ] || printf '# Benchmarks\n\n' >"$DOC"
-python3 - "$DOC" "$SECTION" <<'EOF'
-import sys
-doc, sec = open(sys.argv[1]).read(), open(sys.argv[2]).read()
-b, e = "<!-- engine.sh begin -->", "<!-- engine.sh end -->"
-if b in doc and e in doc:
-    doc = doc[:doc.index(b)] + sec.rstrip("\n") + doc[doc.index(e) + len(e):]
-else:
-    doc = doc.rstrip("\n") + "\n\n" + sec
-open(sys.argv[1], "w").write(doc)
-EOF
+python3 bench/doc_section.py "$DOC" engine.sh <"$SECTION"
 cat "$SECTION"

@@ -59,14 +59,5 @@ SECTION="$TMP/section.md"
     printf '%s\n' "${rows[@]}"
     echo "<!-- models.sh end -->"
 } >"$SECTION"
-python3 - docs/BENCHMARKS.md "$SECTION" <<'PY'
-import sys
-doc, sec = open(sys.argv[1]).read(), open(sys.argv[2]).read()
-b, e = "<!-- models.sh begin -->", "<!-- models.sh end -->"
-if b in doc and e in doc:
-    doc = doc[:doc.index(b)] + sec.rstrip("\n") + doc[doc.index(e) + len(e):]
-else:
-    doc = doc.rstrip("\n") + "\n\n" + sec
-open(sys.argv[1], "w").write(doc)
-PY
+python3 bench/doc_section.py docs/BENCHMARKS.md models.sh <"$SECTION"
 cat "$SECTION"

@@ -84,14 +84,5 @@ $(printf '%s\n' "${rows[@]}")
 <!-- serve:end -->
 MD
 )
-f=docs/BENCHMARKS.md
-[ -f "$f" ] || printf '# Benchmarks\n\nEvery figure with the command that produced it. Machines are shared and noisy (±20%%\nbetween runs): compare ratios within one run.\n' >"$f"
-python3 - "$f" "$section" <<'PY'
-import re, sys
-path, section = sys.argv[1], sys.argv[2]
-text = open(path).read()
-pat = re.compile(r"<!-- serve:begin.*?<!-- serve:end -->", re.S)
-text = pat.sub(lambda m: section, text) if pat.search(text) else text.rstrip() + "\n\n" + section + "\n"
-open(path, "w").write(text)
-PY
+printf '%s\n' "$section" | python3 bench/doc_section.py docs/BENCHMARKS.md serve
 echo "$section"

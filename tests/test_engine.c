@@ -177,14 +177,9 @@ static void test_reference_batched_block_sizes(void **state)
     }
 }
 
-/* The engine's worker pool (matmul chunks and attention items shared between threads) changes
- * nothing: two threads reproduce the reference, alone and batched. */
-static void test_reference_threads(void **state)
+/* Every case alone, then all in one batch (block size 16), each matching the reference. */
+static void expect_all_references(void)
 {
-    (void)state;
-    if (!g_model)
-        skip();
-    g_threads = 2;
     int cases[MAX_CASES];
     for (int c = 0; c < g_n_cases; c++) {
         cases[c] = c;
@@ -198,6 +193,17 @@ static void test_reference_threads(void **state)
     run_batched(cases, g_n_cases, 16, out, n);
     for (int c = 0; c < g_n_cases; c++)
         expect_reference(c, out[c], n[c]);
+}
+
+/* The engine's worker pool (matmul chunks and attention items shared between threads) changes
+ * nothing: two threads reproduce the reference, alone and batched. */
+static void test_reference_threads(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    g_threads = 2;
+    expect_all_references();
     g_threads = 1;
 }
 
@@ -356,19 +362,7 @@ static void test_reference_row_layout(void **state)
     unsetenv("KVS_WEIGHT_PANELS");
     assert_true(rc >= 0);
     assert_non_null(g_model);
-    int all[MAX_CASES];
-    for (int c = 0; c < g_n_cases; c++) {
-        all[c] = c;
-        int32_t out[1][CTX + 1];
-        int n;
-        run_batched(&c, 1, 16, out, &n);
-        expect_reference(c, out[0], n);
-    }
-    int32_t out[MAX_CASES][CTX + 1];
-    int n[MAX_CASES];
-    run_batched(all, g_n_cases, 16, out, n);
-    for (int c = 0; c < g_n_cases; c++)
-        expect_reference(c, out[c], n[c]);
+    expect_all_references();
     engine_model_destroy(g_model);
     g_model = panels;
 }
