@@ -719,7 +719,9 @@ void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst)
 
 /* ---------------------------------------------------------------- forward */
 
-/* Batches of fewer rows than this take the fused kernels (weights are the traffic); larger
+/* The next thresholds concern row-layout weights only (KVS_WEIGHT_PANELS=0); panel weights
+ * take kern_matmul_panels at every batch size.
+ * Batches of fewer rows than this take the fused kernels (weights are the traffic); larger
  * ones sgemm, whose blocking wins once each weight is reused across many rows. */
 #define SMALL_BATCH_DEFAULT 8
 /* F16/Q8_0 batches of GEMM_MIN_ROWS..gemm_max rows take the packed GEMM of kernels.h
@@ -732,7 +734,8 @@ void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst)
 /* Attention work units: positions per item and items per pool job (see attention()). */
 #define ATTN_SPAN 128
 #define ATTN_WAVE 256
-/* Floats of a thread's weight-tile scratch (F16/Q8_0 rows widened for sgemm): L2-sized. */
+/* Floats of a thread's weight-tile scratch (a Q8_0 panel widened for several row tiles, or
+ * row-layout F16/Q8_0 rows widened for sgemm): L2-sized, and at least 16 x n_in. */
 #define TILE_FLOATS (64u * 1024u)
 
 struct engine_ctx {
