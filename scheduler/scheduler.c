@@ -346,8 +346,8 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
                  sched_req **out)
 {
     *out = NULL;
-    if (!p->prompt || p->n_prompt == 0 || p->max_tokens == 0 || p->n == 0 || p->n > 128 ||
-        p->n_top_logprobs > SCHED_MAX_TOP_LOGPROBS)
+    if (!p->prompt || p->n_prompt == 0 || p->max_tokens == 0 || p->n == 0 ||
+        p->n > s->p.max_num_seqs || p->n_top_logprobs > SCHED_MAX_TOP_LOGPROBS)
         return KVS_EINVAL;
     for (uint32_t i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= s->n_vocab)
@@ -789,6 +789,12 @@ static uint32_t plan_step(sched *s, uint32_t *n_rows_out)
     }
     while (s->waiting.head && s->running.n < max_seqs && n_seqs < max_seqs && budget) {
         seq *q = s->waiting.head;
+        /* A first choice brings its n - 1 forks once its prompt is computed: admit it only
+         * when all of them fit under max_num_seqs, so forks never overrun the limit. The
+         * queue stays first come, first served: later requests wait behind it. */
+        uint32_t seats = q->fork_pending ? q->req->n : 1;
+        if (s->running.n + seats > max_seqs)
+            break;
         if (kvpool_seq_create(s->pool, &q->kv))
             break;
         uint32_t covered = 0;
@@ -960,10 +966,14 @@ static void run_step(sched *s)
         if (q->fork_pending) {
             seq *last = s->running.tail;
             fork_choices(s, q);
-            /* the forks sample from the same prompt logits */
-            for (seq *f = last->next ? last->next : NULL; f; f = f->next)
+            /* The forks sample from the same prompt logits. A fork can finish on this first
+             * token (max_tokens 1, a stop string, EOS), and finishing frees it: take the next
+             * link before sampling. */
+            for (seq *f = last->next, *next; f; f = next) {
+                next = f->next;
                 if (f->req == q->req && f->logits_row == q->logits_row && f != q)
                     sample_and_emit(s, f, row, scratch);
+            }
         }
         sample_and_emit(s, q, row, scratch);
     }

@@ -71,7 +71,9 @@ typedef struct sched_request_params {
     const int32_t *prompt; /* copied by sched_submit */
     uint32_t n_prompt;     /* >= 1; prompt + max_tokens must fit n_ctx (else KVS_ERANGE) */
     uint32_t max_tokens;   /* >= 1 */
-    uint32_t n;            /* choices sharing the prompt's blocks, >= 1 */
+    uint32_t n;            /* choices sharing the prompt's blocks, 1..max_num_seqs: each
+                              choice is a running sequence, so the request is admitted only
+                              when all n fit under max_num_seqs (else KVS_EINVAL) */
     sampler_params sampling;
     bool ignore_eos;
     const char *stop[SCHED_MAX_STOP]; /* stop strings (copied); NULL entries unused */

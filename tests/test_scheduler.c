@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "common/status.h"
+#include "sched_client.h"
 #include "scheduler/scheduler.h"
 #include "test_reference.h"
 
@@ -35,103 +36,6 @@ static int teardown(void **state)
     (void)state;
     engine_model_destroy(g_model);
     return 0;
-}
-
-/* A client: collects one request's events; woken by the scheduler's notify. */
-typedef struct client {
-    sched_req *req;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int notified;
-    uint32_t n_choices;
-    int32_t ids[4][REF_MAX_IDS];
-    int n_ids[4];
-    char text[4][8192];
-    size_t text_len[4];
-    enum sched_finish finish[4];
-    int status[4];
-    uint32_t completion_tokens[4];
-    int done;
-} client;
-
-static void on_notify(void *ud)
-{
-    client *c = ud;
-    pthread_mutex_lock(&c->mu);
-    c->notified = 1;
-    pthread_cond_signal(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void client_init(client *c, uint32_t n)
-{
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    c->n_choices = n;
-}
-
-/* Takes whatever is queued; returns 1 once every choice has finished. */
-static int client_drain(client *c)
-{
-    sched_event ev;
-    int rc;
-    while ((rc = sched_req_next(c->req, &ev)) == 1) {
-        uint32_t ch = ev.choice;
-        assert_true(ch < c->n_choices);
-        for (uint32_t i = 0; i < ev.n_tokens; i++)
-            c->ids[ch][c->n_ids[ch]++] = ev.tokens[i].id;
-        assert_true(c->text_len[ch] + ev.text_len < sizeof c->text[ch]);
-        if (ev.text_len)
-            memcpy(c->text[ch] + c->text_len[ch], ev.text, ev.text_len);
-        c->text_len[ch] += ev.text_len;
-        if (ev.finish != SCHED_FINISH_NONE) {
-            c->finish[ch] = ev.finish;
-            c->status[ch] = ev.status;
-            c->completion_tokens[ch] = ev.completion_tokens;
-        }
-        sched_event_free(&ev);
-    }
-    if (rc < 0)
-        c->done = 1;
-    return c->done;
-}
-
-static void client_wait(client *c)
-{
-    for (;;) {
-        if (client_drain(c))
-            return;
-        pthread_mutex_lock(&c->mu);
-        if (!c->notified) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
-        }
-        c->notified = 0;
-        pthread_mutex_unlock(&c->mu);
-    }
-}
-
-static void client_finish(client *c)
-{
-    sched_req_release(c->req);
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
-}
-
-static sched_request_params greedy_params(const ref_case *rc)
-{
-    sched_request_params p = {0};
-    p.prompt = rc->prompt;
-    p.n_prompt = (uint32_t)rc->n_prompt;
-    p.max_tokens = (uint32_t)rc->n_completion;
-    p.n = 1;
-    p.sampling = sampler_default_params();
-    p.sampling.temperature = 0.0f;
-    p.n_top_logprobs = 0; /* token ids come with logprob infos */
-    return p;
 }
 
 static sched *make_sched(uint32_t kv_blocks, uint32_t max_seqs, uint32_t max_queue)
@@ -165,19 +69,6 @@ static void expect_case(const client *c, uint32_t ch, const ref_case *rc)
             fail_msg("token %d: %d, reference %d", i, c->ids[ch][i], rc->completion[i]);
     assert_int_equal(c->text_len[ch], strlen(rc->text));
     assert_memory_equal(c->text[ch], rc->text, c->text_len[ch]);
-}
-
-static void wait_blocks_free(sched *s)
-{
-    sched_metrics m;
-    for (int i = 0; i < 200; i++) {
-        sched_get_metrics(s, &m);
-        if (m.kv_blocks_used == 0 && m.num_requests_running == 0)
-            return;
-        struct timespec ts = {0, 5 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    fail_msg("%u KV blocks still used", m.kv_blocks_used);
 }
 
 static void run_all_cases(sched *s, int copies)
@@ -340,6 +231,89 @@ static void test_n_choices_and_stop_string(void **state)
     sched_destroy(s);
 }
 
+/* Regression: forks that finish on their first token (max_tokens 1, a stop string matching
+ * it) were freed while the loop over the new forks still read their next link: a
+ * use-after-free that lost choices and then crashed the engine thread. */
+static void test_forks_finish_on_first_token(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    sched *s = make_sched(0, 16, 64);
+    for (int round = 0; round < 4; round++) {
+        client *c = calloc(1, sizeof *c);
+        sched_request_params p = greedy_params(&g_cases[round % g_n_cases]);
+        p.n = 8;
+        p.sampling.temperature = 1.0f;
+        p.sampling.seed = (uint64_t)round;
+        if (round % 2 == 0) {
+            p.max_tokens = 1;
+        } else {
+            /* every one-character piece of the reference text: some fork hits one at once */
+            p.stop[0] = "e";
+            p.stop[1] = " ";
+            p.stop[2] = "a";
+            p.stop[3] = "o";
+            p.max_tokens = 8;
+        }
+        client_init(c, p.n);
+        assert_int_equal(sched_submit(s, &p, on_notify, c, &c->req), 0);
+        client_wait_for(c, 60);
+        for (uint32_t ch = 0; ch < p.n; ch++) {
+            assert_int_equal(c->n_finish[ch], 1);
+            assert_true(c->finish[ch] == SCHED_FINISH_LENGTH ||
+                        c->finish[ch] == SCHED_FINISH_STOP);
+            assert_true(c->completion_tokens[ch] >= 1 && c->completion_tokens[ch] <= p.max_tokens);
+        }
+        client_finish(c);
+        free(c);
+    }
+    wait_blocks_free(s);
+    assert_int_equal(sched_n_unfinished(s), 0);
+    sched_destroy(s);
+}
+
+/* Each choice is a running sequence: a request with more choices than max_num_seqs is
+ * refused, and the forks of admitted requests never take the running count over the limit
+ * (a second request waits until the first one's choices are done). */
+static void test_forks_count_against_max_num_seqs(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    sched *s = make_sched(0, 4, 64);
+    sched_request_params p = greedy_params(&g_cases[0]);
+    sched_req *r;
+    p.n = 5;
+    assert_int_equal(sched_submit(s, &p, NULL, NULL, &r), KVS_EINVAL);
+    client *c = calloc(2, sizeof *c);
+    p.n = 3;
+    p.max_tokens = 48;
+    for (int k = 0; k < 2; k++) {
+        client_init(&c[k], 3);
+        assert_int_equal(sched_submit(s, &p, on_notify, &c[k], &c[k].req), 0);
+    }
+    uint32_t peak = 0;
+    while (!(c[0].done && c[1].done)) {
+        sched_metrics m;
+        sched_get_metrics(s, &m);
+        if (m.num_requests_running > peak)
+            peak = m.num_requests_running;
+        for (int k = 0; k < 2; k++)
+            if (!c[k].done)
+                client_drain(&c[k]);
+        struct timespec ts = {0, 200 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(peak >= 3);
+    assert_true(peak <= 4);
+    for (int k = 0; k < 2; k++)
+        client_finish(&c[k]);
+    free(c);
+    wait_blocks_free(s);
+    sched_destroy(s);
+}
+
 static void test_queue_bound_and_validation(void **state)
 {
     (void)state;
@@ -389,6 +363,8 @@ int main(void)
         cmocka_unit_test(test_cancel_frees_blocks),
         cmocka_unit_test(test_n_choices_and_stop_string),
         cmocka_unit_test(test_queue_bound_and_validation),
+        cmocka_unit_test(test_forks_finish_on_first_token),
+        cmocka_unit_test(test_forks_count_against_max_num_seqs),
     };
     return cmocka_run_group_tests_name("scheduler", tests, setup, teardown);
 }

@@ -2,7 +2,8 @@
 # Sets up, builds and runs every test suite, the way CI does:
 #   release build           all suites
 #   ASan+UBSan build        all suites (halt on the first finding)
-#   TSan build              the threaded suites (scheduler, end-to-end server, load_short)
+#   TSan build              the threaded suites (scheduler, scheduler_stress, end-to-end server,
+#                           load_short)
 #   libFuzzer               each fuzz target for KVS_FUZZ_SECONDS (default 60) from its seeds
 # Ends with one line: "N passed, N failed, N skipped" (one count per suite per build).
 # Usage: tools/test.sh [--quick]   (--quick: release build only)
@@ -73,7 +74,7 @@ if [ $quick -eq 0 ]; then
     run_suites asan build-asan "-Db_sanitize=address,undefined -Dbuildtype=debug -Db_lundef=false"
     threaded=()
     suites=$(meson test -C build --list 2>/dev/null)
-    for s in scheduler e2e load_short; do
+    for s in scheduler scheduler_stress e2e load_short; do
         grep -qx "$s" <<<"$suites" && threaded+=("$s")
     done
     run_suites tsan build-tsan "-Db_sanitize=thread -Dbuildtype=debug -Db_lundef=false" "${threaded[@]}"

@@ -1,0 +1,148 @@
+/* A scheduler client for the cmocka suites: collects one request's events, woken by the
+ * scheduler's notify. Header-only, shared by test_scheduler.c and test_scheduler_stress.c;
+ * the including suite includes cmocka first. */
+#ifndef KVS_TESTS_SCHED_CLIENT_H
+#define KVS_TESTS_SCHED_CLIENT_H
+
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include "scheduler/scheduler.h"
+#include "test_reference.h"
+
+#define CLIENT_MAX_CHOICES 16
+
+typedef struct client {
+    sched_req *req;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int notified;
+    uint32_t n_choices;
+    int32_t ids[CLIENT_MAX_CHOICES][REF_MAX_IDS];
+    int n_ids[CLIENT_MAX_CHOICES];
+    char text[CLIENT_MAX_CHOICES][8192];
+    size_t text_len[CLIENT_MAX_CHOICES];
+    enum sched_finish finish[CLIENT_MAX_CHOICES];
+    int n_finish[CLIENT_MAX_CHOICES]; /* finishing events seen: exactly 1 once done */
+    int status[CLIENT_MAX_CHOICES];
+    uint32_t completion_tokens[CLIENT_MAX_CHOICES];
+    uint32_t n_events;
+    int done;
+} client;
+
+static inline void on_notify(void *ud)
+{
+    client *c = ud;
+    pthread_mutex_lock(&c->mu);
+    c->notified = 1;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static inline void client_init(client *c, uint32_t n)
+{
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->n_choices = n;
+}
+
+/* Takes whatever is queued; returns 1 once every choice has finished. */
+static inline int client_drain(client *c)
+{
+    sched_event ev;
+    int rc;
+    while ((rc = sched_req_next(c->req, &ev)) == 1) {
+        uint32_t ch = ev.choice;
+        assert_true(ch < c->n_choices);
+        assert_int_equal(c->n_finish[ch], 0); /* nothing after a choice's last event */
+        c->n_events++;
+        for (uint32_t i = 0; i < ev.n_tokens; i++) {
+            assert_true(c->n_ids[ch] < REF_MAX_IDS);
+            c->ids[ch][c->n_ids[ch]++] = ev.tokens[i].id;
+        }
+        assert_true(c->text_len[ch] + ev.text_len < sizeof c->text[ch]);
+        if (ev.text_len)
+            memcpy(c->text[ch] + c->text_len[ch], ev.text, ev.text_len);
+        c->text_len[ch] += ev.text_len;
+        if (ev.finish != SCHED_FINISH_NONE) {
+            c->finish[ch] = ev.finish;
+            c->n_finish[ch]++;
+            c->status[ch] = ev.status;
+            c->completion_tokens[ch] = ev.completion_tokens;
+        }
+        sched_event_free(&ev);
+    }
+    if (rc < 0) {
+        for (uint32_t ch = 0; ch < c->n_choices; ch++)
+            assert_int_equal(c->n_finish[ch], 1);
+        c->done = 1;
+    }
+    return c->done;
+}
+
+/* Waits until every choice has finished; fails after timeout_s seconds. */
+static inline void client_wait_for(client *c, int timeout_s)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (client_drain(c))
+            return;
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec > timeout_s)
+            fail_msg("request not finished after %d s", timeout_s);
+        pthread_mutex_lock(&c->mu);
+        if (!c->notified) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        }
+        c->notified = 0;
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+static inline void client_wait(client *c) { client_wait_for(c, 600); }
+
+static inline void client_finish(client *c)
+{
+    sched_req_release(c->req);
+    c->req = NULL;
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+}
+
+static inline sched_request_params greedy_params(const ref_case *rc)
+{
+    sched_request_params p = {0};
+    p.prompt = rc->prompt;
+    p.n_prompt = (uint32_t)rc->n_prompt;
+    p.max_tokens = (uint32_t)rc->n_completion;
+    p.n = 1;
+    p.sampling = sampler_default_params();
+    p.sampling.temperature = 0.0f;
+    p.n_top_logprobs = 0; /* token ids come with logprob infos */
+    return p;
+}
+
+/* Waits (up to 5 s) until the pool holds no used block and nothing runs. */
+static inline void wait_blocks_free(sched *s)
+{
+    sched_metrics m;
+    for (int i = 0; i < 1000; i++) {
+        sched_get_metrics(s, &m);
+        if (m.kv_blocks_used == 0 && m.num_requests_running == 0 &&
+            m.num_requests_waiting == 0)
+            return;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("%u KV blocks still used, %u running, %u waiting", m.kv_blocks_used,
+             m.num_requests_running, m.num_requests_waiting);
+}
+
+#endif
