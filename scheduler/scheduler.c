@@ -787,13 +787,18 @@ static uint32_t plan_step(sched *s, uint32_t *n_rows_out)
             budget -= chunk;
         }
     }
-    while (s->waiting.head && s->running.n < max_seqs && n_seqs < max_seqs && budget) {
+    /* A first choice brings its n - 1 forks once its prompt is computed: they hold seats
+     * from its admission on, so forks never take the running count over max_num_seqs. */
+    uint32_t seats_held = s->running.n;
+    for (seq *q = s->running.head; q; q = q->next)
+        if (q->fork_pending)
+            seats_held += q->req->n - 1;
+    while (s->waiting.head && n_seqs < max_seqs && budget) {
         seq *q = s->waiting.head;
-        /* A first choice brings its n - 1 forks once its prompt is computed: admit it only
-         * when all of them fit under max_num_seqs, so forks never overrun the limit. The
-         * queue stays first come, first served: later requests wait behind it. */
+        /* Admit only when all of the request's seats fit. The queue stays first come, first
+         * served: later requests wait behind it. */
         uint32_t seats = q->fork_pending ? q->req->n : 1;
-        if (s->running.n + seats > max_seqs)
+        if (seats_held + seats > max_seqs)
             break;
         if (kvpool_seq_create(s->pool, &q->kv))
             break;
@@ -813,6 +818,7 @@ static uint32_t plan_step(sched *s, uint32_t *n_rows_out)
             break;
         }
         list_remove(&s->waiting, q);
+        seats_held += seats;
         q->state = SEQ_RUNNING;
         q->admit_order = ++s->admit_counter;
         list_push_back(&s->running, q);

@@ -2,6 +2,7 @@
  * first bad field is reported by name; unknown fields are ignored (OpenAI clients send many). */
 #include "server/api.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -105,6 +106,14 @@ static int get_bool(const cJSON *root, const char *key, bool *out, srv_error *e)
         return srv_error_set(e, 400, key, NULL, "'%s' must be a boolean", key);
     *out = cJSON_IsTrue(it);
     return 0;
+}
+
+/* A positive double as a float that stays positive: 5e-324 is in (0, 1] but is 0 as a float,
+ * which the sampler would reject with no field named. */
+static float positive_float(double d)
+{
+    float f = (float)d;
+    return f > 0 ? f : FLT_MIN;
 }
 
 static int oom(srv_error *e)
@@ -334,6 +343,91 @@ static int parse_failure(const char *body, size_t len, const char *at, srv_error
     return srv_error_set(e, 400, key, NULL, "'%s' must be a finite number", key);
 }
 
+/* The first string of body (valid JSON) that holds the escape \u0000, or NULL; *key gets the
+ * top-level member it is in ("" if none). cJSON keeps strings NUL-terminated, so such a
+ * string would reach us cut short: it is refused instead of silently truncated. */
+static const char *find_nul_escape(const char *body, size_t len, char *key, size_t key_cap)
+{
+    const char *p = body, *end = body + len;
+    int depth = 0;
+    bool expect_key = false; /* the next string at depth 1 is a member name */
+    key[0] = '\0';
+    while (p < end) {
+        char ch = *p++;
+        if (ch == '{' || ch == '[') {
+            depth++;
+            expect_key = depth == 1 && ch == '{';
+        } else if (ch == '}' || ch == ']') {
+            depth--;
+        } else if (ch == ',' && depth == 1) {
+            expect_key = true;
+        } else if (ch == '"') {
+            const char *start = p;
+            bool nul = false;
+            while (p < end && *p != '"') {
+                if (*p == '\\' && p + 1 < end) {
+                    if (p[1] == 'u' && end - p >= 6 && !memcmp(p + 2, "0000", 4))
+                        nul = true;
+                    p += 2;
+                } else {
+                    p++;
+                }
+            }
+            if (depth == 1 && expect_key) {
+                size_t n = (size_t)(p - start);
+                if (n >= key_cap)
+                    n = key_cap - 1;
+                memcpy(key, start, n);
+                key[n] = '\0';
+                expect_key = false;
+            }
+            if (nul)
+                return start - 1;
+            p++; /* the closing quote */
+        }
+    }
+    return NULL;
+}
+
+int srv_json_parse(const char *body, size_t len, cJSON **out, srv_error *e)
+{
+    *out = NULL;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root)
+        return parse_failure(body, len, end, e);
+    /* cJSON stops after the first value: anything but whitespace after it is an error, or
+     * `{...} garbage` (or two concatenated documents) would pass as the first one. */
+    while (end && end < body + len && strchr(" \t\r\n", *end) && *end)
+        end++;
+    if (end && end < body + len) {
+        cJSON_Delete(root);
+        return srv_error_set(e, 400, NULL, NULL,
+                             "request body is not valid JSON: unexpected data after the JSON "
+                             "value at byte %zu",
+                             (size_t)(end - body));
+    }
+    char key[48];
+    if (find_nul_escape(body, len, key, sizeof key)) {
+        cJSON_Delete(root);
+        if (key[0])
+            return srv_error_set(e, 400, key, NULL,
+                                 "'%s' must not contain the NUL character (\\u0000)", key);
+        return srv_error_set(e, 400, NULL, NULL,
+                             "strings must not contain the NUL character (\\u0000)");
+    }
+    *out = root;
+    return 0;
+}
+
+uint64_t srv_response_bound(uint32_t n, uint32_t max_tokens, int n_top_logprobs)
+{
+    uint64_t per_token = SRV_BOUND_TEXT_BYTES;
+    if (n_top_logprobs >= 0)
+        per_token += (uint64_t)(1 + n_top_logprobs) * SRV_BOUND_LOGPROB_BYTES;
+    return (uint64_t)n * max_tokens * per_token;
+}
+
 int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmpl tmpl,
                       const sampler_params *defaults, srv_request *r, srv_error *e)
 {
@@ -344,10 +438,9 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
     r->n_top_logprobs = -1;
     r->sampling = *defaults;
 
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-    if (!root)
-        return parse_failure(body, len, end, e);
+    cJSON *root;
+    if (srv_json_parse(body, len, &root, e))
+        return -1;
     int rc = -1;
     if (!cJSON_IsObject(root)) {
         srv_error_set(e, 400, NULL, NULL, "request body must be a JSON object");
@@ -398,7 +491,7 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
             srv_error_set(e, 400, "top_p", NULL, "'top_p' must be in (0, 1]");
             goto out;
         }
-        s->top_p = (float)d;
+        s->top_p = positive_float(d);
     }
     if (get_num(root, "top_k", -1, INT32_MAX, true, &d, &has, e))
         goto out;
@@ -424,7 +517,7 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
                           "'repetition_penalty' must be in (0, 2]");
             goto out;
         }
-        s->repetition_penalty = (float)d;
+        s->repetition_penalty = positive_float(d);
     }
     /* Seeds beyond 2^53 lose precision as JSON doubles; the range is what clients send. */
     if (get_num(root, "seed", -9007199254740992.0, 9007199254740992.0, true, &d, &has, e))

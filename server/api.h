@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "engine/sampler.h"
 #include "server/chat_template.h"
 
@@ -47,6 +49,20 @@ typedef struct srv_request {
     bool stream;
     bool include_usage;
 } srv_request;
+
+/* Parses a request body that must be exactly one JSON value: trailing data after it, and
+ * strings holding \u0000 (which cJSON would cut short), are 400s like a syntax error (the
+ * error names the top-level member the NUL is in). Returns 0 and *out (free with
+ * cJSON_Delete), or -1 with e filled. */
+int srv_json_parse(const char *body, size_t len, cJSON **out, srv_error *e);
+
+/* What a response can hold in memory, estimated from the request: n choices x max_tokens x
+ * (text + one entry per logprob). A request whose bound exceeds --max-response-mb is refused
+ * with 400 before it runs, so one small request cannot make the server build a response of
+ * hundreds of megabytes (building it as JSON takes several times that). */
+#define SRV_BOUND_TEXT_BYTES 16    /* per token of text, JSON-escaped, on average and more */
+#define SRV_BOUND_LOGPROB_BYTES 96 /* per logprob entry: token, logprob, bytes, keys */
+uint64_t srv_response_bound(uint32_t n, uint32_t max_tokens, int n_top_logprobs);
 
 /* Parses and validates body. chat selects the endpoint's schema; tmpl renders messages;
  * sampling fields not in the body keep defaults (sampler_default_params()).

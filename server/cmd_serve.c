@@ -4,6 +4,7 @@
  * Signals are blocked in every thread and taken synchronously with sigwait on the main thread,
  * so no code runs in signal context. */
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -107,14 +108,21 @@ int cmd_serve(int argc, char **argv)
         return 1;
     }
     if (cfg.block_size == 0 || cfg.max_num_seqs == 0 || cfg.max_batched_tokens == 0 ||
-        cfg.kv_cache_mb == 0 || cfg.max_body_bytes == 0 || cfg.max_connections == 0 ||
-        cfg.connection_memory_kb < 4 || cfg.connection_memory_kb > 1024 * 1024) {
+        cfg.kv_cache_mb == 0 || cfg.max_body_bytes == 0 || cfg.max_response_mb == 0 ||
+        cfg.max_connections == 0 || cfg.connection_memory_kb < 4 ||
+        cfg.connection_memory_kb > 1024 * 1024) {
         fprintf(stderr, "kvserve serve: --block-size, --max-num-seqs, --max-batched-tokens, "
                         "--kv-cache-mb, --max-body-bytes and --max-connections must be "
                         "positive; --connection-memory-kb must be 4..1048576\n");
         srv_config_free(&cfg);
         return 2;
     }
+
+    /* Buffers of 1 MiB and more (response bodies, their copies) are mapped and unmapped on
+     * their own. glibc's default raises this threshold to the size of each mapped block
+     * freed, after which every later response of that size lives in a heap arena that
+     * fragments and is never given back. */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
     /* Block the signals before any thread starts so every thread inherits the mask. */
     sigset_t sigs;

@@ -41,6 +41,9 @@ static const opt k_opts[] = {
      "require 'Authorization: Bearer KEY' (empty = no auth; /health stays open)"},
     {"max-body-bytes", 0, OPT_U64, OFF(max_body_bytes), "1048576",
      "largest request body accepted (larger: 413)"},
+    {"max-response-mb", 0, OPT_U32, OFF(max_response_mb), "32",
+     "largest response a request may make, MiB, estimated before it runs from n x max_tokens "
+     "x logprobs (larger: 400)"},
     {"shutdown-timeout", 0, OPT_DBL, OFF(shutdown_timeout), "30",
      "seconds to let in-flight requests finish after SIGINT/SIGTERM"},
     {"chat-template", 0, OPT_STR, OFF(chat_template), "",

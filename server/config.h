@@ -24,6 +24,7 @@ typedef struct srv_config {
     char *served_model_name;       /* --served-model-name: NULL = the model's name */
     char *api_key;                 /* --api-key: NULL = no auth */
     uint64_t max_body_bytes;       /* --max-body-bytes (1 MiB) */
+    uint32_t max_response_mb;      /* --max-response-mb: bound of a response's size (32) */
     double shutdown_timeout;       /* --shutdown-timeout seconds (30) */
     char *chat_template;           /* --chat-template NAME: NULL = detect from the model */
     bool no_prefix_cache;          /* --no-prefix-cache */

@@ -17,6 +17,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -37,6 +38,9 @@
 #include "server/api.h"
 #include "server/metrics.h"
 #include "server/response.h"
+
+/* Responses or bodies at least this big give their memory back to the system when done. */
+#define SRV_TRIM_BYTES (1u << 20)
 
 enum srv_state { ST_LOADING = 0, ST_READY, ST_DRAINING, ST_STOPPING };
 
@@ -130,6 +134,7 @@ typedef struct srv_conn {
     enum stream_state ss;
     char *out;
     size_t out_len, out_pos, out_cap;
+    size_t resp_bytes; /* size of a whole (non-streamed) response body */
 } srv_conn;
 
 /* ---------- wake slots ---------- */
@@ -435,10 +440,13 @@ static int tokenize(const tok_vocab *v, const char *text, bool add_bos, int32_t 
 static enum MHD_Result do_tokenize(srv_conn *c)
 {
     srv_server *s = c->srv;
-    cJSON *root = cJSON_ParseWithLength(c->body ? c->body : "", c->body_len);
-    if (!root || !cJSON_IsObject(root)) {
+    cJSON *root;
+    srv_error e;
+    if (srv_json_parse(c->body ? c->body : "", c->body_len, &root, &e))
+        return send_error(c, &e);
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return fail(c, 400, NULL, NULL, "request body is not a valid JSON object");
+        return fail(c, 400, NULL, NULL, "request body must be a JSON object");
     }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (!p)
@@ -470,10 +478,13 @@ static enum MHD_Result do_tokenize(srv_conn *c)
 static enum MHD_Result do_detokenize(srv_conn *c)
 {
     srv_server *s = c->srv;
-    cJSON *root = cJSON_ParseWithLength(c->body ? c->body : "", c->body_len);
-    if (!root || !cJSON_IsObject(root)) {
+    cJSON *root;
+    srv_error e;
+    if (srv_json_parse(c->body ? c->body : "", c->body_len, &root, &e))
+        return send_error(c, &e);
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return fail(c, 400, NULL, NULL, "request body is not a valid JSON object");
+        return fail(c, 400, NULL, NULL, "request body must be a JSON object");
     }
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
     int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
@@ -510,7 +521,7 @@ static enum MHD_Result do_detokenize(srv_conn *c)
     text[got] = '\0';
     free(ids);
     cJSON *out = cJSON_CreateObject();
-    cJSON_AddStringToObject(out, "prompt", text);
+    cJSON_AddItemToObject(out, "prompt", srv_json_string_n(text, got));
     free(text);
     return send_cjson(c, 200, out);
 }
@@ -570,6 +581,7 @@ static enum MHD_Result finish_full(srv_conn *c)
         srv_resp_full(&c->rx, c->choices, c->n_choices, c->prompt_tokens, c->cached_tokens);
     if (!body)
         return fail(c, 500, NULL, NULL, "out of memory");
+    c->resp_bytes = strlen(body);
     enum MHD_Result r = send_json(c, 200, body);
     free(body);
     return r;
@@ -754,6 +766,25 @@ static enum MHD_Result do_generate(srv_conn *c)
                       "This model's maximum context length is %u tokens; you requested %zu "
                       "(%zu in the prompt, %u to generate)",
                       s->n_ctx, n_ids + max_tokens, n_ids, max_tokens);
+        ret = send_error(c, &e);
+        goto out;
+    }
+    if (rq->n > s->cfg->max_num_seqs) {
+        srv_error_set(&e, 400, "n", NULL,
+                      "'n' is %u, but this server runs at most %u sequences at once "
+                      "(--max-num-seqs), and each choice is one",
+                      rq->n, s->cfg->max_num_seqs);
+        ret = send_error(c, &e);
+        goto out;
+    }
+    uint64_t bound = srv_response_bound(rq->n, max_tokens, rq->n_top_logprobs);
+    if (bound > (uint64_t)s->cfg->max_response_mb << 20) {
+        srv_error_set(&e, 400, rq->n_top_logprobs > 0 ? "top_logprobs" : "max_tokens", NULL,
+                      "this request could make a response of %.0f MB (n = %u x %u tokens%s); "
+                      "the limit is %u MB (--max-response-mb): lower n, max_tokens or the "
+                      "logprobs asked for",
+                      (double)bound / (1 << 20), rq->n, max_tokens,
+                      rq->n_top_logprobs >= 0 ? " with logprobs" : "", s->cfg->max_response_mb);
         ret = send_error(c, &e);
         goto out;
     }
@@ -1013,7 +1044,13 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     srv_request_free(&c->rq);
     free(c->body);
     free(c->out);
+    bool big = c->resp_bytes >= SRV_TRIM_BYTES || c->body_cap >= SRV_TRIM_BYTES;
     free(c);
+    /* Building a large response takes many small allocations (its JSON tree is several times
+     * its size); glibc keeps freed heap in the thread's arena, so without this one big
+     * response would hold its peak for the life of the process. */
+    if (big)
+        malloc_trim(0);
 }
 
 /* ---------- lifecycle ---------- */

@@ -200,16 +200,38 @@ static void add_usage(cJSON *r, uint32_t prompt, uint32_t completion, int cached
     }
 }
 
-/* cJSON_AddStringToObject needs NUL-terminated text; deltas carry a length. */
-static cJSON *string_n(const char *s, size_t n)
+/* cJSON strings end at the first NUL, but text carries a length and may hold NUL bytes (a
+ * byte-fallback token <0x00>): such text is written as a raw JSON string with \u0000. */
+cJSON *srv_json_string_n(const char *s, size_t n)
 {
-    char *t = malloc(n + 1);
+    bool has_nul = n && memchr(s, 0, n);
+    char *t = malloc(has_nul ? 6 * n + 3 : n + 1);
     if (!t)
         return NULL;
-    if (n)
-        memcpy(t, s, n);
-    t[n] = '\0';
-    cJSON *j = cJSON_CreateString(t);
+    if (!has_nul) {
+        if (n)
+            memcpy(t, s, n);
+        t[n] = '\0';
+        cJSON *j = cJSON_CreateString(t);
+        free(t);
+        return j;
+    }
+    size_t o = 0;
+    t[o++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') {
+            t[o++] = '\\';
+            t[o++] = (char)ch;
+        } else if (ch < 0x20) {
+            o += (size_t)snprintf(t + o, 7, "\\u%04x", ch);
+        } else {
+            t[o++] = (char)ch;
+        }
+    }
+    t[o++] = '"';
+    t[o] = '\0';
+    cJSON *j = cJSON_CreateRaw(t);
     free(t);
     return j;
 }
@@ -226,9 +248,9 @@ char *srv_resp_full(const srv_resp_ctx *x, const srv_choice *ch, uint32_t n, uin
         if (x->chat) {
             cJSON *m = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddItemToObject(m, "content", string_n(ch[i].text, ch[i].len));
+            cJSON_AddItemToObject(m, "content", srv_json_string_n(ch[i].text, ch[i].len));
         } else {
-            cJSON_AddItemToObject(c, "text", string_n(ch[i].text, ch[i].len));
+            cJSON_AddItemToObject(c, "text", srv_json_string_n(ch[i].text, ch[i].len));
         }
         if (x->n_top_logprobs >= 0)
             cJSON_AddItemToObject(c, "logprobs", logprobs_json(x, ch[i].toks, ch[i].n_toks, 0));
@@ -281,10 +303,10 @@ char *srv_resp_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size
             cJSON_AddStringToObject(d, "role", "assistant");
             cJSON_AddStringToObject(d, "content", "");
         } else if (len || finish == SCHED_FINISH_NONE) {
-            cJSON_AddItemToObject(d, "content", string_n(text, len));
+            cJSON_AddItemToObject(d, "content", srv_json_string_n(text, len));
         }
     } else {
-        cJSON_AddItemToObject(c, "text", string_n(text, len));
+        cJSON_AddItemToObject(c, "text", srv_json_string_n(text, len));
     }
     if (x->n_top_logprobs >= 0 && n_toks)
         cJSON_AddItemToObject(c, "logprobs", logprobs_json(x, toks, n_toks, text_offset));

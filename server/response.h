@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "engine/tokenizer.h"
 #include "scheduler/scheduler.h"
 
@@ -50,5 +52,7 @@ char *srv_resp_usage_chunk(const srv_resp_ctx *x, uint32_t prompt_tokens,
                            uint32_t completion_tokens);
 /* "data: {json}\n\n" around an error body. */
 char *srv_sse_wrap(const char *json);
+/* A JSON string of n bytes of text (NUL bytes included, as \u0000); NULL on OOM. */
+cJSON *srv_json_string_n(const char *s, size_t n);
 
 #endif

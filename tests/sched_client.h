@@ -106,7 +106,10 @@ static inline void client_wait_for(client *c, int timeout_s)
     }
 }
 
-static inline void client_wait(client *c) { client_wait_for(c, 600); }
+static inline void client_wait(client *c)
+{
+    client_wait_for(c, 600);
+}
 
 static inline void client_finish(client *c)
 {
@@ -135,8 +138,7 @@ static inline void wait_blocks_free(sched *s)
     sched_metrics m;
     for (int i = 0; i < 1000; i++) {
         sched_get_metrics(s, &m);
-        if (m.kv_blocks_used == 0 && m.num_requests_running == 0 &&
-            m.num_requests_waiting == 0)
+        if (m.kv_blocks_used == 0 && m.num_requests_running == 0 && m.num_requests_waiting == 0)
             return;
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);

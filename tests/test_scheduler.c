@@ -261,8 +261,7 @@ static void test_forks_finish_on_first_token(void **state)
         client_wait_for(c, 60);
         for (uint32_t ch = 0; ch < p.n; ch++) {
             assert_int_equal(c->n_finish[ch], 1);
-            assert_true(c->finish[ch] == SCHED_FINISH_LENGTH ||
-                        c->finish[ch] == SCHED_FINISH_STOP);
+            assert_true(c->finish[ch] == SCHED_FINISH_LENGTH || c->finish[ch] == SCHED_FINISH_STOP);
             assert_true(c->completion_tokens[ch] >= 1 && c->completion_tokens[ch] <= p.max_tokens);
         }
         client_finish(c);

@@ -157,6 +157,11 @@ static void run_round(int round)
             if (!r->c.done)
                 all = false;
         }
+        sched_metrics m;
+        sched_get_metrics(s, &m);
+        if (m.num_requests_running > sp.max_num_seqs)
+            fail_msg("round %d: %u sequences running, max_num_seqs %u", round,
+                     m.num_requests_running, sp.max_num_seqs);
         if (all)
             break;
         if (now_s() > deadline)

@@ -196,8 +196,9 @@ class VanishingClients(Fault):
     def test_sigkill_while_queued(self):
         """A request still waiting in the queue gets no event until admitted; its vanished
         client must still cancel it promptly (not only after the running ones finish)."""
-        # A long context makes the running request take seconds even on this tiny model.
-        own = e2e.Server("--max-num-seqs", "1", "--connection-timeout", "0", ctx=4096)
+        # A long context makes the running request take seconds even on this tiny model; the
+        # queued ones have n = 4 choices, which wait for all of the 4 sequences to be free.
+        own = e2e.Server("--max-num-seqs", "4", "--connection-timeout", "0", ctx=4096)
         self.server = own
         try:
             self.setUp()
