@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the real container image from docker/Dockerfile with podman, as
+# ../shared/guide/CONTAINERS.md describes for these machines (no Docker engine, no registry):
+# the `debian:12` base is made locally with debootstrap from Debian's mirror the first time
+# (a few minutes), then `podman build` runs the Dockerfile unchanged.
+#   tools/image.sh [TAG]     (default kvserve:latest; installs podman, runc and debootstrap)
+# Run the image afterwards with the same runtime and limits, e.g.
+#   podman --runtime /usr/sbin/runc run --rm --network host --ulimit nofile=1024:1024 \
+#     --ulimit nproc=1024:1024 -v "$PWD/../shared/models:/models:ro" kvserve \
+#     -m /models/stories260K.gguf --port 18080
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TAG=${1:-kvserve:latest}
+need=()
+for p in podman runc debootstrap; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    echo "image.sh: installing ${need[*]}" >&2
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# The machine forbids raising rlimits and mixes cgroup versions: runc, lower ulimits, and the
+# host network (the build's apt-get needs Debian's mirror).
+P=(podman --runtime /usr/sbin/runc)
+L=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+if ! "${P[@]}" image exists docker.io/library/debian:12; then
+    echo "image.sh: making the debian:12 base with debootstrap (minbase bookworm)" >&2
+    ROOTFS=$(mktemp -d /tmp/kvs-debian12.XXXXXX)
+    trap 'rm -rf "$ROOTFS"' EXIT
+    debootstrap --variant=minbase bookworm "$ROOTFS" >"$ROOTFS.log" 2>&1 ||
+        { tail -20 "$ROOTFS.log" >&2; exit 1; }
+    tar -C "$ROOTFS" -c . | "${P[@]}" import - docker.io/library/debian:12 >/dev/null
+    rm -rf "$ROOTFS" "$ROOTFS.log"
+fi
+echo "image.sh: podman build -f docker/Dockerfile -t $TAG" >&2
+# --format docker: the OCI format has no HEALTHCHECK, which podman would then drop.
+"${P[@]}" build --pull=never --network host --format docker "${L[@]}" -f docker/Dockerfile \
+    -t "$TAG" . >&2
+echo "$TAG"
