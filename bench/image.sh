@@ -23,6 +23,7 @@ TAG=localhost/kvserve:bench
 bash tools/image.sh "$TAG" >/dev/null
 TMP=$(mktemp -d /tmp/kvs-bench-image.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
+chmod 755 "$TMP" # the image runs as an unprivileged user
 "$MKMODEL" --shape 110m --type f16 --vocab "$VOCAB" -o "$TMP/110m-f16.gguf" >&2
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 P=(podman --runtime /usr/sbin/runc)
@@ -50,7 +51,9 @@ nat=$(median <"$TMP/native")
 img=$(median <"$TMP/image")
 k_nat=$(kernels <"$TMP/native.log" || true)
 k_img=$(kernels <"$TMP/image.log" || true)
-rows=("| native build (\`$BUILD\`, meson_options' native = $(meson introspect "$BUILD" --buildoptions | python3 -c 'import json,sys; print([o["value"] for o in json.load(sys.stdin) if o["name"]=="native"][0])')) | ${k_nat:-?} | $nat | 1.00 |"
+native=$(meson introspect "$BUILD" --buildoptions |
+    python3 -c 'import json,sys; print(str([o["value"] for o in json.load(sys.stdin) if o["name"] == "native"][0]).lower())')
+rows=("| this machine's build (\`$BUILD\`, -Dnative=$native) | ${k_nat:-?} | $nat | 1.00 |"
       "| the image (podman, docker/Dockerfile, -Dnative=false) | ${k_img:-?} | $img | $(awk -v a="$img" -v b="$nat" 'BEGIN{printf "%.2f", a/b}') |")
 if [ -n "$PORTABLE_BUILD" ]; then
     por=$(median <"$TMP/portable")
