@@ -139,6 +139,8 @@ class Bounds(unittest.TestCase):
         self.assertEqual(len(r["choices"]), 32)
         self.assertEqual(len(r["choices"][0]["logprobs"]["content"][0]["top_logprobs"]), 20)
 
+    @unittest.skipIf(os.environ.get("KVS_SANITIZE", "none") not in ("", "none"),
+                     "sanitizer allocators hold freed memory on purpose (quarantine)")
     def test_memory_returned_after_big_responses(self):
         body = {"messages": [{"role": "user", "content": "Once upon a time"}], "n": 16,
                 "max_tokens": 400, "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
