@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# bench/peer.sh: kvserve against llama.cpp's llama-server (../shared/peer), side by side in one
+# run, same model file, same threads, same closed-loop client (bench/serve_bench.py,
+# non-streaming completions, token-id prompts, ignore_eos), plus the machine's limits from the
+# same run (kvs-bench-machine: memory read bandwidth, FMA peak per ISA) and kvserve's engine
+# alone at 64 rows (kvs-bench-engine). Models: kvs-mkmodel's 110m shape and TinyLlama-1.1B's
+# shape, F16 (random weights, llama-spm vocabulary). Writes the "peer.sh" section of
+# docs/BENCHMARKS.md.
+#   decode: 1 client and 16 clients, PROMPT-token prompts, OUT generated tokens each
+#   prefill: 512-token prompts, 1 generated token, 1 client (prompt tokens per second)
+# Environment: BUILD (build), THREADS (nproc), SHAPES ("110m tinyllama-1.1b"), OUT (64),
+# PROMPT (32), N1 (4 requests at 1 client), N16 (32 requests at 16 clients), NPP (4),
+# PEER (../shared/peer/llama.cpp/bin).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+BUILD=${BUILD:-build}
+THREADS=${THREADS:-$(nproc)}
+SHAPES=${SHAPES:-110m tinyllama-1.1b}
+OUT=${OUT:-64}
+PROMPT=${PROMPT:-32}
+N1=${N1:-4}
+N16=${N16:-32}
+NPP=${NPP:-4}
+PEER=${PEER:-../shared/peer/llama.cpp/bin}
+VOCAB=${VOCAB:-../shared/models/vocab/ggml-vocab-llama-spm.gguf}
+KVSERVE="$BUILD/server/kvserve"
+MKMODEL="$BUILD/tools/kvs-mkmodel"
+MACHINE="$BUILD/bench/kvs-bench-machine"
+ENGINE="$BUILD/bench/kvs-bench-engine"
+for x in "$KVSERVE" "$MKMODEL" "$MACHINE" "$ENGINE"; do
+    [ -x "$x" ] || { echo "peer.sh: $x missing (ninja -C $BUILD)" >&2; exit 1; }
+done
+[ -x "$PEER/llama-server" ] || { echo "peer.sh: no llama-server in $PEER: nothing to compare" >&2; exit 1; }
+[ -f "$VOCAB" ] || { echo "peer.sh: vocabulary $VOCAB not found" >&2; exit 1; }
+TMP=$(mktemp -d /tmp/kvs-bench-peer.XXXXXX)
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"' EXIT
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+PORT=18610
+
+wait_health() { # PORT LOG
+    for _ in $(seq 600); do
+        curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+        sleep 0.2
+    done
+    echo "peer.sh: server on $1 did not start:" >&2; tail -20 "$2" >&2; exit 1
+}
+
+# bench URL CONCURRENCY N INPUT OUTPUT -> output tok/s and input tok/s (space separated)
+bench() {
+    python3 bench/serve_bench.py --url "http://127.0.0.1:$1" --concurrency "$2" \
+        --num-requests "$3" --input-len "$4" --output-len "$5" --json "$TMP/r.json" >/dev/null
+    python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); d=s["duration"] if "duration" in s else None; print("%.1f %.1f" % (s["output_throughput"], s["total_token_throughput"] - s["output_throughput"]))' "$TMP/r.json"
+}
+
+# serve NAME MODEL PORT -> "tok/s@1 tok/s@16 prefill-tok/s" for kvserve or llama-server
+serve() {
+    local who=$1 model=$2 port=$3
+    local log="$TMP/$who-$port.log" pid
+    if [ "$who" = kvserve ]; then
+        "$KVSERVE" serve -m "$model" --port "$port" --threads "$THREADS" --max-num-seqs 16 \
+            --ctx-size 1024 --log-level warn 2>"$log" &
+    else
+        "$PEER/llama-server" -m "$model" --host 127.0.0.1 --port "$port" -t "$THREADS" \
+            -tb "$THREADS" -np 16 -c $((16 * 1024)) --no-webui >"$log" 2>&1 &
+    fi
+    pid=$!
+    PIDS+=("$pid")
+    wait_health "$port" "$log"
+    bench "$port" 1 1 8 4 >/dev/null # warm-up
+    local one sixteen pp
+    one=$(bench "$port" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    sixteen=$(bench "$port" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    pp=$(bench "$port" 1 "$NPP" 512 1 | cut -d' ' -f2)
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    echo "$one $sixteen $pp"
+}
+
+bw=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
+peaks=$("$MACHINE" fma "$THREADS" 2>/dev/null)
+peak_avx2=$(grep ',avx2,' <<<"$peaks" | cut -d, -f4 || true)
+peak_avx512=$(grep ',avx512,' <<<"$peaks" | cut -d, -f4 || true)
+
+rows=()
+erows=()
+for shape in $SHAPES; do
+    f="$TMP/$shape-f16.gguf"
+    "$MKMODEL" --shape "$shape" --type f16 --vocab "$VOCAB" -o "$f" >&2
+    bytes=$(stat -c %s "$f")
+    echo "peer.sh: $shape kvserve" >&2
+    read -r k1 k16 kpp <<<"$(serve kvserve "$f" $((PORT++)))"
+    echo "peer.sh: $shape llama-server" >&2
+    read -r l1 l16 lpp <<<"$(serve llama "$f" $((PORT++)))"
+    kern=$(grep -o 'kernels: [^ ,;]*' "$TMP"/kvserve-*.log 2>/dev/null | tail -1 | cut -d' ' -f2 || true)
+    bound=$(awk -v b="$bw" -v s="$bytes" 'BEGIN{printf "%.1f", b * 1e9 / s}')
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}'; }
+    rows+=("| $shape F16 ($((bytes / 1048576)) MiB) | 1 client | $k1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound |")
+    rows+=("| | 16 clients | $k16 | $l16 | $(ratio "$k16" "$l16")x | |")
+    rows+=("| | prefill, 512-token prompts (prompt tok/s) | $kpp | $lpp | $(ratio "$kpp" "$lpp")x | |")
+    # kvserve's engine at 64 rows: GFLOP/s of the products against the FMA peak
+    "$ENGINE" batch "$f" 8 64 "$THREADS" >"$TMP/eng.csv" 2>"$TMP/eng.log" || true
+    tps=$(awk -F, '$1 == 64 {print $3}' "$TMP/eng.csv" | head -1)
+    # multiply-adds per token: every parameter but the embedding table (a lookup)
+    params=$(grep -o '[0-9.]*M params' "$TMP/eng.log" | head -1 | sed 's/M params//')
+    dim=$(grep -o 'dim [0-9]*' "$TMP/eng.log" | head -1 | cut -d' ' -f2)
+    vocab=$(grep -o 'vocab [0-9]*' "$TMP/eng.log" | head -1 | cut -d' ' -f2)
+    if [ -n "$tps" ] && [ -n "$params" ] && [ -n "$dim" ] && [ -n "$vocab" ]; then
+        gf=$(awk -v t="$tps" -v p="$params" -v d="$dim" -v v="$vocab" \
+            'BEGIN{printf "%.0f", 2 * (p * 1e6 - d * v) * t / 1e9}')
+        erows+=("| $shape F16 | ${kern:-?} | $tps | $gf | $(ratio "$gf" "$peak_avx2") of AVX2's $peak_avx2 |")
+    fi
+    rm -f "$f"
+done
+
+CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|fma\|f16c\|avx_vnni' | sort -u | tr '\n' ' ')
+SECTION="$TMP/section.md"
+{
+    echo "<!-- peer.sh begin -->"
+    echo "## kvserve against llama-server (bench/peer.sh)"
+    echo
+    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU} (${FLAGS% }), $THREADS threads for both"
+    echo "servers, kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer (its CPU variant chosen at"
+    echo "run time). Closed-loop clients of bench/serve_bench.py, non-streaming completions,"
+    echo "$PROMPT-token prompts, $OUT output tokens (ignore_eos); prefill: 512-token prompts, 1 output token."
+    echo "One run of each; load average before: $LOAD_BEFORE. Machine, same run: memory read"
+    echo "bandwidth $bw GB/s ($THREADS threads), FMA peak AVX2 ${peak_avx2:-n/a} / AVX-512 ${peak_avx512:-n/a} GFLOP/s"
+    echo "(kvs-bench-machine). Command:"
+    echo
+    echo '```'
+    echo "THREADS=$THREADS SHAPES=\"$SHAPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 NPP=$NPP bench/peer.sh"
+    echo '```'
+    echo
+    echo "| model | load | kvserve tok/s | llama-server tok/s | kvserve / llama-server | batch 1 vs bandwidth / file bytes |"
+    echo "|---|---|---:|---:|---:|---:|"
+    printf '%s\n' "${rows[@]}"
+    echo
+    echo "kvserve's engine alone at 64 rows (kvs-bench-engine batch, 8 steps):"
+    echo
+    echo "| model | kernels | tok/s | GFLOP/s (2 x non-embedding params x tok/s) | of the FMA peak |"
+    echo "|---|---|---:|---:|---:|"
+    printf '%s\n' "${erows[@]}"
+    echo "<!-- peer.sh end -->"
+} >"$SECTION"
+python3 bench/doc_section.py docs/BENCHMARKS.md peer.sh <"$SECTION"
+cat "$SECTION"
