@@ -668,6 +668,23 @@ static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
     return 0;
 }
 
+uint32_t kvpool_block_states(const kvpool *pool, uint32_t first, uint32_t n, uint8_t *state,
+                             uint16_t *refs)
+{
+    if (first >= pool->n_blocks)
+        return 0;
+    if (n > pool->n_blocks - first)
+        n = pool->n_blocks - first;
+    for (uint32_t i = 0; i < n; i++) {
+        const kvpool_block *b = &pool->blk[first + i];
+        if (state)
+            state[i] = b->refcount ? 2 : b->indexed ? 1 : 0;
+        if (refs)
+            refs[i] = b->refcount > 65535 ? 65535 : (uint16_t)b->refcount;
+    }
+    return n;
+}
+
 int kvpool_check(const kvpool *pool)
 {
     if (!pool)

@@ -102,6 +102,12 @@ uint32_t kvpool_seq_len(const kvpool_seq *seq);
 uint32_t kvpool_seq_n_computed(const kvpool_seq *seq);
 const int32_t *kvpool_seq_blocks(const kvpool_seq *seq, uint32_t *n_blocks);
 
+/* For pictures of the pool: the state of blocks [first, first + n) into state[] (0 free,
+ * 1 cached, 2 used) and their refcounts into refs[] (saturating at 65535); either may be NULL.
+ * Clamped to the pool; returns the number of blocks written. O(n), reads only. */
+uint32_t kvpool_block_states(const kvpool *pool, uint32_t first, uint32_t n, uint8_t *state,
+                             uint16_t *refs);
+
 /* Checks every invariant (refcounts match block tables, counts add up, index consistent);
  * returns 0 or KVS_EINVAL. For tests. */
 int kvpool_check(const kvpool *pool);

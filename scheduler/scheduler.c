@@ -8,6 +8,7 @@
  * all its tokens; on readmission its full blocks are usually still in the prefix cache, and it
  * continues from where it was (same sampler state), so its output is unaffected. */
 #include "scheduler/scheduler.h"
+#include "scheduler/sched_impl.h"
 
 #include "common/log.h"
 #include "common/status.h"
@@ -20,78 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* ------------------------------------------------------------------ requests and events */
-
-typedef struct event_node {
-    sched_event ev;
-    struct event_node *next;
-} event_node;
-
-struct sched_req {
-    /* fixed after submit */
-    sched *owner;
-    int32_t *prompt;
-    uint32_t n_prompt;
-    uint32_t max_tokens;
-    uint32_t n;
-    sampler_params sampling;
-    bool ignore_eos;
-    char *stop[SCHED_MAX_STOP];
-    size_t stop_len[SCHED_MAX_STOP];
-    int n_stop;
-    size_t max_stop_len;
-    int n_top_logprobs;
-    bool notify_on_finish_only;
-    void (*notify)(void *ud);
-    void *ud;
-    double t_submit;
-
-    /* mu guards the event queue, the flags, refs and notifying (see scheduler.h) */
-    pthread_mutex_t mu;
-    pthread_cond_t notify_done; /* signalled when a notify call returns */
-    int notifying;              /* notify calls in progress: release waits for them */
-    event_node *head, *tail;
-    uint32_t n_finished_taken; /* finishing events handed to the client */
-    int refs;                  /* client + engine */
-    atomic_bool released;      /* client gone: cancel (read lock-free by the engine thread) */
-
-    /* engine thread only */
-    struct sched_req *inbox_next;
-    uint32_t n_done; /* choices finished */
-    bool first_token_seen;
-    uint32_t cached_tokens;
-};
-
-enum seq_state { SEQ_WAITING, SEQ_RUNNING };
-
-typedef struct seq {
-    sched_req *req;
-    uint32_t choice;
-    bool fork_pending;  /* first choice of an n > 1 request whose prompt is not computed yet */
-    bool ever_admitted; /* has left the queue once (the 429 bound counts queued requests) */
-    enum seq_state state;
-    uint64_t admit_order; /* larger = admitted later = first to be preempted */
-    kvpool_seq *kv;
-    int32_t *tokens; /* prompt + generated; the last one may be sampled but not yet forwarded */
-    uint32_t n_tokens, cap;
-    uint32_t n_computed; /* positions whose K/V are in the arena */
-    uint32_t n_generated;
-    sampler *smp;
-    tok_decoder dec;
-    char *held; /* decoded text not yet emitted: could be the start of a stop string */
-    size_t held_len, held_cap;
-    double t_last_token;
-    /* this step */
-    uint32_t chunk; /* rows in the batch */
-    int logits_row; /* index into the logits buffer, -1 if none */
-    struct seq *prev, *next;
-} seq;
-
-typedef struct seq_list {
-    seq *head, *tail;
-    uint32_t n;
-} seq_list;
 
 static void list_push_back(seq_list *l, seq *s)
 {
@@ -130,52 +59,6 @@ static void list_remove(seq_list *l, seq *s)
     s->prev = s->next = NULL;
     l->n--;
 }
-
-/* ------------------------------------------------------------------ the scheduler */
-
-struct sched {
-    sched_params p;
-    const engine_model *model;
-    const tok_vocab *vocab;
-    uint32_t n_vocab;
-    int32_t stop_ids[2];
-    int n_stop_ids;
-
-    kvpool *pool;
-    engine_kv *kv;
-    engine_ctx *ctx;
-    float *logits; /* (max_num_seqs, n_vocab) */
-    /* batch arrays, (max_batched_tokens) */
-    int32_t *b_token, *b_pos, *b_seq;
-    bool *b_logits;
-    engine_seq_view *b_views; /* (max_num_seqs) */
-    seq **b_seqs;             /* (max_num_seqs) */
-    kvpool_copy *copies;      /* (max_num_seqs) */
-    int n_copies;
-
-    pthread_t thread;
-    bool thread_started;
-
-    /* inbox_mu guards everything in this group */
-    pthread_mutex_t inbox_mu;
-    pthread_cond_t inbox_cv;
-    sched_req *inbox_head, *inbox_tail;
-    uint32_t n_queued; /* submitted and not yet admitted-or-finished: the 429 bound */
-    uint32_t n_unfinished;
-    bool stop;
-    bool draining;
-    bool abort_all;
-    bool wake; /* something changed (release, abort) that the engine thread should look at */
-
-    /* engine thread only */
-    seq_list waiting;
-    seq_list running;
-    uint64_t admit_counter;
-
-    /* metrics_mu guards m */
-    pthread_mutex_t metrics_mu;
-    sched_metrics m;
-};
 
 sched_params sched_default_params(void)
 {
@@ -302,6 +185,11 @@ static void push_event(sched_req *r, sched_event *ev)
     }
 }
 
+uint64_t sched_req_serial(const sched_req *r)
+{
+    return r->serial; /* written once, before sched_submit returned r */
+}
+
 int sched_req_next(sched_req *r, sched_event *ev)
 {
     pthread_mutex_lock(&r->mu);
@@ -407,6 +295,7 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
     } else if (s->n_queued >= s->p.max_queue) {
         rc = KVS_ENOSPC;
     } else {
+        r->serial = ++s->next_serial;
         s->n_queued++;
         s->n_unfinished++;
         if (s->inbox_tail)
@@ -997,8 +886,13 @@ static void *engine_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&s->inbox_mu);
         while (!s->stop && !s->inbox_head && !s->wake && !s->abort_all && !s->waiting.n &&
-               !s->running.n)
+               !s->running.n && !s->snap_want)
             pthread_cond_wait(&s->inbox_cv, &s->inbox_mu);
+        sched_kv_snapshot *snap = s->snap_want;
+        if (snap) {
+            s->snap_want = NULL;
+            s->snap_state = SNAP_TAKEN;
+        }
         sched_req *in = s->inbox_head;
         s->inbox_head = s->inbox_tail = NULL;
         bool abort = s->abort_all || s->stop, stop = s->stop;
@@ -1038,6 +932,15 @@ static void *engine_main(void *arg)
         }
         drop_released(s, &s->waiting);
         drop_released(s, &s->running);
+        if (snap) {
+            /* between steps: what the last step left, cancelled requests already gone */
+            update_gauges(s);
+            sched__fill_snapshot(s, snap);
+            pthread_mutex_lock(&s->inbox_mu);
+            s->snap_state = SNAP_DONE;
+            pthread_cond_broadcast(&s->snap_cv);
+            pthread_mutex_unlock(&s->inbox_mu);
+        }
         if (stop) {
             update_gauges(s);
             break;
@@ -1098,9 +1001,12 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
         s->stop_ids[s->n_stop_ids++] = tok_bos(s->vocab);
     pthread_mutex_init(&s->inbox_mu, NULL);
     pthread_cond_init(&s->inbox_cv, NULL);
+    pthread_mutex_init(&s->snap_mu, NULL);
+    pthread_cond_init(&s->snap_cv, NULL);
     pthread_mutex_init(&s->metrics_mu, NULL);
     init_metrics(&s->m);
 
+    s->n_blocks = (uint32_t)n_blocks;
     kvpool_params kp = {(uint32_t)n_blocks, p.block_size, p.prefix_cache};
     int rc = kvpool_create(&kp, &s->pool);
     if (!rc)
@@ -1148,6 +1054,7 @@ void sched_destroy(sched *s)
         pthread_mutex_lock(&s->inbox_mu);
         s->stop = true;
         pthread_cond_signal(&s->inbox_cv);
+        pthread_cond_broadcast(&s->snap_cv); /* a snapshot taker gives up */
         pthread_mutex_unlock(&s->inbox_mu);
         pthread_join(s->thread, NULL);
     }
@@ -1164,6 +1071,8 @@ void sched_destroy(sched *s)
     free(s->copies);
     pthread_mutex_destroy(&s->inbox_mu);
     pthread_cond_destroy(&s->inbox_cv);
+    pthread_mutex_destroy(&s->snap_mu);
+    pthread_cond_destroy(&s->snap_cv);
     pthread_mutex_destroy(&s->metrics_mu);
     free(s);
 }

@@ -158,4 +158,45 @@ typedef struct sched_metrics {
 
 void sched_get_metrics(sched *s, sched_metrics *m);
 
+/* A consistent picture of the KV pool for people to look at (the web page's grid): every
+ * block's state and holders, and the running sequences, taken by the engine thread between
+ * two steps so nothing moves while it is copied. The copy is O(blocks + block-table
+ * entries) on the engine thread (a 100k-block pool costs well under a millisecond); the
+ * buffers are allocated by the caller. */
+enum sched_block_state {
+    SCHED_BLOCK_FREE = 0,   /* holds nothing findable */
+    SCHED_BLOCK_CACHED = 1, /* no holder, kept for prefix reuse until evicted */
+    SCHED_BLOCK_USED = 2,   /* in one or more block tables (refs says how many) */
+};
+
+typedef struct sched_kv_seq {
+    uint64_t request;  /* the request's serial (sched_req_serial) */
+    uint32_t choice;   /* which of its n choices */
+    uint32_t n_tokens; /* prompt + generated so far */
+    uint32_t n_blocks; /* length of its block table */
+} sched_kv_seq;
+
+typedef struct sched_kv_snapshot {
+    uint64_t steps;      /* engine steps run when it was taken */
+    uint32_t block_size; /* tokens per block */
+    uint32_t n_blocks;
+    uint8_t *state;     /* [n_blocks] enum sched_block_state */
+    uint16_t *refs;     /* [n_blocks] block tables holding the block (saturates at 65535) */
+    int32_t *owner;     /* [n_blocks] index in seqs of the oldest sequence holding it, or -1 */
+    uint32_t n_seqs;    /* running sequences, oldest first */
+    sched_kv_seq *seqs; /* [max_num_seqs] */
+    uint32_t n_waiting; /* sequences waiting for admission (they hold no blocks) */
+} sched_kv_snapshot;
+
+/* Takes a snapshot into *out (allocated here; free with sched_kv_snapshot_free; *out is
+ * zeroed on failure). Waits for the engine thread to reach the end of its current step, at
+ * most timeout_ms. Returns 0, KVS_EBUSY (the scheduler is stopping, or the step outlasted
+ * timeout_ms), KVS_ENOMEM. Any thread; callers are served one at a time. */
+int sched_kv_snapshot_take(sched *s, sched_kv_snapshot *out, int timeout_ms);
+void sched_kv_snapshot_free(sched_kv_snapshot *snap);
+
+/* The request's serial number: 1, 2, ... in submission order, the `request` of its
+ * sequences in a snapshot. */
+uint64_t sched_req_serial(const sched_req *r);
+
 #endif

@@ -147,4 +147,31 @@ static inline void wait_blocks_free(sched *s)
              m.num_requests_running, m.num_requests_waiting);
 }
 
+/* A snapshot's own consistency: holders are running sequences, every used block has one and
+ * every holder's table is counted in refs (so nothing was caught mid-step). */
+static inline void check_snapshot(const sched_kv_snapshot *k)
+{
+    uint64_t refs = 0, table = 0;
+    for (uint32_t b = 0; b < k->n_blocks; b++) {
+        assert_true(k->state[b] <= SCHED_BLOCK_USED);
+        assert_true(k->owner[b] >= -1 && k->owner[b] < (int32_t)k->n_seqs);
+        if (k->state[b] == SCHED_BLOCK_USED) {
+            assert_true(k->refs[b] >= 1);
+            assert_true(k->owner[b] >= 0);
+        } else {
+            assert_int_equal(k->refs[b], 0);
+            assert_int_equal(k->owner[b], -1);
+        }
+        refs += k->refs[b];
+    }
+    for (uint32_t i = 0; i < k->n_seqs; i++) {
+        table += k->seqs[i].n_blocks;
+        assert_true(k->seqs[i].request >= 1);
+        /* blocks are reserved for known tokens only (prefill chunks may not cover all yet) */
+        assert_true(k->seqs[i].n_blocks <=
+                    (k->seqs[i].n_tokens + k->block_size - 1) / k->block_size);
+    }
+    assert_int_equal(refs, table);
+}
+
 #endif

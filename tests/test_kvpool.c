@@ -1013,6 +1013,48 @@ static void test_random_bs64(void **state)
     run_random(64, 40, 3000, 0xabcdef01u);
 }
 
+/* kvpool_block_states: the picture matches the pool (used with refcounts, cached, free),
+ * is clamped to the pool, and either output may be skipped. */
+static void test_block_states(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 8, 4, true);
+    tseq a, b;
+    ts_create(&h, &a);
+    int32_t tok[8];
+    seq_tokens(tok, 8, 300);
+    assert_int_equal(ts_append(&h, &a, tok, 6, NULL), 0); /* a full block and a partial one */
+    kvpool_seq_commit(h.pool, a.s, 6);
+    ts_fork(&h, &a, &b);
+    uint8_t st[8];
+    uint16_t refs[8];
+    assert_int_equal(kvpool_block_states(h.pool, 0, 8, st, refs), 8);
+    uint32_t n_used = 0, n_shared = 0;
+    for (int i = 0; i < 8; i++) {
+        assert_true(st[i] == 0 || st[i] == 2);
+        n_used += st[i] == 2;
+        n_shared += refs[i] == 2;
+        assert_true((st[i] == 2) == (refs[i] > 0));
+    }
+    assert_int_equal(n_used, 2);
+    assert_int_equal(n_shared, 2);
+    ts_destroy(&h, &b);
+    ts_destroy(&h, &a);
+    assert_int_equal(kvpool_block_states(h.pool, 0, 8, st, NULL), 8);
+    uint32_t n_cached = 0;
+    for (int i = 0; i < 8; i++) {
+        assert_true(st[i] != 2);
+        n_cached += st[i] == 1;
+    }
+    assert_int_equal(n_cached, 1); /* the full block stays findable; the partial one is free */
+    assert_int_equal(kvpool_block_states(h.pool, 6, 8, NULL, refs), 2);
+    assert_int_equal(kvpool_block_states(h.pool, 8, 1, st, refs), 0);
+    kvpool_stats ps = stats(&h);
+    assert_int_equal(ps.blocks_cached, n_cached);
+    h_fini(&h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1032,6 +1074,7 @@ int main(void)
         cmocka_unit_test(test_random_bs1),
         cmocka_unit_test(test_random_bs16),
         cmocka_unit_test(test_random_bs64),
+        cmocka_unit_test(test_block_states),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

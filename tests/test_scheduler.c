@@ -313,6 +313,73 @@ static void test_forks_count_against_max_num_seqs(void **state)
     sched_destroy(s);
 }
 
+/* The KV picture: idle all free; while an n = 3 request runs its forks share the prompt's
+ * blocks (refs > 1) and every snapshot is consistent; afterwards nothing is used and the
+ * prompt's full blocks stay cached. */
+static void test_kv_snapshot(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    sched *s = make_sched(64, 8, 16);
+    sched_kv_snapshot k;
+    assert_int_equal(sched_kv_snapshot_take(s, &k, 5000), 0);
+    assert_int_equal(k.n_blocks, 64);
+    assert_int_equal(k.block_size, 16);
+    assert_int_equal(k.n_seqs, 0);
+    for (uint32_t b = 0; b < k.n_blocks; b++)
+        assert_int_equal(k.state[b], SCHED_BLOCK_FREE);
+    sched_kv_snapshot_free(&k);
+
+    /* a prompt of three full blocks and a bit: forks share them */
+    const ref_case *rc = &g_cases[1];
+    int32_t prompt[128];
+    int np = rc->n_prompt;
+    memcpy(prompt, rc->prompt, (size_t)np * sizeof(int32_t));
+    memcpy(prompt + np, rc->completion, 40 * sizeof(int32_t));
+    np += 40;
+    client *c = calloc(1, sizeof *c);
+    sched_request_params p = greedy_params(rc);
+    p.prompt = prompt;
+    p.n_prompt = (uint32_t)np;
+    p.n = 3;
+    p.max_tokens = 120;
+    p.ignore_eos = true;
+    client_init(c, 3);
+    assert_int_equal(sched_submit(s, &p, on_notify, c, &c->req), 0);
+    uint64_t serial = sched_req_serial(c->req);
+    assert_true(serial >= 1);
+    bool saw_shared = false;
+    int taken = 0;
+    while (!client_drain(c)) {
+        assert_int_equal(sched_kv_snapshot_take(s, &k, 5000), 0);
+        check_snapshot(&k);
+        taken++;
+        if (k.n_seqs == 3) {
+            for (uint32_t i = 0; i < 3; i++)
+                assert_true(k.seqs[i].request == serial);
+            for (uint32_t b = 0; b < k.n_blocks; b++)
+                if (k.refs[b] == 3)
+                    saw_shared = true;
+        }
+        sched_kv_snapshot_free(&k);
+    }
+    assert_true(taken > 0);
+    assert_true(saw_shared);
+    client_finish(c);
+    free(c);
+    wait_blocks_free(s);
+    assert_int_equal(sched_kv_snapshot_take(s, &k, 5000), 0);
+    uint32_t cached = 0;
+    for (uint32_t b = 0; b < k.n_blocks; b++) {
+        assert_true(k.state[b] != SCHED_BLOCK_USED);
+        cached += k.state[b] == SCHED_BLOCK_CACHED;
+    }
+    assert_true(cached >= 3);
+    sched_kv_snapshot_free(&k);
+    sched_destroy(s);
+}
+
 static void test_queue_bound_and_validation(void **state)
 {
     (void)state;
@@ -364,6 +431,7 @@ int main(void)
         cmocka_unit_test(test_queue_bound_and_validation),
         cmocka_unit_test(test_forks_finish_on_first_token),
         cmocka_unit_test(test_forks_count_against_max_num_seqs),
+        cmocka_unit_test(test_kv_snapshot),
     };
     return cmocka_run_group_tests_name("scheduler", tests, setup, teardown);
 }

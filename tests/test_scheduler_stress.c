@@ -5,7 +5,8 @@
  * logprobs, shared prompt prefixes, and cancels some of them at random points (before any
  * event, mid-prefill, mid-decode, after some choices finished). After each round: every
  * request that was not cancelled got exactly one finishing event per choice, within its
- * limits, and the pool holds no used block. It found the fork use-after-free of issue 10. */
+ * limits, and the pool holds no used block; KV snapshots taken meanwhile are consistent. It
+ * found the fork use-after-free of issue 10. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -156,6 +157,13 @@ static void run_round(int round)
             }
             if (!r->c.done)
                 all = false;
+        }
+        if (rnd(8) == 0) { /* a picture of the pool mid-run must be consistent */
+            sched_kv_snapshot k;
+            assert_int_equal(sched_kv_snapshot_take(s, &k, 60000), 0);
+            check_snapshot(&k);
+            assert_true(k.n_seqs <= sp.max_num_seqs);
+            sched_kv_snapshot_free(&k);
         }
         sched_metrics m;
         sched_get_metrics(s, &m);

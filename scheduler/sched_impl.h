@@ -1,0 +1,153 @@
+/* The scheduler's internal structs, shared by scheduler.c (requests, planning, the engine
+ * loop) and snapshot.c (pictures of the KV pool). Visible to the scheduler's own files only:
+ * nothing outside scheduler/ includes it. Lock rules are written at each struct. */
+#ifndef KVS_SCHEDULER_SCHED_IMPL_H
+#define KVS_SCHEDULER_SCHED_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "kvpool/kvpool.h"
+#include "scheduler/scheduler.h"
+
+/* ------------------------------------------------------------------ requests and events */
+
+typedef struct event_node {
+    sched_event ev;
+    struct event_node *next;
+} event_node;
+
+struct sched_req {
+    /* fixed after submit */
+    sched *owner;
+    int32_t *prompt;
+    uint32_t n_prompt;
+    uint32_t max_tokens;
+    uint32_t n;
+    sampler_params sampling;
+    bool ignore_eos;
+    char *stop[SCHED_MAX_STOP];
+    size_t stop_len[SCHED_MAX_STOP];
+    int n_stop;
+    size_t max_stop_len;
+    int n_top_logprobs;
+    bool notify_on_finish_only;
+    void (*notify)(void *ud);
+    void *ud;
+    double t_submit;
+
+    /* mu guards the event queue, the flags, refs and notifying (see scheduler.h) */
+    pthread_mutex_t mu;
+    pthread_cond_t notify_done; /* signalled when a notify call returns */
+    int notifying;              /* notify calls in progress: release waits for them */
+    event_node *head, *tail;
+    uint32_t n_finished_taken; /* finishing events handed to the client */
+    int refs;                  /* client + engine */
+    atomic_bool released;      /* client gone: cancel (read lock-free by the engine thread) */
+
+    uint64_t serial; /* 1, 2, ... in submission order (set under the inbox lock) */
+
+    /* engine thread only */
+    struct sched_req *inbox_next;
+    uint32_t n_done; /* choices finished */
+    bool first_token_seen;
+    uint32_t cached_tokens;
+};
+
+enum seq_state { SEQ_WAITING, SEQ_RUNNING };
+
+typedef struct seq {
+    sched_req *req;
+    uint32_t choice;
+    bool fork_pending;  /* first choice of an n > 1 request whose prompt is not computed yet */
+    bool ever_admitted; /* has left the queue once (the 429 bound counts queued requests) */
+    enum seq_state state;
+    uint64_t admit_order; /* larger = admitted later = first to be preempted */
+    kvpool_seq *kv;
+    int32_t *tokens; /* prompt + generated; the last one may be sampled but not yet forwarded */
+    uint32_t n_tokens, cap;
+    uint32_t n_computed; /* positions whose K/V are in the arena */
+    uint32_t n_generated;
+    sampler *smp;
+    tok_decoder dec;
+    char *held; /* decoded text not yet emitted: could be the start of a stop string */
+    size_t held_len, held_cap;
+    double t_last_token;
+    /* this step */
+    uint32_t chunk; /* rows in the batch */
+    int logits_row; /* index into the logits buffer, -1 if none */
+    struct seq *prev, *next;
+} seq;
+
+typedef struct seq_list {
+    seq *head, *tail;
+    uint32_t n;
+} seq_list;
+
+/* ------------------------------------------------------------------ the scheduler */
+
+struct sched {
+    sched_params p;
+    const engine_model *model;
+    const tok_vocab *vocab;
+    uint32_t n_vocab;
+    int32_t stop_ids[2];
+    int n_stop_ids;
+
+    kvpool *pool;
+    uint32_t n_blocks; /* the pool's size, fixed at create (read by any thread) */
+    engine_kv *kv;
+    engine_ctx *ctx;
+    float *logits; /* (max_num_seqs, n_vocab) */
+    /* batch arrays, (max_batched_tokens) */
+    int32_t *b_token, *b_pos, *b_seq;
+    bool *b_logits;
+    engine_seq_view *b_views; /* (max_num_seqs) */
+    seq **b_seqs;             /* (max_num_seqs) */
+    kvpool_copy *copies;      /* (max_num_seqs) */
+    int n_copies;
+
+    pthread_t thread;
+    bool thread_started;
+
+    /* inbox_mu guards everything in this group */
+    pthread_mutex_t inbox_mu;
+    pthread_cond_t inbox_cv;
+    sched_req *inbox_head, *inbox_tail;
+    uint32_t n_queued; /* submitted and not yet admitted-or-finished: the 429 bound */
+    uint32_t n_unfinished;
+    bool stop;
+    bool draining;
+    bool abort_all;
+    bool wake; /* something changed (release, abort) that the engine thread should look at */
+    uint64_t next_serial;
+    /* A KV snapshot asked for (see snapshot.c): posted by a taker (snap_want, SNAP_POSTED);
+     * the engine thread takes it between two steps (SNAP_TAKEN), fills it without the lock,
+     * then sets SNAP_DONE and broadcasts snap_cv. A taker whose wait times out may withdraw
+     * a snapshot still POSTED, never a TAKEN one (the engine is writing into it). snap_mu
+     * (taken before inbox_mu, never by the engine thread) serves one taker at a time. */
+    sched_kv_snapshot *snap_want;
+    enum { SNAP_IDLE, SNAP_POSTED, SNAP_TAKEN, SNAP_DONE } snap_state;
+    pthread_cond_t snap_cv;
+    pthread_mutex_t snap_mu;
+
+    /* engine thread only */
+    seq_list waiting;
+    seq_list running;
+    uint64_t admit_counter;
+
+    /* metrics_mu guards m */
+    pthread_mutex_t metrics_mu;
+    sched_metrics m;
+};
+
+/* Fills snap (buffers sized by sched_kv_snapshot) from the pool and the running list. Engine
+ * thread, between steps. */
+void sched__fill_snapshot(sched *s, sched_kv_snapshot *snap);
+
+#endif
