@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "server/api.h"
 #include "server/config.h"
+#include "server/kv_view.h"
 #include "server/metrics.h"
 
 static const sampler_params k_defaults = {.temperature = 1, .top_p = 1, .repetition_penalty = 1};
@@ -286,13 +287,64 @@ static void test_metrics(void **state)
     free(t);
 }
 
+/* /kv-cache's JSON: cells show the busiest block they cover, counts add up, owners and
+ * sequences come through, a large pool folds into at most max_cells cells. */
+static void test_kv_view(void **state)
+{
+    (void)state;
+    enum { N = 10 };
+    uint8_t st[N] = {0, 1, 2, 2, 2, 0, 0, 1, 2, 0};
+    uint16_t refs[N] = {0, 0, 1, 2, 1, 0, 0, 0, 1, 0};
+    int32_t owner[N] = {-1, -1, 0, 0, 1, -1, -1, -1, 1, -1};
+    sched_kv_seq seqs[2] = {{7, 0, 40, 3}, {7, 1, 36, 3}};
+    sched_kv_snapshot k = {.steps = 5,
+                           .block_size = 16,
+                           .n_blocks = N,
+                           .state = st,
+                           .refs = refs,
+                           .owner = owner,
+                           .n_seqs = 2,
+                           .seqs = seqs,
+                           .n_waiting = 1};
+    srv_kv_model m = {"m", "llama", "F16", "avx2", 512};
+    char *j = srv_kv_json(&k, &m, 99, 4096);
+    assert_non_null(j);
+    cJSON *r = cJSON_Parse(j);
+    free(j);
+    assert_non_null(r);
+    assert_string_equal(cJSON_GetObjectItem(r, "cells")->valuestring, ".cusu..cu.");
+    assert_int_equal(cJSON_GetObjectItem(r, "blocks_per_cell")->valueint, 1);
+    cJSON *bl = cJSON_GetObjectItem(r, "blocks");
+    assert_int_equal(cJSON_GetObjectItem(bl, "used")->valueint, 4);
+    assert_int_equal(cJSON_GetObjectItem(bl, "shared")->valueint, 1);
+    assert_int_equal(cJSON_GetObjectItem(bl, "cached")->valueint, 2);
+    assert_int_equal(cJSON_GetObjectItem(bl, "free")->valueint, 4);
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "owners"), 4)->valueint, 1);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r, "seqs")), 2);
+    assert_int_equal(cJSON_GetObjectItem(r, "waiting")->valueint, 1);
+    assert_int_equal(cJSON_GetObjectItem(r, "generation_tokens")->valueint, 99);
+    assert_string_equal(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(r, "model"), "kernels")->valuestring, "avx2");
+    cJSON_Delete(r);
+    /* folded: 3 cells of 4, 4 and 2 blocks, each its busiest state and that block's owner */
+    j = srv_kv_json(&k, &m, 99, 3);
+    r = cJSON_Parse(j);
+    free(j);
+    assert_string_equal(cJSON_GetObjectItem(r, "cells")->valuestring, "suu");
+    assert_int_equal(cJSON_GetObjectItem(r, "blocks_per_cell")->valueint, 4);
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "owners"), 0)->valueint, 0);
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "owners"), 1)->valueint, 1);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "blocks"), "free")->valueint, 4);
+    cJSON_Delete(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_completion_ok), cmocka_unit_test(test_chat_ok),
         cmocka_unit_test(test_rejects),       cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_config),        cmocka_unit_test(test_default_json),
-        cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_metrics),       cmocka_unit_test(test_kv_view),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
