@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what kvserve needs to build and test on Debian 12 (run as root, or with sudo), then
-# the OpenAI Node SDK for tests/sdk (npm ci from the committed package-lock.json).
+# the Node test suites' packages (npm ci from their committed package-lock.json files).
 # Idempotent: skips apt when every package is already installed, npm when the SDK is in place.
-# Test-only tools: node+npm (tests/sdk), promtool from prometheus (tests/deploy), nginx.
+# Test-only tools: node+npm (tests/sdk, tests/webui), promtool from prometheus (tests/deploy),
+# nginx, chromium (tests/webui).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential meson ninja-build pkg-config
       libmicrohttpd-dev libcjson-dev libopenblas-dev libcmocka-dev libpcre2-dev
-      python3 python3-yaml curl clang clang-format libclang-rt-dev prometheus nginx wrk)
+      python3 python3-yaml curl clang clang-format libclang-rt-dev prometheus nginx wrk
+      chromium)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -26,13 +28,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The SDK test's node_modules: reinstall when the lock file changed since the last install.
-sdk=tests/sdk
-if [ ! -f "$sdk/node_modules/openai/package.json" ] ||
-   [ "$sdk/package-lock.json" -nt "$sdk/node_modules/.package-lock.json" ]; then
-    echo "setup: npm ci in $sdk" >&2
-    # A failure here only costs the 'sdk' test (it skips and says why): warn, don't stop.
-    (cd "$sdk" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
-        echo "setup: WARNING: npm ci in $sdk failed; the 'sdk' test will skip" >&2
-fi
+# The Node test suites' node_modules (the OpenAI SDK; playwright-core for the page in
+# chromium): reinstall when the lock file changed since the last install.
+for spec in tests/sdk:openai:sdk tests/webui:playwright-core:webui; do
+    dir=${spec%%:*} rest=${spec#*:}
+    pkg=${rest%%:*} suite=${rest#*:}
+    if [ ! -f "$dir/node_modules/$pkg/package.json" ] ||
+       [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+        echo "setup: npm ci in $dir" >&2
+        # A failure here only costs that suite (it skips and says why): warn, don't stop.
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
+            echo "setup: WARNING: npm ci in $dir failed; the '$suite' test will skip" >&2
+    fi
+done
 exit 0

@@ -1,0 +1,134 @@
+// kvserve's web page in a real browser (Debian's chromium, headless, driven by playwright-core):
+// open /, type a prompt, press Enter, the streamed reply appears; the KV grid shows the
+// sequence's blocks while it runs and gives them back (free or cached) after; Stop cancels the
+// request on the server. The page must reference no other host and log no console errors.
+// A screenshot mid-generation goes to $KVS_WEBUI_SCREENSHOT when set (docs/webui.png).
+//
+// Environment: KVSERVE_BIN, KVS_SHARED_MODELS; CHROMIUM (default /usr/bin/chromium).
+// run.sh checks the prerequisites and exits 77 (meson's skip) when one is missing.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import path from 'node:path';
+import { chromium } from 'playwright-core';
+
+const MODELS = process.env.KVS_SHARED_MODELS ?? path.resolve('../../../shared/models');
+const MODEL = path.join(MODELS, 'stories260K.gguf');
+let server = null, stderr = '', url = '', browser = null;
+
+async function startServer(extra) {
+    server = spawn(process.env.KVSERVE_BIN, ['serve', '-m', MODEL, '--host', '127.0.0.1',
+        '--port', '0', '--ctx-size', '2048', '--threads', '1', '--served-model-name',
+        'stories260K', '--kv-cache-mb', '4', ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
+    server.stderr.setEncoding('utf8');
+    server.stderr.on('data', (d) => { stderr += d; });
+    const deadline = Date.now() + 30000;
+    while (Date.now() < deadline) {
+        if (server.exitCode !== null)
+            throw new Error(`kvserve exited with ${server.exitCode}:\n${stderr}`);
+        const m = /listening on http:\/\/[^:]+:(\d+)/.exec(stderr);
+        if (m) {
+            const u = `http://127.0.0.1:${m[1]}`;
+            try {
+                if ((await fetch(`${u}/health`)).status === 200)
+                    return u;
+            } catch { /* not accepting yet */ }
+        }
+        await new Promise((r) => setTimeout(r, 50));
+    }
+    throw new Error(`kvserve did not become ready:\n${stderr}`);
+}
+
+async function metric(name) {
+    const text = await (await fetch(`${url}/metrics`)).text();
+    const line = text.split('\n').find((l) => l.startsWith(name + ' ') || l.startsWith(name + '{'));
+    return line ? Number(line.split(' ').pop()) : NaN;
+}
+
+before(async () => {
+    url = await startServer([]);
+    browser = await chromium.launch({
+        executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+        args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'],
+    });
+});
+
+after(async () => {
+    if (browser)
+        await browser.close();
+    if (server && server.exitCode === null) {
+        const exited = new Promise((r) => server.once('exit', r));
+        server.kill('SIGTERM');
+        await exited;
+    }
+});
+
+async function openPage() {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+    const problems = [];
+    page.on('console', (m) => { if (m.type() === 'error') problems.push(m.text()); });
+    page.on('pageerror', (e) => problems.push(String(e)));
+    const foreign = [];
+    page.on('request', (r) => { if (!r.url().startsWith(url)) foreign.push(r.url()); });
+    const res = await page.goto(url + '/');
+    assert.equal(res.status(), 200);
+    assert.match(res.headers()['content-type'], /^text\/html/);
+    await page.waitForFunction(() => document.getElementById('kv-free').textContent !== '–');
+    return { page, problems, foreign };
+}
+
+test('GET / is the page and names no other host', async () => {
+    const r = await fetch(url + '/');
+    assert.equal(r.status, 200);
+    assert.match(r.headers.get('content-type'), /^text\/html/);
+    const html = await r.text();
+    assert.doesNotMatch(html, /(src|href)\s*=\s*["']?(https?:)?\/\//i);
+    assert.doesNotMatch(html, /fetch\(\s*["'`]https?:/i);
+});
+
+test('chat: Enter sends, the reply streams in, the grid shows its blocks and then frees them',
+    async () => {
+        const { page, problems, foreign } = await openPage();
+        await page.fill('#max_tokens', '400');
+        await page.fill('#temperature', '0.9');
+        await page.fill('#prompt', 'Once upon a time');
+        await page.press('#prompt', 'Enter');
+        // streamed: text appears while the reply is still running
+        await page.waitForFunction(() => {
+            const m = document.querySelector('.msg.assistant.streaming .body');
+            return m && m.textContent.length > 0;
+        }, null, { timeout: 30000 });
+        // the grid shows the running sequence's blocks
+        await page.waitForFunction(() => Number(document.getElementById('kv-used').textContent) > 0 &&
+            Number(document.getElementById('kv-running').textContent) >= 1, null, { timeout: 30000 });
+        if (process.env.KVS_WEBUI_SCREENSHOT)
+            await page.screenshot({ path: process.env.KVS_WEBUI_SCREENSHOT });
+        await page.waitForSelector('.msg.assistant[data-done="done"]', { timeout: 120000 });
+        const stats = await page.textContent('.msg.assistant .stats');
+        assert.match(stats, /generated tokens/);
+        assert.match(stats, /tok\/s/);
+        // and back: nothing used, the prompt's full blocks kept for reuse
+        await page.waitForFunction(() => document.getElementById('kv-used').textContent === '0' &&
+            Number(document.getElementById('kv-cached').textContent) > 0, null, { timeout: 10000 });
+        assert.deepEqual(problems, []);
+        assert.deepEqual(foreign, []);
+        await page.close();
+    });
+
+test('stop cancels the request on the server and its blocks come back', async () => {
+    const { page, problems } = await openPage();
+    const cancelled = await metric('kvserve_requests_total{status="499"}');
+    await page.fill('#max_tokens', '2000');
+    await page.fill('#prompt', 'Tell me a very long story');
+    await page.press('#prompt', 'Enter');
+    await page.waitForFunction(() => Number(document.getElementById('kv-used').textContent) > 0,
+        null, { timeout: 30000 });
+    await page.click('#stop');
+    await page.waitForSelector('.msg.assistant[data-done="stopped"]', { timeout: 10000 });
+    await page.waitForFunction(() => document.getElementById('kv-used').textContent === '0',
+        null, { timeout: 10000 });
+    assert.equal(await metric('kvserve_kv_blocks_used'), 0);
+    assert.equal(await metric('kvserve_requests_total{status="499"}'), cancelled + 1);
+    assert.deepEqual(problems, []);
+    await page.close();
+});
