@@ -50,6 +50,8 @@ static const opt k_opts[] = {
      "chatml|llama2|llama3|zephyr|mistral|gemma|phi3|plain (default: detect from the model)"},
     {"no-prefix-cache", 0, OPT_FLAG, OFF(no_prefix_cache), "false",
      "do not reuse cached prompt blocks"},
+    {"no-webui", 0, OPT_FLAG, OFF(no_webui), "false",
+     "do not serve the web page (chat and the live KV cache) at /"},
     {"log-level", 0, OPT_STR, OFF(log_level), "info", "debug|info|warn|error"},
     {"http-threads", 0, OPT_U32, OFF(http_threads), "2", "HTTP polling threads"},
     /* Per-connection bounds. The inactivity timeout closes idle and stalled connections

@@ -36,8 +36,15 @@
 #include "common/status.h"
 #include "common/timeutil.h"
 #include "server/api.h"
+#include "server/kv_view.h"
 #include "server/metrics.h"
 #include "server/response.h"
+
+/* The web page (server/webui/index.html through tools/embed.py). */
+extern const unsigned char srv_webui_page[];
+extern const unsigned long srv_webui_page_len;
+/* The kernels in use, for the page's model line (the kernel tables come with issue 11). */
+#define KVS_KERNELS_NAME(m) "built-in"
 
 /* Responses or bodies at least this big give their memory back to the system when done. */
 #define SRV_TRIM_BYTES (1u << 20)
@@ -95,7 +102,9 @@ enum route {
     R_HEALTH,
     R_METRICS,
     R_TOKENIZE,
-    R_DETOKENIZE
+    R_DETOKENIZE,
+    R_PAGE,
+    R_KV
 };
 
 enum phase { PH_BODY = 0, PH_WAIT, PH_STREAM, PH_DONE };
@@ -338,10 +347,15 @@ static enum route route_of(const char *url, bool *post)
         enum route r;
         bool post;
     } k[] = {
-        {"/v1/completions", R_COMPLETIONS, true}, {"/v1/chat/completions", R_CHAT, true},
-        {"/v1/models", R_MODELS, false},          {"/health", R_HEALTH, false},
-        {"/metrics", R_METRICS, false},           {"/tokenize", R_TOKENIZE, true},
+        {"/v1/completions", R_COMPLETIONS, true},
+        {"/v1/chat/completions", R_CHAT, true},
+        {"/v1/models", R_MODELS, false},
+        {"/health", R_HEALTH, false},
+        {"/metrics", R_METRICS, false},
+        {"/tokenize", R_TOKENIZE, true},
         {"/detokenize", R_DETOKENIZE, true},
+        {"/", R_PAGE, false},
+        {"/kv-cache", R_KV, false},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
         if (!strcmp(url, k[i].path)) {
@@ -410,6 +424,38 @@ static enum MHD_Result do_metrics(srv_conn *c)
     enum MHD_Result r =
         send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
     free(text);
+    return r;
+}
+
+/* GET /kv-cache[?cells=N]: a snapshot of the KV pool taken between two engine steps, folded
+ * into at most N cells (default 4096) for the page's grid. */
+static enum MHD_Result do_kv(srv_conn *c)
+{
+    srv_server *s = c->srv;
+    const char *q = MHD_lookup_connection_value(c->mc, MHD_GET_ARGUMENT_KIND, "cells");
+    unsigned long cells = 4096;
+    if (q) {
+        char *end;
+        errno = 0;
+        cells = strtoul(q, &end, 10);
+        if (errno || end == q || *end || cells < 1 || cells > SRV_KV_MAX_CELLS)
+            return fail(c, 400, "cells", NULL, "'cells' must be an integer from 1 to 65536");
+    }
+    sched_kv_snapshot k;
+    int rc = sched_kv_snapshot_take(s->sched, &k, 5000);
+    if (rc)
+        return fail(c, 503, NULL, NULL, "the engine is busy or stopping; no KV snapshot");
+    sched_metrics m;
+    sched_get_metrics(s->sched, &m);
+    const engine_hparams *hp = engine_model_hparams(s->model);
+    srv_kv_model info = {s->served_name, hp->arch, engine_model_weight_type(s->model),
+                         KVS_KERNELS_NAME(s->model), s->n_ctx};
+    char *body = srv_kv_json(&k, &info, m.generation_tokens_total, (uint32_t)cells);
+    sched_kv_snapshot_free(&k);
+    if (!body)
+        return fail(c, 500, NULL, NULL, "out of memory");
+    enum MHD_Result r = send_json(c, 200, body);
+    free(body);
     return r;
 }
 
@@ -887,6 +933,15 @@ static bool answer_early(srv_conn *c, const char *url, enum MHD_Result *r)
                       st == ST_LOADING ? "the model is loading" : "the server is shutting down");
         return true;
     }
+    if (c->route == R_PAGE) {
+        /* the page holds no data (it asks /kv-cache and the API, which check the key) */
+        if (s->cfg->no_webui)
+            *r = fail(c, 404, NULL, NULL, "Not found (the web page is off: --no-webui)");
+        else
+            *r = send_body(c, 200, "text/html; charset=utf-8", (const char *)srv_webui_page,
+                           (size_t)srv_webui_page_len);
+        return true;
+    }
     if (c->route != R_METRICS && !authorized(c)) {
         *r = fail(c, 401, NULL, "invalid_api_key", "Invalid or missing API key");
         return true;
@@ -900,6 +955,7 @@ static bool answer_early(srv_conn *c, const char *url, enum MHD_Result *r)
     case R_MODELS:
     case R_MODEL_ONE: *r = do_models(c, url); return true;
     case R_METRICS: *r = do_metrics(c); return true;
+    case R_KV: *r = do_kv(c); return true;
     default: return false; /* a POST route: read its body */
     }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # meson test 'webui': the page in Debian's chromium through playwright-core (webui.test.mjs).
 # Exits 77 (meson's "skipped") with the reason when node, chromium, playwright-core, the model
-# or the binary is missing. Environment: KVSERVE_BIN, KVS_SHARED_MODELS (tests/meson.build).
+# or the binaries are missing. Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_SHARED_MODELS
+# (tests/meson.build).
 set -uo pipefail
 cd "$(dirname "$0")"
 skip() { echo "SKIP: $*"; exit 77; }
@@ -11,7 +12,9 @@ chrome=${CHROMIUM:-/usr/bin/chromium}
 [ -f node_modules/playwright-core/package.json ] ||
     skip "tests/webui/node_modules/playwright-core missing: run tools/setup.sh (npm ci in tests/webui)"
 models=${KVS_SHARED_MODELS:-../../../shared/models}
-[ -f "$models/stories260K.gguf" ] || skip "$models/stories260K.gguf not found (see MODELS.md)"
+[ -f "$models/vocab/ggml-vocab-llama-spm.gguf" ] ||
+    skip "$models/vocab/ggml-vocab-llama-spm.gguf not found (see MODELS.md)"
 [ -x "${KVSERVE_BIN:-}" ] || skip "KVSERVE_BIN not set or not executable"
+[ -x "${KVS_MKMODEL:-}" ] || skip "KVS_MKMODEL not set or not executable"
 export CHROMIUM=$chrome
 exec node --test --test-reporter=spec webui.test.mjs

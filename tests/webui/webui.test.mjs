@@ -4,22 +4,31 @@
 // request on the server. The page must reference no other host and log no console errors.
 // A screenshot mid-generation goes to $KVS_WEBUI_SCREENSHOT when set (docs/webui.png).
 //
-// Environment: KVSERVE_BIN, KVS_SHARED_MODELS; CHROMIUM (default /usr/bin/chromium).
+// Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_SHARED_MODELS (its vocab/); CHROMIUM (default
+// /usr/bin/chromium).
 // run.sh checks the prerequisites and exits 77 (meson's skip) when one is missing.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { chromium } from 'playwright-core';
 
 const MODELS = process.env.KVS_SHARED_MODELS ?? path.resolve('../../../shared/models');
-const MODEL = path.join(MODELS, 'stories260K.gguf');
+// A 110m-shape model (random weights) from kvs-mkmodel: slow enough on one thread (tens of
+// tokens a second) that a person, and this test, can watch its blocks fill the grid.
+const TMP = mkdtempSync(path.join(tmpdir(), 'kvs-webui-'));
+const MODEL = path.join(TMP, '110m-f16.gguf');
 let server = null, stderr = '', url = '', browser = null;
 
 async function startServer(extra) {
+    execFileSync(process.env.KVS_MKMODEL, ['--shape', '110m', '--type', 'f16', '--vocab',
+        path.join(MODELS, 'vocab', 'ggml-vocab-llama-spm.gguf'), '-o', MODEL],
+    { stdio: 'ignore' });
     server = spawn(process.env.KVSERVE_BIN, ['serve', '-m', MODEL, '--host', '127.0.0.1',
-        '--port', '0', '--ctx-size', '2048', '--threads', '1', '--served-model-name',
-        'stories260K', '--kv-cache-mb', '4', ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
+        '--port', '0', '--ctx-size', '512', '--threads', '1', '--served-model-name',
+        '110m-random', '--kv-cache-mb', '64', ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
     server.stderr.setEncoding('utf8');
     server.stderr.on('data', (d) => { stderr += d; });
     const deadline = Date.now() + 30000;
@@ -61,6 +70,7 @@ after(async () => {
         server.kill('SIGTERM');
         await exited;
     }
+    rmSync(TMP, { recursive: true, force: true });
 });
 
 async function openPage() {
@@ -69,7 +79,9 @@ async function openPage() {
     page.on('console', (m) => { if (m.type() === 'error') problems.push(m.text()); });
     page.on('pageerror', (e) => problems.push(String(e)));
     const foreign = [];
-    page.on('request', (r) => { if (!r.url().startsWith(url)) foreign.push(r.url()); });
+    page.on('request', (r) => {
+        if (!r.url().startsWith(url) && !r.url().startsWith('data:')) foreign.push(r.url());
+    });
     const res = await page.goto(url + '/');
     assert.equal(res.status(), 200);
     assert.match(res.headers()['content-type'], /^text\/html/);
@@ -89,7 +101,7 @@ test('GET / is the page and names no other host', async () => {
 test('chat: Enter sends, the reply streams in, the grid shows its blocks and then frees them',
     async () => {
         const { page, problems, foreign } = await openPage();
-        await page.fill('#max_tokens', '400');
+        await page.fill('#max_tokens', '40');
         await page.fill('#temperature', '0.9');
         await page.fill('#prompt', 'Once upon a time');
         await page.press('#prompt', 'Enter');
@@ -101,15 +113,27 @@ test('chat: Enter sends, the reply streams in, the grid shows its blocks and the
         // the grid shows the running sequence's blocks
         await page.waitForFunction(() => Number(document.getElementById('kv-used').textContent) > 0 &&
             Number(document.getElementById('kv-running').textContent) >= 1, null, { timeout: 30000 });
-        if (process.env.KVS_WEBUI_SCREENSHOT)
+        if (process.env.KVS_WEBUI_SCREENSHOT) {
+            // for the picture: an API client's n = 3 request beside the chat, its choices
+            // sharing their prompt's blocks
+            const other = fetch(url + '/v1/completions', { method: 'POST',
+                headers: { 'Content-Type': 'application/json' },
+                body: JSON.stringify({ prompt: 'The little dog ran to the big park and ' +
+                    'the little dog was happy to see the big park', n: 3, max_tokens: 24 }) });
+            await page.waitForFunction(() => Number(document.getElementById('kv-shared')
+                .textContent) > 0, null, { timeout: 30000 });
             await page.screenshot({ path: process.env.KVS_WEBUI_SCREENSHOT });
+            await other;
+        }
         await page.waitForSelector('.msg.assistant[data-done="done"]', { timeout: 120000 });
         const stats = await page.textContent('.msg.assistant .stats');
         assert.match(stats, /generated tokens/);
         assert.match(stats, /tok\/s/);
-        // and back: nothing used, the prompt's full blocks kept for reuse
+        // and back: nothing used, the full blocks kept for reuse
         await page.waitForFunction(() => document.getElementById('kv-used').textContent === '0' &&
             Number(document.getElementById('kv-cached').textContent) > 0, null, { timeout: 10000 });
+        const reply = await page.textContent('.msg.assistant .body');
+        assert.ok(reply.length > 0);
         assert.deepEqual(problems, []);
         assert.deepEqual(foreign, []);
         await page.close();
@@ -118,7 +142,7 @@ test('chat: Enter sends, the reply streams in, the grid shows its blocks and the
 test('stop cancels the request on the server and its blocks come back', async () => {
     const { page, problems } = await openPage();
     const cancelled = await metric('kvserve_requests_total{status="499"}');
-    await page.fill('#max_tokens', '2000');
+    await page.fill('#max_tokens', '400');
     await page.fill('#prompt', 'Tell me a very long story');
     await page.press('#prompt', 'Enter');
     await page.waitForFunction(() => Number(document.getElementById('kv-used').textContent) > 0,
