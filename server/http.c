@@ -979,11 +979,21 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc)
     return c;
 }
 
-static enum MHD_Result framing_field(void *cls, enum MHD_ValueKind kind, const char *key,
-                                     const char *value)
+typedef struct head_tally {
+    srv_framing framing;
+    size_t bytes;      /* of the fields as sent, near enough: name, ": ", value, CRLF */
+    unsigned n_fields; /* header fields and query parameters */
+} head_tally;
+
+static enum MHD_Result tally_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value)
 {
-    (void)kind;
-    srv_framing_add(cls, key, strlen(key), value ? value : "", value ? strlen(value) : 0);
+    head_tally *t = cls;
+    size_t kl = strlen(key), vl = value ? strlen(value) : 0;
+    t->n_fields++;
+    t->bytes += kl + vl + 4;
+    if (kind == MHD_HEADER_KIND)
+        srv_framing_add(&t->framing, key, kl, value ? value : "", vl);
     return MHD_YES;
 }
 
@@ -995,9 +1005,16 @@ static bool request_is_sound(srv_conn *c, const char *version, srv_error *e)
         *e = c->bad_error;
         return false;
     }
-    srv_framing f = {0};
-    MHD_get_connection_values(c->mc, MHD_HEADER_KIND, framing_field, &f);
-    return srv_framing_check(&f, !strcmp(version, MHD_HTTP_VERSION_1_0), e) == 0;
+    head_tally t = {0};
+    MHD_get_connection_values(c->mc, MHD_HEADER_KIND | MHD_GET_ARGUMENT_KIND, tally_field, &t);
+    /* The front door's head limits, for requests it did not see (MHD's pool is larger). */
+    size_t limit = (size_t)c->srv->cfg->connection_memory_kb * 1024;
+    if (t.bytes + strlen(c->route_name) > limit || t.n_fields > limit / SRV_HEAD_BYTES_PER_FIELD) {
+        srv_error_set(e, 431, NULL, NULL, "request line and headers are over %zu KiB or %zu fields",
+                      limit / 1024, limit / SRV_HEAD_BYTES_PER_FIELD);
+        return false;
+    }
+    return srv_framing_check(&t.framing, !strcmp(version, MHD_HTTP_VERSION_1_0), e) == 0;
 }
 
 /* Second call of a request (MHD has its headers): health, auth, state, and the GET routes.
@@ -1266,8 +1283,10 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(line);
     while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
         line[--n] = '\0';
-    if (tl_client_gone) {
-        /* the close that follows a cancel (see tl_client_gone), not a failure */
+    /* The close that follows a cancel (see tl_client_gone), or MHD finding the peer gone
+     * while it writes: how a client cancels, not a failure. */
+    if (tl_client_gone || strstr(line, "by remote peer") || strstr(line, "reset by peer") ||
+        strstr(line, "Broken pipe")) {
         tl_client_gone = false;
         log_debug("http: %s (the client had gone)", line);
         return;
