@@ -124,9 +124,8 @@ static void refuse(srv_frontdoor *f, size_t i, const srv_error *e, const srv_hea
 static void on_head(srv_frontdoor *f, size_t i, short revents, double now)
 {
     pending *q = &f->pend[i];
-    /* A client that closed or half-closed before its head was whole can get no answer. */
-    if (revents & (POLLERR | POLLHUP | POLLRDHUP)) {
-        drop(f, i);
+    if (revents & (POLLERR | POLLHUP)) {
+        drop(f, i); /* reset */
         return;
     }
     ssize_t r = recv(q->fd, f->buf, f->p.head_limit, MSG_PEEK | MSG_DONTWAIT);
@@ -134,13 +133,19 @@ static void on_head(srv_frontdoor *f, size_t i, short revents, double now)
         drop(f, i);
         return;
     }
-    if (r <= 0 || (size_t)r == q->seen)
+    if (r < 0 || ((size_t)r == q->seen && !(revents & POLLRDHUP)))
         return;
     q->seen = (size_t)r;
     q->t_last = now;
     srv_head h;
     srv_error e;
     int st = srv_head_parse(f->buf, (size_t)r, f->p.head_limit, f->p.max_fields, &h, &e);
+    /* A client that closed or half-closed before its head was whole can get no answer; one
+     * that half-closed after a whole head is served (and reaped after, as a gone client). */
+    if (st == 0 && (revents & POLLRDHUP)) {
+        drop(f, i);
+        return;
+    }
     if (st == 0) {
         set_lowat(q->fd, q->seen + 1);
         return;
