@@ -9,16 +9,25 @@
  * sched_destroy): a late notify for a finished request lands on a slot that is free or reused,
  * and at worst resumes a connection spuriously, which simply suspends again.
  *
- * Locks: srv_wake.mu (per slot: mc, suspended; taken by MHD threads and the engine thread,
- * and held around sched_req_next, which takes the request's own lock inside it: the engine
- * thread never holds that lock while notifying, so the order is fixed); srv_server.wake_mu
- * (the slot free list). Never held together. */
+ * Clients reach the daemon through the front door (server/frontdoor.c), which owns the listen
+ * socket and hands over a connection once its first request head is whole and valid; later
+ * requests on a kept-alive connection are checked here (framing, path) as the front door
+ * checked the first.
+ *
+ * Locks: srv_server.sock_mu (the list of open connections and each one's wake slot; taken by
+ * MHD threads and the reaper); srv_wake.mu (per slot: mc, suspended; taken by MHD threads and
+ * the engine thread, and held around sched_req_next, which takes the request's own lock
+ * inside it: the engine thread never holds that lock while notifying, so the order is fixed);
+ * srv_server.wake_mu (the slot free list). Order: sock_mu before srv_wake.mu; wake_mu is
+ * never held with either. */
+#define _GNU_SOURCE /* POLLRDHUP */
 #include "server/http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <malloc.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -37,6 +46,8 @@
 #include "common/timeutil.h"
 #include "server/api.h"
 #include "server/kv_view.h"
+#include "server/frontdoor.h"
+#include "server/http_head.h"
 #include "server/metrics.h"
 #include "server/response.h"
 
@@ -51,6 +62,16 @@ extern const unsigned long srv_webui_page_len;
 
 enum srv_state { ST_LOADING = 0, ST_READY, ST_DRAINING, ST_STOPPING };
 
+/* --connection-memory-kb bounds a request's head (request line and header fields); the front
+ * door measures it. MHD's per-connection pool holds the head, one record of about 64 bytes
+ * per header field and query parameter (measured with libmicrohttpd 0.9.75: 422 fields of
+ * 12 bytes fill 32 KiB), and the response's headers. So the front door also allows at most
+ * one field per 32 bytes of the limit (1024 for 32 KiB), and the pool is 4 x the limit: a
+ * head at both limits needs about 3 x. The pool is touched whole, so it is resident memory
+ * per open connection. */
+#define SRV_HEAD_BYTES_PER_FIELD 32
+#define SRV_POOL_PER_HEAD 4
+
 typedef struct srv_wake {
     pthread_mutex_t mu;
     struct MHD_Connection *mc; /* NULL: no connection waits on this slot */
@@ -60,9 +81,18 @@ typedef struct srv_wake {
     struct srv_wake *next_all;
 } srv_wake;
 
+/* One open MHD connection (its socket context), so the reaper can watch every socket. */
+typedef struct srv_sock {
+    int fd;
+    srv_wake *wake; /* the slot of the request on this connection, or NULL (sock_mu) */
+    bool nudged;    /* the reaper shut the socket down already */
+    struct srv_sock *prev, *next;
+} srv_sock;
+
 struct srv_server {
     const srv_config *cfg;
     struct MHD_Daemon *d;
+    srv_frontdoor *door;
     int listen_fd;
     uint16_t port;
     _Atomic int state;
@@ -84,8 +114,12 @@ struct srv_server {
     srv_wake *wake_free;
     srv_wake *wake_all;
 
-    /* The reaper (see reaper_main): notices clients that closed while their connection is
-     * suspended, which MHD does not poll. */
+    pthread_mutex_t sock_mu; /* guards socks and each srv_sock's wake and nudged */
+    srv_sock *socks;
+    _Atomic unsigned n_conns; /* handed to MHD by the front door and not yet closed */
+
+    /* The reaper (see reaper_main): notices clients that closed or half-closed, on every
+     * connection MHD holds, suspended or not. */
     pthread_t reaper;
     bool reaper_started;
     pthread_mutex_t reaper_mu; /* guards reaper_stop */
@@ -114,8 +148,12 @@ typedef struct srv_conn {
     srv_server *srv;
     struct MHD_Connection *mc;
     enum route route;
-    const char *method;
-    char route_name[64];
+    const char *method;   /* NULL until on_request's first call */
+    char route_name[200]; /* the target as sent, escaped for the log (srv_log_escape) */
+    char path[128];       /* the target's decoded path (srv_target_path), what routes match */
+    bool bad_target;      /* srv_target_path refused it: bad_error says why */
+    srv_error bad_error;
+    bool close_after; /* the response says "Connection: close": its framing is not trusted */
     char reqid[32];
     double t_start, t_first;
     enum phase phase;
@@ -137,7 +175,8 @@ typedef struct srv_conn {
     srv_choice *choices;
     uint32_t n_choices;
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
-    int fail_status; /* a choice finished with an error: its status */
+    uint32_t delta_tokens; /* tokens seen in deltas: what a cancelled request had generated */
+    int fail_status;       /* a choice finished with an error: its status */
 
     /* streaming: bytes formatted and not yet handed to MHD (one event at a time: bounded) */
     enum stream_state ss;
@@ -145,6 +184,12 @@ typedef struct srv_conn {
     size_t out_len, out_pos, out_cap;
     size_t resp_bytes; /* size of a whole (non-streamed) response body */
 } srv_conn;
+
+/* A client that went away is the normal end of a cancelled request, but the only way to make
+ * MHD close its connection is an error return, which MHD logs as "Application reported
+ * internal error". The handler sets this just before such a return, on the thread MHD logs
+ * from next, so mhd_log can tell a cancel from a real error. */
+static _Thread_local bool tl_client_gone;
 
 /* ---------- wake slots ---------- */
 
@@ -207,6 +252,7 @@ static int next_or_suspend(srv_conn *c, sched_event *ev)
     pthread_mutex_lock(&w->mu);
     if (w->peer_gone) {
         pthread_mutex_unlock(&w->mu);
+        tl_client_gone = true;
         return -2;
     }
     int r = sched_req_next(c->req, ev);
@@ -218,32 +264,23 @@ static int next_or_suspend(srv_conn *c, sched_event *ev)
     return r;
 }
 
-/* The reaper. A suspended connection is not polled by MHD, so a client that vanishes while
- * its request waits in the queue (no events until admitted, which may take long) would go
- * unnoticed and keep its queue slot, and later its KV blocks, until its first event. Every
- * REAPER_PERIOD_MS this thread peeks at the socket of each suspended connection: end of
- * stream (the peer closed; a half-close counts too, as clients do not half-close an HTTP
- * request) or a socket error marks the slot peer_gone and resumes the connection, whose
- * handler then closes it, which cancels the request. One non-blocking recv per suspended
- * connection per period: cheap, and nothing runs while no connection is suspended. */
+/* The reaper. A suspended connection is not polled by MHD, and MHD also misses a client's
+ * end of stream when it arrives together with data (it takes a short read for a drained
+ * socket and waits for an edge that never comes), so a vanished client would keep its slot,
+ * its queue place and later its KV blocks until the connection timeout, or forever with
+ * --connection-timeout 0. Every REAPER_PERIOD_MS this thread polls every open connection's
+ * socket for POLLRDHUP: the peer closed or half-closed (a half-close counts as gone, as
+ * clients do not half-close an HTTP request), or a socket error. A suspended connection is
+ * marked peer_gone and resumed, and its handler closes it, which cancels the request; any
+ * other is shut down (both directions), which MHD's next I/O on it sees and closes. One
+ * poll() over the open sockets per period: cheap, and the kernel keeps the flag until then. */
 #define REAPER_PERIOD_MS 200
-
-static bool peer_closed(struct MHD_Connection *mc)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci)
-        return false;
-    char b;
-    ssize_t r = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (r == 0)
-        return true;
-    return r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
-}
 
 static void *reaper_main(void *arg)
 {
     srv_server *s = arg;
+    struct pollfd *pfd = NULL;
+    size_t cap = 0;
     pthread_mutex_lock(&s->reaper_mu);
     while (!s->reaper_stop) {
         struct timespec ts;
@@ -255,24 +292,114 @@ static void *reaper_main(void *arg)
         if (s->reaper_stop)
             break;
         pthread_mutex_unlock(&s->reaper_mu);
-        /* Slots are only prepended and live until srv_destroy (see srv_stop). */
-        pthread_mutex_lock(&s->wake_mu);
-        srv_wake *head = s->wake_all;
-        pthread_mutex_unlock(&s->wake_mu);
-        for (srv_wake *w = head; w; w = w->next_all) {
-            pthread_mutex_lock(&w->mu);
-            /* Under w->mu a suspended slot's connection is alive and stays suspended. */
-            if (w->mc && w->suspended && peer_closed(w->mc)) {
-                w->peer_gone = true;
-                w->suspended = false;
-                MHD_resume_connection(w->mc);
+        /* Under sock_mu a listed connection's fd is open: MHD reports a connection closed
+         * (on_connection, which takes sock_mu) before it closes the socket. */
+        pthread_mutex_lock(&s->sock_mu);
+        size_t n = 0;
+        for (srv_sock *k = s->socks; k; k = k->next)
+            n++;
+        if (n > cap) {
+            struct pollfd *np = realloc(pfd, n * 2 * sizeof *np);
+            if (np) {
+                pfd = np;
+                cap = n * 2;
             }
-            pthread_mutex_unlock(&w->mu);
         }
+        if (n > cap)
+            n = cap;
+        size_t i = 0;
+        for (srv_sock *k = s->socks; k && i < n; k = k->next, i++)
+            pfd[i] = (struct pollfd){.fd = k->nudged ? -1 : k->fd, .events = POLLRDHUP};
+        if (n && poll(pfd, n, 0) > 0) {
+            i = 0;
+            for (srv_sock *k = s->socks; k && i < n; k = k->next, i++) {
+                if (!(pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+                    continue;
+                srv_wake *w = k->wake;
+                bool resumed = false;
+                if (w) {
+                    pthread_mutex_lock(&w->mu);
+                    /* Under w->mu a suspended slot's connection is alive and stays suspended. */
+                    if (w->mc && w->suspended) {
+                        w->peer_gone = true;
+                        w->suspended = false;
+                        MHD_resume_connection(w->mc);
+                        resumed = true;
+                    }
+                    pthread_mutex_unlock(&w->mu);
+                }
+                if (!resumed) {
+                    k->nudged = true;
+                    shutdown(k->fd, SHUT_RDWR);
+                }
+            }
+        }
+        pthread_mutex_unlock(&s->sock_mu);
         pthread_mutex_lock(&s->reaper_mu);
     }
     pthread_mutex_unlock(&s->reaper_mu);
+    free(pfd);
     return NULL;
+}
+
+/* MHD's notice of a connection opened or closed: keeps the reaper's list and the count the
+ * front door enforces --max-connections with. MHD pairs the two notices (a connection it
+ * fails to set up is reported closed too), so the count is exact once MHD_add_connection's
+ * work is done; a hand-off still in MHD's queue is missed for that moment, which MHD's own
+ * limit, set higher (srv_start), absorbs. */
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    srv_server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        atomic_fetch_add(&s->n_conns, 1);
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        srv_sock *k = ci ? calloc(1, sizeof *k) : NULL;
+        *socket_context = k;
+        if (!k)
+            return; /* unwatched: it still times out */
+        k->fd = ci->connect_fd;
+        pthread_mutex_lock(&s->sock_mu);
+        k->next = s->socks;
+        if (s->socks)
+            s->socks->prev = k;
+        s->socks = k;
+        pthread_mutex_unlock(&s->sock_mu);
+        return;
+    }
+    srv_sock *k = *socket_context;
+    *socket_context = NULL;
+    atomic_fetch_sub(&s->n_conns, 1);
+    if (!k)
+        return;
+    pthread_mutex_lock(&s->sock_mu);
+    if (k->prev)
+        k->prev->next = k->next;
+    else
+        s->socks = k->next;
+    if (k->next)
+        k->next->prev = k->prev;
+    pthread_mutex_unlock(&s->sock_mu);
+    free(k);
+}
+
+static srv_sock *sock_of(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Tells the reaper which wake slot (or none) the connection's request uses. */
+static void sock_set_wake(srv_server *s, struct MHD_Connection *mc, srv_wake *w)
+{
+    srv_sock *k = sock_of(mc);
+    if (!k)
+        return;
+    pthread_mutex_lock(&s->sock_mu);
+    k->wake = w;
+    pthread_mutex_unlock(&s->sock_mu);
 }
 
 /* ---------- responses ---------- */
@@ -297,6 +424,8 @@ static enum MHD_Result send_body(srv_conn *c, int status, const char *ctype, con
     }
     if (status == 401)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (c->close_after)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned)status, r);
     MHD_destroy_response(r);
     c->status = status;
@@ -580,6 +709,9 @@ static void note_event(srv_conn *c, const sched_event *ev)
 {
     if (c->t_first == 0 && (ev->text_len || ev->n_tokens))
         c->t_first = time_now_s();
+    /* The scheduler queues one delta per token that produced text or logprobs. */
+    if (ev->finish == SCHED_FINISH_NONE)
+        c->delta_tokens += ev->n_tokens ? ev->n_tokens : (ev->text_len ? 1 : 0);
     if (ev->finish != SCHED_FINISH_NONE) {
         c->prompt_tokens = ev->prompt_tokens;
         c->cached_tokens = ev->cached_tokens;
@@ -847,6 +979,7 @@ static enum MHD_Result do_generate(srv_conn *c)
         ret = fail(c, 500, NULL, NULL, "out of memory");
         goto out;
     }
+    sock_set_wake(s, c->mc, c->wake);
     sched_request_params p = {0};
     p.prompt = ids;
     p.n_prompt = (uint32_t)n_ids;
@@ -903,25 +1036,67 @@ out:
 
 /* ---------- MHD callbacks ---------- */
 
-static srv_conn *conn_new(srv_server *s, struct MHD_Connection *mc, const char *url,
-                          const char *method)
+/* MHD's first sight of a request: the target as the client sent it, before MHD decodes it
+ * (MHD would turn "/health%00x" into "/health"). What this returns is the request's con_cls.
+ * MHD reports the request to on_completed from here on, even if it never reaches on_request. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc)
 {
+    srv_server *s = cls;
     srv_conn *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
     c->srv = s;
     c->mc = mc;
-    c->method = method;
     c->t_start = time_now_s();
-    snprintf(c->route_name, sizeof c->route_name, "%s", url);
+    size_t len = strlen(uri);
+    srv_log_escape(uri, len, c->route_name, sizeof c->route_name);
+    c->bad_target = srv_target_path(uri, len, c->path, sizeof c->path, &c->bad_error) != 0;
     /* Request ids for logs: same generator as response ids, distinct counter draw. */
     make_id(s, "", c->reqid, sizeof c->reqid);
     return c;
 }
 
+typedef struct head_tally {
+    srv_framing framing;
+    size_t bytes;      /* of the fields as sent, near enough: name, ": ", value, CRLF */
+    unsigned n_fields; /* header fields and query parameters */
+} head_tally;
+
+static enum MHD_Result tally_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value)
+{
+    head_tally *t = cls;
+    size_t kl = strlen(key), vl = value ? strlen(value) : 0;
+    t->n_fields++;
+    t->bytes += kl + vl + 4;
+    if (kind == MHD_HEADER_KIND)
+        srv_framing_add(&t->framing, key, kl, value ? value : "", vl);
+    return MHD_YES;
+}
+
+/* The checks the front door made on the connection's first request, for every request: a
+ * kept-alive connection's later requests reach MHD without passing the front door. */
+static bool request_is_sound(srv_conn *c, const char *version, srv_error *e)
+{
+    if (c->bad_target) {
+        *e = c->bad_error;
+        return false;
+    }
+    head_tally t = {0};
+    MHD_get_connection_values(c->mc, MHD_HEADER_KIND | MHD_GET_ARGUMENT_KIND, tally_field, &t);
+    /* The front door's head limits, for requests it did not see (MHD's pool is larger). */
+    size_t limit = (size_t)c->srv->cfg->connection_memory_kb * 1024;
+    if (t.bytes + strlen(c->route_name) > limit || t.n_fields > limit / SRV_HEAD_BYTES_PER_FIELD) {
+        srv_error_set(e, 431, NULL, NULL, "request line and headers are over %zu KiB or %zu fields",
+                      limit / 1024, limit / SRV_HEAD_BYTES_PER_FIELD);
+        return false;
+    }
+    return srv_framing_check(&t.framing, !strcmp(version, MHD_HTTP_VERSION_1_0), e) == 0;
+}
+
 /* Second call of a request (MHD has its headers): health, auth, state, and the GET routes.
  * Returns true with *r set if a response was queued. */
-static bool answer_early(srv_conn *c, const char *url, enum MHD_Result *r)
+static bool answer_early(srv_conn *c, enum MHD_Result *r)
 {
     srv_server *s = c->srv;
     int st = atomic_load(&s->state);
@@ -953,7 +1128,7 @@ static bool answer_early(srv_conn *c, const char *url, enum MHD_Result *r)
     }
     switch (c->route) {
     case R_MODELS:
-    case R_MODEL_ONE: *r = do_models(c, url); return true;
+    case R_MODEL_ONE: *r = do_models(c, c->path); return true;
     case R_METRICS: *r = do_metrics(c); return true;
     case R_KV: *r = do_kv(c); return true;
     default: return false; /* a POST route: read its body */
@@ -964,16 +1139,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
 {
-    (void)version;
+    (void)url; /* decoded by MHD, NULs and all: c->path is the checked one */
     srv_server *s = cls;
     srv_conn *c = *con_cls;
-    if (!c) {
-        c = conn_new(s, mc, url, method);
-        if (!c)
-            return MHD_NO;
-        *con_cls = c;
+    if (!c)
+        return MHD_NO; /* on_uri ran out of memory */
+    if (!c->method) {
+        c->method = method;
+        srv_error e;
+        if (!request_is_sound(c, version, &e)) {
+            /* The body's extent is in doubt, so nothing after it on this connection can be
+             * trusted to be a request: answer and close. */
+            c->close_after = true;
+            return send_error(c, &e);
+        }
         bool post = false;
-        c->route = route_of(url, &post);
+        c->route = route_of(c->path, &post);
         if (c->route == R_NONE)
             return fail(c, 404, NULL, NULL, "Not found");
         if (strcmp(method, post ? "POST" : "GET") && !(strcmp(method, "HEAD") == 0 && !post))
@@ -996,7 +1177,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         if (post) {
             c->checked = true;
             enum MHD_Result r;
-            if (answer_early(c, url, &r))
+            if (answer_early(c, &r))
                 return r;
         }
         return MHD_YES;
@@ -1004,7 +1185,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (c->phase == PH_BODY && !c->checked) {
         c->checked = true;
         enum MHD_Result r;
-        if (answer_early(c, url, &r)) {
+        if (answer_early(c, &r)) {
             *upload_size = 0; /* answered: whatever body there is will not be read */
             return r;
         }
@@ -1071,29 +1252,44 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)mc;
     srv_server *s = cls;
     srv_conn *c = *con_cls;
+    tl_client_gone = false;
     if (!c)
         return;
     *con_cls = NULL;
-    if (c->wake)
+    if (c->wake) {
+        sock_set_wake(s, mc, NULL);
         wake_put(s, c->wake);
+    }
     /* A client that left mid-generation is logged and counted as 499 (client closed). */
     c->client_gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK &&
                      (c->phase == PH_WAIT || (c->phase == PH_STREAM && c->ss != SS_END));
     if (c->req) {
+        /* What was generated and not yet taken still counts for the log line. */
+        sched_event ev;
+        while (c->client_gone && sched_req_next(c->req, &ev) > 0) {
+            note_event(c, &ev);
+            sched_event_free(&ev);
+        }
         sched_req_release(c->req); /* cancels it if unfinished: blocks go back to the pool */
         atomic_fetch_sub(&s->n_active, 1);
     }
     int status = c->client_gone || !c->status ? 499 : c->status;
     count_status(s, status);
     double now = time_now_s();
+    /* A cancel cuts the finishing events short: then the deltas seen are the count. */
+    uint32_t completion =
+        c->delta_tokens > c->completion_tokens ? c->delta_tokens : c->completion_tokens;
+    if (c->client_gone)
+        log_debug("request %s: the client closed its connection; cancelled after %u tokens",
+                  c->reqid, completion);
     log_info("access id=%s method=%s route=%s status=%d prompt_tokens=%u completion_tokens=%u "
              "ttft=%.4f total=%.4f%s",
-             c->reqid, c->method, c->route_name, status, c->req ? c->prompt_tokens : 0,
-             c->completion_tokens, c->t_first > 0 ? c->t_first - c->t_start : -1.0,
-             now - c->t_start, c->client_gone ? " client_closed=1" : "");
+             c->reqid, c->method ? c->method : "-", c->route_name, status,
+             c->req ? c->prompt_tokens : 0, completion,
+             c->t_first > 0 ? c->t_first - c->t_start : -1.0, now - c->t_start,
+             c->client_gone ? " client_closed=1" : "");
     for (uint32_t i = 0; c->choices && i < c->n_choices; i++)
         srv_choice_free(&c->choices[i]);
     free(c->choices);
@@ -1139,7 +1335,8 @@ static int open_listener(const char *host, uint32_t port, int *fd_out, uint16_t 
         snprintf(err, err_len, "--host '%s' is not an IPv4 or IPv6 address", host);
         return KVS_EINVAL;
     }
-    int fd = socket(fam, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(fam, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                    0); /* the front door accepts in bursts */
     if (fd < 0) {
         snprintf(err, err_len, "socket: %s", strerror(errno));
         return KVS_EIO;
@@ -1179,7 +1376,47 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(line);
     while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
         line[--n] = '\0';
+    /* The close that follows a cancel (see tl_client_gone), or MHD finding the peer gone
+     * while it writes: how a client cancels, not a failure. */
+    if (tl_client_gone || strstr(line, "by remote peer") || strstr(line, "reset by peer") ||
+        strstr(line, "Broken pipe")) {
+        tl_client_gone = false;
+        log_debug("http: %s (the client had gone)", line);
+        return;
+    }
     log_warn("http: %s", line);
+}
+
+/* ---------- front door callbacks (its thread) ---------- */
+
+static int door_handoff(void *ud, int fd, const struct sockaddr *addr, socklen_t addr_len)
+{
+    srv_server *s = ud;
+    /* MHD closes fd itself when it refuses it. */
+    if (MHD_add_connection(s->d, fd, addr, addr_len) != MHD_YES) {
+        log_warn("http: the daemon refused a connection (%s)", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static unsigned door_n_held(void *ud)
+{
+    srv_server *s = ud;
+    return atomic_load(&s->n_conns);
+}
+
+static void door_refused(void *ud, int status, const char *method, size_t method_len,
+                         const char *target, size_t target_len, const char *message)
+{
+    srv_server *s = ud;
+    count_status(s, status);
+    char m[32], t[200];
+    srv_log_escape(method, method_len, m, sizeof m);
+    srv_log_escape(target, target_len, t, sizeof t);
+    log_info("access id=- method=%s route=%s status=%d prompt_tokens=0 completion_tokens=0 "
+             "ttft=-1.0000 total=0.0000 refused=\"%s\"",
+             m[0] ? m : "-", t[0] ? t : "-", status, message);
 }
 
 int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len)
@@ -1198,23 +1435,52 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
         free(s);
         return rc;
     }
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* The front door owns the listen socket and adds connections (MHD_add_connection, which
+     * wakes the polling threads through MHD's inter-thread channel). */
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                     MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
     unsigned pool = cfg->http_threads > 1 ? cfg->http_threads : 1;
+    size_t head_limit = (size_t)cfg->connection_memory_kb * 1024;
+    pthread_mutex_init(&s->sock_mu, NULL);
     s->d = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-        MHD_OPTION_LISTEN_SOCKET, s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        /* Bounds per connection and in total (see README, "Resource
-         * bounds"): idle connections close, headers must fit the pool. */
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
+        /* Bounds per connection (see README, "Resource bounds"): idle connections close. The
+         * front door enforces the connection limit; MHD's is higher so that it never
+         * refuses what the front door let in. */
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)cfg->connection_memory_kb * 1024,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections + 64,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, head_limit * SRV_POOL_PER_HEAD,
         pool > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, pool, MHD_OPTION_END);
     if (!s->d) {
         snprintf(err, err_len, "cannot start the HTTP daemon on port %u", s->port);
         close(s->listen_fd);
+        pthread_mutex_destroy(&s->sock_mu);
         pthread_mutex_destroy(&s->wake_mu);
         free(s);
         return KVS_EIO;
+    }
+    srv_frontdoor_params fp = {
+        .listen_fd = s->listen_fd,
+        .max_connections = cfg->max_connections,
+        .head_limit = head_limit,
+        .max_fields = (unsigned)(head_limit / SRV_HEAD_BYTES_PER_FIELD),
+        .timeout_s = cfg->connection_timeout,
+        .handoff = door_handoff,
+        .n_held = door_n_held,
+        .refused = door_refused,
+        .ud = s,
+    };
+    rc = srv_frontdoor_start(&fp, &s->door);
+    if (rc) {
+        snprintf(err, err_len, "cannot start the HTTP front door: %s", status_str(rc));
+        MHD_stop_daemon(s->d);
+        close(s->listen_fd);
+        pthread_mutex_destroy(&s->sock_mu);
+        pthread_mutex_destroy(&s->wake_mu);
+        free(s);
+        return rc;
     }
     pthread_mutex_init(&s->reaper_mu, NULL);
     pthread_cond_init(&s->reaper_cv, NULL);
@@ -1259,6 +1525,9 @@ void srv_stop(srv_server *s)
     if (!s || !s->d)
         return;
     atomic_store(&s->state, ST_STOPPING);
+    /* No new connection from now on; those still reading their head are closed. */
+    srv_frontdoor_stop(s->door);
+    s->door = NULL;
     if (s->reaper_started) {
         pthread_mutex_lock(&s->reaper_mu);
         s->reaper_stop = true;
@@ -1308,6 +1577,7 @@ void srv_destroy(srv_server *s)
         w = next;
     }
     pthread_mutex_destroy(&s->wake_mu);
+    pthread_mutex_destroy(&s->sock_mu);
     pthread_mutex_destroy(&s->reaper_mu);
     pthread_cond_destroy(&s->reaper_cv);
     free(s->served_name);

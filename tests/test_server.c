@@ -14,6 +14,7 @@
 #include "server/api.h"
 #include "server/config.h"
 #include "server/kv_view.h"
+#include "server/http_head.h"
 #include "server/metrics.h"
 
 static const sampler_params k_defaults = {.temperature = 1, .top_p = 1, .repetition_penalty = 1};
@@ -338,6 +339,80 @@ static void test_kv_view(void **state)
     cJSON_Delete(r);
 }
 
+/* Request heads: complete or not, each RFC 9112 refusal with its status, and the framing
+ * rules the kept-alive path applies field by field. */
+static int head(const char *h, srv_head *out, srv_error *e)
+{
+    return srv_head_parse(h, strlen(h), 256, 8, out, e);
+}
+
+static void test_http_head(void **state)
+{
+    (void)state;
+    srv_head h;
+    srv_error e;
+    assert_int_equal(head("GET /health HTTP/1.1\r\nHost: x\r\n", &h, &e), 0);
+    assert_int_equal(head("\r\nGET /a?b=1&c HTTP/1.0\nHost: x\n\nrest", &h, &e), 1);
+    assert_int_equal(h.len, strlen("\r\nGET /a?b=1&c HTTP/1.0\nHost: x\n\n"));
+    assert_true(h.http10);
+    assert_int_equal(h.n_fields, 3);
+    assert_int_equal(h.target_len, 8);
+    static const struct {
+        const char *head;
+        int status;
+    } bad[] = {
+        {"GET /a HTTP/2.0\r\n\r\n", 505},
+        {"GET  /a HTTP/1.1\r\n\r\n", 400},
+        {"GET /a HTTP/1.1 \r\n\r\n", 400},
+        {"GET /a\x01 HTTP/1.1\r\n\r\n", 400},
+        {"GET /a HTTP/1.1\r\nHost : x\r\n\r\n", 400},
+        {"GET /a HTTP/1.1\r\nA: b\r\n folded\r\n\r\n", 400},
+        {"GET /a HTTP/1.1\r\nA: b\x7f\r\n\r\n", 400},
+        {"POST /a HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400},
+        {"POST /a HTTP/1.1\r\nContent-Length:\r\n\r\n", 400},
+        {"POST /a HTTP/1.1\r\nContent-Length: 2\r\ncontent-length: 3\r\n\r\n", 400},
+        {"POST /a HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n", 400},
+        {"POST /a HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501},
+        {"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", 400},
+        {"POST /a HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400},
+        {"GET /a?1&2&3&4&5&6&7&8 HTTP/1.1\r\nHost: x\r\n\r\n", 431},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        e.status = 0;
+        assert_int_equal(head(bad[i].head, &h, &e), -1);
+        assert_int_equal(e.status, bad[i].status);
+    }
+    char big[300];
+    memset(big, 'a', sizeof big);
+    memcpy(big, "GET /", 5);
+    assert_int_equal(srv_head_parse(big, sizeof big, 256, 8, &h, &e), -1);
+    assert_int_equal(e.status, 431);
+    /* The same lists of lengths are one length; two codings in two fields are a list. */
+    assert_int_equal(head("POST /a HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n", &h, &e), 1);
+    assert_int_equal(h.framing.length, 5);
+    srv_framing f = {0};
+    srv_framing_add(&f, "Transfer-Encoding", 17, "gzip", 4);
+    srv_framing_add(&f, "transfer-encoding", 17, "chunked", 7);
+    assert_int_equal(srv_framing_check(&f, false, &e), -1);
+    assert_int_equal(e.status, 501);
+
+    char path[32];
+    assert_int_equal(srv_target_path("http://h:1/v1/models?x", 22, path, sizeof path, &e), 0);
+    assert_string_equal(path, "/v1/models");
+    assert_int_equal(srv_target_path("http://h:1", 10, path, sizeof path, &e), 0);
+    assert_string_equal(path, "/");
+    assert_int_equal(srv_target_path("/a%2Fb%20c", 10, path, sizeof path, &e), 0);
+    assert_string_equal(path, "/a/b c");
+    assert_int_equal(srv_target_path("/health%00x", 11, path, sizeof path, &e), -1);
+    assert_int_equal(srv_target_path("/a%0a", 5, path, sizeof path, &e), -1);
+    assert_int_equal(srv_target_path("/a%4", 4, path, sizeof path, &e), -1);
+
+    char out[32];
+    srv_log_escape("/a\nb \"\\\xff", 8, out, sizeof out);
+    assert_string_equal(out, "/a\\x0ab\\x20\\x22\\x5c\\xff");
+    assert_int_equal(srv_log_escape("\n\n\n", 3, out, 6), 4); /* whole escapes only */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -345,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_rejects),       cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_config),        cmocka_unit_test(test_default_json),
         cmocka_unit_test(test_metrics),       cmocka_unit_test(test_kv_view),
+        cmocka_unit_test(test_http_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
