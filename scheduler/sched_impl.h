@@ -46,9 +46,10 @@ struct sched_req {
     pthread_cond_t notify_done; /* signalled when a notify call returns */
     int notifying;              /* notify calls in progress: release waits for them */
     event_node *head, *tail;
-    uint32_t n_finished_taken; /* finishing events handed to the client */
-    int refs;                  /* client + engine */
-    atomic_bool released;      /* client gone: cancel (read lock-free by the engine thread) */
+    uint32_t n_finished_taken;  /* finishing events handed to the client */
+    int refs;                   /* client + engine */
+    atomic_bool released;       /* client gone: cancel (read lock-free by the engine thread) */
+    _Atomic uint32_t generated; /* tokens sampled over all choices (engine thread adds) */
 
     uint64_t serial; /* 1, 2, ... in submission order (set under the inbox lock) */
 

@@ -185,6 +185,11 @@ static void push_event(sched_req *r, sched_event *ev)
     }
 }
 
+uint32_t sched_req_generated(sched_req *r)
+{
+    return atomic_load_explicit(&r->generated, memory_order_relaxed);
+}
+
 uint64_t sched_req_serial(const sched_req *r)
 {
     return r->serial; /* written once, before sched_submit returned r */
@@ -477,6 +482,7 @@ static bool sample_and_emit(sched *s, seq *q, const float *row_in, float *scratc
     sampler_accept(q->smp, tok, false);
     q->tokens[q->n_tokens++] = tok;
     q->n_generated++;
+    atomic_fetch_add_explicit(&r->generated, 1, memory_order_relaxed);
     double now = time_now_s();
     pthread_mutex_lock(&s->metrics_mu);
     s->m.generation_tokens_total++;

@@ -195,6 +195,10 @@ typedef struct sched_kv_snapshot {
 int sched_kv_snapshot_take(sched *s, sched_kv_snapshot *out, int timeout_ms);
 void sched_kv_snapshot_free(sched_kv_snapshot *snap);
 
+/* Tokens generated so far over all of the request's choices, whether or not their events
+ * were taken (a cancelled request's log line counts them). Any thread, before release. */
+uint32_t sched_req_generated(sched_req *r);
+
 /* The request's serial number: 1, 2, ... in submission order, the `request` of its
  * sequences in a snapshot. */
 uint64_t sched_req_serial(const sched_req *r);

@@ -1272,6 +1272,11 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
             note_event(c, &ev);
             sched_event_free(&ev);
         }
+        /* exact, also counting tokens whose text was still held back (a stop-string prefix,
+         * a partial UTF-8 character) */
+        uint32_t gen = sched_req_generated(c->req);
+        if (gen > c->delta_tokens)
+            c->delta_tokens = gen;
         sched_req_release(c->req); /* cancels it if unfinished: blocks go back to the pool */
         atomic_fetch_sub(&s->n_active, 1);
     }
