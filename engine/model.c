@@ -1,21 +1,19 @@
 /* Llama-family model (architectures llama and qwen2): loading from GGUF, the KV arena, and the
  * batched forward pass.
- * F32, F16 and Q8_0 matrices are used in place from the mapping (BF16 is widened to F32 at
- * load); norm vectors are F32 copies. Each matrix product is split over output rows between
- * the ctx's pool threads: small batches use the fused kernels of kernels.h (weights read once,
- * converted in registers), larger ones single-threaded sgemm per thread on the F32 rows or on
- * F16/Q8_0 tiles widened into a per-thread scratch. OpenBLAS itself runs one thread, so the
- * pool's n_threads is the whole CPU budget. */
+ * F32, F16 and Q8_0 matrices keep their type and are regrouped into panels at load (BF16 is
+ * widened to F32 first); norm vectors are F32. Every matrix product, from one row to a whole
+ * prefill, is the kernel table's panel product (engine/kern/kern.h; the table is chosen at load
+ * from CPUID or --kernels), split over output columns between the ctx's pool threads. */
 #include "engine/model.h"
 
 #include "common/log.h"
 #include "common/status.h"
 #include "common/timeutil.h"
 #include "engine/gguf.h"
-#include "engine/kernels.h"
+#include "engine/dtype.h"
+#include "engine/kern/kern.h"
 #include "engine/threadpool.h"
 
-#include <cblas.h>
 #include <stdatomic.h>
 #include <math.h>
 #include <stdarg.h>
@@ -70,6 +68,7 @@ struct engine_model {
     uint64_t weight_bytes;
     void **owned; /* widened copies (norm vectors, BF16 matrices) and panel-layout weights */
     size_t n_owned;
+    const kern_ops *kern; /* the kernel table every product and vector helper goes through */
 };
 
 static int set_err(char *err, size_t len, int status, const char *fmt, ...)
@@ -140,10 +139,10 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
         *out = t->data;
         return 0;
     }
-    if (t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_Q8_0 && t->type != GGML_TYPE_BF16)
-        return set_err(err, err_len, KVS_EUNSUPPORTED,
-                       "tensor %s has type %s; supported: F32, F16, BF16, Q8_0", name,
-                       ggml_type_name(t->type));
+    const dtype_info *dt = dtype_get(t->type);
+    if (!dt || !dt->to_f32)
+        return set_err(err, err_len, KVS_EUNSUPPORTED, "tensor %s has type %s; supported: %s", name,
+                       dtype_name(t->type), dtype_supported_list());
     float *dst = malloc(t->n_elements * sizeof *dst);
     void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
     if (!dst || !owned) {
@@ -154,30 +153,7 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
     }
     m->owned = owned;
     m->owned[m->n_owned++] = dst;
-    const uint8_t *src = t->data;
-    if (t->type == GGML_TYPE_F16) {
-        for (uint64_t k = 0; k < t->n_elements; k++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * k, 2);
-            dst[k] = ggml_fp16_to_fp32(h);
-        }
-    } else if (t->type == GGML_TYPE_BF16) {
-        for (uint64_t k = 0; k < t->n_elements; k++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * k, 2);
-            uint32_t bits = (uint32_t)h << 16;
-            memcpy(&dst[k], &bits, 4);
-        }
-    } else { /* Q8_0: blocks of f16 scale + 32 int8 */
-        for (uint64_t b = 0; b < t->n_elements / QK8_0; b++) {
-            const uint8_t *blk = src + b * 34;
-            uint16_t h;
-            memcpy(&h, blk, 2);
-            float d = ggml_fp16_to_fp32(h);
-            for (int k = 0; k < QK8_0; k++)
-                dst[b * QK8_0 + k] = d * (float)(int8_t)blk[2 + k];
-        }
-    }
+    dt->to_f32(t->data, dst, t->n_elements);
     *out = dst;
     if (mat)
         kern_mat_init(mat, KERN_F32, dst, d1, d0);
@@ -439,21 +415,16 @@ static void progress_add(load_progress *lp, uint64_t bytes)
     }
 }
 
-/* Every weight matrix (F32, F16 or Q8_0) is copied once into the panel layout of kernels.h and
- * its file pages released at once (so loading never holds a matrix twice for long): a batched
- * product then converts each weight once per 6 rows instead of once per 4 (or per widened
- * tile), which at 16 rows was half of every product, and its results do not depend on the
- * batch. The embedding table too, so that a tied output projection (which is that table) is
- * batch-invariant like the rest; a lookup gathers one row from it. Sources of the copies go to
- * released[] (at most n_layer * 7 + 2). KVS_WEIGHT_PANELS=0 keeps every matrix in the file's
- * rows (a knob for A/B benchmarks). */
+/* Every weight matrix (F32, F16 or Q8_0) is copied once into the panel layout of kern/kern.h,
+ * the only layout the products take, and its file pages released at once (so loading never
+ * holds a matrix twice for long): a batched product converts each weight once per tile of 6
+ * rows, and its results do not depend on the batch. The embedding table too, so that a tied
+ * output projection (which is that table) is batch-invariant like the rest; a lookup gathers
+ * one row from it. Sources of the copies go to released[] (at most n_layer * 7 + 2). */
 static int repack_weights(engine_model *m, load_progress *lp, const void **released,
                           size_t *n_released, char *err, size_t err_len)
 {
     *n_released = 0;
-    const char *env = getenv("KVS_WEIGHT_PANELS");
-    if (env && !strcmp(env, "0"))
-        return 0;
     bool tied = m->output.data == m->tok_embd.data;
     size_t n_mats = (size_t)m->hp.n_layer * 7 + 2;
     for (size_t i = 0; i < n_mats; i++) {
@@ -537,8 +508,10 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
     engine_model *m = calloc(1, sizeof *m);
     if (!m)
         return set_err(err, err_len, KVS_ENOMEM, "out of memory");
-    int rc = gguf_open(path, &m->file, err, err_len);
+    int rc = kern_select(p ? p->kernels : NULL, &m->kern, err, err_len);
     if (rc)
+        goto fail;
+    if ((rc = gguf_open(path, &m->file, err, err_len)))
         goto fail;
     if ((rc = load_hparams(m, err, err_len)))
         goto fail;
@@ -590,6 +563,11 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
                  hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_ctx_train, (double)m->n_params / 1e6,
                  ggml_type_name(m->weight_type), (double)m->weight_bytes / (1024.0 * 1024.0),
                  time_now_s() - t0);
+        log_info("kernels: %s (%s; CPU: %s)", m->kern->name,
+                 p && p->kernels && *p->kernels && strcmp(p->kernels, "auto")
+                     ? "forced by --kernels"
+                     : "chosen from CPUID",
+                 kern_cpu_features());
     }
     *out = m;
     return 0;
@@ -629,6 +607,17 @@ const char *engine_model_chat_template(const engine_model *m)
 {
     return m->chat_template;
 }
+const char *engine_model_kernels(const engine_model *m)
+{
+    return m->kern->name;
+}
+
+int engine_kernels_check(const char *name, char *err, size_t err_len)
+{
+    const kern_ops *k;
+    return kern_select(name, &k, err, err_len);
+}
+
 const char *engine_model_weight_type(const engine_model *m)
 {
     return ggml_type_name(m->weight_type);
@@ -719,33 +708,16 @@ void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst)
 
 /* ---------------------------------------------------------------- forward */
 
-/* The next thresholds concern row-layout weights only (KVS_WEIGHT_PANELS=0); panel weights
- * take kern_matmul_panels at every batch size.
- * Batches of fewer rows than this take the fused kernels (weights are the traffic); larger
- * ones sgemm, whose blocking wins once each weight is reused across many rows. */
-#define SMALL_BATCH_DEFAULT 8
-/* F16/Q8_0 batches of GEMM_MIN_ROWS..gemm_max rows take the packed GEMM of kernels.h
- * (weights widened once per call in L1-sized panels). Single-thread rates on 110m shapes:
- * 1.2-2.2x sgemm on widened tiles at 16-128 rows, 0.85-0.95x at 8-14 (its per-weight
- * conversion is amortized over too few rows); past 128 rows x leaves the L2 and sgemm's
- * blocking is the safer bet. */
-#define GEMM_MIN_ROWS 16
-#define GEMM_MAX_DEFAULT 128
 /* Attention work units: positions per item and items per pool job (see attention()). */
 #define ATTN_SPAN 128
 #define ATTN_WAVE 256
-/* Floats of a thread's weight-tile scratch (a Q8_0 panel widened for several row tiles, or
- * row-layout F16/Q8_0 rows widened for sgemm): L2-sized, and at least 16 x n_in. */
-#define TILE_FLOATS (64u * 1024u)
 
 struct engine_ctx {
     const engine_model *m;
     uint32_t max_tokens;
     uint32_t n_threads;
     tpool *pool;
-    uint32_t small_batch; /* see SMALL_BATCH_DEFAULT */
-    uint32_t gemm_max;    /* see GEMM_MAX_DEFAULT */
-    float *xpack;         /* kern_gemm_xp_floats(min(max_tokens, gemm_max), max(E, F)) */
+    const kern_ops *kern; /* the model's kernel table */
     float *x;             /* (max_tokens, n_embd) residual stream */
     float *xn;            /* (max_tokens, n_embd) normed input of a sublayer */
     float *q;             /* (max_tokens, n_embd) */
@@ -758,8 +730,8 @@ struct engine_ctx {
     float *attn_part;     /* (ATTN_WAVE, n_head, head_dim + 2) a wave's span results */
     float *attn_state;    /* (max_tokens, n_head, head_dim + 2) each row's spans folded so far */
     uint32_t *attn_first; /* (max_tokens + 1) first attention item of each row */
-    float *tile;          /* (n_threads, tile_floats) widened weight rows */
-    size_t tile_floats;
+    float *tile;          /* (n_threads, tile_floats) a Q8_0 panel widened for several row tiles */
+    size_t tile_floats;   /* KERN_PANEL * max(n_embd, n_ff) */
     int32_t *slot;        /* (max_tokens) arena slot of each row */
     float *rope_inv_freq; /* (n_rot / 2) base^(-2j/n_rot) */
     float *rope_cs;       /* (max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
@@ -779,18 +751,9 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->m = m;
     c->max_tokens = max_tokens;
     c->n_threads = n_threads ? n_threads : 1;
-    c->small_batch = SMALL_BATCH_DEFAULT;
-    const char *env = getenv("KVS_SMALL_BATCH"); /* tuning knob for benchmarks */
-    if (env && atoi(env) >= 0)
-        c->small_batch = (uint32_t)atoi(env);
+    c->kern = m->kern;
     size_t max_in = E > F ? E : F;
-    c->gemm_max = GEMM_MAX_DEFAULT;
-    env = getenv("KVS_GEMM_MAX"); /* tuning knob for benchmarks; 0 = always sgemm */
-    if (env && atoi(env) >= 0)
-        c->gemm_max = (uint32_t)atoi(env);
-    c->xpack =
-        malloc(kern_gemm_xp_floats(T < c->gemm_max ? T : c->gemm_max, max_in) * sizeof(float) + 64);
-    c->tile_floats = TILE_FLOATS > 16 * max_in ? TILE_FLOATS : 16 * max_in;
+    c->tile_floats = KERN_PANEL * max_in;
     c->x = malloc(T * E * sizeof(float));
     c->xn = malloc(T * E * sizeof(float));
     c->q = malloc(T * E * sizeof(float));
@@ -809,7 +772,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->rope_cs = malloc(T * hp->n_rot * sizeof(float));
     c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up || !c->slot ||
-        !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->xpack || !c->scores || !c->attn_part ||
+        !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->scores || !c->attn_part ||
         !c->attn_state || !c->attn_first || tpool_create(c->n_threads, &c->pool)) {
         engine_ctx_destroy(c);
         return KVS_ENOMEM;
@@ -820,8 +783,6 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
         float f = powf(hp->rope_base, -(float)(2 * j) / (float)hp->n_rot) * hp->rope_freq_scale;
         c->rope_inv_freq[j] = m->rope_freqs ? f / m->rope_freqs[j] : f;
     }
-    /* The pool is the CPU budget: BLAS calls run inside pool threads, one thread each. */
-    openblas_set_num_threads(1);
     *out = c;
     return 0;
 }
@@ -844,18 +805,17 @@ void engine_ctx_destroy(engine_ctx *c)
     free(c->attn_state);
     free(c->attn_first);
     free(c->tile);
-    free(c->xpack);
     free(c->slot);
     free(c->rope_inv_freq);
     free(c->rope_cs);
     free(c);
 }
 
-static void rmsnorm_rows(float *out, const float *x, const float *w, size_t rows, size_t n,
-                         float eps)
+static void rmsnorm_rows(const engine_ctx *c, float *out, const float *x, const float *w,
+                         size_t rows, size_t n, float eps)
 {
     for (size_t r = 0; r < rows; r++)
-        kern_rmsnorm(out + r * n, x + r * n, w, n, eps);
+        c->kern->rmsnorm(out + r * n, x + r * n, w, n, eps);
 }
 
 #define MM_MAX 3 /* matrices one job can multiply the same input by (Q, K, V) */
@@ -867,8 +827,7 @@ typedef struct matmul_job {
     uint32_t n_mats;
     const kern_mat *w[MM_MAX];
     float *out[MM_MAX];
-    enum { MM_ROWS, MM_PACKED, MM_SGEMM } path[MM_MAX]; /* kernel: see matmuls() */
-    size_t chunk[MM_MAX];                               /* output columns per work item */
+    size_t chunk[MM_MAX];            /* output columns per work item */
     uint32_t first_item[MM_MAX + 1]; /* items of matrix m: [first_item[m], first_item[m+1]) */
     bool silu_pair;   /* an item covers the same columns of w[0] and w[1] (gate and up), then
                          out[0] = silu(out[0]) * out[1] on them */
@@ -881,25 +840,7 @@ static void matmul_chunk(const matmul_job *j, uint32_t m, size_t n0, float *tile
     const kern_mat *w = j->w[m];
     size_t N = w->n_out, K = w->n_in;
     size_t cnt = N - n0 < j->chunk[m] ? N - n0 : j->chunk[m];
-    float *out = j->out[m];
-    if (j->path[m] == MM_ROWS) {
-        if (kern_is_panel(w->type))
-            kern_matmul_panels(w, j->in, j->rows, K, out, N, n0, n0 + cnt, tile);
-        else
-            kern_matmul_rows(w, j->in, j->rows, K, out, N, n0, n0 + cnt);
-        return;
-    }
-    if (j->path[m] == MM_PACKED) {
-        kern_gemm_packed(w, j->c->xpack, j->rows, out, N, n0, n0 + cnt);
-        return;
-    }
-    const float *wf = (const float *)w->data + n0 * K;
-    if (w->type != KERN_F32) {
-        kern_rows_to_f32(w, n0, cnt, tile);
-        wf = tile;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->rows, (int)cnt, (int)K, 1.0f,
-                j->in, (int)K, wf, (int)K, 0.0f, out + n0, (int)N);
+    j->c->kern->matmul(w, j->in, j->rows, K, j->out[m], N, n0, n0 + cnt, tile);
 }
 
 /* Threads take chunks of output columns from a shared counter, so a thread the OS preempts
@@ -951,32 +892,16 @@ static void matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
 {
     matmul_job j = {.c = c, .in = in, .rows = rows, .n_mats = n, .silu_pair = silu_pair};
     uint64_t macs = 0;
-    bool pack = false;
     for (uint32_t m = 0; m < n; m++) {
-        /* Panel-layout weights: their own kernel at every batch size. Row-layout weights: the
-         * fused kernels below small_batch rows, the packed GEMM (F16/Q8_0) up to gemm_max.
-         * Past that, sgemm. Items: 64 columns (a few KB of weights); for sgemm a widened tile
-         * that fits the scratch (and the L2), in multiples of 16 columns (whole panels). */
+        /* Items of 64 columns: four panels, a few KB of weights per row of K. */
         const kern_mat *wm = w[m];
-        bool panels = kern_is_panel(wm->type);
-        if (panels || rows < c->small_batch)
-            j.path[m] = MM_ROWS;
-        else if (rows >= GEMM_MIN_ROWS && rows <= c->gemm_max && wm->type != KERN_F32)
-            j.path[m] = MM_PACKED;
-        else
-            j.path[m] = MM_SGEMM;
-        pack |= j.path[m] == MM_PACKED;
         j.w[m] = wm;
         j.out[m] = out[m];
-        j.chunk[m] = j.path[m] != MM_SGEMM ? 64 : c->tile_floats / wm->n_in / 16 * 16;
+        j.chunk[m] = 64;
         uint32_t items = (uint32_t)((wm->n_out + j.chunk[m] - 1) / j.chunk[m]);
         j.first_item[m + 1] = silu_pair ? items : j.first_item[m] + items;
         macs += (uint64_t)rows * wm->n_out * wm->n_in;
     }
-    if (silu_pair)
-        j.chunk[1] = j.chunk[0]; /* same shapes and types, so the same path and chunk anyway */
-    if (pack)
-        kern_gemm_pack_x(in, rows, w[0]->n_in, w[0]->n_in, c->xpack);
     atomic_init(&j.next, 0);
     run_job(c, matmul_worker, &j, macs);
 }
@@ -1083,7 +1008,7 @@ static void attend_span(const attn_job *j, uint32_t item, float *scores)
             const void *kh = kp + (size_t)(h / group) * head;
             const float *qh = q + (size_t)h * hd;
             scores[h * ATTN_SPAN + i] =
-                (f16 ? kern_dot_f16(qh, kh, hd) : kern_dot(qh, kh, hd)) * scale;
+                (f16 ? c->kern->dot_f16(qh, kh, hd) : c->kern->dot(qh, kh, hd)) * scale;
         }
     }
     float *part = c->attn_part + (size_t)(item - j->i0) * n_head * (hd + 2);
@@ -1107,9 +1032,9 @@ static void attend_span(const attn_job *j, uint32_t item, float *scores)
             const void *vh = vp + (size_t)(h / group) * head;
             float *oh = part + (size_t)h * (hd + 2), wgt = scores[h * ATTN_SPAN + i];
             if (f16)
-                kern_axpy_f16(oh, wgt, vh, hd);
+                c->kern->axpy_f16(oh, wgt, vh, hd);
             else
-                kern_axpy(oh, wgt, vh, hd);
+                c->kern->axpy(oh, wgt, vh, hd);
         }
     }
 }
@@ -1201,7 +1126,7 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         uint8_t *kl = kv->k + l * kv->layer_stride * kv->esz;
         uint8_t *vl = kv->v + l * kv->layer_stride * kv->esz;
 
-        rmsnorm_rows(c->xn, c->x, w->attn_norm, T, E, hp->rms_eps);
+        rmsnorm_rows(c, c->xn, c->x, w->attn_norm, T, E, hp->rms_eps);
         const kern_mat *qkv[3] = {&w->wq, &w->wk, &w->wv};
         float *qkv_out[3] = {c->q, c->k, c->v};
         matmuls(c, c->xn, T, 3, qkv, qkv_out, false);
@@ -1218,8 +1143,8 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
                  c->rope_cs + t * R * 2);
             size_t off = (size_t)c->slot[t] * kv_dim * kv->esz;
             if (kv->type == ENGINE_KV_F16) {
-                kern_to_f16((uint16_t *)(void *)(kl + off), c->k + t * kv_dim, kv_dim);
-                kern_to_f16((uint16_t *)(void *)(vl + off), c->v + t * kv_dim, kv_dim);
+                c->kern->to_f16((uint16_t *)(void *)(kl + off), c->k + t * kv_dim, kv_dim);
+                c->kern->to_f16((uint16_t *)(void *)(vl + off), c->v + t * kv_dim, kv_dim);
             } else {
                 memcpy(kl + off, c->k + t * kv_dim, kv_dim * sizeof(float));
                 memcpy(vl + off, c->v + t * kv_dim, kv_dim * sizeof(float));
@@ -1229,7 +1154,7 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         matmul(c, c->xn, c->att, &w->wo, T);
         kern_add(c->x, c->xn, T * E);
 
-        rmsnorm_rows(c->xn, c->x, w->ffn_norm, T, E, hp->rms_eps);
+        rmsnorm_rows(c, c->xn, c->x, w->ffn_norm, T, E, hp->rms_eps);
         const kern_mat *gate_up[2] = {&w->w_gate, &w->w_up};
         float *gate_up_out[2] = {c->gate, c->up};
         matmuls(c, c->xn, T, 2, gate_up, gate_up_out, true);
@@ -1242,7 +1167,7 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
     for (size_t t = 0; t < T; t++) {
         if (!b->logits[t])
             continue;
-        rmsnorm_rows(c->xn + n_out * E, c->x + t * E, m->output_norm, 1, E, hp->rms_eps);
+        rmsnorm_rows(c, c->xn + n_out * E, c->x + t * E, m->output_norm, 1, E, hp->rms_eps);
         n_out++;
     }
     if (n_out)

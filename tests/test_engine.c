@@ -207,9 +207,9 @@ static void test_reference_threads(void **state)
     g_threads = 1;
 }
 
-/* Every prompt prefilled in one batch (all rows' logits wanted, so small and large matrix paths
- * both run: 1-row decode steps follow), on 1, 2 and 3 threads and twice each: the logits are
- * the same bits every time. The scheduler relies on a batch being reproducible. */
+/* Every prompt prefilled in one batch (all rows' logits wanted; 1-row decode steps follow), on 1, 2
+ * and 3 threads and twice each: the logits are the same bits every time. The scheduler relies on a
+ * batch being reproducible. */
 static void run_logits(uint32_t threads, float *out, size_t *n_out)
 {
     const engine_hparams *hp = engine_model_hparams(g_model);
@@ -346,25 +346,37 @@ static void test_cache_equals_recompute(void **state)
     check_cache_equals_recompute();
 }
 
-/* KVS_WEIGHT_PANELS=0 keeps the matrices in the file's rows (the fused kernels, and sgemm for
- * the batched prefill): that path, kept for A/B benchmarks, still decodes every reference
- * exactly, alone and batched. */
-static void test_reference_row_layout(void **state)
+/* Every kernel table this CPU runs (kern/kern.h; the default run above took the best, auto)
+ * decodes every reference exactly, alone and batched, and its cached logits equal a full
+ * recomputation bit for bit, with either cache type. */
+static void test_reference_every_kernel_table(void **state)
 {
     (void)state;
     if (!g_model)
         skip();
-    engine_model *panels = g_model;
-    ref_case cases[REF_MAX_CASES];
-    int n_cases;
-    setenv("KVS_WEIGHT_PANELS", "0", 1);
-    int rc = ref_load(&g_model, cases, &n_cases);
-    unsetenv("KVS_WEIGHT_PANELS");
-    assert_true(rc >= 0);
-    assert_non_null(g_model);
-    expect_all_references();
-    engine_model_destroy(g_model);
-    g_model = panels;
+    static const char *const tables[] = {"generic", "avx2"};
+    engine_model *chosen = g_model;
+    int tested = 0;
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        char err[256];
+        if (engine_kernels_check(tables[i], err, sizeof err)) {
+            print_message("kernels %s not run here: %s\n", tables[i], err);
+            continue;
+        }
+        ref_case cases[REF_MAX_CASES];
+        int n_cases;
+        assert_int_equal(ref_load_on(&g_model, cases, &n_cases, tables[i]), 1);
+        assert_string_equal(engine_model_kernels(g_model), tables[i]);
+        expect_all_references();
+        g_kv_type = ENGINE_KV_F32;
+        check_cache_equals_recompute();
+        g_kv_type = ENGINE_KV_F16;
+        check_cache_equals_recompute();
+        engine_model_destroy(g_model);
+        g_model = chosen;
+        tested++;
+    }
+    assert_true(tested >= 1);
 }
 
 static void test_malformed_batch_rejected(void **state)
@@ -403,7 +415,7 @@ int main(void)
         cmocka_unit_test(test_reference_threads),
         cmocka_unit_test(test_deterministic_across_threads),
         cmocka_unit_test(test_cache_equals_recompute),
-        cmocka_unit_test(test_reference_row_layout),
+        cmocka_unit_test(test_reference_every_kernel_table),
         cmocka_unit_test(test_malformed_batch_rejected),
     };
     return cmocka_run_group_tests_name("engine", tests, setup, teardown);
