@@ -399,7 +399,8 @@ static enum MHD_Result do_metrics(srv_conn *c)
     bool have = atomic_load(&s->state) >= ST_READY && s->sched;
     if (have)
         sched_get_metrics(s->sched, &m);
-    char *text = srv_metrics_format(have ? &m : NULL, counts);
+    char *text =
+        srv_metrics_format(have ? &m : NULL, counts, have ? engine_model_kernels(s->model) : NULL);
     if (!text)
         return fail(c, 500, NULL, NULL, "out of memory");
     enum MHD_Result r =
