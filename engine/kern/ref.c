@@ -13,44 +13,76 @@
  *            order two 8-lane accumulators and a horizontal add give
  *   axpy     y[i] = fmaf(a, x[i], y[i])
  * Where the CPU has no FMA unit, fmaf is computed in software by libm: slow but exact. The
- * project compiles with -ffp-contract=off so no compiler fuses anything else behind our back. */
+ * project compiles with -ffp-contract=off so no compiler fuses anything else behind our back.
+ *
+ * REF_FMA_CLONE: gcc also compiles the fmaf loops for the FMA extension and runs that copy on
+ * CPUs that have it (target_clones, chosen at load by the dynamic linker): fmaf becomes one
+ * instruction instead of a libm call, with the same bits (fmaf is exactly rounded either way),
+ * so the oracle and fallback stays usable on big models and in the tests. The code is still
+ * this file's plain C; the hand-written vector kernels remain separate and checked against it. */
 #include "engine/kern/kern.h"
 
 #include "engine/dtype.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__FMA__)
+#define REF_FMA_CLONE __attribute__((target_clones("fma", "default")))
+#else
+#define REF_FMA_CLONE
+#endif
 
 #define Q8P_QUANTS (2 * KERN_PANEL)
 #define Q8P_BLOCK_BYTES (KERN_PANEL * (2 + KERN_QK8_0))
 
-static float f16_at(const uint8_t *p, size_t i)
+/* Every half's float value (256 KiB), filled once: the conversion's branches cost more than
+ * the multiply-add they feed. */
+static float g_f16[65536];
+static pthread_once_t g_f16_once = PTHREAD_ONCE_INIT;
+
+static void f16_fill(void)
+{
+    for (uint32_t h = 0; h < 65536; h++)
+        g_f16[h] = dtype_f16_to_f32((uint16_t)h);
+}
+
+static const float *f16_table(void)
+{
+    pthread_once(&g_f16_once, f16_fill);
+    return g_f16;
+}
+
+static inline float f16_at(const float *tab, const uint8_t *p, size_t i)
 {
     uint16_t h;
     memcpy(&h, p + 2 * i, 2);
-    return dtype_f16_to_f32(h);
+    return tab[h];
 }
 
 /* Line k of a panel (the 16 rows' weights at input k) as floats. */
-static void panel_line(kern_type pt, const uint8_t *wp, size_t k, float w[KERN_PANEL])
+static inline void panel_line(const float *tab, kern_type pt, const uint8_t *wp, size_t k,
+                              float w[KERN_PANEL])
 {
     if (pt == KERN_F32_PANEL) {
         memcpy(w, wp + k * KERN_PANEL * 4, KERN_PANEL * 4);
     } else if (pt == KERN_F16_PANEL) {
         for (size_t c = 0; c < KERN_PANEL; c++)
-            w[c] = f16_at(wp, k * KERN_PANEL + c);
+            w[c] = f16_at(tab, wp, k * KERN_PANEL + c);
     } else {
         const uint8_t *blk = wp + k / KERN_QK8_0 * Q8P_BLOCK_BYTES;
         const uint8_t *q = blk + Q8P_QUANTS + k % KERN_QK8_0 * KERN_PANEL;
         for (size_t c = 0; c < KERN_PANEL; c++)
-            w[c] = f16_at(blk, c) * (float)(int8_t)q[c];
+            w[c] = f16_at(tab, blk, c) * (float)(int8_t)q[c];
     }
 }
 
-static void ref_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
-                       size_t ldo, size_t n0, size_t n1, float *scratch)
+REF_FMA_CLONE static void ref_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx,
+                                     float *out, size_t ldo, size_t n0, size_t n1, float *scratch)
 {
     (void)scratch;
+    const float *tab = f16_table();
     size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
     for (size_t p = n0 / KERN_PANEL; p * KERN_PANEL < n1; p++) {
         const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
@@ -60,7 +92,7 @@ static void ref_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, 
         for (size_t t = 0; t < T; t++) {
             float acc[KERN_PANEL] = {0}, w[KERN_PANEL];
             for (size_t k = 0; k < K; k++) {
-                panel_line(m->type, wp, k, w);
+                panel_line(tab, m->type, wp, k, w);
                 float xv = x[t * ldx + k];
                 for (size_t c = c0; c < c1; c++)
                     acc[c] = fmaf(xv, w[c], acc[c]);
@@ -72,11 +104,11 @@ static void ref_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, 
 }
 
 /* The dot order described at the top, over b's values as floats (bf: F32 or F16 input). */
-static float dot_any(const float *a, const void *b, int f16, size_t n)
+REF_FMA_CLONE static float dot_any(const float *a, const void *b, int f16, size_t n)
 {
-    const float *bf = b;
+    const float *bf = b, *tab = f16_table();
     const uint8_t *bh = b;
-#define B_AT(i) (f16 ? f16_at(bh, (i)) : bf[(i)])
+#define B_AT(i) (f16 ? f16_at(tab, bh, (i)) : bf[(i)])
     float acc[16] = {0};
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
@@ -105,16 +137,17 @@ static float ref_dot_f16(const float *a, const uint16_t *b, size_t n)
     return dot_any(a, b, 1, n);
 }
 
-static void ref_axpy(float *y, float a, const float *x, size_t n)
+REF_FMA_CLONE static void ref_axpy(float *y, float a, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         y[i] = fmaf(a, x[i], y[i]);
 }
 
-static void ref_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
+REF_FMA_CLONE static void ref_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
 {
+    const float *tab = f16_table();
     for (size_t i = 0; i < n; i++)
-        y[i] = fmaf(a, dtype_f16_to_f32(x[i]), y[i]);
+        y[i] = fmaf(a, tab[x[i]], y[i]);
 }
 
 static void ref_to_f16(uint16_t *dst, const float *x, size_t n)
