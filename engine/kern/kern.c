@@ -39,14 +39,21 @@ static bool os_saves_ymm(void)
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return (lo & 6) == 6;
 }
+
+/* F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know "f16c"). */
+static bool cpu_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
 #endif
 
 static bool cpu_has_avx2(void)
 {
 #ifdef KERN_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c") && os_saves_ymm();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_f16c() &&
+           os_saves_ymm();
 #else
     return false;
 #endif
@@ -67,8 +74,8 @@ const char *kern_cpu_features(void)
 #ifdef KERN_X86
     __builtin_cpu_init();
     static const char *const names[] = {"avx2", "fma", "f16c", "avx512f"};
-    bool has[4] = {__builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"),
-                   __builtin_cpu_supports("f16c"), __builtin_cpu_supports("avx512f")};
+    bool has[4] = {__builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"), cpu_f16c(),
+                   __builtin_cpu_supports("avx512f")};
     static _Thread_local char line[128];
     size_t n = 0;
     line[0] = '\0';
