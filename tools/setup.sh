@@ -3,6 +3,7 @@
 # the OpenAI Node SDK for tests/sdk (npm ci from the committed package-lock.json).
 # Idempotent: skips apt when every package is already installed, npm when the SDK is in place.
 # Test-only tools: node+npm (tests/sdk), promtool from prometheus (tests/deploy), nginx.
+# libopenblas-dev: only kvs-bench-engine's sgemm yardstick (optional; the engine does not use it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential meson ninja-build pkg-config
