@@ -215,7 +215,11 @@ static int run_batch(engine_model *m, uint32_t steps, const char *list, uint32_t
         bench_free(&b);
     }
 #ifdef KVS_HAVE_OPENBLAS
-    /* sgemm with the thread budget the engine had. */
+    /* sgemm with the thread budget the engine had (KVS_BENCH_SGEMM=0 skips it: a second of work
+     * that bench/kernels.sh's CPU-time comparison would count). */
+    const char *sg = getenv("KVS_BENCH_SGEMM");
+    if (sg && !strcmp(sg, "0"))
+        return 0;
     openblas_set_num_threads((int)threads);
     const char *core = openblas_get_corename();
     printf("# openblas %s core %s%s\n", openblas_get_config(), core,

@@ -5,7 +5,9 @@
 # auto picks on an AVX2 CPU) and --kernels generic (the portable C fallback and oracle). Runs
 # alternate between the builds so load from other processes falls on both alike; each figure is
 # the median of REPEATS runs and the ratios are taken between medians of this run. Writes the
-# "kernels.sh" section of docs/BENCHMARKS.md.
+# "kernels.sh" section of docs/BENCHMARKS.md. On shared cores wall-clock figures swing by 3x from
+# one run to the next, so it also measures the CPU time (user + system, one thread) the same work
+# takes in each build: what other processes do to the wall clock barely touches it.
 # Environment: PORTABLE (build), NATIVE (build-native; made with meson setup -Dnative=true if
 # missing), REPEATS (5), STEPS (32), THREADS (nproc), TYPES (f16 q8_0).
 set -euo pipefail
@@ -53,6 +55,17 @@ for t in $TYPES; do
             run "$t-portable" "$PORTABLE" avx2 "$f"
         fi
     done
+    # CPU seconds of one thread for the same work (load, prefill, 64 decode steps at batch 1
+    # and at 16), alternating builds
+    for i in $(seq "$REPEATS"); do
+        for b in portable native; do
+            d=$PORTABLE k=avx2
+            [ "$b" = native ] && d=$NATIVE k=auto
+            KVS_BENCH_SGEMM=0 KVS_BENCH_KERNELS=$k /usr/bin/time -f '%U %S' -o "$TMP/time" \
+                "$d/bench/kvs-bench-engine" batch "$f" 64 1,16 1 >/dev/null 2>&1
+            awk '{print $1 + $2}' "$TMP/time" >>"$TMP/$t-$b.cpu"
+        done
+    done
     # the portable C table: 3 runs, a few steps (it is an order of magnitude slower)
     for i in 1 2 3; do
         KVS_BENCH_KERNELS=generic "$PORTABLE/bench/kvs-bench-engine" batch "$f" 4 1 "$THREADS" \
@@ -65,10 +78,12 @@ for t in $TYPES; do
     p16=$(b16 "$t-portable"); n16=$(b16 "$t-native")
     pp=$(pre "$t-portable"); np=$(pre "$t-native")
     g1=$(b1 "$t-generic")
+    pc=$(median <"$TMP/$t-portable.cpu"); nc=$(median <"$TMP/$t-native.cpu")
     ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
     rows+=("| ${t^^} | decode, batch 1 (tok/s) | $n1 | $p1 | $(ratio "$p1" "$n1") | $g1 |")
     rows+=("| ${t^^} | decode, batch 16 (tok/s) | $n16 | $p16 | $(ratio "$p16" "$n16") | |")
     rows+=("| ${t^^} | prefill, 128 rows (rows/s) | $np | $pp | $(ratio "$pp" "$np") | |")
+    rows+=("| ${t^^} | CPU seconds, 1 thread (less is faster) | $nc | $pc | $(ratio "$nc" "$pc") | |")
     grep -h -o 'kernels: [a-z0-9]* ([^;]*' "$TMP/$t-native.log" | sort -u | sed 's/^/native build: /' >&2
     rm -f "$f"
 done
@@ -88,7 +103,10 @@ SECTION="$TMP/section.md"
     echo "\`-Dnative=true\` build (everything compiled with \`-march=native\`, auto's choice). Runs"
     echo "alternate between the two builds; median of $REPEATS runs each ($STEPS decode steps after"
     echo "8-token prompts; prefill: best of 3 steps of 128 rows). \`generic\` is the portable build's"
-    echo "\`--kernels generic\` (median of 3 runs of 4 steps). Load average before: $LOAD_BEFORE, after:"
+    echo "\`--kernels generic\` (median of 3 runs of 4 steps). The CPU-seconds row is the user + system"
+    echo "time of one thread doing the same work (load, prefill, 64 steps at batch 1 and 16) in each"
+    echo "build, median of $REPEATS alternating runs; its ratio is native / portable, so there too a"
+    echo "ratio of 1 or more means the portable build is as fast. Load average before: $LOAD_BEFORE, after:"
     echo "$LOAD_AFTER. Command:"
     echo
     echo '```'
