@@ -2,7 +2,9 @@
  *   position  step time of one sequence against its position, with the paged KV cache and
  *             with a full recomputation (--no-cache loop), as CSV: what the cache buys.
  *   batch     decode throughput with B sequences stepping together (one GEMM per step),
- *             as CSV, plus the sgemm rate of the same machine at 64 rows for comparison;
+ *             as CSV, plus the sgemm rate of the same machine at 64 rows for comparison
+ *             (with OpenBLAS's core type: Debian's 0.3.21 takes CPUs it does not know for
+ *             Prescott, whose slow kernels would make the comparison meaningless);
  *             each sequence first prefills KVS_BENCH_PROMPT tokens (default 8), so the
  *             attention's share at longer contexts can be measured too.
  * KVS_BENCH_KV=f32 runs with an F32 KV cache instead of the server's default F16.
@@ -13,7 +15,9 @@
 #include "common/timeutil.h"
 #include "engine/model.h"
 
+#ifdef KVS_HAVE_OPENBLAS
 #include <cblas.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +137,7 @@ static int run_position(engine_model *m, uint32_t max_pos, uint32_t threads)
     return 0;
 }
 
+#ifdef KVS_HAVE_OPENBLAS
 static double sgemm_gflops(uint32_t rows, uint32_t n_in, uint32_t n_out)
 {
     float *a = calloc((size_t)rows * n_in, sizeof(float));
@@ -155,6 +160,8 @@ static double sgemm_gflops(uint32_t rows, uint32_t n_in, uint32_t n_out)
     free(c);
     return 2.0 * rows * n_in * n_out * iters / t / 1e9;
 }
+
+#endif
 
 /* The values 1..max of a comma-separated list ("1,4,16"), at most cap of them. */
 static size_t parse_list(const char *list, uint32_t max, uint32_t *out, size_t cap)
@@ -207,11 +214,21 @@ static int run_batch(engine_model *m, uint32_t steps, const char *list, uint32_t
         fflush(stdout);
         bench_free(&b);
     }
-    /* The engine runs BLAS single-threaded inside its own pool; measure sgemm with the same
-     * thread budget the engine had. */
+#ifdef KVS_HAVE_OPENBLAS
+    /* sgemm with the thread budget the engine had (KVS_BENCH_SGEMM=0 skips it: a second of work
+     * that bench/kernels.sh's CPU-time comparison would count). */
+    const char *sg = getenv("KVS_BENCH_SGEMM");
+    if (sg && !strcmp(sg, "0"))
+        return 0;
     openblas_set_num_threads((int)threads);
+    const char *core = openblas_get_corename();
+    printf("# openblas %s core %s%s\n", openblas_get_config(), core,
+           !strcmp(core, "Prescott") ? " (a fallback: this OpenBLAS does not know the CPU; set "
+                                       "OPENBLAS_CORETYPE=Haswell or SkylakeX)"
+                                     : "");
     printf("# sgemm 64 x %u -> %u: %.1f GFLOP/s\n", hp->n_embd, hp->n_ff,
            sgemm_gflops(64, hp->n_embd, hp->n_ff));
+#endif
     return 0;
 }
 
@@ -253,7 +270,8 @@ int main(int argc, char **argv)
     uint32_t threads = 2;
     char err[512];
     engine_model *m;
-    engine_load_params lp = {.verbose = true};
+    /* KVS_BENCH_KERNELS=avx2|generic forces a kernel table (--kernels of the server) */
+    engine_load_params lp = {.verbose = true, .kernels = getenv("KVS_BENCH_KERNELS")};
     if (engine_model_load(argv[2], &lp, &m, err, sizeof err)) {
         fprintf(stderr, "kvs-bench-engine: %s\n", err);
         return 1;

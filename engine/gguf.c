@@ -3,6 +3,8 @@
 #define _DEFAULT_SOURCE /* madvise */
 #include "engine/gguf.h"
 
+#include "engine/dtype.h"
+
 #include "common/status.h"
 
 #include <errno.h>
@@ -193,42 +195,14 @@ static int parse_kv(cursor *c, gguf_kv *kv)
     return 0;
 }
 
-struct type_info {
-    uint32_t type;
-    const char *name;
-    uint32_t block;       /* elements per block */
-    uint32_t block_bytes; /* bytes per block */
-};
-
-static const struct type_info TYPES[] = {
-    {GGML_TYPE_F32, "F32", 1, 4},     {GGML_TYPE_F16, "F16", 1, 2},
-    {GGML_TYPE_BF16, "BF16", 1, 2},   {GGML_TYPE_Q8_0, "Q8_0", 32, 34},
-    {GGML_TYPE_Q4_0, "Q4_0", 32, 18}, {GGML_TYPE_Q4_1, "Q4_1", 32, 20},
-    {GGML_TYPE_Q5_0, "Q5_0", 32, 22}, {GGML_TYPE_Q5_1, "Q5_1", 32, 24},
-};
-
-static const struct type_info *type_info(uint32_t t)
-{
-    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
-        if (TYPES[i].type == t)
-            return &TYPES[i];
-    return NULL;
-}
-
 uint64_t ggml_type_nbytes(uint32_t type, uint64_t n)
 {
-    const struct type_info *ti = type_info(type);
-    if (!ti || n % ti->block)
-        return 0;
-    if (n / ti->block > UINT64_MAX / ti->block_bytes)
-        return 0;
-    return n / ti->block * ti->block_bytes;
+    return dtype_nbytes(type, n);
 }
 
 const char *ggml_type_name(uint32_t type)
 {
-    const struct type_info *ti = type_info(type);
-    return ti ? ti->name : "unknown";
+    return dtype_name(type);
 }
 
 static int parse_tensor(cursor *c, gguf_tensor *t)
@@ -257,10 +231,10 @@ static int parse_tensor(cursor *c, gguf_tensor *t)
     t->n_elements = n;
     if ((rc = read_u32(c, &t->type, "tensor type")))
         return rc;
-    const struct type_info *ti = type_info(t->type);
-    if (!ti)
-        return fail(c, KVS_EUNSUPPORTED, "tensor '%.*s': unsupported tensor type %u",
-                    NAME_PREC(t->name_len), t->name, t->type);
+    const dtype_info *ti = dtype_get(t->type);
+    if (!ti || !ti->block)
+        return fail(c, KVS_EUNSUPPORTED, "tensor '%.*s': unsupported tensor type %s (%u)",
+                    NAME_PREC(t->name_len), t->name, dtype_name(t->type), t->type);
     if (t->dims[0] % ti->block)
         return fail(c, KVS_EFORMAT,
                     "tensor '%.*s': row of %llu elements is not a whole number "
@@ -720,65 +694,16 @@ const gguf_tensor *gguf_tensor_at(const gguf_file *f, int64_t i)
 
 float ggml_fp16_to_fp32(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f;
-    uint32_t mant = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0) {
-        if (mant == 0) {
-            bits = sign;
-        } else { /* subnormal: renormalise */
-            exp = 127 - 15 + 1;
-            while (!(mant & 0x400)) {
-                mant <<= 1;
-                exp--;
-            }
-            mant &= 0x3ff;
-            bits = sign | (exp << 23) | (mant << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return dtype_f16_to_f32(h);
 }
 
 uint16_t ggml_fp32_to_fp16(float f)
 {
-    /* Round-to-nearest-even, as F16C's _cvtss_sh with rounding mode 0. */
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    uint32_t absx = x & 0x7fffffff;
-    if (absx > 0x7f800000u)
-        return (uint16_t)(sign | 0x7e00); /* NaN */
-    if (absx >= 0x477ff000u)              /* rounds to >= 65520: infinity */
-        return (uint16_t)(sign | 0x7c00);
-    if (absx < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
-        if (absx < 0x33000000u)
-            return (uint16_t)sign;
-        uint32_t e = absx >> 23;
-        uint32_t m = (absx & 0x7fffff) | 0x800000;
-        uint32_t shift = 126 - e; /* 14 + (113 - e) */
-        uint32_t half = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1);
-        uint32_t mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1)))
-            half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t h = ((absx >> 13) - ((127 - 15) << 10));
-    uint32_t rem = absx & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
-        h++;
-    return (uint16_t)(sign | h);
+    return dtype_f32_to_f16(f);
 }
 
 void ggml_fp16_to_fp32_row(const uint16_t *src, float *dst, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = ggml_fp16_to_fp32(src[i]);
+        dst[i] = dtype_f16_to_f32(src[i]);
 }

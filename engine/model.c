@@ -1,33 +1,21 @@
-/* Llama-family model (architectures llama and qwen2): loading from GGUF, the KV arena, and the
- * batched forward pass.
- * F32, F16 and Q8_0 matrices are used in place from the mapping (BF16 is widened to F32 at
- * load); norm vectors are F32 copies. Each matrix product is split over output rows between
- * the ctx's pool threads: small batches use the fused kernels of kernels.h (weights read once,
- * converted in registers), larger ones single-threaded sgemm per thread on the F32 rows or on
- * F16/Q8_0 tiles widened into a per-thread scratch. OpenBLAS itself runs one thread, so the
- * pool's n_threads is the whole CPU budget. */
+/* Llama-family model (architectures llama and qwen2): loading from GGUF. Opens the file,
+ * reads the hyper-parameters and the tokenizer, finds every tensor with its shape, and packs
+ * the weight matrices into the kernels' panel layout (F32, F16 and Q8_0 keep their type; BF16
+ * is widened to F32 first; norm vectors are F32), then picks the kernel table (engine/kern/
+ * kern.h: from CPUID, or --kernels). The KV arena is kv_arena.c, one batched step forward.c and
+ * attention.c. */
 #include "engine/model.h"
 
 #include "common/log.h"
 #include "common/status.h"
 #include "common/timeutil.h"
-#include "engine/gguf.h"
-#include "engine/kernels.h"
-#include "engine/threadpool.h"
+#include "engine/dtype.h"
+#include "engine/model_impl.h"
 
-#include <cblas.h>
-#include <stdatomic.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct engine_arch {
-    const char *name; /* general.architecture, and the prefix of its metadata keys */
-    engine_rope_type rope_type;
-    bool qkv_bias; /* blk.N.attn_{q,k,v}.bias may be present */
-} engine_arch;
 
 /* Limits on metadata we accept: well beyond any llama model, and small enough that every
  * size computed from them fits in size_t without overflow. */
@@ -37,40 +25,6 @@ typedef struct engine_arch {
 #define MAX_HEADS 1024u
 #define MAX_VOCAB 1048576u
 #define MAX_CTX (1u << 20)
-
-typedef struct layer_weights {
-    const float *attn_norm; /* (n_embd) */
-    kern_mat wq;            /* (n_head * head_dim, n_embd): row-major out x in */
-    kern_mat wk;            /* (n_head_kv * head_dim, n_embd) */
-    kern_mat wv;            /* (n_head_kv * head_dim, n_embd) */
-    const float *bq;        /* (n_head * head_dim) or NULL: qwen2's projection biases */
-    const float *bk;        /* (n_head_kv * head_dim) or NULL */
-    const float *bv;        /* (n_head_kv * head_dim) or NULL */
-    kern_mat wo;            /* (n_embd, n_head * head_dim) */
-    const float *ffn_norm;  /* (n_embd) */
-    kern_mat w_gate;        /* (n_ff, n_embd) */
-    kern_mat w_up;          /* (n_ff, n_embd) */
-    kern_mat w_down;        /* (n_embd, n_ff) */
-} layer_weights;
-
-struct engine_model {
-    engine_hparams hp;
-    const engine_arch *arch;
-    const float *rope_freqs; /* (n_rot / 2) or NULL: Llama 3.1 frequency divisors */
-    gguf_file *file;
-    tok_vocab *vocab;
-    char *name;
-    char *chat_template;
-    kern_mat tok_embd;        /* (n_vocab, n_embd) */
-    const float *output_norm; /* (n_embd) */
-    kern_mat output;          /* (n_vocab, n_embd), token_embd when tied */
-    layer_weights *layers;
-    uint32_t weight_type;
-    uint64_t n_params;
-    uint64_t weight_bytes;
-    void **owned; /* widened copies (norm vectors, BF16 matrices) and panel-layout weights */
-    size_t n_owned;
-};
 
 static int set_err(char *err, size_t len, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -140,10 +94,10 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
         *out = t->data;
         return 0;
     }
-    if (t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_Q8_0 && t->type != GGML_TYPE_BF16)
-        return set_err(err, err_len, KVS_EUNSUPPORTED,
-                       "tensor %s has type %s; supported: F32, F16, BF16, Q8_0", name,
-                       ggml_type_name(t->type));
+    const dtype_info *dt = dtype_get(t->type);
+    if (!dt || !dt->to_f32)
+        return set_err(err, err_len, KVS_EUNSUPPORTED, "tensor %s has type %s; supported: %s", name,
+                       dtype_name(t->type), dtype_supported_list());
     float *dst = malloc(t->n_elements * sizeof *dst);
     void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
     if (!dst || !owned) {
@@ -154,30 +108,7 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
     }
     m->owned = owned;
     m->owned[m->n_owned++] = dst;
-    const uint8_t *src = t->data;
-    if (t->type == GGML_TYPE_F16) {
-        for (uint64_t k = 0; k < t->n_elements; k++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * k, 2);
-            dst[k] = ggml_fp16_to_fp32(h);
-        }
-    } else if (t->type == GGML_TYPE_BF16) {
-        for (uint64_t k = 0; k < t->n_elements; k++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * k, 2);
-            uint32_t bits = (uint32_t)h << 16;
-            memcpy(&dst[k], &bits, 4);
-        }
-    } else { /* Q8_0: blocks of f16 scale + 32 int8 */
-        for (uint64_t b = 0; b < t->n_elements / QK8_0; b++) {
-            const uint8_t *blk = src + b * 34;
-            uint16_t h;
-            memcpy(&h, blk, 2);
-            float d = ggml_fp16_to_fp32(h);
-            for (int k = 0; k < QK8_0; k++)
-                dst[b * QK8_0 + k] = d * (float)(int8_t)blk[2 + k];
-        }
-    }
+    dt->to_f32(t->data, dst, t->n_elements);
     *out = dst;
     if (mat)
         kern_mat_init(mat, KERN_F32, dst, d1, d0);
@@ -439,21 +370,16 @@ static void progress_add(load_progress *lp, uint64_t bytes)
     }
 }
 
-/* Every weight matrix (F32, F16 or Q8_0) is copied once into the panel layout of kernels.h and
- * its file pages released at once (so loading never holds a matrix twice for long): a batched
- * product then converts each weight once per 6 rows instead of once per 4 (or per widened
- * tile), which at 16 rows was half of every product, and its results do not depend on the
- * batch. The embedding table too, so that a tied output projection (which is that table) is
- * batch-invariant like the rest; a lookup gathers one row from it. Sources of the copies go to
- * released[] (at most n_layer * 7 + 2). KVS_WEIGHT_PANELS=0 keeps every matrix in the file's
- * rows (a knob for A/B benchmarks). */
+/* Every weight matrix (F32, F16 or Q8_0) is copied once into the panel layout of kern/kern.h,
+ * the only layout the products take, and its file pages released at once (so loading never
+ * holds a matrix twice for long): a batched product converts each weight once per tile of 6
+ * rows, and its results do not depend on the batch. The embedding table too, so that a tied
+ * output projection (which is that table) is batch-invariant like the rest; a lookup gathers
+ * one row from it. Sources of the copies go to released[] (at most n_layer * 7 + 2). */
 static int repack_weights(engine_model *m, load_progress *lp, const void **released,
                           size_t *n_released, char *err, size_t err_len)
 {
     *n_released = 0;
-    const char *env = getenv("KVS_WEIGHT_PANELS");
-    if (env && !strcmp(env, "0"))
-        return 0;
     bool tied = m->output.data == m->tok_embd.data;
     size_t n_mats = (size_t)m->hp.n_layer * 7 + 2;
     for (size_t i = 0; i < n_mats; i++) {
@@ -537,8 +463,10 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
     engine_model *m = calloc(1, sizeof *m);
     if (!m)
         return set_err(err, err_len, KVS_ENOMEM, "out of memory");
-    int rc = gguf_open(path, &m->file, err, err_len);
+    int rc = kern_select(p ? p->kernels : NULL, &m->kern, err, err_len);
     if (rc)
+        goto fail;
+    if ((rc = gguf_open(path, &m->file, err, err_len)))
         goto fail;
     if ((rc = load_hparams(m, err, err_len)))
         goto fail;
@@ -590,6 +518,11 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
                  hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_ctx_train, (double)m->n_params / 1e6,
                  ggml_type_name(m->weight_type), (double)m->weight_bytes / (1024.0 * 1024.0),
                  time_now_s() - t0);
+        log_info("kernels: %s (%s; CPU: %s)", m->kern->name,
+                 p && p->kernels && *p->kernels && strcmp(p->kernels, "auto")
+                     ? "forced by --kernels"
+                     : "chosen from CPUID",
+                 kern_cpu_features());
     }
     *out = m;
     return 0;
@@ -629,6 +562,17 @@ const char *engine_model_chat_template(const engine_model *m)
 {
     return m->chat_template;
 }
+const char *engine_model_kernels(const engine_model *m)
+{
+    return m->kern->name;
+}
+
+int engine_kernels_check(const char *name, char *err, size_t err_len)
+{
+    const kern_ops *k;
+    return kern_select(name, &k, err, err_len);
+}
+
 const char *engine_model_weight_type(const engine_model *m)
 {
     return ggml_type_name(m->weight_type);
@@ -636,616 +580,4 @@ const char *engine_model_weight_type(const engine_model *m)
 uint64_t engine_model_n_params(const engine_model *m)
 {
     return m->n_params;
-}
-
-/* ---------------------------------------------------------------- KV arena */
-
-struct engine_kv {
-    engine_kv_type type;
-    uint32_t n_blocks, block_size, n_layer, kv_dim;
-    size_t esz;          /* bytes per value: 2 (F16) or 4 (F32) */
-    size_t layer_stride; /* values per layer per K (or V): n_blocks * block_size * kv_dim */
-    uint8_t *k;          /* (n_layer, n_slots, kv_dim) */
-    uint8_t *v;          /* (n_layer, n_slots, kv_dim) */
-};
-
-int engine_kv_type_parse(const char *s)
-{
-    return !strcmp(s, "f16") ? ENGINE_KV_F16 : !strcmp(s, "f32") ? ENGINE_KV_F32 : -1;
-}
-
-const char *engine_kv_type_name(engine_kv_type t)
-{
-    return t == ENGINE_KV_F16 ? "f16" : "f32";
-}
-
-static size_t kv_esz(engine_kv_type type)
-{
-    return type == ENGINE_KV_F16 ? 2 : 4;
-}
-
-size_t engine_kv_block_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size)
-{
-    const engine_hparams *hp = &m->hp;
-    return (size_t)2 * hp->n_layer * block_size * hp->n_head_kv * hp->head_dim * kv_esz(type);
-}
-
-int engine_kv_create(const engine_model *m, engine_kv_type type, uint32_t n_blocks,
-                     uint32_t block_size, engine_kv **out)
-{
-    *out = NULL;
-    if (n_blocks == 0 || block_size == 0 || (uint64_t)n_blocks * block_size > (1ull << 32) ||
-        (type != ENGINE_KV_F16 && type != ENGINE_KV_F32))
-        return KVS_EINVAL;
-    engine_kv *kv = calloc(1, sizeof *kv);
-    if (!kv)
-        return KVS_ENOMEM;
-    kv->type = type;
-    kv->esz = kv_esz(type);
-    kv->n_blocks = n_blocks;
-    kv->block_size = block_size;
-    kv->n_layer = m->hp.n_layer;
-    kv->kv_dim = m->hp.n_head_kv * m->hp.head_dim;
-    kv->layer_stride = (size_t)n_blocks * block_size * kv->kv_dim;
-    size_t total = kv->layer_stride * kv->n_layer;
-    kv->k = calloc(total, kv->esz);
-    kv->v = calloc(total, kv->esz);
-    if (!kv->k || !kv->v) {
-        engine_kv_destroy(kv);
-        return KVS_ENOMEM;
-    }
-    *out = kv;
-    return 0;
-}
-
-void engine_kv_destroy(engine_kv *kv)
-{
-    if (!kv)
-        return;
-    free(kv->k);
-    free(kv->v);
-    free(kv);
-}
-
-void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst)
-{
-    size_t blk = (size_t)kv->block_size * kv->kv_dim * kv->esz;
-    for (uint32_t l = 0; l < kv->n_layer; l++) {
-        size_t base = l * kv->layer_stride * kv->esz;
-        memcpy(kv->k + base + (size_t)dst * blk, kv->k + base + (size_t)src * blk, blk);
-        memcpy(kv->v + base + (size_t)dst * blk, kv->v + base + (size_t)src * blk, blk);
-    }
-}
-
-/* ---------------------------------------------------------------- forward */
-
-/* The next thresholds concern row-layout weights only (KVS_WEIGHT_PANELS=0); panel weights
- * take kern_matmul_panels at every batch size.
- * Batches of fewer rows than this take the fused kernels (weights are the traffic); larger
- * ones sgemm, whose blocking wins once each weight is reused across many rows. */
-#define SMALL_BATCH_DEFAULT 8
-/* F16/Q8_0 batches of GEMM_MIN_ROWS..gemm_max rows take the packed GEMM of kernels.h
- * (weights widened once per call in L1-sized panels). Single-thread rates on 110m shapes:
- * 1.2-2.2x sgemm on widened tiles at 16-128 rows, 0.85-0.95x at 8-14 (its per-weight
- * conversion is amortized over too few rows); past 128 rows x leaves the L2 and sgemm's
- * blocking is the safer bet. */
-#define GEMM_MIN_ROWS 16
-#define GEMM_MAX_DEFAULT 128
-/* Attention work units: positions per item and items per pool job (see attention()). */
-#define ATTN_SPAN 128
-#define ATTN_WAVE 256
-/* Floats of a thread's weight-tile scratch (a Q8_0 panel widened for several row tiles, or
- * row-layout F16/Q8_0 rows widened for sgemm): L2-sized, and at least 16 x n_in. */
-#define TILE_FLOATS (64u * 1024u)
-
-struct engine_ctx {
-    const engine_model *m;
-    uint32_t max_tokens;
-    uint32_t n_threads;
-    tpool *pool;
-    uint32_t small_batch; /* see SMALL_BATCH_DEFAULT */
-    uint32_t gemm_max;    /* see GEMM_MAX_DEFAULT */
-    float *xpack;         /* kern_gemm_xp_floats(min(max_tokens, gemm_max), max(E, F)) */
-    float *x;             /* (max_tokens, n_embd) residual stream */
-    float *xn;            /* (max_tokens, n_embd) normed input of a sublayer */
-    float *q;             /* (max_tokens, n_embd) */
-    float *k;             /* (max_tokens, kv_dim) */
-    float *v;             /* (max_tokens, kv_dim) */
-    float *att;           /* (max_tokens, n_embd) attention output before wo */
-    float *gate;          /* (max_tokens, n_ff) */
-    float *up;            /* (max_tokens, n_ff) */
-    float *scores;        /* (n_threads, n_head, ATTN_SPAN) each thread's attention weights */
-    float *attn_part;     /* (ATTN_WAVE, n_head, head_dim + 2) a wave's span results */
-    float *attn_state;    /* (max_tokens, n_head, head_dim + 2) each row's spans folded so far */
-    uint32_t *attn_first; /* (max_tokens + 1) first attention item of each row */
-    float *tile;          /* (n_threads, tile_floats) widened weight rows */
-    size_t tile_floats;
-    int32_t *slot;        /* (max_tokens) arena slot of each row */
-    float *rope_inv_freq; /* (n_rot / 2) base^(-2j/n_rot) */
-    float *rope_cs;       /* (max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
-};
-
-int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_threads,
-                      engine_ctx **out)
-{
-    *out = NULL;
-    if (max_tokens == 0 || max_tokens > 65536 || n_threads > 1024)
-        return KVS_EINVAL;
-    engine_ctx *c = calloc(1, sizeof *c);
-    if (!c)
-        return KVS_ENOMEM;
-    const engine_hparams *hp = &m->hp;
-    size_t T = max_tokens, E = hp->n_embd, KV = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
-    c->m = m;
-    c->max_tokens = max_tokens;
-    c->n_threads = n_threads ? n_threads : 1;
-    c->small_batch = SMALL_BATCH_DEFAULT;
-    const char *env = getenv("KVS_SMALL_BATCH"); /* tuning knob for benchmarks */
-    if (env && atoi(env) >= 0)
-        c->small_batch = (uint32_t)atoi(env);
-    size_t max_in = E > F ? E : F;
-    c->gemm_max = GEMM_MAX_DEFAULT;
-    env = getenv("KVS_GEMM_MAX"); /* tuning knob for benchmarks; 0 = always sgemm */
-    if (env && atoi(env) >= 0)
-        c->gemm_max = (uint32_t)atoi(env);
-    c->xpack =
-        malloc(kern_gemm_xp_floats(T < c->gemm_max ? T : c->gemm_max, max_in) * sizeof(float) + 64);
-    c->tile_floats = TILE_FLOATS > 16 * max_in ? TILE_FLOATS : 16 * max_in;
-    c->x = malloc(T * E * sizeof(float));
-    c->xn = malloc(T * E * sizeof(float));
-    c->q = malloc(T * E * sizeof(float));
-    c->k = malloc(T * KV * sizeof(float));
-    c->v = malloc(T * KV * sizeof(float));
-    c->att = malloc(T * E * sizeof(float));
-    c->gate = malloc(T * F * sizeof(float));
-    c->up = malloc(T * F * sizeof(float));
-    c->slot = malloc(T * sizeof(int32_t));
-    size_t part = (size_t)hp->n_head * (hp->head_dim + 2);
-    c->scores = malloc(c->n_threads * hp->n_head * ATTN_SPAN * sizeof(float));
-    c->attn_part = malloc(ATTN_WAVE * part * sizeof(float));
-    c->attn_state = malloc(T * part * sizeof(float));
-    c->attn_first = malloc((T + 1) * sizeof(uint32_t));
-    c->rope_inv_freq = malloc(hp->n_rot / 2 * sizeof(float));
-    c->rope_cs = malloc(T * hp->n_rot * sizeof(float));
-    c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
-    if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up || !c->slot ||
-        !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->xpack || !c->scores || !c->attn_part ||
-        !c->attn_state || !c->attn_first || tpool_create(c->n_threads, &c->pool)) {
-        engine_ctx_destroy(c);
-        return KVS_ENOMEM;
-    }
-    /* Angle of pair j at position p: p * freq_scale * base^(-2j/n_rot) / freq_factor[j], as
-     * ggml_rope_ext with freq_factors and no YaRN extrapolation. */
-    for (uint32_t j = 0; j < hp->n_rot / 2; j++) {
-        float f = powf(hp->rope_base, -(float)(2 * j) / (float)hp->n_rot) * hp->rope_freq_scale;
-        c->rope_inv_freq[j] = m->rope_freqs ? f / m->rope_freqs[j] : f;
-    }
-    /* The pool is the CPU budget: BLAS calls run inside pool threads, one thread each. */
-    openblas_set_num_threads(1);
-    *out = c;
-    return 0;
-}
-
-void engine_ctx_destroy(engine_ctx *c)
-{
-    if (!c)
-        return;
-    tpool_destroy(c->pool);
-    free(c->x);
-    free(c->xn);
-    free(c->q);
-    free(c->k);
-    free(c->v);
-    free(c->att);
-    free(c->gate);
-    free(c->up);
-    free(c->scores);
-    free(c->attn_part);
-    free(c->attn_state);
-    free(c->attn_first);
-    free(c->tile);
-    free(c->xpack);
-    free(c->slot);
-    free(c->rope_inv_freq);
-    free(c->rope_cs);
-    free(c);
-}
-
-static void rmsnorm_rows(float *out, const float *x, const float *w, size_t rows, size_t n,
-                         float eps)
-{
-    for (size_t r = 0; r < rows; r++)
-        kern_rmsnorm(out + r * n, x + r * n, w, n, eps);
-}
-
-#define MM_MAX 3 /* matrices one job can multiply the same input by (Q, K, V) */
-
-typedef struct matmul_job {
-    engine_ctx *c;
-    const float *in;
-    size_t rows;
-    uint32_t n_mats;
-    const kern_mat *w[MM_MAX];
-    float *out[MM_MAX];
-    enum { MM_ROWS, MM_PACKED, MM_SGEMM } path[MM_MAX]; /* kernel: see matmuls() */
-    size_t chunk[MM_MAX];                               /* output columns per work item */
-    uint32_t first_item[MM_MAX + 1]; /* items of matrix m: [first_item[m], first_item[m+1]) */
-    bool silu_pair;   /* an item covers the same columns of w[0] and w[1] (gate and up), then
-                         out[0] = silu(out[0]) * out[1] on them */
-    atomic_uint next; /* next work item */
-} matmul_job;
-
-/* Columns [n0, n0 + chunk) of matrix m. */
-static void matmul_chunk(const matmul_job *j, uint32_t m, size_t n0, float *tile)
-{
-    const kern_mat *w = j->w[m];
-    size_t N = w->n_out, K = w->n_in;
-    size_t cnt = N - n0 < j->chunk[m] ? N - n0 : j->chunk[m];
-    float *out = j->out[m];
-    if (j->path[m] == MM_ROWS) {
-        if (kern_is_panel(w->type))
-            kern_matmul_panels(w, j->in, j->rows, K, out, N, n0, n0 + cnt, tile);
-        else
-            kern_matmul_rows(w, j->in, j->rows, K, out, N, n0, n0 + cnt);
-        return;
-    }
-    if (j->path[m] == MM_PACKED) {
-        kern_gemm_packed(w, j->c->xpack, j->rows, out, N, n0, n0 + cnt);
-        return;
-    }
-    const float *wf = (const float *)w->data + n0 * K;
-    if (w->type != KERN_F32) {
-        kern_rows_to_f32(w, n0, cnt, tile);
-        wf = tile;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->rows, (int)cnt, (int)K, 1.0f,
-                j->in, (int)K, wf, (int)K, 0.0f, out + n0, (int)N);
-}
-
-/* Threads take chunks of output columns from a shared counter, so a thread the OS preempts
- * (the cores are shared) delays the step by one chunk, not by its whole share. Chunk
- * boundaries depend only on the matrix and the batch size, never on the thread count or on
- * which thread took a chunk, so a batch gives the same bits on every run. */
-static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
-{
-    (void)nth;
-    matmul_job *j = arg;
-    float *tile = j->c->tile + ith * j->c->tile_floats;
-    for (;;) {
-        uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (i >= j->first_item[j->n_mats])
-            return;
-        uint32_t m = 0;
-        while (i >= j->first_item[m + 1])
-            m++;
-        size_t n0 = (size_t)(i - j->first_item[m]) * j->chunk[m];
-        matmul_chunk(j, m, n0, tile);
-        if (!j->silu_pair)
-            continue;
-        matmul_chunk(j, 1, n0, tile);
-        size_t N = j->w[0]->n_out, cnt = N - n0 < j->chunk[0] ? N - n0 : j->chunk[0];
-        for (size_t t = 0; t < j->rows; t++)
-            kern_silu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
-    }
-}
-
-/* Below this many multiply-adds a job runs on the calling thread alone: waking the pool costs
- * microseconds when the other core is idle and a whole scheduler time slice when another
- * process holds it, which for a tiny model's matrices is far more than the work. Results do
- * not change: chunks are the same whichever thread takes them. */
-#define PARALLEL_MIN_MACS (1u << 17)
-
-static void run_job(engine_ctx *c, void (*fn)(void *, uint32_t, uint32_t), void *arg, uint64_t macs)
-{
-    if (macs < PARALLEL_MIN_MACS)
-        fn(arg, 0, 1);
-    else
-        tpool_run(c->pool, fn, arg);
-}
-
-/* out[m] (rows, w[m]->n_out) = in (rows, n_in) * w[m]^T for the n matrices, in one pool job
- * (one hand-off instead of n). With silu_pair (n = 2, same shapes) out[0] becomes
- * silu(out[0]) * out[1], computed on each chunk as soon as both products have it. */
-static void matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
-                    const kern_mat *const *w, float *const *out, bool silu_pair)
-{
-    matmul_job j = {.c = c, .in = in, .rows = rows, .n_mats = n, .silu_pair = silu_pair};
-    uint64_t macs = 0;
-    bool pack = false;
-    for (uint32_t m = 0; m < n; m++) {
-        /* Panel-layout weights: their own kernel at every batch size. Row-layout weights: the
-         * fused kernels below small_batch rows, the packed GEMM (F16/Q8_0) up to gemm_max.
-         * Past that, sgemm. Items: 64 columns (a few KB of weights); for sgemm a widened tile
-         * that fits the scratch (and the L2), in multiples of 16 columns (whole panels). */
-        const kern_mat *wm = w[m];
-        bool panels = kern_is_panel(wm->type);
-        if (panels || rows < c->small_batch)
-            j.path[m] = MM_ROWS;
-        else if (rows >= GEMM_MIN_ROWS && rows <= c->gemm_max && wm->type != KERN_F32)
-            j.path[m] = MM_PACKED;
-        else
-            j.path[m] = MM_SGEMM;
-        pack |= j.path[m] == MM_PACKED;
-        j.w[m] = wm;
-        j.out[m] = out[m];
-        j.chunk[m] = j.path[m] != MM_SGEMM ? 64 : c->tile_floats / wm->n_in / 16 * 16;
-        uint32_t items = (uint32_t)((wm->n_out + j.chunk[m] - 1) / j.chunk[m]);
-        j.first_item[m + 1] = silu_pair ? items : j.first_item[m] + items;
-        macs += (uint64_t)rows * wm->n_out * wm->n_in;
-    }
-    if (silu_pair)
-        j.chunk[1] = j.chunk[0]; /* same shapes and types, so the same path and chunk anyway */
-    if (pack)
-        kern_gemm_pack_x(in, rows, w[0]->n_in, w[0]->n_in, c->xpack);
-    atomic_init(&j.next, 0);
-    run_job(c, matmul_worker, &j, macs);
-}
-
-/* out (rows, n_out) = in (rows, n_in) * W^T. */
-static void matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows)
-{
-    matmuls(c, in, rows, 1, &w, &out, false);
-}
-
-/* Rotates pair j of each head's first n_rot dimensions by the row's angle pos * inv_freq[j]:
- * NORM pairs (x[2j], x[2j+1]) (llama, whose converter permutes Q and K for it), NEOX pairs
- * (x[j], x[j + n_rot/2]) (qwen2, Hugging Face layout). Dimensions past n_rot pass through. cs
- * holds (cos, sin) of each angle, computed once per step instead of once per layer. */
-static void rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot,
-                 engine_rope_type type, const float *cs)
-{
-    uint32_t half = n_rot / 2;
-    uint32_t stride = type == ENGINE_ROPE_NEOX ? 1 : 2; /* index step between pairs */
-    uint32_t off = type == ENGINE_ROPE_NEOX ? half : 1; /* partner's offset in the pair */
-    for (uint32_t h = 0; h < n_heads; h++) {
-        float *p = x + (size_t)h * head_dim;
-        for (uint32_t j = 0; j < half; j++) {
-            float *a = p + j * stride, *b = a + off;
-            float xa = *a, xb = *b, co = cs[2 * j], sn = cs[2 * j + 1];
-            *a = xa * co - xb * sn;
-            *b = xa * sn + xb * co;
-        }
-    }
-}
-
-static int validate_batch(engine_ctx *c, const engine_kv *kv, const engine_batch *b)
-{
-    if (b->n_tokens == 0 || b->n_tokens > c->max_tokens)
-        return KVS_EINVAL;
-    for (uint32_t t = 0; t < b->n_tokens; t++) {
-        if (b->token[t] < 0 || (uint32_t)b->token[t] >= c->m->hp.n_vocab || b->pos[t] < 0 ||
-            b->seq[t] < 0 || (uint32_t)b->seq[t] >= b->n_seqs)
-            return KVS_EINVAL;
-        const engine_seq_view *s = &b->seqs[b->seq[t]];
-        uint32_t bi = (uint32_t)b->pos[t] / kv->block_size;
-        if (bi >= s->n_blocks)
-            return KVS_EINVAL;
-        for (uint32_t i = 0; i <= bi; i++)
-            if (s->blocks[i] < 0 || (uint32_t)s->blocks[i] >= kv->n_blocks)
-                return KVS_EINVAL;
-        c->slot[t] = s->blocks[bi] * (int32_t)kv->block_size +
-                     (int32_t)((uint32_t)b->pos[t] % kv->block_size);
-    }
-    return 0;
-}
-
-/* Attention runs in items of one row and one span of ATTN_SPAN positions, with every head:
- * each item streams its positions' cache rows (all kv heads of a position are contiguous) once
- * for keys and once for values, and leaves per head the span's max score m, its sum of
- * exp(score - m) l and its exp-weighted sum of values o. A row's spans are then folded in
- * order (the merge of flash-decoding) and the row's output is o / l. Spans are fixed cuts of
- * the position range, so a row's arithmetic depends on its length alone, never on the batch,
- * the thread count or the wave sizes: cached decoding and a full recomputation give the same
- * bits. A long sequence decoding alone still spreads over every core. Items run in waves of
- * ATTN_WAVE, so the scratch is fixed at context creation whatever the context length. */
-typedef struct attn_job {
-    engine_ctx *c;
-    const engine_kv *kv;
-    const engine_batch *b;
-    const uint8_t *kl, *vl; /* this layer's K and V arenas (kv->type values) */
-    uint32_t i0, i1;        /* this wave's items */
-    atomic_uint next;       /* next item to take */
-} attn_job;
-
-/* Row of item i: the last row whose first item is <= i. */
-static uint32_t attn_row(const engine_ctx *c, uint32_t n_rows, uint32_t i)
-{
-    uint32_t lo = 0, hi = n_rows - 1;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi + 1) / 2;
-        if (c->attn_first[mid] <= i)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
-static void attend_span(const attn_job *j, uint32_t item, float *scores)
-{
-    const engine_ctx *c = j->c;
-    const engine_kv *kv = j->kv;
-    const engine_hparams *hp = &c->m->hp;
-    uint32_t t = attn_row(c, j->b->n_tokens, item);
-    const engine_seq_view *s = &j->b->seqs[j->b->seq[t]];
-    uint32_t n_pos = (uint32_t)j->b->pos[t] + 1, bs = kv->block_size;
-    uint32_t p0 = (item - c->attn_first[t]) * ATTN_SPAN;
-    uint32_t n = n_pos - p0 < ATTN_SPAN ? n_pos - p0 : ATTN_SPAN;
-    uint32_t hd = hp->head_dim, n_head = hp->n_head, group = n_head / hp->n_head_kv;
-    size_t row = (size_t)hp->n_head_kv * hd * kv->esz, head = hd * kv->esz; /* bytes */
-    float scale = 1.0f / sqrtf((float)hd);
-    const float *q = c->q + (size_t)t * hp->n_embd;
-    bool f16 = kv->type == ENGINE_KV_F16;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t p = p0 + i;
-        const uint8_t *kp = j->kl + ((size_t)s->blocks[p / bs] * bs + p % bs) * row;
-        for (uint32_t h = 0; h < n_head; h++) {
-            const void *kh = kp + (size_t)(h / group) * head;
-            const float *qh = q + (size_t)h * hd;
-            scores[h * ATTN_SPAN + i] =
-                (f16 ? kern_dot_f16(qh, kh, hd) : kern_dot(qh, kh, hd)) * scale;
-        }
-    }
-    float *part = c->attn_part + (size_t)(item - j->i0) * n_head * (hd + 2);
-    for (uint32_t h = 0; h < n_head; h++) {
-        float *sc = scores + h * ATTN_SPAN, *ph = part + (size_t)h * (hd + 2);
-        float maxv = -INFINITY, sum = 0.0f;
-        for (uint32_t i = 0; i < n; i++)
-            maxv = sc[i] > maxv ? sc[i] : maxv;
-        for (uint32_t i = 0; i < n; i++) {
-            sc[i] = expf(sc[i] - maxv);
-            sum += sc[i];
-        }
-        memset(ph, 0, hd * sizeof(float));
-        ph[hd] = maxv;
-        ph[hd + 1] = sum;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t p = p0 + i;
-        const uint8_t *vp = j->vl + ((size_t)s->blocks[p / bs] * bs + p % bs) * row;
-        for (uint32_t h = 0; h < n_head; h++) {
-            const void *vh = vp + (size_t)(h / group) * head;
-            float *oh = part + (size_t)h * (hd + 2), wgt = scores[h * ATTN_SPAN + i];
-            if (f16)
-                kern_axpy_f16(oh, wgt, vh, hd);
-            else
-                kern_axpy(oh, wgt, vh, hd);
-        }
-    }
-}
-
-static void attn_worker(void *arg, uint32_t ith, uint32_t nth)
-{
-    (void)nth;
-    attn_job *j = arg;
-    float *scores = j->c->scores + (size_t)ith * j->c->m->hp.n_head * ATTN_SPAN;
-    for (;;) {
-        uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (i >= j->i1)
-            return;
-        attend_span(j, i, scores);
-    }
-}
-
-/* Attention of every row of the batch into c->att, in waves of items; after each wave its span
- * results are folded, in item order, into their rows' states. */
-static void attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b, const uint8_t *kl,
-                      const uint8_t *vl)
-{
-    const engine_hparams *hp = &c->m->hp;
-    uint32_t T = b->n_tokens, n_items = c->attn_first[T], hd = hp->head_dim;
-    size_t per_head = hd + 2, per_row = hp->n_head * per_head;
-    attn_job j = {.c = c, .kv = kv, .b = b, .kl = kl, .vl = vl};
-    uint64_t macs = 0; /* of the whole batch: a tiny model's attention stays on this thread */
-    for (uint32_t t = 0; t < T; t++)
-        macs += 2ull * ((uint64_t)b->pos[t] + 1) * hp->n_embd;
-    for (uint32_t i0 = 0; i0 < n_items; i0 += ATTN_WAVE) {
-        j.i0 = i0;
-        j.i1 = n_items - i0 < ATTN_WAVE ? n_items : i0 + ATTN_WAVE;
-        atomic_init(&j.next, i0);
-        run_job(c, attn_worker, &j, macs);
-        for (uint32_t i = j.i0; i < j.i1; i++) {
-            uint32_t t = attn_row(c, T, i);
-            float *st = c->attn_state + t * per_row;
-            const float *pt = c->attn_part + (size_t)(i - j.i0) * per_row;
-            if (i == c->attn_first[t]) {
-                memcpy(st, pt, per_row * sizeof(float));
-                continue;
-            }
-            for (uint32_t h = 0; h < hp->n_head; h++) {
-                float *sh = st + h * per_head;
-                const float *ph = pt + h * per_head;
-                float mx = sh[hd] > ph[hd] ? sh[hd] : ph[hd];
-                float a = expf(sh[hd] - mx), e = expf(ph[hd] - mx);
-                for (uint32_t d = 0; d < hd; d++)
-                    sh[d] = a * sh[d] + e * ph[d];
-                sh[hd] = mx;
-                sh[hd + 1] = a * sh[hd + 1] + e * ph[hd + 1];
-            }
-        }
-    }
-    for (uint32_t t = 0; t < T; t++)
-        for (uint32_t h = 0; h < hp->n_head; h++) {
-            const float *sh = c->attn_state + t * per_row + h * per_head;
-            float *out = c->att + (size_t)t * hp->n_embd + (size_t)h * hd, inv = 1.0f / sh[hd + 1];
-            for (uint32_t d = 0; d < hd; d++)
-                out[d] = sh[d] * inv;
-        }
-}
-
-int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *logits_out)
-{
-    int rc = validate_batch(c, kv, b);
-    if (rc)
-        return rc;
-    const engine_model *m = c->m;
-    const engine_hparams *hp = &m->hp;
-    size_t T = b->n_tokens, E = hp->n_embd, kv_dim = (size_t)hp->n_head_kv * hp->head_dim,
-           R = hp->n_rot / 2;
-    c->attn_first[0] = 0; /* a row of n positions has ceil(n / ATTN_SPAN) attention items */
-    for (size_t t = 0; t < T; t++)
-        c->attn_first[t + 1] =
-            c->attn_first[t] + ((uint32_t)b->pos[t] + 1 + ATTN_SPAN - 1) / ATTN_SPAN;
-
-    for (size_t t = 0; t < T; t++) {
-        kern_rows_to_f32(&m->tok_embd, (size_t)b->token[t], 1, c->x + t * E);
-        for (size_t r = 0; r < R; r++) {
-            float theta = (float)b->pos[t] * c->rope_inv_freq[r];
-            c->rope_cs[(t * R + r) * 2] = cosf(theta);
-            c->rope_cs[(t * R + r) * 2 + 1] = sinf(theta);
-        }
-    }
-
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const layer_weights *w = &m->layers[l];
-        uint8_t *kl = kv->k + l * kv->layer_stride * kv->esz;
-        uint8_t *vl = kv->v + l * kv->layer_stride * kv->esz;
-
-        rmsnorm_rows(c->xn, c->x, w->attn_norm, T, E, hp->rms_eps);
-        const kern_mat *qkv[3] = {&w->wq, &w->wk, &w->wv};
-        float *qkv_out[3] = {c->q, c->k, c->v};
-        matmuls(c, c->xn, T, 3, qkv, qkv_out, false);
-        for (size_t t = 0; t < T; t++) {
-            if (w->bq)
-                kern_add(c->q + t * E, w->bq, E);
-            if (w->bk)
-                kern_add(c->k + t * kv_dim, w->bk, kv_dim);
-            if (w->bv)
-                kern_add(c->v + t * kv_dim, w->bv, kv_dim);
-            rope(c->q + t * E, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type,
-                 c->rope_cs + t * R * 2);
-            rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type,
-                 c->rope_cs + t * R * 2);
-            size_t off = (size_t)c->slot[t] * kv_dim * kv->esz;
-            if (kv->type == ENGINE_KV_F16) {
-                kern_to_f16((uint16_t *)(void *)(kl + off), c->k + t * kv_dim, kv_dim);
-                kern_to_f16((uint16_t *)(void *)(vl + off), c->v + t * kv_dim, kv_dim);
-            } else {
-                memcpy(kl + off, c->k + t * kv_dim, kv_dim * sizeof(float));
-                memcpy(vl + off, c->v + t * kv_dim, kv_dim * sizeof(float));
-            }
-        }
-        attention(c, kv, b, kl, vl);
-        matmul(c, c->xn, c->att, &w->wo, T);
-        kern_add(c->x, c->xn, T * E);
-
-        rmsnorm_rows(c->xn, c->x, w->ffn_norm, T, E, hp->rms_eps);
-        const kern_mat *gate_up[2] = {&w->w_gate, &w->w_up};
-        float *gate_up_out[2] = {c->gate, c->up};
-        matmuls(c, c->xn, T, 2, gate_up, gate_up_out, true);
-        matmul(c, c->xn, c->gate, &w->w_down, T);
-        kern_add(c->x, c->xn, T * E);
-    }
-
-    /* Final norm and the vocabulary projection, only for rows whose logits are wanted. */
-    size_t n_out = 0;
-    for (size_t t = 0; t < T; t++) {
-        if (!b->logits[t])
-            continue;
-        rmsnorm_rows(c->xn + n_out * E, c->x + t * E, m->output_norm, 1, E, hp->rms_eps);
-        n_out++;
-    }
-    if (n_out)
-        matmul(c, logits_out, c->xn, &m->output, n_out);
-    return 0;
 }

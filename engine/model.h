@@ -45,13 +45,16 @@ typedef struct engine_hparams {
 typedef struct engine_model engine_model;
 
 typedef struct engine_load_params {
-    bool verbose; /* log one line with shape, parameters, bytes, load time */
+    bool verbose; /* log one line with shape, parameters, bytes, load time, and the kernels */
+    /* Kernel table (engine/kern/kern.h): NULL or "auto" = the best this CPU runs (CPUID);
+     * "avx2" or "generic" force one (A/B runs, tests). Every table gives the same bits. */
+    const char *kernels;
 } engine_load_params;
 
 /* Loads path. Returns 0, or a negative status with a one-line reason in err: GGUF errors,
- * KVS_EUNSUPPORTED (architecture, tensor type, head size, rope scaling type: the message
- * names it), KVS_ENOKEY / KVS_EKEYTYPE (metadata),
- * KVS_EFORMAT (a tensor of the wrong shape), KVS_ENOMEM. */
+ * KVS_EUNSUPPORTED (architecture, tensor type, head size, rope scaling type, kernels the CPU
+ * cannot run or this build lacks: the message names it), KVS_EINVAL (unknown kernels name),
+ * KVS_ENOKEY / KVS_EKEYTYPE (metadata), KVS_EFORMAT (a tensor of the wrong shape), KVS_ENOMEM. */
 int engine_model_load(const char *path, const engine_load_params *p, engine_model **out, char *err,
                       size_t err_len);
 void engine_model_destroy(engine_model *m);
@@ -62,6 +65,11 @@ const tok_vocab *engine_model_vocab(const engine_model *m);
 const char *engine_model_name(const engine_model *m);
 /* tokenizer.chat_template, or NULL if the file has none. NUL-terminated copy. */
 const char *engine_model_chat_template(const engine_model *m);
+/* The kernel table the model runs on: "avx2" or "generic". */
+const char *engine_model_kernels(const engine_model *m);
+/* Whether kernels (as engine_load_params.kernels) can run here: 0, or the status and one line
+ * in err that engine_model_load would fail with. For checking a flag before loading. */
+int engine_kernels_check(const char *kernels, char *err, size_t err_len);
 /* Weight type of the projection matrices ("F32", "F16", "Q8_0"). */
 const char *engine_model_weight_type(const engine_model *m);
 uint64_t engine_model_n_params(const engine_model *m);
@@ -107,8 +115,7 @@ typedef struct engine_ctx engine_ctx;
 
 /* Scratch for batches of up to max_tokens rows; n_threads compute threads (0 means 1): a
  * persistent pool of n_threads - 1 workers plus the thread calling engine_forward, shared by
- * the matrix products and attention. BLAS runs single-threaded inside that pool: this sets
- * openblas_set_num_threads(1), which is process-wide. Idle workers sleep. The same batch gives
+ * the matrix products and attention. Idle workers sleep. The same batch gives
  * the same logits on every run, whatever n_threads. */
 int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_threads,
                       engine_ctx **out);

@@ -29,6 +29,7 @@ typedef struct gen_opts {
     long threads;
     long block_size;
     engine_kv_type kv_type;
+    const char *kernels;
 } gen_opts;
 
 static void usage(FILE *out)
@@ -50,6 +51,8 @@ static void usage(FILE *out)
             "      --threads N        compute threads (default: online cores)\n"
             "      --block-size N     KV block size in tokens (default 16)\n"
             "      --kv-cache-type T  f16|f32: what cached keys and values are stored as (f16)\n"
+            "      --kernels K        auto|avx2|generic: the engine's kernels (auto: the best\n"
+            "                         this CPU runs; every choice gives the same results)\n"
             "  -h, --help             this text\n");
 }
 
@@ -88,7 +91,8 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         O_IGNEOS,
         O_THREADS,
         O_BS,
-        O_KVTYPE
+        O_KVTYPE,
+        O_KERNELS
     };
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},
@@ -105,6 +109,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         {"threads", required_argument, NULL, O_THREADS},
         {"block-size", required_argument, NULL, O_BS},
         {"kv-cache-type", required_argument, NULL, O_KVTYPE},
+        {"kernels", required_argument, NULL, O_KERNELS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -133,6 +138,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         case O_IGNEOS: o->ignore_eos = true; break;
         case O_THREADS: bad = parse_long(optarg, 1, 1024, &o->threads); break;
         case O_BS: bad = parse_long(optarg, 1, 1024, &o->block_size); break;
+        case O_KERNELS: o->kernels = optarg; break;
         case O_KVTYPE: {
             int t = engine_kv_type_parse(optarg);
             bad = t < 0;
@@ -194,8 +200,12 @@ int cmd_generate(int argc, char **argv)
         return prc > 0 ? 0 : 2;
 
     char err[512] = "";
+    if (engine_kernels_check(o.kernels, err, sizeof err)) {
+        fprintf(stderr, "kvserve generate: %s\n", err);
+        return 2;
+    }
     engine_model *model = NULL;
-    engine_load_params lp = {.verbose = true};
+    engine_load_params lp = {.verbose = true, .kernels = o.kernels};
     int rc = engine_model_load(o.model, &lp, &model, err, sizeof err);
     if (rc) {
         fprintf(stderr, "kvserve generate: cannot load %s: %s\n", o.model, err);

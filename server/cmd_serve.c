@@ -97,6 +97,12 @@ int cmd_serve(int argc, char **argv)
         srv_config_free(&cfg);
         return 2;
     }
+    /* A table this CPU cannot run (or this build lacks) fails here, before anything starts. */
+    if (engine_kernels_check(cfg.kernels, err, sizeof err)) {
+        fprintf(stderr, "kvserve serve: %s\n", err);
+        srv_config_free(&cfg);
+        return 2;
+    }
     if (!cfg.model) {
         fprintf(stderr, "kvserve serve: no model given (-m MODEL.gguf; see --help)\n");
         srv_config_free(&cfg);
@@ -139,7 +145,7 @@ int cmd_serve(int argc, char **argv)
     }
     log_info("listening on http://%s:%u", cfg.host, (unsigned)srv_port(srv));
 
-    engine_load_params lp = {.verbose = true};
+    engine_load_params lp = {.verbose = true, .kernels = cfg.kernels};
     if (engine_model_load(cfg.model, &lp, &model, err, sizeof err)) {
         fprintf(stderr, "kvserve serve: cannot load %s: %s\n", cfg.model, err);
         goto out;

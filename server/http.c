@@ -54,8 +54,6 @@
 /* The web page (server/webui/index.html through tools/embed.py). */
 extern const unsigned char srv_webui_page[];
 extern const unsigned long srv_webui_page_len;
-/* The kernels in use, for the page's model line (the kernel tables come with issue 11). */
-#define KVS_KERNELS_NAME(m) "built-in"
 
 /* Responses or bodies at least this big give their memory back to the system when done. */
 #define SRV_TRIM_BYTES (1u << 20)
@@ -547,7 +545,8 @@ static enum MHD_Result do_metrics(srv_conn *c)
     bool have = atomic_load(&s->state) >= ST_READY && s->sched;
     if (have)
         sched_get_metrics(s->sched, &m);
-    char *text = srv_metrics_format(have ? &m : NULL, counts);
+    char *text =
+        srv_metrics_format(have ? &m : NULL, counts, have ? engine_model_kernels(s->model) : NULL);
     if (!text)
         return fail(c, 500, NULL, NULL, "out of memory");
     enum MHD_Result r =
@@ -578,7 +577,7 @@ static enum MHD_Result do_kv(srv_conn *c)
     sched_get_metrics(s->sched, &m);
     const engine_hparams *hp = engine_model_hparams(s->model);
     srv_kv_model info = {s->served_name, hp->arch, engine_model_weight_type(s->model),
-                         KVS_KERNELS_NAME(s->model), s->n_ctx};
+                         engine_model_kernels(s->model), s->n_ctx};
     char *body = srv_kv_json(&k, &info, m.generation_tokens_total, (uint32_t)cells);
     sched_kv_snapshot_free(&k);
     if (!body)

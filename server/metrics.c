@@ -117,12 +117,20 @@ static void hist(obuf *b, const char *name, const char *help, const sched_hist *
     ob_printf(b, "kvserve_%s_count %llu\n", name, (unsigned long long)h->count);
 }
 
-char *srv_metrics_format(const sched_metrics *m, const uint64_t requests[SRV_N_STATUS])
+char *srv_metrics_format(const sched_metrics *m, const uint64_t requests[SRV_N_STATUS],
+                         const char *kernels)
 {
     obuf b = {malloc(4096), 0, 4096, false};
     if (!b.p)
         return NULL;
     b.p[0] = '\0';
+    if (kernels) {
+        head(&b, "build_info", "gauge",
+             "Always 1; the labels name the version and the kernel table the engine runs "
+             "(chosen at start from CPUID, or by --kernels).");
+        ob_printf(&b, "kvserve_build_info{version=\"%s\",kernels=\"%s\"} 1\n", KVS_VERSION,
+                  kernels);
+    }
     head(&b, "requests_total", "counter", "HTTP requests answered, by status code.");
     for (int i = 0; i < SRV_N_STATUS; i++) {
         if (srv_status_codes[i])

@@ -15,7 +15,10 @@ extern const int srv_status_codes[SRV_N_STATUS]; /* last entry 0 = other */
 int srv_status_index(int status);
 
 /* Returns a malloc'd exposition text (NULL on OOM). requests[i] counts responses with status
- * srv_status_codes[i]. m may be NULL (not loaded yet): only the request counter is written. */
-char *srv_metrics_format(const sched_metrics *m, const uint64_t requests[SRV_N_STATUS]);
+ * srv_status_codes[i]. m may be NULL (not loaded yet): only the request counter is written.
+ * kernels (the engine's kernel table, "avx2" / "generic") labels kvserve_build_info; NULL
+ * writes none. */
+char *srv_metrics_format(const sched_metrics *m, const uint64_t requests[SRV_N_STATUS],
+                         const char *kernels);
 
 #endif

@@ -207,9 +207,9 @@ static void test_reference_threads(void **state)
     g_threads = 1;
 }
 
-/* Every prompt prefilled in one batch (all rows' logits wanted, so small and large matrix paths
- * both run: 1-row decode steps follow), on 1, 2 and 3 threads and twice each: the logits are
- * the same bits every time. The scheduler relies on a batch being reproducible. */
+/* Every prompt prefilled in one batch (all rows' logits wanted; 1-row decode steps follow), on 1, 2
+ * and 3 threads and twice each: the logits are the same bits every time. The scheduler relies on a
+ * batch being reproducible. */
 static void run_logits(uint32_t threads, float *out, size_t *n_out)
 {
     const engine_hparams *hp = engine_model_hparams(g_model);
@@ -270,7 +270,9 @@ static void test_deterministic_across_threads(void **state)
  * either cache type: F32/F16 weights are multiplied in panels whose results do not depend on the
  * batch a row is in, and a recomputation stores and reads its keys and values as the cached
  * steps did. */
-static void check_cache_equals_recompute(void)
+/* Every cached decode step's logits against a full recomputation of the sequence, bit for bit;
+ * the recomputation (quadratic in the length) at every every-th step and at the last. */
+static void check_cache_equals_recompute_every(int every)
 {
     const engine_hparams *hp = engine_model_hparams(g_model);
     const uint32_t bs = 16, nb = CTX / bs;
@@ -305,6 +307,12 @@ static void check_cache_equals_recompute(void)
             }
             engine_batch b = {(uint32_t)(n - from), tok + from, pos, sq, want, 1, &view};
             assert_int_equal(engine_forward(ctx, kv, &b, cached), 0);
+            bool last = n - rc->n_prompt >= rc->n_completion || n == total;
+            if (step % every && !last) {
+                tok[n] = rc->completion[n - rc->n_prompt];
+                n++;
+                continue;
+            }
             /* full recomputation into a second arena */
             for (int p = 0; p < n; p++) {
                 pos[p] = p;
@@ -335,6 +343,11 @@ static void check_cache_equals_recompute(void)
     engine_kv_destroy(kv2);
 }
 
+static void check_cache_equals_recompute(void)
+{
+    check_cache_equals_recompute_every(1);
+}
+
 static void test_cache_equals_recompute(void **state)
 {
     (void)state;
@@ -346,25 +359,49 @@ static void test_cache_equals_recompute(void **state)
     check_cache_equals_recompute();
 }
 
-/* KVS_WEIGHT_PANELS=0 keeps the matrices in the file's rows (the fused kernels, and sgemm for
- * the batched prefill): that path, kept for A/B benchmarks, still decodes every reference
- * exactly, alone and batched. */
-static void test_reference_row_layout(void **state)
+/* Every other kernel table this CPU runs (kern/kern.h; the tests above ran on auto's choice)
+ * decodes every reference exactly, alone and batched; its cached logits equal a full
+ * recomputation bit for bit (with the default F16 cache, recomputed at every 8th step and the
+ * last: the recomputation is quadratic, the portable table slow, and test_kernels already holds
+ * each table to the reference's bits op by op); and a prefill plus a decode step gives exactly
+ * auto's logits. */
+static void test_reference_every_kernel_table(void **state)
 {
     (void)state;
     if (!g_model)
         skip();
-    engine_model *panels = g_model;
-    ref_case cases[REF_MAX_CASES];
-    int n_cases;
-    setenv("KVS_WEIGHT_PANELS", "0", 1);
-    int rc = ref_load(&g_model, cases, &n_cases);
-    unsetenv("KVS_WEIGHT_PANELS");
-    assert_true(rc >= 0);
-    assert_non_null(g_model);
-    expect_all_references();
-    engine_model_destroy(g_model);
-    g_model = panels;
+    static const char *const tables[] = {"generic", "avx2"};
+    engine_model *chosen = g_model;
+    size_t V = engine_model_hparams(g_model)->n_vocab, rows = 64 * MAX_CASES + 1, n0, n;
+    float *want = malloc(rows * V * sizeof(float)), *got = malloc(rows * V * sizeof(float));
+    run_logits(2, want, &n0);
+    int tested = 0;
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        char err[256];
+        if (engine_kernels_check(tables[i], err, sizeof err)) {
+            print_message("kernels %s not run here: %s\n", tables[i], err);
+            continue;
+        }
+        if (!strcmp(tables[i], engine_model_kernels(chosen)))
+            continue;
+        ref_case cases[REF_MAX_CASES];
+        int n_cases;
+        assert_int_equal(ref_load_on(&g_model, cases, &n_cases, tables[i]), 1);
+        assert_string_equal(engine_model_kernels(g_model), tables[i]);
+        expect_all_references();
+        check_cache_equals_recompute_every(8);
+        run_logits(2, got, &n);
+        assert_int_equal(n, n0);
+        if (memcmp(want, got, n * V * sizeof(float)))
+            fail_msg("%s kernels: logits differ from %s's", tables[i],
+                     engine_model_kernels(chosen));
+        engine_model_destroy(g_model);
+        g_model = chosen;
+        tested++;
+    }
+    print_message("%d kernel table(s) besides %s\n", tested, engine_model_kernels(chosen));
+    free(want);
+    free(got);
 }
 
 static void test_malformed_batch_rejected(void **state)
@@ -403,7 +440,7 @@ int main(void)
         cmocka_unit_test(test_reference_threads),
         cmocka_unit_test(test_deterministic_across_threads),
         cmocka_unit_test(test_cache_equals_recompute),
-        cmocka_unit_test(test_reference_row_layout),
+        cmocka_unit_test(test_reference_every_kernel_table),
         cmocka_unit_test(test_malformed_batch_rejected),
     };
     return cmocka_run_group_tests_name("engine", tests, setup, teardown);

@@ -494,7 +494,10 @@ static void test_lying_types(void **state)
     expect32(b, sco->arr_type, 0x80000000u, KVS_EFORMAT, "array element type");
     expect32(b, sco->arr_type, GGUF_TYPE_ARRAY, KVS_EUNSUPPORTED, "nested array");
     const t_loc *emb = t_by_name("token_embd.weight");
-    expect32(b, emb->type, 12 /* Q4_K: real, not ours */, KVS_EUNSUPPORTED, "tensor type");
+    /* Q4_K: a real type the reader sizes (engine/dtype.c), but a 64-wide row is not a whole
+     * number of its 256-value blocks; NVFP4: named, its layout unknown here, so unreadable. */
+    expect32(b, emb->type, 12, KVS_EFORMAT, "tensor type");
+    expect32(b, emb->type, 40, KVS_EUNSUPPORTED, "tensor type");
     expect32(b, emb->type, 4 /* removed from ggml */, KVS_EUNSUPPORTED, "tensor type");
     expect32(b, emb->type, UINT32_MAX, KVS_EUNSUPPORTED, "tensor type");
     /* Q8_0 on a 172-wide row is not a whole number of blocks. */

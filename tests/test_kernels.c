@@ -1,6 +1,9 @@
-/* Engine kernels and thread pool: every matrix kernel, weight type, batch size 1..70 and odd
- * width agrees with a naive product over widened weights (only summation order may differ),
- * repeated calls give the same bits, and the pool runs every thread exactly once per job. */
+/* Engine kernels and thread pool. The portable table (kern/ref.c) is the oracle: it agrees with
+ * a naive double-precision product over widened weights (only rounding differs), and every other
+ * table this CPU can run gives its bits exactly, for every weight type, batch size 1..70, odd
+ * width and column range; every panel product is batch-invariant (a row alone has the bits it
+ * has inside a batch); the choice of table obeys --kernels; the pool runs every thread exactly
+ * once per job. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,11 +13,13 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/kernels.h"
+#include "common/status.h"
+#include "engine/dtype.h"
+#include "engine/kern/kern.h"
 #include "engine/threadpool.h"
 
 static uint32_t g_rng = 12345;
@@ -24,137 +29,120 @@ static float frand(void)
     return (float)(g_rng >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
 }
 
-/* Random weights of the type with their exact widened values in wide. */
-static void *make_weights(kern_type type, size_t n_out, size_t n_in, float *wide)
+/* The tables this CPU runs, the reference first. */
+static const kern_ops *g_isas[4];
+static int g_n_isas;
+
+static int setup(void **state)
+{
+    (void)state;
+    g_isas[g_n_isas++] = &kern_ref_ops;
+#ifdef KERN_HAVE_AVX2
+    if (kern_cpu_can("avx2") == 1)
+        g_isas[g_n_isas++] = &kern_avx2_ops;
+    else
+        fprintf(stderr, "kernels: this CPU cannot run avx2 (%s): only the reference tested\n",
+                kern_cpu_features());
+#endif
+    return 0;
+}
+
+/* Random rows of the type with their exact widened values in wide. */
+static void *make_rows(kern_type type, size_t n_out, size_t n_in, float *wide)
 {
     kern_mat tmp;
     kern_mat_init(&tmp, type, NULL, n_out, n_in);
     uint8_t *data = malloc(n_out * tmp.row_bytes);
     for (size_t r = 0; r < n_out; r++) {
         uint8_t *row = data + r * tmp.row_bytes;
-        for (size_t k = 0; k < n_in; k++) {
+        for (size_t k = 0; k < n_in && type != KERN_Q8_0; k++) {
             float v = frand();
             if (type == KERN_F32) {
                 memcpy(row + 4 * k, &v, 4);
                 wide[r * n_in + k] = v;
-            } else if (type == KERN_F16) {
-                uint16_t h = ggml_fp32_to_fp16(v);
+            } else {
+                uint16_t h = dtype_f32_to_f16(v);
                 memcpy(row + 2 * k, &h, 2);
-                wide[r * n_in + k] = ggml_fp16_to_fp32(h);
+                wide[r * n_in + k] = dtype_f16_to_f32(h);
             }
         }
         if (type == KERN_Q8_0)
-            for (size_t b = 0; b < n_in / QK8_0; b++) {
-                uint8_t *blk = row + b * (2 + QK8_0);
-                uint16_t h = ggml_fp32_to_fp16(0.01f + 0.02f * fabsf(frand()));
+            for (size_t b = 0; b < n_in / KERN_QK8_0; b++) {
+                uint8_t *blk = row + b * (2 + KERN_QK8_0);
+                uint16_t h = dtype_f32_to_f16(0.01f + 0.02f * fabsf(frand()));
                 memcpy(blk, &h, 2);
-                float d = ggml_fp16_to_fp32(h);
-                for (int i = 0; i < QK8_0; i++) {
+                float d = dtype_f16_to_f32(h);
+                for (int i = 0; i < KERN_QK8_0; i++) {
                     int8_t q = (int8_t)(frand() * 127.0f);
                     blk[2 + i] = (uint8_t)q;
-                    wide[r * n_in + b * QK8_0 + (size_t)i] = d * (float)q;
+                    wide[r * n_in + b * KERN_QK8_0 + (size_t)i] = d * (float)q;
                 }
             }
     }
     return data;
 }
 
-/* The packed GEMM path on x (T rows, ldx 2 * n_in + 3 so rows are not packed already):
- * near the naive product, the same bits for any column split and for a prefix of the rows. */
-static void check_gemm(const kern_mat *m, const float *wide, const float *x_dense, size_t T,
-                       float *scratch)
+/* out of the reference near the naive double product of x and the widened weights. */
+static void expect_near_naive(const float *out, const float *x, const float *wide, size_t T,
+                              size_t n_out, size_t n_in)
 {
-    size_t n_in = m->n_in, n_out = m->n_out, ldx = 2 * n_in + 3;
-    float *x = malloc(T * ldx * sizeof(float));
-    for (size_t t = 0; t < T; t++)
-        memcpy(x + t * ldx, x_dense + t * n_in, n_in * sizeof(float));
-    float *xp = malloc(kern_gemm_xp_floats(T, n_in) * sizeof(float));
-    float *out = malloc(T * n_out * sizeof(float));
-    kern_gemm_pack_x(x, T, ldx, n_in, xp);
-    kern_gemm_packed(m, xp, T, out, n_out, 0, 5);
-    kern_gemm_packed(m, xp, T, out, n_out, 5, n_out);
     for (size_t t = 0; t < T; t++)
         for (size_t n = 0; n < n_out; n++) {
             double ref = 0, mag = 0;
             for (size_t k = 0; k < n_in; k++) {
-                ref += (double)x[t * ldx + k] * wide[n * n_in + k];
-                mag += fabs((double)x[t * ldx + k] * wide[n * n_in + k]);
+                ref += (double)x[t * n_in + k] * wide[n * n_in + k];
+                mag += fabs((double)x[t * n_in + k] * wide[n * n_in + k]);
             }
             assert_true(fabs(out[t * n_out + n] - ref) <= 1e-5 * mag + 1e-6);
         }
-    kern_gemm_packed(m, xp, T, scratch, n_out, 0, n_out);
-    assert_memory_equal(out, scratch, T * n_out * sizeof(float));
-    /* the first row alone gives the same bits as inside the batch */
-    kern_gemm_pack_x(x, 1, ldx, n_in, xp);
-    kern_gemm_packed(m, xp, 1, scratch, n_out, 0, n_out);
-    assert_memory_equal(out, scratch, n_out * sizeof(float));
-    free(out);
-    free(xp);
-    free(x);
 }
 
-/* kern_matmul_rows (and for row layouts the packed GEMM) against the naive product for batch
- * sizes 1..70, then kern_rows_to_f32 from an odd row on. */
-static void check_mat(const kern_mat *mp, const float *wide)
+/* Every table against the reference on one panel matrix, batch sizes 1..70. */
+static void check_panels(const kern_mat *m, const float *wide)
 {
-    kern_mat m = *mp;
-    size_t n_out = m.n_out, n_in = m.n_in, T_max = 70;
-    bool panels = kern_is_panel(m.type);
+    size_t n_out = m->n_out, n_in = m->n_in, T_max = 70;
     float *x = malloc(T_max * n_in * sizeof(float));
     for (size_t i = 0; i < T_max * n_in; i++)
         x[i] = frand();
-    float *out = malloc(T_max * n_out * sizeof(float)), *out2 = malloc(T_max * n_out * 4);
+    float *want = malloc(T_max * n_out * sizeof(float)), *got = malloc(T_max * n_out * 4);
+    float *scratch = malloc(KERN_PANEL * n_in * sizeof(float));
     for (size_t T = 1; T <= T_max; T += T < 20 ? 1 : 7) {
-        /* in two column ranges, the second starting off the kernels' column-group grid */
-        kern_matmul_rows(&m, x, T, n_in, out, n_out, 0, 5);
-        kern_matmul_rows(&m, x, T, n_in, out, n_out, 5, n_out);
-        for (size_t t = 0; t < T; t++)
-            for (size_t n = 0; n < n_out; n++) {
-                double ref = 0, mag = 0;
-                for (size_t k = 0; k < n_in; k++) {
-                    ref += (double)x[t * n_in + k] * wide[n * n_in + k];
-                    mag += fabs((double)x[t * n_in + k] * wide[n * n_in + k]);
-                }
-                assert_true(fabs(out[t * n_out + n] - ref) <= 1e-5 * mag + 1e-6);
+        kern_ref_ops.matmul(m, x, T, n_in, want, n_out, 0, n_out, NULL);
+        expect_near_naive(want, x, wide, T, n_out, n_in);
+        for (int i = 0; i < g_n_isas; i++) {
+            const kern_ops *k = g_isas[i];
+            /* in two column ranges, the second starting off the panel grid */
+            memset(got, 0xff, T * n_out * sizeof(float));
+            k->matmul(m, x, T, n_in, got, n_out, 0, 5, NULL);
+            k->matmul(m, x, T, n_in, got, n_out, 5, n_out, NULL);
+            if (memcmp(want, got, T * n_out * sizeof(float)))
+                fail_msg("%s matmul differs from the reference (T %zu, %zu x %zu, type %d)",
+                         k->name, T, n_out, n_in, (int)m->type);
+            /* with a scratch (Q8_0 panels widened once for several row tiles): the same bits */
+            k->matmul(m, x, T, n_in, got, n_out, 0, n_out, scratch);
+            assert_memory_equal(want, got, T * n_out * sizeof(float));
+            /* batch-invariant: each row alone gives the bits it had in the batch */
+            for (size_t t = 0; t<T; t += T> 8 ? 5 : 1) {
+                k->matmul(m, x + t * n_in, 1, n_in, got, n_out, 0, n_out, NULL);
+                assert_memory_equal(want + t * n_out, got, n_out * sizeof(float));
             }
-        kern_matmul_rows(&m, x, T, n_in, out2, n_out, 0, n_out);
-        assert_memory_equal(out, out2, T * n_out * sizeof(float));
-        if (!panels) {
-            check_gemm(&m, wide, x, T, out2);
-            continue;
-        }
-        /* with a scratch (Q8_0 panels widened once for several row tiles): the same bits */
-        float *scratch = malloc(KERN_PANEL * n_in * sizeof(float));
-        kern_matmul_panels(&m, x, T, n_in, out2, n_out, 0, n_out, scratch);
-        assert_memory_equal(out, out2, T * n_out * sizeof(float));
-        free(scratch);
-        /* panel products are batch-invariant: each row alone gives the bits it had in the batch */
-        for (size_t t = 0; t < T; t++) {
-            kern_matmul_rows(&m, x + t * n_in, 1, n_in, out2, n_out, 0, n_out);
-            assert_memory_equal(out + t * n_out, out2, n_out * sizeof(float));
         }
     }
-    float *rows = malloc(n_out * n_in * sizeof(float));
-    kern_rows_to_f32(&m, 3, n_out - 3, rows);
-    assert_memory_equal(rows, wide + 3 * n_in, (n_out - 3) * n_in * sizeof(float));
-    kern_rows_to_f32(&m, 16, 16, rows); /* one whole panel */
-    assert_memory_equal(rows, wide + 16 * n_in, 16 * n_in * sizeof(float));
-    free(rows);
-    free(out);
-    free(out2);
+    free(scratch);
+    free(want);
+    free(got);
     free(x);
 }
 
-/* Every kernel of the type and of its panel layout, with 37 output rows (two whole panels and
- * a padded one). */
+/* Rows of the type with 37 outputs (two whole panels and a padded one), packed; every table's
+ * products and the row gather. */
 static void check_type(kern_type type, size_t n_in)
 {
     size_t n_out = 37;
     float *wide = malloc(n_out * n_in * sizeof(float));
-    void *data = make_weights(type, n_out, n_in, wide);
+    void *data = make_rows(type, n_out, n_in, wide);
     kern_mat m;
     kern_mat_init(&m, type, data, n_out, n_in);
-    check_mat(&m, wide);
     size_t bytes = kern_panel_bytes(&m);
     assert_int_equal(bytes, 48 * m.row_bytes);
     void *pdata = malloc(bytes);
@@ -164,7 +152,11 @@ static void check_type(kern_type type, size_t n_in)
                               : type == KERN_F16 ? KERN_F16_PANEL
                                                  : KERN_Q8_0_PANEL);
     assert_int_equal(kern_panel_bytes(&pm), 0);
-    check_mat(&pm, wide);
+    check_panels(&pm, wide);
+    float *rows = malloc(n_out * n_in * sizeof(float));
+    kern_rows_to_f32(&pm, 3, n_out - 3, rows);
+    assert_memory_equal(rows, wide + 3 * n_in, (n_out - 3) * n_in * sizeof(float));
+    free(rows);
     free(pdata);
     free(data);
     free(wide);
@@ -196,31 +188,157 @@ static void test_q8_0(void **state)
     check_type(KERN_Q8_0, 544);
 }
 
+/* dot, axpy (F32 and F16), to_f16 and rmsnorm: the reference near double precision, every
+ * table equal to it bit for bit, at every length 0..77 (every tail of the 8- and 16-wide
+ * loops). */
 static void test_vector_helpers(void **state)
 {
     (void)state;
-    float a[77], b[77], y[77], y2[77], o[77];
-    for (int i = 0; i < 77; i++) {
+    enum { N = 77 };
+    float a[N], b[N], y0[N], y[N], yr[N], o[N], orf[N];
+    uint16_t bh[N], h[N], hr[N];
+    for (int i = 0; i < N; i++) {
         a[i] = frand();
         b[i] = frand();
-        y[i] = y2[i] = frand();
+        bh[i] = dtype_f32_to_f16(b[i]);
+        y0[i] = frand();
     }
-    for (size_t n = 0; n <= 77; n += 11) {
-        double ref = 0;
-        for (size_t i = 0; i < n; i++)
-            ref += (double)a[i] * b[i];
-        assert_true(fabs(kern_dot(a, b, n) - ref) < 1e-5);
+    for (size_t n = 0; n <= N; n++) {
+        double dd = 0, dh = 0;
+        for (size_t i = 0; i < n; i++) {
+            dd += (double)a[i] * b[i];
+            dh += (double)a[i] * dtype_f16_to_f32(bh[i]);
+        }
+        float rd = kern_ref_ops.dot(a, b, n), rh = kern_ref_ops.dot_f16(a, bh, n);
+        assert_true(fabs(rd - dd) < 1e-5 && fabs(rh - dh) < 1e-5);
+        for (int k = 0; k < g_n_isas; k++) {
+            const kern_ops *ops = g_isas[k];
+            float gd = ops->dot(a, b, n), gh = ops->dot_f16(a, bh, n);
+            if (memcmp(&gd, &rd, 4) || memcmp(&gh, &rh, 4))
+                fail_msg("%s dot differs from the reference at n = %zu", ops->name, n);
+            memcpy(yr, y0, sizeof y0);
+            memcpy(y, y0, sizeof y0);
+            kern_ref_ops.axpy(yr, 0.37f, a, n);
+            ops->axpy(y, 0.37f, a, n);
+            assert_memory_equal(y, yr, sizeof y);
+            kern_ref_ops.axpy_f16(yr, -1.3f, bh, n);
+            ops->axpy_f16(y, -1.3f, bh, n);
+            assert_memory_equal(y, yr, sizeof y);
+            kern_ref_ops.to_f16(hr, a, n);
+            ops->to_f16(h, a, n);
+            assert_memory_equal(h, hr, n * sizeof(uint16_t));
+            if (n == 0)
+                continue;
+            kern_ref_ops.rmsnorm(orf, a, b, n, 1e-5f);
+            ops->rmsnorm(o, a, b, n, 1e-5f);
+            assert_memory_equal(o, orf, n * sizeof(float));
+        }
     }
-    kern_axpy(y, 0.5f, a, 77);
-    for (int i = 0; i < 77; i++)
-        assert_true(fabsf(y[i] - (y2[i] + 0.5f * a[i])) < 1e-6f);
-    kern_rmsnorm(o, a, b, 77, 1e-5f);
+    for (int i = 0; i < N; i++)
+        assert_true(fabsf(yr[i] - (y0[i] + 0.37f * a[i] - 1.3f * dtype_f16_to_f32(bh[i]))) < 1e-5f);
     double ss = 0;
-    for (int i = 0; i < 77; i++)
+    for (int i = 0; i < N; i++)
         ss += (double)a[i] * a[i];
-    double sc = 1.0 / sqrt(ss / 77 + 1e-5);
-    for (int i = 0; i < 77; i++)
-        assert_true(fabs(o[i] - a[i] * sc * b[i]) < 1e-5);
+    double sc = 1.0 / sqrt(ss / N + 1e-5);
+    for (int i = 0; i < N; i++)
+        assert_true(fabs(orf[i] - a[i] * sc * b[i]) < 1e-5);
+    /* F16 rounding at the edges: subnormals, ties, overflow to infinity */
+    float edge[] = {0.0f,     -0.0f, 5.96e-8f, 2.98e-8f,      6.1e-5f,        65504.0f,
+                    65520.0f, 1e9f,  -1e9f,    1.0009765625f, 1.00048828125f, 3.0517578125e-05f};
+    size_t ne = sizeof edge / sizeof edge[0];
+    for (int k = 0; k < g_n_isas; k++) {
+        kern_ref_ops.to_f16(hr, edge, ne);
+        g_isas[k]->to_f16(h, edge, ne);
+        assert_memory_equal(h, hr, ne * sizeof(uint16_t));
+    }
+}
+
+/* The bit-for-bit comparisons above can fail: an unfused, sequential dot (what a plain C loop
+ * computes) differs from the reference's on these inputs at some length. */
+static void test_reference_is_sensitive(void **state)
+{
+    (void)state;
+    float a[64], b[64];
+    for (int i = 0; i < 64; i++) {
+        a[i] = frand();
+        b[i] = frand();
+    }
+    int differ = 0;
+    for (size_t n = 1; n <= 64; n++) {
+        float s = 0.0f;
+        for (size_t i = 0; i < n; i++)
+            s += a[i] * b[i];
+        float r = kern_ref_ops.dot(a, b, n);
+        differ += memcmp(&s, &r, 4) != 0;
+    }
+    assert_true(differ > 0);
+}
+
+static void test_select(void **state)
+{
+    (void)state;
+    char err[256];
+    const kern_ops *k;
+    assert_int_equal(kern_select(NULL, &k, err, sizeof err), 0);
+    assert_int_equal(kern_cpu_can(k->name), 1);
+    assert_int_equal(kern_select("auto", &k, err, sizeof err), 0);
+    assert_ptr_equal(k, g_isas[g_n_isas - 1]); /* the best this CPU runs */
+    assert_int_equal(kern_select("generic", &k, err, sizeof err), 0);
+    assert_ptr_equal(k, &kern_ref_ops);
+    int rc = kern_select("avx2", &k, err, sizeof err);
+    if (kern_cpu_can("avx2") == 1) {
+        assert_int_equal(rc, 0);
+        assert_string_equal(k->name, "avx2");
+    } else {
+        assert_int_equal(rc, KVS_EUNSUPPORTED);
+        assert_non_null(strstr(err, "avx2"));
+        assert_null(k);
+    }
+    /* reserved, not built: a clear refusal, never a silent fallback */
+    assert_int_equal(kern_select("avx512", &k, err, sizeof err), KVS_EUNSUPPORTED);
+    assert_non_null(strstr(err, "avx512"));
+    assert_null(k);
+    assert_int_equal(kern_cpu_can("avx512"), -1);
+    assert_int_equal(kern_select("sse9", &k, err, sizeof err), KVS_EINVAL);
+    assert_non_null(strstr(err, "sse9"));
+    assert_non_null(kern_cpu_features());
+}
+
+/* The type table: every id GGUF defines has a name; sizes as ggml's; the loadable types are
+ * the ones the supported list names. */
+static void test_dtype(void **state)
+{
+    (void)state;
+    assert_string_equal(dtype_name(12), "Q4_K");
+    assert_string_equal(dtype_name(30), "BF16");
+    assert_string_equal(dtype_name(4), "unknown"); /* removed from ggml */
+    assert_null(dtype_get(4));
+    assert_int_equal(dtype_nbytes(8, 64), 68);
+    assert_int_equal(dtype_nbytes(12, 512), 288);
+    assert_int_equal(dtype_nbytes(12, 100), 0);
+    char list[256] = "";
+    for (uint32_t id = 0; id < 64; id++) {
+        const dtype_info *t = dtype_get(id);
+        if (t && t->to_f32)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", *list ? ", " : "",
+                     t->name);
+    }
+    /* the list's order is the table's; compare as sets of names */
+    assert_int_equal(strlen(list), strlen(dtype_supported_list()));
+    for (char *tok = strtok(list, ", "); tok; tok = strtok(NULL, ", "))
+        assert_non_null(strstr(dtype_supported_list(), tok));
+    /* BF16 and Q8_0 widening */
+    uint16_t bf = 0x3fc0; /* 1.5 */
+    float f;
+    dtype_get(30)->to_f32(&bf, &f, 1);
+    assert_true(f == 1.5f);
+    uint8_t blk[34] = {0};
+    uint16_t d = dtype_f32_to_f16(0.5f);
+    memcpy(blk, &d, 2);
+    blk[2] = (uint8_t)(int8_t)-3;
+    float q[32];
+    dtype_get(8)->to_f32(blk, q, 32);
+    assert_true(q[0] == -1.5f && q[1] == 0.0f);
 }
 
 typedef struct pool_arg {
@@ -258,9 +376,14 @@ static void test_pool(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_f32),  cmocka_unit_test(test_f16),
-        cmocka_unit_test(test_q8_0), cmocka_unit_test(test_vector_helpers),
+        cmocka_unit_test(test_f32),
+        cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_q8_0),
+        cmocka_unit_test(test_vector_helpers),
+        cmocka_unit_test(test_reference_is_sensitive),
+        cmocka_unit_test(test_select),
+        cmocka_unit_test(test_dtype),
         cmocka_unit_test(test_pool),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests_name("kernels", tests, setup, NULL);
 }

@@ -343,15 +343,17 @@ static double rel_err(const float *a, const float *b, uint32_t n)
 
 static const int32_t TOKENS[N_TOTAL] = {1, 300, 77, 412, 5, 260, 301, 499, 42, 388, 270, 3};
 
-/* Loads path with the engine and checks its logits against the reference: one prefill of
- * N_PROMPT rows (all logits), then N_DECODE single-token steps reading the cache through a
- * block table of scattered physical blocks (block size 4); the last step must also equal a
- * one-batch recomputation exactly. */
-static void check_model(const char *path, const char *arch, const char *wtype)
+/* Loads path with the engine on kernel table kernels and checks its logits against the
+ * reference: one prefill of N_PROMPT rows (all logits), then N_DECODE single-token steps reading
+ * the cache through a block table of scattered physical blocks (block size 4); the last step
+ * must also equal a one-batch recomputation exactly. The recomputed logits go to full_out
+ * (n_vocab floats). */
+static void check_model_on(const char *path, const char *arch, const char *wtype,
+                           const char *kernels, float *full_out)
 {
     engine_model *m = NULL;
     char err[256] = "";
-    engine_load_params lp = {.verbose = false};
+    engine_load_params lp = {.verbose = false, .kernels = kernels};
     if (engine_model_load(path, &lp, &m, err, sizeof err))
         fail_msg("%s: %s", path, err);
     const engine_hparams *hp = engine_model_hparams(m);
@@ -410,7 +412,8 @@ static void check_model(const char *path, const char *arch, const char *wtype)
     engine_batch f = {N_TOTAL, TOKENS, posf, seqf, wf, 1, &view};
     assert_int_equal(engine_forward(c, kv2, &f, full), 0);
     if (memcmp(full, got, (size_t)V * sizeof(float)))
-        fail_msg("%s: cached decode and full recomputation differ", path);
+        fail_msg("%s (%s kernels): cached decode and full recomputation differ", path, kernels);
+    memcpy(full_out, full, (size_t)V * sizeof(float));
     free(full);
     engine_kv_destroy(kv2);
     engine_kv_destroy(kv);
@@ -419,6 +422,37 @@ static void check_model(const char *path, const char *arch, const char *wtype)
     free(want);
     free(got);
     ref_free(&r);
+}
+
+/* check_model_on every kernel table this CPU runs; their logits are equal bit for bit (every
+ * table computes the reference's bits, kern/ref.c). */
+static void check_model(const char *path, const char *arch, const char *wtype)
+{
+    static const char *const tables[] = {"generic", "avx2"};
+    float *first = NULL, *full = NULL;
+    size_t V = 0;
+    const char *first_name = NULL;
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        char err[256];
+        if (engine_kernels_check(tables[i], err, sizeof err))
+            continue; /* this CPU (or build) lacks it */
+        if (!first) {
+            ref_model r;
+            ref_load(&r, path);
+            V = r.vocab;
+            ref_free(&r);
+            first = malloc(V * sizeof(float));
+            full = malloc(V * sizeof(float));
+        }
+        check_model_on(path, arch, wtype, tables[i], first_name ? full : first);
+        if (!first_name)
+            first_name = tables[i];
+        else if (memcmp(first, full, V * sizeof(float)))
+            fail_msg("%s: %s and %s kernels give different logits", path, first_name, tables[i]);
+    }
+    assert_non_null(first_name);
+    free(first);
+    free(full);
 }
 
 static void test_llama_f32(void **st)
@@ -606,7 +640,8 @@ static void test_refuse_tensor_type(void **st)
 {
     (void)st;
     edit e = {.q4 = "blk.1.ffn_up.weight"};
-    expect_refusal(&e, KVS_EUNSUPPORTED, "blk.1.ffn_up.weight", "Q4_0");
+    expect_refusal(&e, KVS_EUNSUPPORTED, "blk.1.ffn_up.weight",
+                   "Q4_0; supported: F32, F16, BF16, Q8_0");
 }
 
 static void test_refuse_missing_tensor(void **st)

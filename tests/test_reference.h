@@ -35,9 +35,11 @@ static inline int ref_read_ids(const cJSON *arr, int32_t *out, int cap)
     return n;
 }
 
-/* Loads the model into *model and the reference cases. Returns 1 when loaded, 0 when the
- * files are absent (test_model_path said so; the suite skips), -1 on an error. */
-static inline int ref_load(engine_model **model, ref_case *cases, int *n_cases)
+/* Loads the model into *model, on kernel table kernels (NULL = auto), and the reference cases.
+ * Returns 1 when loaded, 0 when the files are absent (test_model_path said so; the suite
+ * skips), -1 on an error. */
+static inline int ref_load_on(engine_model **model, ref_case *cases, int *n_cases,
+                              const char *kernels)
 {
     char path[1024], ref[1024], err[256];
     *model = NULL;
@@ -45,7 +47,7 @@ static inline int ref_load(engine_model **model, ref_case *cases, int *n_cases)
     if (!test_model_path(path, sizeof path, "stories260K.gguf") ||
         !test_model_path(ref, sizeof ref, "reference/stories260K-greedy.json"))
         return 0;
-    engine_load_params lp = {.verbose = false};
+    engine_load_params lp = {.verbose = false, .kernels = kernels};
     if (engine_model_load(path, &lp, model, err, sizeof err)) {
         fprintf(stderr, "load failed: %s\n", err);
         return -1;
@@ -75,6 +77,11 @@ static inline int ref_load(engine_model **model, ref_case *cases, int *n_cases)
     }
     cJSON_Delete(j);
     return 1;
+}
+
+static inline int ref_load(engine_model **model, ref_case *cases, int *n_cases)
+{
+    return ref_load_on(model, cases, n_cases, NULL);
 }
 
 #endif

@@ -258,8 +258,10 @@ static void test_metrics(void **state)
     uint64_t req[SRV_N_STATUS] = {0};
     req[srv_status_index(200)] = 5;
     req[srv_status_index(429)] = 1;
-    char *t = srv_metrics_format(&m, req);
+    char *t = srv_metrics_format(&m, req, "avx2");
     assert_non_null(t);
+    assert_non_null(strstr(t, "# TYPE kvserve_build_info gauge\n"));
+    assert_non_null(strstr(t, ",kernels=\"avx2\"} 1\n"));
     assert_non_null(strstr(t, "# TYPE kvserve_kv_blocks_used gauge\nkvserve_kv_blocks_used 7\n"));
     assert_non_null(strstr(t, "kvserve_generation_tokens_total 42\n"));
     assert_non_null(strstr(t, "kvserve_requests_total{status=\"200\"} 5\n"));

@@ -4,6 +4,7 @@
 # Idempotent: skips apt when every package is already installed, npm when the SDK is in place.
 # Test-only tools: node+npm (tests/sdk, tests/webui), promtool from prometheus (tests/deploy),
 # nginx, chromium (tests/webui).
+# libopenblas-dev: only kvs-bench-engine's sgemm yardstick (optional; the engine does not use it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential meson ninja-build pkg-config

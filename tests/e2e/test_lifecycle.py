@@ -2,6 +2,7 @@
 flight. Each test starts its own server."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,7 +45,7 @@ class StartErrors(unittest.TestCase):
                      "--max-num-seqs", "--max-batched-tokens", "--max-queue", "--ctx-size",
                      "--served-model-name", "--api-key", "--max-body-bytes",
                      "--shutdown-timeout", "--chat-template", "--no-prefix-cache",
-                     "--log-level", "--config"]:
+                     "--log-level", "--config", "--kernels"]:
             self.assertIn(flag, p.stdout)
 
     def test_missing_model(self):
@@ -93,6 +94,39 @@ class StartErrors(unittest.TestCase):
         finally:
             os.unlink(f.name)
             self.assertEqual(srv.stop(), 0)
+
+
+class Kernels(unittest.TestCase):
+    """--kernels: a table this build lacks or this CPU cannot run stops the start with one line;
+    the chosen table is in the log and /metrics; every table gives the same completion."""
+
+    def test_refused(self):
+        for name, word in [("avx512", "avx512"), ("sse9", "sse9")]:
+            rc, err = run("-m", e2e.MODEL, "--port", "0", "--kernels", name)
+            self.assertEqual(rc, 2, err)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+            self.assertIn(word, err)
+
+    def test_named_and_equal(self):
+        body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}
+        texts = {}
+        for name in ["generic", "auto"]:
+            srv = e2e.Server("--kernels", name)
+            try:
+                st, _, data = srv.request("GET", "/metrics")
+                self.assertEqual(st, 200)
+                m = re.search(r'^kvserve_build_info\{version="[^"]+",kernels="([a-z0-9]+)"\} 1$',
+                              data.decode(), re.M)
+                self.assertIsNotNone(m, data.decode())
+                if name != "auto":
+                    self.assertEqual(m.group(1), name)
+                self.assertIn("kernels: " + m.group(1), srv.stderr())
+                st, _, data = srv.request("POST", "/v1/completions", body)
+                self.assertEqual(st, 200, data)
+                texts[m.group(1)] = json.loads(data)["choices"][0]["text"]
+            finally:
+                self.assertEqual(srv.stop(), 0)
+        self.assertEqual(len(set(texts.values())), 1, texts)
 
 
 class Auth(unittest.TestCase):

@@ -1,0 +1,152 @@
+/* Paged attention over block tables: items of (row, span of positions), each leaving a partial
+ * softmax per head, folded per row in order (flash-decoding's merge), so a row's bits depend on
+ * its length alone. */
+#include "engine/model_impl.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* Attention runs in items of one row and one span of ATTN_SPAN positions, with every head:
+ * each item streams its positions' cache rows (all kv heads of a position are contiguous) once
+ * for keys and once for values, and leaves per head the span's max score m, its sum of
+ * exp(score - m) l and its exp-weighted sum of values o. A row's spans are then folded in
+ * order (the merge of flash-decoding) and the row's output is o / l. Spans are fixed cuts of
+ * the position range, so a row's arithmetic depends on its length alone, never on the batch,
+ * the thread count or the wave sizes: cached decoding and a full recomputation give the same
+ * bits. A long sequence decoding alone still spreads over every core. Items run in waves of
+ * ATTN_WAVE, so the scratch is fixed at context creation whatever the context length. */
+typedef struct attn_job {
+    engine_ctx *c;
+    const engine_kv *kv;
+    const engine_batch *b;
+    const uint8_t *kl, *vl; /* this layer's K and V arenas (kv->type values) */
+    uint32_t i0, i1;        /* this wave's items */
+    atomic_uint next;       /* next item to take */
+} attn_job;
+
+/* Row of item i: the last row whose first item is <= i. */
+static uint32_t attn_row(const engine_ctx *c, uint32_t n_rows, uint32_t i)
+{
+    uint32_t lo = 0, hi = n_rows - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi + 1) / 2;
+        if (c->attn_first[mid] <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+static void attend_span(const attn_job *j, uint32_t item, float *scores)
+{
+    const engine_ctx *c = j->c;
+    const engine_kv *kv = j->kv;
+    const engine_hparams *hp = &c->m->hp;
+    uint32_t t = attn_row(c, j->b->n_tokens, item);
+    const engine_seq_view *s = &j->b->seqs[j->b->seq[t]];
+    uint32_t n_pos = (uint32_t)j->b->pos[t] + 1, bs = kv->block_size;
+    uint32_t p0 = (item - c->attn_first[t]) * ATTN_SPAN;
+    uint32_t n = n_pos - p0 < ATTN_SPAN ? n_pos - p0 : ATTN_SPAN;
+    uint32_t hd = hp->head_dim, n_head = hp->n_head, group = n_head / hp->n_head_kv;
+    size_t row = (size_t)hp->n_head_kv * hd * kv->esz, head = hd * kv->esz; /* bytes */
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *q = c->q + (size_t)t * hp->n_embd;
+    bool f16 = kv->type == ENGINE_KV_F16;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t p = p0 + i;
+        const uint8_t *kp = j->kl + ((size_t)s->blocks[p / bs] * bs + p % bs) * row;
+        for (uint32_t h = 0; h < n_head; h++) {
+            const void *kh = kp + (size_t)(h / group) * head;
+            const float *qh = q + (size_t)h * hd;
+            scores[h * ATTN_SPAN + i] =
+                (f16 ? c->kern->dot_f16(qh, kh, hd) : c->kern->dot(qh, kh, hd)) * scale;
+        }
+    }
+    float *part = c->attn_part + (size_t)(item - j->i0) * n_head * (hd + 2);
+    for (uint32_t h = 0; h < n_head; h++) {
+        float *sc = scores + h * ATTN_SPAN, *ph = part + (size_t)h * (hd + 2);
+        float maxv = -INFINITY, sum = 0.0f;
+        for (uint32_t i = 0; i < n; i++)
+            maxv = sc[i] > maxv ? sc[i] : maxv;
+        for (uint32_t i = 0; i < n; i++) {
+            sc[i] = expf(sc[i] - maxv);
+            sum += sc[i];
+        }
+        memset(ph, 0, hd * sizeof(float));
+        ph[hd] = maxv;
+        ph[hd + 1] = sum;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t p = p0 + i;
+        const uint8_t *vp = j->vl + ((size_t)s->blocks[p / bs] * bs + p % bs) * row;
+        for (uint32_t h = 0; h < n_head; h++) {
+            const void *vh = vp + (size_t)(h / group) * head;
+            float *oh = part + (size_t)h * (hd + 2), wgt = scores[h * ATTN_SPAN + i];
+            if (f16)
+                c->kern->axpy_f16(oh, wgt, vh, hd);
+            else
+                c->kern->axpy(oh, wgt, vh, hd);
+        }
+    }
+}
+
+static void attn_worker(void *arg, uint32_t ith, uint32_t nth)
+{
+    (void)nth;
+    attn_job *j = arg;
+    float *scores = j->c->scores + (size_t)ith * j->c->m->hp.n_head * ATTN_SPAN;
+    for (;;) {
+        uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->i1)
+            return;
+        attend_span(j, i, scores);
+    }
+}
+
+/* Attention of every row of the batch into c->att, in waves of items; after each wave its span
+ * results are folded, in item order, into their rows' states. */
+void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b, const uint8_t *kl,
+                       const uint8_t *vl)
+{
+    const engine_hparams *hp = &c->m->hp;
+    uint32_t T = b->n_tokens, n_items = c->attn_first[T], hd = hp->head_dim;
+    size_t per_head = hd + 2, per_row = hp->n_head * per_head;
+    attn_job j = {.c = c, .kv = kv, .b = b, .kl = kl, .vl = vl};
+    uint64_t macs = 0; /* of the whole batch: a tiny model's attention stays on this thread */
+    for (uint32_t t = 0; t < T; t++)
+        macs += 2ull * ((uint64_t)b->pos[t] + 1) * hp->n_embd;
+    for (uint32_t i0 = 0; i0 < n_items; i0 += ATTN_WAVE) {
+        j.i0 = i0;
+        j.i1 = n_items - i0 < ATTN_WAVE ? n_items : i0 + ATTN_WAVE;
+        atomic_init(&j.next, i0);
+        engine__run_job(c, attn_worker, &j, macs);
+        for (uint32_t i = j.i0; i < j.i1; i++) {
+            uint32_t t = attn_row(c, T, i);
+            float *st = c->attn_state + t * per_row;
+            const float *pt = c->attn_part + (size_t)(i - j.i0) * per_row;
+            if (i == c->attn_first[t]) {
+                memcpy(st, pt, per_row * sizeof(float));
+                continue;
+            }
+            for (uint32_t h = 0; h < hp->n_head; h++) {
+                float *sh = st + h * per_head;
+                const float *ph = pt + h * per_head;
+                float mx = sh[hd] > ph[hd] ? sh[hd] : ph[hd];
+                float a = expf(sh[hd] - mx), e = expf(ph[hd] - mx);
+                for (uint32_t d = 0; d < hd; d++)
+                    sh[d] = a * sh[d] + e * ph[d];
+                sh[hd] = mx;
+                sh[hd + 1] = a * sh[hd + 1] + e * ph[hd + 1];
+            }
+        }
+    }
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t h = 0; h < hp->n_head; h++) {
+            const float *sh = c->attn_state + t * per_row + h * per_head;
+            float *out = c->att + (size_t)t * hp->n_embd + (size_t)h * hd, inv = 1.0f / sh[hd + 1];
+            for (uint32_t d = 0; d < hd; d++)
+                out[d] = sh[d] * inv;
+        }
+}

@@ -1,0 +1,265 @@
+/* The kernels for AVX2 + FMA + F16C, compiled with this file's own flags (engine/meson.build:
+ * -mavx2 -mfma -mf16c) so a portable build carries them; kern_select runs them only on CPUs
+ * whose CPUID (and OS) say so. Every operation gives the bits of ref.c (its top comment says
+ * in what order). */
+#include "engine/kern/kern.h"
+
+#include "engine/dtype.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "kern/avx2.c needs -mavx2 -mfma -mf16c"
+#endif
+
+#define INLINE static inline __attribute__((always_inline))
+#define Q8P_QUANTS (2 * KERN_PANEL)
+#define Q8P_BLOCK_BYTES (KERN_PANEL * (2 + KERN_QK8_0))
+
+INLINE float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 8 values at index i of an F32 or F16 array. */
+INLINE __m256 load8(kern_type type, const uint8_t *p, size_t i)
+{
+    if (type == KERN_F32 || type == KERN_F32_PANEL)
+        return _mm256_loadu_ps((const float *)(const void *)(p + 4 * i));
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 2 * i)));
+}
+
+INLINE float f16_at(const uint8_t *p, size_t i)
+{
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ---- panel products ----
+ * An R x 16 tile: per k, the panel's 16 weights (two vectors, converted once) against R
+ * broadcast x values, R * 2 accumulators; each output is one in-order FMA chain over k, so its
+ * bits depend only on its x row and weight row, never on the batch. PM = 6 rows (12 sums) fill
+ * AVX2's 16 registers. */
+#define PM 6
+#define PANEL_TC 192  /* rows of x per pass over the panels: about the L2 */
+#define PANEL_PF 4096 /* bytes ahead in the panel's stream */
+
+/* acc[r] += x[r][k] * (w0, w1) for the tile's R rows. */
+INLINE void panel_fma(int R, __m256 acc[][2], const float *x, size_t ldx, size_t k, __m256 w0,
+                      __m256 w1)
+{
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        __m256 b = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+        acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+    }
+}
+
+/* One R x 16 tile of panel type pt. A Q8_0 weight is widened as scale * int8 rounded to float,
+ * the value a widened copy holds. */
+INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp, size_t K,
+                       float *out, size_t ldo, size_t c0, size_t c1)
+{
+    __m256 acc[PM][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    if (pt == KERN_Q8_0_PANEL) {
+        for (size_t b = 0; b < K / KERN_QK8_0; b++) {
+            const uint8_t *blk = wp + b * Q8P_BLOCK_BYTES;
+            __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)blk));
+            __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(blk + 16)));
+            for (size_t i = 0; i < KERN_QK8_0; i++) {
+                const uint8_t *q = blk + Q8P_QUANTS + i * KERN_PANEL;
+                _mm_prefetch((const char *)(q + PANEL_PF), _MM_HINT_T0);
+                __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
+                __m256 w0 = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
+                __m256 w1 = _mm256_mul_ps(
+                    d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))));
+                panel_fma(R, acc, x, ldx, b * KERN_QK8_0 + i, w0, w1);
+            }
+        }
+    } else {
+        size_t esz = pt == KERN_F32_PANEL ? 4 : 2;
+        for (size_t k = 0; k < K; k++) {
+            _mm_prefetch((const char *)(wp + k * KERN_PANEL * esz + PANEL_PF), _MM_HINT_T0);
+            panel_fma(R, acc, x, ldx, k, load8(pt, wp, k * KERN_PANEL),
+                      load8(pt, wp, k * KERN_PANEL + 8));
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        float *o = out + (size_t)r * ldo;
+        if (c0 == 0 && c1 == KERN_PANEL) {
+            _mm256_storeu_ps(o, acc[r][0]);
+            _mm256_storeu_ps(o + 8, acc[r][1]);
+            continue;
+        }
+        float tmp[KERN_PANEL];
+        _mm256_storeu_ps(tmp, acc[r][0]);
+        _mm256_storeu_ps(tmp + 8, acc[r][1]);
+        for (size_t c = c0; c < c1; c++)
+            o[c] = tmp[c];
+    }
+}
+
+/* One instantiation per (type, R) so every loop bound and branch is a constant. */
+#define PANEL_CASE(R)                                                                              \
+    case R:                                                                                        \
+        if (pt == KERN_Q8_0_PANEL)                                                                 \
+            panel_tile(KERN_Q8_0_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                       \
+        else if (pt == KERN_F16_PANEL)                                                             \
+            panel_tile(KERN_F16_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                        \
+        else                                                                                       \
+            panel_tile(KERN_F32_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                        \
+        return;
+static void panel_tile_r(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp,
+                         size_t K, float *out, size_t ldo, size_t c0, size_t c1)
+{
+    switch (R) {
+        PANEL_CASE(1)
+        PANEL_CASE(2)
+        PANEL_CASE(3)
+        PANEL_CASE(4)
+        PANEL_CASE(5)
+    default: PANEL_CASE(PM)
+    }
+}
+
+/* A Q8_0 panel widened to an F32 one ([K][16], the values panel_tile would compute). */
+static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
+{
+    for (size_t b = 0; b < K / KERN_QK8_0; b++) {
+        const uint8_t *blk = wp + b * Q8P_BLOCK_BYTES;
+        __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)blk));
+        __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(blk + 16)));
+        for (size_t i = 0; i < KERN_QK8_0; i++) {
+            __m128i v =
+                _mm_loadu_si128((const __m128i *)(const void *)(blk + Q8P_QUANTS + i * KERN_PANEL));
+            float *d = dst + (b * KERN_QK8_0 + i) * KERN_PANEL;
+            _mm256_storeu_ps(d, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
+            _mm256_storeu_ps(d + 8, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                          _mm_unpackhi_epi64(v, v)))));
+        }
+    }
+}
+
+/* Panels outer (a panel, 16 x n_in weights, stays in L1/L2 while every row block of x passes);
+ * the T rows split into equal blocks of at most PM. A Q8_0 panel that more than one block will
+ * read is widened once into scratch first (its conversion costs more than an F16 one). */
+static void avx2_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
+                        size_t ldo, size_t n0, size_t n1, float *scratch)
+{
+    size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
+    for (size_t t0 = 0; t0 < T; t0 += PANEL_TC) {
+        size_t tc = T - t0 < PANEL_TC ? T - t0 : PANEL_TC;
+        size_t nb = (tc + PM - 1) / PM, R = (tc + nb - 1) / nb;
+        for (size_t p = n0 / KERN_PANEL; p * KERN_PANEL < n1; p++) {
+            size_t base = p * KERN_PANEL;
+            size_t c0 = n0 > base ? n0 - base : 0;
+            size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
+            const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
+            kern_type pt = m->type;
+            if (pt == KERN_Q8_0_PANEL && scratch && nb > 1) {
+                panel_widen_q8(wp, K, scratch);
+                wp = (const uint8_t *)scratch;
+                pt = KERN_F32_PANEL;
+            }
+            for (size_t t = t0; t < t0 + tc; t += R)
+                panel_tile_r(pt, (int)(t0 + tc - t < R ? t0 + tc - t : R), x + t * ldx, ldx, wp, K,
+                             out + t * ldo + base, ldo, c0, c1);
+        }
+    }
+}
+
+/* ---- vector helpers ---- */
+
+INLINE float dot_any(const float *a, const uint8_t *b, kern_type bt, size_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(bt, b, i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(bt, b, i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(bt, b, i), s0);
+    float s = hsum8(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) {
+        float bv;
+        if (bt == KERN_F32)
+            memcpy(&bv, b + 4 * i, 4);
+        else
+            bv = f16_at(b, i);
+        s = fmaf(a[i], bv, s);
+    }
+    return s;
+}
+
+static float avx2_dot(const float *a, const float *b, size_t n)
+{
+    return dot_any(a, (const uint8_t *)b, KERN_F32, n);
+}
+
+static float avx2_dot_f16(const float *a, const uint16_t *b, size_t n)
+{
+    return dot_any(a, (const uint8_t *)b, KERN_F16, n);
+}
+
+static void avx2_axpy(float *y, float a, const float *x, size_t n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] = fmaf(a, x[i], y[i]);
+}
+
+static void avx2_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
+{
+    const uint8_t *xb = (const uint8_t *)x;
+    __m256 av = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(av, load8(KERN_F16, xb, i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] = fmaf(a, f16_at(xb, i), y[i]);
+}
+
+static void avx2_to_f16(uint16_t *dst, const float *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        dst[i] = dtype_f32_to_f16(x[i]);
+}
+
+static void avx2_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
+{
+    float scale = 1.0f / sqrtf(avx2_dot(x, x, n) / (float)n + eps);
+    for (size_t i = 0; i < n; i++)
+        out[i] = x[i] * scale * w[i];
+}
+
+const kern_ops kern_avx2_ops = {
+    .name = "avx2",
+    .matmul = avx2_matmul,
+    .dot = avx2_dot,
+    .dot_f16 = avx2_dot_f16,
+    .axpy = avx2_axpy,
+    .axpy_f16 = avx2_axpy_f16,
+    .to_f16 = avx2_to_f16,
+    .rmsnorm = avx2_rmsnorm,
+};

@@ -1,0 +1,115 @@
+/* The forward pass's CPU kernels as one table of operations (struct kern_ops), one table per
+ * instruction set, chosen once at start from CPUID (kern_select). Every table computes the same
+ * bits as the portable one (ref.c), which defines the arithmetic: the order of every sum and
+ * where a multiply-add is fused (see ref.c's top comment). So the kernels chosen never change a
+ * result, and the reference is the oracle the tests hold every other table to.
+ *
+ * Weight matrices are kept in one layout, panels (panel.c): rows in panels of KERN_PANEL, each
+ * panel stored k-major ([n_in][KERN_PANEL]: the panel's k-th values side by side, one contiguous
+ * stream; for Q8_0, per block of 32 inputs the 16 rows' f16 scales, then the [32][16] int8
+ * values), the last panel padded with zero rows. Panel products are batch-invariant: an output is
+ * one in-order FMA chain over k, whatever the batch and the column range, so a row's bits do not
+ * depend on the rows it is batched with (what makes a cached step equal a recomputation).
+ * Weights are multiplied exactly as widened F32 values (an F16 value, or scale * int8 rounded to
+ * float). Every operation is single-threaded; the engine splits columns between its threads.
+ *
+ * Adding an instruction set: a file kern/<isa>.c compiled with its own flags (engine/meson.build),
+ * its table declared below, a row in kern.c's list with its CPUID test. */
+#ifndef KVS_ENGINE_KERN_KERN_H
+#define KVS_ENGINE_KERN_KERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* What a weight matrix holds. The row types describe a file's rows, the input of packing; every
+ * product takes the panel types only. */
+typedef enum kern_type {
+    KERN_F32,
+    KERN_F16,
+    KERN_Q8_0,
+    KERN_F32_PANEL,
+    KERN_F16_PANEL,
+    KERN_Q8_0_PANEL
+} kern_type;
+
+#define KERN_PANEL 16
+#define KERN_QK8_0 32 /* inputs per Q8_0 block: an f16 scale and 32 int8 */
+
+static inline int kern_is_panel(kern_type t)
+{
+    return t == KERN_F32_PANEL || t == KERN_F16_PANEL || t == KERN_Q8_0_PANEL;
+}
+
+/* A weight matrix of n_out rows of n_in inputs. Row types: row-major, F32/F16 rows of n_in
+ * values, Q8_0 rows of n_in / 32 blocks (n_in % 32 == 0). Panel types: see above. */
+typedef struct kern_mat {
+    kern_type type;
+    const void *data;
+    size_t n_out, n_in;
+    size_t row_bytes; /* bytes of one row's values, in either layout */
+} kern_mat;
+
+/* ---- panel.c: layout (the same in every table) ---- */
+
+/* Fills m from its parts; row_bytes from type and n_in (for panel types the data holds
+ * ceil(n_out / KERN_PANEL) * KERN_PANEL rows). */
+void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, size_t n_in);
+/* Bytes kern_mat_to_panels writes for src (F32, F16 or Q8_0 rows); 0 for panel types. */
+size_t kern_panel_bytes(const kern_mat *src);
+/* Copies F32 / F16 / Q8_0 rows src into dst (kern_panel_bytes(src), any alignment) as the
+ * matching panel type, described in out. Values are copied bit for bit. */
+void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out);
+/* Widens rows r0..r0+nr-1 of a panel matrix to F32 into dst ([nr][n_in]): exact values. */
+void kern_rows_to_f32(const kern_mat *w, size_t r0, size_t nr, float *dst);
+
+/* ---- the operations ---- */
+
+typedef struct kern_ops {
+    const char *name; /* "generic", "avx2": what --kernels takes and /metrics shows */
+    /* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1, W of a panel
+     * type. scratch: KERN_PANEL * n_in floats or NULL, in which a Q8_0 panel read by several
+     * row tiles may be widened once; the bits are the same either way. */
+    void (*matmul)(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out, size_t ldo,
+                   size_t n0, size_t n1, float *scratch);
+    float (*dot)(const float *a, const float *b, size_t n);
+    /* b in F16 (the KV cache's F16 type) */
+    float (*dot_f16)(const float *a, const uint16_t *b, size_t n);
+    /* y += a * x, one fused multiply-add per element */
+    void (*axpy)(float *y, float a, const float *x, size_t n);
+    void (*axpy_f16)(float *y, float a, const uint16_t *x, size_t n);
+    /* dst = x rounded to F16 (to nearest even, as ggml_fp32_to_fp16) */
+    void (*to_f16)(uint16_t *dst, const float *x, size_t n);
+    /* out = x / rms(x) * w, the sum of squares as dot(x, x) */
+    void (*rmsnorm)(float *out, const float *x, const float *w, size_t n, float eps);
+} kern_ops;
+
+/* The portable table: plain C, for every CPU; the tests' oracle. */
+extern const kern_ops kern_ref_ops;
+#ifdef KERN_HAVE_AVX2
+/* AVX2 + FMA + F16C (kern/avx2.c). */
+extern const kern_ops kern_avx2_ops;
+#endif
+/* kern/avx512.c belongs here: not written yet, because no machine this is built on can run it
+ * (it should be written and tested on an AVX-512 machine, selected only where CPUID says so). */
+
+/* y += x and g = silu(g) * u: plain loops whose bits do not depend on the instruction set
+ * (an add is exact either way; silu uses libm's expf), shared by every table. */
+void kern_add(float *y, const float *x, size_t n);
+void kern_silu_mul(float *g, const float *u, size_t n);
+
+/* ---- kern.c: the choice ---- */
+
+/* Instruction sets by name, in order of preference. */
+#define KERN_ISA_NAMES "auto|avx2|generic|avx512"
+
+/* Whether this CPU (and its OS, which must save the wider registers) can run the named table:
+ * 1 yes, 0 no; -1 if kvserve has no such table (unknown name, or avx512: not built). */
+int kern_cpu_can(const char *name);
+/* The table for name: NULL or "auto" picks the best this CPU runs; "avx2" / "generic" force
+ * one. Returns 0 and *out, or KVS_EINVAL (unknown name), KVS_EUNSUPPORTED (not built into this
+ * kvserve, or the CPU lacks it) with one line in err. */
+int kern_select(const char *name, const kern_ops **out, char *err, size_t err_len);
+/* The CPU's vector features as one short line ("avx2 fma f16c, no avx512f"), for logs. */
+const char *kern_cpu_features(void);
+
+#endif

@@ -1,0 +1,104 @@
+/* What the engine's files share (the engine__ tier of names: not for other modules): the
+ * model, KV arena and step context structs, and the calls between model.c (loading),
+ * kv_arena.c, forward.c (one batched step) and attention.c (paged attention). */
+#ifndef KVS_ENGINE_MODEL_IMPL_H
+#define KVS_ENGINE_MODEL_IMPL_H
+
+#include "engine/gguf.h"
+#include "engine/kern/kern.h"
+#include "engine/model.h"
+#include "engine/threadpool.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct engine_arch {
+    const char *name; /* general.architecture, and the prefix of its metadata keys */
+    engine_rope_type rope_type;
+    bool qkv_bias; /* blk.N.attn_{q,k,v}.bias may be present */
+} engine_arch;
+
+typedef struct layer_weights {
+    const float *attn_norm; /* (n_embd) */
+    kern_mat wq;            /* (n_head * head_dim, n_embd): row-major out x in */
+    kern_mat wk;            /* (n_head_kv * head_dim, n_embd) */
+    kern_mat wv;            /* (n_head_kv * head_dim, n_embd) */
+    const float *bq;        /* (n_head * head_dim) or NULL: qwen2's projection biases */
+    const float *bk;        /* (n_head_kv * head_dim) or NULL */
+    const float *bv;        /* (n_head_kv * head_dim) or NULL */
+    kern_mat wo;            /* (n_embd, n_head * head_dim) */
+    const float *ffn_norm;  /* (n_embd) */
+    kern_mat w_gate;        /* (n_ff, n_embd) */
+    kern_mat w_up;          /* (n_ff, n_embd) */
+    kern_mat w_down;        /* (n_embd, n_ff) */
+} layer_weights;
+
+struct engine_model {
+    engine_hparams hp;
+    const engine_arch *arch;
+    const float *rope_freqs; /* (n_rot / 2) or NULL: Llama 3.1 frequency divisors */
+    gguf_file *file;
+    tok_vocab *vocab;
+    char *name;
+    char *chat_template;
+    kern_mat tok_embd;        /* (n_vocab, n_embd) */
+    const float *output_norm; /* (n_embd) */
+    kern_mat output;          /* (n_vocab, n_embd), token_embd when tied */
+    layer_weights *layers;
+    uint32_t weight_type;
+    uint64_t n_params;
+    uint64_t weight_bytes;
+    void **owned; /* widened copies (norm vectors, BF16 matrices) and panel-layout weights */
+    size_t n_owned;
+    const kern_ops *kern; /* the kernel table every product and vector helper goes through */
+};
+
+struct engine_kv {
+    engine_kv_type type;
+    uint32_t n_blocks, block_size, n_layer, kv_dim;
+    size_t esz;          /* bytes per value: 2 (F16) or 4 (F32) */
+    size_t layer_stride; /* values per layer per K (or V): n_blocks * block_size * kv_dim */
+    uint8_t *k;          /* (n_layer, n_slots, kv_dim) */
+    uint8_t *v;          /* (n_layer, n_slots, kv_dim) */
+};
+
+/* Attention work units: positions per item and items per pool job (see attention()). */
+#define ATTN_SPAN 128
+#define ATTN_WAVE 256
+
+struct engine_ctx {
+    const engine_model *m;
+    uint32_t max_tokens;
+    uint32_t n_threads;
+    tpool *pool;
+    const kern_ops *kern; /* the model's kernel table */
+    float *x;             /* (max_tokens, n_embd) residual stream */
+    float *xn;            /* (max_tokens, n_embd) normed input of a sublayer */
+    float *q;             /* (max_tokens, n_embd) */
+    float *k;             /* (max_tokens, kv_dim) */
+    float *v;             /* (max_tokens, kv_dim) */
+    float *att;           /* (max_tokens, n_embd) attention output before wo */
+    float *gate;          /* (max_tokens, n_ff) */
+    float *up;            /* (max_tokens, n_ff) */
+    float *scores;        /* (n_threads, n_head, ATTN_SPAN) each thread's attention weights */
+    float *attn_part;     /* (ATTN_WAVE, n_head, head_dim + 2) a wave's span results */
+    float *attn_state;    /* (max_tokens, n_head, head_dim + 2) each row's spans folded so far */
+    uint32_t *attn_first; /* (max_tokens + 1) first attention item of each row */
+    float *tile;          /* (n_threads, tile_floats) a Q8_0 panel widened for several row tiles */
+    size_t tile_floats;   /* KERN_PANEL * max(n_embd, n_ff) */
+    int32_t *slot;        /* (max_tokens) arena slot of each row */
+    float *rope_inv_freq; /* (n_rot / 2) base^(-2j/n_rot) */
+    float *rope_cs;       /* (max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
+};
+
+/* Runs fn on the ctx's pool (every thread, fn(arg, ith, nth)), or on the calling thread alone
+ * when the job has too few multiply-adds to be worth waking the pool (see forward.c). */
+void engine__run_job(engine_ctx *c, void (*fn)(void *, uint32_t, uint32_t), void *arg,
+                     uint64_t macs);
+/* Attention of every row of b into c->att over this layer's K and V arenas kl, vl (every K/V
+ * write of the layer done); c->q holds the rows' roped queries and c->attn_first their items. */
+void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b, const uint8_t *kl,
+                       const uint8_t *vl);
+
+#endif
