@@ -2,12 +2,14 @@
 # Installs what kvserve needs to build and test on Debian 12 (run as root, or with sudo), then
 # the OpenAI Node SDK for tests/sdk (npm ci from the committed package-lock.json).
 # Idempotent: skips apt when every package is already installed, npm when the SDK is in place.
-# Test-only tools: node+npm (tests/sdk), promtool from prometheus (tests/deploy), nginx.
+# Test-only tools: node+npm (tests/sdk), promtool from prometheus (tests/deploy), nginx,
+# python3-numpy (tests/test_dequant.py runs gguf-py's reference dequantizer with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential meson ninja-build pkg-config
       libmicrohttpd-dev libcjson-dev libopenblas-dev libcmocka-dev libpcre2-dev
-      python3 python3-yaml curl clang clang-format libclang-rt-dev prometheus nginx wrk)
+      python3 python3-yaml python3-numpy curl clang clang-format libclang-rt-dev prometheus
+      nginx wrk)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
