@@ -1,7 +1,8 @@
 /* The GGUF tensor type table (values and block layouts as ggml's ggml.h and ggml-common.h).
- * kvserve loads the rows with a to_f32; the others are known so a file using them can be read
- * and refused by name. */
+ * kvserve loads the loadable rows; the others are known so a file using them can be read and
+ * refused by name, and those with a to_f32 (engine/quant_*.c) widen exactly all the same. */
 #include "engine/dtype.h"
+#include "engine/quant_internal.h"
 
 static void f32_to_f32(const void *src, float *dst, size_t n)
 {
@@ -41,43 +42,44 @@ static void q8_0_to_f32(const void *src, float *dst, size_t n)
     }
 }
 
-/* K-quants and i-quants pack 256 values (QK_K) per block. */
+/* K-quants and i-quants pack 256 values (QK_K) per block. The loadable rows must be the ones
+ * dtype_supported_list names (tests/test_kernels.c checks). */
 static const dtype_info TYPES[] = {
-    {0, "F32", 1, 4, f32_to_f32},
-    {1, "F16", 1, 2, f16_to_f32},
-    {2, "Q4_0", 32, 18, NULL},
-    {3, "Q4_1", 32, 20, NULL},
-    {6, "Q5_0", 32, 22, NULL},
-    {7, "Q5_1", 32, 24, NULL},
-    {8, "Q8_0", 32, 34, q8_0_to_f32},
-    {9, "Q8_1", 32, 36, NULL},
-    {10, "Q2_K", 256, 84, NULL},
-    {11, "Q3_K", 256, 110, NULL},
-    {12, "Q4_K", 256, 144, NULL},
-    {13, "Q5_K", 256, 176, NULL},
-    {14, "Q6_K", 256, 210, NULL},
-    {15, "Q8_K", 256, 292, NULL},
-    {16, "IQ2_XXS", 256, 66, NULL},
-    {17, "IQ2_XS", 256, 74, NULL},
-    {18, "IQ3_XXS", 256, 98, NULL},
-    {19, "IQ1_S", 256, 50, NULL},
-    {20, "IQ4_NL", 32, 18, NULL},
-    {21, "IQ3_S", 256, 110, NULL},
-    {22, "IQ2_S", 256, 82, NULL},
-    {23, "IQ4_XS", 256, 136, NULL},
-    {24, "I8", 1, 1, NULL},
-    {25, "I16", 1, 2, NULL},
-    {26, "I32", 1, 4, NULL},
-    {27, "I64", 1, 8, NULL},
-    {28, "F64", 1, 8, NULL},
-    {29, "IQ1_M", 256, 56, NULL},
-    {30, "BF16", 1, 2, bf16_to_f32},
-    {34, "TQ1_0", 256, 54, NULL},
-    {35, "TQ2_0", 256, 66, NULL},
-    {39, "MXFP4", 32, 17, NULL},
+    {0, "F32", 1, 4, f32_to_f32, true},
+    {1, "F16", 1, 2, f16_to_f32, true},
+    {2, "Q4_0", 32, 18, dtype__q4_0_to_f32, false},
+    {3, "Q4_1", 32, 20, dtype__q4_1_to_f32, false},
+    {6, "Q5_0", 32, 22, dtype__q5_0_to_f32, false},
+    {7, "Q5_1", 32, 24, dtype__q5_1_to_f32, false},
+    {8, "Q8_0", 32, 34, q8_0_to_f32, true},
+    {9, "Q8_1", 32, 36, NULL, false},
+    {10, "Q2_K", 256, 84, dtype__q2_k_to_f32, false},
+    {11, "Q3_K", 256, 110, dtype__q3_k_to_f32, false},
+    {12, "Q4_K", 256, 144, dtype__q4_k_to_f32, false},
+    {13, "Q5_K", 256, 176, dtype__q5_k_to_f32, false},
+    {14, "Q6_K", 256, 210, dtype__q6_k_to_f32, false},
+    {15, "Q8_K", 256, 292, NULL, false},
+    {16, "IQ2_XXS", 256, 66, NULL, false},
+    {17, "IQ2_XS", 256, 74, NULL, false},
+    {18, "IQ3_XXS", 256, 98, NULL, false},
+    {19, "IQ1_S", 256, 50, NULL, false},
+    {20, "IQ4_NL", 32, 18, dtype__iq4_nl_to_f32, false},
+    {21, "IQ3_S", 256, 110, NULL, false},
+    {22, "IQ2_S", 256, 82, NULL, false},
+    {23, "IQ4_XS", 256, 136, dtype__iq4_xs_to_f32, false},
+    {24, "I8", 1, 1, NULL, false},
+    {25, "I16", 1, 2, NULL, false},
+    {26, "I32", 1, 4, NULL, false},
+    {27, "I64", 1, 8, NULL, false},
+    {28, "F64", 1, 8, NULL, false},
+    {29, "IQ1_M", 256, 56, NULL, false},
+    {30, "BF16", 1, 2, bf16_to_f32, true},
+    {34, "TQ1_0", 256, 54, NULL, false},
+    {35, "TQ2_0", 256, 66, NULL, false},
+    {39, "MXFP4", 32, 17, NULL, false},
     /* newer than this table's layouts: named in refusals, not readable */
-    {40, "NVFP4", 0, 0, NULL},
-    {41, "Q1_0", 0, 0, NULL},
+    {40, "NVFP4", 0, 0, NULL, false},
+    {41, "Q1_0", 0, 0, NULL, false},
 };
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 

@@ -1,10 +1,12 @@
 /* GGUF tensor types: one row per type id the format defines (its name, block size, bytes per
- * block, and how to widen a row to F32 where kvserve can), so the reader sizes any tensor and a
- * refusal names the type and the supported list; and the fp16 / bf16 conversions.
+ * block, how to widen a row to F32 where kvserve can, and whether the loader takes it), so the
+ * reader sizes any tensor and a refusal names the type and the supported list; and the fp16 /
+ * bf16 conversions.
  * A leaf: includes only libc. The table is immutable; any thread may read it. */
 #ifndef KVS_ENGINE_DTYPE_H
 #define KVS_ENGINE_DTYPE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -14,9 +16,12 @@ typedef struct dtype_info {
     const char *name;     /* "F32", "Q4_K", ... as ggml_type_name */
     uint32_t block;       /* values per block; 0 = layout unknown to kvserve (not readable) */
     uint32_t block_bytes; /* bytes per block */
-    /* Widens n values (n % block == 0) at src to F32, exactly; NULL if kvserve cannot load
-     * the type. */
+    /* Widens n values (n % block == 0) at src to F32 with the bits of llama.cpp's reference
+     * dequantizer (gguf-py's gguf.quants.dequantize); NULL if kvserve has none for the type. */
     void (*to_f32)(const void *src, float *dst, size_t n);
+    /* The model loader takes the type (it has the kernels or widens at load); a type can have
+     * a to_f32 and not be loadable yet. */
+    bool loadable;
 } dtype_info;
 
 /* The row for id, or NULL if the format defines no such type (ids 4, 5, 31-33, 36-38 were
@@ -27,7 +32,7 @@ const char *dtype_name(uint32_t id);
 /* Bytes of n values of type id, or 0 if the type's layout is unknown or n is not a whole
  * number of blocks (or the size overflows). */
 uint64_t dtype_nbytes(uint32_t id, uint64_t n);
-/* "F32, F16, BF16, Q8_0": the types kvserve loads (those with to_f32), for refusals. */
+/* "F32, F16, BF16, Q8_0": the types kvserve loads (the loadable rows), for refusals. */
 const char *dtype_supported_list(void);
 
 /* IEEE half to float: exact. */

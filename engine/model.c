@@ -95,7 +95,7 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
         return 0;
     }
     const dtype_info *dt = dtype_get(t->type);
-    if (!dt || !dt->to_f32)
+    if (!dt || !dt->loadable)
         return set_err(err, err_len, KVS_EUNSUPPORTED, "tensor %s has type %s; supported: %s", name,
                        dtype_name(t->type), dtype_supported_list());
     float *dst = malloc(t->n_elements * sizeof *dst);

@@ -319,7 +319,7 @@ static void test_dtype(void **state)
     char list[256] = "";
     for (uint32_t id = 0; id < 64; id++) {
         const dtype_info *t = dtype_get(id);
-        if (t && t->to_f32)
+        if (t && t->loadable)
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", *list ? ", " : "",
                      t->name);
     }

@@ -23,6 +23,8 @@ typedef struct shape {
 static const shape SHAPES[] = {
     {"tiny", 64, 2, 4, 2, 128, 512},
     {"stories260K", 64, 5, 8, 4, 172, 512},
+    /* every matrix row a whole number of 256-value K-quant blocks (tests/test_dequant.py) */
+    {"kquant", 512, 2, 8, 4, 768, 512},
     {"110m", 768, 12, 12, 12, 2048, 32000},
     {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000},
 };

@@ -3,14 +3,15 @@
 # the Node test suites' packages (npm ci from their committed package-lock.json files).
 # Idempotent: skips apt when every package is already installed, npm when the SDK is in place.
 # Test-only tools: node+npm (tests/sdk, tests/webui), promtool from prometheus (tests/deploy),
-# nginx, chromium (tests/webui).
+# nginx, chromium (tests/webui), python3-numpy (tests/test_dequant.py runs gguf-py's reference
+# dequantizer with it).
 # libopenblas-dev: only kvs-bench-engine's sgemm yardstick (optional; the engine does not use it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential meson ninja-build pkg-config
       libmicrohttpd-dev libcjson-dev libopenblas-dev libcmocka-dev libpcre2-dev
-      python3 python3-yaml curl clang clang-format libclang-rt-dev prometheus nginx wrk
-      chromium)
+      python3 python3-yaml python3-numpy curl clang clang-format libclang-rt-dev prometheus
+      nginx wrk chromium)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
