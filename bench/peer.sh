@@ -93,7 +93,6 @@ for shape in $SHAPES; do
     read -r k1 k16 kpp <<<"$(serve kvserve "$f" $((PORT++)))"
     echo "peer.sh: $shape llama-server" >&2
     read -r l1 l16 lpp <<<"$(serve llama "$f" $((PORT++)))"
-    kern=$(grep -o 'kernels: [^ ,;]*' "$TMP"/kvserve-*.log 2>/dev/null | tail -1 | cut -d' ' -f2 || true)
     bound=$(awk -v b="$bw" -v s="$bytes" 'BEGIN{printf "%.1f", b * 1e9 / s}')
     ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}'; }
     rows+=("| $shape F16 ($((bytes / 1048576)) MiB) | 1 client | $k1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound |")
@@ -102,6 +101,7 @@ for shape in $SHAPES; do
     # kvserve's engine at 64 rows: GFLOP/s of the products against the FMA peak
     "$ENGINE" batch "$f" 8 64 "$THREADS" >"$TMP/eng.csv" 2>"$TMP/eng.log" || true
     tps=$(awk -F, '$1 == 64 {print $3}' "$TMP/eng.csv" | head -1)
+    kern=$(grep -o 'kernels: [^ ,;]*' "$TMP/eng.log" | head -1 | cut -d' ' -f2 || true)
     # multiply-adds per token: every parameter but the embedding table (a lookup)
     params=$(grep -o '[0-9.]*M params' "$TMP/eng.log" | head -1 | sed 's/M params//')
     dim=$(grep -o 'dim [0-9]*' "$TMP/eng.log" | head -1 | cut -d' ' -f2)

@@ -1,5 +1,8 @@
-/* Names for status codes. */
+/* Names for status codes, and the one-line reasons failing loaders write. */
 #include "common/status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
 
 const char *status_str(int status)
 {
@@ -21,4 +24,15 @@ const char *status_str(int status)
     case KVS_ERANGE: return "out of range";
     }
     return "unknown status";
+}
+
+int status_set_err(char *err, size_t len, int status, const char *fmt, ...)
+{
+    if (err && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, len, fmt, ap);
+        va_end(ap);
+    }
+    return status;
 }

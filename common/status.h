@@ -3,6 +3,8 @@
 #ifndef KVS_COMMON_STATUS_H
 #define KVS_COMMON_STATUS_H
 
+#include <stddef.h>
+
 enum kvs_status {
     KVS_OK = 0,
     KVS_ENOMEM = -1,       /* an allocation failed */
@@ -23,5 +25,10 @@ enum kvs_status {
 
 /* Returns a static, human-readable name for a status code; never NULL. */
 const char *status_str(int status);
+
+/* Writes a one-line reason into err (when err and len are non-zero) and returns status, so a
+ * failing function can `return status_set_err(err, len, KVS_EFORMAT, "...", ...)`. */
+int status_set_err(char *err, size_t len, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif

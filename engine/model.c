@@ -26,19 +26,6 @@
 #define MAX_VOCAB 1048576u
 #define MAX_CTX (1u << 20)
 
-static int set_err(char *err, size_t len, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int set_err(char *err, size_t len, int status, const char *fmt, ...)
-{
-    if (err && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, len, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
-
 static int get_u32_key(const engine_model *m, const char *key, uint32_t *out, bool required,
                        uint32_t lo, uint32_t hi, char *err, size_t err_len)
 {
@@ -46,12 +33,12 @@ static int get_u32_key(const engine_model *m, const char *key, uint32_t *out, bo
     if (rc == KVS_ENOKEY && !required)
         return 0;
     if (rc == KVS_ENOKEY)
-        return set_err(err, err_len, rc, "missing metadata key %s", key);
+        return status_set_err(err, err_len, rc, "missing metadata key %s", key);
     if (rc)
-        return set_err(err, err_len, rc, "metadata key %s is not an unsigned integer", key);
+        return status_set_err(err, err_len, rc, "metadata key %s is not an unsigned integer", key);
     if (*out < lo || *out > hi)
-        return set_err(err, err_len, KVS_EFORMAT, "metadata %s = %u is outside %u..%u", key, *out,
-                       lo, hi);
+        return status_set_err(err, err_len, KVS_EFORMAT, "metadata %s = %u is outside %u..%u", key,
+                              *out, lo, hi);
     return 0;
 }
 
@@ -67,20 +54,20 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
     if (i < 0) {
         if (!required)
             return 0;
-        return set_err(err, err_len, KVS_EFORMAT, "missing tensor %s", name);
+        return status_set_err(err, err_len, KVS_EFORMAT, "missing tensor %s", name);
     }
     const gguf_tensor *t = gguf_tensor_at(m->file, i);
     if (t->dims[0] != d0 || t->dims[1] != d1 || t->dims[2] != 1 || t->dims[3] != 1)
-        return set_err(err, err_len, KVS_EFORMAT,
-                       "tensor %s has shape [%llu, %llu, %llu, %llu], expected [%llu, %llu]", name,
-                       (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
-                       (unsigned long long)t->dims[2], (unsigned long long)t->dims[3],
-                       (unsigned long long)d0, (unsigned long long)d1);
+        return status_set_err(err, err_len, KVS_EFORMAT,
+                              "tensor %s has shape [%llu, %llu, %llu, %llu], expected [%llu, %llu]",
+                              name, (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
+                              (unsigned long long)t->dims[2], (unsigned long long)t->dims[3],
+                              (unsigned long long)d0, (unsigned long long)d1);
     m->n_params += t->n_elements;
     m->weight_bytes += t->n_bytes;
     if (t->type == GGML_TYPE_Q8_0 && d0 % QK8_0)
-        return set_err(err, err_len, KVS_EFORMAT, "Q8_0 tensor %s has rows of %llu values", name,
-                       (unsigned long long)d0);
+        return status_set_err(err, err_len, KVS_EFORMAT, "Q8_0 tensor %s has rows of %llu values",
+                              name, (unsigned long long)d0);
     if (mat &&
         (t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_Q8_0)) {
         kern_type kt = t->type == GGML_TYPE_F32   ? KERN_F32
@@ -96,15 +83,16 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
     }
     const dtype_info *dt = dtype_get(t->type);
     if (!dt || !dt->loadable)
-        return set_err(err, err_len, KVS_EUNSUPPORTED, "tensor %s has type %s; supported: %s", name,
-                       dtype_name(t->type), dtype_supported_list());
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "tensor %s has type %s; supported: %s", name, dtype_name(t->type),
+                              dtype_supported_list());
     float *dst = malloc(t->n_elements * sizeof *dst);
     void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
     if (!dst || !owned) {
         free(dst);
         if (owned)
             m->owned = owned;
-        return set_err(err, err_len, KVS_ENOMEM, "out of memory widening %s", name);
+        return status_set_err(err, err_len, KVS_ENOMEM, "out of memory widening %s", name);
     }
     m->owned = owned;
     m->owned[m->n_owned++] = dst;
@@ -157,7 +145,7 @@ static int get_arch_f32(const engine_model *m, const char *suffix, float *out, c
     char key[128];
     int rc = gguf_get_f32(m->file, arch_key(m, suffix, key, sizeof key), out);
     if (rc && rc != KVS_ENOKEY)
-        return set_err(err, err_len, rc, "metadata key %s is not a float", key);
+        return status_set_err(err, err_len, rc, "metadata key %s is not a float", key);
     return 0;
 }
 
@@ -172,7 +160,7 @@ static int load_rope_scaling(engine_model *m, char *err, size_t err_len)
     int rc =
         gguf_get_str(m->file, arch_key(m, "rope.scaling.type", key, sizeof key), &type, &type_len);
     if (rc && rc != KVS_ENOKEY)
-        return set_err(err, err_len, rc, "metadata key %s is not a string", key);
+        return status_set_err(err, err_len, rc, "metadata key %s is not a string", key);
     float factor = 0.0f;
     if ((rc = get_arch_f32(m, "rope.scaling.factor", &factor, err, err_len)))
         return rc;
@@ -181,14 +169,14 @@ static int load_rope_scaling(engine_model *m, char *err, size_t err_len)
     /* As llama.cpp, the factor applies whether the type says none or linear. */
     if (!(type_len == 4 && !memcmp(type, "none", 4)) &&
         !(type_len == 6 && !memcmp(type, "linear", 6)))
-        return set_err(err, err_len, KVS_EUNSUPPORTED,
-                       "rope scaling type '%.*s' is not supported (supported: none, linear)",
-                       (int)type_len, type);
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "rope scaling type '%.*s' is not supported (supported: none, linear)",
+                              (int)type_len, type);
     if (factor == 0.0f)
         factor = 1.0f;
     if (!(factor >= 1e-3f && factor <= 1e3f))
-        return set_err(err, err_len, KVS_EFORMAT, "rope scaling factor %g out of range",
-                       (double)factor);
+        return status_set_err(err, err_len, KVS_EFORMAT, "rope scaling factor %g out of range",
+                              (double)factor);
     hp->rope_freq_scale = 1.0f / factor;
     return 0;
 }
@@ -200,14 +188,14 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     size_t arch_len;
     int rc = gguf_get_str(m->file, "general.architecture", &arch, &arch_len);
     if (rc)
-        return set_err(err, err_len, rc, "general.architecture: %s", status_str(rc));
+        return status_set_err(err, err_len, rc, "general.architecture: %s", status_str(rc));
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
         if (strlen(ARCHS[i].name) == arch_len && !memcmp(ARCHS[i].name, arch, arch_len))
             m->arch = &ARCHS[i];
     if (!m->arch)
-        return set_err(err, err_len, KVS_EUNSUPPORTED,
-                       "architecture '%.*s' is not supported (supported: llama, qwen2)",
-                       (int)(arch_len > 64 ? 64 : arch_len), arch);
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "architecture '%.*s' is not supported (supported: llama, qwen2)",
+                              (int)(arch_len > 64 ? 64 : arch_len), arch);
     hp->arch = m->arch->name;
     hp->rope_type = m->arch->rope_type;
     if ((rc =
@@ -223,17 +211,17 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     if ((rc = get_arch_u32(m, "expert_count", &n_expert, false, 0, UINT32_MAX, err, err_len)))
         return rc;
     if (n_expert > 0)
-        return set_err(err, err_len, KVS_EUNSUPPORTED,
-                       "mixture of experts (%s.expert_count = %u) is not supported", hp->arch,
-                       n_expert);
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "mixture of experts (%s.expert_count = %u) is not supported",
+                              hp->arch, n_expert);
     hp->n_head_kv = hp->n_head;
     if ((rc = get_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err,
                            err_len)))
         return rc;
     if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv)
-        return set_err(err, err_len, KVS_EFORMAT,
-                       "embedding_length %u, head_count %u, head_count_kv %u do not divide",
-                       hp->n_embd, hp->n_head, hp->n_head_kv);
+        return status_set_err(err, err_len, KVS_EFORMAT,
+                              "embedding_length %u, head_count %u, head_count_kv %u do not divide",
+                              hp->n_embd, hp->n_head, hp->n_head_kv);
     hp->head_dim = hp->n_embd / hp->n_head;
     /* Heads wider or narrower than n_embd / n_head (Gemma-style) need a different Q/O shape. */
     static const char *const head_keys[] = {"attention.key_length", "attention.value_length"};
@@ -242,29 +230,30 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
         if ((rc = get_arch_u32(m, head_keys[i], &len, false, 1, MAX_EMBD, err, err_len)))
             return rc;
         if (len != hp->head_dim)
-            return set_err(err, err_len, KVS_EUNSUPPORTED,
-                           "%s.%s = %u differs from embedding_length / head_count = %u (not "
-                           "supported)",
-                           hp->arch, head_keys[i], len, hp->head_dim);
+            return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                                  "%s.%s = %u differs from embedding_length / head_count = %u (not "
+                                  "supported)",
+                                  hp->arch, head_keys[i], len, hp->head_dim);
     }
     hp->n_rot = hp->head_dim;
     if ((rc = get_arch_u32(m, "rope.dimension_count", &hp->n_rot, false, 2, hp->head_dim, err,
                            err_len)))
         return rc;
     if (hp->n_rot % 2)
-        return set_err(err, err_len, KVS_EFORMAT, "rope.dimension_count %u is odd", hp->n_rot);
+        return status_set_err(err, err_len, KVS_EFORMAT, "rope.dimension_count %u is odd",
+                              hp->n_rot);
     hp->rms_eps = 1e-5f;
     if ((rc = get_arch_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps, err, err_len)))
         return rc;
     if (!(hp->rms_eps > 0 && hp->rms_eps < 1))
-        return set_err(err, err_len, KVS_EFORMAT, "rms epsilon %g out of range",
-                       (double)hp->rms_eps);
+        return status_set_err(err, err_len, KVS_EFORMAT, "rms epsilon %g out of range",
+                              (double)hp->rms_eps);
     hp->rope_base = 10000.0f;
     if ((rc = get_arch_f32(m, "rope.freq_base", &hp->rope_base, err, err_len)))
         return rc;
     if (!(hp->rope_base > 1 && hp->rope_base < 1e12f))
-        return set_err(err, err_len, KVS_EFORMAT, "rope.freq_base %g out of range",
-                       (double)hp->rope_base);
+        return status_set_err(err, err_len, KVS_EFORMAT, "rope.freq_base %g out of range",
+                              (double)hp->rope_base);
     return load_rope_scaling(m, err, err_len);
 }
 
@@ -278,9 +267,9 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
     if ((rc = get_arch_u32(m, "vocab_size", &n_vocab_key, false, 1, MAX_VOCAB, err, err_len)))
         return rc;
     if (n_vocab_key != hp->n_vocab)
-        return set_err(err, err_len, KVS_EFORMAT,
-                       "%s.vocab_size = %u but the tokenizer has %u tokens", hp->arch, n_vocab_key,
-                       hp->n_vocab);
+        return status_set_err(err, err_len, KVS_EFORMAT,
+                              "%s.vocab_size = %u but the tokenizer has %u tokens", hp->arch,
+                              n_vocab_key, hp->n_vocab);
     if ((rc = load_mat(m, "token_embd.weight", E, V, true, &m->tok_embd, err, err_len)) ||
         (rc = load_tensor(m, "output_norm.weight", E, 1, true, &m->output_norm, err, err_len)) ||
         (rc = load_mat(m, "output.weight", E, V, false, &m->output, err, err_len)))
@@ -292,11 +281,12 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
         return rc;
     for (uint32_t j = 0; m->rope_freqs && j < hp->n_rot / 2; j++)
         if (!(m->rope_freqs[j] > 0 && m->rope_freqs[j] < 1e30f)) /* a divisor: finite, > 0 */
-            return set_err(err, err_len, KVS_EFORMAT, "rope_freqs.weight[%u] = %g is not positive",
-                           j, (double)m->rope_freqs[j]);
+            return status_set_err(err, err_len, KVS_EFORMAT,
+                                  "rope_freqs.weight[%u] = %g is not positive", j,
+                                  (double)m->rope_freqs[j]);
     m->layers = calloc(hp->n_layer, sizeof *m->layers);
     if (!m->layers)
-        return set_err(err, err_len, KVS_ENOMEM, "out of memory");
+        return status_set_err(err, err_len, KVS_ENOMEM, "out of memory");
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         layer_weights *w = &m->layers[l];
         struct {
@@ -406,7 +396,7 @@ static int repack_weights(engine_model *m, load_progress *lp, const void **relea
             free(dst);
             if (owned)
                 m->owned = owned;
-            return set_err(err, err_len, KVS_ENOMEM, "out of memory repacking weights");
+            return status_set_err(err, err_len, KVS_ENOMEM, "out of memory repacking weights");
         }
         m->owned = owned;
         m->owned[m->n_owned++] = dst;
@@ -462,7 +452,7 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
     double t0 = time_now_s();
     engine_model *m = calloc(1, sizeof *m);
     if (!m)
-        return set_err(err, err_len, KVS_ENOMEM, "out of memory");
+        return status_set_err(err, err_len, KVS_ENOMEM, "out of memory");
     int rc = kern_select(p ? p->kernels : NULL, &m->kern, err, err_len);
     if (rc)
         goto fail;
@@ -474,7 +464,7 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
         goto fail;
     m->hp.n_vocab = (uint32_t)tok_n_vocab(m->vocab);
     if (m->hp.n_vocab == 0 || m->hp.n_vocab > MAX_VOCAB) {
-        rc = set_err(err, err_len, KVS_EFORMAT, "vocabulary of %u tokens", m->hp.n_vocab);
+        rc = status_set_err(err, err_len, KVS_EFORMAT, "vocabulary of %u tokens", m->hp.n_vocab);
         goto fail;
     }
     if ((rc = load_weights(m, err, err_len)))
@@ -492,7 +482,7 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
     if (gguf_get_str(m->file, "tokenizer.chat_template", &s, &n) == 0)
         m->chat_template = dup_str(s, n);
     if (!m->name) {
-        rc = set_err(err, err_len, KVS_ENOMEM, "out of memory");
+        rc = status_set_err(err, err_len, KVS_ENOMEM, "out of memory");
         goto fail;
     }
     load_progress lp = {.m = m, .verbose = !p || p->verbose, .t0 = t0, .last = t0};
@@ -501,7 +491,7 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
     size_t n_released;
     const void **released = malloc(((size_t)m->hp.n_layer * 7 + 2) * sizeof *released);
     if (!released) {
-        rc = set_err(err, err_len, KVS_ENOMEM, "out of memory");
+        rc = status_set_err(err, err_len, KVS_ENOMEM, "out of memory");
         goto fail;
     }
     rc = repack_weights(m, &lp, released, &n_released, err, err_len);

@@ -13,6 +13,24 @@
 
 #define CLIENT_MAX_CHOICES 16
 
+/* The suite's model and llama2.c's reference cases, loaded once by the group setup. */
+static engine_model *g_model;
+static ref_case g_cases[REF_MAX_CASES];
+static int g_n_cases;
+
+static inline int suite_setup(void **state)
+{
+    (void)state;
+    return ref_load(&g_model, g_cases, &g_n_cases) < 0 ? -1 : 0;
+}
+
+static inline int suite_teardown(void **state)
+{
+    (void)state;
+    engine_model_destroy(g_model);
+    return 0;
+}
+
 typedef struct client {
     sched_req *req;
     pthread_mutex_t mu;

@@ -21,23 +21,6 @@
 
 #define MAX_CASES REF_MAX_CASES
 
-static engine_model *g_model;
-static ref_case g_cases[REF_MAX_CASES];
-static int g_n_cases;
-
-static int setup(void **state)
-{
-    (void)state;
-    return ref_load(&g_model, g_cases, &g_n_cases) < 0 ? -1 : 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    engine_model_destroy(g_model);
-    return 0;
-}
-
 static sched *make_sched(uint32_t kv_blocks, uint32_t max_seqs, uint32_t max_queue)
 {
     sched_params sp = sched_default_params();
@@ -433,5 +416,5 @@ int main(void)
         cmocka_unit_test(test_forks_count_against_max_num_seqs),
         cmocka_unit_test(test_kv_snapshot),
     };
-    return cmocka_run_group_tests_name("scheduler", tests, setup, teardown);
+    return cmocka_run_group_tests_name("scheduler", tests, suite_setup, suite_teardown);
 }

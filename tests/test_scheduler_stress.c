@@ -25,23 +25,6 @@
 
 #define MAX_REQS 12
 
-static engine_model *g_model;
-static ref_case g_cases[REF_MAX_CASES];
-static int g_n_cases;
-
-static int setup(void **state)
-{
-    (void)state;
-    return ref_load(&g_model, g_cases, &g_n_cases) < 0 ? -1 : 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    engine_model_destroy(g_model);
-    return 0;
-}
-
 static uint64_t g_rng;
 
 static uint32_t rnd(uint32_t n) /* uniform in [0, n) */
@@ -220,5 +203,5 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_mixes),
     };
-    return cmocka_run_group_tests_name("scheduler_stress", tests, setup, teardown);
+    return cmocka_run_group_tests_name("scheduler_stress", tests, suite_setup, suite_teardown);
 }

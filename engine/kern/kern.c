@@ -14,19 +14,6 @@
 #define KERN_X86 1
 #endif
 
-static int set_err(char *err, size_t len, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int set_err(char *err, size_t len, int status, const char *fmt, ...)
-{
-    if (err && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, len, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
-
 #ifdef KERN_X86
 /* The OS saves the YMM (bit 2) and XMM (bit 1) state on context switches: without that, using
  * the 256-bit registers would corrupt other threads' values even on a CPU that has them. */
@@ -129,21 +116,24 @@ int kern_select(const char *name, const kern_ops **out, char *err, size_t err_le
     if (!strcmp(name, "avx2")) {
 #ifdef KERN_HAVE_AVX2
         if (!cpu_has_avx2())
-            return set_err(err, err_len, KVS_EUNSUPPORTED,
-                           "--kernels avx2: this CPU cannot run it (needs AVX2, FMA and F16C "
-                           "with OS support; it has: %s)",
-                           kern_cpu_features());
+            return status_set_err(
+                err, err_len, KVS_EUNSUPPORTED,
+                "--kernels avx2: this CPU cannot run it (needs AVX2, FMA and F16C "
+                "with OS support; it has: %s)",
+                kern_cpu_features());
         *out = &kern_avx2_ops;
         return 0;
 #else
-        return set_err(err, err_len, KVS_EUNSUPPORTED,
-                       "--kernels avx2: not built into this kvserve (not an x86-64 build)");
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "--kernels avx2: not built into this kvserve (not an x86-64 build)");
 #endif
     }
     if (!strcmp(name, "avx512"))
-        return set_err(err, err_len, KVS_EUNSUPPORTED,
-                       "--kernels avx512: reserved, not built into this kvserve yet (this CPU "
-                       "%s AVX-512F); use auto, avx2 or generic",
-                       cpu_has_avx512() ? "has" : "lacks");
-    return set_err(err, err_len, KVS_EINVAL, "--kernels '%s': unknown (auto|avx2|generic)", name);
+        return status_set_err(
+            err, err_len, KVS_EUNSUPPORTED,
+            "--kernels avx512: reserved, not built into this kvserve yet (this CPU "
+            "%s AVX-512F); use auto, avx2 or generic",
+            cpu_has_avx512() ? "has" : "lacks");
+    return status_set_err(err, err_len, KVS_EINVAL, "--kernels '%s': unknown (auto|avx2|generic)",
+                          name);
 }

@@ -7,10 +7,10 @@
 // run.sh checks the prerequisites and exits 77 (meson's skip) when one is missing.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
+import { startKvserve, stopKvserve } from '../kvserve_process.mjs';
 
 const MODELS = process.env.KVS_SHARED_MODELS ?? path.resolve('../../../shared/models');
 const MODEL = path.join(MODELS, 'stories260K.gguf');
@@ -18,33 +18,16 @@ const CASES = JSON.parse(
     readFileSync(path.join(MODELS, 'reference', 'stories260K-greedy.json'), 'utf8')).cases;
 
 let server = null; // the child process when this file started kvserve
-let stderr = '';
 let client = null;
 
 // Starts kvserve on port 0 and resolves with its base URL once /health answers 200.
 async function startServer() {
     const bin = process.env.KVSERVE_BIN;
     assert.ok(bin, 'KVSERVE_BIN or KVSERVE_URL must be set');
-    server = spawn(bin, ['serve', '-m', MODEL, '--host', '127.0.0.1', '--port', '0',
-        '--ctx-size', '512', '--threads', '1', '--chat-template', 'plain'],
-    { stdio: ['ignore', 'ignore', 'pipe'] });
-    server.stderr.setEncoding('utf8');
-    server.stderr.on('data', (d) => { stderr += d; });
-    const deadline = Date.now() + 30000;
-    while (Date.now() < deadline) {
-        if (server.exitCode !== null)
-            throw new Error(`kvserve exited with ${server.exitCode}:\n${stderr}`);
-        const m = /listening on http:\/\/[^:]+:(\d+)/.exec(stderr);
-        if (m) {
-            const url = `http://127.0.0.1:${m[1]}`;
-            try {
-                if ((await fetch(`${url}/health`)).status === 200)
-                    return url;
-            } catch { /* not accepting yet */ }
-        }
-        await new Promise((r) => setTimeout(r, 50));
-    }
-    throw new Error(`kvserve did not become ready:\n${stderr}`);
+    const k = await startKvserve(bin, ['-m', MODEL, '--ctx-size', '512', '--threads', '1',
+        '--chat-template', 'plain']);
+    server = k.proc;
+    return k.url;
 }
 
 before(async () => {
@@ -54,11 +37,7 @@ before(async () => {
 });
 
 after(async () => {
-    if (!server || server.exitCode !== null)
-        return;
-    const exited = new Promise((r) => server.once('exit', r));
-    server.kill('SIGTERM');
-    await exited;
+    await stopKvserve(server);
 });
 
 describe('models', () => {

@@ -9,43 +9,28 @@
 // run.sh checks the prerequisites and exits 77 (meson's skip) when one is missing.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { chromium } from 'playwright-core';
+import { startKvserve, stopKvserve } from '../kvserve_process.mjs';
 
 const MODELS = process.env.KVS_SHARED_MODELS ?? path.resolve('../../../shared/models');
 // A 110m-shape model (random weights) from kvs-mkmodel: slow enough on one thread (tens of
 // tokens a second) that a person, and this test, can watch its blocks fill the grid.
 const TMP = mkdtempSync(path.join(tmpdir(), 'kvs-webui-'));
 const MODEL = path.join(TMP, '110m-f16.gguf');
-let server = null, stderr = '', url = '', browser = null;
+let server = null, url = '', browser = null;
 
 async function startServer(extra) {
     execFileSync(process.env.KVS_MKMODEL, ['--shape', '110m', '--type', 'f16', '--vocab',
         path.join(MODELS, 'vocab', 'ggml-vocab-llama-spm.gguf'), '-o', MODEL],
     { stdio: 'ignore' });
-    server = spawn(process.env.KVSERVE_BIN, ['serve', '-m', MODEL, '--host', '127.0.0.1',
-        '--port', '0', '--ctx-size', '512', '--threads', '1', '--served-model-name',
-        '110m-random', '--kv-cache-mb', '64', ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
-    server.stderr.setEncoding('utf8');
-    server.stderr.on('data', (d) => { stderr += d; });
-    const deadline = Date.now() + 30000;
-    while (Date.now() < deadline) {
-        if (server.exitCode !== null)
-            throw new Error(`kvserve exited with ${server.exitCode}:\n${stderr}`);
-        const m = /listening on http:\/\/[^:]+:(\d+)/.exec(stderr);
-        if (m) {
-            const u = `http://127.0.0.1:${m[1]}`;
-            try {
-                if ((await fetch(`${u}/health`)).status === 200)
-                    return u;
-            } catch { /* not accepting yet */ }
-        }
-        await new Promise((r) => setTimeout(r, 50));
-    }
-    throw new Error(`kvserve did not become ready:\n${stderr}`);
+    const k = await startKvserve(process.env.KVSERVE_BIN, ['-m', MODEL, '--ctx-size', '512',
+        '--threads', '1', '--served-model-name', '110m-random', '--kv-cache-mb', '64', ...extra]);
+    server = k.proc;
+    return k.url;
 }
 
 async function metric(name) {
@@ -65,11 +50,7 @@ before(async () => {
 after(async () => {
     if (browser)
         await browser.close();
-    if (server && server.exitCode === null) {
-        const exited = new Promise((r) => server.once('exit', r));
-        server.kill('SIGTERM');
-        await exited;
-    }
+    await stopKvserve(server);
     rmSync(TMP, { recursive: true, force: true });
 });
 
