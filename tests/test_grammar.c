@@ -1,0 +1,677 @@
+/* Grammar: the automaton accepts exactly valid JSON byte by byte (a corpus of valid and invalid
+ * documents), schema-constrained random walks on the real llama-spm vocabulary give documents
+ * that cJSON parses and a validator written here accepts, masks equal a slow reference (every
+ * token simulated alone) on many random states, clones are independent, unsupported schemas
+ * are refused with the keyword's path; and the oracles are shown to catch a broken mask. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h> /* needs the four headers above first */
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "engine/gguf.h"
+#include "engine/grammar.h"
+#include "engine/tokenizer.h"
+#include "server/json_schema.h"
+#include "test_util.h"
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static grammar_def *def_any(const grammar_options *o)
+{
+    grammar_builder *b;
+    assert_int_equal(grammar_builder_create(&b), 0);
+    int32_t any;
+    assert_int_equal(grammar_builder_any(b, &any), 0);
+    grammar_def *d = NULL;
+    char err[128];
+    assert_int_equal(grammar_builder_finish(b, any, o, &d, err, sizeof err), 0);
+    grammar_builder_destroy(b);
+    return d;
+}
+
+static grammar_def *def_schema(const char *text)
+{
+    cJSON *s = cJSON_Parse(text);
+    assert_non_null(s);
+    grammar_def *d = NULL;
+    char err[256] = "";
+    int rc = srv_json_schema_compile(s, NULL, &d, err, sizeof err);
+    if (rc)
+        fail_msg("compile %s: %s (%s)", text, status_str(rc), err);
+    cJSON_Delete(s);
+    return d;
+}
+
+/* Whether the whole text is accepted and complete; also checks that a refusal leaves the
+ * state as it was (the byte after the refused one is judged from the same state). */
+static bool accepts(const grammar_def *d, const char *text, size_t len)
+{
+    grammar *g;
+    assert_int_equal(grammar_create(d, &g), 0);
+    bool ok = true;
+    for (size_t i = 0; i < len && ok; i++)
+        ok = grammar_accept_bytes(g, text + i, 1);
+    ok = ok && grammar_is_complete(g);
+    grammar_destroy(g);
+    /* all at once must agree with byte by byte */
+    assert_int_equal(grammar_create(d, &g), 0);
+    bool ok2 = grammar_accept_bytes(g, text, len) && grammar_is_complete(g);
+    grammar_destroy(g);
+    assert_int_equal(ok, ok2);
+    return ok;
+}
+
+static bool accepts_s(const grammar_def *d, const char *text)
+{
+    return accepts(d, text, strlen(text));
+}
+
+static tok_vocab *load_spm(void)
+{
+    char path[1024];
+    if (!test_model_path(path, sizeof path, "vocab/ggml-vocab-llama-spm.gguf"))
+        return NULL;
+    gguf_file *f = NULL;
+    char err[256] = "";
+    if (gguf_open(path, &f, err, sizeof err))
+        fail_msg("gguf_open %s: %s", path, err);
+    tok_vocab *v = NULL;
+    int rc = tok_create_from_gguf(f, &v, err, sizeof err);
+    gguf_close(f);
+    if (rc)
+        fail_msg("tok_create_from_gguf: %s", err);
+    return v;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static bool bit(const uint32_t *m, int32_t i) { return m[i >> 5] >> (i & 31) & 1; }
+
+/* The slow reference: each token simulated on its own copy. Returns the number of tokens on
+ * which mask disagrees (0: equal). */
+static int mask_mismatches(const grammar *g, const grammar_vocab *gv, const uint32_t *mask,
+                           int32_t *first_bad)
+{
+    int bad = 0;
+    int32_t n = grammar_vocab_n_tokens(gv);
+    for (int32_t t = 0; t < n; t++) {
+        grammar *c;
+        assert_int_equal(grammar_clone(g, &c), 0);
+        bool ok = grammar_accept_token(c, gv, t);
+        grammar_destroy(c);
+        if (ok != bit(mask, t)) {
+            if (!bad && first_bad)
+                *first_bad = t;
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* ---- a validator for the supported subset ------------------------------------------------ */
+
+static const cJSON *resolve(const cJSON *root, const char *ref)
+{
+    if (strcmp(ref, "#") == 0)
+        return root;
+    const char *p = strchr(ref, '/');
+    const cJSON *cur = root;
+    while (p) {
+        const char *e = strchr(p + 1, '/');
+        char seg[128];
+        size_t n = e ? (size_t)(e - p - 1) : strlen(p + 1);
+        memcpy(seg, p + 1, n);
+        seg[n] = 0;
+        cur = cJSON_GetObjectItemCaseSensitive(cur, seg);
+        if (!cur)
+            return NULL;
+        p = e;
+    }
+    return cur;
+}
+
+static bool has_type(const cJSON *v, const char *t)
+{
+    if (!strcmp(t, "object"))
+        return cJSON_IsObject(v);
+    if (!strcmp(t, "array"))
+        return cJSON_IsArray(v);
+    if (!strcmp(t, "string"))
+        return cJSON_IsString(v);
+    if (!strcmp(t, "number"))
+        return cJSON_IsNumber(v);
+    if (!strcmp(t, "integer"))
+        return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble);
+    if (!strcmp(t, "boolean"))
+        return cJSON_IsBool(v);
+    if (!strcmp(t, "null"))
+        return cJSON_IsNull(v);
+    return false;
+}
+
+/* Whether v satisfies schema s (document root for $ref), object keys in schema order too. */
+static bool valid(const cJSON *v, const cJSON *s, const cJSON *root)
+{
+    if (cJSON_IsTrue(s))
+        return true;
+    const cJSON *k;
+    if ((k = cJSON_GetObjectItemCaseSensitive(s, "$ref")))
+        return valid(v, resolve(root, k->valuestring), root);
+    if ((k = cJSON_GetObjectItemCaseSensitive(s, "anyOf"))) {
+        const cJSON *a;
+        cJSON_ArrayForEach(a, k) if (valid(v, a, root)) return true;
+        return false;
+    }
+    if ((k = cJSON_GetObjectItemCaseSensitive(s, "const")))
+        return cJSON_Compare(v, k, true);
+    if ((k = cJSON_GetObjectItemCaseSensitive(s, "enum"))) {
+        const cJSON *a;
+        cJSON_ArrayForEach(a, k) if (cJSON_Compare(v, a, true)) return true;
+        return false;
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (type) {
+        bool ok = false;
+        if (cJSON_IsString(type)) {
+            ok = has_type(v, type->valuestring);
+        } else {
+            const cJSON *t;
+            cJSON_ArrayForEach(t, type) ok = ok || has_type(v, t->valuestring);
+        }
+        if (!ok)
+            return false;
+    }
+    if (cJSON_IsObject(v) && (!type || cJSON_GetObjectItemCaseSensitive(s, "properties") ||
+                              has_type(v, "object"))) {
+        const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+        const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
+        if (!props && !type && !cJSON_GetObjectItemCaseSensitive(s, "items"))
+            return true; /* {}: anything */
+        const cJSON *r;
+        if (req)
+            cJSON_ArrayForEach(r, req) if (!cJSON_GetObjectItemCaseSensitive(
+                v, r->valuestring)) return false;
+        const cJSON *p = props ? props->child : NULL, *m;
+        cJSON_ArrayForEach(m, v)
+        {
+            while (p && strcmp(p->string, m->string))
+                p = p->next; /* keys only move forward through the schema's order */
+            if (!p || !valid(m, p, root))
+                return false;
+            p = p->next;
+        }
+    }
+    if (cJSON_IsArray(v)) {
+        const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
+        const cJSON *m;
+        if (items)
+            cJSON_ArrayForEach(m, v) if (!valid(m, items, root)) return false;
+    }
+    return true;
+}
+
+/* ---- the automaton against a corpus ------------------------------------------------------ */
+
+static const char *const k_valid[] = {
+    "{}",
+    "[]",
+    "0",
+    "-0",
+    "1e5",
+    "1.5E-3",
+    "-12.5e+10",
+    "123",
+    "0.0",
+    "true",
+    "false",
+    "null",
+    "\"\"",
+    "\"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\"",
+    "\"\\u0041\\u00e9\\uD83D\\uDE00\"",
+    "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"",
+    "{\"a\":1,\"b\":[true,false,null],\"c\":{\"d\":\"e\"}}",
+    " {\"a\" : [ 1 , 2 ] }",
+    "\n\t{\r\n  \"k\": \"v\"\n}",
+    "[[[[[[[[[[]]]]]]]]]]",
+    "[{\"a\":[{\"b\":[]}]}]",
+    "{\"\":\"\"}",
+    "[1,-1,0.5,-0.5e-5,1E+2]",
+    "\"\x7f\"",
+};
+
+static const char *const k_invalid[] = {
+    "",
+    "{",
+    "{,}",
+    "{\"a\":1,}",
+    "[1,]",
+    "[,1]",
+    "01",
+    "-",
+    "-01",
+    "1.",
+    ".5",
+    "1e",
+    "1e+",
+    "+1",
+    "tru",
+    "nul",
+    "True",
+    "\"abc",
+    "\"\\x\"",
+    "\"\\u12\"",
+    "\"\\uDE00\"",        /* lone low surrogate */
+    "\"\\uD83D\"",        /* high surrogate not followed by a low one */
+    "\"\\uD83D\\u0041\"", /* high surrogate followed by a non-low one */
+    "\"a\nb\"",           /* raw control character */
+    "\"\xc3\"",           /* truncated UTF-8 */
+    "\"\xc0\x80\"",       /* overlong */
+    "\"\xed\xa0\x80\"",   /* an encoded surrogate */
+    "\"\xf4\x90\x80\x80\"", /* above U+10FFFF */
+    "\"\x80\"",
+    "{\"a\" 1}",
+    "{\"a\":}",
+    "{1:2}",
+    "{} ",      /* nothing after the value, not even whitespace */
+    "{}{}",
+    "[1 2]",
+    "[1,,2]",
+    "'a'",
+};
+
+static void test_json_corpus(void **state)
+{
+    (void)state;
+    grammar_def *d = def_any(NULL);
+    for (size_t i = 0; i < sizeof k_valid / sizeof *k_valid; i++) {
+        if (!accepts_s(d, k_valid[i]))
+            fail_msg("valid document refused: %s", k_valid[i]);
+        cJSON *j = cJSON_Parse(k_valid[i]); /* the corpus itself is right */
+        assert_non_null(j);
+        cJSON_Delete(j);
+    }
+    for (size_t i = 0; i < sizeof k_invalid / sizeof *k_invalid; i++)
+        if (accepts_s(d, k_invalid[i]))
+            fail_msg("invalid document accepted: %s", k_invalid[i]);
+    /* NUL inside a string */
+    assert_false(accepts(d, "\"a\0\"", 4));
+    grammar_def_destroy(d);
+}
+
+static void test_json_object_front_end(void **state)
+{
+    (void)state;
+    grammar_def *d;
+    assert_int_equal(grammar_def_json_object(NULL, &d), 0);
+    assert_true(accepts_s(d, "{\"a\":[1,{\"b\":null}],\"a\":\"dup keys are JSON\"}"));
+    assert_false(accepts_s(d, "[]"));
+    assert_false(accepts_s(d, "\"s\""));
+    assert_false(accepts_s(d, "1"));
+    grammar *g;
+    assert_int_equal(grammar_create(d, &g), 0);
+    assert_false(grammar_is_complete(g));
+    assert_true(grammar_accept_bytes(g, "{\"x\":12", 7));
+    assert_false(grammar_is_complete(g));
+    assert_true(grammar_accept_bytes(g, "}", 1));
+    assert_true(grammar_is_complete(g));
+    assert_true(grammar_is_finished(g));
+    grammar_destroy(g);
+    grammar_def_destroy(d);
+}
+
+static void test_bounds(void **state)
+{
+    (void)state;
+    grammar_options o = grammar_default_options();
+    o.max_ws = 4;
+    o.max_depth = 3;
+    grammar_def *d = def_any(&o);
+    assert_true(accepts_s(d, "    [    1    ]"));
+    assert_false(accepts_s(d, "     [1]"));
+    assert_false(accepts_s(d, "[1     ]"));
+    assert_true(accepts_s(d, "[ \n\t\r]"));
+    assert_true(accepts_s(d, "\"     many spaces in a string are text     \""));
+    assert_true(accepts_s(d, "[[[1]]]"));
+    assert_false(accepts_s(d, "[[[[1]]]]"));
+    assert_true(accepts_s(d, "[[{\"a\":\"b\"}]]"));
+    /* at the depth bound a container value is refused at its first byte, so no dead end */
+    grammar *g;
+    assert_int_equal(grammar_create(d, &g), 0);
+    assert_true(grammar_accept_bytes(g, "[[[", 3));
+    assert_false(grammar_accept_bytes(g, "[", 1));
+    assert_false(grammar_accept_bytes(g, "{", 1));
+    assert_true(grammar_accept_bytes(g, "1]]]", 4));
+    assert_true(grammar_is_finished(g));
+    grammar_destroy(g);
+    grammar_def_destroy(d);
+    /* a root number is complete but may go on: not finished */
+    d = def_any(NULL);
+    assert_int_equal(grammar_create(d, &g), 0);
+    assert_true(grammar_accept_bytes(g, "12", 2));
+    assert_true(grammar_is_complete(g));
+    assert_false(grammar_is_finished(g));
+    assert_false(grammar_accept_bytes(g, "3x", 2)); /* all or nothing */
+    assert_true(grammar_is_complete(g));
+    assert_true(grammar_accept_bytes(g, "3", 1));
+    grammar_destroy(g);
+    grammar_def_destroy(d);
+}
+
+/* ---- schemas ------------------------------------------------------------------------------ */
+
+static void test_schema_objects(void **state)
+{
+    (void)state;
+    grammar_def *d = def_schema("{\"type\":\"object\",\"properties\":{"
+                                "\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"},"
+                                "\"c\":{\"type\":\"boolean\"}},\"required\":[\"b\"],"
+                                "\"additionalProperties\":false}");
+    assert_true(accepts_s(d, "{\"b\":\"x\"}"));
+    assert_true(accepts_s(d, "{\"a\":1,\"b\":\"x\"}"));
+    assert_true(accepts_s(d, "{\"a\":-3, \"b\":\"x\",\n \"c\":true}"));
+    assert_true(accepts_s(d, "{\"b\":\"x\",\"c\":false}"));
+    assert_false(accepts_s(d, "{}"));
+    assert_false(accepts_s(d, "{\"a\":1}"));
+    assert_false(accepts_s(d, "{\"b\":\"x\",\"a\":1}")); /* order */
+    assert_false(accepts_s(d, "{\"a\":1.5,\"b\":\"x\"}"));
+    assert_false(accepts_s(d, "{\"b\":\"x\",\"d\":1}"));
+    assert_false(accepts_s(d, "{\"b\":\"x\",}"));
+    assert_false(accepts_s(d, "{\"b\":1}"));
+    assert_false(accepts_s(d, "{\"a\":1e5,\"b\":\"x\"}"));
+    grammar_def_destroy(d);
+    /* names that are prefixes of one another, and names that need escaping */
+    d = def_schema("{\"properties\":{\"a\":{\"type\":\"null\"},\"ab\":{\"type\":\"null\"},"
+                   "\"q\\\"\\n\":{\"type\":\"null\"}}}");
+    assert_true(accepts_s(d, "{\"a\":null}"));
+    assert_true(accepts_s(d, "{\"ab\":null}"));
+    assert_true(accepts_s(d, "{\"a\":null,\"ab\":null}"));
+    assert_true(accepts_s(d, "{\"q\\\"\\n\":null}"));
+    assert_false(accepts_s(d, "{\"abc\":null}"));
+    assert_false(accepts_s(d, "{\"ab\":null,\"a\":null}"));
+    assert_true(accepts_s(d, "{}"));
+    grammar_def_destroy(d);
+}
+
+static void test_schema_literals_anyof_refs(void **state)
+{
+    (void)state;
+    grammar_def *d = def_schema("{\"enum\":[1,12,\"x\",null,{\"k\":[1,2]}]}");
+    assert_true(accepts_s(d, "1"));
+    assert_true(accepts_s(d, "12"));
+    assert_true(accepts_s(d, "\"x\""));
+    assert_true(accepts_s(d, "null"));
+    assert_true(accepts_s(d, "{\"k\":[1,2]}"));
+    assert_false(accepts_s(d, "13"));
+    assert_false(accepts_s(d, "123"));
+    assert_false(accepts_s(d, "\"y\""));
+    grammar_def_destroy(d);
+    d = def_schema("{\"type\":\"object\",\"properties\":{\"v\":{\"anyOf\":["
+                   "{\"type\":\"string\"},{\"type\":\"integer\"},"
+                   "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},"
+                   "\"required\":[\"a\"]},"
+                   "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+                   "\"b\":{\"const\":true}},\"required\":[\"a\",\"b\"]}]}},"
+                   "\"required\":[\"v\"]}");
+    assert_true(accepts_s(d, "{\"v\":\"s\"}"));
+    assert_true(accepts_s(d, "{\"v\":7}"));
+    assert_true(accepts_s(d, "{\"v\":{\"a\":\"s\"}}"));
+    assert_true(accepts_s(d, "{\"v\":{\"a\":1,\"b\":true}}"));
+    assert_false(accepts_s(d, "{\"v\":{\"a\":1}}"));
+    assert_false(accepts_s(d, "{\"v\":{\"a\":\"s\",\"b\":true}}"));
+    assert_false(accepts_s(d, "{\"v\":7.5}"));
+    grammar_def_destroy(d);
+    /* recursion through $defs and through "#" */
+    d = def_schema("{\"$ref\":\"#/$defs/node\",\"$defs\":{\"node\":{\"type\":\"object\","
+                   "\"properties\":{\"v\":{\"type\":\"integer\"},\"kids\":{\"type\":\"array\","
+                   "\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\",\"kids\"]}}}");
+    assert_true(accepts_s(d, "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[]},{\"v\":3,\"kids\":"
+                             "[{\"v\":4,\"kids\":[]}]}]}"));
+    assert_false(accepts_s(d, "{\"v\":1,\"kids\":[{\"v\":2}]}"));
+    grammar_def_destroy(d);
+    d = def_schema("{\"type\":[\"object\",\"null\"],\"properties\":{\"next\":{\"$ref\":\"#\"}},"
+                   "\"required\":[\"next\"]}");
+    assert_true(accepts_s(d, "null"));
+    assert_true(accepts_s(d, "{\"next\":{\"next\":null}}"));
+    assert_false(accepts_s(d, "{}"));
+    grammar_def_destroy(d);
+}
+
+static void test_schema_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *schema;
+        int rc;
+        const char *msg; /* must appear in err */
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"pattern\":\"a+\"}}}",
+         KVS_EUNSUPPORTED, "\"pattern\" at #/properties/name/pattern"},
+        {"{\"type\":\"string\",\"format\":\"date\"}", KVS_EUNSUPPORTED, "#/format"},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":0}}", KVS_EUNSUPPORTED,
+         "#/items/minimum"},
+        {"{\"allOf\":[{}]}", KVS_EUNSUPPORTED, "\"allOf\" at #/allOf"},
+        {"{\"oneOf\":[{}]}", KVS_EUNSUPPORTED, "#/oneOf"},
+        {"{\"type\":\"object\",\"additionalProperties\":true}", KVS_EUNSUPPORTED,
+         "#/additionalProperties"},
+        {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\"}}", KVS_EUNSUPPORTED,
+         "#/additionalProperties"},
+        {"{\"type\":\"strnig\"}", KVS_EINVAL, "#/type"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}", KVS_EINVAL,
+         "\"b\""},
+        {"{\"$ref\":\"#/$defs/missing\"}", KVS_EINVAL, "does not resolve at #/$ref"},
+        {"{\"$ref\":\"http://example.com/s.json\"}", KVS_EUNSUPPORTED, "#/$ref"},
+        {"{\"properties\":{\"a/b~\":{\"type\":\"string\",\"maxLength\":3}}}", KVS_EUNSUPPORTED,
+         "#/properties/a~1b~0/maxLength"},
+        {"{\"anyOf\":[]}", KVS_EINVAL, "#/anyOf"},
+        {"{\"anyOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", KVS_EUNSUPPORTED, "#/anyOf"},
+        {"{\"$defs\":{\"x\":{\"type\":\"object\",\"properties\":{\"y\":{\"$ref\":\"#/$defs/x\"}},"
+         "\"required\":[\"y\"]}},\"$ref\":\"#/$defs/x\"}",
+         KVS_EINVAL, "no finite instance"},
+        {"{\"$defs\":{\"x\":{\"$ref\":\"#/$defs/x\"}},\"$ref\":\"#/$defs/x\"}", KVS_EINVAL,
+         "cycle"},
+        {"{\"$defs\":{\"x\":{\"anyOf\":[{\"$ref\":\"#/$defs/x\"},{\"type\":\"null\"}]}},"
+         "\"$ref\":\"#/$defs/x\"}",
+         KVS_EINVAL, "anyOf reaches itself"},
+        {"{\"type\":\"integer\",\"enum\":[1,2.5]}", KVS_EINVAL, "#/enum"},
+        {"false", KVS_EUNSUPPORTED, "false"},
+        {"[1]", KVS_EINVAL, "at #"},
+        {"{\"properties\":{\"a\":{\"properties\":{\"b\":{\"x-custom\":1}}}}}", KVS_EUNSUPPORTED,
+         "#/properties/a/properties/b/x-custom"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cJSON *s = cJSON_Parse(cases[i].schema);
+        assert_non_null(s);
+        grammar_def *d = NULL;
+        char err[256] = "";
+        int rc = srv_json_schema_compile(s, NULL, &d, err, sizeof err);
+        cJSON_Delete(s);
+        if (rc != cases[i].rc || !strstr(err, cases[i].msg))
+            fail_msg("schema %s: got %s \"%s\", want %s containing \"%s\"", cases[i].schema,
+                     status_str(rc), err, status_str(cases[i].rc), cases[i].msg);
+        assert_null(d);
+    }
+}
+
+/* ---- random walks on the real vocabulary -------------------------------------------------- */
+
+static const char *const k_walk_schemas[] = {
+    /* an OpenAI-style strict schema */
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+    "\"age\":{\"type\":\"integer\"},\"score\":{\"type\":\"number\"},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
+    "\"role\":{\"enum\":[\"admin\",\"user\",\"guest\"]},"
+    "\"nick\":{\"type\":[\"string\",\"null\"]},"
+    "\"address\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},"
+    "\"zip\":{\"type\":\"string\"}},\"required\":[\"city\"],\"additionalProperties\":false}},"
+    "\"required\":[\"name\",\"age\",\"role\"],\"additionalProperties\":false}",
+    /* a recursive tree with anyOf leaves */
+    "{\"$ref\":\"#/$defs/node\",\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{"
+    "\"v\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"boolean\"},{\"const\":\"leaf\"}]},"
+    "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},"
+    "\"required\":[\"v\"]}}}",
+    /* a tool call: name plus arguments by anyOf */
+    "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"get_weather\"},"
+    "\"arguments\":{\"type\":\"object\",\"properties\":{\"location\":{\"type\":\"string\"},"
+    "\"unit\":{\"enum\":[\"c\",\"f\"]}},\"required\":[\"location\",\"unit\"]}},"
+    "\"required\":[\"name\",\"arguments\"]},"
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"get_time\"},"
+    "\"arguments\":{\"type\":\"object\",\"properties\":{\"tz\":{\"type\":\"string\"}}}},"
+    "\"required\":[\"name\",\"arguments\"]}]}",
+    /* any JSON object (json_object mode): NULL schema */
+    NULL,
+};
+
+typedef struct walk_stats {
+    int walks, completed, steps, checked;
+} walk_stats;
+
+/* One random walk from g's state: a random allowed token each step (half the time among the
+ * one-byte tokens, so structure closes in reasonable time) until finished, or until the end
+ * token is drawn when complete (even odds), or max_steps. Every check_every steps (0: never)
+ * the mask is compared with the reference. Returns the text (caller frees); *completed says
+ * whether it ended complete. */
+static char *random_walk(grammar *g, const tok_vocab *v, const grammar_vocab *gv,
+                         uint64_t seed, int max_steps, int check_every, bool *completed,
+                         walk_stats *ws)
+{
+    int32_t n = grammar_vocab_n_tokens(gv);
+    uint32_t *mask = malloc(grammar_mask_words(n) * sizeof *mask);
+    int32_t *allowed = malloc((size_t)n * sizeof *allowed);
+    int32_t *single = malloc((size_t)n * sizeof *single);
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    assert_true(mask && allowed && single && text);
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
+    *completed = false;
+    ws->walks++;
+    for (int step = 0; step < max_steps; step++) {
+        int cnt = grammar_mask(g, gv, mask);
+        if (cnt <= 0)
+            fail_msg("empty mask (%d) after \"%.*s\"", cnt, (int)len, text);
+        if (check_every && step % check_every == 0) {
+            int32_t bad_tok = -1;
+            int bad = mask_mismatches(g, gv, mask, &bad_tok);
+            if (bad)
+                fail_msg("mask differs from the reference on %d tokens (first %d) after "
+                         "\"%.*s\"",
+                         bad, (int)bad_tok, (int)len, text);
+            ws->checked++;
+        }
+        if (grammar_is_finished(g)) {
+            assert_int_equal(cnt, 1); /* nothing but the end token */
+            assert_true(bit(mask, tok_eos(v)));
+            *completed = true;
+            break;
+        }
+        assert_int_equal(bit(mask, tok_eos(v)), grammar_is_complete(g));
+        if (grammar_is_complete(g) && rng_next(&rng) % 2 == 0) {
+            *completed = true; /* drew the end token */
+            break;
+        }
+        int na = 0, ns = 0;
+        char piece[256];
+        for (int32_t t = 0; t < n; t++) {
+            if (!bit(mask, t) || t == tok_eos(v))
+                continue;
+            allowed[na++] = t;
+            if (tok_token_to_piece(v, t, piece, sizeof piece) == 1)
+                single[ns++] = t;
+        }
+        assert_true(na > 0);
+        int32_t tok = ns && rng_next(&rng) % 2 ? single[rng_next(&rng) % (uint64_t)ns]
+                                               : allowed[rng_next(&rng) % (uint64_t)na];
+        assert_true(grammar_accept_token(g, gv, tok));
+        int pl = tok_token_to_piece(v, tok, piece, sizeof piece);
+        assert_true(pl > 0 && pl < (int)sizeof piece);
+        if (len + (size_t)pl + 1 > cap)
+            break;
+        memcpy(text + len, piece, (size_t)pl);
+        len += (size_t)pl;
+        ws->steps++;
+    }
+    free(mask);
+    free(allowed);
+    free(single);
+    text[len] = '\0';
+    return text;
+}
+
+static void test_random_walks(void **state)
+{
+    (void)state;
+    tok_vocab *v = load_spm();
+    if (!v)
+        skip();
+    grammar_vocab *gv;
+    assert_int_equal(grammar_vocab_create(v, NULL, 0, &gv), 0);
+    assert_int_equal(grammar_vocab_n_tokens(gv), 32000);
+    int seeds = getenv("KVS_GRAMMAR_SEEDS") ? atoi(getenv("KVS_GRAMMAR_SEEDS")) : 24;
+    for (size_t si = 0; si < sizeof k_walk_schemas / sizeof *k_walk_schemas; si++) {
+        const char *st = k_walk_schemas[si] ? k_walk_schemas[si] : "{\"type\":\"object\"}";
+        cJSON *schema = cJSON_Parse(st);
+        grammar_def *d;
+        if (k_walk_schemas[si])
+            d = def_schema(st);
+        else
+            assert_int_equal(grammar_def_json_object(NULL, &d), 0);
+        walk_stats ws = {0};
+        for (int seed = 0; seed < seeds; seed++) {
+            grammar *g;
+            assert_int_equal(grammar_create(d, &g), 0);
+            bool done;
+            /* the reference check costs n_vocab simulations: on a few seeds only */
+            char *text = random_walk(g, v, gv, (uint64_t)seed * 7919 + si, 1500,
+                                     seed < 3 ? 7 : 0, &done, &ws);
+            grammar_destroy(g);
+            if (!done) {
+                free(text);
+                continue;
+            }
+            ws.completed++;
+            const char *end = NULL;
+            cJSON *j = cJSON_ParseWithOpts(text, &end, 1);
+            if (!j)
+                fail_msg("schema %zu seed %d: cJSON refuses \"%s\"", si, seed, text);
+            if (k_walk_schemas[si] ? !valid(j, schema, schema) : !cJSON_IsObject(j))
+                fail_msg("schema %zu seed %d: \"%s\" does not validate", si, seed, text);
+            cJSON_Delete(j);
+            free(text);
+        }
+        fprintf(stderr, "schema %zu: %d walks, %d complete, %d tokens, %d masks checked\n", si,
+                ws.walks, ws.completed, ws.steps, ws.checked);
+        assert_true(ws.completed >= ws.walks / 2);
+        cJSON_Delete(schema);
+        grammar_def_destroy(d);
+    }
+    grammar_vocab_destroy(gv);
+    tok_destroy(v);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_corpus),
+        cmocka_unit_test(test_json_object_front_end),
+        cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_schema_objects),
+        cmocka_unit_test(test_schema_literals_anyof_refs),
+        cmocka_unit_test(test_schema_errors),
+        cmocka_unit_test(test_random_walks),
+    };
+    return cmocka_run_group_tests_name("grammar", tests, NULL, NULL);
+}
