@@ -643,6 +643,8 @@ static void test_random_walks(void **state)
                 continue;
             }
             ws.completed++;
+            if (getenv("KVS_GRAMMAR_SHOW"))
+                fprintf(stderr, "  %s\n", text);
             const char *end = NULL;
             cJSON *j = cJSON_ParseWithOpts(text, &end, 1);
             if (!j)
@@ -662,6 +664,116 @@ static void test_random_walks(void **state)
     tok_destroy(v);
 }
 
+static void test_clone_independence(void **state)
+{
+    (void)state;
+    tok_vocab *v = load_spm();
+    if (!v)
+        skip();
+    grammar_vocab *gv;
+    assert_int_equal(grammar_vocab_create(v, NULL, 0, &gv), 0);
+    grammar_def *d = def_schema("{\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"integer\"},"
+                                "{\"type\":\"string\"}]},\"b\":{\"type\":\"boolean\"}}}");
+    size_t words = grammar_mask_words(grammar_vocab_n_tokens(gv));
+    uint32_t *m1 = malloc(words * 4), *m2 = malloc(words * 4), *m3 = malloc(words * 4);
+    grammar *g, *c;
+    assert_int_equal(grammar_create(d, &g), 0);
+    assert_true(grammar_accept_bytes(g, "{\"a\":", 5));
+    assert_int_equal(grammar_clone(g, &c), 0);
+    assert_true(grammar_mask(g, gv, m1) > 0);
+    assert_true(grammar_mask(c, gv, m2) > 0);
+    assert_memory_equal(m1, m2, words * 4);
+    /* the fork takes the string branch, the original the integer one */
+    assert_true(grammar_accept_bytes(c, "\"x", 2));
+    assert_true(grammar_accept_bytes(g, "12", 2));
+    assert_true(grammar_mask(g, gv, m1) > 0);
+    assert_true(grammar_mask(c, gv, m2) > 0);
+    assert_memory_not_equal(m1, m2, words * 4);
+    assert_false(grammar_accept_bytes(g, "\"", 1));
+    assert_false(grammar_accept_bytes(c, "\n", 1)); /* raw newline: text in c, a gap in g */
+    grammar *g2;
+    assert_int_equal(grammar_clone(g, &g2), 0);
+    assert_true(grammar_accept_bytes(g2, "\n", 1));
+    grammar_destroy(g2);
+    grammar *c2;
+    assert_int_equal(grammar_clone(c, &c2), 0);
+    grammar_destroy(c); /* a clone owns everything it uses */
+    assert_true(grammar_mask(c2, gv, m3) > 0);
+    assert_memory_equal(m2, m3, words * 4);
+    assert_true(grammar_accept_bytes(c2, "\",\"b\":true}", 11));
+    assert_true(grammar_is_finished(c2));
+    assert_true(grammar_accept_bytes(g, "}", 1));
+    assert_true(grammar_is_finished(g));
+    grammar_destroy(c2);
+    grammar_destroy(g);
+    free(m1);
+    free(m2);
+    free(m3);
+    grammar_def_destroy(d);
+    grammar_vocab_destroy(gv);
+    tok_destroy(v);
+}
+
+/* The oracles fail when they should: a mask that allows a trailing comma's closing brace is
+ * caught by the reference comparison, and such documents (and schema violations) by cJSON and
+ * the validator. */
+static void test_oracles_are_sensitive(void **state)
+{
+    (void)state;
+    tok_vocab *v = load_spm();
+    if (!v)
+        skip();
+    grammar_vocab *gv;
+    assert_int_equal(grammar_vocab_create(v, NULL, 0, &gv), 0);
+    grammar_def *d;
+    assert_int_equal(grammar_def_json_object(NULL, &d), 0);
+    size_t words = grammar_mask_words(grammar_vocab_n_tokens(gv));
+    uint32_t *m = malloc(words * 4);
+    grammar *g;
+    assert_int_equal(grammar_create(d, &g), 0);
+    assert_true(grammar_accept_bytes(g, "{\"a\":1,", 7));
+    assert_true(grammar_mask(g, gv, m) > 0);
+    assert_int_equal(mask_mismatches(g, gv, m, NULL), 0);
+    int32_t brace = tok_find(v, "}", 1);
+    assert_true(brace >= 0);
+    assert_false(bit(m, brace));
+    m[brace >> 5] |= 1u << (brace & 31); /* the broken mask */
+    int32_t first = -1;
+    assert_int_equal(mask_mismatches(g, gv, m, &first), 1);
+    assert_int_equal(first, brace);
+    grammar_destroy(g);
+    free(m);
+    grammar_def_destroy(d);
+
+    cJSON *schema = cJSON_Parse(k_walk_schemas[0]);
+    static const char *const bad[] = {
+        "{\"name\":\"x\",\"age\":1,\"role\":\"user\",}",        /* trailing comma */
+        "{\"name\":\"x\",\"role\":\"user\"}",                   /* required age missing */
+        "{\"age\":1,\"name\":\"x\",\"role\":\"user\"}",         /* out of order */
+        "{\"name\":\"x\",\"age\":1.5,\"role\":\"user\"}",       /* not an integer */
+        "{\"name\":\"x\",\"age\":1,\"role\":\"root\"}",         /* not in the enum */
+        "{\"name\":\"x\",\"age\":1,\"role\":\"user\",\"z\":1}", /* not a property */
+        "{\"name\":\"x\",\"age\":1,\"role\":\"user\",\"address\":{}}", /* city */
+    };
+    grammar_def *sd = def_schema(k_walk_schemas[0]);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cJSON *j = cJSON_Parse(bad[i]);
+        if (j && valid(j, schema, schema))
+            fail_msg("the oracle accepts %s", bad[i]);
+        cJSON_Delete(j);
+        assert_false(accepts_s(sd, bad[i])); /* and so does the automaton */
+    }
+    const char *good = "{\"name\":\"x\",\"age\":1,\"role\":\"user\",\"nick\":null}";
+    cJSON *j = cJSON_Parse(good);
+    assert_true(valid(j, schema, schema));
+    assert_true(accepts_s(sd, good));
+    cJSON_Delete(j);
+    grammar_def_destroy(sd);
+    cJSON_Delete(schema);
+    grammar_vocab_destroy(gv);
+    tok_destroy(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -672,6 +784,8 @@ int main(void)
         cmocka_unit_test(test_schema_literals_anyof_refs),
         cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_random_walks),
+        cmocka_unit_test(test_clone_independence),
+        cmocka_unit_test(test_oracles_are_sensitive),
     };
     return cmocka_run_group_tests_name("grammar", tests, NULL, NULL);
 }
