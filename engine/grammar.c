@@ -1263,7 +1263,9 @@ static bool state_plain_string(const gstate *s)
 typedef struct gv_node {
     uint32_t edge_first;
     uint16_t n_edges;
-    uint8_t safe; /* every token below has, after this prefix, only plain string text */
+    uint8_t safe;     /* every token below has, after this prefix, only plain string text */
+    uint8_t pre_safe; /* the prefix itself is plain string text ending at a character */
+    uint8_t below_safe; /* every token strictly below is plain string text as a whole */
     uint32_t tok_first, tok_here, tok_end;
 } gv_node;
 
@@ -1283,12 +1285,13 @@ struct grammar_vocab {
     size_t n_nodes;
     gv_edge *edges;
     int32_t *toks;
+    uint32_t *safe_mask; /* tokens whose whole piece is plain string text */
     uint32_t max_len;
 };
 
 typedef struct tnode { /* build-time trie: children as a byte-sorted sibling list */
     uint32_t first_child, next_sib, tok_head;
-    uint8_t byte, safe;
+    uint8_t byte, safe, pre_safe, below_safe;
 } tnode;
 
 /* sf[k]: bytes p[k..len) are plain string text read from a character boundary. */
@@ -1313,12 +1316,38 @@ static void string_safe_suffixes(const uint8_t *p, uint32_t len, uint8_t *sf)
     }
 }
 
+/* pf[k]: bytes p[0..k) are plain string text ending at a character boundary. */
+static void string_safe_prefixes(const uint8_t *p, uint32_t len, uint8_t *pf)
+{
+    memset(pf, 0, len + 1);
+    pf[0] = 1;
+    for (uint32_t k = 0; k < len;) {
+        uint8_t c = p[k];
+        unsigned n = 0;
+        uint8_t lo, hi;
+        if (c < 0x80) {
+            if (c < 0x20 || c == '"' || c == '\\')
+                return;
+        } else {
+            if (!utf8_lead(c, &n, &lo, &hi) || k + n >= len || p[k + 1] < lo || p[k + 1] > hi)
+                return;
+            for (unsigned i = 2; i <= n; i++)
+                if (p[k + i] < 0x80 || p[k + i] > 0xBF)
+                    return;
+        }
+        k += n + 1;
+        pf[k] = 1;
+    }
+}
+
 static void dfs_layout(grammar_vocab *gv, const tnode *tn, const int32_t *tok_next, uint32_t u,
                        size_t *n_nodes, size_t *n_edges, size_t *n_toks)
 {
     uint32_t me = (uint32_t)(*n_nodes)++;
     gv_node *g = &gv->nodes[me];
     g->safe = tn[u].safe;
+    g->pre_safe = tn[u].pre_safe;
+    g->below_safe = tn[u].below_safe;
     g->tok_first = (uint32_t)*n_toks;
     for (int32_t t = (int32_t)tn[u].tok_head; t >= 0; t = tok_next[t])
         gv->toks[(*n_toks)++] = t;
@@ -1365,7 +1394,8 @@ int grammar_vocab_create(const tok_vocab *v, const int32_t *end_ids, size_t n_en
     gv->is_end = calloc((size_t)n, 1);
     gv->end_ids = malloc((n_end ? n_end : 1) * sizeof *gv->end_ids);
     tok_next = malloc((size_t)n * sizeof *tok_next);
-    if (!gv->piece_off || !gv->is_end || !gv->end_ids || !tok_next)
+    gv->safe_mask = calloc(grammar_mask_words(n), sizeof *gv->safe_mask);
+    if (!gv->piece_off || !gv->is_end || !gv->end_ids || !tok_next || !gv->safe_mask)
         goto fail;
     gv->n_end = n_end;
     for (size_t i = 0; i < n_end; i++) {
@@ -1402,6 +1432,8 @@ int grammar_vocab_create(const tok_vocab *v, const int32_t *end_ids, size_t n_en
     memset(&tn[0], 0, sizeof tn[0]);
     tn[0].tok_head = UINT32_MAX;
     tn[0].safe = 1;
+    tn[0].pre_safe = 1;
+    tn[0].below_safe = 1;
     for (int32_t id = n; id-- > 0;) { /* in reverse, so each node's list is in id order */
         const uint8_t *p = (const uint8_t *)gv->pieces + gv->piece_off[id];
         uint32_t len = gv->piece_off[id + 1] - gv->piece_off[id];
@@ -1430,6 +1462,8 @@ int grammar_vocab_create(const tok_vocab *v, const int32_t *end_ids, size_t n_en
                 nn->tok_head = UINT32_MAX;
                 nn->byte = p[k];
                 nn->safe = 1;
+                nn->pre_safe = 0;
+                nn->below_safe = 1;
                 *link = (uint32_t)n_tn++;
             }
             u = *link;
@@ -1440,6 +1474,13 @@ int grammar_vocab_create(const tok_vocab *v, const int32_t *end_ids, size_t n_en
         string_safe_suffixes(p, len, sf);
         for (uint32_t k = 0; k <= len; k++)
             tn[path[k]].safe &= sf[k];
+        for (uint32_t k = 0; k < len; k++)
+            tn[path[k]].below_safe &= sf[0];
+        string_safe_prefixes(p, len, sf); /* the same for every token through a node */
+        for (uint32_t k = 0; k <= len; k++)
+            tn[path[k]].pre_safe = sf[k];
+        if (sf[len])
+            gv->safe_mask[id >> 5] |= 1u << (id & 31);
     }
     gv->nodes = malloc(n_tn * sizeof *gv->nodes);
     gv->edges = malloc(n_tn * sizeof *gv->edges);
@@ -1475,6 +1516,7 @@ void grammar_vocab_destroy(grammar_vocab *gv)
     free(gv->nodes);
     free(gv->edges);
     free(gv->toks);
+    free(gv->safe_mask);
     free(gv);
 }
 
@@ -1610,22 +1652,27 @@ static void set_bits(uint32_t *mask, const int32_t *toks, uint32_t from, uint32_
         mask[toks[i] >> 5] |= 1u << (toks[i] & 31);
 }
 
+/* covered: the walk began inside plain string text, so mask already holds safe_mask; a
+ * subtree of safe text under a safe prefix is then in it already. */
 static int walk(grammar *g, const grammar_vocab *gv, uint32_t u, const gstate *s, size_t level,
-                uint32_t *mask)
+                bool covered, uint32_t *mask)
 {
     const gv_node *n = &gv->nodes[u];
     if (n->safe && state_plain_string(s)) {
-        set_bits(mask, gv->toks, n->tok_first, n->tok_end);
+        if (!(covered && n->pre_safe))
+            set_bits(mask, gv->toks, n->tok_first, n->tok_end);
         return 0;
     }
     set_bits(mask, gv->toks, n->tok_first, n->tok_here);
+    if (covered && n->below_safe)
+        return 0; /* everything below is plain text from the start: in safe_mask already */
     gstate *next = &g->lvl[level];
     for (uint32_t i = 0; i < n->n_edges; i++) {
         const gv_edge *e = &gv->edges[n->edge_first + i];
         int r = state_step(g->d, s, e->byte, next, g->work);
         if (r < 0)
             return KVS_ENOMEM;
-        if (r > 0 && (r = walk(g, gv, e->node, next, level + 1, mask)) < 0)
+        if (r > 0 && (r = walk(g, gv, e->node, next, level + 1, covered, mask)) < 0)
             return r;
     }
     return 0;
@@ -1634,7 +1681,11 @@ static int walk(grammar *g, const grammar_vocab *gv, uint32_t u, const gstate *s
 int grammar_mask(grammar *g, const grammar_vocab *gv, uint32_t *mask)
 {
     size_t words = grammar_mask_words(gv->n_tokens);
-    memset(mask, 0, words * sizeof *mask);
+    bool covered = state_plain_string(&g->cur);
+    if (covered) /* whatever the stack, plain text keeps a string open: start from those */
+        memcpy(mask, gv->safe_mask, words * sizeof *mask);
+    else
+        memset(mask, 0, words * sizeof *mask);
     if (g->n_lvl < (size_t)gv->max_len + 1) {
         gstate *l = realloc(g->lvl, ((size_t)gv->max_len + 1) * sizeof *l);
         if (!l)
@@ -1643,7 +1694,7 @@ int grammar_mask(grammar *g, const grammar_vocab *gv, uint32_t *mask)
         g->lvl = l;
         g->n_lvl = (size_t)gv->max_len + 1;
     }
-    int rc = walk(g, gv, 0, &g->cur, 0, mask);
+    int rc = walk(g, gv, 0, &g->cur, 0, covered, mask);
     if (rc < 0)
         return rc;
     if (grammar_is_complete(g))
