@@ -32,6 +32,7 @@ typedef struct gnode {
     int32_t child;     /* array items, free object values, alias target */
     uint32_t first, n; /* object: props; literals: lits; anyOf: alts (ranges into the def) */
     uint32_t min_depth; /* containers needed to complete a value of this node */
+    uint32_t first_bytes[8]; /* bytes a value of this node can start with (non-anyOf) */
 } gnode;
 
 typedef struct gprop {
@@ -484,6 +485,30 @@ static void compute_min_depth(grammar_def *d)
     }
 }
 
+static void compute_first_bytes(const grammar_def *d, gnode *n)
+{
+    memset(n->first_bytes, 0, sizeof n->first_bytes);
+#define FB_SET(c) (n->first_bytes[(uint8_t)(c) >> 5] |= 1u << ((uint8_t)(c) & 31))
+    switch (n->kind) {
+    case GK_OBJECT:
+    case GK_FREE_OBJECT: FB_SET('{'); break;
+    case GK_ARRAY: FB_SET('['); break;
+    case GK_STRING: FB_SET('"'); break;
+    case GK_NUMBER:
+    case GK_INTEGER:
+        FB_SET('-');
+        for (char c = '0'; c <= '9'; c++)
+            FB_SET(c);
+        break;
+    case GK_LITERALS:
+        for (uint32_t k = 0; k < n->n; k++)
+            FB_SET(d->bytes[d->lits[n->first + k].off]);
+        break;
+    default: break;
+    }
+#undef FB_SET
+}
+
 int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_options *opts,
                            grammar_def **out, char *err, size_t err_len)
 {
@@ -624,6 +649,8 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
     free(balts);
     free(flat);
     compute_min_depth(d);
+    for (uint32_t i = 0; i < d->n_nodes; i++)
+        compute_first_bytes(d, &d->nodes[i]);
     if (d->nodes[d->root].min_depth == MIN_DEPTH_INF) {
         snprintf(err, err_len, "the schema has no finite instance (a required property or "
                                "every anyOf branch recurses without end)");
@@ -1033,6 +1060,9 @@ static int begin_value(const grammar_def *d, gframe *f, uint16_t *depth, uint16_
     if (n->kind != GK_ANYOF)
         return begin_simple(d, f, depth, node, c) ? R_ACCEPT : R_REJECT;
     for (uint32_t i = 0; i < n->n; i++) {
+        const gnode *a = &d->nodes[d->alts[n->first + i]];
+        if (!(a->first_bytes[c >> 5] >> (c & 31) & 1))
+            continue; /* most forks die here: no copy */
         gframe *g = state_reserve(out, (size_t)*depth + 1);
         if (!g)
             return R_ERR;
@@ -1669,6 +1699,9 @@ static int walk(grammar *g, const grammar_vocab *gv, uint32_t u, const gstate *s
     gstate *next = &g->lvl[level];
     for (uint32_t i = 0; i < n->n_edges; i++) {
         const gv_edge *e = &gv->edges[n->edge_first + i];
+        const gv_node *cn = &gv->nodes[e->node];
+        if (covered && cn->below_safe && cn->pre_safe)
+            continue; /* the whole subtree is plain text from the start: in safe_mask */
         int r = state_step(g->d, s, e->byte, next, g->work);
         if (r < 0)
             return KVS_ENOMEM;
