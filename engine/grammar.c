@@ -555,7 +555,8 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
     }
     if (b->n_bytes)
         memcpy(d->bytes, b->bytes, b->n_bytes);
-    memcpy(d->lits, b->lits, b->n_lits * sizeof *d->lits);
+    if (b->n_lits)
+        memcpy(d->lits, b->lits, b->n_lits * sizeof *d->lits);
     memcpy(d->nodes, b->nodes, b->n_nodes * sizeof *d->nodes);
     /* Every reference points at a resolved node; a reference to an undefined one fails. */
     for (size_t i = 0; i < b->n_nodes; i++) {
@@ -641,7 +642,8 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
             free(flat);
             goto fail;
         }
-        memcpy(d->alts + n_alts, flat, cnt * sizeof *flat);
+        if (cnt)
+            memcpy(d->alts + n_alts, flat, cnt * sizeof *flat);
         n->first = (uint32_t)n_alts;
         n->n = cnt;
         n_alts += cnt;
