@@ -68,7 +68,8 @@ static void state_row(const char *gname, const grammar_def *d, const grammar_voc
         if (*p != '|')
             shown[k++] = *p;
     shown[k] = '\0';
-    printf("| %s | %s | `%s` | %d | %.1f |\n", gname, what, shown, allowed, pct(t, (size_t)reps, 0.5));
+    printf("| %s | %s | `%s` | %d | %.1f |\n", gname, what, shown, allowed,
+           pct(t, (size_t)reps, 0.5));
     free(t);
     grammar_destroy(g);
 }
@@ -210,9 +211,8 @@ int main(int argc, char **argv)
         double mean = sm / (double)ws.n;
         printf("| %s | %zu | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f%% |\n",
                k ? "schema" : "json_object", ws.n, mean, pct(ws.mask_us, ws.n, 0.5),
-               pct(ws.mask_us, ws.n, 0.9), pct(ws.mask_us, ws.n, 0.99),
-               pct(ws.mask_us, ws.n, 1.0), sa / (double)ws.n,
-               100.0 * 16 * (mean + sa / (double)ws.n) / (step_ms * 1e3));
+               pct(ws.mask_us, ws.n, 0.9), pct(ws.mask_us, ws.n, 0.99), pct(ws.mask_us, ws.n, 1.0),
+               sa / (double)ws.n, 100.0 * 16 * (mean + sa / (double)ws.n) / (step_ms * 1e3));
         free(ws.mask_us);
         free(ws.accept_us);
     }

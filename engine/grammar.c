@@ -29,14 +29,14 @@ enum gkind {
 
 typedef struct gnode {
     uint8_t kind;
-    int32_t child;     /* array items, free object values, alias target */
-    uint32_t first, n; /* object: props; literals: lits; anyOf: alts (ranges into the def) */
-    uint32_t min_depth; /* containers needed to complete a value of this node */
+    int32_t child;           /* array items, free object values, alias target */
+    uint32_t first, n;       /* object: props; literals: lits; anyOf: alts (ranges into the def) */
+    uint32_t min_depth;      /* containers needed to complete a value of this node */
     uint32_t first_bytes[8]; /* bytes a value of this node can start with (non-anyOf) */
 } gnode;
 
 typedef struct gprop {
-    int32_t owner; /* builder only: the object node */
+    int32_t owner;             /* builder only: the object node */
     uint32_t key_off, key_len; /* escaped name + closing quote, in bytes */
     int32_t value;
     uint8_t required;
@@ -383,7 +383,10 @@ static int32_t resolve(const grammar_builder *b, int32_t id, char *err, size_t e
     return -1;
 }
 
-static const char *def_bytes(const grammar_def *d, uint32_t off) { return d->bytes + off; }
+static const char *def_bytes(const grammar_def *d, uint32_t off)
+{
+    return d->bytes + off;
+}
 
 static int lit_cmp_ctx_cmp(const char *pool, const glit *x, const glit *y)
 {
@@ -488,7 +491,7 @@ static void compute_min_depth(grammar_def *d)
 static void compute_first_bytes(const grammar_def *d, gnode *n)
 {
     memset(n->first_bytes, 0, sizeof n->first_bytes);
-#define FB_SET(c) (n->first_bytes[(uint8_t)(c) >> 5] |= 1u << ((uint8_t)(c) & 31))
+#define FB_SET(c) (n->first_bytes[(uint8_t)(c) >> 5] |= 1u << ((uint8_t)(c)&31))
     switch (n->kind) {
     case GK_OBJECT:
     case GK_FREE_OBJECT: FB_SET('{'); break;
@@ -601,9 +604,8 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
             sort_lits(d->bytes, d->lits + n->first, n->n);
             uint32_t w = 0; /* drop duplicates */
             for (uint32_t k = 0; k < n->n; k++)
-                if (w == 0 ||
-                    lit_cmp_ctx_cmp(d->bytes, &d->lits[n->first + w - 1],
-                                    &d->lits[n->first + k]) != 0)
+                if (w == 0 || lit_cmp_ctx_cmp(d->bytes, &d->lits[n->first + w - 1],
+                                              &d->lits[n->first + k]) != 0)
                     d->lits[n->first + w++] = d->lits[n->first + k];
             n->n = w;
         }
@@ -654,8 +656,9 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
     for (uint32_t i = 0; i < d->n_nodes; i++)
         compute_first_bytes(d, &d->nodes[i]);
     if (d->nodes[d->root].min_depth == MIN_DEPTH_INF) {
-        snprintf(err, err_len, "the schema has no finite instance (a required property or "
-                               "every anyOf branch recurses without end)");
+        snprintf(err, err_len,
+                 "the schema has no finite instance (a required property or "
+                 "every anyOf branch recurses without end)");
         rc = KVS_EINVAL;
         goto fail;
     }
@@ -720,7 +723,7 @@ typedef struct gframe {
 } gframe;
 
 typedef struct gcfg {
-    uint32_t off; /* first frame in gstate.fr */
+    uint32_t off;       /* first frame in gstate.fr */
     uint16_t depth, ws; /* frames; whitespace bytes in the current gap */
 } gcfg;
 
@@ -767,8 +770,7 @@ static void state_commit(gstate *s, uint16_t depth, uint16_t ws)
     const gframe *f = s->fr + s->n_fr;
     for (size_t i = 0; i < s->n_cfg; i++) {
         const gcfg *c = &s->cfg[i];
-        if (c->depth == depth && c->ws == ws &&
-            memcmp(s->fr + c->off, f, depth * sizeof *f) == 0)
+        if (c->depth == depth && c->ws == ws && memcmp(s->fr + c->off, f, depth * sizeof *f) == 0)
             return;
     }
     s->cfg[s->n_cfg].off = (uint32_t)s->n_fr;
@@ -925,8 +927,7 @@ static int num_byte(gframe *t, bool integer, uint8_t c)
         if (!integer && (c == 'e' || c == 'E'))
             return t->st = N_E, 1;
         return 0;
-    case N_DOT:
-        return digit ? (t->st = N_FRAC, 1) : -1;
+    case N_DOT: return digit ? (t->st = N_FRAC, 1) : -1;
     case N_FRAC:
         if (digit)
             return 1;
@@ -937,10 +938,8 @@ static int num_byte(gframe *t, bool integer, uint8_t c)
         if (c == '+' || c == '-')
             return t->st = N_ESIGN, 1;
         /* fallthrough */
-    case N_ESIGN:
-        return digit ? (t->st = N_EXP, 1) : -1;
-    case N_EXP:
-        return digit ? 1 : 0;
+    case N_ESIGN: return digit ? (t->st = N_EXP, 1) : -1;
+    case N_EXP: return digit ? 1 : 0;
     }
     return -1;
 }
@@ -1004,8 +1003,7 @@ static bool obj_can_close(const grammar_def *d, const gnode *obj, uint32_t next)
 
 /* Starts a value of non-anyOf node `node` with byte c on frames f[0..*depth) (room for one
  * more frame). The stack's frames above the root are the open containers. */
-static bool begin_simple(const grammar_def *d, gframe *f, uint16_t *depth, int32_t node,
-                         uint8_t c)
+static bool begin_simple(const grammar_def *d, gframe *f, uint16_t *depth, int32_t node, uint8_t c)
 {
     const gnode *n = &d->nodes[node];
     if ((uint32_t)(*depth - 1) + n->min_depth > d->opts.max_depth)
@@ -1055,8 +1053,8 @@ static bool begin_simple(const grammar_def *d, gframe *f, uint16_t *depth, int32
 
 /* Starts a value of `node`: one configuration, or (anyOf) one per alternative that accepts c,
  * appended to out directly (R_FORKED). */
-static int begin_value(const grammar_def *d, gframe *f, uint16_t *depth, uint16_t ws,
-                       int32_t node, uint8_t c, gstate *out)
+static int begin_value(const grammar_def *d, gframe *f, uint16_t *depth, uint16_t ws, int32_t node,
+                       uint8_t c, gstate *out)
 {
     const gnode *n = &d->nodes[node];
     if (n->kind != GK_ANYOF)
@@ -1076,7 +1074,10 @@ static int begin_value(const grammar_def *d, gframe *f, uint16_t *depth, uint16_
     return R_FORKED;
 }
 
-static bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+static bool is_ws(uint8_t c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
 
 /* Advances one configuration (frames f, top last; room for one push) by byte c. */
 static int cfg_byte(const grammar_def *d, gframe *f, uint16_t *depth, uint16_t *ws, uint8_t c,
@@ -1137,10 +1138,9 @@ static int cfg_byte(const grammar_def *d, gframe *f, uint16_t *depth, uint16_t *
                 return R_ACCEPT;
             case O_VALUE:
                 t->st = O_AFTER;
-                return begin_value(d, f, depth, 0,
-                                   n->kind == GK_FREE_OBJECT ? n->child
-                                                             : d->props[n->first + t->b].value,
-                                   c, out);
+                return begin_value(
+                    d, f, depth, 0,
+                    n->kind == GK_FREE_OBJECT ? n->child : d->props[n->first + t->b].value, c, out);
             case O_AFTER:
                 if (c == '}' && obj_can_close(d, n, t->a)) {
                     (*depth)--;
@@ -1237,8 +1237,7 @@ static int cfg_byte(const grammar_def *d, gframe *f, uint16_t *depth, uint16_t *
 
 /* out = in advanced by c (every configuration that accepts it). Returns the number of
  * configurations (0: c is refused) or R_ERR. work holds max_depth + 3 frames. */
-static int state_step(const grammar_def *d, const gstate *in, uint8_t c, gstate *out,
-                      gframe *work)
+static int state_step(const grammar_def *d, const gstate *in, uint8_t c, gstate *out, gframe *work)
 {
     out->n_cfg = 0;
     out->n_fr = 0;
@@ -1270,8 +1269,8 @@ static bool state_complete(const grammar_def *d, const gstate *s)
         if (depth == 1)
             return true;
         const gframe *t = &f[1];
-        if (depth == 2 && ((t->kind == F_NUM && num_can_end(t)) ||
-                           (t->kind == F_LIT && lit_can_end(d, t))))
+        if (depth == 2 &&
+            ((t->kind == F_NUM && num_can_end(t)) || (t->kind == F_LIT && lit_can_end(d, t))))
             return true;
     }
     return false;
@@ -1295,8 +1294,8 @@ static bool state_plain_string(const gstate *s)
 typedef struct gv_node {
     uint32_t edge_first;
     uint16_t n_edges;
-    uint8_t safe;     /* every token below has, after this prefix, only plain string text */
-    uint8_t pre_safe; /* the prefix itself is plain string text ending at a character */
+    uint8_t safe;       /* every token below has, after this prefix, only plain string text */
+    uint8_t pre_safe;   /* the prefix itself is plain string text ending at a character */
     uint8_t below_safe; /* every token strictly below is plain string text as a whole */
     uint32_t tok_first, tok_here, tok_end;
 } gv_node;
@@ -1552,17 +1551,23 @@ void grammar_vocab_destroy(grammar_vocab *gv)
     free(gv);
 }
 
-int32_t grammar_vocab_n_tokens(const grammar_vocab *gv) { return gv->n_tokens; }
-size_t grammar_vocab_n_nodes(const grammar_vocab *gv) { return gv->n_nodes; }
+int32_t grammar_vocab_n_tokens(const grammar_vocab *gv)
+{
+    return gv->n_tokens;
+}
+size_t grammar_vocab_n_nodes(const grammar_vocab *gv)
+{
+    return gv->n_nodes;
+}
 
 /* ---- one sequence ----------------------------------------------------------------------- */
 
 struct grammar {
     const grammar_def *d;
     gstate cur;
-    gstate tmp[2];  /* accept_bytes' double buffer */
-    gframe *work;   /* (max_depth + 3) frames: one configuration being advanced */
-    gstate *lvl;    /* mask walk: the state after each trie depth */
+    gstate tmp[2]; /* accept_bytes' double buffer */
+    gframe *work;  /* (max_depth + 3) frames: one configuration being advanced */
+    gstate *lvl;   /* mask walk: the state after each trie depth */
     size_t n_lvl;
 };
 
@@ -1665,7 +1670,10 @@ bool grammar_accept_token(grammar *g, const grammar_vocab *gv, int32_t token)
     return len > 0 && grammar_accept_bytes(g, p, len);
 }
 
-bool grammar_is_complete(const grammar *g) { return state_complete(g->d, &g->cur); }
+bool grammar_is_complete(const grammar *g)
+{
+    return state_complete(g->d, &g->cur);
+}
 
 bool grammar_is_finished(const grammar *g)
 {

@@ -123,7 +123,10 @@ bool grammar_is_complete(const grammar *g);
 bool grammar_is_finished(const grammar *g);
 
 /* Words of a mask for n tokens: bit (id % 32) of word (id / 32) is token id. */
-static inline size_t grammar_mask_words(int32_t n_tokens) { return ((size_t)n_tokens + 31) / 32; }
+static inline size_t grammar_mask_words(int32_t n_tokens)
+{
+    return ((size_t)n_tokens + 31) / 32;
+}
 
 /* Sets mask (grammar_mask_words(n_tokens) words) to the tokens allowed now: those whose
  * every byte the automaton accepts from here, plus the end tokens iff complete. One walk of

@@ -56,9 +56,9 @@ static void path_join(char *out, size_t cap, const char *path, const char *seg)
 
 static bool is_annotation(const char *k)
 {
-    static const char *const names[] = {"title",   "description", "$comment",   "examples",
-                                        "default", "$schema",     "$id",        "deprecated",
-                                        "readOnly", "writeOnly",  "$defs",      "definitions"};
+    static const char *const names[] = {"title",    "description", "$comment", "examples",
+                                        "default",  "$schema",     "$id",      "deprecated",
+                                        "readOnly", "writeOnly",   "$defs",    "definitions"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (strcmp(k, names[i]) == 0)
             return true;
@@ -263,7 +263,8 @@ static int compile_object(compiler *c, const cJSON *s, const char *path, int32_t
             if (!cJSON_IsString(r))
                 return fail(c, KVS_EINVAL, "required must be an array of strings at %s", p);
             if (!props || !cJSON_GetObjectItemCaseSensitive(props, r->valuestring))
-                return fail(c, KVS_EINVAL, "required names \"%.64s\", which is not in properties, at %s",
+                return fail(c, KVS_EINVAL,
+                            "required names \"%.64s\", which is not in properties, at %s",
                             r->valuestring, p);
         }
     }
@@ -279,7 +280,8 @@ static int compile_object(compiler *c, const cJSON *s, const char *path, int32_t
         bool required = false;
         const cJSON *r;
         if (req)
-            cJSON_ArrayForEach(r, req) required = required || strcmp(r->valuestring, prop->string) == 0;
+            cJSON_ArrayForEach(r, req) required =
+                required || strcmp(r->valuestring, prop->string) == 0;
         int32_t v;
         int rc = compile(c, prop, q, &v);
         if (rc)
@@ -357,8 +359,8 @@ static int compile(compiler *c, const cJSON *s, const char *path, int32_t *id)
     const cJSON *cn = cJSON_GetObjectItemCaseSensitive(s, "const");
     if ((ref || any_of) && (constraint || (ref && any_of))) {
         path_join(p, sizeof p, path, ref ? "$ref" : "anyOf");
-        rc = fail(c, KVS_EUNSUPPORTED, "%s alongside other keywords at %s",
-                  ref ? "$ref" : "anyOf", p);
+        rc = fail(c, KVS_EUNSUPPORTED, "%s alongside other keywords at %s", ref ? "$ref" : "anyOf",
+                  p);
         goto out;
     }
     if (ref) {
@@ -458,7 +460,8 @@ int srv_json_schema_compile(const cJSON *schema, const grammar_options *opts, gr
                             char *err, size_t err_len)
 {
     char dummy[1];
-    compiler c = {.root = schema, .err = err && err_len ? err : dummy,
+    compiler c = {.root = schema,
+                  .err = err && err_len ? err : dummy,
                   .err_len = err && err_len ? err_len : sizeof dummy};
     c.err[0] = '\0';
     if (!schema)

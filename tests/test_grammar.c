@@ -75,10 +75,11 @@ static bool accepts_s(const grammar_def *d, const char *text)
     return accepts(d, text, strlen(text));
 }
 
-static tok_vocab *load_spm(void)
+static tok_vocab *load_named(const char *name)
 {
-    char path[1024];
-    if (!test_model_path(path, sizeof path, "vocab/ggml-vocab-llama-spm.gguf"))
+    char path[1024], rel[256];
+    snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf", name);
+    if (!test_model_path(path, sizeof path, rel))
         return NULL;
     gguf_file *f = NULL;
     char err[256] = "";
@@ -92,6 +93,11 @@ static tok_vocab *load_spm(void)
     return v;
 }
 
+static tok_vocab *load_spm(void)
+{
+    return load_named("llama-spm");
+}
+
 static uint64_t rng_next(uint64_t *s)
 {
     *s ^= *s << 13;
@@ -100,7 +106,10 @@ static uint64_t rng_next(uint64_t *s)
     return *s;
 }
 
-static bool bit(const uint32_t *m, int32_t i) { return m[i >> 5] >> (i & 31) & 1; }
+static bool bit(const uint32_t *m, int32_t i)
+{
+    return m[i >> 5] >> (i & 31) & 1;
+}
 
 /* The slow reference: each token simulated on its own copy. Returns the number of tokens on
  * which mask disagrees (0: equal). */
@@ -196,16 +205,16 @@ static bool valid(const cJSON *v, const cJSON *s, const cJSON *root)
         if (!ok)
             return false;
     }
-    if (cJSON_IsObject(v) && (!type || cJSON_GetObjectItemCaseSensitive(s, "properties") ||
-                              has_type(v, "object"))) {
+    if (cJSON_IsObject(v) &&
+        (!type || cJSON_GetObjectItemCaseSensitive(s, "properties") || has_type(v, "object"))) {
         const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
         const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
         if (!props && !type && !cJSON_GetObjectItemCaseSensitive(s, "items"))
             return true; /* {}: anything */
         const cJSON *r;
         if (req)
-            cJSON_ArrayForEach(r, req) if (!cJSON_GetObjectItemCaseSensitive(
-                v, r->valuestring)) return false;
+            cJSON_ArrayForEach(
+                r, req) if (!cJSON_GetObjectItemCaseSensitive(v, r->valuestring)) return false;
         const cJSON *p = props ? props->child : NULL, *m;
         cJSON_ArrayForEach(m, v)
         {
@@ -275,19 +284,19 @@ static const char *const k_invalid[] = {
     "\"abc",
     "\"\\x\"",
     "\"\\u12\"",
-    "\"\\uDE00\"",        /* lone low surrogate */
-    "\"\\uD83D\"",        /* high surrogate not followed by a low one */
-    "\"\\uD83D\\u0041\"", /* high surrogate followed by a non-low one */
-    "\"a\nb\"",           /* raw control character */
-    "\"\xc3\"",           /* truncated UTF-8 */
-    "\"\xc0\x80\"",       /* overlong */
-    "\"\xed\xa0\x80\"",   /* an encoded surrogate */
+    "\"\\uDE00\"",          /* lone low surrogate */
+    "\"\\uD83D\"",          /* high surrogate not followed by a low one */
+    "\"\\uD83D\\u0041\"",   /* high surrogate followed by a non-low one */
+    "\"a\nb\"",             /* raw control character */
+    "\"\xc3\"",             /* truncated UTF-8 */
+    "\"\xc0\x80\"",         /* overlong */
+    "\"\xed\xa0\x80\"",     /* an encoded surrogate */
     "\"\xf4\x90\x80\x80\"", /* above U+10FFFF */
     "\"\x80\"",
     "{\"a\" 1}",
     "{\"a\":}",
     "{1:2}",
-    "{} ",      /* nothing after the value, not even whitespace */
+    "{} ", /* nothing after the value, not even whitespace */
     "{}{}",
     "[1 2]",
     "[1,,2]",
@@ -545,9 +554,8 @@ typedef struct walk_stats {
  * token is drawn when complete (even odds), or max_steps. Every check_every steps (0: never)
  * the mask is compared with the reference. Returns the text (caller frees); *completed says
  * whether it ended complete. */
-static char *random_walk(grammar *g, const tok_vocab *v, const grammar_vocab *gv,
-                         uint64_t seed, int max_steps, int check_every, bool *completed,
-                         walk_stats *ws)
+static char *random_walk(grammar *g, const tok_vocab *v, const grammar_vocab *gv, uint64_t seed,
+                         int max_steps, int check_every, bool *completed, walk_stats *ws)
 {
     int32_t n = grammar_vocab_n_tokens(gv);
     uint32_t *mask = malloc(grammar_mask_words(n) * sizeof *mask);
@@ -635,8 +643,8 @@ static void test_random_walks(void **state)
             assert_int_equal(grammar_create(d, &g), 0);
             bool done;
             /* the reference check costs n_vocab simulations: on a few seeds only */
-            char *text = random_walk(g, v, gv, (uint64_t)seed * 7919 + si, 1500,
-                                     seed < 3 ? 7 : 0, &done, &ws);
+            char *text = random_walk(g, v, gv, (uint64_t)seed * 7919 + si, 1500, seed < 3 ? 7 : 0,
+                                     &done, &ws);
             grammar_destroy(g);
             if (!done) {
                 free(text);
@@ -658,6 +666,37 @@ static void test_random_walks(void **state)
                 ws.walks, ws.completed, ws.steps, ws.checked);
         assert_true(ws.completed >= ws.walks / 2);
         cJSON_Delete(schema);
+        grammar_def_destroy(d);
+    }
+    grammar_vocab_destroy(gv);
+    tok_destroy(v);
+}
+
+/* A byte-level BPE vocabulary (gpt-2: 50257 tokens, pieces that split UTF-8 characters and
+ * glue punctuation to words): masks against the reference along walks of two grammars. */
+static void test_random_walks_bpe(void **state)
+{
+    (void)state;
+    tok_vocab *v = load_named("gpt-2");
+    if (!v)
+        skip();
+    grammar_vocab *gv;
+    assert_int_equal(grammar_vocab_create(v, NULL, 0, &gv), 0);
+    for (int k = 0; k < 2; k++) {
+        grammar_def *d;
+        if (k)
+            d = def_schema(k_walk_schemas[2]);
+        else
+            assert_int_equal(grammar_def_json_object(NULL, &d), 0);
+        walk_stats ws = {0};
+        for (int seed = 0; seed < 2; seed++) {
+            grammar *g;
+            assert_int_equal(grammar_create(d, &g), 0);
+            bool done;
+            free(random_walk(g, v, gv, (uint64_t)seed + 100, 300, 5, &done, &ws));
+            grammar_destroy(g);
+        }
+        fprintf(stderr, "gpt-2 grammar %d: %d tokens, %d masks checked\n", k, ws.steps, ws.checked);
         grammar_def_destroy(d);
     }
     grammar_vocab_destroy(gv);
@@ -747,12 +786,12 @@ static void test_oracles_are_sensitive(void **state)
 
     cJSON *schema = cJSON_Parse(k_walk_schemas[0]);
     static const char *const bad[] = {
-        "{\"name\":\"x\",\"age\":1,\"role\":\"user\",}",        /* trailing comma */
-        "{\"name\":\"x\",\"role\":\"user\"}",                   /* required age missing */
-        "{\"age\":1,\"name\":\"x\",\"role\":\"user\"}",         /* out of order */
-        "{\"name\":\"x\",\"age\":1.5,\"role\":\"user\"}",       /* not an integer */
-        "{\"name\":\"x\",\"age\":1,\"role\":\"root\"}",         /* not in the enum */
-        "{\"name\":\"x\",\"age\":1,\"role\":\"user\",\"z\":1}", /* not a property */
+        "{\"name\":\"x\",\"age\":1,\"role\":\"user\",}",               /* trailing comma */
+        "{\"name\":\"x\",\"role\":\"user\"}",                          /* required age missing */
+        "{\"age\":1,\"name\":\"x\",\"role\":\"user\"}",                /* out of order */
+        "{\"name\":\"x\",\"age\":1.5,\"role\":\"user\"}",              /* not an integer */
+        "{\"name\":\"x\",\"age\":1,\"role\":\"root\"}",                /* not in the enum */
+        "{\"name\":\"x\",\"age\":1,\"role\":\"user\",\"z\":1}",        /* not a property */
         "{\"name\":\"x\",\"age\":1,\"role\":\"user\",\"address\":{}}", /* city */
     };
     grammar_def *sd = def_schema(k_walk_schemas[0]);
@@ -784,6 +823,7 @@ int main(void)
         cmocka_unit_test(test_schema_literals_anyof_refs),
         cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_random_walks),
+        cmocka_unit_test(test_random_walks_bpe),
         cmocka_unit_test(test_clone_independence),
         cmocka_unit_test(test_oracles_are_sensitive),
     };
