@@ -388,7 +388,7 @@ static const char *def_bytes(const grammar_def *d, uint32_t off)
     return d->bytes + off;
 }
 
-static int lit_cmp_ctx_cmp(const char *pool, const glit *x, const glit *y)
+static int lit_cmp(const char *pool, const glit *x, const glit *y)
 {
     uint32_t m = x->len < y->len ? x->len : y->len;
     int c = memcmp(pool + x->off, pool + y->off, m);
@@ -402,7 +402,7 @@ static void sort_lits(const char *pool, glit *l, uint32_t n)
     for (uint32_t i = 1; i < n; i++) { /* insertion sort: enums are short */
         glit t = l[i];
         uint32_t j = i;
-        while (j > 0 && lit_cmp_ctx_cmp(pool, &l[j - 1], &t) > 0) {
+        while (j > 0 && lit_cmp(pool, &l[j - 1], &t) > 0) {
             l[j] = l[j - 1];
             j--;
         }
@@ -604,8 +604,8 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
             sort_lits(d->bytes, d->lits + n->first, n->n);
             uint32_t w = 0; /* drop duplicates */
             for (uint32_t k = 0; k < n->n; k++)
-                if (w == 0 || lit_cmp_ctx_cmp(d->bytes, &d->lits[n->first + w - 1],
-                                              &d->lits[n->first + k]) != 0)
+                if (w == 0 ||
+                    lit_cmp(d->bytes, &d->lits[n->first + w - 1], &d->lits[n->first + k]) != 0)
                     d->lits[n->first + w++] = d->lits[n->first + k];
             n->n = w;
         }
@@ -696,7 +696,7 @@ int grammar_def_json_object(const grammar_options *opts, grammar_def **out)
     if (!rc)
         rc = grammar_builder_finish(b, root, opts, out, NULL, 0);
     grammar_builder_destroy(b);
-    return rc == KVS_EINVAL ? KVS_EINVAL : rc;
+    return rc;
 }
 
 /* ---- the automaton ---------------------------------------------------------------------- */
@@ -1751,7 +1751,18 @@ int grammar_mask(grammar *g, const grammar_vocab *gv, uint32_t *mask)
 
 void grammar_mask_logits(const uint32_t *mask, int32_t n_tokens, float *logits)
 {
-    for (int32_t i = 0; i < n_tokens; i++)
-        if (!(mask[i >> 5] >> (i & 31) & 1))
-            logits[i] = -INFINITY;
+    for (int32_t w = 0; w * 32 < n_tokens; w++) {
+        uint32_t m = mask[w];
+        if (m == UINT32_MAX)
+            continue; /* inside strings nearly every word is full */
+        int32_t end = n_tokens - w * 32 < 32 ? n_tokens - w * 32 : 32;
+        if (m == 0) { /* outside strings nearly every word is empty */
+            for (int32_t i = 0; i < end; i++)
+                logits[w * 32 + i] = -INFINITY;
+            continue;
+        }
+        for (int32_t i = 0; i < end; i++)
+            if (!(m >> i & 1))
+                logits[w * 32 + i] = -INFINITY;
+    }
 }
