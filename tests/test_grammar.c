@@ -322,6 +322,236 @@ static void test_json_corpus(void **state)
     grammar_def_destroy(d);
 }
 
+/* An independent strict JSON checker (RFC 8259 plus what the automaton documents: valid
+ * UTF-8, paired surrogate escapes, nothing after the value) as the oracle for mutations. */
+typedef struct jp {
+    const unsigned char *p, *end;
+    int depth;
+} jp;
+
+static void jp_ws(jp *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+        j->p++;
+}
+
+static bool jp_lit(jp *j, const char *w)
+{
+    size_t n = strlen(w);
+    if ((size_t)(j->end - j->p) < n || memcmp(j->p, w, n))
+        return false;
+    j->p += n;
+    return true;
+}
+
+static int jp_hex4(jp *j)
+{
+    int v = 0;
+    for (int i = 0; i < 4; i++, j->p++) {
+        if (j->p >= j->end)
+            return -1;
+        int c = *j->p, h = c >= '0' && c <= '9'   ? c - '0'
+                           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                  : -1;
+        if (h < 0)
+            return -1;
+        v = v * 16 + h;
+    }
+    return v;
+}
+
+static bool jp_string(jp *j)
+{
+    j->p++; /* the quote */
+    while (j->p < j->end) {
+        unsigned c = *j->p++;
+        if (c == '"')
+            return true;
+        if (c < 0x20)
+            return false;
+        if (c == '\\') {
+            if (j->p >= j->end)
+                return false;
+            c = *j->p++;
+            if (c == 'u') {
+                int v = jp_hex4(j);
+                if (v < 0 || (v >= 0xDC00 && v <= 0xDFFF))
+                    return false;
+                if (v >= 0xD800 && v <= 0xDBFF) {
+                    if (!jp_lit(j, "\\u"))
+                        return false;
+                    int w = jp_hex4(j);
+                    if (w < 0xDC00 || w > 0xDFFF)
+                        return false;
+                }
+            } else if (!strchr("\"\\/bfnrt", (int)c) || c == 0) {
+                return false;
+            }
+            continue;
+        }
+        if (c < 0x80)
+            continue;
+        /* UTF-8: decode and check the code point's range */
+        int n = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : -1;
+        if (n < 0 || c > 0xF4)
+            return false;
+        unsigned cp = c & (0x3F >> n);
+        for (int i = 0; i < n; i++) {
+            if (j->p >= j->end || (*j->p & 0xC0) != 0x80)
+                return false;
+            cp = cp << 6 | (*j->p++ & 0x3F);
+        }
+        static const unsigned min_cp[] = {0, 0x80, 0x800, 0x10000};
+        if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;
+    }
+    return false;
+}
+
+static bool jp_digits(jp *j)
+{
+    const unsigned char *s = j->p;
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
+        j->p++;
+    return j->p > s;
+}
+
+static bool jp_value(jp *j)
+{
+    jp_ws(j);
+    if (j->p >= j->end)
+        return false;
+    unsigned c = *j->p;
+    if (c == '{' || c == '[') {
+        if (++j->depth > 1000)
+            return false;
+        unsigned close = c == '{' ? '}' : ']';
+        j->p++;
+        jp_ws(j);
+        if (j->p < j->end && *j->p == close) {
+            j->p++;
+            j->depth--;
+            return true;
+        }
+        for (;;) {
+            if (c == '{') {
+                jp_ws(j);
+                if (j->p >= j->end || *j->p != '"' || !jp_string(j))
+                    return false;
+                jp_ws(j);
+                if (j->p >= j->end || *j->p++ != ':')
+                    return false;
+            }
+            if (!jp_value(j))
+                return false;
+            jp_ws(j);
+            if (j->p >= j->end)
+                return false;
+            if (*j->p == ',') {
+                j->p++;
+                continue;
+            }
+            if (*j->p++ != close)
+                return false;
+            j->depth--;
+            return true;
+        }
+    }
+    if (c == '"')
+        return jp_string(j);
+    if (c == 't')
+        return jp_lit(j, "true");
+    if (c == 'f')
+        return jp_lit(j, "false");
+    if (c == 'n')
+        return jp_lit(j, "null");
+    if (c == '-')
+        j->p++;
+    if (j->p < j->end && *j->p == '0')
+        j->p++;
+    else if (!jp_digits(j))
+        return false;
+    if (j->p < j->end && *j->p == '.') {
+        j->p++;
+        if (!jp_digits(j))
+            return false;
+    }
+    if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
+        j->p++;
+        if (j->p < j->end && (*j->p == '+' || *j->p == '-'))
+            j->p++;
+        if (!jp_digits(j))
+            return false;
+    }
+    return true;
+}
+
+static bool strict_json(const char *s, size_t len)
+{
+    jp j = {(const unsigned char *)s, (const unsigned char *)s + len, 0};
+    return jp_value(&j) && j.p == j.end; /* nothing after the value, not even whitespace */
+}
+
+/* Random edits of the corpus: the automaton and the independent checker must agree on every
+ * one (bounds lifted so that only JSON itself decides). */
+static void test_json_mutations(void **state)
+{
+    (void)state;
+    grammar_options o = {.max_ws = 65535, .max_depth = 1024};
+    grammar_def *d = def_any(&o);
+    static const char alphabet[] = "{}[],:\"\\0123456789-+.eEtrufalsn \t\nu\x01\xc3\xa9\xed\xa0"
+                                   "\x80\xbf\xf0\x9f\xf4\x90"
+                                   "DdCc";
+    uint64_t rng = 42;
+    int n_valid = 0, n_total = 0;
+    size_t n_docs = sizeof k_valid / sizeof *k_valid + sizeof k_invalid / sizeof *k_invalid;
+    for (size_t di = 0; di < n_docs; di++) {
+        const char *base = di < sizeof k_valid / sizeof *k_valid
+                               ? k_valid[di]
+                               : k_invalid[di - sizeof k_valid / sizeof *k_valid];
+        assert_int_equal(strict_json(base, strlen(base)), di < sizeof k_valid / sizeof *k_valid);
+        for (int m = 0; m < 400; m++) {
+            char buf[256];
+            size_t len = strlen(base);
+            memcpy(buf, base, len);
+            int edits = 1 + (int)(rng_next(&rng) % 3);
+            for (int e = 0; e < edits; e++) {
+                size_t pos = len ? rng_next(&rng) % (len + 1) : 0;
+                char ch = alphabet[rng_next(&rng) % (sizeof alphabet - 1)];
+                switch (rng_next(&rng) % 3) {
+                case 0: /* insert */
+                    if (len + 1 < sizeof buf) {
+                        memmove(buf + pos + 1, buf + pos, len - pos);
+                        buf[pos] = ch;
+                        len++;
+                    }
+                    break;
+                case 1: /* delete */
+                    if (pos < len) {
+                        memmove(buf + pos, buf + pos + 1, len - pos - 1);
+                        len--;
+                    }
+                    break;
+                default: /* replace */
+                    if (pos < len)
+                        buf[pos] = ch;
+                }
+            }
+            bool want = strict_json(buf, len), got = accepts(d, buf, len);
+            if (want != got)
+                fail_msg("automaton %s, checker %s: \"%.*s\" (from \"%s\")",
+                         got ? "accepts" : "refuses", want ? "accepts" : "refuses", (int)len, buf,
+                         base);
+            n_valid += want;
+            n_total++;
+        }
+    }
+    fprintf(stderr, "mutations: %d of %d valid\n", n_valid, n_total);
+    assert_true(n_valid > n_total / 20); /* the edits must not all be trivially invalid */
+    grammar_def_destroy(d);
+}
+
 static void test_json_object_front_end(void **state)
 {
     (void)state;
@@ -817,6 +1047,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_corpus),
+        cmocka_unit_test(test_json_mutations),
         cmocka_unit_test(test_json_object_front_end),
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_schema_objects),
