@@ -1675,13 +1675,12 @@ bool grammar_is_complete(const grammar *g)
     return state_complete(g->d, &g->cur);
 }
 
-bool grammar_is_finished(const grammar *g)
+bool grammar_is_finished(grammar *g)
 {
     if (!state_complete(g->d, &g->cur))
         return false;
-    grammar *m = (grammar *)g; /* scratch only: the state itself is not changed */
-    for (int c = 0; c < 256; c++)
-        if (state_step(g->d, &g->cur, (uint8_t)c, &m->tmp[0], m->work) != 0)
+    for (int c = 0; c < 256; c++) /* on scratch: the state itself is not changed */
+        if (state_step(g->d, &g->cur, (uint8_t)c, &g->tmp[0], g->work) != 0)
             return false; /* something may follow (or no memory to tell: keep going) */
     return true;
 }

@@ -119,8 +119,10 @@ bool grammar_accept_token(grammar *g, const grammar_vocab *gv, int32_t token);
 
 /* The text so far is one complete value: an end token (EOS) is allowed now. */
 bool grammar_is_complete(const grammar *g);
-/* Complete, and no byte may follow: the sequence should stop (finish_reason "stop"). */
-bool grammar_is_finished(const grammar *g);
+/* Complete, and no byte may follow: the sequence should stop (finish_reason "stop"). Tries
+ * every byte on g's scratch memory (a few µs when complete, nothing otherwise): like
+ * grammar_mask, not concurrently with other calls on the same g. */
+bool grammar_is_finished(grammar *g);
 
 /* Words of a mask for n tokens: bit (id % 32) of word (id / 32) is token id. */
 static inline size_t grammar_mask_words(int32_t n_tokens)
