@@ -179,8 +179,8 @@ int grammar_builder_literals(grammar_builder *b, size_t n, const char *const *te
     if (n == 0 || n > UINT32_MAX / 4)
         return KVS_EINVAL;
     for (size_t i = 0; i < n; i++)
-        if (lens[i] == 0)
-            return KVS_EINVAL;
+        if (lens[i] == 0 || lens[i] > GRAMMAR_MAX_TEXT)
+            return KVS_EINVAL; /* frames count matched bytes in 16 bits */
     size_t n_bytes0 = b->n_bytes, n_lits0 = b->n_lits;
     if (grow((void **)&b->lits, &b->cap_lits, b->n_lits + n, sizeof *b->lits))
         return KVS_ENOMEM;
@@ -268,12 +268,15 @@ static int add_escaped(grammar_builder *b, const char *name, size_t len, uint32_
 int grammar_builder_property(grammar_builder *b, int32_t object, const char *name, size_t len,
                              int32_t value, bool required)
 {
-    if (!valid_id(b, object) || !valid_id(b, value) || b->nodes[object].kind != GK_OBJECT)
+    if (!valid_id(b, object) || !valid_id(b, value) || b->nodes[object].kind != GK_OBJECT ||
+        b->nodes[object].n >= GRAMMAR_MAX_PROPERTIES)
         return KVS_EINVAL;
     if (grow((void **)&b->props, &b->cap_props, b->n_props + 1, sizeof *b->props))
         return KVS_ENOMEM;
     size_t n0 = b->n_bytes;
     uint32_t off, klen;
+    if (len > GRAMMAR_MAX_TEXT / 6) /* escaped, each byte may take 6 ("\u001f") */
+        return KVS_EINVAL;
     if (add_escaped(b, name, len, &off, &klen))
         return KVS_ENOMEM;
     for (size_t i = 0; i < b->n_props; i++) {
@@ -732,6 +735,7 @@ typedef struct gstate {
     size_t n_cfg, cap_cfg;
     gframe *fr;
     size_t n_fr, cap_fr;
+    bool overflow; /* a step wanted more than GRAMMAR_MAX_CONFIGS configurations */
 } gstate;
 
 enum { R_ERR = -1, R_REJECT = 0, R_ACCEPT = 1, R_FORKED = 2 };
@@ -772,6 +776,10 @@ static void state_commit(gstate *s, uint16_t depth, uint16_t ws)
         const gcfg *c = &s->cfg[i];
         if (c->depth == depth && c->ws == ws && memcmp(s->fr + c->off, f, depth * sizeof *f) == 0)
             return;
+    }
+    if (s->n_cfg >= GRAMMAR_MAX_CONFIGS) {
+        s->overflow = true;
+        return;
     }
     s->cfg[s->n_cfg].off = (uint32_t)s->n_fr;
     s->cfg[s->n_cfg].depth = depth;
@@ -1241,6 +1249,7 @@ static int state_step(const grammar_def *d, const gstate *in, uint8_t c, gstate 
 {
     out->n_cfg = 0;
     out->n_fr = 0;
+    out->overflow = false;
     for (size_t i = 0; i < in->n_cfg; i++) {
         const gcfg *cf = &in->cfg[i];
         uint16_t depth = cf->depth, ws = cf->ws;
@@ -1256,7 +1265,7 @@ static int state_step(const grammar_def *d, const gstate *in, uint8_t c, gstate 
             state_commit(out, depth, ws);
         }
     }
-    return (int)out->n_cfg;
+    return out->overflow ? R_ERR : (int)out->n_cfg;
 }
 
 static bool state_complete(const grammar_def *d, const gstate *s)
@@ -1713,7 +1722,7 @@ static int walk(grammar *g, const grammar_vocab *gv, uint32_t u, const gstate *s
             continue; /* the whole subtree is plain text from the start: in safe_mask */
         int r = state_step(g->d, s, e->byte, next, g->work);
         if (r < 0)
-            return KVS_ENOMEM;
+            return next->overflow ? KVS_ERANGE : KVS_ENOMEM;
         if (r > 0 && (r = walk(g, gv, e->node, next, level + 1, covered, mask)) < 0)
             return r;
     }

@@ -32,6 +32,11 @@
 
 #include "engine/tokenizer.h"
 
+/* Limits (frames count in 16 bits; a hostile anyOf must not fork without end). */
+#define GRAMMAR_MAX_TEXT 65535       /* bytes of one literal or escaped property name */
+#define GRAMMAR_MAX_PROPERTIES 65535 /* properties of one object */
+#define GRAMMAR_MAX_CONFIGS 256      /* anyOf alternatives alive at once */
+
 typedef struct grammar_options {
     uint32_t max_ws;    /* consecutive whitespace bytes allowed in one gap; default 32 */
     uint32_t max_depth; /* object/array nesting bound; default 32, at most 1024 */
@@ -46,7 +51,8 @@ typedef struct grammar_builder grammar_builder;
 
 /* Node ids are small non-negative integers returned through *id. Every builder call is all or
  * nothing: on failure the builder is unchanged. KVS_ENOMEM, KVS_EINVAL (an id that is not a
- * node of this builder, a property on a non-object, a duplicate property name). */
+ * node of this builder, a property on a non-object, a duplicate property name, a text over
+ * GRAMMAR_MAX_TEXT, more than GRAMMAR_MAX_PROPERTIES properties). */
 int grammar_builder_create(grammar_builder **out);
 void grammar_builder_destroy(grammar_builder *b);
 
@@ -111,7 +117,8 @@ void grammar_destroy(grammar *g);
 int grammar_clone(const grammar *g, grammar **out);
 
 /* Advances by len bytes. All or nothing: returns false and leaves g unchanged if any byte is
- * not allowed (or memory ran out). */
+ * not allowed (or memory ran out, or more than GRAMMAR_MAX_CONFIGS anyOf alternatives would be
+ * alive at once). */
 bool grammar_accept_bytes(grammar *g, const void *bytes, size_t len);
 /* Advances by a token's bytes. An end token is accepted iff grammar_is_complete(g), and then
  * leaves g unchanged; an empty-piece token or an id out of range is refused. */
@@ -133,7 +140,9 @@ static inline size_t grammar_mask_words(int32_t n_tokens)
 /* Sets mask (grammar_mask_words(n_tokens) words) to the tokens allowed now: those whose
  * every byte the automaton accepts from here, plus the end tokens iff complete. One walk of
  * the vocab's trie; subtrees of plain string text are taken whole. Returns the number of
- * allowed tokens (0 only if the state is a dead end), or KVS_ENOMEM (mask then undefined).
+ * allowed tokens (0 only if the state is a dead end), KVS_ENOMEM, or KVS_ERANGE when some token
+ * would keep more than GRAMMAR_MAX_CONFIGS anyOf alternatives alive (a schema that ambiguous
+ * fails its request); mask is undefined on error.
  * Uses g's scratch memory: not concurrently with other calls on the same g. */
 int grammar_mask(grammar *g, const grammar_vocab *gv, uint32_t *mask);
 

@@ -228,6 +228,11 @@ static int compile_literals(compiler *c, const cJSON *vals, bool single, const c
             goto out;
         }
         lens[i] = strlen(texts[i]);
+        if (lens[i] > GRAMMAR_MAX_TEXT) {
+            rc = fail(c, KVS_EUNSUPPORTED, "%s value %zu is longer than %d bytes at %s", kw, i,
+                      GRAMMAR_MAX_TEXT, p);
+            goto out;
+        }
     }
     if (grammar_builder_literals(c->b, n, (const char *const *)texts, lens, id))
         rc = fail(c, KVS_ENOMEM, "out of memory");
@@ -273,10 +278,16 @@ static int compile_object(compiler *c, const cJSON *s, const char *path, int32_t
     if (!props)
         return 0;
     path_join(p, sizeof p, path, "properties");
+    if (cJSON_GetArraySize(props) > GRAMMAR_MAX_PROPERTIES)
+        return fail(c, KVS_EUNSUPPORTED, "more than %d properties at %s", GRAMMAR_MAX_PROPERTIES,
+                    p);
     const cJSON *prop;
     cJSON_ArrayForEach(prop, props)
     {
         path_join(q, sizeof q, p, prop->string);
+        if (strlen(prop->string) > GRAMMAR_MAX_TEXT / 6)
+            return fail(c, KVS_EUNSUPPORTED, "a property name longer than %d bytes at %s",
+                        GRAMMAR_MAX_TEXT / 6, q);
         bool required = false;
         const cJSON *r;
         if (req)

@@ -746,6 +746,37 @@ static void test_schema_errors(void **state)
     }
 }
 
+/* A schema so ambiguous that more than GRAMMAR_MAX_CONFIGS alternatives would be alive at
+ * once fails loudly (KVS_ERANGE from the mask, false from accept), never silently. */
+static void test_ambiguity_bound(void **state)
+{
+    (void)state;
+    tok_vocab *v = load_spm();
+    if (!v)
+        skip();
+    grammar_vocab *gv;
+    assert_int_equal(grammar_vocab_create(v, NULL, 0, &gv), 0);
+    size_t cap = 64 * (GRAMMAR_MAX_CONFIGS + 10), len = 0;
+    char *text = malloc(cap);
+    len += (size_t)snprintf(text + len, cap - len, "{\"anyOf\":[");
+    for (int i = 0; i < GRAMMAR_MAX_CONFIGS + 8; i++)
+        len += (size_t)snprintf(text + len, cap - len, "%s{\"const\":\"v%d\"}", i ? "," : "", i);
+    snprintf(text + len, cap - len, "]}");
+    grammar_def *d = def_schema(text);
+    grammar *g;
+    assert_int_equal(grammar_create(d, &g), 0);
+    uint32_t *m = malloc(grammar_mask_words(grammar_vocab_n_tokens(gv)) * sizeof *m);
+    assert_int_equal(grammar_mask(g, gv, m), KVS_ERANGE);
+    assert_false(grammar_accept_bytes(g, "\"", 1));
+    assert_true(grammar_accept_bytes(g, " ", 1)); /* the state is still usable */
+    free(m);
+    free(text);
+    grammar_destroy(g);
+    grammar_def_destroy(d);
+    grammar_vocab_destroy(gv);
+    tok_destroy(v);
+}
+
 /* ---- random walks on the real vocabulary -------------------------------------------------- */
 
 static const char *const k_walk_schemas[] = {
@@ -1053,6 +1084,7 @@ int main(void)
         cmocka_unit_test(test_schema_objects),
         cmocka_unit_test(test_schema_literals_anyof_refs),
         cmocka_unit_test(test_schema_errors),
+        cmocka_unit_test(test_ambiguity_bound),
         cmocka_unit_test(test_random_walks),
         cmocka_unit_test(test_random_walks_bpe),
         cmocka_unit_test(test_clone_independence),
