@@ -1,6 +1,7 @@
 /* JSON Schema -> grammar_def. One recursive pass over the schema; $ref targets are compiled
  * once each (keyed by the cJSON node they resolve to) through a reserved builder node, which is
- * what makes recursive schemas terminate. Error paths are JSON pointers into the document. */
+ * what makes recursive schemas terminate. Error paths are JSON pointers into the document.
+ * Tools: one {"name", "arguments"} object per function, each parameters schema its own document. */
 #include "server/json_schema.h"
 
 #include "common/status.h"
@@ -490,5 +491,98 @@ int srv_json_schema_compile(const cJSON *schema, const grammar_options *opts, gr
     }
     grammar_builder_destroy(c.b);
     free(c.refs);
+    return rc;
+}
+
+/* One tool: {"name": "<its name>", "arguments": <its parameters>}, properties in that order. */
+static int compile_tool(compiler *c, const cJSON *tool, int i, int32_t *id)
+{
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(tool, "type");
+    if (!cJSON_IsObject(tool) || !cJSON_IsString(type) || strcmp(type->valuestring, "function"))
+        return fail(c, KVS_EUNSUPPORTED, "tools[%d]: only {\"type\": \"function\"} tools", i);
+    if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || !name->valuestring[0])
+        return fail(c, KVS_EINVAL, "tools[%d].function.name must be a non-empty string", i);
+    char *lit = cJSON_PrintUnformatted(name);
+    if (!lit)
+        return fail(c, KVS_ENOMEM, "out of memory");
+    size_t len = strlen(lit);
+    int32_t name_id, args_id;
+    int rc = len > GRAMMAR_MAX_TEXT
+                 ? KVS_EINVAL
+                 : grammar_builder_literals(c->b, 1, (const char *const *)&lit, &len, &name_id);
+    cJSON_free(lit);
+    if (rc)
+        return fail(c, rc, "tools[%d].function.name: %s", i,
+                    rc == KVS_EINVAL ? "too long" : "out of memory");
+    if (params) {
+        /* the parameters are a document of their own: "#" in their $refs is their root */
+        const cJSON *outer = c->root;
+        c->root = params;
+        rc = compile(c, params, "#", &args_id);
+        c->root = outer;
+        if (rc) {
+            char e[256];
+            snprintf(e, sizeof e, "%s", c->err);
+            return fail(c, rc, "tools[%d].function.parameters: %s", i, e);
+        }
+    } else if (grammar_builder_object(c->b, &args_id)) { /* no parameters: {} */
+        return fail(c, KVS_ENOMEM, "out of memory");
+    }
+    if (grammar_builder_object(c->b, id) ||
+        grammar_builder_property(c->b, *id, "name", 4, name_id, true) ||
+        grammar_builder_property(c->b, *id, "arguments", 9, args_id, true))
+        return fail(c, KVS_ENOMEM, "out of memory");
+    return 0;
+}
+
+int srv_json_schema_compile_tools(const cJSON *tools, const char *only, const grammar_options *opts,
+                                  grammar_def **out, char *err, size_t err_len)
+{
+    char dummy[1];
+    compiler c = {.err = err && err_len ? err : dummy,
+                  .err_len = err && err_len ? err_len : sizeof dummy};
+    c.err[0] = '\0';
+    int n = cJSON_GetArraySize(tools);
+    if (!cJSON_IsArray(tools) || n == 0)
+        return fail(&c, KVS_EINVAL, "tools must be a non-empty array");
+    int32_t *alts = malloc((size_t)n * sizeof *alts);
+    int rc = alts ? grammar_builder_create(&c.b) : KVS_ENOMEM;
+    if (rc) {
+        free(alts);
+        return fail(&c, rc, "out of memory");
+    }
+    size_t n_alts = 0;
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools)
+    {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        bool wanted = !only || (cJSON_IsString(name) && strcmp(name->valuestring, only) == 0);
+        /* every tool is checked, so a bad one is reported whichever is chosen */
+        int32_t id;
+        if ((rc = compile_tool(&c, t, i, &id)) != 0)
+            break;
+        if (wanted)
+            alts[n_alts++] = id;
+        i++;
+    }
+    if (!rc && n_alts == 0)
+        rc = fail(&c, KVS_EINVAL, "tool_choice names \"%.64s\", which is not in tools", only);
+    int32_t root;
+    if (!rc && grammar_builder_any_of(c.b, n_alts, alts, &root))
+        rc = fail(&c, KVS_ENOMEM, "out of memory");
+    if (!rc) {
+        char e[256];
+        rc = grammar_builder_finish(c.b, root, opts, out, e, sizeof e);
+        if (rc)
+            fail(&c, rc, "tools: %s", e);
+    }
+    grammar_builder_destroy(c.b);
+    free(c.refs);
+    free(alts);
     return rc;
 }

@@ -26,4 +26,13 @@
 int srv_json_schema_compile(const cJSON *schema, const grammar_options *opts, grammar_def **out,
                             char *err, size_t err_len);
 
+/* Tool calls (tool_choice "required" or a named function): one JSON object
+ * {"name": "<function name>", "arguments": <an instance of its parameters schema>}, keys in that
+ * order, for any of tools (an OpenAI tools array of {"type": "function", "function": {"name",
+ * "parameters"}}), or only for the function named only (NULL: any). Each tool's parameters is
+ * compiled as its own document (its "#" is itself); no parameters means {}. Errors as above,
+ * prefixed with "tools[i].function.parameters: "; KVS_EINVAL if only names no tool. */
+int srv_json_schema_compile_tools(const cJSON *tools, const char *only, const grammar_options *opts,
+                                  grammar_def **out, char *err, size_t err_len);
+
 #endif

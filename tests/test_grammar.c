@@ -746,6 +746,49 @@ static void test_schema_errors(void **state)
     }
 }
 
+static void test_tools(void **state)
+{
+    (void)state;
+    cJSON *tools =
+        cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+                    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},"
+                    "\"unit\":{\"$ref\":\"#/$defs/unit\"}},\"required\":[\"city\"],"
+                    "\"$defs\":{\"unit\":{\"enum\":[\"c\",\"f\"]}}}}},"
+                    "{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]");
+    assert_non_null(tools);
+    grammar_def *d = NULL;
+    char err[256] = "";
+    assert_int_equal(srv_json_schema_compile_tools(tools, NULL, NULL, &d, err, sizeof err), 0);
+    assert_true(accepts_s(d, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}"));
+    assert_true(accepts_s(d, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\","
+                             "\"unit\":\"c\"}}"));
+    assert_true(accepts_s(d, "{\"name\":\"now\",\"arguments\":{}}"));
+    assert_false(accepts_s(d, "{\"name\":\"now\",\"arguments\":{\"city\":\"Oslo\"}}"));
+    assert_false(accepts_s(d, "{\"name\":\"other\",\"arguments\":{}}"));
+    assert_false(accepts_s(d, "{\"arguments\":{},\"name\":\"now\"}"));
+    grammar_def_destroy(d);
+    d = NULL;
+    assert_int_equal(srv_json_schema_compile_tools(tools, "now", NULL, &d, err, sizeof err), 0);
+    assert_true(accepts_s(d, "{\"name\":\"now\",\"arguments\":{}}"));
+    assert_false(accepts_s(d, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"x\"}}"));
+    grammar_def_destroy(d);
+    d = NULL;
+    assert_int_equal(srv_json_schema_compile_tools(tools, "nope", NULL, &d, err, sizeof err),
+                     KVS_EINVAL);
+    assert_non_null(strstr(err, "nope"));
+    cJSON_Delete(tools);
+    tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"a\"}},"
+                        "{\"type\":\"function\",\"function\":{\"name\":\"b\",\"parameters\":"
+                        "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\","
+                        "\"pattern\":\"^a\"}}}}}]");
+    assert_int_equal(srv_json_schema_compile_tools(tools, "a", NULL, &d, err, sizeof err),
+                     KVS_EUNSUPPORTED);
+    assert_non_null(strstr(err, "tools[1].function.parameters: unsupported keyword \"pattern\" "
+                                "at #/properties/x/pattern"));
+    assert_null(d);
+    cJSON_Delete(tools);
+}
+
 /* A schema so ambiguous that more than GRAMMAR_MAX_CONFIGS alternatives would be alive at
  * once fails loudly (KVS_ERANGE from the mask, false from accept), never silently. */
 static void test_ambiguity_bound(void **state)
@@ -1085,6 +1128,7 @@ int main(void)
         cmocka_unit_test(test_schema_literals_anyof_refs),
         cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_ambiguity_bound),
+        cmocka_unit_test(test_tools),
         cmocka_unit_test(test_random_walks),
         cmocka_unit_test(test_random_walks_bpe),
         cmocka_unit_test(test_clone_independence),
