@@ -298,6 +298,53 @@ int grammar_builder_property(grammar_builder *b, int32_t object, const char *nam
     return 0;
 }
 
+/* The literals of alternatives that are literal nodes, as one literal node (anyOf of consts,
+ * as pydantic writes Literal unions, is then one matcher instead of one fork per value).
+ * *merged = -1 when fewer than two alternatives are literals. */
+static int merge_literals(grammar_builder *b, size_t n, const int32_t *alts, int32_t *merged)
+{
+    size_t n_lit = 0, bytes = 0;
+    *merged = -1;
+    for (size_t i = 0; i < n; i++) {
+        const gnode *a = &b->nodes[alts[i]];
+        if (a->kind != GK_LITERALS)
+            continue;
+        n_lit += a->n;
+        for (uint32_t k = 0; k < a->n; k++)
+            bytes += b->lits[a->first + k].len;
+    }
+    size_t n_alt_lit = 0;
+    for (size_t i = 0; i < n; i++)
+        n_alt_lit += b->nodes[alts[i]].kind == GK_LITERALS;
+    if (n_alt_lit < 2)
+        return 0;
+    /* copies first: adding the merged texts may move b->bytes */
+    char *buf = malloc(bytes ? bytes : 1);
+    const char **texts = malloc(n_lit * sizeof *texts);
+    size_t *lens = malloc(n_lit * sizeof *lens);
+    int rc = KVS_ENOMEM;
+    if (buf && texts && lens) {
+        size_t m = 0, off = 0;
+        for (size_t i = 0; i < n; i++) {
+            const gnode *a = &b->nodes[alts[i]];
+            if (a->kind != GK_LITERALS)
+                continue;
+            for (uint32_t k = 0; k < a->n; k++, m++) {
+                const glit *l = &b->lits[a->first + k];
+                memcpy(buf + off, b->bytes + l->off, l->len);
+                texts[m] = buf + off;
+                lens[m] = l->len;
+                off += l->len;
+            }
+        }
+        rc = grammar_builder_literals(b, n_lit, texts, lens, merged);
+    }
+    free(buf);
+    free(texts);
+    free(lens);
+    return rc;
+}
+
 int grammar_builder_any_of(grammar_builder *b, size_t n, const int32_t *alts, int32_t *id)
 {
     if (n == 0 || n > UINT32_MAX / 4)
@@ -307,13 +354,26 @@ int grammar_builder_any_of(grammar_builder *b, size_t n, const int32_t *alts, in
             return KVS_EINVAL;
     if (grow((void **)&b->alts, &b->cap_alts, b->n_alts + n, sizeof *b->alts))
         return KVS_ENOMEM;
-    int rc = add_node(b, GK_ANYOF, -1, id);
-    if (rc)
+    size_t nodes0 = b->n_nodes, lits0 = b->n_lits, bytes0 = b->n_bytes;
+    int32_t merged;
+    int rc = merge_literals(b, n, alts, &merged);
+    if (!rc)
+        rc = add_node(b, GK_ANYOF, -1, id);
+    if (rc) {
+        b->n_nodes = nodes0;
+        b->n_lits = lits0;
+        b->n_bytes = bytes0;
         return rc;
-    memcpy(b->alts + b->n_alts, alts, n * sizeof *alts);
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (merged < 0 || b->nodes[alts[i]].kind != GK_LITERALS)
+            b->alts[b->n_alts + m++] = alts[i];
+    if (merged >= 0)
+        b->alts[b->n_alts + m++] = merged;
     b->nodes[*id].first = (uint32_t)b->n_alts;
-    b->nodes[*id].n = (uint32_t)n;
-    b->n_alts += n;
+    b->nodes[*id].n = (uint32_t)m;
+    b->n_alts += m;
     return 0;
 }
 

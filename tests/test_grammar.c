@@ -799,19 +799,37 @@ static void test_ambiguity_bound(void **state)
         skip();
     grammar_vocab *gv;
     assert_int_equal(grammar_vocab_create(v, NULL, 0, &gv), 0);
-    size_t cap = 64 * (GRAMMAR_MAX_CONFIGS + 10), len = 0;
+    size_t cap = 96 * (GRAMMAR_MAX_CONFIGS + 10), len = 0;
     char *text = malloc(cap);
     len += (size_t)snprintf(text + len, cap - len, "{\"anyOf\":[");
     for (int i = 0; i < GRAMMAR_MAX_CONFIGS + 8; i++)
-        len += (size_t)snprintf(text + len, cap - len, "%s{\"const\":\"v%d\"}", i ? "," : "", i);
+        len += (size_t)snprintf(
+            text + len, cap - len,
+            "%s{\"properties\":{\"k\":{\"const\":\"v%d\"}},\"required\":[\"k\"]}", i ? "," : "", i);
     snprintf(text + len, cap - len, "]}");
     grammar_def *d = def_schema(text);
     grammar *g;
     assert_int_equal(grammar_create(d, &g), 0);
     uint32_t *m = malloc(grammar_mask_words(grammar_vocab_n_tokens(gv)) * sizeof *m);
     assert_int_equal(grammar_mask(g, gv, m), KVS_ERANGE);
-    assert_false(grammar_accept_bytes(g, "\"", 1));
+    assert_false(grammar_accept_bytes(g, "{", 1));
     assert_true(grammar_accept_bytes(g, " ", 1)); /* the state is still usable */
+    grammar_destroy(g);
+    grammar_def_destroy(d);
+    /* as many consts in an anyOf are merged into one literal set: no forks at all */
+    len = (size_t)snprintf(text, cap, "{\"anyOf\":[");
+    for (int i = 0; i < GRAMMAR_MAX_CONFIGS + 8; i++)
+        len += (size_t)snprintf(text + len, cap - len, "%s{\"const\":\"v%d\"}", i ? "," : "", i);
+    snprintf(text + len, cap - len, ",{\"type\":\"integer\"},{\"enum\":[true,\"v0\"]}]}");
+    d = def_schema(text);
+    assert_true(accepts_s(d, "\"v263\""));
+    assert_true(accepts_s(d, "\"v0\""));
+    assert_true(accepts_s(d, "true"));
+    assert_true(accepts_s(d, "-5"));
+    assert_false(accepts_s(d, "\"v264\""));
+    assert_false(accepts_s(d, "false"));
+    assert_int_equal(grammar_create(d, &g), 0);
+    assert_true(grammar_mask(g, gv, m) > 0);
     free(m);
     free(text);
     grammar_destroy(g);
