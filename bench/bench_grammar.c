@@ -88,6 +88,9 @@ static void walks(const grammar_def *d, const tok_vocab *v, const grammar_vocab 
     int32_t *single = malloc((size_t)n * sizeof *single);
     int32_t eos = tok_eos(v);
     float *logits = calloc((size_t)n, sizeof *logits);
+    uint8_t *one_byte = malloc((size_t)n);
+    for (int32_t t = 0; t < n; t++)
+        one_byte[t] = tok_token_to_piece(v, t, NULL, 0) == 1;
     for (int w = 0; w < n_walks; w++) {
         uint64_t rng = (uint64_t)w * 0x9E3779B97F4A7C15ull + 12345;
         grammar *g;
@@ -114,12 +117,11 @@ static void walks(const grammar_def *d, const tok_vocab *v, const grammar_vocab 
                 break;
             }
             int na = 0, ns = 0;
-            char piece[256];
             for (int32_t t = 0; t < n; t++) {
                 if (!(mask[t >> 5] >> (t & 31) & 1) || t == eos)
                     continue;
                 allowed[na++] = t;
-                if (tok_token_to_piece(v, t, piece, sizeof piece) == 1)
+                if (one_byte[t])
                     single[ns++] = t;
             }
             int32_t tok = ns && rng_next(&rng) % 2 ? single[rng_next(&rng) % (uint64_t)ns]
@@ -137,6 +139,7 @@ static void walks(const grammar_def *d, const tok_vocab *v, const grammar_vocab 
     free(allowed);
     free(single);
     free(logits);
+    free(one_byte);
 }
 
 int main(int argc, char **argv)
