@@ -49,6 +49,12 @@ typedef struct glit {
 
 #define MIN_DEPTH_INF UINT32_MAX
 
+/* gcfg.ws: the whitespace of the current gap. 0 none; WS_ONE one space or tab (nothing more);
+ * WS_NL a newline, plus the count of spaces and tabs after it in the low bits. */
+#define WS_ONE 0x8000
+#define WS_NL 0x4000
+#define WS_COUNT 0x3FFF
+
 struct grammar_def {
     grammar_options opts;
     int32_t root;
@@ -76,7 +82,7 @@ struct grammar_builder {
 
 grammar_options grammar_default_options(void)
 {
-    grammar_options o = {.max_ws = 32, .max_depth = 32};
+    grammar_options o = {.max_ws = 20, .max_depth = 32};
     return o;
 }
 
@@ -585,8 +591,8 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
     }
     err[0] = '\0';
     grammar_options o = opts ? *opts : grammar_default_options();
-    if (o.max_depth == 0 || o.max_depth > 1024 || o.max_ws > 65535) {
-        snprintf(err, err_len, "max_depth must be in [1, 1024] and max_ws at most 65535");
+    if (o.max_depth == 0 || o.max_depth > 1024 || o.max_ws > WS_COUNT) {
+        snprintf(err, err_len, "max_depth must be in [1, 1024] and max_ws at most %d", WS_COUNT);
         return KVS_EINVAL;
     }
     if (!valid_id(b, root)) {
@@ -1295,11 +1301,20 @@ static int cfg_byte(const grammar_def *d, gframe *f, uint16_t *depth, uint16_t *
             continue;
         }
         return R_REJECT;
-    gap:
-        if (ws_prev >= d->opts.max_ws)
-            return R_REJECT;
-        *ws = (uint16_t)(ws_prev + 1);
-        return R_ACCEPT;
+    gap: /* "" | " " | "\t" | "\n" [ \t]{0,max_ws}, as llama.cpp's json.gbnf */
+        if (ws_prev == 0 && (c == ' ' || c == '\t')) {
+            *ws = WS_ONE;
+            return R_ACCEPT;
+        }
+        if (ws_prev == 0 && c == '\n') {
+            *ws = WS_NL;
+            return R_ACCEPT;
+        }
+        if ((ws_prev & WS_NL) && (c == ' ' || c == '\t') && (ws_prev & WS_COUNT) < d->opts.max_ws) {
+            *ws = (uint16_t)(ws_prev + 1);
+            return R_ACCEPT;
+        }
+        return R_REJECT;
     }
 }
 

@@ -12,9 +12,11 @@
  *                  stack of frames each; more than one only while anyOf alternatives are still
  *                  ambiguous). One thread at a time; n > 1 forks take grammar_clone copies.
  *
- * The language: exactly one JSON value of the def's root, up to opts.max_ws whitespace bytes
- * before it and in each gap between tokens of the JSON text (a bound so a model cannot loop on
- * spaces for ever), none after it (so a complete object ends the generation), nesting at most
+ * The language: exactly one JSON value of the def's root; before it and in each gap between
+ * tokens of the JSON text, whitespace of the form "" | " " | "\t" | "\n" [ \t]{0,max_ws} (as
+ * llama.cpp's json.gbnf: compact or pretty-printed text, but a model that loves whitespace
+ * cannot loop on it, and wastes at most 1 + max_ws bytes per gap); no "\r"; none after the
+ * value (so a complete object ends the generation); nesting at most
  * opts.max_depth objects/arrays deep. Strings must be valid UTF-8 (no overlong forms, no
  * encoded surrogates) with escapes as RFC 8259 says; a \u escape of a high surrogate must be
  * followed by one of a low surrogate (as cJSON requires). Object keys of a def object must be
@@ -38,7 +40,7 @@
 #define GRAMMAR_MAX_CONFIGS 256      /* anyOf alternatives alive at once */
 
 typedef struct grammar_options {
-    uint32_t max_ws;    /* consecutive whitespace bytes allowed in one gap; default 32 */
+    uint32_t max_ws;    /* spaces/tabs after a gap's newline (indentation); default 20 */
     uint32_t max_depth; /* object/array nesting bound; default 32, at most 1024 */
 } grammar_options;
 
