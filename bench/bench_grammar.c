@@ -196,7 +196,7 @@ int main(int argc, char **argv)
         {1, "start of a value (string)", "{\"name\":"},
         {1, "inside a string", "{\"name\":\"Jo"},
         {1, "start of a value (integer)", "{\"name\":\"Jo\",\"age\":"},
-        {1, "after a value (6 optional keys left)", "{\"name\":\"Jo\",\"age\":3"},
+        {1, "in an integer (digits, `,`)", "{\"name\":\"Jo\",\"age\":3"},
         {1, "start of a value (enum)", "{\"name\":\"Jo\",\"age\":3,\"role\":"},
         {1, "start of a value (string or null)", "{\"name\":\"Jo\",\"age\":3,\"email\":"},
     };
