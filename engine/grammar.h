@@ -78,12 +78,15 @@ int grammar_builder_property(grammar_builder *b, int32_t object, const char *nam
                              int32_t value, bool required);
 /* An object with any keys, every value matching `value`. */
 int grammar_builder_free_object(grammar_builder *b, int32_t value, int32_t *id);
-/* A value matching at least one of alts (n >= 1). */
+/* A value matching at least one of alts (n >= 1). Alternatives that are literal nodes are
+ * merged into one literal set (an anyOf of many consts is one matcher, not many forks). */
 int grammar_builder_any_of(grammar_builder *b, size_t n, const int32_t *alts, int32_t *id);
 
 /* Checks and freezes the graph rooted at root into a new def (*out; the builder stays valid
- * and is still the caller's to destroy). KVS_EINVAL with err naming the problem: a reserved
- * node never aliased, an alias cycle, an anyOf that reaches itself before consuming a byte;
+ * and is still the caller's to destroy); opts NULL means grammar_default_options(). KVS_EINVAL
+ * with err naming the problem: a reserved node never aliased, an alias cycle, an anyOf that
+ * reaches itself before consuming a byte, a root with no finite instance (a required property
+ * that recurses for ever) or needing more than max_depth levels, options out of range;
  * KVS_ENOMEM. *out is untouched on failure. */
 int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_options *opts,
                            grammar_def **out, char *err, size_t err_len);
