@@ -180,12 +180,13 @@ typedef struct sched_kv_snapshot {
     uint64_t steps;      /* engine steps run when it was taken */
     uint32_t block_size; /* tokens per block */
     uint32_t n_blocks;
-    uint8_t *state;     /* [n_blocks] enum sched_block_state */
-    uint16_t *refs;     /* [n_blocks] block tables holding the block (saturates at 65535) */
-    int32_t *owner;     /* [n_blocks] index in seqs of the oldest sequence holding it, or -1 */
-    uint32_t n_seqs;    /* running sequences, oldest first */
-    sched_kv_seq *seqs; /* [max_num_seqs] */
-    uint32_t n_waiting; /* sequences waiting for admission (they hold no blocks) */
+    uint8_t *state;      /* [n_blocks] enum sched_block_state */
+    uint16_t *refs;      /* [n_blocks] block tables holding the block (saturates at 65535) */
+    int32_t *owner;      /* [n_blocks] index in seqs of the oldest sequence holding it, or -1 */
+    uint32_t n_seqs;     /* running sequences, oldest first */
+    sched_kv_seq *seqs;  /* [max_num_seqs] */
+    uint32_t n_waiting;  /* sequences waiting for admission (they hold no blocks) */
+    double fill_seconds; /* what taking it cost the engine thread */
 } sched_kv_snapshot;
 
 /* Takes a snapshot into *out (allocated here; free with sched_kv_snapshot_free; *out is

@@ -2,6 +2,7 @@
  * and posts the snapshot; the engine thread fills it between two steps, so block states,
  * holders and the running list are from one moment, and the engine never allocates for it. */
 #include "common/status.h"
+#include "common/timeutil.h"
 #include "scheduler/sched_impl.h"
 
 #include <errno.h>
@@ -11,6 +12,7 @@
 
 void sched__fill_snapshot(sched *s, sched_kv_snapshot *snap)
 {
+    double t0 = time_now_s();
     kvpool_block_states(s->pool, 0, snap->n_blocks, snap->state, snap->refs);
     for (uint32_t i = 0; i < snap->n_blocks; i++)
         snap->owner[i] = -1;
@@ -33,6 +35,7 @@ void sched__fill_snapshot(sched *s, sched_kv_snapshot *snap)
     pthread_mutex_lock(&s->metrics_mu);
     snap->steps = s->m.steps_total;
     pthread_mutex_unlock(&s->metrics_mu);
+    snap->fill_seconds = time_now_s() - t0;
 }
 
 void sched_kv_snapshot_free(sched_kv_snapshot *snap)

@@ -79,6 +79,7 @@ char *srv_kv_json(const sched_kv_snapshot *k, const srv_kv_model *m, uint64_t ge
     cJSON_AddNumberToObject(r, "running", k->n_seqs);
     cJSON_AddNumberToObject(r, "waiting", k->n_waiting);
     cJSON_AddNumberToObject(r, "steps", (double)k->steps);
+    cJSON_AddNumberToObject(r, "snapshot_us", (double)(long)(k->fill_seconds * 1e6 + 0.5));
     cJSON_AddNumberToObject(r, "generation_tokens", (double)generation_tokens);
     char *s = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);

@@ -20,7 +20,8 @@ typedef struct srv_kv_model {
 
 /* {"model":{...},"n_blocks","block_size","blocks_per_cell","cells":".cus…","owners":[…],
  *  "blocks":{"used","shared","cached","free"},"seqs":[{"request","choice","tokens","blocks"}],
- *  "running","waiting","steps","generation_tokens"}, malloc'd (NULL on OOM).
+ *  "running","waiting","steps","snapshot_us" (the engine thread's cost of taking it),
+ *  "generation_tokens"}, malloc'd (NULL on OOM).
  * A cell covers ceil(n_blocks / max_cells) consecutive blocks and shows the busiest of them:
  * 's' shared (held by more than one block table), 'u' used, 'c' cached, '.' free; its owner
  * is the index in seqs of that block's oldest holder, or -1. max_cells is clamped to
