@@ -28,7 +28,10 @@
 #include <pthread.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__FMA__)
+/* Not under ThreadSanitizer: target_clones resolves through an ifunc, which runs before
+ * TSan's runtime is up and crashes every program at start. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__FMA__) &&        \
+    !defined(__SANITIZE_THREAD__)
 #define REF_FMA_CLONE __attribute__((target_clones("fma", "default")))
 #else
 #define REF_FMA_CLONE
