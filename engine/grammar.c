@@ -5,6 +5,8 @@
  * would make completion impossible, not later. */
 #include "engine/grammar.h"
 
+#include "common/hex.h"
+
 #include "common/status.h"
 
 #include <math.h>
@@ -879,17 +881,6 @@ static bool utf8_lead(uint8_t c, unsigned *n, uint8_t *lo, uint8_t *hi)
     return true;
 }
 
-static int hexval(uint8_t c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* One byte of a string after its opening quote: 1 consumed, 2 consumed and closed, 0 refused. */
 static int str_byte(gframe *t, uint8_t c)
 {
@@ -936,7 +927,7 @@ static int str_byte(gframe *t, uint8_t c)
         }
         return 0;
     case S_HEX:
-        if ((h = hexval(c)) < 0)
+        if ((h = hex_digit(c)) < 0)
             return 0;
         t->b = t->b << 4 | (uint32_t)h;
         t->a++;
@@ -959,7 +950,7 @@ static int str_byte(gframe *t, uint8_t c)
         t->a = 0;
         return 1;
     case S_LOW_HEX:
-        if ((h = hexval(c)) < 0)
+        if ((h = hex_digit(c)) < 0)
             return 0;
         if ((t->a == 0 && h != 0xD) || (t->a == 1 && h < 0xC))
             return 0;

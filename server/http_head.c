@@ -3,6 +3,8 @@
  * request ends (request smuggling): every framing ambiguity is an error, never a guess. */
 #include "server/http_head.h"
 
+#include "common/hex.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -228,17 +230,6 @@ int srv_head_parse(const char *buf, size_t len, size_t limit, unsigned max_field
     return srv_framing_check(&h->framing, h->http10, e) ? -1 : 1;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int srv_target_path(const char *target, size_t len, char *path, size_t cap, srv_error *e)
 {
     size_t i = 0;
@@ -257,8 +248,8 @@ int srv_target_path(const char *target, size_t len, char *path, size_t cap, srv_
     for (; i < len && target[i] != '?' && target[i] != '#'; i++) {
         unsigned char c = (unsigned char)target[i];
         if (c == '%') {
-            int hi = i + 2 < len ? hexval(target[i + 1]) : -1;
-            int lo = hi >= 0 ? hexval(target[i + 2]) : -1;
+            int hi = i + 2 < len ? hex_digit(target[i + 1]) : -1;
+            int lo = hi >= 0 ? hex_digit(target[i + 2]) : -1;
             if (lo < 0)
                 return srv_error_set(e, 400, NULL, NULL, "malformed percent escape in the path");
             c = (unsigned char)(hi * 16 + lo);
