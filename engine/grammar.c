@@ -6,7 +6,6 @@
 #include "engine/grammar.h"
 
 #include "common/hex.h"
-
 #include "common/status.h"
 
 #include <math.h>
