@@ -1,6 +1,7 @@
-/* kvserve generate: one prompt, one sequence, straight through the engine and a kvpool block
- * table (the same paged path the server uses, without HTTP or the scheduler thread).
- * --no-cache recomputes the whole sequence every step: the textbook quadratic loop, kept to
+/* kvserve generate: one prompt from the command line through the same scheduler `serve` runs
+ * (continuous batching over the paged KV cache, its stop policy and its detokenizer), without
+ * HTTP. --no-cache recomputes the whole sequence every step (each token a fresh one-token
+ * request over everything so far, with no prefix reuse): the textbook quadratic loop, kept to
  * verify the cache and to show what it buys. */
 #include "server/commands.h"
 
@@ -9,10 +10,11 @@
 #include "common/timeutil.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
-#include "kvpool/kvpool.h"
+#include "scheduler/scheduler.h"
 
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,7 @@ typedef struct gen_opts {
     bool ignore_eos;
     long threads;
     long block_size;
+    long ctx_size;
     engine_kv_type kv_type;
     const char *kernels;
 } gen_opts;
@@ -46,10 +49,13 @@ static void usage(FILE *out)
             "      --min-p P          drop tokens below P x the top probability (default 0)\n"
             "      --seed S           sampling seed (default 0)\n"
             "      --ids              print generated token ids, space-separated, instead of text\n"
-            "      --no-cache         recompute the whole sequence at every step (no KV reuse)\n"
+            "      --no-cache         recompute the whole sequence at every step (no KV reuse;\n"
+            "                         greedy only, to compare with the cached loop)\n"
             "      --ignore-eos       keep generating past EOS/BOS\n"
             "      --threads N        compute threads (default: online cores)\n"
             "      --block-size N     KV block size in tokens (default 16)\n"
+            "      --ctx-size N       context length (default 0 = the model's); the prompt and\n"
+            "                         --max-tokens must fit in it\n"
             "      --kv-cache-type T  f16|f32: what cached keys and values are stored as (f16)\n"
             "      --kernels K        auto|avx2|generic: the engine's kernels (auto: the best\n"
             "                         this CPU runs; every choice gives the same results)\n"
@@ -91,6 +97,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         O_IGNEOS,
         O_THREADS,
         O_BS,
+        O_CTX,
         O_KVTYPE,
         O_KERNELS
     };
@@ -108,6 +115,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         {"ignore-eos", no_argument, NULL, O_IGNEOS},
         {"threads", required_argument, NULL, O_THREADS},
         {"block-size", required_argument, NULL, O_BS},
+        {"ctx-size", required_argument, NULL, O_CTX},
         {"kv-cache-type", required_argument, NULL, O_KVTYPE},
         {"kernels", required_argument, NULL, O_KERNELS},
         {"help", no_argument, NULL, 'h'},
@@ -138,6 +146,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         case O_IGNEOS: o->ignore_eos = true; break;
         case O_THREADS: bad = parse_long(optarg, 1, 1024, &o->threads); break;
         case O_BS: bad = parse_long(optarg, 1, 1024, &o->block_size); break;
+        case O_CTX: bad = parse_long(optarg, 0, 1 << 20, &o->ctx_size); break;
         case O_KERNELS: o->kernels = optarg; break;
         case O_KVTYPE: {
             int t = engine_kv_type_parse(optarg);
@@ -159,31 +168,184 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         usage(stderr);
         return -1;
     }
+    if (o->no_cache && o->sp.temperature > 0.0f) {
+        /* each recomputed step is a new request, so a sampled run would draw from a new random
+         * stream every token and could not match the cached loop it exists to check */
+        fprintf(stderr, "kvserve generate: --no-cache is greedy only (--temp 0)\n");
+        return -1;
+    }
     return 0;
 }
 
-/* Runs positions [from, n) of tokens through the engine, logits for the last one. */
-static int forward_span(engine_ctx *ctx, engine_kv *kv, kvpool *pool, kvpool_seq *seq,
-                        const int32_t *tokens, uint32_t from, uint32_t n, int32_t *pos, int32_t *sq,
-                        bool *want, float *logits)
+/* The notify side of a request: the engine thread signals, the main thread waits. */
+typedef struct gen_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool ready;
+} gen_wait;
+
+static void on_notify(void *ud)
 {
-    kvpool_copy cp;
-    int n_cp;
-    int rc = kvpool_seq_append(pool, seq, tokens + from, n - from, &cp, &n_cp);
-    if (rc)
-        return rc;
-    for (uint32_t i = from; i < n; i++) {
-        pos[i - from] = (int32_t)i;
-        sq[i - from] = 0;
-        want[i - from] = i == n - 1;
+    gen_wait *w = ud;
+    pthread_mutex_lock(&w->mu);
+    w->ready = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* The next event of r, waiting for the engine thread: 1 and *ev, or -1 when r has no more. */
+static int next_event(sched_req *r, gen_wait *w, sched_event *ev)
+{
+    for (;;) {
+        int got = sched_req_next(r, ev);
+        if (got != 0)
+            return got;
+        pthread_mutex_lock(&w->mu);
+        while (!w->ready)
+            pthread_cond_wait(&w->cv, &w->mu);
+        w->ready = false;
+        pthread_mutex_unlock(&w->mu);
     }
-    engine_seq_view view;
-    view.blocks = kvpool_seq_blocks(seq, &view.n_blocks);
-    engine_batch b = {n - from, tokens + from, pos, sq, want, 1, &view};
-    rc = engine_forward(ctx, kv, &b, logits);
-    if (!rc)
-        kvpool_seq_commit(pool, seq, n);
-    return rc;
+}
+
+/* What one run produced, for the summary line. */
+typedef struct gen_run {
+    uint32_t n_gen;
+    double t_first; /* when the first generated token arrived */
+    int status;     /* 0, or the error that ended the choice */
+} gen_run;
+
+/* Whether tok is the model's end token that ended the choice: the scheduler stops at EOS and
+ * at a generated BOS (its stop ids) and reports that token too, but it is not part of the
+ * completion (neither the reference nor the text holds it). */
+static bool is_end_token(const tok_vocab *v, bool ignore_eos, int32_t tok)
+{
+    return !ignore_eos && (tok == tok_eos(v) || tok == tok_bos(v));
+}
+
+/* Prints the ids of ev's tokens (but the end token), counting them in run. */
+static void put_ids(const tok_vocab *v, bool ignore_eos, const sched_event *ev, bool ids,
+                    gen_run *run)
+{
+    for (uint32_t i = 0; i < ev->n_tokens; i++) {
+        if (is_end_token(v, ignore_eos, ev->tokens[i].id))
+            continue;
+        if (ids)
+            printf(run->n_gen ? " %d" : "%d", ev->tokens[i].id);
+        run->n_gen++;
+    }
+}
+
+/* The cached loop: one request; its text (or ids) printed as the scheduler emits it. */
+static void run_cached(sched *sc, const tok_vocab *v, sched_request_params *rp, bool ids,
+                       gen_run *run)
+{
+    gen_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+    sched_req *r = NULL;
+    run->status = sched_submit(sc, rp, on_notify, &w, &r);
+    if (run->status)
+        return;
+    sched_event ev;
+    bool first = true;
+    while (next_event(r, &w, &ev) == 1) {
+        if (first) /* every event follows a sampled token (or the end) */
+            run->t_first = time_now_s();
+        first = false;
+        put_ids(v, rp->ignore_eos, &ev, ids, run);
+        if (!ids)
+            fwrite(ev.text, 1, ev.text_len, stdout);
+        fflush(stdout);
+        if (ev.finish == SCHED_FINISH_ERROR)
+            run->status = ev.status;
+        sched_event_free(&ev);
+    }
+    sched_req_release(r);
+}
+
+/* Appends token id's text to *buf (grown as needed). */
+static int push_piece(const tok_vocab *v, tok_decoder *d, int32_t id, char **buf, size_t *cap)
+{
+    for (;;) {
+        int len = tok_decoder_push(v, d, id, *buf, *cap);
+        if (len != KVS_ENOSPC)
+            return len;
+        char *nb = realloc(*buf, *cap * 2);
+        if (!nb)
+            return KVS_ENOMEM;
+        *buf = nb;
+        *cap *= 2;
+    }
+}
+
+/* The recomputing loop: every token a one-token request over the whole sequence so far (the
+ * scheduler was made without prefix reuse, so each recomputes from position 0). */
+static void run_no_cache(sched *sc, sched_request_params *rp, const tok_vocab *vocab,
+                         size_t max_tokens, bool ids, gen_run *run)
+{
+    size_t n = rp->n_prompt;
+    int32_t *seq = malloc((n + max_tokens) * sizeof(int32_t));
+    size_t cap = 256;
+    char *piece = malloc(cap);
+    if (!seq || !piece) {
+        free(seq);
+        free(piece);
+        run->status = KVS_ENOMEM;
+        return;
+    }
+    memcpy(seq, rp->prompt, n * sizeof(int32_t));
+    tok_decoder dec;
+    tok_decoder_init(&dec);
+    sched_request_params one = *rp;
+    one.max_tokens = 1;
+    one.n_top_logprobs = 0; /* the token id comes with its event */
+    bool done = false;
+    while (!done && run->n_gen < max_tokens && !run->status) {
+        one.prompt = seq;
+        one.n_prompt = (uint32_t)n;
+        gen_wait w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+        sched_req *r = NULL;
+        run->status = sched_submit(sc, &one, on_notify, &w, &r);
+        if (run->status)
+            break;
+        sched_event ev;
+        done = true; /* unless a token arrives: EOS ends the choice with none */
+        while (next_event(r, &w, &ev) == 1) {
+            for (uint32_t i = 0; i < ev.n_tokens; i++) {
+                int32_t tok = ev.tokens[i].id;
+                if (is_end_token(vocab, rp->ignore_eos, tok))
+                    continue;
+                if (run->n_gen == 0)
+                    run->t_first = time_now_s();
+                if (ids) {
+                    printf(run->n_gen ? " %d" : "%d", tok);
+                } else {
+                    int len = push_piece(vocab, &dec, tok, &piece, &cap);
+                    if (len < 0)
+                        run->status = len;
+                    else
+                        fwrite(piece, 1, (size_t)len, stdout);
+                }
+                seq[n++] = tok;
+                run->n_gen++;
+                done = false;
+            }
+            if (ev.finish == SCHED_FINISH_ERROR)
+                run->status = ev.status;
+            /* a stop string ends the run as it ends the cached one */
+            if (ev.finish == SCHED_FINISH_STOP && ev.n_tokens == 0)
+                done = true;
+            sched_event_free(&ev);
+        }
+        fflush(stdout);
+        sched_req_release(r);
+    }
+    if (!ids) {
+        int len = tok_decoder_flush(&dec, piece, cap);
+        if (len > 0)
+            fwrite(piece, 1, (size_t)len, stdout);
+    }
+    free(piece);
+    free(seq);
 }
 
 int cmd_generate(int argc, char **argv)
@@ -214,7 +376,7 @@ int cmd_generate(int argc, char **argv)
     const engine_hparams *hp = engine_model_hparams(model);
     const tok_vocab *vocab = engine_model_vocab(model);
     size_t plen = strlen(o.prompt), n_prompt = 0;
-    size_t cap = plen + 2 + (size_t)o.max_tokens;
+    size_t cap = plen + 2;
     int32_t *tokens = malloc(cap * sizeof(int32_t));
     rc = tokens
              ? tok_encode(vocab, o.prompt, plen, tok_add_bos(vocab), false, tokens, cap, &n_prompt)
@@ -226,103 +388,63 @@ int cmd_generate(int argc, char **argv)
         engine_model_destroy(model);
         return 1;
     }
-    uint32_t n_total = (uint32_t)(n_prompt + (size_t)o.max_tokens);
-    uint32_t bs = (uint32_t)o.block_size;
-    kvpool_params kp = {(n_total + bs - 1) / bs + 1, bs, false};
-    kvpool *pool = NULL;
-    kvpool_seq *seq = NULL;
-    engine_kv *kv = NULL;
-    engine_ctx *ctx = NULL;
-    sampler *smp = NULL;
-    uint32_t max_rows = o.no_cache ? n_total : (uint32_t)n_prompt;
-    int32_t *pos = malloc(n_total * sizeof(int32_t)), *sq = malloc(n_total * sizeof(int32_t));
-    bool *want = malloc(n_total * sizeof(bool));
-    float *logits = malloc(hp->n_vocab * sizeof(float));
-    rc = (!pos || !sq || !want || !logits) ? KVS_ENOMEM : 0;
-    if (!rc)
-        rc = kvpool_create(&kp, &pool);
-    if (!rc)
-        rc = kvpool_seq_create(pool, &seq);
-    if (!rc)
-        rc = engine_kv_create(model, o.kv_type, kp.n_blocks, bs, &kv);
-    if (!rc)
-        rc = engine_ctx_create(model, max_rows < 1 ? 1 : max_rows, (uint32_t)o.threads, &ctx);
-    if (!rc)
-        rc = sampler_create(&o.sp, (int32_t)hp->n_vocab, &smp);
+    uint32_t n_ctx = o.ctx_size ? (uint32_t)o.ctx_size : hp->n_ctx_train;
+    if ((uint64_t)n_prompt + (uint64_t)o.max_tokens > n_ctx) {
+        fprintf(stderr,
+                "kvserve generate: the prompt (%zu tokens) and --max-tokens %ld do not fit the "
+                "context of %u tokens (--ctx-size sets it)\n",
+                n_prompt, o.max_tokens, n_ctx);
+        free(tokens);
+        engine_model_destroy(model);
+        return 2;
+    }
+    /* one sequence: a pool of one context */
+    sched_params sp = sched_default_params();
+    sp.max_num_seqs = 1;
+    sp.block_size = (uint32_t)o.block_size;
+    sp.kv_blocks = (n_ctx + sp.block_size - 1) / sp.block_size;
+    sp.kv_type = o.kv_type;
+    sp.n_threads = (uint32_t)o.threads;
+    sp.n_ctx = n_ctx;
+    sp.prefix_cache = !o.no_cache;
+    sched *sc = NULL;
+    rc = sched_create(&sp, model, &sc);
     if (rc) {
         fprintf(stderr, "kvserve generate: setup failed: %s\n", status_str(rc));
-        goto out;
+        free(tokens);
+        engine_model_destroy(model);
+        return 1;
     }
-    for (size_t i = 0; i < n_prompt; i++)
-        sampler_accept(smp, tokens[i], true);
-
-    tok_decoder dec;
-    tok_decoder_init(&dec);
-    uint32_t n = (uint32_t)n_prompt, n_gen = 0;
-    double t0 = time_now_s(), t_first = 0;
-    rc = forward_span(ctx, kv, pool, seq, tokens, 0, n, pos, sq, want, logits);
-    while (!rc) {
-        int32_t tok = sampler_sample(smp, logits, NULL, 0, NULL, NULL);
-        sampler_accept(smp, tok, false);
-        if (n_gen == 0)
-            t_first = time_now_s();
-        bool stop = !o.ignore_eos && (tok == tok_eos(vocab) || tok == tok_bos(vocab));
-        if (stop)
-            break;
-        tokens[n++] = tok;
-        n_gen++;
-        if (o.ids) {
-            printf(n_gen > 1 ? " %d" : "%d", tok);
-        } else {
-            char piece[256];
-            int len = tok_decoder_push(vocab, &dec, tok, piece, sizeof piece);
-            if (len > 0)
-                fwrite(piece, 1, (size_t)len, stdout);
-        }
-        fflush(stdout);
-        if (n_gen >= (uint32_t)o.max_tokens)
-            break;
-        if (o.no_cache) {
-            /* Forget everything and recompute the whole sequence from position 0. */
-            kvpool_seq_destroy(pool, seq);
-            seq = NULL;
-            rc = kvpool_seq_create(pool, &seq);
-            if (!rc)
-                rc = forward_span(ctx, kv, pool, seq, tokens, 0, n, pos, sq, want, logits);
-        } else {
-            rc = forward_span(ctx, kv, pool, seq, tokens, n - 1, n, pos, sq, want, logits);
-        }
-    }
-    if (!o.ids) {
-        char tail[16];
-        int len = tok_decoder_flush(&dec, tail, sizeof tail);
-        if (len > 0)
-            fwrite(tail, 1, (size_t)len, stdout);
-    }
+    sched_request_params rp = {
+        .prompt = tokens,
+        .n_prompt = (uint32_t)n_prompt,
+        .max_tokens = (uint32_t)o.max_tokens,
+        .n = 1,
+        .sampling = o.sp,
+        .ignore_eos = o.ignore_eos,
+        .n_top_logprobs = 0, /* so each event carries its tokens: ids, counts */
+    };
+    gen_run run = {0};
+    double t0 = time_now_s();
+    if (o.no_cache)
+        run_no_cache(sc, &rp, vocab, (size_t)o.max_tokens, o.ids, &run);
+    else
+        run_cached(sc, vocab, &rp, o.ids, &run);
     printf("\n");
-    if (rc) {
-        fprintf(stderr, "kvserve generate: forward pass failed: %s\n", status_str(rc));
+    if (run.status) {
+        fprintf(stderr, "kvserve generate: generation failed: %s\n", status_str(run.status));
     } else {
         double t1 = time_now_s();
-        double decode_s = t1 - t_first;
+        double decode_s = t1 - run.t_first;
         fprintf(stderr,
                 "kvserve generate: prompt %zu tokens, generated %u tokens; prefill %.1f ms, "
                 "decode %.2f tok/s (%s)\n",
-                n_prompt, n_gen, (t_first - t0) * 1e3,
-                n_gen > 1 && decode_s > 0 ? (n_gen - 1) / decode_s : 0.0,
+                n_prompt, run.n_gen, run.n_gen ? (run.t_first - t0) * 1e3 : 0.0,
+                run.n_gen > 1 && decode_s > 0 ? (run.n_gen - 1) / decode_s : 0.0,
                 o.no_cache ? "no cache: full recompute per token" : "paged KV cache");
     }
-out:
-    sampler_destroy(smp);
-    engine_ctx_destroy(ctx);
-    engine_kv_destroy(kv);
-    kvpool_seq_destroy(pool, seq);
-    kvpool_destroy(pool);
-    free(pos);
-    free(sq);
-    free(want);
-    free(logits);
+    sched_destroy(sc);
     free(tokens);
     engine_model_destroy(model);
-    return rc ? 1 : 0;
+    return run.status ? 1 : 0;
 }
