@@ -11,7 +11,9 @@ levels=${2:-"1 2 4 8 16 32 64"}
 per=${3:-8}
 bash tools/setup.sh
 bash tools/build.sh
-command -v gnuplot >/dev/null || apt-get install -y -qq gnuplot-nox >/dev/null
+# shellcheck source=tools/lib.sh
+. tools/lib.sh
+kvs_apt_need concurrency.sh gnuplot-nox
 name=$(basename "$model" .gguf)
 if [[ $model != *.gguf ]]; then
     gen=$(mktemp -d)

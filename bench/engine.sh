@@ -27,10 +27,9 @@ MKMODEL="$BUILD/tools/kvs-mkmodel"
 
 [ -x "$BENCH" ] && [ -x "$MKMODEL" ] || { echo "engine.sh: build first (ninja -C $BUILD)" >&2; exit 1; }
 [ -f "$VOCAB" ] || { echo "engine.sh: vocabulary $VOCAB not found" >&2; exit 1; }
-if ! command -v gnuplot >/dev/null; then
-    echo "engine.sh: installing gnuplot-nox" >&2
-    apt-get install -y gnuplot-nox >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y gnuplot-nox >/dev/null)
-fi
+# shellcheck source=tools/lib.sh
+. "$(dirname "$0")/../tools/lib.sh"
+kvs_apt_need engine.sh gnuplot-nox
 
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 TMP=$(mktemp -d /tmp/kvs-bench-engine.XXXXXX)

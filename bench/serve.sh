@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 runs=${1:-3}
 bash tools/setup.sh
 bash tools/build.sh
-command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null
+# shellcheck source=tools/lib.sh
+. tools/lib.sh
+kvs_apt_need serve.sh wrk
 models=../shared/models
 tmp=$(mktemp -d)
 trap 'pkill -P $$ kvserve 2>/dev/null || true; rm -rf "$tmp"' EXIT

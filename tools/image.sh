@@ -11,18 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TAG=${1:-kvserve:latest}
-need=()
-for p in podman runc debootstrap; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    echo "image.sh: installing ${need[*]}" >&2
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+# shellcheck source=tools/lib.sh
+. tools/lib.sh
+kvs_apt_need image.sh podman runc debootstrap
 # The machine forbids raising rlimits and mixes cgroup versions: runc, lower ulimits, and the
 # host network (the build's apt-get needs Debian's mirror).
 P=(podman --runtime /usr/sbin/runc)

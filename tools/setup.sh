@@ -12,23 +12,14 @@ PKGS=(build-essential meson ninja-build pkg-config
       libmicrohttpd-dev libcjson-dev libopenblas-dev libcmocka-dev libpcre2-dev
       python3 python3-yaml python3-numpy curl clang clang-format libclang-rt-dev prometheus
       nginx wrk chromium)
-missing=()
-for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+# shellcheck source=tools/lib.sh
+. tools/lib.sh
 # node may come from elsewhere (e.g. a newer build that bundles npm): only ask apt when the
 # commands are missing, since Debian's npm conflicts with such a nodejs.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-    missing+=(nodejs npm)
+    PKGS+=(nodejs npm)
 fi
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "setup: installing ${missing[*]}" >&2
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+kvs_apt_need setup "${PKGS[@]}"
 
 # The Node test suites' node_modules (the OpenAI SDK; playwright-core for the page in
 # chromium): reinstall when the lock file changed since the last install.
