@@ -252,7 +252,7 @@ static void run_cached(sched *sc, const tok_vocab *v, sched_request_params *rp, 
             run->t_first = time_now_s();
         first = false;
         put_ids(v, rp->ignore_eos, &ev, ids, run);
-        if (!ids)
+        if (!ids && ev.text_len)
             fwrite(ev.text, 1, ev.text_len, stdout);
         fflush(stdout);
         if (ev.finish == SCHED_FINISH_ERROR)
