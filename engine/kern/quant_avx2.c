@@ -2,8 +2,9 @@
  * Each super-block's planes are expanded to int8 Q with 32-byte shifts and masks (a pshufb for
  * the IQ4 levels) into an L1 buffer, then every panel line is widened as fmadd(S, Q, M), the
  * exact value (S * Q is exact), and multiplied in the in-order FMA chain of kern/ref.c: the bits
- * of the portable table. Small batches read the blocks in place; a panel that several row tiles
- * read is widened once into the caller's scratch and handed to the F32 panel product. */
+ * of the portable table. One or two rows read the blocks in place (one row: two panels at once);
+ * from three rows on a panel is widened once into the caller's scratch and handed to the F32
+ * panel product. */
 #include "engine/kern/quant.h"
 
 #include <immintrin.h>
@@ -139,28 +140,40 @@ INLINE void qtile(const kern_qfmt *f, const kern_qoff *o, int NP, int R, const f
     int8_t T[2][QBUF] __attribute__((aligned(32)));
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
         for (int v = 0; v < 2 * NP; v++)
             acc[r][v] = _mm256_setzero_ps();
+    size_t n_sub = f->sb / f->sub, sub = f->sub;
     for (size_t b = 0; b < K / f->sb; b++) {
         const uint8_t *ps[2];
+#pragma GCC unroll 2
         for (int p = 0; p < NP; p++) {
             ps[p] = wp + (size_t)p * pbytes + b * o->psb;
             expand(f, o, ps[p], T[p]);
         }
-        for (size_t j = 0; j < (size_t)(f->sb / f->sub); j++) {
+        for (size_t j = 0; j < n_sub; j++) {
             __m256 S[2][2], M[2][2];
+#pragma GCC unroll 2
             for (int p = 0; p < NP; p++)
                 scales(f, o, ps[p], f->has_sc ? j : 0, S[p], M[p]);
-            for (size_t k = j * f->sub; k < (j + 1) * f->sub; k++) {
-                __m256 w[4];
-                for (int p = 0; p < NP; p++)
-                    line(T[p], k, S[p], M[p], &w[2 * p], &w[2 * p + 1]);
+            for (size_t k = j * sub; k < (j + 1) * sub; k++) {
+                /* each panel's two weight vectors used as soon as made: with R = 1, NP = 2 the
+                 * 4 sums, 8 scale vectors, x and 2 weights fit AVX2's 16 registers (no sum is
+                 * spilled, which would put a store and a load in its chain) */
                 const float *xk = x + b * f->sb + k;
+                __m256 xb[PM];
 #pragma GCC unroll 6
-                for (int r = 0; r < R; r++) {
-                    __m256 xb = _mm256_broadcast_ss(xk + (size_t)r * ldx);
-                    for (int v = 0; v < 2 * NP; v++)
-                        acc[r][v] = _mm256_fmadd_ps(xb, w[v], acc[r][v]);
+                for (int r = 0; r < R; r++)
+                    xb[r] = _mm256_broadcast_ss(xk + (size_t)r * ldx);
+#pragma GCC unroll 2
+                for (int p = 0; p < NP; p++) {
+                    __m256 w0, w1;
+                    line(T[p], k, S[p], M[p], &w0, &w1);
+#pragma GCC unroll 6
+                    for (int r = 0; r < R; r++) {
+                        acc[r][2 * p] = _mm256_fmadd_ps(xb[r], w0, acc[r][2 * p]);
+                        acc[r][2 * p + 1] = _mm256_fmadd_ps(xb[r], w1, acc[r][2 * p + 1]);
+                    }
                 }
             }
         }
@@ -169,11 +182,48 @@ INLINE void qtile(const kern_qfmt *f, const kern_qoff *o, int NP, int R, const f
     for (int r = 0; r < R; r++) {
         float *orow = out + (size_t)r * ldo;
         float tmp[4 * 8];
+#pragma GCC unroll 4
         for (int v = 0; v < 2 * NP; v++)
             _mm256_storeu_ps(tmp + 8 * v, acc[r][v]);
         for (size_t c = c0; c < c1; c++)
             orow[c] = tmp[c];
     }
+}
+
+/* One row against two adjacent panels (out[0..32)), read in place: four independent chains
+ * instead of two, so the FMA latency no longer bounds a decode step. Named variables rather than
+ * qtile's arrays: the 4 sums, 8 scale vectors, x and 2 weights fit AVX2's 16 registers, and gcc
+ * keeps them there (with the arrays it spilled a sum, a store and a load in its chain). */
+static void qrow2(const kern_qfmt *f, const kern_qoff *o, const float *x, const uint8_t *wp,
+                  size_t pbytes, size_t K, float *out)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int8_t T0[QBUF] __attribute__((aligned(32))), T1[QBUF] __attribute__((aligned(32)));
+    size_t n_sub = f->sb / f->sub, sub = f->sub;
+    for (size_t b = 0; b < K / f->sb; b++) {
+        const uint8_t *p0 = wp + b * o->psb, *p1 = p0 + pbytes;
+        expand(f, o, p0, T0);
+        expand(f, o, p1, T1);
+        for (size_t j = 0; j < n_sub; j++) {
+            __m256 S0[2], M0[2], S1[2], M1[2];
+            scales(f, o, p0, f->has_sc ? j : 0, S0, M0);
+            scales(f, o, p1, f->has_sc ? j : 0, S1, M1);
+            const float *xk = x + b * f->sb;
+            for (size_t k = j * sub; k < (j + 1) * sub; k++) {
+                __m256 xb = _mm256_broadcast_ss(xk + k), w0, w1;
+                line(T0, k, S0, M0, &w0, &w1);
+                a0 = _mm256_fmadd_ps(xb, w0, a0);
+                a1 = _mm256_fmadd_ps(xb, w1, a1);
+                line(T1, k, S1, M1, &w0, &w1);
+                a2 = _mm256_fmadd_ps(xb, w0, a2);
+                a3 = _mm256_fmadd_ps(xb, w1, a3);
+            }
+        }
+    }
+    _mm256_storeu_ps(out, a0);
+    _mm256_storeu_ps(out + 8, a1);
+    _mm256_storeu_ps(out + 16, a2);
+    _mm256_storeu_ps(out + 24, a3);
 }
 
 #define QCASE(R)                                                                                   \
@@ -226,7 +276,9 @@ void kern__quant_matmul_avx2(const kern_mat *m, const float *x, size_t T, size_t
             size_t c0 = n0 > base ? n0 - base : 0;
             size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
             const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
-            if (scratch && nb > 1) {
+            /* from 3 rows on, widening once beats expanding in the tile, whose R x 2 sums and
+             * 4 scale vectors no longer fit the 16 registers */
+            if (scratch && tc > 2) {
                 widen(f, &o, wp, K, scratch);
                 kern_mat fm;
                 kern_mat_init(&fm, KERN_F32_PANEL, scratch, KERN_PANEL, K);
@@ -235,8 +287,7 @@ void kern__quant_matmul_avx2(const kern_mat *m, const float *x, size_t T, size_t
                 continue;
             }
             if (tc == 1 && c0 == 0 && c1 == KERN_PANEL && base + 2 * KERN_PANEL <= n1) {
-                qtile(f, &o, 2, 1, x + t0 * ldx, ldx, wp, pbytes, K, out + t0 * ldo + base, ldo, 0,
-                      2 * KERN_PANEL);
+                qrow2(f, &o, x + t0 * ldx, wp, pbytes, K, out + t0 * ldo + base);
                 p++; /* the next panel too */
                 continue;
             }
