@@ -62,9 +62,15 @@ static int crumb_at(const uint8_t *qs, int e)
     return (qs[(e >> 7) * 32 + (e & 31)] >> (2 * ((e >> 5) & 3))) & 3;
 }
 
-static int nibble_at(const uint8_t *qs, int e)
+/* The 256 4-bit fields of a Q4_K / Q5_K qs array: each run of 32 bytes holds 64 values, the
+ * first 32 in the low nibbles (engine/quant_k.c's nibble_at). */
+static void nibbles256(const uint8_t *qs, uint8_t *raw)
 {
-    return (qs[(e >> 6) * 32 + (e & 31)] >> (4 * ((e >> 5) & 1))) & 0x0f;
+    for (int run = 0; run < 4; run++)
+        for (int t = 0; t < 32; t++) {
+            raw[64 * run + t] = qs[32 * run + t] & 0x0f;
+            raw[64 * run + 32 + t] = qs[32 * run + t] >> 4;
+        }
 }
 
 /* scales (16) | qs (64) | d (2) | dmin (2) */
@@ -112,8 +118,7 @@ static void dec_q4_k(const uint8_t *p, kern_qblock *o)
     o->dm = u16_at(p + 2) ^ 0x8000;
     for (int j = 0; j < 8; j++)
         scale_min_k4(p + 4, j, &o->sc[j], &o->mi[j]);
-    for (int e = 0; e < 256; e++)
-        o->raw[e] = (uint8_t)nibble_at(p + 16, e);
+    nibbles256(p + 16, o->raw);
 }
 
 /* d (2) | dmin (2) | scales (12) | qh (32) | qs (128) */
@@ -123,9 +128,10 @@ static void dec_q5_k(const uint8_t *p, kern_qblock *o)
     o->dm = u16_at(p + 2) ^ 0x8000;
     for (int j = 0; j < 8; j++)
         scale_min_k4(p + 4, j, &o->sc[j], &o->mi[j]);
-    const uint8_t *qh = p + 16, *qs = p + 48;
+    const uint8_t *qh = p + 16;
+    nibbles256(p + 48, o->raw);
     for (int e = 0; e < 256; e++)
-        o->raw[e] = (uint8_t)(nibble_at(qs, e) | ((qh[e & 31] >> (e >> 5)) & 1) << 4);
+        o->raw[e] |= (uint8_t)(((qh[e & 31] >> (e >> 5)) & 1) << 4);
 }
 
 /* ql (128) | qh (64) | scales (16, int8) | d (2); Q = raw - 32 */
@@ -135,12 +141,13 @@ static void dec_q6_k(const uint8_t *p, kern_qblock *o)
     o->d = u16_at(p + 208);
     for (int s = 0; s < 16; s++)
         o->sc[s] = (int8_t)p[192 + s];
-    for (int e = 0; e < 256; e++) {
-        int h = e >> 7, r = e & 127;
-        int lo = (ql[h * 64 + (r & 63)] >> (4 * (r >> 6))) & 0x0f;
-        int hi = (qh[h * 32 + (r & 31)] >> (2 * (r >> 5))) & 3;
-        o->raw[e] = (uint8_t)(lo | hi << 4);
-    }
+    for (int h = 0; h < 2; h++) /* each half of 128 values */
+        for (int r = 0; r < 64; r++) {
+            uint8_t l = ql[h * 64 + r], hb = qh[h * 32 + (r & 31)];
+            int s0 = 2 * (r >> 5); /* value r: bits s0 of qh; value r + 64: bits s0 + 4 */
+            o->raw[h * 128 + r] = (uint8_t)((l & 0x0f) | ((hb >> s0) & 3) << 4);
+            o->raw[h * 128 + 64 + r] = (uint8_t)((l >> 4) | ((hb >> (s0 + 4)) & 3) << 4);
+        }
 }
 
 /* d (2) | scales_h (2) | scales_l (4) | qs (128) */
@@ -216,42 +223,54 @@ static void plane_pos(unsigned b, size_t i, size_t *byte, unsigned *shift)
     *shift = (unsigned)(r / 32) * b;
 }
 
+/* The b-bit fields (raw >> from) & mask of the n values of T into a plane (the layout of
+ * kern/quant.h, n a multiple of 256 / b): one 32-byte run at a time. */
+static void plane_write(const uint8_t *T, size_t n, unsigned b, unsigned from, uint8_t *plane)
+{
+    unsigned per = 256 / b, mask = (1u << b) - 1;
+    for (size_t run = 0; run < n / per; run++)
+        for (unsigned t = 0; t < 32; t++) {
+            unsigned v = 0;
+            for (unsigned s = 0; s < per / 32; s++)
+                v |= ((T[run * per + s * 32 + t] >> from) & mask) << (s * b);
+            plane[run * 32 + t] = (uint8_t)v;
+        }
+}
+
+/* Per panel and super-block: the 16 rows' blocks decoded (rows past n_out stay zero: d = 0,
+ * every value 0), their raw quants gathered k-major, the planes written from those. */
 void kern__quant_pack(const kern_mat *src, void *dst, kern_mat *out)
 {
     const kern_qfmt *f = kern__qfmt(src->qtype);
     kern_qoff o = kern__qoff(f);
-    size_t nsb = src->n_in / f->sb, n_sub = f->sb / f->sub;
+    size_t nsb = src->n_in / f->sb, n_sub = f->sb / f->sub, n = (size_t)f->sb * KERN_PANEL;
     size_t np = (src->n_out + KERN_PANEL - 1) / KERN_PANEL;
-    memset(dst, 0, np * nsb * o.psb); /* padding rows: d = 0, every value 0 */
     kern_qblock q;
-    for (size_t r = 0; r < src->n_out; r++) {
-        const uint8_t *row = (const uint8_t *)src->data + r * src->row_bytes;
-        size_t c = r % KERN_PANEL;
-        uint8_t *pp = (uint8_t *)dst + r / KERN_PANEL * nsb * o.psb;
+    uint8_t T[256 * KERN_PANEL];
+    for (size_t p = 0; p < np; p++)
         for (size_t b = 0; b < nsb; b++) {
-            memset(&q, 0, sizeof q);
-            f->decode(row + b * f->file_bytes, &q);
-            uint8_t *ps = pp + b * o.psb;
-            memcpy(ps + 2 * c, &q.d, 2);
-            if (f->has_min)
-                memcpy(ps + o.dm + 2 * c, &q.dm, 2);
-            for (size_t j = 0; f->has_sc && j < n_sub; j++) {
-                ps[o.sc + j * KERN_PANEL + c] = (uint8_t)q.sc[j];
+            uint8_t *ps = (uint8_t *)dst + (p * nsb + b) * o.psb;
+            memset(ps, 0, o.psb);
+            memset(T, 0, n);
+            for (size_t c = 0; c < KERN_PANEL && p * KERN_PANEL + c < src->n_out; c++) {
+                const uint8_t *row =
+                    (const uint8_t *)src->data + (p * KERN_PANEL + c) * src->row_bytes;
+                f->decode(row + b * f->file_bytes, &q);
+                memcpy(ps + 2 * c, &q.d, 2);
                 if (f->has_min)
-                    ps[o.mi + j * KERN_PANEL + c] = q.mi[j];
-            }
-            for (size_t k = 0; k < f->sb; k++) {
-                size_t i = k * KERN_PANEL + c, byte;
-                unsigned sh, raw = q.raw[k];
-                plane_pos(f->lo_bits, i, &byte, &sh);
-                ps[o.lo + byte] |= (uint8_t)((raw & ((1u << f->lo_bits) - 1)) << sh);
-                if (f->hi_bits) {
-                    plane_pos(f->hi_bits, i, &byte, &sh);
-                    ps[o.hi + byte] |= (uint8_t)((raw >> f->lo_bits) << sh);
+                    memcpy(ps + o.dm + 2 * c, &q.dm, 2);
+                for (size_t j = 0; f->has_sc && j < n_sub; j++) {
+                    ps[o.sc + j * KERN_PANEL + c] = (uint8_t)q.sc[j];
+                    if (f->has_min)
+                        ps[o.mi + j * KERN_PANEL + c] = q.mi[j];
                 }
+                for (size_t k = 0; k < f->sb; k++)
+                    T[k * KERN_PANEL + c] = q.raw[k];
             }
+            plane_write(T, n, f->lo_bits, 0, ps + o.lo);
+            if (f->hi_bits)
+                plane_write(T, n, f->hi_bits, f->lo_bits, ps + o.hi);
         }
-    }
     kern_mat_init_quant(out, KERN_QUANT_PANEL, src->qtype, dst, src->n_out, src->n_in);
 }
 
