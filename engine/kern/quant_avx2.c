@@ -124,10 +124,11 @@ INLINE void scales(const kern_qfmt *f, const kern_qoff *o, const uint8_t *ps, si
 INLINE void line(const int8_t *T, size_t k, const __m256 S[2], const __m256 M[2], __m256 *w0,
                  __m256 *w1)
 {
-    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(T + k * KERN_PANEL));
-    *w0 = _mm256_fmadd_ps(S[0], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), M[0]);
-    *w1 = _mm256_fmadd_ps(S[1], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))),
-                          M[1]);
+    /* two 8-byte loads, each folded into its vpmovsxbd */
+    __m128i v0 = _mm_loadl_epi64((const __m128i *)(const void *)(T + k * KERN_PANEL));
+    __m128i v1 = _mm_loadl_epi64((const __m128i *)(const void *)(T + k * KERN_PANEL + 8));
+    *w0 = _mm256_fmadd_ps(S[0], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)), M[0]);
+    *w1 = _mm256_fmadd_ps(S[1], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)), M[1]);
 }
 
 /* An R x (16 NP) tile over NP adjacent panels at wp (pbytes apart), read in place: NP = 2 for
