@@ -255,6 +255,7 @@ static void test_quant_legacy(void **state)
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         check_quant(ids[i], 32);
         check_quant(ids[i], 96);
+        check_quant(ids[i], 288); /* a widened chunk of 256 inputs and a short one */
     }
 }
 

@@ -3,8 +3,8 @@
  * the IQ4 levels) into an L1 buffer, then every panel line is widened as fmadd(S, Q, M), the
  * exact value (S * Q is exact), and multiplied in the in-order FMA chain of kern/ref.c: the bits
  * of the portable table. One or two rows read the blocks in place (one row: two panels at once);
- * from three rows on a panel is widened once into the caller's scratch and handed to the F32
- * panel product. */
+ * from three rows on each 256-input chunk of a panel is widened once into an L1 buffer and every
+ * row tile continues its chains over it (the scratch the table's matmul is offered is unused). */
 #include "engine/kern/quant.h"
 
 #include <immintrin.h>
@@ -242,30 +242,90 @@ static void qtile_r(const kern_qfmt *f, const kern_qoff *o, int R, const float *
     }
 }
 
-/* Panel wp widened to an F32 panel ([K][16]) in dst. */
-static void widen(const kern_qfmt *f, const kern_qoff *o, const uint8_t *wp, size_t K, float *dst)
+/* Inputs per widened chunk: 256 x 16 floats (16 KiB) stay in L1 while every row tile reads
+ * them. */
+#define WCHUNK 256
+
+/* Rows [b0 * sb, b0 * sb + n) of panel wp widened into dst ([n][16]). */
+static void widen_chunk(const kern_qfmt *f, const kern_qoff *o, const uint8_t *wp, size_t b0,
+                        size_t n, float *dst)
 {
     int8_t T[QBUF] __attribute__((aligned(32)));
-    for (size_t b = 0; b < K / f->sb; b++) {
+    size_t n_sub = f->sb / f->sub, sub = f->sub;
+    for (size_t b = b0; b < b0 + n / f->sb; b++, dst += (size_t)f->sb * KERN_PANEL) {
         const uint8_t *ps = wp + b * o->psb;
         expand(f, o, ps, T);
-        for (size_t j = 0; j < (size_t)(f->sb / f->sub); j++) {
+        for (size_t j = 0; j < n_sub; j++) {
             __m256 S[2], M[2];
             scales(f, o, ps, f->has_sc ? j : 0, S, M);
-            for (size_t k = j * f->sub; k < (j + 1) * f->sub; k++) {
+            for (size_t k = j * sub; k < (j + 1) * sub; k++) {
                 __m256 w0, w1;
                 line(T, k, S, M, &w0, &w1);
-                float *d = dst + (b * f->sb + k) * KERN_PANEL;
-                _mm256_storeu_ps(d, w0);
-                _mm256_storeu_ps(d + 8, w1);
+                _mm256_store_ps(dst + k * KERN_PANEL, w0);
+                _mm256_store_ps(dst + k * KERN_PANEL + 8, w1);
             }
         }
+    }
+}
+
+/* An R x 16 tile continuing its chains over n widened inputs w ([n][16]): the sums start at
+ * +0 (first) or at the values out holds (stored floats: exact), so chunk after chunk is one
+ * in-order FMA chain over k. */
+INLINE void ftile(int R, const float *x, size_t ldx, const float *w, size_t n, float *out,
+                  size_t ldo, size_t c0, size_t c1, bool first)
+{
+    __m256 acc[PM][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        if (first || c0 != 0 || c1 != KERN_PANEL) {
+            float tmp[KERN_PANEL] = {0};
+            for (size_t c = c0; c < c1 && !first; c++)
+                tmp[c] = out[(size_t)r * ldo + c];
+            acc[r][0] = _mm256_loadu_ps(tmp);
+            acc[r][1] = _mm256_loadu_ps(tmp + 8);
+        } else {
+            acc[r][0] = _mm256_loadu_ps(out + (size_t)r * ldo);
+            acc[r][1] = _mm256_loadu_ps(out + (size_t)r * ldo + 8);
+        }
+    }
+    for (size_t k = 0; k < n; k++) {
+        __m256 w0 = _mm256_load_ps(w + k * KERN_PANEL), w1 = _mm256_load_ps(w + k * KERN_PANEL + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m256 b = _mm256_broadcast_ss(x + (size_t)r * ldx + k);
+            acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        float tmp[KERN_PANEL];
+        _mm256_storeu_ps(tmp, acc[r][0]);
+        _mm256_storeu_ps(tmp + 8, acc[r][1]);
+        for (size_t c = c0; c < c1; c++)
+            out[(size_t)r * ldo + c] = tmp[c];
+    }
+}
+
+#define FCASE(R)                                                                                   \
+    case R: ftile(R, x, ldx, w, n, out, ldo, c0, c1, first); return;
+static void ftile_r(int R, const float *x, size_t ldx, const float *w, size_t n, float *out,
+                    size_t ldo, size_t c0, size_t c1, bool first)
+{
+    switch (R) {
+        FCASE(1)
+        FCASE(2)
+        FCASE(3)
+        FCASE(4)
+        FCASE(5)
+    default: FCASE(PM)
     }
 }
 
 void kern__quant_matmul_avx2(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
                              size_t ldo, size_t n0, size_t n1, float *scratch)
 {
+    (void)scratch;
     const kern_qfmt *f = kern__qfmt(m->qtype);
     kern_qoff o = kern__qoff(f);
     size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
@@ -277,14 +337,19 @@ void kern__quant_matmul_avx2(const kern_mat *m, const float *x, size_t T, size_t
             size_t c0 = n0 > base ? n0 - base : 0;
             size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
             const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
-            /* from 3 rows on, widening once beats expanding in the tile, whose R x 2 sums and
-             * 4 scale vectors no longer fit the 16 registers */
-            if (scratch && tc > 2) {
-                widen(f, &o, wp, K, scratch);
-                kern_mat fm;
-                kern_mat_init(&fm, KERN_F32_PANEL, scratch, KERN_PANEL, K);
-                kern_avx2_ops.matmul(&fm, x + t0 * ldx, tc, ldx, out + t0 * ldo + base, ldo, c0, c1,
-                                     NULL);
+            /* From 3 rows on, each chunk of the panel is widened once into L1 and every row
+             * tile continues its chains over it (in the tile, the R x 2 sums and 4 scale
+             * vectors would no longer fit the 16 registers). */
+            if (tc > 2) {
+                float w[WCHUNK * KERN_PANEL] __attribute__((aligned(32)));
+                size_t chunk = WCHUNK < K ? WCHUNK : K; /* a multiple of sb: 32 or 256 */
+                for (size_t k0 = 0; k0 < K; k0 += chunk) {
+                    size_t n = K - k0 < chunk ? K - k0 : chunk;
+                    widen_chunk(f, &o, wp, k0 / f->sb, n, w);
+                    for (size_t t = t0; t < t0 + tc; t += R)
+                        ftile_r((int)(t0 + tc - t < R ? t0 + tc - t : R), x + t * ldx + k0, ldx, w,
+                                n, out + t * ldo + base, ldo, c0, c1, k0 == 0);
+                }
                 continue;
             }
             if (tc == 1 && c0 == 0 && c1 == KERN_PANEL && base + 2 * KERN_PANEL <= n1) {
