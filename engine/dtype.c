@@ -47,26 +47,26 @@ static void q8_0_to_f32(const void *src, float *dst, size_t n)
 static const dtype_info TYPES[] = {
     {0, "F32", 1, 4, f32_to_f32, true},
     {1, "F16", 1, 2, f16_to_f32, true},
-    {2, "Q4_0", 32, 18, dtype__q4_0_to_f32, false},
-    {3, "Q4_1", 32, 20, dtype__q4_1_to_f32, false},
-    {6, "Q5_0", 32, 22, dtype__q5_0_to_f32, false},
-    {7, "Q5_1", 32, 24, dtype__q5_1_to_f32, false},
+    {2, "Q4_0", 32, 18, dtype__q4_0_to_f32, true},
+    {3, "Q4_1", 32, 20, dtype__q4_1_to_f32, true},
+    {6, "Q5_0", 32, 22, dtype__q5_0_to_f32, true},
+    {7, "Q5_1", 32, 24, dtype__q5_1_to_f32, true},
     {8, "Q8_0", 32, 34, q8_0_to_f32, true},
     {9, "Q8_1", 32, 36, NULL, false},
-    {10, "Q2_K", 256, 84, dtype__q2_k_to_f32, false},
-    {11, "Q3_K", 256, 110, dtype__q3_k_to_f32, false},
-    {12, "Q4_K", 256, 144, dtype__q4_k_to_f32, false},
-    {13, "Q5_K", 256, 176, dtype__q5_k_to_f32, false},
-    {14, "Q6_K", 256, 210, dtype__q6_k_to_f32, false},
+    {10, "Q2_K", 256, 84, dtype__q2_k_to_f32, true},
+    {11, "Q3_K", 256, 110, dtype__q3_k_to_f32, true},
+    {12, "Q4_K", 256, 144, dtype__q4_k_to_f32, true},
+    {13, "Q5_K", 256, 176, dtype__q5_k_to_f32, true},
+    {14, "Q6_K", 256, 210, dtype__q6_k_to_f32, true},
     {15, "Q8_K", 256, 292, NULL, false},
     {16, "IQ2_XXS", 256, 66, NULL, false},
     {17, "IQ2_XS", 256, 74, NULL, false},
     {18, "IQ3_XXS", 256, 98, NULL, false},
     {19, "IQ1_S", 256, 50, NULL, false},
-    {20, "IQ4_NL", 32, 18, dtype__iq4_nl_to_f32, false},
+    {20, "IQ4_NL", 32, 18, dtype__iq4_nl_to_f32, true},
     {21, "IQ3_S", 256, 110, NULL, false},
     {22, "IQ2_S", 256, 82, NULL, false},
-    {23, "IQ4_XS", 256, 136, dtype__iq4_xs_to_f32, false},
+    {23, "IQ4_XS", 256, 136, dtype__iq4_xs_to_f32, true},
     {24, "I8", 1, 1, NULL, false},
     {25, "I16", 1, 2, NULL, false},
     {26, "I32", 1, 4, NULL, false},
@@ -109,5 +109,6 @@ uint64_t dtype_nbytes(uint32_t id, uint64_t n)
 
 const char *dtype_supported_list(void)
 {
-    return "F32, F16, BF16, Q8_0";
+    return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, "
+           "IQ4_XS";
 }

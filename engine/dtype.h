@@ -32,7 +32,7 @@ const char *dtype_name(uint32_t id);
 /* Bytes of n values of type id, or 0 if the type's layout is unknown or n is not a whole
  * number of blocks (or the size overflows). */
 uint64_t dtype_nbytes(uint32_t id, uint64_t n);
-/* "F32, F16, BF16, Q8_0": the types kvserve loads (the loadable rows), for refusals. */
+/* "F32, F16, BF16, Q8_0, Q4_0, ...": the types kvserve loads (the loadable rows), for refusals. */
 const char *dtype_supported_list(void);
 
 /* IEEE half to float: exact. */

@@ -1,9 +1,9 @@
 /* Llama-family model (architectures llama and qwen2): loading from GGUF. Opens the file,
  * reads the hyper-parameters and the tokenizer, finds every tensor with its shape, and packs
- * the weight matrices into the kernels' panel layout (F32, F16 and Q8_0 keep their type; BF16
- * is widened to F32 first; norm vectors are F32), then picks the kernel table (engine/kern/
- * kern.h: from CPUID, or --kernels). The KV arena is kv_arena.c, one batched step forward.c and
- * attention.c. */
+ * the weight matrices into the kernels' panel layout (F32, F16, Q8_0 and the block-quantized
+ * types keep their type; BF16 is widened to F32 first; norm vectors are F32), then picks the kernel
+ * table (engine/kern/ kern.h: from CPUID, or --kernels). The KV arena is kv_arena.c, one batched
+ * step forward.c and attention.c. */
 #include "engine/model.h"
 
 #include "common/log.h"
@@ -68,6 +68,15 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
     if (t->type == GGML_TYPE_Q8_0 && d0 % QK8_0)
         return status_set_err(err, err_len, KVS_EFORMAT, "Q8_0 tensor %s has rows of %llu values",
                               name, (unsigned long long)d0);
+    size_t qblock = kern_quant_block(t->type);
+    if (qblock && d0 % qblock)
+        return status_set_err(err, err_len, KVS_EFORMAT, "%s tensor %s has rows of %llu values",
+                              dtype_name(t->type), name, (unsigned long long)d0);
+    if (mat && qblock) { /* read in place; packed into quantized panels at load */
+        kern_mat_init_quant(mat, KERN_QUANT, t->type, t->data, d1, d0);
+        *out = t->data;
+        return 0;
+    }
     if (mat &&
         (t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_Q8_0)) {
         kern_type kt = t->type == GGML_TYPE_F32   ? KERN_F32
@@ -360,9 +369,9 @@ static void progress_add(load_progress *lp, uint64_t bytes)
     }
 }
 
-/* Every weight matrix (F32, F16 or Q8_0) is copied once into the panel layout of kern/kern.h,
- * the only layout the products take, and its file pages released at once (so loading never
- * holds a matrix twice for long): a batched product converts each weight once per tile of 6
+/* Every weight matrix (F32, F16, Q8_0 or quantized) is copied once into the panel layout of
+ * kern/kern.h, the only layout the products take, and its file pages released at once (so loading
+ * never holds a matrix twice for long): a batched product converts each weight once per tile of 6
  * rows, and its results do not depend on the batch. The embedding table too, so that a tied
  * output projection (which is that table) is batch-invariant like the rest; a lookup gathers
  * one row from it. Sources of the copies go to released[] (at most n_layer * 7 + 2). */

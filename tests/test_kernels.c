@@ -188,6 +188,87 @@ static void test_q8_0(void **state)
     check_type(KERN_Q8_0, 544);
 }
 
+/* Rows of ggml quantized type id: random bytes (every field value is a valid block), a block
+ * drawn again while its f16 scales make a value infinite or NaN; their exact widened values,
+ * engine/dtype's to_f32 (held to gguf-py by the dtype and dequant suites), in wide. */
+static void *make_quant_rows(uint32_t id, size_t n_out, size_t n_in, float *wide)
+{
+    const dtype_info *dt = dtype_get(id);
+    size_t nb = n_in / dt->block, row_bytes = nb * dt->block_bytes;
+    uint8_t *data = malloc(n_out * row_bytes);
+    for (size_t r = 0; r < n_out; r++)
+        for (size_t b = 0; b < nb; b++) {
+            uint8_t *blk = data + r * row_bytes + b * dt->block_bytes;
+            float *w = wide + r * n_in + b * dt->block;
+            for (bool finite = false; !finite;) {
+                for (size_t i = 0; i < dt->block_bytes; i++) {
+                    g_rng = g_rng * 1664525u + 1013904223u;
+                    blk[i] = (uint8_t)(g_rng >> 24);
+                }
+                dt->to_f32(blk, w, dt->block);
+                finite = true;
+                for (size_t i = 0; i < dt->block; i++)
+                    finite = finite && isfinite(w[i]);
+            }
+        }
+    return data;
+}
+
+/* A quantized type: packed panels widen back to to_f32's bits (rows and the embedding gather),
+ * every table's products equal the reference's, batch-invariant. 37 rows: two whole panels and
+ * a padded one. */
+static void check_quant(uint32_t id, size_t n_in)
+{
+    size_t n_out = 37;
+    assert_int_equal(kern_quant_block(id), dtype_get(id)->block);
+    float *wide = malloc(n_out * n_in * sizeof(float));
+    void *data = make_quant_rows(id, n_out, n_in, wide);
+    kern_mat m;
+    kern_mat_init_quant(&m, KERN_QUANT, id, data, n_out, n_in);
+    assert_int_equal(m.row_bytes, dtype_nbytes(id, n_in));
+    size_t bytes = kern_panel_bytes(&m);
+    /* compact: at most 16 bytes a row per super-block more than the file (Q2_K's scales) */
+    assert_true(bytes <= 48 * (m.row_bytes + n_in / kern_quant_block(id) * 16));
+    void *pdata = malloc(bytes);
+    kern_mat pm;
+    kern_mat_to_panels(&m, pdata, &pm);
+    assert_int_equal(pm.type, KERN_QUANT_PANEL);
+    assert_int_equal(pm.qtype, id);
+    assert_int_equal(kern_panel_bytes(&pm), 0);
+    float *rows = malloc(n_out * n_in * sizeof(float));
+    kern_rows_to_f32(&pm, 0, n_out, rows);
+    if (memcmp(rows, wide, n_out * n_in * sizeof(float)))
+        fail_msg("%s panel rows differ from to_f32 (n_in %zu)", dtype_name(id), n_in);
+    kern_rows_to_f32(&pm, 5, 3, rows);
+    assert_memory_equal(rows, wide + 5 * n_in, 3 * n_in * sizeof(float));
+    check_panels(&pm, wide);
+    free(rows);
+    free(pdata);
+    free(data);
+    free(wide);
+}
+
+static void test_quant_legacy(void **state)
+{
+    (void)state;
+    static const uint32_t ids[] = {2, 3, 6, 7, 20}; /* Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL */
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        check_quant(ids[i], 32);
+        check_quant(ids[i], 96);
+        check_quant(ids[i], 288); /* a widened chunk of 256 inputs and a short one */
+    }
+}
+
+static void test_quant_k(void **state)
+{
+    (void)state;
+    static const uint32_t ids[] = {10, 11, 12, 13, 14, 23}; /* Q2_K .. Q6_K, IQ4_XS */
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        check_quant(ids[i], 256);
+        check_quant(ids[i], 512);
+    }
+}
+
 /* dot, axpy (F32 and F16), to_f16 and rmsnorm: the reference near double precision, every
  * table equal to it bit for bit, at every length 0..77 (every tail of the 8- and 16-wide
  * loops). */
@@ -379,6 +460,8 @@ int main(void)
         cmocka_unit_test(test_f32),
         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_q8_0),
+        cmocka_unit_test(test_quant_legacy),
+        cmocka_unit_test(test_quant_k),
         cmocka_unit_test(test_vector_helpers),
         cmocka_unit_test(test_reference_is_sensitive),
         cmocka_unit_test(test_select),

@@ -1,11 +1,11 @@
 /* Model support: GGUFs in each layout a llama.cpp conversion produces (llama untied/tied,
- * F32/F16/Q8_0 weights, qwen2 with Q/K/V biases and NEOX RoPE, Llama 3 rope base and
- * rope_freqs, linear rope scaling) are written by the real kvs-mkmodel (path in argv[1]) into a
- * temp dir, loaded with engine_model_load, and engine_forward's logits (a prefill, then cached
- * decode steps through a scattered block table) are compared with a deliberately naive
- * reference forward written here: plain loops, F32 weights dequantized by this file, the whole
- * sequence recomputed, its own RoPE per type. Files the engine cannot run must be refused with
- * a message naming the problem. */
+ * F32/F16/Q8_0 weights, llama-quantize's Q4_0 .. Q6_K and IQ4 files when ../shared/peer has it,
+ * qwen2 with Q/K/V biases and NEOX RoPE, Llama 3 rope base and rope_freqs, linear rope scaling) are
+ * written by the real kvs-mkmodel (path in argv[1]) into a temp dir, loaded with engine_model_load,
+ * and engine_forward's logits (a prefill, then cached decode steps through a scattered block table)
+ * are compared with a deliberately naive reference forward written here: plain loops, F32 weights
+ * dequantized by this file, the whole sequence recomputed, its own RoPE per type. Files the engine
+ * cannot run must be refused with a message naming the problem. */
 /* cmocka needs these four first. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
+#include "engine/dtype.h"
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
 #include "engine/model.h"
@@ -31,6 +32,7 @@
 #define TOL 1e-3 /* max |engine - reference| / max |reference| over a logits row */
 
 static const char *tool;
+static const char *quantize; /* llama-quantize, or NULL: the quantized cases skip */
 static char dir[] = "/tmp/kvs-models-test-XXXXXX";
 
 /* ------------------------------------------------------------ running kvs-mkmodel */
@@ -38,10 +40,11 @@ static char dir[] = "/tmp/kvs-models-test-XXXXXX";
 /* Runs kvs-mkmodel --shape tiny --weight-std 0.15 -o dir/name plus args (NULL-terminated).
  * The larger std gives sharp attention, so that a wrong rotation or a lost bias moves the
  * logits far beyond TOL (checked by test_reference_is_sensitive). */
-static void make(char *path, size_t cap, const char *name, const char *const *args)
+static void make_shape(char *path, size_t cap, const char *shape, const char *name,
+                       const char *const *args)
 {
     snprintf(path, cap, "%s/%s", dir, name);
-    const char *argv[40] = {tool, "--shape", "tiny", "--weight-std", "0.15", "-o", path};
+    const char *argv[40] = {tool, "--shape", shape, "--weight-std", "0.15", "-o", path};
     size_t n = 7;
     for (size_t i = 0; args && args[i] && n < 39; i++)
         argv[n++] = args[i];
@@ -60,6 +63,41 @@ static void make(char *path, size_t cap, const char *name, const char *const *ar
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static void make(char *path, size_t cap, const char *name, const char *const *args)
+{
+    make_shape(path, cap, "tiny", name, args);
+}
+
+/* llama-quantize [--allow-requantize] src dst ftype 2; its output goes to /dev/null. */
+static void run_quantize(const char *src, const char *dst, const char *ftype, bool requant)
+{
+    const char *argv[8] = {quantize};
+    size_t n = 1;
+    if (requant)
+        argv[n++] = "--allow-requantize";
+    argv[n++] = src;
+    argv[n++] = dst;
+    argv[n++] = ftype;
+    argv[n++] = "2";
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) {
+            dup2(devnull, 1);
+            dup2(devnull, 2);
+        }
+        execv(quantize, (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st) || WEXITSTATUS(st))
+        fail_msg("llama-quantize %s %s %s failed", src, dst, ftype);
 }
 
 /* ------------------------------------------------------------ the reference model */
@@ -90,7 +128,8 @@ static float half_to_float(uint16_t h)
     return sign ? -v : v;
 }
 
-/* Tensor name as F32 (NULL if absent), dequantized here from F32, F16 or Q8_0. */
+/* Tensor name as F32 (NULL if absent), dequantized here from F32, F16 or Q8_0, and from the
+ * block-quantized types by engine/dtype's to_f32 (held to gguf-py by the dequant suite). */
 static float *ref_tensor(const gguf_file *f, const char *name)
 {
     int64_t i = gguf_find_tensor(f, name);
@@ -100,6 +139,12 @@ static float *ref_tensor(const gguf_file *f, const char *name)
     float *d = malloc(t->n_elements * sizeof *d);
     assert_non_null(d);
     const uint8_t *p = t->data;
+    const dtype_info *dt = dtype_get(t->type);
+    if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_Q8_0 && dt &&
+        dt->to_f32) {
+        dt->to_f32(t->data, d, t->n_elements);
+        return d;
+    }
     for (uint64_t k = 0; k < t->n_elements; k++) {
         uint16_t h;
         switch (t->type) {
@@ -536,6 +581,131 @@ static void test_reference_is_sensitive(void **st)
     ref_free(&r);
 }
 
+/* ------------------------------------------------------------ llama-quantize's files */
+
+/* The last row's logits of TOKENS on path, one batch, on kernel table kernels. */
+static void last_logits(const char *path, const char *kernels, float *out)
+{
+    engine_model *m = NULL;
+    char err[256] = "";
+    engine_load_params lp = {.verbose = false, .kernels = kernels};
+    if (engine_model_load(path, &lp, &m, err, sizeof err))
+        fail_msg("%s: %s", path, err);
+    engine_ctx *c = NULL;
+    engine_kv *kv = NULL;
+    assert_int_equal(engine_ctx_create(m, 16, 2, &c), 0);
+    assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv), 0);
+    int32_t blocks[] = {5, 2, 7, 0};
+    engine_seq_view view = {blocks, 4};
+    int32_t pos[N_TOTAL], seq[N_TOTAL] = {0};
+    bool wl[N_TOTAL];
+    for (int i = 0; i < N_TOTAL; i++) {
+        pos[i] = i;
+        wl[i] = i == N_TOTAL - 1;
+    }
+    engine_batch b = {N_TOTAL, TOKENS, pos, seq, wl, 1, &view};
+    assert_int_equal(engine_forward(c, kv, &b, out), 0);
+    engine_kv_destroy(kv);
+    engine_ctx_destroy(c);
+    engine_model_destroy(m);
+}
+
+/* A kquant-shape model (every row whole 256-value blocks) quantized by llama-quantize to ftype,
+ * whose first matrix is of type wtype (mixtures as llama-quantize writes them: output.weight in
+ * Q6_K, some attn_v / ffn_down one step up): it loads, its logits are near the naive reference
+ * and cached = recomputed bit for bit on every table (check_model); and they equal bit for bit
+ * the engine's on the same file requantized to F32 by llama.cpp (llama-quantize
+ * --allow-requantize ... F32: llama.cpp's own dequantizer), because the panels multiply
+ * exactly those F32 values in the same order. */
+static void check_quantized(const char *ftype, const char *wtype)
+{
+    if (!quantize) {
+        fprintf(stderr, "models: no llama-quantize in ../shared/peer: %s skipped\n", ftype);
+        skip();
+    }
+    char base[512], q[512], f32[512];
+    make_shape(base, sizeof base, "kquant", "kquant-f16.gguf",
+               (const char *const[]){"--type", "f16", NULL});
+    snprintf(q, sizeof q, "%s/kquant-%s.gguf", dir, ftype);
+    snprintf(f32, sizeof f32, "%s/kquant-%s-f32.gguf", dir, ftype);
+    run_quantize(base, q, ftype, false);
+    run_quantize(q, f32, "F32", true);
+    check_model(q, "llama", wtype);
+    ref_model r;
+    ref_load(&r, q);
+    size_t V = r.vocab;
+    ref_free(&r);
+    float *a = malloc(V * sizeof(float)), *b = malloc(V * sizeof(float));
+    assert_true(a && b);
+    last_logits(q, NULL, a);
+    last_logits(f32, NULL, b);
+    if (memcmp(a, b, V * sizeof(float)))
+        fail_msg("%s: logits differ from the F32-requantized file's", ftype);
+    free(a);
+    free(b);
+}
+
+static void test_q4_0(void **st)
+{
+    (void)st;
+    check_quantized("Q4_0", "Q4_0");
+}
+static void test_q4_1(void **st)
+{
+    (void)st;
+    check_quantized("Q4_1", "Q4_1");
+}
+static void test_q5_0(void **st)
+{
+    (void)st;
+    check_quantized("Q5_0", "Q5_0");
+}
+static void test_q5_1(void **st)
+{
+    (void)st;
+    check_quantized("Q5_1", "Q5_1");
+}
+static void test_q8_0_peer(void **st)
+{
+    (void)st;
+    check_quantized("Q8_0", "Q8_0");
+}
+static void test_q2_k(void **st)
+{
+    (void)st;
+    check_quantized("Q2_K", "Q2_K");
+}
+static void test_q3_k_m(void **st)
+{
+    (void)st;
+    check_quantized("Q3_K_M", "Q3_K");
+}
+static void test_q4_k_m(void **st)
+{
+    (void)st;
+    check_quantized("Q4_K_M", "Q4_K");
+}
+static void test_q5_k_m(void **st)
+{
+    (void)st;
+    check_quantized("Q5_K_M", "Q5_K");
+}
+static void test_q6_k(void **st)
+{
+    (void)st;
+    check_quantized("Q6_K", "Q6_K");
+}
+static void test_iq4_nl(void **st)
+{
+    (void)st;
+    check_quantized("IQ4_NL", "IQ4_NL");
+}
+static void test_iq4_xs(void **st)
+{
+    (void)st;
+    check_quantized("IQ4_XS", "IQ4_XS");
+}
+
 /* ------------------------------------------------------------ refusals */
 
 typedef struct edit {
@@ -546,7 +716,7 @@ typedef struct edit {
     const char *f32_key; /* set (or replace) a float key */
     float f32_val;
     const char *drop;    /* tensor to leave out */
-    const char *q4;      /* tensor stored as Q4_0 instead */
+    const char *foreign; /* tensor stored as MXFP4 (a type kvserve has no kernels for) */
     const char *reshape; /* tensor whose dims[1] gains one row */
 } edit;
 
@@ -589,11 +759,12 @@ static void rewrite(const char *src, const char *dst, const edit *e)
         memcpy(dims, t->dims, sizeof dims);
         uint32_t type = t->type;
         const void *data = t->data;
-        if ((e->q4 && !strcmp(name, e->q4)) || (e->reshape && !strcmp(name, e->reshape))) {
-            bool q4 = e->q4 && !strcmp(name, e->q4);
-            if (!q4)
+        if ((e->foreign && !strcmp(name, e->foreign)) ||
+            (e->reshape && !strcmp(name, e->reshape))) {
+            bool foreign = e->foreign && !strcmp(name, e->foreign);
+            if (!foreign)
                 dims[1]++;
-            type = q4 ? GGML_TYPE_Q4_0 : t->type;
+            type = foreign ? 39 /* MXFP4 */ : t->type;
             uint64_t n = dims[0] * dims[1] * dims[2] * dims[3];
             free(scratch);
             scratch = calloc(1, ggml_type_nbytes(type, n));
@@ -639,9 +810,10 @@ static void test_refuse_architecture(void **st)
 static void test_refuse_tensor_type(void **st)
 {
     (void)st;
-    edit e = {.q4 = "blk.1.ffn_up.weight"};
-    expect_refusal(&e, KVS_EUNSUPPORTED, "blk.1.ffn_up.weight",
-                   "Q4_0; supported: F32, F16, BF16, Q8_0");
+    edit e = {.foreign = "blk.1.ffn_up.weight"};
+    expect_refusal(&e, KVS_EUNSUPPORTED, "tensor blk.1.ffn_up.weight has type MXFP4",
+                   "; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, "
+                   "Q5_K, Q6_K, IQ4_NL, IQ4_XS");
 }
 
 static void test_refuse_missing_tensor(void **st)
@@ -703,10 +875,12 @@ static int teardown(void **st)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: test_models PATH/TO/kvs-mkmodel\n");
+        fprintf(stderr, "usage: test_models PATH/TO/kvs-mkmodel [PATH/TO/llama-quantize]\n");
         return 1;
     }
     tool = argv[1];
+    if (argc > 2 && access(argv[2], X_OK) == 0)
+        quantize = argv[2];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_f32),
         cmocka_unit_test(test_llama_f16_tied),
@@ -716,6 +890,18 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_qwen2_q8_0_tied),
         cmocka_unit_test(test_reference_is_sensitive),
         cmocka_unit_test(test_linear_rope_scaling),
+        cmocka_unit_test(test_q4_0),
+        cmocka_unit_test(test_q4_1),
+        cmocka_unit_test(test_q5_0),
+        cmocka_unit_test(test_q5_1),
+        cmocka_unit_test(test_q8_0_peer),
+        cmocka_unit_test(test_q2_k),
+        cmocka_unit_test(test_q3_k_m),
+        cmocka_unit_test(test_q4_k_m),
+        cmocka_unit_test(test_q5_k_m),
+        cmocka_unit_test(test_q6_k),
+        cmocka_unit_test(test_iq4_nl),
+        cmocka_unit_test(test_iq4_xs),
         cmocka_unit_test(test_refuse_architecture),
         cmocka_unit_test(test_refuse_tensor_type),
         cmocka_unit_test(test_refuse_missing_tensor),

@@ -5,6 +5,7 @@
 #include "engine/kern/kern.h"
 
 #include "engine/dtype.h"
+#include "engine/kern/quant.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -157,6 +158,10 @@ static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
 static void avx2_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
                         size_t ldo, size_t n0, size_t n1, float *scratch)
 {
+    if (m->type == KERN_QUANT_PANEL) {
+        kern__quant_matmul_avx2(m, x, T, ldx, out, ldo, n0, n1, scratch);
+        return;
+    }
     size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
     for (size_t t0 = 0; t0 < T; t0 += PANEL_TC) {
         size_t tc = T - t0 < PANEL_TC ? T - t0 : PANEL_TC;

@@ -11,7 +11,9 @@
  * one in-order FMA chain over k, whatever the batch and the column range, so a row's bits do not
  * depend on the rows it is batched with (what makes a cached step equal a recomputation).
  * Weights are multiplied exactly as widened F32 values (an F16 value, or scale * int8 rounded to
- * float). Every operation is single-threaded; the engine splits columns between its threads.
+ * float; the block-quantized types Q4_0 .. Q6_K, IQ4_NL, IQ4_XS have panels of their own,
+ * kern/quant.h, whose values are engine/dtype's to_f32 bit for bit). Every operation is
+ * single-threaded; the engine splits columns between its threads.
  *
  * Adding an instruction set: a file kern/<isa>.c compiled with its own flags (engine/meson.build),
  * its table declared below, a row in kern.c's list with its CPUID test. */
@@ -27,9 +29,11 @@ typedef enum kern_type {
     KERN_F32,
     KERN_F16,
     KERN_Q8_0,
+    KERN_QUANT, /* rows of the blocks of a ggml quantized type (kern_mat.qtype) */
     KERN_F32_PANEL,
     KERN_F16_PANEL,
-    KERN_Q8_0_PANEL
+    KERN_Q8_0_PANEL,
+    KERN_QUANT_PANEL /* kern/quant.h */
 } kern_type;
 
 #define KERN_PANEL 16
@@ -37,7 +41,8 @@ typedef enum kern_type {
 
 static inline int kern_is_panel(kern_type t)
 {
-    return t == KERN_F32_PANEL || t == KERN_F16_PANEL || t == KERN_Q8_0_PANEL;
+    return t == KERN_F32_PANEL || t == KERN_F16_PANEL || t == KERN_Q8_0_PANEL ||
+           t == KERN_QUANT_PANEL;
 }
 
 /* A weight matrix of n_out rows of n_in inputs. Row types: row-major, F32/F16 rows of n_in
@@ -47,6 +52,7 @@ typedef struct kern_mat {
     const void *data;
     size_t n_out, n_in;
     size_t row_bytes; /* bytes of one row's values, in either layout */
+    uint32_t qtype;   /* KERN_QUANT / KERN_QUANT_PANEL: the ggml type id; else 0 */
 } kern_mat;
 
 /* ---- panel.c: layout (the same in every table) ---- */
@@ -54,10 +60,18 @@ typedef struct kern_mat {
 /* Fills m from its parts; row_bytes from type and n_in (for panel types the data holds
  * ceil(n_out / KERN_PANEL) * KERN_PANEL rows). */
 void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, size_t n_in);
-/* Bytes kern_mat_to_panels writes for src (F32, F16 or Q8_0 rows); 0 for panel types. */
+/* Values per block of ggml type id if it has quantized panels here (Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q2_K .. Q6_K, IQ4_NL, IQ4_XS: 32 or 256), else 0. */
+size_t kern_quant_block(uint32_t ggml_type);
+/* kern_mat_init for KERN_QUANT rows or KERN_QUANT_PANEL of a type kern_quant_block knows
+ * (n_in a multiple of its block). */
+void kern_mat_init_quant(kern_mat *m, kern_type type, uint32_t ggml_type, const void *data,
+                         size_t n_out, size_t n_in);
+/* Bytes kern_mat_to_panels writes for src (F32, F16, Q8_0 or KERN_QUANT rows); 0 for panel
+ * types. */
 size_t kern_panel_bytes(const kern_mat *src);
-/* Copies F32 / F16 / Q8_0 rows src into dst (kern_panel_bytes(src), any alignment) as the
- * matching panel type, described in out. Values are copied bit for bit. */
+/* Copies F32 / F16 / Q8_0 / KERN_QUANT rows src into dst (kern_panel_bytes(src), any alignment)
+ * as the matching panel type, described in out. Values are kept bit for bit. */
 void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out);
 /* Widens rows r0..r0+nr-1 of a panel matrix to F32 into dst ([nr][n_in]): exact values. */
 void kern_rows_to_f32(const kern_mat *w, size_t r0, size_t nr, float *dst);
@@ -68,7 +82,7 @@ typedef struct kern_ops {
     const char *name; /* "generic", "avx2": what --kernels takes and /metrics shows */
     /* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1, W of a panel
      * type. scratch: KERN_PANEL * n_in floats or NULL, in which a Q8_0 panel read by several
-     * row tiles may be widened once; the bits are the same either way. */
+     * row tiles may be widened once (also a quantized one); the bits are the same either way. */
     void (*matmul)(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out, size_t ldo,
                    size_t n0, size_t n1, float *scratch);
     float (*dot)(const float *a, const float *b, size_t n);

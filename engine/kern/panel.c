@@ -4,6 +4,7 @@
 #include "engine/kern/kern.h"
 
 #include "engine/dtype.h"
+#include "engine/kern/quant.h"
 
 #include <string.h>
 #ifdef __SSE2__
@@ -18,6 +19,7 @@
 void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, size_t n_in)
 {
     m->type = type;
+    m->qtype = 0;
     m->data = data;
     m->n_out = n_out;
     m->n_in = n_in;
@@ -34,8 +36,14 @@ static size_t n_panels(size_t n_out)
 
 size_t kern_panel_bytes(const kern_mat *src)
 {
-    if (src->type != KERN_F32 && src->type != KERN_F16 && src->type != KERN_Q8_0)
+    if (src->type != KERN_F32 && src->type != KERN_F16 && src->type != KERN_Q8_0 &&
+        src->type != KERN_QUANT)
         return 0;
+    if (src->type == KERN_QUANT) {
+        kern_mat pm;
+        kern_mat_init_quant(&pm, KERN_QUANT_PANEL, src->qtype, NULL, src->n_out, src->n_in);
+        return n_panels(src->n_out) * KERN_PANEL * pm.row_bytes;
+    }
     return n_panels(src->n_out) * KERN_PANEL * src->row_bytes;
 }
 
@@ -68,6 +76,10 @@ static void f16_transpose8(const uint8_t *const *r, size_t k, uint8_t *d)
 
 void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out)
 {
+    if (src->type == KERN_QUANT) {
+        kern__quant_pack(src, dst, out);
+        return;
+    }
     size_t K = src->n_in, pbytes = KERN_PANEL * src->row_bytes;
     const uint8_t *s = src->data;
     uint8_t *d = dst;
@@ -122,6 +134,10 @@ static float f16_at(const uint8_t *p, size_t i)
 
 void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
 {
+    if (m->type == KERN_QUANT_PANEL) {
+        kern__quant_rows(m, r0, nr, dst);
+        return;
+    }
     size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
     for (size_t r = r0; r < r0 + nr; r++, dst += K) {
         /* one row (an embedding lookup): its values sit KERN_PANEL apart */

@@ -23,6 +23,7 @@
 #include "engine/kern/kern.h"
 
 #include "engine/dtype.h"
+#include "engine/kern/quant.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -85,6 +86,10 @@ REF_FMA_CLONE static void ref_matmul(const kern_mat *m, const float *x, size_t T
                                      float *out, size_t ldo, size_t n0, size_t n1, float *scratch)
 {
     (void)scratch;
+    if (m->type == KERN_QUANT_PANEL) {
+        kern__quant_matmul_ref(m, x, T, ldx, out, ldo, n0, n1);
+        return;
+    }
     const float *tab = f16_table();
     size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
     for (size_t p = n0 / KERN_PANEL; p * KERN_PANEL < n1; p++) {

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# bench/quant.sh: kvserve against llama.cpp's llama-server on quantized GGUFs, side by side in
+# one run: kvs-mkmodel writes the TinyLlama-1.1B shape in F16 (random weights, llama-spm
+# vocabulary), ../shared/peer's llama-quantize makes each file type of TYPES from it, and both
+# servers serve the same file with the same threads to the same closed-loop client
+# (bench/serve_bench.py, non-streaming completions, token-id prompts, ignore_eos), at 1 and 16
+# clients. Also: the machine's read bandwidth (kvs-bench-machine, same run) and the batch-1 bound
+# it gives (bandwidth / file bytes per token), and kvserve's resident size after the run against
+# the file's size. Writes the "quant.sh" section of docs/BENCHMARKS.md.
+# Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), TYPES ("Q4_K_M Q4_0
+# Q5_K_M Q6_K Q8_0"), OUT (64), PROMPT (32), N1 (3 requests at 1 client), N16 (16 requests at 16
+# clients), PEER (../shared/peer/llama.cpp/bin).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+BUILD=${BUILD:-build}
+THREADS=${THREADS:-$(nproc)}
+SHAPE=${SHAPE:-tinyllama-1.1b}
+TYPES=${TYPES:-Q4_K_M Q4_0 Q5_K_M Q6_K Q8_0}
+OUT=${OUT:-64}
+PROMPT=${PROMPT:-32}
+N1=${N1:-3}
+N16=${N16:-16}
+PEER=${PEER:-../shared/peer/llama.cpp/bin}
+VOCAB=${VOCAB:-../shared/models/vocab/ggml-vocab-llama-spm.gguf}
+KV_MB=${KV_MB:-128}
+KVSERVE="$BUILD/server/kvserve"
+MKMODEL="$BUILD/tools/kvs-mkmodel"
+MACHINE="$BUILD/bench/kvs-bench-machine"
+for x in "$KVSERVE" "$MKMODEL" "$MACHINE"; do
+    [ -x "$x" ] || { echo "quant.sh: $x missing (ninja -C $BUILD)" >&2; exit 1; }
+done
+for x in llama-server llama-quantize; do
+    [ -x "$PEER/$x" ] || { echo "quant.sh: no $x in $PEER: nothing to compare" >&2; exit 1; }
+done
+[ -f "$VOCAB" ] || { echo "quant.sh: vocabulary $VOCAB not found" >&2; exit 1; }
+TMP=$(mktemp -d /tmp/kvs-bench-quant.XXXXXX)
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"' EXIT
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+PORT=18710
+
+wait_health() { # PORT LOG
+    for _ in $(seq 900); do
+        curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+        sleep 0.2
+    done
+    echo "quant.sh: server on $1 did not start:" >&2; tail -20 "$2" >&2; exit 1
+}
+
+# bench PORT CONCURRENCY N -> output tok/s
+bench() {
+    python3 bench/serve_bench.py --url "http://127.0.0.1:$1" --concurrency "$2" \
+        --num-requests "$3" --input-len "$PROMPT" --output-len "$OUT" --json "$TMP/r.json" >/dev/null
+    python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["output_throughput"])' "$TMP/r.json"
+}
+
+# serve WHO MODEL PORT -> "tok/s@1 tok/s@16 rss-MiB"
+serve() {
+    local who=$1 model=$2 port=$3
+    local log="$TMP/$who-$port.log" pid
+    if [ "$who" = kvserve ]; then
+        "$KVSERVE" serve -m "$model" --port "$port" --threads "$THREADS" --max-num-seqs 16 \
+            --ctx-size 1024 --kv-cache-mb "$KV_MB" --log-level warn 2>"$log" &
+    else
+        "$PEER/llama-server" -m "$model" --host 127.0.0.1 --port "$port" -t "$THREADS" \
+            -tb "$THREADS" -np 16 -c $((16 * 1024)) --no-webui >"$log" 2>&1 &
+    fi
+    pid=$!
+    PIDS+=("$pid")
+    wait_health "$port" "$log"
+    bench "$port" 1 1 >/dev/null # warm-up
+    local one sixteen rss
+    one=$(bench "$port" 1 "$N1")
+    sixteen=$(bench "$port" 16 "$N16")
+    rss=$(awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status")
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    echo "$one $sixteen $rss"
+}
+
+bw=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
+base="$TMP/$SHAPE-f16.gguf"
+"$MKMODEL" --shape "$SHAPE" --type f16 --vocab "$VOCAB" -o "$base" >&2
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}'; }
+rows=()
+for t in $TYPES; do
+    f="$TMP/$SHAPE-$t.gguf"
+    "$PEER/llama-quantize" "$base" "$f" "$t" "$THREADS" >/dev/null 2>&1
+    bytes=$(stat -c %s "$f")
+    echo "quant.sh: $t kvserve" >&2
+    read -r k1 k16 krss <<<"$(serve kvserve "$f" $((PORT++)))"
+    echo "quant.sh: $t llama-server" >&2
+    read -r l1 l16 lrss <<<"$(serve llama "$f" $((PORT++)))"
+    bound=$(awk -v b="$bw" -v s="$bytes" 'BEGIN{printf "%.1f", b * 1e9 / s}')
+    mib=$((bytes / 1048576))
+    rows+=("| $t ($mib MiB) | $k1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound | $k16 | $l16 | $(ratio "$k16" "$l16")x | $krss ($(ratio "$krss" "$mib")x file) |")
+    rm -f "$f"
+done
+rm -f "$base"
+
+CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|fma\|f16c\|avx_vnni' | sort -u | tr '\n' ' ')
+SECTION="$TMP/section.md"
+{
+    echo "<!-- quant.sh begin -->"
+    echo "## Quantized GGUFs against llama-server (bench/quant.sh)"
+    echo
+    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU} (${FLAGS% }), $THREADS threads for both"
+    echo "servers, kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer. The $SHAPE shape"
+    echo "(random weights) in F16, quantized by llama-quantize to each type; closed-loop clients of"
+    echo "bench/serve_bench.py, non-streaming completions, $PROMPT-token prompts, $OUT output tokens"
+    echo "(ignore_eos). One run of each; load average before: $LOAD_BEFORE (the machine is shared)."
+    echo "Read bandwidth, same run: $bw GB/s ($THREADS threads, kvs-bench-machine). kvserve's resident"
+    echo "size after the run includes its $KV_MB MiB KV cache (as touched). Command:"
+    echo
+    echo '```'
+    echo "THREADS=$THREADS SHAPE=$SHAPE TYPES=\"$TYPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 bench/quant.sh"
+    echo '```'
+    echo
+    echo "| file type | kvserve 1 client tok/s | llama-server | ratio | batch 1 vs bandwidth / file bytes | kvserve 16 clients | llama-server | ratio | kvserve RSS MiB |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    printf '%s\n' "${rows[@]}"
+    echo "<!-- quant.sh end -->"
+} >"$SECTION"
+python3 bench/doc_section.py docs/BENCHMARKS.md quant.sh <"$SECTION"
+cat "$SECTION"
