@@ -4,11 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-extern const engine_arch engine__arch_llama, engine__arch_qwen2;
-
 static const engine_arch *const ARCHS[] = {
-    &engine__arch_llama,
-    &engine__arch_qwen2,
+    &engine__arch_llama,  &engine__arch_qwen2,  &engine__arch_qwen3,
+    &engine__arch_gemma2, &engine__arch_gemma3, &engine__arch_phi3,
 };
 
 #define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])

@@ -23,6 +23,10 @@ struct engine_arch {
     void (*layer)(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
 };
 
+/* The registry's rows, one per family file. */
+extern const engine_arch engine__arch_llama, engine__arch_qwen2, engine__arch_qwen3,
+    engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3;
+
 /* The family named name[0..len), or NULL. */
 const engine_arch *engine__arch_find(const char *name, size_t len);
 /* "llama, qwen2, ..." into buf (truncated to cap), for a refusal; returns buf. */
@@ -57,6 +61,8 @@ bool engine__arch_has(const engine_model *m, const char *suffix);
 /* The llama layer's tensors (norms, Q/K/V/O, SwiGLU MLP) with the layer's shapes: shared by the
  * families whose layer is llama's plus something. */
 int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_len);
+/* The llama layer body (arch_llama.c), for families that differ from llama only in loading. */
+void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
 
 /* ---- one step (forward.c, attention.c) ---- */
 

@@ -55,7 +55,7 @@ static int load_qwen2_layer(engine_model *m, uint32_t l, char *err, size_t err_l
     return engine__load_layer_vec(m, l, "attn_v.bias", KV, false, &w->bv, err, err_len);
 }
 
-static void llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l)
+void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l)
 {
     const engine_hparams *hp = &c->m->hp;
     const layer_weights *w = &c->m->layers[l];
@@ -91,12 +91,12 @@ const engine_arch engine__arch_llama = {
     .name = "llama",
     .rope_type = ENGINE_ROPE_NORM,
     .load_layer = engine__load_llama_layer,
-    .layer = llama_layer,
+    .layer = engine__llama_layer,
 };
 
 const engine_arch engine__arch_qwen2 = {
     .name = "qwen2",
     .rope_type = ENGINE_ROPE_NEOX,
     .load_layer = load_qwen2_layer,
-    .layer = llama_layer,
+    .layer = engine__llama_layer,
 };

@@ -120,16 +120,17 @@ class ServeFamilies(unittest.TestCase):
 
 class Refusals(unittest.TestCase):
     def test_unsupported_architecture(self):
-        path = mkmodel("gemma.gguf")
+        path = mkmodel("mamba.gguf")
 
-        def to_gemma(data):
+        def to_mamba(data):
             off, n = kv_string_offset(data, "general.architecture")
             self.assertEqual(bytes(data[off:off + n]), b"llama")
-            data[off:off + n] = b"gemma"
-        patch(path, to_gemma)
+            data[off:off + n] = b"mamba"
+        patch(path, to_mamba)
         rc, err = serve_refused(path)
         self.assertNotEqual(rc, 0)
-        self.assertIn("architecture 'gemma' is not supported (supported: llama, qwen2)", err)
+        self.assertIn("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
+                      "gemma2, gemma3, phi3)", err)
 
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")
