@@ -42,7 +42,8 @@ static void usage(FILE *out)
             "  -p, --prompt TEXT      prompt text; BOS is added when the vocabulary asks for it\n"
             "      --prompt-ids LIST  the prompt as comma-separated token ids instead (as given:\n"
             "                         no BOS added)\n"
-            "  -n, --max-tokens N     tokens to generate (default 64); stops early at EOS/BOS\n"
+            "  -n, --max-tokens N     tokens to generate (default 64); stops early at an\n"
+            "                         end-of-generation token (EOS, <|im_end|>, ...) or BOS\n"
             "      --temp T           temperature, 0 = greedy (default 0)\n"
             "      --top-k K          keep the K most likely tokens (default 0 = off)\n"
             "      --top-p P          nucleus sampling mass (default 1 = off)\n"
@@ -295,7 +296,7 @@ int cmd_generate(int argc, char **argv)
         sampler_accept(smp, tok, false);
         if (n_gen == 0)
             t_first = time_now_s();
-        bool stop = !o.ignore_eos && (tok == tok_eos(vocab) || tok == tok_bos(vocab));
+        bool stop = !o.ignore_eos && (tok_is_eog(vocab, tok) || tok == tok_bos(vocab));
         if (stop)
             break;
         tokens[n++] = tok;
