@@ -57,9 +57,11 @@ typedef struct engine_load_params {
 } engine_load_params;
 
 /* Loads path. Returns 0, or a negative status with a one-line reason in err: GGUF errors,
- * KVS_EUNSUPPORTED (architecture, tensor type, head size, rope scaling type, kernels the CPU
- * cannot run or this build lacks: the message names it), KVS_EINVAL (unknown kernels name),
- * KVS_ENOKEY / KVS_EKEYTYPE (metadata), KVS_EFORMAT (a tensor of the wrong shape), KVS_ENOMEM. */
+ * KVS_EUNSUPPORTED (architecture, tensor type, head size, rope scaling type, a family's key or
+ * tensor this engine does not run (gemma3.attn_logit_softcapping, phi3's rope_factors_long),
+ * kernels the CPU cannot run or this build lacks: the message names it), KVS_EINVAL (unknown
+ * kernels name), KVS_ENOKEY / KVS_EKEYTYPE (metadata), KVS_EFORMAT (a tensor of the wrong shape),
+ * KVS_ENOMEM. */
 int engine_model_load(const char *path, const engine_load_params *p, engine_model **out, char *err,
                       size_t err_len);
 void engine_model_destroy(engine_model *m);
