@@ -1,7 +1,7 @@
 /* Paged attention over block tables: items of (row, span of positions), each leaving a partial
  * softmax per head, folded per row in order (flash-decoding's merge), so a row's bits depend on
- * its length alone. */
-#include "engine/model_impl.h"
+ * its length (and its layer's window) alone. */
+#include "engine/arch.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -15,12 +15,16 @@
  * the position range, so a row's arithmetic depends on its length alone, never on the batch,
  * the thread count or the wave sizes: cached decoding and a full recomputation give the same
  * bits. A long sequence decoding alone still spreads over every core. Items run in waves of
- * ATTN_WAVE, so the scratch is fixed at context creation whatever the context length. */
+ * ATTN_WAVE, so the scratch is fixed at context creation whatever the context length.
+ * A windowed layer (sliding-window attention) sees positions pos - window + 1 .. pos only (as
+ * llama.cpp's LLAMA_SWA_TYPE_STANDARD mask): its items start at the span holding the first
+ * of them, and positions of that span before it are skipped. */
 typedef struct attn_job {
     engine_ctx *c;
     const engine_kv *kv;
     const engine_batch *b;
     const uint8_t *kl, *vl; /* this layer's K and V arenas (kv->type values) */
+    uint32_t window;        /* the layer's window, 0: every position */
     uint32_t i0, i1;        /* this wave's items */
     atomic_uint next;       /* next item to take */
 } attn_job;
@@ -47,30 +51,32 @@ static void attend_span(const attn_job *j, uint32_t item, float *scores)
     uint32_t t = attn_row(c, j->b->n_tokens, item);
     const engine_seq_view *s = &j->b->seqs[j->b->seq[t]];
     uint32_t n_pos = (uint32_t)j->b->pos[t] + 1, bs = kv->block_size;
-    uint32_t p0 = (item - c->attn_first[t]) * ATTN_SPAN;
+    uint32_t lo = j->window && n_pos > j->window ? n_pos - j->window : 0;
+    uint32_t p0 = (lo / ATTN_SPAN + item - c->attn_first[t]) * ATTN_SPAN;
+    uint32_t skip = lo > p0 ? lo - p0 : 0; /* the first span's positions before the window */
     uint32_t n = n_pos - p0 < ATTN_SPAN ? n_pos - p0 : ATTN_SPAN;
     uint32_t hd = hp->head_dim, n_head = hp->n_head, group = n_head / hp->n_head_kv;
     size_t row = (size_t)hp->n_head_kv * hd * kv->esz, head = hd * kv->esz; /* bytes */
-    float scale = 1.0f / sqrtf((float)hd);
-    const float *q = c->q + (size_t)t * hp->n_embd;
+    float scale = c->m->attn_scale, cap = c->m->attn_softcap;
+    const float *q = c->q + (size_t)t * n_head * hd;
     bool f16 = kv->type == ENGINE_KV_F16;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = skip; i < n; i++) {
         uint32_t p = p0 + i;
         const uint8_t *kp = j->kl + ((size_t)s->blocks[p / bs] * bs + p % bs) * row;
         for (uint32_t h = 0; h < n_head; h++) {
             const void *kh = kp + (size_t)(h / group) * head;
             const float *qh = q + (size_t)h * hd;
-            scores[h * ATTN_SPAN + i] =
-                (f16 ? c->kern->dot_f16(qh, kh, hd) : c->kern->dot(qh, kh, hd)) * scale;
+            float sc = (f16 ? c->kern->dot_f16(qh, kh, hd) : c->kern->dot(qh, kh, hd)) * scale;
+            scores[h * ATTN_SPAN + i] = cap > 0 ? cap * tanhf(sc / cap) : sc;
         }
     }
     float *part = c->attn_part + (size_t)(item - j->i0) * n_head * (hd + 2);
     for (uint32_t h = 0; h < n_head; h++) {
         float *sc = scores + h * ATTN_SPAN, *ph = part + (size_t)h * (hd + 2);
         float maxv = -INFINITY, sum = 0.0f;
-        for (uint32_t i = 0; i < n; i++)
+        for (uint32_t i = skip; i < n; i++)
             maxv = sc[i] > maxv ? sc[i] : maxv;
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = skip; i < n; i++) {
             sc[i] = expf(sc[i] - maxv);
             sum += sc[i];
         }
@@ -78,7 +84,7 @@ static void attend_span(const attn_job *j, uint32_t item, float *scores)
         ph[hd] = maxv;
         ph[hd + 1] = sum;
     }
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = skip; i < n; i++) {
         uint32_t p = p0 + i;
         const uint8_t *vp = j->vl + ((size_t)s->blocks[p / bs] * bs + p % bs) * row;
         for (uint32_t h = 0; h < n_head; h++) {
@@ -107,16 +113,26 @@ static void attn_worker(void *arg, uint32_t ith, uint32_t nth)
 
 /* Attention of every row of the batch into c->att, in waves of items; after each wave its span
  * results are folded, in item order, into their rows' states. */
-void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b, const uint8_t *kl,
-                       const uint8_t *vl)
+void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b, uint32_t l)
 {
     const engine_hparams *hp = &c->m->hp;
-    uint32_t T = b->n_tokens, n_items = c->attn_first[T], hd = hp->head_dim;
+    uint32_t T = b->n_tokens, hd = hp->head_dim, window = c->m->layers[l].window;
     size_t per_head = hd + 2, per_row = hp->n_head * per_head;
-    attn_job j = {.c = c, .kv = kv, .b = b, .kl = kl, .vl = vl};
-    uint64_t macs = 0; /* of the whole batch: a tiny model's attention stays on this thread */
-    for (uint32_t t = 0; t < T; t++)
-        macs += 2ull * ((uint64_t)b->pos[t] + 1) * hp->n_embd;
+    attn_job j = {.c = c,
+                  .kv = kv,
+                  .b = b,
+                  .kl = kv->k + l * kv->layer_stride * kv->esz,
+                  .vl = kv->v + l * kv->layer_stride * kv->esz,
+                  .window = window};
+    uint64_t macs = 0;    /* of the whole batch: a tiny model's attention stays on this thread */
+    c->attn_first[0] = 0; /* a row has one item per span from its window's first position on */
+    for (uint32_t t = 0; t < T; t++) {
+        uint32_t n_pos = (uint32_t)b->pos[t] + 1;
+        uint32_t lo = window && n_pos > window ? n_pos - window : 0;
+        c->attn_first[t + 1] = c->attn_first[t] + (n_pos - 1) / ATTN_SPAN - lo / ATTN_SPAN + 1;
+        macs += 2ull * (n_pos - lo) * hp->n_head * hd;
+    }
+    uint32_t n_items = c->attn_first[T];
     for (uint32_t i0 = 0; i0 < n_items; i0 += ATTN_WAVE) {
         j.i0 = i0;
         j.i1 = n_items - i0 < ATTN_WAVE ? n_items : i0 + ATTN_WAVE;
@@ -145,7 +161,7 @@ void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < hp->n_head; h++) {
             const float *sh = c->attn_state + t * per_row + h * per_head;
-            float *out = c->att + (size_t)t * hp->n_embd + (size_t)h * hd, inv = 1.0f / sh[hd + 1];
+            float *out = c->att + ((size_t)t * hp->n_head + h) * hd, inv = 1.0f / sh[hd + 1];
             for (uint32_t d = 0; d < hd; d++)
                 out[d] = sh[d] * inv;
         }

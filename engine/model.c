@@ -1,6 +1,7 @@
-/* Llama-family model (architectures llama and qwen2): loading from GGUF. Opens the file,
- * reads the hyper-parameters and the tokenizer, finds every tensor with its shape, and packs
- * the weight matrices into the kernels' panel layout (F32, F16, Q8_0 and the block-quantized
+/* Loading a model from GGUF: opens the file, picks the family (arch.h: llama, qwen2, qwen3,
+ * gemma2, gemma3, phi3) from general.architecture, reads the hyper-parameters every family shares
+ * and then the family's own, the tokenizer, every tensor with its shape (the family's list), and
+ * packs the weight matrices into the kernels' panel layout (F32, F16, Q8_0 and the block-quantized
  * types keep their type; BF16 is widened to F32 first; norm vectors are F32), then picks the kernel
  * table (engine/kern/ kern.h: from CPUID, or --kernels). The KV arena is kv_arena.c, one batched
  * step forward.c and attention.c. */
@@ -9,9 +10,10 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/timeutil.h"
+#include "engine/arch.h"
 #include "engine/dtype.h"
-#include "engine/model_impl.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,26 +114,42 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
     return 0;
 }
 
-static int load_tensor(engine_model *m, const char *name, uint64_t d0, uint64_t d1, bool required,
-                       const float **out, char *err, size_t err_len)
+int engine__load_vec(engine_model *m, const char *name, uint64_t d0, uint64_t d1, bool required,
+                     const float **out, char *err, size_t err_len)
 {
     return load_tensor_as(m, name, d0, d1, required, out, NULL, err, err_len);
 }
 
-static int load_mat(engine_model *m, const char *name, uint64_t d0, uint64_t d1, bool required,
-                    kern_mat *out, char *err, size_t err_len)
+int engine__load_mat(engine_model *m, const char *name, uint64_t d0, uint64_t d1, bool required,
+                     kern_mat *out, char *err, size_t err_len)
 {
     const float *p;
     return load_tensor_as(m, name, d0, d1, required, &p, out, err, err_len);
 }
 
-/* Architectures the forward pass implements: both are the llama block (RMSNorm, GQA
- * attention with RoPE, SwiGLU MLP); they differ in the RoPE pairing their converters lay Q/K
- * out for (llama.cpp's llama_model_rope_type: llama NORM, qwen2 NEOX) and qwen2's Q/K/V biases. */
-static const engine_arch ARCHS[] = {
-    {"llama", ENGINE_ROPE_NORM, false},
-    {"qwen2", ENGINE_ROPE_NEOX, true},
-};
+#define load_tensor engine__load_vec
+#define load_mat engine__load_mat
+
+void engine__mat_rows(const kern_mat *src, size_t row0, size_t n, kern_mat *out)
+{
+    kern_mat_init(out, src->type, (const uint8_t *)src->data + row0 * src->row_bytes, n, src->n_in);
+}
+
+int engine__load_layer_vec(engine_model *m, uint32_t l, const char *suffix, uint64_t d0,
+                           bool required, const float **out, char *err, size_t err_len)
+{
+    char name[96];
+    snprintf(name, sizeof name, "blk.%u.%s", l, suffix);
+    return load_tensor(m, name, d0, 1, required, out, err, err_len);
+}
+
+int engine__load_layer_mat(engine_model *m, uint32_t l, const char *suffix, uint64_t d0,
+                           uint64_t d1, bool required, kern_mat *out, char *err, size_t err_len)
+{
+    char name[96];
+    snprintf(name, sizeof name, "blk.%u.%s", l, suffix);
+    return load_mat(m, name, d0, d1, required, out, err, err_len);
+}
 
 /* Metadata key "<arch>.<suffix>" into buf. */
 static const char *arch_key(const engine_model *m, const char *suffix, char *buf, size_t cap)
@@ -140,16 +158,16 @@ static const char *arch_key(const engine_model *m, const char *suffix, char *buf
     return buf;
 }
 
-static int get_arch_u32(const engine_model *m, const char *suffix, uint32_t *out, bool required,
-                        uint32_t lo, uint32_t hi, char *err, size_t err_len)
+int engine__arch_u32(const engine_model *m, const char *suffix, uint32_t *out, bool required,
+                     uint32_t lo, uint32_t hi, char *err, size_t err_len)
 {
     char key[128];
     return get_u32_key(m, arch_key(m, suffix, key, sizeof key), out, required, lo, hi, err,
                        err_len);
 }
 
-static int get_arch_f32(const engine_model *m, const char *suffix, float *out, char *err,
-                        size_t err_len)
+int engine__arch_f32(const engine_model *m, const char *suffix, float *out, char *err,
+                     size_t err_len)
 {
     char key[128];
     int rc = gguf_get_f32(m->file, arch_key(m, suffix, key, sizeof key), out);
@@ -157,6 +175,15 @@ static int get_arch_f32(const engine_model *m, const char *suffix, float *out, c
         return status_set_err(err, err_len, rc, "metadata key %s is not a float", key);
     return 0;
 }
+
+bool engine__arch_has(const engine_model *m, const char *suffix)
+{
+    char key[128];
+    return gguf_find_key(m->file, arch_key(m, suffix, key, sizeof key)) >= 0;
+}
+
+#define get_arch_u32 engine__arch_u32
+#define get_arch_f32 engine__arch_f32
 
 /* <arch>.rope.scaling.type: none, or linear (positions divided by rope.scaling.factor, as
  * llama.cpp's freq_scale); YaRN and LongRoPE change attention itself and are refused. */
@@ -198,13 +225,12 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     int rc = gguf_get_str(m->file, "general.architecture", &arch, &arch_len);
     if (rc)
         return status_set_err(err, err_len, rc, "general.architecture: %s", status_str(rc));
-    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
-        if (strlen(ARCHS[i].name) == arch_len && !memcmp(ARCHS[i].name, arch, arch_len))
-            m->arch = &ARCHS[i];
+    m->arch = engine__arch_find(arch, arch_len);
+    char list[256];
     if (!m->arch)
-        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
-                              "architecture '%.*s' is not supported (supported: llama, qwen2)",
-                              (int)(arch_len > 64 ? 64 : arch_len), arch);
+        return status_set_err(
+            err, err_len, KVS_EUNSUPPORTED, "architecture '%.*s' is not supported (supported: %s)",
+            (int)(arch_len > 64 ? 64 : arch_len), arch, engine__arch_list(list, sizeof list));
     hp->arch = m->arch->name;
     hp->rope_type = m->arch->rope_type;
     if ((rc =
@@ -227,23 +253,34 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     if ((rc = get_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err,
                            err_len)))
         return rc;
-    if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv)
+    if ((!m->arch->free_head_dim && hp->n_embd % hp->n_head) || hp->n_head % hp->n_head_kv)
         return status_set_err(err, err_len, KVS_EFORMAT,
                               "embedding_length %u, head_count %u, head_count_kv %u do not divide",
                               hp->n_embd, hp->n_head, hp->n_head_kv);
     hp->head_dim = hp->n_embd / hp->n_head;
-    /* Heads wider or narrower than n_embd / n_head (Gemma-style) need a different Q/O shape. */
+    /* Families whose heads may be wider or narrower than n_embd / n_head (qwen3, gemma) read
+     * the width from key_length; values must be as wide as keys (the arena holds both alike). */
     static const char *const head_keys[] = {"attention.key_length", "attention.value_length"};
+    uint32_t lens[2] = {hp->head_dim, hp->head_dim};
     for (size_t i = 0; i < 2; i++) {
-        uint32_t len = hp->head_dim;
-        if ((rc = get_arch_u32(m, head_keys[i], &len, false, 1, MAX_EMBD, err, err_len)))
+        if ((rc = get_arch_u32(m, head_keys[i], &lens[i], m->arch->free_head_dim, 1, MAX_EMBD, err,
+                               err_len)))
             return rc;
-        if (len != hp->head_dim)
+        if (!m->arch->free_head_dim && lens[i] != hp->head_dim)
             return status_set_err(err, err_len, KVS_EUNSUPPORTED,
                                   "%s.%s = %u differs from embedding_length / head_count = %u (not "
                                   "supported)",
-                                  hp->arch, head_keys[i], len, hp->head_dim);
+                                  hp->arch, head_keys[i], lens[i], hp->head_dim);
     }
+    if (lens[1] != lens[0])
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "%s.attention.value_length = %u differs from key_length = %u (not "
+                              "supported)",
+                              hp->arch, lens[1], lens[0]);
+    hp->head_dim = lens[0];
+    if ((uint64_t)hp->n_head * hp->head_dim > MAX_EMBD)
+        return status_set_err(err, err_len, KVS_EFORMAT, "%u heads of %u values are too wide",
+                              hp->n_head, hp->head_dim);
     hp->n_rot = hp->head_dim;
     if ((rc = get_arch_u32(m, "rope.dimension_count", &hp->n_rot, false, 2, hp->head_dim, err,
                            err_len)))
@@ -263,14 +300,19 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     if (!(hp->rope_base > 1 && hp->rope_base < 1e12f))
         return status_set_err(err, err_len, KVS_EFORMAT, "rope.freq_base %g out of range",
                               (double)hp->rope_base);
-    return load_rope_scaling(m, err, err_len);
+    if ((rc = load_rope_scaling(m, err, err_len)))
+        return rc;
+    m->rope[0] = (rope_params){hp->rope_base, hp->rope_freq_scale};
+    m->n_rope = 1;
+    m->embd_scale = 1.0f;
+    m->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    return m->arch->load_hparams ? m->arch->load_hparams(m, err, err_len) : 0;
 }
 
 static int load_weights(engine_model *m, char *err, size_t err_len)
 {
     const engine_hparams *hp = &m->hp;
-    uint64_t E = hp->n_embd, KV = (uint64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff,
-             V = hp->n_vocab;
+    uint64_t E = hp->n_embd, V = hp->n_vocab;
     int rc;
     uint32_t n_vocab_key = hp->n_vocab;
     if ((rc = get_arch_u32(m, "vocab_size", &n_vocab_key, false, 1, MAX_VOCAB, err, err_len)))
@@ -296,54 +338,12 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
     m->layers = calloc(hp->n_layer, sizeof *m->layers);
     if (!m->layers)
         return status_set_err(err, err_len, KVS_ENOMEM, "out of memory");
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        layer_weights *w = &m->layers[l];
-        struct {
-            const char *suffix;
-            uint64_t d0, d1;
-            const float **vec;
-            kern_mat *mat;
-        } spec[] = {
-            {"attn_norm.weight", E, 1, &w->attn_norm, NULL},
-            {"attn_q.weight", E, E, NULL, &w->wq},
-            {"attn_k.weight", E, KV, NULL, &w->wk},
-            {"attn_v.weight", E, KV, NULL, &w->wv},
-            {"attn_output.weight", E, E, NULL, &w->wo},
-            {"ffn_norm.weight", E, 1, &w->ffn_norm, NULL},
-            {"ffn_gate.weight", E, F, NULL, &w->w_gate},
-            {"ffn_up.weight", E, F, NULL, &w->w_up},
-            {"ffn_down.weight", F, E, NULL, &w->w_down},
-        };
-        for (size_t k = 0; k < sizeof spec / sizeof spec[0]; k++) {
-            char name[96];
-            snprintf(name, sizeof name, "blk.%u.%s", l, spec[k].suffix);
-            rc = spec[k].vec
-                     ? load_tensor(m, name, spec[k].d0, spec[k].d1, true, spec[k].vec, err, err_len)
-                     : load_mat(m, name, spec[k].d0, spec[k].d1, true, spec[k].mat, err, err_len);
-            if (rc)
-                return rc;
-        }
-        /* Biases are optional even for qwen2 (llama.cpp's TENSOR_NOT_REQUIRED); for llama a
-         * stray bias would be silently ignored by llama.cpp too, so only qwen2 reads them. */
-        if (!m->arch->qkv_bias)
-            continue;
-        struct {
-            const char *suffix;
-            uint64_t d0;
-            const float **vec;
-        } bias[] = {
-            {"attn_q.bias", E, &w->bq},
-            {"attn_k.bias", KV, &w->bk},
-            {"attn_v.bias", KV, &w->bv},
-        };
-        for (size_t k = 0; k < sizeof bias / sizeof bias[0]; k++) {
-            char name[96];
-            snprintf(name, sizeof name, "blk.%u.%s", l, bias[k].suffix);
-            if ((rc = load_tensor(m, name, bias[k].d0, 1, false, bias[k].vec, err, err_len)))
-                return rc;
-        }
-    }
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        if ((rc = m->arch->load_layer(m, l, err, err_len)))
+            return rc;
     int64_t q = gguf_find_tensor(m->file, "blk.0.attn_q.weight");
+    if (q < 0) /* phi3's fused Q/K/V */
+        q = gguf_find_tensor(m->file, "blk.0.attn_qkv.weight");
     m->weight_type = gguf_tensor_at(m->file, q)->type;
     return 0;
 }

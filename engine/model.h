@@ -1,11 +1,13 @@
-/* Llama-family model: hyperparameters and weights from a GGUF file, the KV arena the paged
- * cache lives in, and the batched forward pass.
+/* A decoder-only model (the families in engine/arch.h: llama, qwen2, qwen3, gemma2, gemma3,
+ * phi3): hyperparameters and weights from a GGUF file, the KV arena the paged cache lives in,
+ * and the batched forward pass.
  *
  * engine_forward takes a flat batch of tokens from many sequences. Every projection and the
  * MLP is one GEMM over all rows of the batch (weights are read once per step, not once per
  * sequence); attention runs per token and head over its own sequence's blocks. Token t of sequence
  * s at position p writes its K/V into slot blocks[p / block_size] * block_size + p % block_size of
- * the arena and attends over positions 0..p of s (causal); all of a layer's K/V writes for the
+ * the arena and attends over positions 0..p of s (causal; a windowed layer over the last
+ * n_swa of them); all of a layer's K/V writes for the
  * batch happen before that layer's attention, so a prefill chunk sees itself.
  *
  * Threads: an engine_model is immutable after load and may be shared. An engine_kv and an
@@ -24,22 +26,25 @@
  * (j, j + n_rot/2), the Hugging Face layout qwen2 keeps. */
 typedef enum engine_rope_type { ENGINE_ROPE_NORM, ENGINE_ROPE_NEOX } engine_rope_type;
 
-/* Keys are read under "<arch>." (llama.*, qwen2.*). */
+/* Keys are read under "<arch>." (llama.*, qwen2.*, ...). */
 typedef struct engine_hparams {
-    const char *arch;     /* general.architecture: "llama" or "qwen2" (static string) */
+    const char *arch;     /* general.architecture: "llama", "qwen2", "qwen3", "gemma2", "gemma3",
+                             "phi3" (static string) */
     uint32_t n_ctx_train; /* llama.context_length */
     uint32_t n_embd;      /* llama.embedding_length */
     uint32_t n_layer;     /* llama.block_count */
     uint32_t n_ff;        /* llama.feed_forward_length */
     uint32_t n_head;      /* llama.attention.head_count */
     uint32_t n_head_kv;   /* llama.attention.head_count_kv (GQA) */
-    uint32_t head_dim;    /* n_embd / n_head */
+    uint32_t head_dim;    /* llama.attention.key_length (default n_embd / n_head) */
     uint32_t n_rot;       /* llama.rope.dimension_count (default head_dim) */
     uint32_t n_vocab;
     float rms_eps;              /* llama.attention.layer_norm_rms_epsilon */
     float rope_base;            /* llama.rope.freq_base (default 10000) */
     float rope_freq_scale;      /* 1 / llama.rope.scaling.factor (linear scaling; default 1) */
     engine_rope_type rope_type; /* from the architecture */
+    uint32_t n_swa;       /* <arch>.attention.sliding_window of the windowed layers; 0: none */
+    uint32_t swa_pattern; /* layer l is windowed when l % swa_pattern < swa_pattern - 1; 0: none */
 } engine_hparams;
 
 typedef struct engine_model engine_model;
@@ -52,9 +57,11 @@ typedef struct engine_load_params {
 } engine_load_params;
 
 /* Loads path. Returns 0, or a negative status with a one-line reason in err: GGUF errors,
- * KVS_EUNSUPPORTED (architecture, tensor type, head size, rope scaling type, kernels the CPU
- * cannot run or this build lacks: the message names it), KVS_EINVAL (unknown kernels name),
- * KVS_ENOKEY / KVS_EKEYTYPE (metadata), KVS_EFORMAT (a tensor of the wrong shape), KVS_ENOMEM. */
+ * KVS_EUNSUPPORTED (architecture, tensor type, head size, rope scaling type, a family's key or
+ * tensor this engine does not run (gemma3.attn_logit_softcapping, phi3's rope_factors_long),
+ * kernels the CPU cannot run or this build lacks: the message names it), KVS_EINVAL (unknown
+ * kernels name), KVS_ENOKEY / KVS_EKEYTYPE (metadata), KVS_EFORMAT (a tensor of the wrong shape),
+ * KVS_ENOMEM. */
 int engine_model_load(const char *path, const engine_load_params *p, engine_model **out, char *err,
                       size_t err_len);
 void engine_model_destroy(engine_model *m);

@@ -1,6 +1,7 @@
 /* What the engine's files share (the engine__ tier of names: not for other modules): the
- * model, KV arena and step context structs, and the calls between model.c (loading),
- * kv_arena.c, forward.c (one batched step) and attention.c (paged attention). */
+ * model, KV arena and step context structs. The calls between model.c (loading), the family
+ * files (arch.h), forward.c (one batched step) and attention.c (paged attention) are in
+ * arch.h. */
 #ifndef KVS_ENGINE_MODEL_IMPL_H
 #define KVS_ENGINE_MODEL_IMPL_H
 
@@ -13,26 +14,36 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct engine_arch {
-    const char *name; /* general.architecture, and the prefix of its metadata keys */
-    engine_rope_type rope_type;
-    bool qkv_bias; /* blk.N.attn_{q,k,v}.bias may be present */
-} engine_arch;
+typedef struct engine_arch engine_arch; /* a model family: arch.h */
 
 typedef struct layer_weights {
-    const float *attn_norm; /* (n_embd) */
-    kern_mat wq;            /* (n_head * head_dim, n_embd): row-major out x in */
-    kern_mat wk;            /* (n_head_kv * head_dim, n_embd) */
-    kern_mat wv;            /* (n_head_kv * head_dim, n_embd) */
-    const float *bq;        /* (n_head * head_dim) or NULL: qwen2's projection biases */
-    const float *bk;        /* (n_head_kv * head_dim) or NULL */
-    const float *bv;        /* (n_head_kv * head_dim) or NULL */
-    kern_mat wo;            /* (n_embd, n_head * head_dim) */
-    const float *ffn_norm;  /* (n_embd) */
-    kern_mat w_gate;        /* (n_ff, n_embd) */
-    kern_mat w_up;          /* (n_ff, n_embd) */
-    kern_mat w_down;        /* (n_embd, n_ff) */
+    const float *attn_norm;      /* (n_embd) */
+    kern_mat wq;                 /* (n_head * head_dim, n_embd): row-major out x in */
+    kern_mat wk;                 /* (n_head_kv * head_dim, n_embd) */
+    kern_mat wv;                 /* (n_head_kv * head_dim, n_embd) */
+    const float *bq;             /* (n_head * head_dim) or NULL: qwen2's projection biases */
+    const float *bk;             /* (n_head_kv * head_dim) or NULL */
+    const float *bv;             /* (n_head_kv * head_dim) or NULL */
+    const float *q_norm;         /* (head_dim) or NULL: per-head RMSNorm of Q before RoPE */
+    const float *k_norm;         /* (head_dim) or NULL: the same for K */
+    kern_mat wo;                 /* (n_embd, n_head * head_dim) */
+    const float *post_attn_norm; /* (n_embd) or NULL: norm of the attention output (gemma) */
+    const float *ffn_norm;       /* (n_embd) */
+    kern_mat w_gate;             /* (n_ff, n_embd) */
+    kern_mat w_up;               /* (n_ff, n_embd) */
+    kern_mat w_down;             /* (n_embd, n_ff) */
+    const float *post_ffn_norm;  /* (n_embd) or NULL: norm of the MLP output (gemma) */
+    uint32_t window;             /* attends to the last `window` positions only; 0: all */
+    uint32_t rope_set;           /* index into engine_model.rope */
 } layer_weights;
+
+/* One RoPE frequency table: angle of pair j at position p is p * scale * base^(-2j/n_rot)
+ * (/ rope_freqs[j] when the file has them). */
+typedef struct rope_params {
+    float base, scale;
+} rope_params;
+
+#define ENGINE_ROPE_SETS 2 /* gemma3: global layers and windowed ones */
 
 struct engine_model {
     engine_hparams hp;
@@ -46,6 +57,12 @@ struct engine_model {
     const float *output_norm; /* (n_embd) */
     kern_mat output;          /* (n_vocab, n_embd), token_embd when tied */
     layer_weights *layers;
+    rope_params rope[ENGINE_ROPE_SETS];
+    uint32_t n_rope;     /* RoPE sets in use: 1, or 2 */
+    float embd_scale;    /* embedding rows are multiplied by it (gemma: sqrt(n_embd)); 1 */
+    float attn_scale;    /* attention scores are q.k times it (1 / sqrt(head_dim) by default) */
+    float attn_softcap;  /* > 0: scores become cap * tanh(score / cap) before the softmax */
+    float final_softcap; /* > 0: logits become cap * tanh(logit / cap) */
     uint32_t weight_type;
     uint64_t n_params;
     uint64_t weight_bytes;
@@ -75,10 +92,10 @@ struct engine_ctx {
     const kern_ops *kern; /* the model's kernel table */
     float *x;             /* (max_tokens, n_embd) residual stream */
     float *xn;            /* (max_tokens, n_embd) normed input of a sublayer */
-    float *q;             /* (max_tokens, n_embd) */
+    float *q;             /* (max_tokens, n_head * head_dim) */
     float *k;             /* (max_tokens, kv_dim) */
     float *v;             /* (max_tokens, kv_dim) */
-    float *att;           /* (max_tokens, n_embd) attention output before wo */
+    float *att;           /* (max_tokens, n_head * head_dim) attention output before wo */
     float *gate;          /* (max_tokens, n_ff) */
     float *up;            /* (max_tokens, n_ff) */
     float *scores;        /* (n_threads, n_head, ATTN_SPAN) each thread's attention weights */
@@ -88,17 +105,13 @@ struct engine_ctx {
     float *tile;          /* (n_threads, tile_floats) a Q8_0 panel widened for several row tiles */
     size_t tile_floats;   /* KERN_PANEL * max(n_embd, n_ff) */
     int32_t *slot;        /* (max_tokens) arena slot of each row */
-    float *rope_inv_freq; /* (n_rot / 2) base^(-2j/n_rot) */
-    float *rope_cs;       /* (max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
+    float *rope_inv_freq; /* (n_rope, n_rot / 2) each RoPE set's scale * base^(-2j/n_rot) */
+    float *rope_cs;       /* (n_rope, max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
 };
 
 /* Runs fn on the ctx's pool (every thread, fn(arg, ith, nth)), or on the calling thread alone
  * when the job has too few multiply-adds to be worth waking the pool (see forward.c). */
 void engine__run_job(engine_ctx *c, void (*fn)(void *, uint32_t, uint32_t), void *arg,
                      uint64_t macs);
-/* Attention of every row of b into c->att over this layer's K and V arenas kl, vl (every K/V
- * write of the layer done); c->q holds the rows' roped queries and c->attn_first their items. */
-void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b, const uint8_t *kl,
-                       const uint8_t *vl);
 
 #endif

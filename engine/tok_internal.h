@@ -116,6 +116,8 @@ struct tok_vocab {
     uint32_t *piece_len; /* [n_vocab] */
 
     int32_t bos, eos, unk;
+    int32_t eog[TOK_MAX_EOG]; /* end-of-generation tokens (tok_eog_ids), EOS first */
+    size_t n_eog;
     bool add_bos;
     bool add_space_prefix;
     int32_t byte_token[256]; /* token for a raw byte (byte fallback), -1 if none */

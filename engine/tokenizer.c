@@ -66,6 +66,46 @@ static uint8_t flags_from_type(int32_t type)
     }
 }
 
+static void add_eog(tok_vocab *v, int32_t id)
+{
+    if (id < 0 || v->n_eog == TOK_MAX_EOG)
+        return;
+    for (size_t i = 0; i < v->n_eog; i++)
+        if (v->eog[i] == id)
+            return;
+    v->eog[v->n_eog++] = id;
+}
+
+/* The end-of-generation set, as llama.cpp's llama_vocab builds special_eog_ids: EOS, EOT, EOM
+ * and the end-of-turn markers by text. */
+static int find_eog(tok_vocab *v, const gguf_file *f)
+{
+    static const char *const names[] = {
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<EOT>",
+        "_<EOT>",
+        "<\xEF\xBD\x9C"
+        "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+    };
+    int32_t eot = -1, eom = -1;
+    int rc;
+    if ((rc = read_id(f, "tokenizer.ggml.eot_token_id", v->n_vocab, &eot)) ||
+        (rc = read_id(f, "tokenizer.ggml.eom_token_id", v->n_vocab, &eom)))
+        return rc;
+    v->n_eog = 0;
+    add_eog(v, v->eos);
+    add_eog(v, eot);
+    add_eog(v, eom);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        add_eog(v, tok__map_get(&v->token_map, names[i], strlen(names[i])));
+    return 0;
+}
+
 /* llama.cpp's load-time fix-ups by token text: end-of-turn markers that a converter stored as
  * plain tokens are forced to CONTROL, so they neither come out of text nor print. */
 static void fix_control_by_name(tok_vocab *v)
@@ -433,6 +473,10 @@ int tok_create_from_gguf(const gguf_file *f, tok_vocab **out, char *err, size_t 
 
     fix_control_by_name(v);
     fix_phi3(v, f);
+    if ((rc = find_eog(v, f))) {
+        fail(err, err_len, rc, "bad value", "tokenizer.ggml.eot_token_id / eom_token_id");
+        goto fail;
+    }
 
     /* Byte fallback: SPM's <0xXX> tokens (or the single byte itself), BPE's mapped byte. */
     for (int b = 0; b < 256; b++) {
@@ -499,6 +543,20 @@ int32_t tok_eos(const tok_vocab *v)
 {
     return v->eos;
 }
+size_t tok_eog_ids(const tok_vocab *v, const int32_t **ids)
+{
+    *ids = v->eog;
+    return v->n_eog;
+}
+
+bool tok_is_eog(const tok_vocab *v, int32_t id)
+{
+    for (size_t i = 0; i < v->n_eog; i++)
+        if (v->eog[i] == id)
+            return true;
+    return false;
+}
+
 bool tok_add_bos(const tok_vocab *v)
 {
     return v->add_bos;

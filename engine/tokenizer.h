@@ -38,6 +38,13 @@ int32_t tok_n_vocab(const tok_vocab *v);
 int32_t tok_bos(const tok_vocab *v);  /* -1 if none */
 int32_t tok_eos(const tok_vocab *v);  /* -1 if none */
 bool tok_add_bos(const tok_vocab *v); /* whether prompts start with BOS by default */
+/* End-of-generation tokens, as llama.cpp's vocabulary marks them: EOS, tokenizer.ggml.eot_token_id
+ * and eom_token_id, and every token whose text is an end-of-turn marker (<|eot_id|>, <|eom_id|>,
+ * <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>, <EOT>, _<EOT>, <｜end▁of▁sentence｜>).
+ * A generated one ends a choice (finish_reason stop). *ids holds *n of them, EOS first. */
+#define TOK_MAX_EOG 16
+size_t tok_eog_ids(const tok_vocab *v, const int32_t **ids);
+bool tok_is_eog(const tok_vocab *v, int32_t id);
 /* Control tokens (BOS, EOS, chat markers) never come out of plain text. */
 bool tok_is_control(const tok_vocab *v, int32_t id);
 /* The token's stored text (raw vocab entry, e.g. "▁the" or "Ġthe"), NUL-terminated. */

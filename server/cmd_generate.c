@@ -23,6 +23,7 @@
 typedef struct gen_opts {
     const char *model;
     const char *prompt;
+    const char *prompt_ids; /* "1,300,77": the prompt as token ids, instead of text */
     long max_tokens;
     sampler_params sp;
     bool ids;
@@ -42,7 +43,10 @@ static void usage(FILE *out)
             "\n"
             "  -m, --model PATH       GGUF model to load (required)\n"
             "  -p, --prompt TEXT      prompt text; BOS is added when the vocabulary asks for it\n"
-            "  -n, --max-tokens N     tokens to generate (default 64); stops early at EOS/BOS\n"
+            "      --prompt-ids LIST  the prompt as comma-separated token ids instead (as given:\n"
+            "                         no BOS added)\n"
+            "  -n, --max-tokens N     tokens to generate (default 64); stops early at an\n"
+            "                         end-of-generation token (EOS, <|im_end|>, ...) or BOS\n"
             "      --temp T           temperature, 0 = greedy (default 0)\n"
             "      --top-k K          keep the K most likely tokens (default 0 = off)\n"
             "      --top-p P          nucleus sampling mass (default 1 = off)\n"
@@ -99,11 +103,13 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         O_BS,
         O_CTX,
         O_KVTYPE,
-        O_KERNELS
+        O_KERNELS,
+        O_PIDS
     };
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},
         {"prompt", required_argument, NULL, 'p'},
+        {"prompt-ids", required_argument, NULL, O_PIDS},
         {"max-tokens", required_argument, NULL, 'n'},
         {"temp", required_argument, NULL, O_TEMP},
         {"top-k", required_argument, NULL, O_TOPK},
@@ -129,6 +135,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'p': o->prompt = optarg; break;
+        case O_PIDS: o->prompt_ids = optarg; break;
         case 'n': bad = parse_long(optarg, 1, 1 << 20, &o->max_tokens); break;
         case O_TEMP: bad = parse_float(optarg, 0, 100, &o->sp.temperature); break;
         case O_TOPK:
@@ -163,8 +170,9 @@ static int parse_args(int argc, char **argv, gen_opts *o)
             return -1;
         }
     }
-    if (!o->model || !o->prompt) {
-        fprintf(stderr, "kvserve generate: -m MODEL and -p PROMPT are required\n");
+    if (!o->model || !o->prompt == !o->prompt_ids) {
+        fprintf(stderr, "kvserve generate: -m MODEL and one of -p PROMPT, --prompt-ids are "
+                        "required\n");
         usage(stderr);
         return -1;
     }
@@ -173,6 +181,26 @@ static int parse_args(int argc, char **argv, gen_opts *o)
          * stream every token and could not match the cached loop it exists to check */
         fprintf(stderr, "kvserve generate: --no-cache is greedy only (--temp 0)\n");
         return -1;
+    }
+    return 0;
+}
+
+/* "1,300,77" into ids (at most strlen(s) of them: each takes a digit); KVS_EINVAL for anything
+ * but comma-separated ids below n_vocab. */
+static int parse_ids(const char *s, uint32_t n_vocab, int32_t *ids, size_t *n)
+{
+    *n = 0;
+    while (*s) {
+        long v;
+        char *end;
+        if (*s < '0' || *s > '9')
+            return KVS_EINVAL;
+        errno = 0;
+        v = strtol(s, &end, 10);
+        if (errno || v >= (long)n_vocab || (*end && *end != ','))
+            return KVS_EINVAL;
+        ids[(*n)++] = (int32_t)v;
+        s = *end ? end + 1 : end;
     }
     return 0;
 }
@@ -215,12 +243,12 @@ typedef struct gen_run {
     int status;     /* 0, or the error that ended the choice */
 } gen_run;
 
-/* Whether tok is the model's end token that ended the choice: the scheduler stops at EOS and
- * at a generated BOS (its stop ids) and reports that token too, but it is not part of the
- * completion (neither the reference nor the text holds it). */
+/* Whether tok is the model's end token that ended the choice: the scheduler stops at every
+ * end-of-generation token and at a generated BOS (its stop ids) and reports that token too, but
+ * it is not part of the completion (neither the reference nor the text holds it). */
 static bool is_end_token(const tok_vocab *v, bool ignore_eos, int32_t tok)
 {
-    return !ignore_eos && (tok == tok_eos(v) || tok == tok_bos(v));
+    return !ignore_eos && (tok_is_eog(v, tok) || tok == tok_bos(v));
 }
 
 /* Prints the ids of ev's tokens (but the end token), counting them in run. */
@@ -375,12 +403,15 @@ int cmd_generate(int argc, char **argv)
     }
     const engine_hparams *hp = engine_model_hparams(model);
     const tok_vocab *vocab = engine_model_vocab(model);
-    size_t plen = strlen(o.prompt), n_prompt = 0;
+    size_t plen = strlen(o.prompt ? o.prompt : o.prompt_ids), n_prompt = 0;
     size_t cap = plen + 2;
     int32_t *tokens = malloc(cap * sizeof(int32_t));
-    rc = tokens
-             ? tok_encode(vocab, o.prompt, plen, tok_add_bos(vocab), false, tokens, cap, &n_prompt)
-             : KVS_ENOMEM;
+    if (!tokens)
+        rc = KVS_ENOMEM;
+    else if (o.prompt)
+        rc = tok_encode(vocab, o.prompt, plen, tok_add_bos(vocab), false, tokens, cap, &n_prompt);
+    else
+        rc = parse_ids(o.prompt_ids, hp->n_vocab, tokens, &n_prompt);
     if (rc || n_prompt == 0) {
         fprintf(stderr, "kvserve generate: cannot tokenize the prompt: %s\n",
                 rc ? status_str(rc) : "empty prompt");

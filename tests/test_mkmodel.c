@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -369,6 +370,101 @@ static void test_vocab_copy(void **state)
     gguf_close(f);
 }
 
+/* Each family's layout, as llama.cpp's loader for it asks (tensor names and ggml dims, its
+ * metadata keys): the tiny shape (dim 64, 2 layers, 4 heads, 2 kv heads, ffn 128). */
+static void test_family_layouts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *arch;
+        const char *extra[5];
+        size_t n_tensors;
+        const char *has[4]; /* tensors that must be there, blk.1.* unless global */
+        const char *lacks[3];
+    } fam[] = {
+        {"qwen3",
+         {"--head-dim", "32", NULL},
+         3 + 2 * 11,
+         {"blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight", "output.weight", NULL},
+         {"blk.1.attn_q.bias", NULL}},
+        {"gemma2",
+         {"--head-dim", "32", "--sliding-window", "8", NULL},
+         2 + 2 * 11,
+         {"blk.1.post_attention_norm.weight", "blk.1.post_ffw_norm.weight", NULL},
+         {"output.weight", "blk.1.attn_q_norm.weight", NULL}},
+        {"gemma3",
+         {"--head-dim", "32", "--sliding-window", "8", NULL},
+         2 + 2 * 13,
+         {"blk.1.attn_q_norm.weight", "blk.1.post_ffw_norm.weight", NULL},
+         {"output.weight", NULL}},
+        {"phi3",
+         {NULL},
+         3 + 2 * 6,
+         {"blk.1.attn_qkv.weight", "output.weight", NULL},
+         {"blk.1.attn_q.weight", "blk.1.ffn_gate.weight", NULL}},
+    };
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
+        char path[512], key[128];
+        out_path(path, sizeof path, "family.gguf");
+        const char *args[16] = {"--shape", "tiny", "--arch", fam[i].arch, "-o", path};
+        size_t n = 6;
+        for (size_t k = 0; fam[i].extra[k]; k++)
+            args[n++] = fam[i].extra[k];
+        args[n] = NULL;
+        assert_int_equal(run_tool(args), 0);
+        gguf_file *f = NULL;
+        assert_int_equal(gguf_open(path, &f, NULL, 0), 0);
+        const char *s;
+        size_t len;
+        assert_int_equal(gguf_get_str(f, "general.architecture", &s, &len), 0);
+        assert_int_equal(len, strlen(fam[i].arch));
+        assert_memory_equal(s, fam[i].arch, len);
+        if (gguf_n_tensors(f) != (int64_t)fam[i].n_tensors)
+            fail_msg("%s: %lld tensors, want %zu", fam[i].arch, (long long)gguf_n_tensors(f),
+                     fam[i].n_tensors);
+        for (size_t k = 0; fam[i].has[k]; k++)
+            tensor(f, fam[i].has[k]);
+        for (size_t k = 0; fam[i].lacks[k]; k++)
+            assert_true(gguf_find_tensor(f, fam[i].lacks[k]) < 0);
+        bool wide = strcmp(fam[i].arch, "phi3") != 0; /* heads of 32: Q is 128 wide */
+        const gguf_tensor *q = tensor(f, wide ? "blk.0.attn_q.weight" : "blk.0.attn_qkv.weight");
+        assert_int_equal(q->dims[0], 64);
+        assert_int_equal(q->dims[1], wide ? 128 : 64 + 2 * 32);
+        const gguf_tensor *o = tensor(f, "blk.0.attn_output.weight");
+        assert_int_equal(o->dims[0], wide ? 128 : 64);
+        assert_int_equal(o->dims[1], 64);
+        if (wide) {
+            snprintf(key, sizeof key, "%s.attention.key_length", fam[i].arch);
+            assert_int_equal(u32(f, key), 32);
+            snprintf(key, sizeof key, "%s.attention.value_length", fam[i].arch);
+            assert_int_equal(u32(f, key), 32);
+            snprintf(key, sizeof key, "%s.rope.dimension_count", fam[i].arch);
+            assert_int_equal(u32(f, key), 32);
+        } else {
+            const gguf_tensor *up = tensor(f, "blk.0.ffn_up.weight"); /* gate and up fused */
+            assert_int_equal(up->dims[1], 2 * 128);
+        }
+        if (!strncmp(fam[i].arch, "gemma", 5)) {
+            snprintf(key, sizeof key, "%s.attention.sliding_window", fam[i].arch);
+            assert_int_equal(u32(f, key), 8);
+        }
+        float cap = 0;
+        int has_cap = gguf_get_f32(f, "gemma2.attn_logit_softcapping", &cap) == 0;
+        assert_int_equal(has_cap, !strcmp(fam[i].arch, "gemma2"));
+        gguf_close(f);
+        unlink(path);
+    }
+    char path[512];
+    out_path(path, sizeof path, "bad.gguf");
+    const char *tied_phi3[] = {"--shape", "tiny", "--arch", "phi3", "--tied", "-o", path, NULL};
+    assert_int_equal(run_tool(tied_phi3), 2);
+    const char *hd_llama[] = {"--shape", "tiny", "--head-dim", "32", "-o", path, NULL};
+    assert_int_equal(run_tool(hd_llama), 2);
+    const char *gemma1[] = {"--shape", "tiny", "--arch", "gemma", "-o", path, NULL};
+    assert_int_equal(run_tool(gemma1), 2);
+    assert_int_equal(access(path, F_OK), -1);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -414,9 +510,9 @@ int main(int argc, char **argv)
     }
     tool = argv[1];
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_f32_shape),     cmocka_unit_test(test_f16_q8_0_match_f32),
-        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_vocab_copy),
-        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_f32_shape),      cmocka_unit_test(test_f16_q8_0_match_f32),
+        cmocka_unit_test(test_deterministic),  cmocka_unit_test(test_vocab_copy),
+        cmocka_unit_test(test_family_layouts), cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests_name("mkmodel", tests, setup, teardown);
 }

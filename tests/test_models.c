@@ -1,11 +1,14 @@
 /* Model support: GGUFs in each layout a llama.cpp conversion produces (llama untied/tied,
  * F32/F16/Q8_0 weights, llama-quantize's Q4_0 .. Q6_K and IQ4 files when ../shared/peer has it,
- * qwen2 with Q/K/V biases and NEOX RoPE, Llama 3 rope base and rope_freqs, linear rope scaling) are
- * written by the real kvs-mkmodel (path in argv[1]) into a temp dir, loaded with engine_model_load,
- * and engine_forward's logits (a prefill, then cached decode steps through a scattered block table)
- * are compared with a deliberately naive reference forward written here: plain loops, F32 weights
- * dequantized by this file, the whole sequence recomputed, its own RoPE per type. Files the engine
- * cannot run must be refused with a message naming the problem. */
+ * qwen2 with Q/K/V biases and NEOX RoPE, Llama 3 rope base and rope_freqs, linear rope scaling;
+ * qwen3 with Q/K norms and its own head size; gemma2 with post norms, GELU, soft-capping and
+ * sliding windows; gemma3 with Q/K norms, the 5:1 window pattern and two RoPE bases; phi3 with
+ * fused QKV and gate/up) are written by the real kvs-mkmodel (path in argv[1]) into a temp dir,
+ * loaded with engine_model_load, and engine_forward's logits (a prefill, then cached decode steps
+ * through a scattered block table) are compared with a deliberately naive reference forward
+ * written here: plain loops, F32 weights dequantized by this file, the whole sequence recomputed,
+ * its own RoPE per type. Files the engine cannot run must be refused with a message naming the
+ * problem. */
 /* cmocka needs these four first. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -37,7 +40,7 @@ static char dir[] = "/tmp/kvs-models-test-XXXXXX";
 
 /* ------------------------------------------------------------ running kvs-mkmodel */
 
-/* Runs kvs-mkmodel --shape tiny --weight-std 0.15 -o dir/name plus args (NULL-terminated).
+/* Runs kvs-mkmodel --shape shape --weight-std 0.15 -o dir/name plus args (NULL-terminated).
  * The larger std gives sharp attention, so that a wrong rotation or a lost bias moves the
  * logits far beyond TOL (checked by test_reference_is_sensitive). */
 static void make_shape(char *path, size_t cap, const char *shape, const char *name,
@@ -65,6 +68,7 @@ static void make_shape(char *path, size_t cap, const char *shape, const char *na
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* make_shape of the tiny shape. */
 static void make(char *path, size_t cap, const char *name, const char *const *args)
 {
     make_shape(path, cap, "tiny", name, args);
@@ -104,13 +108,19 @@ static void run_quantize(const char *src, const char *dst, const char *ftype, bo
 
 typedef struct ref_layer {
     float *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *ffn_norm, *gate, *up, *down;
+    float *q_norm, *k_norm, *post_attn, *post_ffn; /* NULL where the family has none */
+    float *qkv, *gate_up;                          /* phi3's fused matrices (wq.. point in) */
 } ref_layer;
 
 typedef struct ref_model {
-    bool neox;
+    bool neox, gelu;
     uint32_t dim, n_layer, n_head, n_kv, ffn, vocab, hd, n_rot;
     float eps, base, scale;
-    float *freqs; /* (n_rot / 2) or NULL */
+    float embd_scale, attn_cap, final_cap; /* caps: 0 = none */
+    double attn_scale;
+    uint32_t n_swa, swa_pattern; /* 0 = no windowed layers */
+    float base_swa;              /* RoPE base of the windowed layers (gemma3), 0: base */
+    float *freqs;                /* (n_rot / 2) or NULL */
     float *embd, *out_norm, *out;
     ref_layer *L;
 } ref_model;
@@ -195,7 +205,10 @@ static void ref_load(ref_model *r, const char *path)
     char arch[16];
     snprintf(arch, sizeof arch, "%.*s", (int)alen, a);
     memset(r, 0, sizeof *r);
-    r->neox = !strcmp(arch, "qwen2");
+    bool gemma2 = !strcmp(arch, "gemma2"), gemma3 = !strcmp(arch, "gemma3");
+    bool phi3 = !strcmp(arch, "phi3");
+    r->neox = strcmp(arch, "llama") != 0;
+    r->gelu = gemma2 || gemma3;
     r->dim = ref_u32(f, arch, "embedding_length");
     r->n_layer = ref_u32(f, arch, "block_count");
     r->n_head = ref_u32(f, arch, "attention.head_count");
@@ -203,6 +216,25 @@ static void ref_load(ref_model *r, const char *path)
     r->ffn = ref_u32(f, arch, "feed_forward_length");
     r->vocab = ref_u32(f, arch, "vocab_size");
     r->hd = r->dim / r->n_head;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.key_length", arch);
+    gguf_get_u32(f, key, &r->hd);
+    r->embd_scale = r->gelu ? sqrtf((float)r->dim) : 1.0f;
+    r->attn_scale = 1.0 / sqrt((double)r->hd);
+    if (gemma2) {
+        r->attn_cap = ref_f32(f, arch, "attn_logit_softcapping", 50.0f);
+        r->final_cap = ref_f32(f, arch, "final_logit_softcapping", 30.0f);
+        r->n_swa = 4096;
+        snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+        gguf_get_u32(f, key, &r->n_swa);
+        r->swa_pattern = 2;
+    }
+    if (gemma3) {
+        snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+        gguf_get_u32(f, key, &r->n_swa);
+        r->swa_pattern = r->n_swa ? 6 : 0;
+        r->base_swa = 10000.0f;
+    }
     r->n_rot = ref_u32(f, arch, "rope.dimension_count");
     r->eps = ref_f32(f, arch, "attention.layer_norm_rms_epsilon", 1e-5f);
     r->base = ref_f32(f, arch, "rope.freq_base", 10000.0f);
@@ -223,13 +255,50 @@ static void ref_load(ref_model *r, const char *path)
         float **dst[] = {&r->L[l].attn_norm, &r->L[l].wq,   &r->L[l].wk, &r->L[l].wv,
                          &r->L[l].wo,        &r->L[l].bq,   &r->L[l].bk, &r->L[l].bv,
                          &r->L[l].ffn_norm,  &r->L[l].gate, &r->L[l].up, &r->L[l].down};
+        ref_layer *L = &r->L[l];
+        char name[64];
+        if (phi3) { /* rows: Q, K, V; gate, up (as split by the reference's own pointers) */
+            snprintf(name, sizeof name, "blk.%u.attn_qkv.weight", l);
+            L->qkv = ref_tensor(f, name);
+            snprintf(name, sizeof name, "blk.%u.ffn_up.weight", l);
+            L->gate_up = ref_tensor(f, name);
+            assert_true(L->qkv && L->gate_up);
+        }
         for (size_t k = 0; k < 12; k++) {
-            char name[64];
+            bool fused = phi3 && (k == 1 || k == 2 || k == 3 || k == 9 || k == 10);
+            if (fused)
+                continue;
             snprintf(name, sizeof name, "blk.%u.%s", l, names[k]);
             *dst[k] = ref_tensor(f, name);
             if (k < 5 || k > 7)
                 assert_non_null(*dst[k]);
         }
+        if (phi3) {
+            size_t KV = (size_t)r->n_kv * r->hd;
+            L->wq = malloc((size_t)r->dim * r->dim * sizeof(float));
+            L->wk = malloc(KV * r->dim * sizeof(float));
+            L->wv = malloc(KV * r->dim * sizeof(float));
+            L->gate = malloc((size_t)r->ffn * r->dim * sizeof(float));
+            L->up = malloc((size_t)r->ffn * r->dim * sizeof(float));
+            assert_true(L->wq && L->wk && L->wv && L->gate && L->up);
+            memcpy(L->wq, L->qkv, (size_t)r->dim * r->dim * sizeof(float));
+            memcpy(L->wk, L->qkv + (size_t)r->dim * r->dim, KV * r->dim * sizeof(float));
+            memcpy(L->wv, L->qkv + ((size_t)r->dim + KV) * r->dim, KV * r->dim * sizeof(float));
+            memcpy(L->gate, L->gate_up, (size_t)r->ffn * r->dim * sizeof(float));
+            memcpy(L->up, L->gate_up + (size_t)r->ffn * r->dim,
+                   (size_t)r->ffn * r->dim * sizeof(float));
+        }
+        static const char *const extra[] = {"attn_q_norm.weight", "attn_k_norm.weight",
+                                            "post_attention_norm.weight", "post_ffw_norm.weight"};
+        float **edst[] = {&L->q_norm, &L->k_norm, &L->post_attn, &L->post_ffn};
+        for (size_t k = 0; k < 4; k++) {
+            snprintf(name, sizeof name, "blk.%u.%s", l, extra[k]);
+            *edst[k] = ref_tensor(f, name);
+        }
+        if (gemma3 || !strcmp(arch, "qwen3"))
+            assert_true(L->q_norm && L->k_norm);
+        if (r->gelu)
+            assert_true(L->post_attn && L->post_ffn);
     }
     gguf_close(f);
 }
@@ -271,12 +340,14 @@ static void ref_rmsnorm(float *y, const float *x, const float *w, uint32_t n, fl
 }
 
 /* Rotates one head in place: pair j is (2j, 2j+1) for llama, (j, j + n_rot/2) for NEOX, by
- * angle pos * scale * base^(-2j/n_rot) / freqs[j]. */
-static void ref_rope(const ref_model *r, bool neox, bool use_freqs, float *v, int pos)
+ * angle pos * scale * base^(-2j/n_rot) / freqs[j] (gemma3's windowed layers: base_swa, scale 1). */
+static void ref_rope(const ref_model *r, bool neox, bool use_freqs, float *v, int pos, bool swa)
 {
     uint32_t half = r->n_rot / 2;
+    double base = swa && r->base_swa ? r->base_swa : r->base;
+    double scale = swa && r->base_swa ? 1.0 : r->scale;
     for (uint32_t j = 0; j < half; j++) {
-        double th = pos * (double)r->scale * pow(r->base, -2.0 * j / r->n_rot);
+        double th = pos * scale * pow(base, -2.0 * j / r->n_rot);
         if (use_freqs && r->freqs)
             th /= r->freqs[j];
         uint32_t a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
@@ -290,64 +361,92 @@ typedef struct ref_opts {
     bool wrong_rope; /* the other pairing: to show the comparison can fail */
     bool no_bias;    /* drop the biases */
     bool no_freqs;   /* ignore rope_freqs */
+    bool no_qk_norm; /* skip the per-head Q/K norms */
+    bool no_window;  /* every layer global */
+    bool no_softcap; /* neither soft-capping */
+    bool one_base;   /* gemma3's windowed layers on the global RoPE base */
 } ref_opts;
+
+static double ref_cap(double x, double cap)
+{
+    return cap > 0 ? cap * tanh(x / cap) : x;
+}
+
+/* Per-head RMSNorm in place: n_heads vectors of hd values, one weight vector. */
+static void ref_head_norm(float *x, const float *w, uint32_t n_heads, uint32_t hd, float eps)
+{
+    for (uint32_t h = 0; h < n_heads; h++)
+        ref_rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, eps);
+}
 
 /* logits (n, vocab) of every position of tok[0..n), recomputing the whole sequence. */
 static void ref_forward(const ref_model *r, const ref_opts *o, const int32_t *tok, int n,
                         float *logits)
 {
-    uint32_t D = r->dim, KV = r->n_kv * r->hd, F = r->ffn;
+    uint32_t D = r->dim, QD = r->n_head * r->hd, KV = r->n_kv * r->hd, F = r->ffn;
     float *x = calloc((size_t)n * D, sizeof(float)), *xn = malloc(D * sizeof(float));
-    float *q = malloc((size_t)n * D * sizeof(float)), *k = malloc((size_t)n * KV * sizeof(float));
-    float *v = malloc((size_t)n * KV * sizeof(float)), *att = malloc(D * sizeof(float));
+    float *q = malloc((size_t)n * QD * sizeof(float)), *k = malloc((size_t)n * KV * sizeof(float));
+    float *v = malloc((size_t)n * KV * sizeof(float)), *att = malloc(QD * sizeof(float));
     float *tmp = malloc(D * sizeof(float)), *g = malloc(F * sizeof(float));
     float *u = malloc(F * sizeof(float)), *sc = malloc((size_t)n * sizeof(float));
     assert_true(x && xn && q && k && v && att && tmp && g && u && sc);
     bool neox = o->wrong_rope ? !r->neox : r->neox;
     for (int t = 0; t < n; t++)
-        memcpy(x + (size_t)t * D, r->embd + (size_t)tok[t] * D, D * sizeof(float));
+        for (uint32_t i = 0; i < D; i++)
+            x[(size_t)t * D + i] = r->embd[(size_t)tok[t] * D + i] * r->embd_scale;
     for (uint32_t l = 0; l < r->n_layer; l++) {
         const ref_layer *L = &r->L[l];
+        bool swa = !o->no_window && r->swa_pattern && l % r->swa_pattern < r->swa_pattern - 1;
+        int window = swa ? (int)r->n_swa : 0;
         for (int t = 0; t < n; t++) {
             ref_rmsnorm(xn, x + (size_t)t * D, L->attn_norm, D, r->eps);
-            float *qt = q + (size_t)t * D, *kt = k + (size_t)t * KV, *vt = v + (size_t)t * KV;
-            ref_matvec(qt, L->wq, xn, D, D);
+            float *qt = q + (size_t)t * QD, *kt = k + (size_t)t * KV, *vt = v + (size_t)t * KV;
+            ref_matvec(qt, L->wq, xn, QD, D);
             ref_matvec(kt, L->wk, xn, KV, D);
             ref_matvec(vt, L->wv, xn, KV, D);
-            for (uint32_t i = 0; !o->no_bias && L->bq && i < D; i++)
+            for (uint32_t i = 0; !o->no_bias && L->bq && i < QD; i++)
                 qt[i] += L->bq[i];
             for (uint32_t i = 0; !o->no_bias && L->bk && i < KV; i++)
                 kt[i] += L->bk[i];
             for (uint32_t i = 0; !o->no_bias && L->bv && i < KV; i++)
                 vt[i] += L->bv[i];
+            if (L->q_norm && !o->no_qk_norm) {
+                ref_head_norm(qt, L->q_norm, r->n_head, r->hd, r->eps);
+                ref_head_norm(kt, L->k_norm, r->n_kv, r->hd, r->eps);
+            }
+            bool swa_base = swa && !o->one_base;
             for (uint32_t h = 0; h < r->n_head; h++)
-                ref_rope(r, neox, !o->no_freqs, qt + h * r->hd, t);
+                ref_rope(r, neox, !o->no_freqs, qt + h * r->hd, t, swa_base);
             for (uint32_t h = 0; h < r->n_kv; h++)
-                ref_rope(r, neox, !o->no_freqs, kt + h * r->hd, t);
+                ref_rope(r, neox, !o->no_freqs, kt + h * r->hd, t, swa_base);
         }
+        double cap = o->no_softcap ? 0 : r->attn_cap;
         for (int t = 0; t < n; t++) {
+            int p0 = window && t + 1 > window ? t + 1 - window : 0;
             for (uint32_t h = 0; h < r->n_head; h++) {
                 uint32_t kh = h / (r->n_head / r->n_kv);
                 double mx = -1e30, sum = 0;
-                for (int p = 0; p <= t; p++) {
+                for (int p = p0; p <= t; p++) {
                     double s = 0;
                     for (uint32_t i = 0; i < r->hd; i++)
-                        s += (double)q[(size_t)t * D + h * r->hd + i] *
+                        s += (double)q[(size_t)t * QD + h * r->hd + i] *
                              k[(size_t)p * KV + kh * r->hd + i];
-                    sc[p] = (float)(s / sqrt((double)r->hd));
+                    sc[p] = (float)ref_cap(s * r->attn_scale, cap);
                     if (sc[p] > mx)
                         mx = sc[p];
                 }
-                for (int p = 0; p <= t; p++)
+                for (int p = p0; p <= t; p++)
                     sum += exp(sc[p] - mx);
                 for (uint32_t i = 0; i < r->hd; i++) {
                     double s = 0;
-                    for (int p = 0; p <= t; p++)
+                    for (int p = p0; p <= t; p++)
                         s += exp(sc[p] - mx) / sum * v[(size_t)p * KV + kh * r->hd + i];
                     att[h * r->hd + i] = (float)s;
                 }
             }
-            ref_matvec(tmp, L->wo, att, D, D);
+            ref_matvec(tmp, L->wo, att, D, QD);
+            if (L->post_attn)
+                ref_rmsnorm(tmp, tmp, L->post_attn, D, r->eps);
             for (uint32_t i = 0; i < D; i++)
                 x[(size_t)t * D + i] += tmp[i];
         }
@@ -355,16 +454,27 @@ static void ref_forward(const ref_model *r, const ref_opts *o, const int32_t *to
             ref_rmsnorm(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
             ref_matvec(g, L->gate, xn, F, D);
             ref_matvec(u, L->up, xn, F, D);
-            for (uint32_t i = 0; i < F; i++)
-                g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            for (uint32_t i = 0; i < F; i++) {
+                double a = g[i];
+                g[i] = r->gelu
+                           ? (float)(0.5 * a *
+                                     (1 + tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))) *
+                                     u[i])
+                           : (float)(a / (1 + exp(-a)) * u[i]);
+            }
             ref_matvec(tmp, L->down, g, D, F);
+            if (L->post_ffn)
+                ref_rmsnorm(tmp, tmp, L->post_ffn, D, r->eps);
             for (uint32_t i = 0; i < D; i++)
                 x[(size_t)t * D + i] += tmp[i];
         }
     }
     for (int t = 0; t < n; t++) {
         ref_rmsnorm(xn, x + (size_t)t * D, r->out_norm, D, r->eps);
-        ref_matvec(logits + (size_t)t * r->vocab, r->out, xn, r->vocab, D);
+        float *lt = logits + (size_t)t * r->vocab;
+        ref_matvec(lt, r->out, xn, r->vocab, D);
+        for (uint32_t i = 0; !o->no_softcap && r->final_cap > 0 && i < r->vocab; i++)
+            lt[i] = (float)ref_cap(lt[i], r->final_cap);
     }
     free(x), free(xn), free(q), free(k), free(v), free(att), free(tmp), free(g), free(u), free(sc);
 }
@@ -553,6 +663,181 @@ static void test_qwen2_q8_0_tied(void **st)
     check_model(p, "qwen2", "Q8_0");
 }
 
+static void test_qwen3_f32(void **st)
+{
+    (void)st;
+    char p[512];
+    const char *a[] = {"--arch", "qwen3", "--head-dim", "32", "--rope-base", "1000000", NULL};
+    make(p, sizeof p, "qwen3-f32.gguf", a);
+    check_model(p, "qwen3", "F32");
+}
+
+static void test_qwen3_q8_0_tied(void **st)
+{
+    (void)st;
+    char p[512];
+    const char *a[] = {"--arch", "qwen3", "--head-dim", "32", "--type", "q8_0", "--tied", NULL};
+    make(p, sizeof p, "qwen3-q8-tied.gguf", a);
+    check_model(p, "qwen3", "Q8_0");
+}
+
+/* Windows of 4 positions: the 12-token sequences leave the window on the windowed layers. */
+static void test_gemma2_f32(void **st)
+{
+    (void)st;
+    char p[512];
+    const char *a[] = {"--arch", "gemma2", "--head-dim", "32", "--sliding-window", "4", NULL};
+    make(p, sizeof p, "gemma2-f32.gguf", a);
+    check_model(p, "gemma2", "F32");
+}
+
+static void test_gemma3_f16(void **st)
+{
+    (void)st;
+    char p[512];
+    const char *a[] = {"--arch",           "gemma3", "--head-dim",  "32",      "--type", "f16",
+                       "--sliding-window", "4",      "--rope-base", "1000000", NULL};
+    make(p, sizeof p, "gemma3-f16.gguf", a);
+    check_model(p, "gemma3", "F16");
+}
+
+static void test_phi3_f32(void **st)
+{
+    (void)st;
+    char p[512];
+    const char *a[] = {"--arch", "phi3", NULL};
+    make(p, sizeof p, "phi3-f32.gguf", a);
+    check_model(p, "phi3", "F32");
+}
+
+static void test_phi3_q8_0(void **st)
+{
+    (void)st;
+    char p[512];
+    const char *a[] = {"--arch", "phi3", "--type", "q8_0", NULL};
+    make(p, sizeof p, "phi3-q8.gguf", a);
+    check_model(p, "phi3", "Q8_0");
+}
+
+/* A window across attention spans (kvserve's items of 128 positions): a 300-token sequence with
+ * a window of 150 on the small "stories260K" shape of 5 layers (windowed: 0-3; 4 global),
+ * prefilled in one batch and decoded for 4 more rows through a scattered block table. */
+static void test_gemma3_long_window(void **st)
+{
+    (void)st;
+    char p[512];
+    const char *a[] = {"--arch",  "gemma3", "--sliding-window", "150", "--rope-base",
+                       "1000000", NULL};
+    make_shape(p, sizeof p, "stories260K", "gemma3-long.gguf", a);
+
+    enum { N = 300, NP = 296, BS = 8, NB = 40 };
+    int32_t tok[N], pos[N], seq[N] = {0}, blocks[NB];
+    bool wl[N];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (int32_t)((i * 37 + 11) % 509) + 3;
+        pos[i] = i;
+        wl[i] = i == NP - 1;
+    }
+    for (int i = 0; i < NB; i++)
+        blocks[i] = (i * 7 + 3) % NB; /* a permutation: 7 is prime to 40 */
+    ref_model r;
+    ref_load(&r, p);
+    uint32_t V = r.vocab;
+    float *want = malloc((size_t)N * V * sizeof(float)), *got = malloc(V * sizeof(float));
+    assert_true(want && got);
+    ref_opts ro = {0};
+    ref_forward(&r, &ro, tok, N, want);
+    /* The window matters here: without it the last row moves far beyond TOL. */
+    float *alt = malloc((size_t)N * V * sizeof(float));
+    assert_non_null(alt);
+    ref_opts nw = {.no_window = true};
+    ref_forward(&r, &nw, tok, N, alt);
+    assert_true(rel_err(alt + (size_t)(N - 1) * V, want + (size_t)(N - 1) * V, V) > 20 * TOL);
+    free(alt);
+
+    engine_model *m = NULL;
+    char err[256] = "";
+    if (engine_model_load(p, NULL, &m, err, sizeof err))
+        fail_msg("%s: %s", p, err);
+    engine_ctx *c = NULL;
+    engine_kv *kv = NULL;
+    assert_int_equal(engine_ctx_create(m, N, 2, &c), 0);
+    assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, NB, BS, &kv), 0);
+    engine_seq_view view = {blocks, NB};
+    engine_batch b = {NP, tok, pos, seq, wl, 1, &view};
+    assert_int_equal(engine_forward(c, kv, &b, got), 0);
+    double e = rel_err(got, want + (size_t)(NP - 1) * V, V);
+    if (e > TOL)
+        fail_msg("prefill row %d: relative error %g", NP - 1, e);
+    for (int t = NP; t < N; t++) {
+        bool w1 = true;
+        engine_batch d = {1, &tok[t], &pos[t], seq, &w1, 1, &view};
+        assert_int_equal(engine_forward(c, kv, &d, got), 0);
+        e = rel_err(got, want + (size_t)t * V, V);
+        if (e > TOL)
+            fail_msg("decode position %d: relative error %g", t, e);
+    }
+    engine_kv_destroy(kv);
+    engine_ctx_destroy(c);
+    engine_model_destroy(m);
+    free(want);
+    free(got);
+    ref_free(&r);
+}
+
+typedef struct edit edit;
+static void rewrite(const char *src, const char *dst, const edit *e);
+static void make_strong_caps(char *p, size_t cap);
+
+/* The reference's family parts have teeth: each one left out moves the last logits far beyond
+ * TOL, so an engine that forgot it would fail its family's test above. */
+static void test_family_reference_is_sensitive(void **st)
+{
+    (void)st;
+    static const struct {
+        const char *name;
+        const char *args[12];
+        ref_opts o;
+    } cases[] = {
+        {"", {NULL}, {.no_softcap = true}}, /* make_strong_caps */
+        {"sens-qwen3.gguf", {"--arch", "qwen3", "--head-dim", "32", NULL}, {.no_qk_norm = true}},
+        {"sens-gemma2.gguf",
+         {"--arch", "gemma2", "--sliding-window", "4", NULL},
+         {.no_window = true}},
+        {"sens-gemma3.gguf",
+         {"--arch", "gemma3", "--sliding-window", "4", "--rope-base", "1000000", NULL},
+         {.no_window = true}},
+        {"sens-gemma3.gguf",
+         {"--arch", "gemma3", "--sliding-window", "4", "--rope-base", "1000000", NULL},
+         {.no_qk_norm = true}},
+        {"sens-gemma3.gguf",
+         {"--arch", "gemma3", "--sliding-window", "4", "--rope-base", "1000000", NULL},
+         {.one_base = true}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char p[512];
+        if (!cases[i].name[0])
+            make_strong_caps(p, sizeof p);
+        else
+            make(p, sizeof p, cases[i].name, cases[i].args);
+        ref_model r;
+        ref_load(&r, p);
+        uint32_t V = r.vocab;
+        float *base = malloc((size_t)N_TOTAL * V * sizeof(float));
+        float *alt = malloc((size_t)N_TOTAL * V * sizeof(float));
+        assert_true(base && alt);
+        ref_opts o0 = {0};
+        ref_forward(&r, &o0, TOKENS, N_TOTAL, base);
+        ref_forward(&r, &cases[i].o, TOKENS, N_TOTAL, alt);
+        double e = rel_err(alt + (size_t)(N_TOTAL - 1) * V, base + (size_t)(N_TOTAL - 1) * V, V);
+        if (e < 20 * TOL)
+            fail_msg("case %zu (%s) changes the last logits by only %g", i, cases[i].name, e);
+        free(base);
+        free(alt);
+        ref_free(&r);
+    }
+}
+
 /* The comparison has teeth: the wrong RoPE pairing, a dropped bias or ignored rope_freqs move
  * the reference's logits far beyond TOL, so an engine making that mistake fails above. */
 static void test_reference_is_sensitive(void **st)
@@ -708,17 +993,19 @@ static void test_iq4_xs(void **st)
 
 /* ------------------------------------------------------------ refusals */
 
-typedef struct edit {
+struct edit {
     const char *arch;              /* new general.architecture */
     const char *str_key, *str_val; /* set (or replace) a string key */
     const char *u32_key;           /* set (or replace) a u32 key */
     uint32_t u32_val;
     const char *f32_key; /* set (or replace) a float key */
     float f32_val;
-    const char *drop;    /* tensor to leave out */
-    const char *foreign; /* tensor stored as MXFP4 (a type kvserve has no kernels for) */
-    const char *reshape; /* tensor whose dims[1] gains one row */
-} edit;
+    const char *drop;     /* tensor to leave out */
+    const char *drop_key; /* metadata key to leave out */
+    const char *add_vec;  /* F32 vector tensor of 4 values to add */
+    const char *foreign;  /* tensor stored as MXFP4 (a type kvserve has no kernels for) */
+    const char *reshape;  /* tensor whose dims[1] gains one row */
+};
 
 /* Copies src to dst through the real writer with one edit applied. */
 static void rewrite(const char *src, const char *dst, const edit *e)
@@ -736,7 +1023,7 @@ static void rewrite(const char *src, const char *dst, const edit *e)
         snprintf(key, sizeof key, "%.*s", (int)len, k);
         if ((e->arch && !strcmp(key, "general.architecture")) ||
             (e->str_key && !strcmp(key, e->str_key)) || (e->u32_key && !strcmp(key, e->u32_key)) ||
-            (e->f32_key && !strcmp(key, e->f32_key)))
+            (e->f32_key && !strcmp(key, e->f32_key)) || (e->drop_key && !strcmp(key, e->drop_key)))
             continue;
         assert_int_equal(gguf_writer_copy_kv(w, f, i), 0);
     }
@@ -773,6 +1060,11 @@ static void rewrite(const char *src, const char *dst, const edit *e)
         }
         assert_int_equal(gguf_writer_add_tensor(w, name, t->n_dims, dims, type, data), 0);
     }
+    if (e->add_vec) {
+        static const float ones[4] = {1, 1, 1, 1};
+        uint64_t dims[GGUF_MAX_DIMS] = {4, 1, 1, 1};
+        assert_int_equal(gguf_writer_add_tensor(w, e->add_vec, 1, dims, GGML_TYPE_F32, ones), 0);
+    }
     if (gguf_writer_write(w, dst, err, sizeof err))
         fail_msg("%s: %s", dst, err);
     free(scratch);
@@ -780,12 +1072,14 @@ static void rewrite(const char *src, const char *dst, const edit *e)
     gguf_close(f);
 }
 
-/* Loading dst must fail with status and a message containing each of the words. */
-static void expect_refusal(const edit *e, int status, const char *w1, const char *w2)
+/* Loading a copy of a model kvs-mkmodel writes with src_args, edited by e, must fail with
+ * status and a message containing each of the words. */
+static void expect_refusal_from(const char *const *src_args, const edit *e, int status,
+                                const char *w1, const char *w2)
 {
     static int n;
     char src[512], dst[512];
-    make(src, sizeof src, "refusal-src.gguf", NULL);
+    make(src, sizeof src, "refusal-src.gguf", src_args);
     snprintf(dst, sizeof dst, "%s/refused-%d.gguf", dir, n++);
     rewrite(src, dst, e);
     engine_model *m = NULL;
@@ -797,14 +1091,19 @@ static void expect_refusal(const edit *e, int status, const char *w1, const char
                  w1, w2 ? w2 : "");
 }
 
+static void expect_refusal(const edit *e, int status, const char *w1, const char *w2)
+{
+    expect_refusal_from(NULL, e, status, w1, w2);
+}
+
 static void test_refuse_architecture(void **st)
 {
     (void)st;
-    edit e = {.arch = "gemma"};
-    expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'gemma' is not supported",
-                   "supported: llama, qwen2");
-    edit e2 = {.arch = "phi3"};
-    expect_refusal(&e2, KVS_EUNSUPPORTED, "'phi3'", NULL);
+    edit e = {.arch = "mamba"};
+    expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'mamba' is not supported",
+                   "supported: llama, qwen2, qwen3, gemma2, gemma3, phi3");
+    edit e2 = {.arch = "gemma"}; /* Gemma 1: not implemented */
+    expect_refusal(&e2, KVS_EUNSUPPORTED, "'gemma'", NULL);
 }
 
 static void test_refuse_tensor_type(void **st)
@@ -841,6 +1140,73 @@ static void test_refuse_metadata(void **st)
     expect_refusal(&moe, KVS_EUNSUPPORTED, "mixture of experts (llama.expert_count = 8)", NULL);
     edit vs = {.u32_key = "llama.vocab_size", .u32_val = 600};
     expect_refusal(&vs, KVS_EFORMAT, "llama.vocab_size = 600", "512 tokens");
+}
+
+/* gemma2 with caps that bite on this small model (attention 2, final 3; the files' 50 and 30
+ * barely touch its scores and logits) into p. */
+static void make_strong_caps(char *p, size_t cap)
+{
+    char src[512], mid[512];
+    const char *a[] = {"--arch", "gemma2", "--sliding-window", "4", NULL};
+    make(src, sizeof src, "caps-src.gguf", a);
+    snprintf(mid, sizeof mid, "%s/caps-mid.gguf", dir);
+    snprintf(p, cap, "%s/caps.gguf", dir);
+    edit e1 = {.f32_key = "gemma2.attn_logit_softcapping", .f32_val = 2.0f};
+    edit e2 = {.f32_key = "gemma2.final_logit_softcapping", .f32_val = 3.0f};
+    rewrite(src, mid, &e1);
+    rewrite(mid, p, &e2);
+}
+
+static void test_gemma2_strong_caps(void **st)
+{
+    (void)st;
+    char p[512];
+    make_strong_caps(p, sizeof p);
+    check_model(p, "gemma2", "F32");
+}
+
+/* Bad or partial files of the new families: each refusal names what is wrong. */
+static void test_refuse_family_files(void **st)
+{
+    (void)st;
+    const char *qwen3[] = {"--arch", "qwen3", "--head-dim", "32", NULL};
+    edit qn = {.drop = "blk.1.attn_k_norm.weight"};
+    expect_refusal_from(qwen3, &qn, KVS_EFORMAT, "missing tensor blk.1.attn_k_norm.weight", NULL);
+    edit kl = {.drop_key = "qwen3.attention.key_length"};
+    expect_refusal_from(qwen3, &kl, KVS_ENOKEY, "missing metadata key qwen3.attention.key_length",
+                        NULL);
+    edit vl = {.u32_key = "qwen3.attention.value_length", .u32_val = 16};
+    expect_refusal_from(qwen3, &vl, KVS_EUNSUPPORTED, "qwen3.attention.value_length = 16",
+                        "key_length = 32");
+    edit qs = {.reshape = "blk.0.attn_q.weight"};
+    expect_refusal_from(qwen3, &qs, KVS_EFORMAT, "blk.0.attn_q.weight", "expected [64, 128]");
+
+    const char *gemma2[] = {"--arch", "gemma2", "--sliding-window", "4", NULL};
+    edit w0 = {.u32_key = "gemma2.attention.sliding_window", .u32_val = 0};
+    expect_refusal_from(gemma2, &w0, KVS_EFORMAT, "gemma2.attention.sliding_window = 0", NULL);
+    edit ws = {.str_key = "gemma2.attention.sliding_window", .str_val = "4096"};
+    expect_refusal_from(gemma2, &ws, KVS_EKEYTYPE, "gemma2.attention.sliding_window",
+                        "not an unsigned integer");
+    edit pn = {.drop = "blk.1.post_ffw_norm.weight"};
+    expect_refusal_from(gemma2, &pn, KVS_EFORMAT, "missing tensor blk.1.post_ffw_norm.weight",
+                        NULL);
+
+    const char *gemma3[] = {"--arch", "gemma3", "--sliding-window", "4", NULL};
+    edit g3n = {.drop = "blk.0.attn_q_norm.weight"};
+    expect_refusal_from(gemma3, &g3n, KVS_EFORMAT, "missing tensor blk.0.attn_q_norm.weight", NULL);
+    edit pat = {.u32_key = "gemma3.attention.sliding_window_pattern", .u32_val = 4};
+    expect_refusal_from(gemma3, &pat, KVS_EUNSUPPORTED,
+                        "gemma3.attention.sliding_window_pattern = 4", NULL);
+    edit cap = {.f32_key = "gemma3.attn_logit_softcapping", .f32_val = 50.0f};
+    expect_refusal_from(gemma3, &cap, KVS_EUNSUPPORTED, "gemma3.attn_logit_softcapping", NULL);
+
+    const char *phi3[] = {"--arch", "phi3", NULL};
+    edit lr = {.add_vec = "rope_factors_long.weight"};
+    expect_refusal_from(phi3, &lr, KVS_EUNSUPPORTED, "LongRoPE", "rope_factors_long.weight");
+    edit qkv = {.reshape = "blk.1.attn_qkv.weight"};
+    expect_refusal_from(phi3, &qkv, KVS_EFORMAT, "blk.1.attn_qkv.weight", "expected [64, 128]");
+    edit up = {.drop = "blk.0.ffn_up.weight"};
+    expect_refusal_from(phi3, &up, KVS_EFORMAT, "missing tensor blk.0.ffn_up.weight", NULL);
 }
 
 /* Linear rope scaling (rope.scaling.factor 4) is run, not refused: positions are divided. */
@@ -889,6 +1255,16 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_qwen2_f32),
         cmocka_unit_test(test_qwen2_q8_0_tied),
         cmocka_unit_test(test_reference_is_sensitive),
+        cmocka_unit_test(test_qwen3_f32),
+        cmocka_unit_test(test_qwen3_q8_0_tied),
+        cmocka_unit_test(test_gemma2_f32),
+        cmocka_unit_test(test_gemma3_f16),
+        cmocka_unit_test(test_gemma3_long_window),
+        cmocka_unit_test(test_phi3_f32),
+        cmocka_unit_test(test_phi3_q8_0),
+        cmocka_unit_test(test_family_reference_is_sensitive),
+        cmocka_unit_test(test_refuse_family_files),
+        cmocka_unit_test(test_gemma2_strong_caps),
         cmocka_unit_test(test_linear_rope_scaling),
         cmocka_unit_test(test_q4_0),
         cmocka_unit_test(test_q4_1),

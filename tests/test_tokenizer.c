@@ -334,6 +334,38 @@ static void test_control_tokens(void **state)
     tok_destroy(v);
 }
 
+/* End of generation: EOS, plus every end-of-turn marker the vocabulary has (phi-3: <|end|> and
+ * <|endoftext|>), and nothing else (not <|user|>, not BOS); Llama 2's has EOS alone. */
+static void test_eog_tokens(void **state)
+{
+    (void)state;
+    tok_vocab *v = load_named("phi-3");
+    if (!v)
+        skip();
+    const int32_t *ids;
+    size_t n = tok_eog_ids(v, &ids);
+    int32_t end = tok_find(v, "<|end|>", 7), eot = tok_find(v, "<|endoftext|>", 13);
+    int32_t user = tok_find(v, "<|user|>", 8);
+    assert_true(end >= 0 && eot >= 0 && user >= 0);
+    assert_true(n >= 2 && ids[0] == tok_eos(v));
+    assert_true(tok_is_eog(v, end));
+    assert_true(tok_is_eog(v, eot));
+    assert_true(tok_is_eog(v, tok_eos(v)));
+    assert_false(tok_is_eog(v, user));
+    assert_false(tok_is_eog(v, tok_bos(v)));
+    assert_int_equal(n, 2 + (tok_eos(v) != end && tok_eos(v) != eot));
+    tok_destroy(v);
+
+    v = load_named("llama-spm");
+    if (!v)
+        skip();
+    assert_int_equal(tok_eog_ids(v, &ids), 1);
+    assert_int_equal(ids[0], tok_eos(v));
+    assert_false(tok_is_eog(v, tok_bos(v)));
+    assert_false(tok_is_eog(v, -1));
+    tok_destroy(v);
+}
+
 static void test_user_defined_and_rstrip(void **state)
 {
     (void)state;
@@ -535,10 +567,11 @@ static void test_speed_1mb(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_vocab_vectors),           cmocka_unit_test(test_stories_prompts),
-        cmocka_unit_test(test_pieces_and_lookup),       cmocka_unit_test(test_control_tokens),
-        cmocka_unit_test(test_user_defined_and_rstrip), cmocka_unit_test(test_incremental_decoder),
-        cmocka_unit_test(test_invalid_utf8_and_enospc), cmocka_unit_test(test_speed_1mb),
+        cmocka_unit_test(test_vocab_vectors),       cmocka_unit_test(test_stories_prompts),
+        cmocka_unit_test(test_pieces_and_lookup),   cmocka_unit_test(test_control_tokens),
+        cmocka_unit_test(test_eog_tokens),          cmocka_unit_test(test_user_defined_and_rstrip),
+        cmocka_unit_test(test_incremental_decoder), cmocka_unit_test(test_invalid_utf8_and_enospc),
+        cmocka_unit_test(test_speed_1mb),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

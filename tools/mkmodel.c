@@ -1,4 +1,5 @@
-/* kvs-mkmodel: writes a random-weight llama or qwen2 GGUF of a named shape, for load, speed and
+/* kvs-mkmodel: writes a random-weight GGUF of a named shape in the layout llama.cpp's converters
+ * write for one family (llama, qwen2, qwen3, gemma2, gemma3, phi3), for load, speed and
  * model-support tests.
  * Weights are a deterministic function of (seed, tensor index, element index): N(0, 0.02^2)
  * for matrices, exactly 1.0 for norms; tensor data is generated row-block by row-block while
@@ -228,10 +229,10 @@ static void usage(FILE *fp)
     fprintf(
         fp,
         "usage: kvs-mkmodel --shape NAME -o OUT.gguf [--type f32|f16|q8_0] [--vocab FILE.gguf]\n"
-        "                   [--seed N] [--ctx N] [--arch llama|qwen2] [--tied]\n"
+        "                   [--seed N] [--ctx N] [--arch NAME] [--tied]\n"
         "                   [--rope-base F] [--rope-freqs] [--chat-template TEXT]\n"
-        "                   [--weight-std F]\n"
-        "Writes a llama or qwen2 GGUF with random weights (std %.2f, norms 1.0).\n"
+        "                   [--weight-std F] [--head-dim N] [--sliding-window N]\n"
+        "Writes a GGUF of one family with random weights (std %.2f, norms 1.0).\n"
         "  --shape   one of:",
         WEIGHT_STD);
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++)
@@ -244,9 +245,16 @@ static void usage(FILE *fp)
             "            vocabulary size); without it a llama-style byte vocabulary is made\n"
             "  --seed    weight seed (default 1)\n"
             "  --ctx     <arch>.context_length (default 2048)\n"
-            "  --arch    llama (default) or qwen2 (adds F32 Q/K/V biases, std 0.5; NEOX RoPE\n"
-            "            when loaded)\n"
+            "  --arch    llama (default); qwen2 (adds F32 Q/K/V biases, std 0.5; NEOX RoPE\n"
+            "            when loaded); qwen3 (Q/K norms, attention.key_length); gemma2 (post\n"
+            "            norms, soft-capping 50/30, sliding window on even layers); gemma3 (post\n"
+            "            norms, Q/K norms, 5 windowed layers to 1 global); phi3 (fused attn_qkv\n"
+            "            and gate/up in ffn_up). gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n"
+            "  --head-dim  attention.key_length/value_length (qwen3, gemma; default\n"
+            "            dim / heads)\n"
+            "  --sliding-window  attention.sliding_window (gemma; default 4096 for gemma2,\n"
+            "            512 for gemma3)\n"
             "  --rope-base  <arch>.rope.freq_base (default 10000; Llama 3 uses 500000)\n"
             "  --rope-freqs write rope_freqs.weight, Llama 3.1's per-frequency divisors\n"
             "            (1 for the fastest pair rising to 8 for the slowest)\n"
@@ -276,8 +284,10 @@ typedef struct opts {
     uint64_t seed;
     uint32_t ctx;
     const char *out;
-    const char *arch; /* "llama" or "qwen2" */
-    bool tied;        /* no output.weight: the output reuses token_embd */
+    const char *arch;        /* "llama", "qwen2", "qwen3", "gemma2", "gemma3" or "phi3" */
+    bool tied;               /* no output.weight: the output reuses token_embd */
+    uint32_t head_dim;       /* 0: dim / n_heads */
+    uint32_t sliding_window; /* 0: the family's default */
     float rope_base;
     bool rope_freqs;           /* write rope_freqs.weight (Llama 3.1 style divisors) */
     const char *chat_template; /* tokenizer.chat_template, or NULL */
@@ -346,11 +356,28 @@ static int parse_args(int argc, char **argv, opts *o)
             }
             o->ctx = (uint32_t)n;
         } else if (!strcmp(a, "--arch")) {
-            if (strcmp(val, "llama") && strcmp(val, "qwen2")) {
-                fprintf(stderr, "kvs-mkmodel: unknown architecture '%s' (llama, qwen2)\n", val);
+            static const char *const archs[] = {"llama",  "qwen2",  "qwen3",
+                                                "gemma2", "gemma3", "phi3"};
+            o->arch = NULL;
+            for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
+                if (!strcmp(val, archs[k]))
+                    o->arch = archs[k];
+            if (!o->arch) {
+                fprintf(stderr,
+                        "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, gemma2, "
+                        "gemma3, phi3)\n",
+                        val);
                 return -1;
             }
-            o->arch = val;
+        } else if (!strcmp(a, "--head-dim") || !strcmp(a, "--sliding-window")) {
+            if (!parse_u64(val, 65536, &n) || n == 0 || (!strcmp(a, "--head-dim") && n % 2)) {
+                fprintf(stderr, "kvs-mkmodel: bad %s '%s'\n", a + 2, val);
+                return -1;
+            }
+            if (!strcmp(a, "--head-dim"))
+                o->head_dim = (uint32_t)n;
+            else
+                o->sliding_window = (uint32_t)n;
         } else if (!strcmp(a, "--rope-base")) {
             char *end;
             errno = 0;
@@ -381,6 +408,22 @@ static int parse_args(int argc, char **argv, opts *o)
         fprintf(stderr, "kvs-mkmodel: --shape and -o are required\n");
         return -1;
     }
+    bool gemma = !strncmp(o->arch, "gemma", 5);
+    if (o->head_dim && strcmp(o->arch, "qwen3") && !gemma) {
+        fprintf(stderr, "kvs-mkmodel: --head-dim is for qwen3 and gemma only\n");
+        return -1;
+    }
+    if (o->sliding_window && !gemma) {
+        fprintf(stderr, "kvs-mkmodel: --sliding-window is for gemma only\n");
+        return -1;
+    }
+    /* As the converters: Gemma's output is always token_embd, Phi-3 has its own. */
+    if (!strcmp(o->arch, "phi3") && o->tied) {
+        fprintf(stderr, "kvs-mkmodel: phi3 is never tied\n");
+        return -1;
+    }
+    if (gemma)
+        o->tied = true;
     return 0;
 }
 
@@ -486,8 +529,11 @@ static int build(gen *g, const opts *o)
 {
     const shape *sh = o->shape;
     gguf_writer *w = g->w;
-    uint32_t head_dim = sh->dim / sh->n_heads;
-    uint32_t kv_dim = head_dim * sh->n_kv_heads;
+    uint32_t head_dim = o->head_dim ? o->head_dim : sh->dim / sh->n_heads;
+    uint32_t q_dim = head_dim * sh->n_heads, kv_dim = head_dim * sh->n_kv_heads;
+    bool qwen2 = !strcmp(o->arch, "qwen2"), qwen3 = !strcmp(o->arch, "qwen3");
+    bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
+    bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
     uint32_t ftype = o->type == GGML_TYPE_F32   ? FTYPE_ALL_F32
                      : o->type == GGML_TYPE_F16 ? FTYPE_MOSTLY_F16
                                                 : FTYPE_MOSTLY_Q8_0;
@@ -506,9 +552,21 @@ static int build(gen *g, const opts *o)
         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count"), sh->n_heads)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count_kv"), sh->n_kv_heads)) ||
         (rc = gguf_writer_add_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"),
-                                  strcmp(o->arch, "qwen2") ? 1e-5f : 1e-6f)) ||
+                                  qwen2 || qwen3 || gemma ? 1e-6f : 1e-5f)) ||
         (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), o->rope_base)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), head_dim)))
+        return rc;
+    if ((qwen3 || gemma) &&
+        ((rc = gguf_writer_add_u32(w, ARCH_KEY("attention.key_length"), head_dim)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.value_length"), head_dim))))
+        return rc;
+    if (gemma && (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"),
+                                           o->sliding_window ? o->sliding_window
+                                           : gemma2          ? 4096
+                                                             : 512)))
+        return rc;
+    if (gemma2 && ((rc = gguf_writer_add_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f)) ||
+                   (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
         return rc;
     if (o->chat_template &&
         (rc = gguf_writer_add_str(w, "tokenizer.chat_template", o->chat_template)))
@@ -522,36 +580,51 @@ static int build(gen *g, const opts *o)
     if ((rc = gguf_writer_add_u32(w, ARCH_KEY("vocab_size"), n_vocab)))
         return rc;
 #undef ARCH_KEY
-    bool qwen2 = !strcmp(o->arch, "qwen2");
 
     /* One row buffer serves every tensor: the writer fills them one at a time. */
-    g->tmp_len = sh->dim > sh->ffn ? sh->dim : sh->ffn;
+    g->tmp_len = sh->dim > 2 * sh->ffn ? sh->dim : 2 * sh->ffn;
+    g->tmp_len = g->tmp_len > q_dim ? g->tmp_len : q_dim;
     g->tmp = malloc(g->tmp_len * sizeof *g->tmp);
-    g->cap_fills = 3 + 12 * (size_t)sh->n_layers;
+    g->cap_fills = 3 + 16 * (size_t)sh->n_layers;
     g->fills = calloc(g->cap_fills, sizeof *g->fills);
     if (!g->tmp || !g->fills)
         return KVS_ENOMEM;
     if ((rc = gen_tensor(g, "token_embd.weight", sh->dim, n_vocab)))
         return rc;
     for (uint32_t l = 0; l < sh->n_layers; l++) {
-        static const struct {
+        /* In the order llama.cpp's converters write them (and kvs-mkmodel always has: each
+         * tensor's values come from its index). d1 = 0 marks a norm vector. */
+        struct {
             const char *suffix;
-            int d0, d1; /* 0 none, 1 dim, 2 kv_dim, 3 ffn */
+            uint64_t d0, d1;
+            bool on;
         } L[] = {
-            {"attn_norm", 1, 0}, {"attn_q", 1, 1},      {"attn_k", 1, 2},
-            {"attn_v", 1, 2},    {"attn_output", 1, 1}, {"ffn_norm", 1, 0},
-            {"ffn_gate", 1, 3},  {"ffn_down", 3, 1},    {"ffn_up", 1, 3},
+            {"attn_norm", sh->dim, 0, true},
+            {"attn_qkv", sh->dim, q_dim + 2 * kv_dim, phi3},
+            {"attn_q", sh->dim, q_dim, !phi3},
+            {"attn_k", sh->dim, kv_dim, !phi3},
+            {"attn_v", sh->dim, kv_dim, !phi3},
+            {"attn_q_norm", head_dim, 0, qwen3 || gemma3},
+            {"attn_k_norm", head_dim, 0, qwen3 || gemma3},
+            {"attn_output", q_dim, sh->dim, true},
+            {"post_attention_norm", sh->dim, 0, gemma},
+            {"ffn_norm", sh->dim, 0, true},
+            {"ffn_gate", sh->dim, sh->ffn, !phi3},
+            {"ffn_down", sh->ffn, sh->dim, true},
+            {"ffn_up", sh->dim, phi3 ? 2 * (uint64_t)sh->ffn : sh->ffn, true},
+            {"post_ffw_norm", sh->dim, 0, gemma},
         };
         for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
-            uint64_t sz[4] = {0, sh->dim, kv_dim, sh->ffn};
+            if (!L[k].on)
+                continue;
             char tn[96];
             snprintf(tn, sizeof tn, "blk.%u.%s.weight", l, L[k].suffix);
-            if ((rc = gen_tensor(g, tn, sz[L[k].d0], sz[L[k].d1])))
+            if ((rc = gen_tensor(g, tn, L[k].d0, L[k].d1)))
                 return rc;
             /* Qwen2's biases: large enough (std 0.5) that dropping one changes the logits. */
-            if (qwen2 && k >= 1 && k <= 3) {
+            if (qwen2 && k >= 2 && k <= 4) {
                 snprintf(tn, sizeof tn, "blk.%u.%s.bias", l, L[k].suffix);
-                if ((rc = gen_tensor_ex(g, tn, sz[L[k].d1], 0, 0.5)))
+                if ((rc = gen_tensor_ex(g, tn, L[k].d1, 0, 0.5)))
                     return rc;
             }
         }

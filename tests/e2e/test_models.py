@@ -1,5 +1,5 @@
-"""Model support end to end: kvserve serves GGUFs that kvs-mkmodel writes in the llama and
-qwen2 layouts, picks the chat template family from the file's tokenizer.chat_template, and
+"""Model support end to end: kvserve serves GGUFs that kvs-mkmodel writes in each family's
+layout (llama, qwen2, qwen3, gemma2, gemma3 with sliding windows, phi3), picks the chat template family from the file's tokenizer.chat_template, and
 refuses at start a model it cannot run, naming what is unsupported. Needs KVSERVE_BIN and
 KVS_MKMODEL (not the shared models)."""
 import os
@@ -24,6 +24,16 @@ LLAMA3_TEMPLATE = (
     "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
     "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}")
+
+# Characteristic parts of the official Gemma and Phi-3 templates (what detection keys on).
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\n' "
+    "+ message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + message['content'] "
+    "+ '<|end|>\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}"
     "{% endif %}")
 
 TMP = None
@@ -112,6 +122,26 @@ class ServeFamilies(unittest.TestCase):
                        "--rope-base", "1000000", "--chat-template", QWEN2_TEMPLATE)
         self.serve(path, "chatml", "qwen2")
 
+    def test_qwen3(self):
+        path = mkmodel("qwen3.gguf", "--arch", "qwen3", "--head-dim", "32", "--type", "f16",
+                       "--chat-template", QWEN2_TEMPLATE)
+        self.serve(path, "chatml", "qwen3")
+
+    def test_gemma3_windowed(self):
+        path = mkmodel("gemma3.gguf", "--arch", "gemma3", "--head-dim", "32",
+                       "--sliding-window", "4", "--chat-template", GEMMA_TEMPLATE)
+        self.serve(path, "gemma", "gemma3")
+
+    def test_gemma2(self):
+        path = mkmodel("gemma2.gguf", "--arch", "gemma2", "--sliding-window", "4",
+                       "--chat-template", GEMMA_TEMPLATE)
+        self.serve(path, "gemma", "gemma2")
+
+    def test_phi3_fused(self):
+        path = mkmodel("phi3.gguf", "--arch", "phi3", "--type", "q8_0",
+                       "--chat-template", PHI3_TEMPLATE)
+        self.serve(path, "phi3", "phi3")
+
     def test_llama3_template_and_rope_freqs(self):
         path = mkmodel("llama3.gguf", "--type", "f16", "--rope-base", "500000", "--rope-freqs",
                        "--chat-template", LLAMA3_TEMPLATE)
@@ -120,16 +150,17 @@ class ServeFamilies(unittest.TestCase):
 
 class Refusals(unittest.TestCase):
     def test_unsupported_architecture(self):
-        path = mkmodel("gemma.gguf")
+        path = mkmodel("mamba.gguf")
 
-        def to_gemma(data):
+        def to_mamba(data):
             off, n = kv_string_offset(data, "general.architecture")
             self.assertEqual(bytes(data[off:off + n]), b"llama")
-            data[off:off + n] = b"gemma"
-        patch(path, to_gemma)
+            data[off:off + n] = b"mamba"
+        patch(path, to_mamba)
         rc, err = serve_refused(path)
         self.assertNotEqual(rc, 0)
-        self.assertIn("architecture 'gemma' is not supported (supported: llama, qwen2)", err)
+        self.assertIn("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
+                      "gemma2, gemma3, phi3)", err)
 
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")

@@ -1,0 +1,29 @@
+/* The registry of model families: one row per family file (arch.h). */
+#include "engine/arch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const engine_arch *const ARCHS[] = {
+    &engine__arch_llama,  &engine__arch_qwen2,  &engine__arch_qwen3,
+    &engine__arch_gemma2, &engine__arch_gemma3, &engine__arch_phi3,
+};
+
+#define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
+
+const engine_arch *engine__arch_find(const char *name, size_t len)
+{
+    for (size_t i = 0; i < N_ARCHS; i++)
+        if (strlen(ARCHS[i]->name) == len && !memcmp(ARCHS[i]->name, name, len))
+            return ARCHS[i];
+    return NULL;
+}
+
+const char *engine__arch_list(char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < N_ARCHS && n + 1 < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", ARCHS[i]->name);
+    return buf;
+}

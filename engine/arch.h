@@ -1,0 +1,89 @@
+/* Model families (the engine__ tier): one file each holds a family's hyper-parameters beyond the
+ * common ones model.c reads, its tensor list with shapes, and its layer body; the registry
+ * (engine__arch_find in arch.c) names them. A new family is one arch_<name>.c and one line in
+ * arch.c. The helpers below are what the family files are built from: model.c's loaders
+ * (tensors by name and shape, metadata under "<arch>.") and forward.c's steps over a batch. */
+#ifndef KVS_ENGINE_ARCH_H
+#define KVS_ENGINE_ARCH_H
+
+#include "engine/model_impl.h"
+
+struct engine_arch {
+    const char *name; /* general.architecture, and the prefix of its metadata keys */
+    engine_rope_type rope_type;
+    /* Whether attention.key_length / value_length may differ from embedding_length /
+     * head_count (the Q and output projections are then n_head * head_dim wide). */
+    bool free_head_dim;
+    /* Family metadata after the common keys (model.c's load_hparams); NULL: none. Refuses
+     * (KVS_EUNSUPPORTED, naming the key) what the family has but this engine does not run. */
+    int (*load_hparams)(engine_model *m, char *err, size_t err_len);
+    /* Layer l's tensors into m->layers[l], and its attention window / RoPE set. */
+    int (*load_layer)(engine_model *m, uint32_t l, char *err, size_t err_len);
+    /* Layer l over every row of the batch: reads and updates the residual stream c->x. */
+    void (*layer)(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
+};
+
+/* The registry's rows, one per family file. */
+extern const engine_arch engine__arch_llama, engine__arch_qwen2, engine__arch_qwen3,
+    engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3;
+
+/* The family named name[0..len), or NULL. */
+const engine_arch *engine__arch_find(const char *name, size_t len);
+/* "llama, qwen2, ..." into buf (truncated to cap), for a refusal; returns buf. */
+const char *engine__arch_list(char *buf, size_t cap);
+
+/* ---- loading (model.c) ---- */
+
+/* Tensor name with exactly the ggml dims {d0, d1} (d1 = 1 for a vector) as F32 (an owned
+ * widened copy unless the file holds F32). Absent and !required: *out = NULL and 0. */
+int engine__load_vec(engine_model *m, const char *name, uint64_t d0, uint64_t d1, bool required,
+                     const float **out, char *err, size_t err_len);
+/* Matrix name of ggml dims {d0, d1} (d1 output rows of d0 inputs) into *out, in place for
+ * F32/F16/Q8_0 (BF16 widened). Absent and !required: out->data = NULL and 0. */
+int engine__load_mat(engine_model *m, const char *name, uint64_t d0, uint64_t d1, bool required,
+                     kern_mat *out, char *err, size_t err_len);
+/* Rows [row0, row0 + n) of a loaded matrix, as a matrix of its own (fused projections). */
+void engine__mat_rows(const kern_mat *src, size_t row0, size_t n, kern_mat *out);
+/* "blk.<l>.<suffix>" as engine__load_vec / engine__load_mat. */
+int engine__load_layer_vec(engine_model *m, uint32_t l, const char *suffix, uint64_t d0,
+                           bool required, const float **out, char *err, size_t err_len);
+int engine__load_layer_mat(engine_model *m, uint32_t l, const char *suffix, uint64_t d0,
+                           uint64_t d1, bool required, kern_mat *out, char *err, size_t err_len);
+/* Metadata "<arch>.<suffix>": absent leaves *out as it was (0) unless required; a value of the
+ * wrong type, or outside lo..hi, is refused naming the key. */
+int engine__arch_u32(const engine_model *m, const char *suffix, uint32_t *out, bool required,
+                     uint32_t lo, uint32_t hi, char *err, size_t err_len);
+int engine__arch_f32(const engine_model *m, const char *suffix, float *out, char *err,
+                     size_t err_len);
+/* Whether "<arch>.<suffix>" is present at all. */
+bool engine__arch_has(const engine_model *m, const char *suffix);
+
+/* The llama layer's tensors (norms, Q/K/V/O, SwiGLU MLP) with the layer's shapes: shared by the
+ * families whose layer is llama's plus something. */
+int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_len);
+/* The llama layer body (arch_llama.c), for families that differ from llama only in loading. */
+void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
+
+/* ---- one step (forward.c, attention.c) ---- */
+
+typedef enum engine_glu { ENGINE_GLU_NONE, ENGINE_GLU_SILU, ENGINE_GLU_GELU } engine_glu;
+
+/* out (rows, n) = RMSNorm of each row of x (rows, n) times w, with the model's epsilon; out may
+ * be x. */
+void engine__norm_rows(engine_ctx *c, float *out, const float *x, const float *w, size_t rows,
+                       size_t n);
+/* out[m] (rows, w[m]->n_out) = in (rows, n_in) * w[m]^T for n <= 3 matrices in one pool job.
+ * With glu (n = 2, same shapes) out[0] becomes act(out[0]) * out[1] (SiLU, or GELU with the
+ * tanh approximation). */
+void engine__matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
+                     const kern_mat *const *w, float *const *out, engine_glu glu);
+/* out (rows, w->n_out) = in (rows, w->n_in) * w^T. */
+void engine__matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows);
+/* Rotates each row's queries c->q and keys c->k by its position with layer l's RoPE set, and
+ * writes the keys c->k and values c->v into layer l of the arena at each row's slot. */
+void engine__rope_store(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
+/* Attention of every row of b into c->att over layer l of the arena (every K/V write of the
+ * layer done), inside the layer's window; c->q holds the rows' roped queries. */
+void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b, uint32_t l);
+
+#endif
