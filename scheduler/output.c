@@ -9,6 +9,7 @@
 #include "common/timeutil.h"
 #include "kvpool/kvpool.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -40,7 +41,9 @@ seq *sched__seq_new(sched *s, sched_req *r)
     q->logits_row = -1;
     tok_decoder_init(&q->dec);
     if (seq_reserve(q, r->n_prompt + r->max_tokens) ||
-        sampler_create(&r->sampling, (int32_t)s->n_vocab, &q->smp)) {
+        sampler_create(&r->sampling, (int32_t)s->n_vocab, &q->smp) ||
+        (r->gdef && grammar_create(r->gdef, &q->gram))) {
+        sampler_destroy(q->smp);
         free(q->tokens);
         free(q);
         return NULL;
@@ -56,17 +59,25 @@ static void seq_free(sched *s, seq *q)
 {
     kvpool_seq_destroy(s->pool, q->kv);
     sampler_destroy(q->smp);
+    grammar_destroy(q->gram);
     free(q->tokens);
     free(q->held);
     free(q);
 }
 
-/* Sends the choice's last event and retires the sequence. */
 void sched__finish_seq(sched *s, seq_list *from, seq *q, enum sched_finish why, int status)
+{
+    sched__finish_seq_tokens(s, from, q, why, status, NULL, 0);
+}
+
+void sched__finish_seq_tokens(sched *s, seq_list *from, seq *q, enum sched_finish why, int status,
+                              sched_token_info *tokens, uint32_t n_tokens)
 {
     sched_req *r = q->req;
     sched_event ev = {0};
     ev.choice = q->choice;
+    ev.tokens = tokens;
+    ev.n_tokens = tokens ? n_tokens : 0;
     ev.finish = why;
     ev.status = status;
     ev.prompt_tokens = r->n_prompt;
@@ -108,6 +119,8 @@ void sched__finish_seq(sched *s, seq_list *from, seq *q, enum sched_finish why, 
             sched_event e2 = ev;
             e2.text = NULL;
             e2.text_len = 0;
+            e2.tokens = NULL;
+            e2.n_tokens = 0;
             e2.choice = c;
             e2.completion_tokens = 0;
             sched__push_event(r, &e2);
@@ -150,14 +163,17 @@ static size_t stop_prefix_suffix(const sched_req *r, const char *text, size_t le
     return best;
 }
 
-static bool is_stop_token(const sched *s, const sched_req *r, int32_t tok)
+static bool is_end_token(const sched *s, int32_t tok)
 {
-    if (r->ignore_eos)
-        return false;
     for (int i = 0; i < s->n_stop_ids; i++)
         if (tok == s->stop_ids[i])
             return true;
     return false;
+}
+
+static bool is_stop_token(const sched *s, const sched_req *r, int32_t tok)
+{
+    return !r->ignore_eos && is_end_token(s, tok);
 }
 
 /* Samples the next token of q from its logits row and publishes what it adds. Returns true
@@ -166,12 +182,35 @@ bool sched__sample_and_emit(sched *s, seq *q, const float *row_in, float *scratc
 {
     sched_req *r = q->req;
     memcpy(scratch, row_in, s->n_vocab * sizeof(float));
+    for (uint32_t i = 0; i < r->n_bias; i++)
+        scratch[r->bias[i].id] += r->bias[i].bias;
+    if (q->gram) {
+        int rc = grammar_mask(q->gram, s->gvocab, s->gmask);
+        if (rc <= 0) {
+            /* A dead end cannot happen with a def that has a finite instance; an anyOf too
+             * ambiguous (KVS_ERANGE) or OOM fails the choice. */
+            log_warn("scheduler: grammar mask failed: %s", status_str(rc ? rc : KVS_EINVAL));
+            sched__finish_seq(s, &s->running, q, SCHED_FINISH_ERROR, rc ? rc : KVS_EINVAL);
+            return true;
+        }
+        grammar_mask_logits(s->gmask, s->n_gtokens, scratch);
+        for (uint32_t i = (uint32_t)s->n_gtokens; i < s->n_vocab; i++)
+            scratch[i] = -INFINITY; /* rows past the tokenizer's vocabulary: no bytes */
+    }
     sched_token_info info = {0};
     bool want_lp = r->n_top_logprobs >= 0;
     info.n_top = want_lp ? r->n_top_logprobs : 0;
     int32_t tok = sampler_sample(q->smp, scratch, want_lp ? &info.logprob : NULL, info.n_top,
                                  info.top_ids, info.top_logprobs);
     info.id = tok;
+    /* Under a mask the tail of the tops can be tokens never allowed (-inf): not alternatives. */
+    while (q->gram && info.n_top > 0 && !isfinite(info.top_logprobs[info.n_top - 1]))
+        info.n_top--;
+    if (q->gram && !grammar_accept_token(q->gram, s->gvocab, tok)) {
+        /* the mask allowed it, so only memory can have run out */
+        sched__finish_seq(s, &s->running, q, SCHED_FINISH_ERROR, KVS_ENOMEM);
+        return true;
+    }
     sampler_accept(q->smp, tok, false);
     q->tokens[q->n_tokens++] = tok;
     q->n_generated++;
@@ -199,7 +238,7 @@ bool sched__sample_and_emit(sched *s, seq *q, const float *row_in, float *scratc
         }
     }
     enum sched_finish fin = SCHED_FINISH_NONE;
-    if (is_stop_token(s, r, tok)) {
+    if (is_stop_token(s, r, tok) || (q->gram && is_end_token(s, tok))) {
         fin = SCHED_FINISH_STOP;
     } else {
         /* Decode into the held buffer, then release what cannot start a stop string. */
@@ -252,7 +291,9 @@ bool sched__sample_and_emit(sched *s, seq *q, const float *row_in, float *scratc
                 memmove(q->held, q->held + emit, q->held_len - emit);
                 q->held_len -= emit;
             }
-            if (q->n_generated >= r->max_tokens)
+            if (q->gram && grammar_is_finished(q->gram))
+                fin = SCHED_FINISH_STOP; /* the value is whole and nothing may follow */
+            else if (q->n_generated >= r->max_tokens)
                 fin = SCHED_FINISH_LENGTH;
         }
     }
@@ -270,12 +311,9 @@ bool sched__sample_and_emit(sched *s, seq *q, const float *row_in, float *scratc
                 q->held_cap = q->held_len + 1;
             }
         }
-        if (ev.n_tokens)
-            sched__push_event(
-                r,
-                &(sched_event){.choice = q->choice, .tokens = ev.tokens, .n_tokens = ev.n_tokens});
+        /* The finishing event carries this token's info with the text it completes. */
         free(ev.text);
-        sched__finish_seq(s, &s->running, q, fin, 0);
+        sched__finish_seq_tokens(s, &s->running, q, fin, 0, ev.tokens, ev.n_tokens);
         return true;
     }
     if (ev.text_len || ev.n_tokens)
@@ -295,11 +333,14 @@ void sched__fork_choices(sched *s, seq *q)
             rc = seq_reserve(f, r->n_prompt + r->max_tokens);
         if (!rc)
             rc = sampler_clone(q->smp, r->sampling.seed + c, &f->smp);
+        if (!rc && q->gram)
+            rc = grammar_clone(q->gram, &f->gram);
         if (!rc)
             rc = kvpool_seq_fork(s->pool, q->kv, &f->kv);
         if (rc) {
             if (f) {
                 sampler_destroy(f->smp);
+                grammar_destroy(f->gram);
                 free(f->tokens);
                 free(f);
             }

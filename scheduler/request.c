@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "common/timeutil.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -28,6 +29,8 @@ void sched__req_unref(sched_req *r)
     for (int i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
     free(r->prompt);
+    free(r->bias);
+    grammar_def_destroy(r->gdef);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->notify_done);
     free(r);
@@ -139,7 +142,14 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
 {
     *out = NULL;
     if (!p->prompt || p->n_prompt == 0 || p->max_tokens == 0 || p->n == 0 ||
-        p->n > s->p.max_num_seqs || p->n_top_logprobs > SCHED_MAX_TOP_LOGPROBS)
+        p->n > s->p.max_num_seqs || p->n_top_logprobs > SCHED_MAX_TOP_LOGPROBS ||
+        p->n_logit_bias > SCHED_MAX_LOGIT_BIAS || (p->n_logit_bias && !p->logit_bias))
+        return KVS_EINVAL;
+    for (uint32_t i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].id < 0 || (uint32_t)p->logit_bias[i].id >= s->n_vocab ||
+            !isfinite(p->logit_bias[i].bias))
+            return KVS_EINVAL;
+    if (p->grammar && !s->gvocab)
         return KVS_EINVAL;
     for (uint32_t i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= s->n_vocab)
@@ -165,6 +175,16 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
         return KVS_ENOMEM;
     }
     memcpy(r->prompt, p->prompt, p->n_prompt * sizeof(int32_t));
+    if (p->n_logit_bias) {
+        r->bias = malloc(p->n_logit_bias * sizeof *r->bias);
+        if (!r->bias) {
+            r->refs = 1;
+            sched__req_unref(r);
+            return KVS_ENOMEM;
+        }
+        memcpy(r->bias, p->logit_bias, p->n_logit_bias * sizeof *r->bias);
+        r->n_bias = p->n_logit_bias;
+    }
     r->n_prompt = p->n_prompt;
     r->max_tokens = p->max_tokens;
     r->n = p->n;
@@ -190,6 +210,7 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
     }
     r->notify = notify;
     r->ud = ud;
+    r->gdef = p->grammar;
     r->t_submit = time_now_s();
     r->refs = 2; /* the client's, and the engine thread's until every choice is finished */
 
@@ -211,6 +232,7 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
     }
     pthread_mutex_unlock(&s->inbox_mu);
     if (rc) {
+        r->gdef = NULL; /* still the caller's */
         r->refs = 1;
         sched__req_unref(r);
         return rc;

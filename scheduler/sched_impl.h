@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/grammar.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
@@ -39,6 +40,9 @@ struct sched_req {
     size_t max_stop_len;
     int n_top_logprobs;
     bool notify_on_finish_only;
+    sched_logit_bias *bias;
+    uint32_t n_bias;
+    grammar_def *gdef; /* NULL: unconstrained; owned, outlives every seq's grammar */
     void (*notify)(void *ud);
     void *ud;
     double t_submit;
@@ -77,6 +81,7 @@ typedef struct seq {
     uint32_t n_computed; /* positions whose K/V are in the arena */
     uint32_t n_generated;
     sampler *smp;
+    grammar *gram; /* with req->gdef: this choice's position in it */
     tok_decoder dec;
     char *held; /* decoded text not yet emitted: could be the start of a stop string */
     size_t held_len, held_cap;
@@ -101,6 +106,9 @@ struct sched {
     uint32_t n_vocab;
     int32_t stop_ids[2];
     int n_stop_ids;
+    grammar_vocab *gvocab; /* the vocabulary's trie for grammar masks, end tokens = stop_ids */
+    int32_t n_gtokens;     /* logits the mask covers: min(trie tokens, n_vocab); beyond: none */
+    uint32_t *gmask;       /* (grammar_mask_words(trie tokens)) engine thread's scratch */
 
     kvpool *pool;
     uint32_t n_blocks; /* the pool's size, fixed at create (read by any thread) */
@@ -203,6 +211,10 @@ void sched__preempt(sched *s, seq *q);
 seq *sched__seq_new(sched *s, sched_req *r);
 /* Sends the choice's last event and retires (frees) the sequence, removing it from `from`. */
 void sched__finish_seq(sched *s, seq_list *from, seq *q, enum sched_finish why, int status);
+/* The same, its event also carrying the last token's info (tokens, n_tokens; taken over), so
+ * a choice's last text and its logprobs arrive together. */
+void sched__finish_seq_tokens(sched *s, seq_list *from, seq *q, enum sched_finish why, int status,
+                              sched_token_info *tokens, uint32_t n_tokens);
 /* Samples q's next token from its logits row and publishes it; true if q finished (freed). */
 bool sched__sample_and_emit(sched *s, seq *q, const float *row_in, float *scratch);
 /* Creates the other n - 1 choices of q's request, sharing q's blocks. */

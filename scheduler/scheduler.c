@@ -96,6 +96,16 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
         rc = engine_kv_create(model, p.kv_type, (uint32_t)n_blocks, p.block_size, &s->kv);
     if (!rc)
         rc = engine_ctx_create(model, p.max_batched_tokens, p.n_threads, &s->ctx);
+    /* The trie for grammar masks: built once, a few ms for a 150k vocabulary. */
+    if (!rc)
+        rc = grammar_vocab_create(s->vocab, s->stop_ids, (size_t)s->n_stop_ids, &s->gvocab);
+    if (!rc) {
+        int32_t nt = grammar_vocab_n_tokens(s->gvocab);
+        s->n_gtokens = (uint32_t)nt > s->n_vocab ? (int32_t)s->n_vocab : nt;
+        s->gmask = malloc(grammar_mask_words(nt) * sizeof *s->gmask);
+        if (!s->gmask)
+            rc = KVS_ENOMEM;
+    }
     if (rc) {
         sched_destroy(s);
         return rc;
@@ -144,6 +154,8 @@ void sched_destroy(sched *s)
     kvpool_destroy(s->pool);
     engine_kv_destroy(s->kv);
     engine_ctx_destroy(s->ctx);
+    grammar_vocab_destroy(s->gvocab);
+    free(s->gmask);
     free(s->logits);
     free(s->b_token);
     free(s->b_pos);

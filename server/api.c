@@ -11,6 +11,9 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/status.h"
+#include "server/json_schema.h"
+
 static const char *type_for_status(int status)
 {
     switch (status) {
@@ -69,6 +72,8 @@ void srv_request_free(srv_request *r)
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
+    free(r->logit_bias);
+    grammar_def_destroy(r->grammar);
     memset(r, 0, sizeof *r);
 }
 
@@ -294,6 +299,142 @@ out:
     free(texts);
     free(m);
     return rc;
+}
+
+/* logit_bias: {"token id": bias, ...}, ids as decimal strings (JSON keys), bias in [-100, 100]. */
+static int parse_logit_bias(const cJSON *root, srv_request *r, srv_error *e)
+{
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (!lb || cJSON_IsNull(lb))
+        return 0;
+    if (!cJSON_IsObject(lb))
+        return srv_error_set(e, 400, "logit_bias", NULL,
+                             "'logit_bias' must be an object of token ids to numbers");
+    int n = cJSON_GetArraySize(lb);
+    if (n == 0)
+        return 0;
+    if (n > SRV_MAX_LOGIT_BIAS)
+        return srv_error_set(e, 400, "logit_bias", NULL,
+                             "'logit_bias' takes at most %d entries, got %d", SRV_MAX_LOGIT_BIAS,
+                             n);
+    r->logit_bias = calloc((size_t)n, sizeof *r->logit_bias);
+    if (!r->logit_bias)
+        return oom(e);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lb)
+    {
+        const char *k = it->string;
+        char *end = NULL;
+        long id = -1;
+        if (k && *k >= '0' && *k <= '9' && strlen(k) <= 10)
+            id = strtol(k, &end, 10);
+        if (id < 0 || id > INT32_MAX || !end || *end)
+            return srv_error_set(e, 400, "logit_bias", NULL,
+                                 "'logit_bias' keys must be token ids (non-negative integers), "
+                                 "got \"%.40s\"",
+                                 k ? k : "");
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return srv_error_set(e, 400, "logit_bias", NULL,
+                                 "'logit_bias' values must be numbers from -100 to 100 (token %ld)",
+                                 id);
+        r->logit_bias[r->n_logit_bias].id = (int32_t)id;
+        r->logit_bias[r->n_logit_bias].bias = (float)it->valuedouble;
+        r->n_logit_bias++;
+    }
+    return 0;
+}
+
+/* The keys obj may have; the first other one is a 400 naming it as where.key. */
+static int only_keys(const cJSON *obj, const char *where, const char *const *keys, srv_error *e)
+{
+    const cJSON *it;
+    cJSON_ArrayForEach(it, obj)
+    {
+        bool known = false;
+        for (const char *const *k = keys; *k && !known; k++)
+            known = !strcmp(it->string, *k);
+        if (!known) {
+            char param[48];
+            snprintf(param, sizeof param, "%s.%s", where, it->string);
+            return srv_error_set(e, 400, param, NULL, "unknown field '%s.%.60s'", where,
+                                 it->string);
+        }
+    }
+    return 0;
+}
+
+/* response_format: {"type": "text"}, {"type": "json_object"}, or {"type": "json_schema",
+ * "json_schema": {"name", "schema", "strict", "description"}} compiled to a grammar. */
+static int parse_response_format(const cJSON *root, srv_request *r, srv_error *e)
+{
+    r->format_type = "text";
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (!rf || cJSON_IsNull(rf))
+        return 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsObject(rf) || !cJSON_IsString(type))
+        return srv_error_set(e, 400, "response_format.type", NULL,
+                             "'response_format' must be an object with a string 'type' (text, "
+                             "json_object or json_schema)");
+    const char *ty = type->valuestring;
+    if (!strcmp(ty, "text") || !strcmp(ty, "json_object")) {
+        static const char *const keys[] = {"type", NULL};
+        if (only_keys(rf, "response_format", keys, e))
+            return -1;
+        if (!strcmp(ty, "text"))
+            return 0;
+        r->format_type = "json_object";
+        return grammar_def_json_object(NULL, &r->grammar) ? oom(e) : 0;
+    }
+    if (strcmp(ty, "json_schema"))
+        return srv_error_set(e, 400, "response_format.type", NULL,
+                             "'response_format.type' must be text, json_object or json_schema, "
+                             "got '%.60s'",
+                             ty);
+    static const char *const keys[] = {"type", "json_schema", NULL};
+    if (only_keys(rf, "response_format", keys, e))
+        return -1;
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js))
+        return srv_error_set(e, 400, "response_format.json_schema", NULL,
+                             "'response_format.json_schema' must be an object with 'name' and "
+                             "'schema'");
+    static const char *const jkeys[] = {"name", "schema", "strict", "description", NULL};
+    if (only_keys(js, "response_format.json_schema", jkeys, e))
+        return -1;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    const cJSON *desc = cJSON_GetObjectItemCaseSensitive(js, "description");
+    if (!cJSON_IsString(name) || !name->valuestring[0])
+        return srv_error_set(e, 400, "response_format.json_schema.name", NULL,
+                             "'response_format.json_schema.name' must be a non-empty string");
+    if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
+        return srv_error_set(e, 400, "response_format.json_schema.strict", NULL,
+                             "'response_format.json_schema.strict' must be a boolean");
+    if (desc && !cJSON_IsNull(desc) && !cJSON_IsString(desc))
+        return srv_error_set(e, 400, "response_format.json_schema.description", NULL,
+                             "'response_format.json_schema.description' must be a string");
+    if (!schema || cJSON_IsNull(schema)) {
+        /* OpenAI: no schema means any JSON value is fine; here the same, as {}. */
+        schema = NULL;
+    } else if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema)) {
+        return srv_error_set(e, 400, "response_format.json_schema.schema", NULL,
+                             "'response_format.json_schema.schema' must be a JSON Schema object");
+    }
+    cJSON *empty = schema ? NULL : cJSON_CreateObject();
+    if (!schema && !empty)
+        return oom(e);
+    char err[200];
+    int rc = srv_json_schema_compile(schema ? schema : empty, NULL, &r->grammar, err, sizeof err);
+    cJSON_Delete(empty);
+    if (rc == KVS_ENOMEM)
+        return oom(e);
+    if (rc)
+        return srv_error_set(e, 400, "response_format.json_schema.schema", NULL,
+                             "response_format.json_schema.schema: %s", err);
+    r->format_type = "json_schema";
+    return 0;
 }
 
 /* The literal at p is one of the non-finite numbers clients emit (NaN, Infinity; JSON has
@@ -528,7 +669,7 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
     }
     if (get_bool(root, "ignore_eos", &r->ignore_eos, e) || get_bool(root, "stream", &r->stream, e))
         goto out;
-    if (parse_stop(root, r, e))
+    if (parse_stop(root, r, e) || parse_logit_bias(root, r, e) || parse_response_format(root, r, e))
         goto out;
 
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
@@ -568,6 +709,13 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
     const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
     if (user && !cJSON_IsNull(user) && !cJSON_IsString(user)) {
         srv_error_set(e, 400, "user", NULL, "'user' must be a string");
+        goto out;
+    }
+    if (r->grammar && r->ignore_eos) {
+        srv_error_set(e, 400, "ignore_eos", NULL,
+                      "'ignore_eos' cannot be used with response_format %s: the output ends "
+                      "when its JSON value is complete",
+                      r->format_type);
         goto out;
     }
     rc = 0;

@@ -11,10 +11,17 @@
 
 #include <cjson/cJSON.h>
 
+#include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "server/chat_template.h"
 
-#define SRV_MAX_N 128 /* choices per request, as OpenAI */
+#define SRV_MAX_N 128           /* choices per request, as OpenAI */
+#define SRV_MAX_LOGIT_BIAS 1024 /* logit_bias entries (OpenAI documents no limit; 300 is seen) */
+
+typedef struct srv_logit_bias {
+    int32_t id; /* >= 0; the route checks it against the vocabulary */
+    float bias; /* [-100, 100] */
+} srv_logit_bias;
 
 typedef struct srv_error {
     int status;       /* HTTP status */
@@ -48,6 +55,12 @@ typedef struct srv_request {
     int n_top_logprobs; /* -1 = no logprobs */
     bool stream;
     bool include_usage;
+    srv_logit_bias *logit_bias;
+    size_t n_logit_bias;
+    /* response_format json_object / json_schema, compiled; NULL: free text. Whoever submits it
+     * takes it (and sets this to NULL); otherwise srv_request_free destroys it. */
+    grammar_def *grammar;
+    const char *format_type; /* "text", "json_object" or "json_schema" (static) */
 } srv_request;
 
 /* Parses a request body that must be exactly one JSON value: trailing data after it, and

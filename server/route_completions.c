@@ -305,6 +305,21 @@ enum MHD_Result srv__route_generate(srv_conn *c)
         p.stop[i] = rq->stop[i];
     p.n_top_logprobs = rq->n_top_logprobs;
     p.notify_on_finish_only = !rq->stream; /* the whole body is built at the end */
+    sched_logit_bias bias[SRV_MAX_LOGIT_BIAS];
+    for (size_t i = 0; i < rq->n_logit_bias; i++) {
+        if (rq->logit_bias[i].id >= tok_n_vocab(s->vocab)) {
+            srv_error_set(&e, 400, "logit_bias", NULL,
+                          "logit_bias: token id %d is outside the vocabulary (%d tokens)",
+                          rq->logit_bias[i].id, tok_n_vocab(s->vocab));
+            ret = srv__send_error(c, &e);
+            goto out;
+        }
+        bias[i].id = rq->logit_bias[i].id;
+        bias[i].bias = rq->logit_bias[i].bias;
+    }
+    p.logit_bias = bias;
+    p.n_logit_bias = (uint32_t)rq->n_logit_bias;
+    p.grammar = rq->grammar;
 
     srv__make_id(s, chat ? "chatcmpl-" : "cmpl-", c->id, sizeof c->id);
     c->rx.chat = chat;
@@ -316,6 +331,8 @@ enum MHD_Result srv__route_generate(srv_conn *c)
     c->prompt_tokens = (uint32_t)n_ids;
 
     int rc = sched_submit(s->sched, &p, srv__on_notify, c->wake, &c->req);
+    if (rc == 0)
+        rq->grammar = NULL; /* the scheduler's now */
     if (rc) {
         c->req = NULL;
         switch (rc) {
