@@ -1,5 +1,6 @@
 /* Request validation. Every field is checked for type and range where it enters, and the
- * first bad field is reported by name; unknown fields are ignored (OpenAI clients send many). */
+ * first bad field is reported by name; OpenAI fields not implemented are refused by name
+ * (k_unsupported), fields no OpenAI API defines are ignored (clients send extras). */
 #include "server/api.h"
 
 #include <float.h>
@@ -74,6 +75,11 @@ void srv_request_free(srv_request *r)
         free(r->stop[i]);
     free(r->logit_bias);
     grammar_def_destroy(r->grammar);
+    for (size_t i = 0; i < r->n_more; i++) {
+        free(r->more[i].text);
+        free(r->more[i].ids);
+    }
+    free(r->more);
     memset(r, 0, sizeof *r);
 }
 
@@ -159,13 +165,13 @@ static int parse_stop(const cJSON *root, srv_request *r, srv_error *e)
 }
 
 /* Token ids: any non-negative int32; the caller checks them against the vocabulary. */
-static int parse_ids(const cJSON *arr, srv_request *r, srv_error *e)
+static int parse_ids(const cJSON *arr, int32_t **ids, size_t *n_ids, srv_error *e)
 {
     int n = cJSON_GetArraySize(arr);
     if (n == 0)
         return srv_error_set(e, 400, "prompt", NULL, "'prompt' must not be empty");
-    r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
-    if (!r->prompt_ids)
+    *ids = malloc((size_t)n * sizeof **ids);
+    if (!*ids)
         return oom(e);
     const cJSON *t;
     cJSON_ArrayForEach(t, arr)
@@ -174,9 +180,21 @@ static int parse_ids(const cJSON *arr, srv_request *r, srv_error *e)
         if (!cJSON_IsNumber(t) || d != floor(d) || d < 0 || d > INT32_MAX)
             return srv_error_set(e, 400, "prompt", NULL,
                                  "'prompt' must be a string or an array of token ids");
-        r->prompt_ids[r->n_prompt_ids++] = (int32_t)d;
+        (*ids)[(*n_ids)++] = (int32_t)d;
     }
     return 0;
+}
+
+/* One element of a prompt array: a string or an array of token ids. */
+static int parse_one(const cJSON *p, char **text, int32_t **ids, size_t *n_ids, srv_error *e)
+{
+    if (cJSON_IsString(p))
+        return (*text = strdup(p->valuestring)) ? 0 : oom(e);
+    if (cJSON_IsArray(p))
+        return parse_ids(p, ids, n_ids, e);
+    return srv_error_set(e, 400, "prompt", NULL,
+                         "'prompt' must be a string, an array of token ids, or an array of "
+                         "those");
 }
 
 static int parse_prompt(const cJSON *root, srv_request *r, srv_error *e)
@@ -194,27 +212,31 @@ static int parse_prompt(const cJSON *root, srv_request *r, srv_error *e)
                              "'prompt' must be a string or an array of token ids");
     const cJSON *first = p->child;
     if (first && (cJSON_IsString(first) || cJSON_IsArray(first))) {
-        /* A batch of prompts: served when it holds exactly one. */
-        if (cJSON_GetArraySize(p) != 1)
-            return srv_error_set(e, 400, "prompt", NULL,
-                                 "batched prompts are not supported: send one prompt per request");
-        if (cJSON_IsString(first)) {
-            if (!(r->prompt_text = strdup(first->valuestring)))
-                return oom(e);
-            return 0;
+        /* A batch of prompts: each its own request in the scheduler, sharing the batch. */
+        int n = cJSON_GetArraySize(p);
+        if (n > SRV_MAX_PROMPTS)
+            return srv_error_set(e, 400, "prompt", NULL, "'prompt' holds %d prompts; at most %d", n,
+                                 SRV_MAX_PROMPTS);
+        if (parse_one(first, &r->prompt_text, &r->prompt_ids, &r->n_prompt_ids, e))
+            return -1;
+        if (n > 1 && !(r->more = calloc((size_t)n - 1, sizeof *r->more)))
+            return oom(e);
+        for (const cJSON *it = first->next; it; it = it->next) {
+            srv_prompt *q = &r->more[r->n_more++];
+            if (parse_one(it, &q->text, &q->ids, &q->n_ids, e))
+                return -1;
         }
-        return parse_ids(first, r, e);
+        return 0;
     }
-    return parse_ids(p, r, e);
+    return parse_ids(p, &r->prompt_ids, &r->n_prompt_ids, e);
 }
 
-/* Message content: a string, or an array of {"type":"text","text":...} parts joined by "\n". */
-static int content_text(const cJSON *c, char **out, srv_error *e)
+/* Message content: a string, or an array of {"type":"text","text":...} parts joined by "\n".
+ * Required (OpenAI allows it absent only on an assistant message with tool_calls). */
+static int content_text(const cJSON *c, int i, char **out, srv_error *e)
 {
-    if (!c || cJSON_IsNull(c)) {
-        *out = strdup("");
-        return *out ? 0 : oom(e);
-    }
+    if (!c || cJSON_IsNull(c))
+        return srv_error_set(e, 400, "messages", NULL, "messages[%d] needs a 'content'", i);
     if (cJSON_IsString(c)) {
         *out = strdup(c->valuestring);
         return *out ? 0 : oom(e);
@@ -284,7 +306,15 @@ static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_reques
                                "messages[%d]: role must be system, user or assistant", i);
             goto out;
         }
-        if ((rc = content_text(cJSON_GetObjectItemCaseSensitive(it, "content"), &texts[i], e)))
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
+        if (tc && !cJSON_IsNull(tc)) {
+            rc = srv_error_set(e, 400, "messages", NULL,
+                               "messages[%d]: assistant 'tool_calls' in the history are not "
+                               "supported (this server does not implement tools)",
+                               i);
+            goto out;
+        }
+        if ((rc = content_text(cJSON_GetObjectItemCaseSensitive(it, "content"), i, &texts[i], e)))
             goto out;
         m[i].role = ro;
         m[i].content = texts[i];
@@ -434,6 +464,55 @@ static int parse_response_format(const cJSON *root, srv_request *r, srv_error *e
         return srv_error_set(e, 400, "response_format.json_schema.schema", NULL,
                              "response_format.json_schema.schema: %s", err);
     r->format_type = "json_schema";
+    return 0;
+}
+
+/* OpenAI request fields this server does not implement: each is a 400 naming it, unless it
+ * holds a value that asks for nothing (null, or the neutral value listed), so a client never
+ * believes a feature took effect when it did not. Fields no OpenAI API defines are ignored. */
+typedef struct unsupported_field {
+    const char *name;
+    int endpoints;       /* 1 completions, 2 chat */
+    const char *neutral; /* the one value that is accepted, as cJSON_PrintUnformatted prints it */
+} unsupported_field;
+
+static const unsupported_field k_unsupported[] = {
+    {"tools", 3, "[]"},
+    {"tool_choice", 3, "\"none\""},
+    {"functions", 3, "[]"},
+    {"function_call", 3, "\"none\""},
+    {"audio", 2, NULL},
+    {"modalities", 2, "[\"text\"]"},
+    {"prediction", 2, NULL},
+    {"store", 2, "false"},
+    {"service_tier", 3, "\"auto\""},
+    {"reasoning_effort", 2, NULL},
+    {"web_search_options", 2, NULL},
+    {"verbosity", 2, NULL},
+    {"echo", 1, "false"},
+    {"best_of", 1, "1"},
+    {"suffix", 1, "\"\""},
+};
+
+static int refuse_unsupported(const cJSON *root, bool chat, srv_error *e)
+{
+    for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++) {
+        const unsupported_field *f = &k_unsupported[i];
+        if (!(f->endpoints & (chat ? 2 : 1)))
+            continue;
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, f->name);
+        if (!it || cJSON_IsNull(it))
+            continue;
+        if (f->neutral) {
+            char *s = cJSON_PrintUnformatted(it);
+            bool neutral = s && !strcmp(s, f->neutral);
+            free(s);
+            if (neutral)
+                continue;
+        }
+        return srv_error_set(e, 400, f->name, "unsupported_parameter",
+                             "'%s' is not supported by this server", f->name);
+    }
     return 0;
 }
 
@@ -598,6 +677,8 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
             goto out;
         }
     }
+    if (refuse_unsupported(root, chat, e))
+        goto out;
     if (chat ? parse_messages(root, tmpl, r, e) : parse_prompt(root, r, e))
         goto out;
 
@@ -709,6 +790,12 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
     const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
     if (user && !cJSON_IsNull(user) && !cJSON_IsString(user)) {
         srv_error_set(e, 400, "user", NULL, "'user' must be a string");
+        goto out;
+    }
+    if (r->grammar && r->n_more) {
+        srv_error_set(e, 400, "response_format", NULL,
+                      "'response_format' with an array of several prompts is not supported: "
+                      "send one request per prompt");
         goto out;
     }
     if (r->grammar && r->ignore_eos) {

@@ -38,12 +38,26 @@ int srv_error_set(srv_error *e, int status, const char *param, const char *code,
 /* The {"error":{...}} body, malloc'd (NULL on OOM). */
 char *srv_error_json(const srv_error *e);
 
+#define SRV_MAX_PROMPTS 64 /* prompts of one /v1/completions request */
+
+/* One more prompt of a /v1/completions prompt array: text, or token ids. */
+typedef struct srv_prompt {
+    char *text;
+    int32_t *ids;
+    size_t n_ids;
+} srv_prompt;
+
 typedef struct srv_request {
     bool chat;
     char *model;         /* as given, or NULL */
     char *prompt_text;   /* string prompt (completions) or the rendered chat; NULL if ids */
     int32_t *prompt_ids; /* token-id prompt (completions only) */
     size_t n_prompt_ids;
+    /* A completions prompt array of k > 1 prompts: the first is prompt_text / prompt_ids
+     * above, the other k - 1 here. Choices are numbered prompt by prompt (prompt i's j-th
+     * choice is index i * n + j), as OpenAI does. */
+    srv_prompt *more;
+    size_t n_more;
     bool has_max_tokens;
     uint32_t max_tokens;
     uint32_t n;

@@ -69,6 +69,69 @@ void srv__count_status(srv_server *s, int status)
     atomic_fetch_add(&s->status_counts[srv_status_index(status)], 1);
 }
 
+/* The Access-Control-Allow-Origin value for c's Origin: "*", the origin itself, or NULL. */
+static const char *cors_allow(srv_conn *c)
+{
+    const char *list = c->srv->cfg->cors_origins;
+    if (!list)
+        return NULL;
+    const char *origin = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Origin");
+    if (!origin)
+        return NULL;
+    size_t n = strlen(origin);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, '\n');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == 1 && *p == '*')
+            return "*";
+        if (len == n && !memcmp(p, origin, n))
+            return origin;
+        p += len + (end ? 1 : 0);
+    }
+    return NULL;
+}
+
+void srv__add_common_headers(srv_conn *c, struct MHD_Response *r, int status)
+{
+    if (status == 429 || status == 503)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (!c->srv->cfg->cors_origins)
+        return;
+    const char *allow = cors_allow(c);
+    if (allow) {
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        MHD_add_response_header(r, "Access-Control-Expose-Headers", "Retry-After");
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
+}
+
+/* A CORS preflight (OPTIONS with CORS on): 204 with what the API takes, or 403 JSON for an
+ * origin not allowed. No auth: browsers send preflights without credentials. */
+static enum MHD_Result send_preflight(srv_conn *c)
+{
+    if (!cors_allow(c))
+        return srv__fail(c, 403, NULL, NULL,
+                         "this origin may not call the API (see --cors-origin)");
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    srv__add_common_headers(c, r, 204);
+    bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_TOKENIZE ||
+                c->route == R_DETOKENIZE;
+    MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                            post ? "POST, OPTIONS" : "GET, OPTIONS");
+    const char *want =
+        MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                            want && *want ? want : "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ret = MHD_queue_response(c->mc, 204, r);
+    MHD_destroy_response(r);
+    c->status = 204;
+    c->phase = PH_DONE;
+    return ret;
+}
+
 enum MHD_Result srv__send_body(srv_conn *c, int status, const char *ctype, const char *body,
                                size_t len)
 {
@@ -77,10 +140,14 @@ enum MHD_Result srv__send_body(srv_conn *c, int status, const char *ctype, const
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    srv__add_common_headers(c, r, status);
     if (status == 405) {
         bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_TOKENIZE ||
                     c->route == R_DETOKENIZE;
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, post ? "POST" : "GET");
+        bool cors = c->srv->cfg->cors_origins != NULL;
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW,
+                                post ? (cors ? "POST, OPTIONS" : "POST")
+                                     : (cors ? "GET, OPTIONS" : "GET"));
     }
     if (status == 401)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
@@ -241,6 +308,10 @@ static bool answer_early(srv_conn *c, enum MHD_Result *r)
 {
     srv_server *s = c->srv;
     int st = atomic_load(&s->state);
+    if (c->preflight) {
+        *r = send_preflight(c);
+        return true;
+    }
     if (c->route == R_HEALTH) {
         if (st == ST_READY)
             *r = srv__send_json(c, 200, "{\"status\":\"ok\"}");
@@ -299,6 +370,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->route = route_of(c->path, &post);
         if (c->route == R_NONE)
             return srv__fail(c, 404, NULL, NULL, "Not found");
+        if (!strcmp(method, "OPTIONS") && s->cfg->cors_origins) {
+            /* answered from the next call, as a GET (see below) */
+            c->preflight = true;
+            return MHD_YES;
+        }
         if (strcmp(method, post ? "POST" : "GET") && !(strcmp(method, "HEAD") == 0 && !post))
             return srv__fail(c, 405, NULL, NULL, "Method not allowed");
         if (post) {
@@ -407,19 +483,23 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     /* A client that left mid-generation is logged and counted as 499 (client closed). */
     c->client_gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK &&
                      (c->phase == PH_WAIT || (c->phase == PH_STREAM && c->ss != SS_END));
-    if (c->req) {
+    if (c->n_reqs) {
         /* What was generated and not yet taken still counts for the log line. */
         sched_event ev;
-        while (c->client_gone && sched_req_next(c->req, &ev) > 0) {
-            srv__note_event(c, &ev);
-            sched_event_free(&ev);
+        uint32_t gen = 0;
+        for (uint32_t k = 0; k < c->n_reqs; k++) {
+            while (c->client_gone && sched_req_next(c->reqs[k], &ev) > 0) {
+                srv__note_event(c, &ev);
+                sched_event_free(&ev);
+            }
+            gen += sched_req_generated(c->reqs[k]);
         }
         /* exact, also counting tokens whose text was still held back (a stop-string prefix,
          * a partial UTF-8 character) */
-        uint32_t gen = sched_req_generated(c->req);
         if (gen > c->delta_tokens)
             c->delta_tokens = gen;
-        sched_req_release(c->req); /* cancels it if unfinished: blocks go back to the pool */
+        for (uint32_t k = 0; k < c->n_reqs; k++)
+            sched_req_release(c->reqs[k]); /* cancels it if unfinished: blocks go back */
         atomic_fetch_sub(&s->n_active, 1);
     }
     int status = c->client_gone || !c->status ? 499 : c->status;
@@ -434,12 +514,13 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     log_info("access id=%s method=%s route=%s status=%d prompt_tokens=%u completion_tokens=%u "
              "ttft=%.4f total=%.4f%s",
              c->reqid, c->method ? c->method : "-", c->route_name, status,
-             c->req ? c->prompt_tokens : 0, completion,
+             c->n_reqs ? c->prompt_tokens : 0, completion,
              c->t_first > 0 ? c->t_first - c->t_start : -1.0, now - c->t_start,
              c->client_gone ? " client_closed=1" : "");
     for (uint32_t i = 0; c->choices && i < c->n_choices; i++)
         srv_choice_free(&c->choices[i]);
     free(c->choices);
+    free(c->reqs);
     srv_request_free(&c->rq);
     free(c->body);
     free(c->out);

@@ -123,8 +123,9 @@ typedef struct srv_conn {
     char reqid[32];
     double t_start, t_first;
     enum phase phase;
-    bool checked; /* answer_early has run */
-    int status;   /* HTTP status sent */
+    bool checked;   /* answer_early has run */
+    bool preflight; /* an OPTIONS request with CORS on: answered by answer_early */
+    int status;     /* HTTP status sent */
     bool client_gone;
 
     char *body;
@@ -134,7 +135,10 @@ typedef struct srv_conn {
 
     /* generation */
     srv_request rq;
-    sched_req *req;
+    sched_req **reqs;  /* one per prompt (a completions prompt array has several) */
+    uint32_t n_reqs;   /* submitted */
+    uint32_t n_per;    /* choices per prompt (n): prompt k's choice j is index k * n_per + j */
+    uint32_t next_req; /* where the next event is looked for first (round robin) */
     srv_wake *wake;
     srv_resp_ctx rx;
     char id[48];
@@ -167,6 +171,9 @@ enum MHD_Result srv__send_cjson(srv_conn *c, int status, cJSON *j);
 enum MHD_Result srv__send_error(srv_conn *c, const srv_error *e);
 enum MHD_Result srv__fail(srv_conn *c, int status, const char *param, const char *code,
                           const char *msg);
+/* Adds the CORS headers (Access-Control-Allow-Origin, Vary) a response to c needs: none when
+ * CORS is off or the request's Origin is not allowed. Retry-After on 429 and 503. */
+void srv__add_common_headers(srv_conn *c, struct MHD_Response *r, int status);
 /* A fresh id: prefix + 16 hex digits, unique and not guessable in sequence. */
 void srv__make_id(srv_server *s, const char *prefix, char *out, size_t cap);
 

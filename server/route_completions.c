@@ -27,8 +27,10 @@ void srv__note_event(srv_conn *c, const sched_event *ev)
     if (ev->finish == SCHED_FINISH_NONE)
         c->delta_tokens += ev->n_tokens ? ev->n_tokens : (ev->text_len ? 1 : 0);
     if (ev->finish != SCHED_FINISH_NONE) {
-        c->prompt_tokens = ev->prompt_tokens;
-        c->cached_tokens = ev->cached_tokens;
+        /* prompt_tokens is the prompts' sum, set at submit; each prompt's cached tokens
+         * count once, from its first choice */
+        if (c->n_per && ev->choice % c->n_per == 0)
+            c->cached_tokens += ev->cached_tokens;
         c->completion_tokens += ev->completion_tokens;
         if (ev->finish == SCHED_FINISH_ERROR && !c->fail_status)
             c->fail_status = ev->status ? ev->status : KVS_EINVAL;
@@ -187,6 +189,7 @@ static enum MHD_Result start_stream(srv_conn *c)
         return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    srv__add_common_headers(c, r, 200);
     c->phase = PH_STREAM;
     c->status = 200;
     enum MHD_Result ret = MHD_queue_response(c->mc, 200, r);
@@ -220,46 +223,68 @@ enum MHD_Result srv__route_generate(srv_conn *c)
         return srv__send_error(c, &e);
     }
     const char *pparam = chat ? "messages" : "prompt";
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    if (rq->prompt_text) {
-        if (srv__tokenize(s->vocab, rq->prompt_text, tok_add_bos(s->vocab), &ids, &n_ids))
-            return srv__fail(c, 500, NULL, NULL, "tokenization failed");
-    } else {
-        int32_t nv = tok_n_vocab(s->vocab);
-        for (size_t i = 0; i < rq->n_prompt_ids; i++)
-            if (rq->prompt_ids[i] >= nv) {
-                srv_error_set(&e, 400, "prompt", NULL, "token id %d is outside the vocabulary",
-                              rq->prompt_ids[i]);
-                return srv__send_error(c, &e);
-            }
-        ids = rq->prompt_ids;
-        n_ids = rq->n_prompt_ids;
-        rq->prompt_ids = NULL;
-        rq->n_prompt_ids = 0;
-    }
+    /* Prompt k's tokens: tokenized text, or the ids as given (checked here). */
+    uint32_t n_prompts = (uint32_t)(1 + rq->n_more);
+    int32_t **pids = calloc(n_prompts, sizeof *pids);
+    size_t *plen = calloc(n_prompts, sizeof *plen);
     enum MHD_Result ret;
-    if (n_ids == 0) {
-        ret = srv__fail(c, 400, pparam, NULL, "the prompt is empty");
-        goto out;
-    }
-    if (n_ids >= s->n_ctx) {
-        srv_error_set(&e, 400, pparam, "context_length_exceeded",
-                      "This model's maximum context length is %u tokens; the prompt has %zu",
-                      s->n_ctx, n_ids);
-        ret = srv__send_error(c, &e);
-        goto out;
-    }
     uint32_t max_tokens = rq->max_tokens;
-    if (chat && !rq->has_max_tokens)
-        max_tokens = s->n_ctx - (uint32_t)n_ids;
-    if (n_ids + max_tokens > s->n_ctx) {
-        srv_error_set(&e, 400, "max_tokens", "context_length_exceeded",
-                      "This model's maximum context length is %u tokens; you requested %zu "
-                      "(%zu in the prompt, %u to generate)",
-                      s->n_ctx, n_ids + max_tokens, n_ids, max_tokens);
-        ret = srv__send_error(c, &e);
+    size_t total_ids = 0;
+    if (!pids || !plen) {
+        ret = srv__fail(c, 500, NULL, NULL, "out of memory");
         goto out;
+    }
+    for (uint32_t k = 0; k < n_prompts; k++) {
+        char *text = k ? rq->more[k - 1].text : rq->prompt_text;
+        int32_t **given = k ? &rq->more[k - 1].ids : &rq->prompt_ids;
+        size_t *n_given = k ? &rq->more[k - 1].n_ids : &rq->n_prompt_ids;
+        char which[32] = "";
+        if (n_prompts > 1)
+            snprintf(which, sizeof which, " (prompt %u)", k);
+        if (text) {
+            if (srv__tokenize(s->vocab, text, tok_add_bos(s->vocab), &pids[k], &plen[k])) {
+                ret = srv__fail(c, 500, NULL, NULL, "tokenization failed");
+                goto out;
+            }
+        } else {
+            int32_t nv = tok_n_vocab(s->vocab);
+            for (size_t i = 0; i < *n_given; i++)
+                if ((*given)[i] >= nv) {
+                    srv_error_set(&e, 400, "prompt", NULL,
+                                  "token id %d is outside the vocabulary%s", (*given)[i], which);
+                    ret = srv__send_error(c, &e);
+                    goto out;
+                }
+            pids[k] = *given;
+            plen[k] = *n_given;
+            *given = NULL;
+            *n_given = 0;
+        }
+        size_t n_ids = plen[k];
+        if (n_ids == 0) {
+            srv_error_set(&e, 400, pparam, NULL, "the prompt is empty%s", which);
+            ret = srv__send_error(c, &e);
+            goto out;
+        }
+        if (n_ids >= s->n_ctx) {
+            srv_error_set(&e, 400, pparam, "context_length_exceeded",
+                          "This model's maximum context length is %u tokens; the prompt%s has "
+                          "%zu",
+                          s->n_ctx, which, n_ids);
+            ret = srv__send_error(c, &e);
+            goto out;
+        }
+        if (chat && !rq->has_max_tokens)
+            max_tokens = s->n_ctx - (uint32_t)n_ids;
+        if (n_ids + max_tokens > s->n_ctx) {
+            srv_error_set(&e, 400, "max_tokens", "context_length_exceeded",
+                          "This model's maximum context length is %u tokens; you requested %zu "
+                          "(%zu in the prompt%s, %u to generate)",
+                          s->n_ctx, n_ids + max_tokens, n_ids, which, max_tokens);
+            ret = srv__send_error(c, &e);
+            goto out;
+        }
+        total_ids += n_ids;
     }
     if (rq->n > s->cfg->max_num_seqs) {
         srv_error_set(&e, 400, "n", NULL,
@@ -269,13 +294,13 @@ enum MHD_Result srv__route_generate(srv_conn *c)
         ret = srv__send_error(c, &e);
         goto out;
     }
-    uint64_t bound = srv_response_bound(rq->n, max_tokens, rq->n_top_logprobs);
+    uint64_t bound = srv_response_bound(rq->n * n_prompts, max_tokens, rq->n_top_logprobs);
     if (bound > (uint64_t)s->cfg->max_response_mb << 20) {
         srv_error_set(&e, 400, rq->n_top_logprobs > 0 ? "top_logprobs" : "max_tokens", NULL,
-                      "this request could make a response of %.0f MB (n = %u x %u tokens%s); "
-                      "the limit is %u MB (--max-response-mb): lower n, max_tokens or the "
-                      "logprobs asked for",
-                      (double)bound / (1 << 20), rq->n, max_tokens,
+                      "this request could make a response of %.0f MB (n = %u x %u prompts x %u "
+                      "tokens%s); the limit is %u MB (--max-response-mb): lower n, max_tokens "
+                      "or the logprobs asked for",
+                      (double)bound / (1 << 20), rq->n, n_prompts, max_tokens,
                       rq->n_top_logprobs >= 0 ? " with logprobs" : "", s->cfg->max_response_mb);
         ret = srv__send_error(c, &e);
         goto out;
@@ -286,17 +311,17 @@ enum MHD_Result srv__route_generate(srv_conn *c)
         rq->sampling.seed = z;
     }
 
-    c->n_choices = rq->n;
-    c->choices = calloc(rq->n, sizeof *c->choices);
+    c->n_choices = rq->n * n_prompts;
+    c->n_per = rq->n;
+    c->choices = calloc(c->n_choices, sizeof *c->choices);
+    c->reqs = calloc(n_prompts, sizeof *c->reqs);
     c->wake = srv__wake_get(s, c->mc);
-    if (!c->choices || !c->wake) {
+    if (!c->choices || !c->reqs || !c->wake) {
         ret = srv__fail(c, 500, NULL, NULL, "out of memory");
         goto out;
     }
     srv__sock_set_wake(s, c->mc, c->wake);
     sched_request_params p = {0};
-    p.prompt = ids;
-    p.n_prompt = (uint32_t)n_ids;
     p.max_tokens = max_tokens;
     p.n = rq->n;
     p.sampling = rq->sampling;
@@ -328,13 +353,24 @@ enum MHD_Result srv__route_generate(srv_conn *c)
     c->rx.model = s->served_name;
     c->rx.vocab = s->vocab;
     c->rx.n_top_logprobs = rq->n_top_logprobs;
-    c->prompt_tokens = (uint32_t)n_ids;
+    c->prompt_tokens = (uint32_t)total_ids;
 
-    int rc = sched_submit(s->sched, &p, srv__on_notify, c->wake, &c->req);
-    if (rc == 0)
-        rq->grammar = NULL; /* the scheduler's now */
+    /* One scheduler request per prompt: they share the batch like any others. */
+    int rc = 0;
+    for (uint32_t k = 0; k < n_prompts && !rc; k++) {
+        p.prompt = pids[k];
+        p.n_prompt = (uint32_t)plen[k];
+        rc = sched_submit(s->sched, &p, srv__on_notify, c->wake, &c->reqs[k]);
+        if (rc == 0) {
+            c->n_reqs++;
+            rq->grammar = NULL; /* the scheduler's now (one prompt only, see api.c) */
+        }
+    }
     if (rc) {
-        c->req = NULL;
+        /* all or nothing: the prompts already queued are cancelled */
+        for (uint32_t k = 0; k < c->n_reqs; k++)
+            sched_req_release(c->reqs[k]);
+        c->n_reqs = 0;
         switch (rc) {
         case KVS_ENOSPC:
             ret = srv__fail(c, 429, NULL, NULL, "too many requests waiting; retry later");
@@ -361,6 +397,9 @@ enum MHD_Result srv__route_generate(srv_conn *c)
         ret = srv__pump_full(c);
     }
 out:
-    free(ids);
+    for (uint32_t k = 0; pids && k < n_prompts; k++)
+        free(pids[k]);
+    free(pids);
+    free(plen);
     return ret;
 }

@@ -74,13 +74,26 @@ int srv__next_or_suspend(srv_conn *c, sched_event *ev)
         srv__tl_client_gone = true;
         return -2;
     }
-    int r = sched_req_next(c->req, ev);
-    if (r == 0) {
+    /* Every prompt's request is looked at under w->mu: an event queued after its check
+     * notifies through the same slot and finds `suspended` set. */
+    bool pending = false;
+    for (uint32_t j = 0; j < c->n_reqs; j++) {
+        uint32_t k = (c->next_req + j) % c->n_reqs;
+        int r = sched_req_next(c->reqs[k], ev);
+        if (r == 1) {
+            ev->choice += k * c->n_per;
+            c->next_req = (k + 1) % c->n_reqs;
+            pthread_mutex_unlock(&w->mu);
+            return 1;
+        }
+        pending = pending || r == 0;
+    }
+    if (pending) {
         w->suspended = true;
         MHD_suspend_connection(c->mc);
     }
     pthread_mutex_unlock(&w->mu);
-    return r;
+    return pending ? 0 : -1;
 }
 
 /* The reaper. A suspended connection is not polled by MHD, and MHD also misses a client's
