@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "server/json_schema.h"
+#include "server/tool_calls.h"
 
 static const char *type_for_status(int status)
 {
@@ -75,6 +76,8 @@ void srv_request_free(srv_request *r)
         free(r->stop[i]);
     free(r->logit_bias);
     grammar_def_destroy(r->grammar);
+    cJSON_Delete(r->tools);
+    free(r->tool_name);
     for (size_t i = 0; i < r->n_more; i++) {
         free(r->more[i].text);
         free(r->more[i].ids);
@@ -273,6 +276,39 @@ static int content_text(const cJSON *c, int i, char **out, srv_error *e)
     return 0;
 }
 
+/* An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+ * "arguments": a JSON string}}]. */
+static int check_tool_calls(const cJSON *tc, int i, srv_error *e)
+{
+    if (!cJSON_IsArray(tc) || !cJSON_GetArraySize(tc))
+        return srv_error_set(e, 400, "messages", NULL,
+                             "messages[%d].tool_calls must be a non-empty array", i);
+    const cJSON *c;
+    cJSON_ArrayForEach(c, tc)
+    {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(c, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsObject(c) ||
+            (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "function"))) ||
+            !cJSON_IsObject(fn) || !cJSON_IsString(name) || !cJSON_IsString(args))
+            return srv_error_set(e, 400, "messages", NULL,
+                                 "messages[%d].tool_calls: each call needs type \"function\" and "
+                                 "function.name and function.arguments strings",
+                                 i);
+        cJSON *parsed = cJSON_Parse(args->valuestring);
+        bool obj = cJSON_IsObject(parsed);
+        cJSON_Delete(parsed);
+        if (!obj)
+            return srv_error_set(e, 400, "messages", NULL,
+                                 "messages[%d].tool_calls: function.arguments must be a JSON "
+                                 "object in a string",
+                                 i);
+    }
+    return 0;
+}
+
 static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -283,12 +319,23 @@ static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_reques
     int n = cJSON_GetArraySize(msgs);
     if (n == 0)
         return srv_error_set(e, 400, "messages", NULL, "'messages' must not be empty");
-    srv_chat_msg *m = calloc((size_t)n, sizeof *m);
-    char **texts = calloc((size_t)n, sizeof *texts);
-    int rc = 0, i = 0;
+    /* one more slot: the tools' system text when the request has no system message */
+    srv_chat_msg *m = calloc((size_t)n + 1, sizeof *m);
+    char **texts = calloc((size_t)n + 1, sizeof *texts);
+    int rc = 0, i = 0, k = 0;
     if (!m || !texts) {
         rc = oom(e);
         goto out;
+    }
+    bool tools_on = r->tools && r->tool_choice != SRV_TOOLS_NONE;
+    if (tools_on) {
+        if (srv_tools_render_system(tmpl, r->tools, &texts[0])) {
+            rc = oom(e);
+            goto out;
+        }
+        m[0].role = "system";
+        m[0].content = texts[0];
+        k = 1;
     }
     const cJSON *it;
     cJSON_ArrayForEach(it, msgs)
@@ -301,34 +348,171 @@ static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_reques
         const char *ro = role->valuestring;
         if (!strcmp(ro, "developer"))
             ro = "system"; /* OpenAI's newer name for the system role */
-        if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant")) {
+        if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant") &&
+            strcmp(ro, "tool")) {
             rc = srv_error_set(e, 400, "messages", NULL,
-                               "messages[%d]: role must be system, user or assistant", i);
+                               "messages[%d]: role must be system, user, assistant or tool", i);
             goto out;
         }
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
         const cJSON *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
-        if (tc && !cJSON_IsNull(tc)) {
+        bool has_calls = tc && !cJSON_IsNull(tc);
+        if (has_calls && strcmp(ro, "assistant")) {
             rc = srv_error_set(e, 400, "messages", NULL,
-                               "messages[%d]: assistant 'tool_calls' in the history are not "
-                               "supported (this server does not implement tools)",
-                               i);
+                               "messages[%d]: only assistant messages have tool_calls", i);
             goto out;
         }
-        if ((rc = content_text(cJSON_GetObjectItemCaseSensitive(it, "content"), i, &texts[i], e)))
+        char *text = NULL;
+        if (has_calls) {
+            if ((rc = check_tool_calls(tc, i, e)))
+                goto out;
+            if (content && !cJSON_IsNull(content) && (rc = content_text(content, i, &text, e)))
+                goto out;
+            int rr = srv_tools_render_calls(tmpl, text, tc, &texts[k]);
+            free(text);
+            if (rr) {
+                rc = oom(e);
+                goto out;
+            }
+        } else if (!strcmp(ro, "tool")) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "tool_call_id");
+            if (!cJSON_IsString(id)) {
+                rc = srv_error_set(e, 400, "messages", NULL,
+                                   "messages[%d]: a tool message needs a string 'tool_call_id'", i);
+                goto out;
+            }
+            if ((rc = content_text(content, i, &text, e)))
+                goto out;
+            int rr = srv_tools_render_result(tmpl, id->valuestring, text, &ro, &texts[k]);
+            free(text);
+            if (rr) {
+                rc = oom(e);
+                goto out;
+            }
+        } else if ((rc = content_text(content, i, &texts[k], e))) {
             goto out;
-        m[i].role = ro;
-        m[i].content = texts[i];
+        }
+        if (k == 1 && tools_on && !strcmp(ro, "system") && i == 0) {
+            /* the request's own system message first, then the tools */
+            size_t a = strlen(texts[1]), b = strlen(texts[0]);
+            char *s = malloc(a + b + 3);
+            if (!s) {
+                rc = oom(e);
+                goto out;
+            }
+            memcpy(s, texts[1], a);
+            memcpy(s + a, "\n\n", 2);
+            memcpy(s + a + 2, texts[0], b + 1);
+            free(texts[0]);
+            free(texts[1]);
+            texts[1] = NULL;
+            texts[0] = s;
+            m[0].content = s;
+            i++;
+            continue;
+        }
+        m[k].role = ro;
+        m[k].content = texts[k];
         i++;
+        k++;
     }
-    if (srv_chat_render(tmpl, m, (size_t)n, &r->prompt_text))
+    if (srv_chat_render(tmpl, m, (size_t)k, &r->prompt_text))
         rc = oom(e);
 out:
     if (texts)
-        for (int k = 0; k < n; k++)
-            free(texts[k]);
+        for (int q = 0; q <= n; q++)
+            free(texts[q]);
     free(texts);
     free(m);
     return rc;
+}
+
+/* tools, tool_choice, parallel_tool_calls (chat). A forced choice ("required" or a named
+ * function) compiles the calls' grammar. */
+static int parse_tools(const cJSON *root, srv_request *r, srv_error *e)
+{
+    r->tool_choice = SRV_TOOLS_NONE;
+    r->parallel_tool_calls = true;
+    if (get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e))
+        return -1;
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    bool have = tools && !cJSON_IsNull(tools);
+    if (have) {
+        if (!cJSON_IsArray(tools))
+            return srv_error_set(e, 400, "tools", NULL, "'tools' must be an array");
+        int i = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, tools)
+        {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+            const cJSON *desc = cJSON_GetObjectItemCaseSensitive(fn, "description");
+            const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+            const cJSON *strict = cJSON_GetObjectItemCaseSensitive(fn, "strict");
+            if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
+                return srv_error_set(e, 400, "tools", NULL,
+                                     "tools[%d]: only tools of type \"function\" are supported", i);
+            if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || !name->valuestring[0] ||
+                (desc && !cJSON_IsNull(desc) && !cJSON_IsString(desc)) ||
+                (params && !cJSON_IsNull(params) && !cJSON_IsObject(params)) ||
+                (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict)))
+                return srv_error_set(e, 400, "tools", NULL,
+                                     "tools[%d].function needs a non-empty string 'name' (and "
+                                     "'description' a string, 'parameters' an object)",
+                                     i);
+            i++;
+        }
+        if (i == 0)
+            have = false; /* tools: [] asks for nothing */
+    }
+    if (!choice || cJSON_IsNull(choice)) {
+        r->tool_choice = have ? SRV_TOOLS_AUTO : SRV_TOOLS_NONE;
+    } else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) {
+        r->tool_choice = SRV_TOOLS_NONE;
+    } else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto")) {
+        r->tool_choice = SRV_TOOLS_AUTO;
+    } else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) {
+        r->tool_choice = SRV_TOOLS_REQUIRED;
+    } else if (cJSON_IsObject(choice)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(choice, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(choice, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(name))
+            return srv_error_set(e, 400, "tool_choice", NULL,
+                                 "'tool_choice' must be none, auto, required or {\"type\": "
+                                 "\"function\", \"function\": {\"name\": ...}}");
+        r->tool_choice = SRV_TOOLS_NAMED;
+        if (!(r->tool_name = strdup(name->valuestring)))
+            return oom(e);
+    } else {
+        return srv_error_set(e, 400, "tool_choice", NULL,
+                             "'tool_choice' must be none, auto, required or {\"type\": "
+                             "\"function\", \"function\": {\"name\": ...}}");
+    }
+    if (!have && r->tool_choice != SRV_TOOLS_NONE && r->tool_choice != SRV_TOOLS_AUTO)
+        return srv_error_set(e, 400, "tool_choice", NULL,
+                             "'tool_choice' %s needs a non-empty 'tools'",
+                             r->tool_choice == SRV_TOOLS_REQUIRED ? "required" : "of a function");
+    if (!have) {
+        r->tool_choice = SRV_TOOLS_NONE;
+        return 0;
+    }
+    if (!(r->tools = cJSON_Duplicate(tools, true)))
+        return oom(e);
+    if (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED) {
+        char err[200];
+        int rc = srv_json_schema_compile_tools(r->tools, r->tool_name, NULL, &r->grammar, err,
+                                               sizeof err);
+        if (rc == KVS_ENOMEM)
+            return oom(e);
+        if (rc)
+            return srv_error_set(e, 400, !strncmp(err, "tool_choice", 11) ? "tool_choice" : "tools",
+                                 NULL, "%s", err);
+        r->format_type = "a forced tool call";
+    }
+    return 0;
 }
 
 /* logit_bias: {"token id": bias, ...}, ids as decimal strings (JSON keys), bias in [-100, 100]. */
@@ -477,8 +661,9 @@ typedef struct unsupported_field {
 } unsupported_field;
 
 static const unsupported_field k_unsupported[] = {
-    {"tools", 3, "[]"},
-    {"tool_choice", 3, "\"none\""},
+    {"tools", 1, "[]"}, /* chat implements them */
+    {"tool_choice", 1, "\"none\""},
+    {"parallel_tool_calls", 1, NULL},
     {"functions", 3, "[]"},
     {"function_call", 3, "\"none\""},
     {"audio", 2, NULL},
@@ -679,6 +864,8 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
     }
     if (refuse_unsupported(root, chat, e))
         goto out;
+    if (chat && parse_tools(root, r, e))
+        goto out;
     if (chat ? parse_messages(root, tmpl, r, e) : parse_prompt(root, r, e))
         goto out;
 
@@ -750,8 +937,20 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
     }
     if (get_bool(root, "ignore_eos", &r->ignore_eos, e) || get_bool(root, "stream", &r->stream, e))
         goto out;
-    if (parse_stop(root, r, e) || parse_logit_bias(root, r, e) || parse_response_format(root, r, e))
+    if (parse_stop(root, r, e) || parse_logit_bias(root, r, e))
         goto out;
+    if (r->grammar) { /* a forced tool call */
+        const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (rf && !cJSON_IsNull(rf) && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "text"))) {
+            srv_error_set(e, 400, "response_format", NULL,
+                          "'response_format' cannot be combined with tool_choice %s",
+                          r->tool_choice == SRV_TOOLS_REQUIRED ? "required" : "of a function");
+            goto out;
+        }
+    } else if (parse_response_format(root, r, e)) {
+        goto out;
+    }
 
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {

@@ -75,6 +75,12 @@ typedef struct srv_request {
      * takes it (and sets this to NULL); otherwise srv_request_free destroys it. */
     grammar_def *grammar;
     const char *format_type; /* "text", "json_object" or "json_schema" (static) */
+    /* chat: tools (a copy of the request's array; NULL: none or []), tool_choice, and the
+     * named function; a forced choice (REQUIRED, NAMED) also sets grammar. */
+    cJSON *tools;
+    enum { SRV_TOOLS_NONE = 0, SRV_TOOLS_AUTO, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } tool_choice;
+    char *tool_name;
+    bool parallel_tool_calls;
 } srv_request;
 
 /* Parses a request body that must be exactly one JSON value: trailing data after it, and

@@ -16,6 +16,7 @@
 #include "common/timeutil.h"
 #include "server/api.h"
 #include "server/http_impl.h"
+#include "server/tool_calls.h"
 
 static enum MHD_Result finish_full(srv_conn *c);
 
@@ -64,6 +65,33 @@ enum MHD_Result srv__pump_full(srv_conn *c)
     }
 }
 
+/* With tools on, reads choice ch's calls out of its text (ending with "stop": a call cut by
+ * max_tokens is left as text); ch->text keeps what is not a call. KVS_ENOMEM. */
+static int read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
+{
+    srv_request *rq = &c->rq;
+    if (!rq->tools || rq->tool_choice == SRV_TOOLS_NONE || ch->finish != SCHED_FINISH_STOP)
+        return 0;
+    bool forced = rq->tool_choice == SRV_TOOLS_REQUIRED || rq->tool_choice == SRV_TOOLS_NAMED;
+    char base[48];
+    snprintf(base, sizeof base, "%s_%u", c->id + strlen("chatcmpl-"), idx);
+    cJSON *calls;
+    char *rest;
+    int n = srv_tools_parse(c->srv->tmpl, ch->text ? ch->text : "", ch->len, forced, rq->tools,
+                            base, &calls, &rest);
+    if (n <= 0)
+        return n;
+    if (!rq->parallel_tool_calls)
+        while (cJSON_GetArraySize(calls) > 1)
+            cJSON_DeleteItemFromArray(calls, cJSON_GetArraySize(calls) - 1);
+    free(ch->text);
+    ch->text = rest;
+    ch->len = strlen(rest);
+    ch->cap = ch->len + 1;
+    ch->tool_calls = calls;
+    return 0;
+}
+
 static enum MHD_Result finish_full(srv_conn *c)
 {
     if (c->fail_status) {
@@ -71,6 +99,9 @@ static enum MHD_Result finish_full(srv_conn *c)
         error_of_status(c->fail_status, &e);
         return srv__send_error(c, &e);
     }
+    for (uint32_t i = 0; i < c->n_choices; i++)
+        if (read_tool_calls(c, i, &c->choices[i]))
+            return srv__fail(c, 500, NULL, NULL, "out of memory");
     char *body =
         srv_resp_full(&c->rx, c->choices, c->n_choices, c->prompt_tokens, c->cached_tokens);
     if (!body)
@@ -121,6 +152,28 @@ static bool format_event(srv_conn *c, const sched_event *ev)
         return ok;
     }
     bool ok = true;
+    if (c->rq.tools && c->rq.tool_choice != SRV_TOOLS_NONE) {
+        /* Whether the text is a call is known at its end: it is held until then, and sent
+         * as one content delta or as the calls. */
+        if (srv_choice_add(ch, ev))
+            return false;
+        if (ev->finish == SCHED_FINISH_NONE)
+            return true;
+        if (read_tool_calls(c, ev->choice, ch))
+            return false;
+        if (ch->len || (!ch->tool_calls && ch->n_toks))
+            ok = out_append(c, srv_resp_chunk(&c->rx, ev->choice, ch->text, ch->len,
+                                              ch->tool_calls ? NULL : ch->toks,
+                                              ch->tool_calls ? 0 : (uint32_t)ch->n_toks,
+                                              SCHED_FINISH_NONE, false, 0));
+        if (ok && ch->tool_calls)
+            ok = out_append(c, srv_resp_tool_calls_chunk(&c->rx, ev->choice, ch->tool_calls)) &&
+                 out_append(c, srv_resp_tool_calls_finish(&c->rx, ev->choice));
+        else if (ok)
+            ok = out_append(
+                c, srv_resp_chunk(&c->rx, ev->choice, "", 0, NULL, 0, ev->finish, false, ch->len));
+        return ok;
+    }
     if (ev->text_len || ev->n_tokens)
         ok = out_append(c, srv_resp_chunk(&c->rx, ev->choice, ev->text, ev->text_len, ev->tokens,
                                           ev->n_tokens, SCHED_FINISH_NONE, false, ch->len));

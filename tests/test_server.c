@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "server/api.h"
 #include "server/config.h"
+#include "server/tool_calls.h"
 #include "server/kv_view.h"
 #include "server/http_head.h"
 #include "server/metrics.h"
@@ -219,6 +220,88 @@ static void test_cors_config(void **state)
     assert_int_equal(srv_config_apply_json(&c, "{\"cors-origin\": [1]}", err, sizeof err),
                      KVS_EINVAL);
     srv_config_free(&c);
+}
+
+/* Tool-call syntax per family: calls read back out of text (only calls to known tools with
+ * object arguments), everything else stays content; the renderings carry what they must. */
+static void test_tool_calls(void **state)
+{
+    (void)state;
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"add\"}},"
+                               "{\"type\":\"function\",\"function\":{\"name\":\"w\"}}]");
+    assert_non_null(tools);
+    cJSON *calls;
+    char *rest;
+    const char *hermes = "Sure.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n"
+                         "</tool_call>\n<tool_call>{\"name\":\"nope\",\"arguments\":{}}</tool_call>"
+                         "<tool_call>{\"name\":\"w\",\"arguments\":{}}</tool_call>";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_CHATML, hermes, strlen(hermes), false, tools, "x", &calls, &rest),
+        2);
+    const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+    assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "add");
+    assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"a\":1}");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "id")->valuestring,
+                        "call_x_1");
+    assert_non_null(strstr(rest, "Sure."));
+    assert_non_null(strstr(rest, "nope")); /* an unknown tool stays text */
+    assert_null(strstr(rest, "\"add\""));
+    cJSON_Delete(calls);
+    free(rest);
+
+    const char *l3 = "{\"name\": \"w\", \"parameters\": {\"city\": \"P\"}}";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_LLAMA3, l3, strlen(l3), false, tools, "y", &calls, &rest), 1);
+    assert_string_equal(rest, "");
+    cJSON_Delete(calls);
+    free(rest);
+    const char *story = "Once upon a time {\"name\": \"w\", \"parameters\": {}}";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_LLAMA3, story, strlen(story), false, tools, "y", &calls, &rest),
+        0);
+    assert_null(calls);
+
+    const char *mi = "[TOOL_CALLS][{\"name\":\"add\",\"arguments\":{\"a\":2}},{\"name\":\"w\","
+                     "\"arguments\":{}}]";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_MISTRAL, mi, strlen(mi), false, tools, "z", &calls, &rest), 2);
+    cJSON_Delete(calls);
+    free(rest);
+    /* forced: the whole text is one object, whatever the family */
+    const char *forced = " {\"name\":\"add\",\"arguments\":{\"a\":3}}";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_CHATML, forced, strlen(forced), true, tools, "f", &calls, &rest),
+        1);
+    cJSON_Delete(calls);
+    free(rest);
+    /* arguments must be an object */
+    const char *bad = "<tool_call>{\"name\":\"add\",\"arguments\":\"a=1\"}</tool_call>";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_CHATML, bad, strlen(bad), false, tools, "b", &calls, &rest), 0);
+
+    char *out;
+    assert_int_equal(srv_tools_render_system(SRV_CHAT_CHATML, tools, &out), 0);
+    assert_non_null(strstr(out, "<tools>"));
+    assert_non_null(strstr(out, "\"name\":\"add\""));
+    free(out);
+    cJSON *hist = cJSON_Parse("[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                              "\"add\",\"arguments\":\"{\\\"a\\\":1}\"}}]");
+    assert_int_equal(srv_tools_render_calls(SRV_CHAT_LLAMA3, NULL, hist, &out), 0);
+    assert_string_equal(out, "{\"name\":\"add\",\"parameters\":{\"a\":1}}");
+    free(out);
+    assert_int_equal(srv_tools_render_calls(SRV_CHAT_MISTRAL, "", hist, &out), 0);
+    assert_string_equal(out, "[TOOL_CALLS][{\"name\":\"add\",\"arguments\":{\"a\":1}}]");
+    free(out);
+    const char *role;
+    assert_int_equal(srv_tools_render_result(SRV_CHAT_LLAMA3, "c1", "42", &role, &out), 0);
+    assert_string_equal(role, "ipython");
+    assert_string_equal(out, "42");
+    free(out);
+    assert_int_equal(srv_tools_render_result(SRV_CHAT_CHATML, "c1", "42", &role, &out), 0);
+    assert_string_equal(out, "<tool_response>\n42\n</tool_response>");
+    free(out);
+    cJSON_Delete(hist);
+    cJSON_Delete(tools);
 }
 
 static void test_error_json(void **state)
@@ -492,7 +575,7 @@ int main(void)
         cmocka_unit_test(test_config),        cmocka_unit_test(test_default_json),
         cmocka_unit_test(test_metrics),       cmocka_unit_test(test_kv_view),
         cmocka_unit_test(test_http_head),     cmocka_unit_test(test_new_fields),
-        cmocka_unit_test(test_cors_config),
+        cmocka_unit_test(test_cors_config),   cmocka_unit_test(test_tool_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

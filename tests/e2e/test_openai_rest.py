@@ -96,9 +96,9 @@ class UnsupportedFields(unittest.TestCase):
     def test_named_400(self):
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         cases = [
-            ("/v1/chat/completions", chat, "tools", [{"type": "function",
-                                                      "function": {"name": "f"}}]),
-            ("/v1/chat/completions", chat, "tool_choice", "required"),
+            ("/v1/chat/completions", chat, "tool_choice", "required"),  # and no tools
+            ("/v1/completions", greedy("a"), "tools", [{"type": "function",
+                                                        "function": {"name": "f"}}]),
             ("/v1/chat/completions", chat, "functions", [{"name": "f"}]),
             ("/v1/chat/completions", chat, "audio", {"voice": "alloy", "format": "wav"}),
             ("/v1/chat/completions", chat, "modalities", ["text", "audio"]),
