@@ -116,8 +116,8 @@ static enum MHD_Result send_preflight(srv_conn *c)
     if (!r)
         return MHD_NO;
     srv__add_common_headers(c, r, 204);
-    bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_TOKENIZE ||
-                c->route == R_DETOKENIZE;
+    bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_RESPONSES ||
+                c->route == R_TOKENIZE || c->route == R_DETOKENIZE;
     MHD_add_response_header(r, "Access-Control-Allow-Methods",
                             post ? "POST, OPTIONS" : "GET, OPTIONS");
     const char *want =
@@ -142,8 +142,8 @@ enum MHD_Result srv__send_body(srv_conn *c, int status, const char *ctype, const
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     srv__add_common_headers(c, r, status);
     if (status == 405) {
-        bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_TOKENIZE ||
-                    c->route == R_DETOKENIZE;
+        bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_RESPONSES ||
+                    c->route == R_TOKENIZE || c->route == R_DETOKENIZE;
         bool cors = c->srv->cfg->cors_origins != NULL;
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW,
                                 post ? (cors ? "POST, OPTIONS" : "POST")
@@ -205,6 +205,7 @@ static enum route route_of(const char *url, bool *post)
     } k[] = {
         {"/v1/completions", R_COMPLETIONS, true},
         {"/v1/chat/completions", R_CHAT, true},
+        {"/v1/responses", R_RESPONSES, true},
         {"/v1/models", R_MODELS, false},
         {"/health", R_HEALTH, false},
         {"/metrics", R_METRICS, false},
@@ -461,6 +462,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     switch (c->route) {
     case R_COMPLETIONS:
     case R_CHAT: return srv__route_generate(c);
+    case R_RESPONSES: return srv__route_responses(c);
     case R_TOKENIZE: return srv__route_tokenize(c);
     case R_DETOKENIZE: return srv__route_detokenize(c);
     default: return srv__fail(c, 404, NULL, NULL, "Not found");
@@ -521,6 +523,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
         srv_choice_free(&c->choices[i]);
     free(c->choices);
     free(c->reqs);
+    cJSON_Delete(c->resp_echo);
     srv_request_free(&c->rq);
     free(c->body);
     free(c->out);

@@ -97,6 +97,7 @@ enum route {
     R_NONE = 0,
     R_COMPLETIONS,
     R_CHAT,
+    R_RESPONSES,
     R_MODELS,
     R_MODEL_ONE,
     R_HEALTH,
@@ -123,9 +124,12 @@ typedef struct srv_conn {
     char reqid[32];
     double t_start, t_first;
     enum phase phase;
-    bool checked;   /* answer_early has run */
-    bool preflight; /* an OPTIONS request with CORS on: answered by answer_early */
-    int status;     /* HTTP status sent */
+    bool checked;       /* answer_early has run */
+    bool preflight;     /* an OPTIONS request with CORS on: answered by answer_early */
+    cJSON *resp_echo;   /* /v1/responses: the request's fields the response object repeats */
+    uint32_t resp_seq;  /* /v1/responses streaming: sequence_number of the next event */
+    bool resp_msg_open; /* /v1/responses streaming: the message item's events have begun */
+    int status;         /* HTTP status sent */
     bool client_gone;
 
     char *body;
@@ -201,6 +205,21 @@ int srv__tokenize(const tok_vocab *v, const char *text, bool add_bos, int32_t **
 
 /* route_completions.c. */
 enum MHD_Result srv__route_generate(srv_conn *c);
+/* Validates, tokenizes and submits c->rq (parsed already), then answers or streams. */
+enum MHD_Result srv__generate(srv_conn *c);
+/* With tools on, reads choice idx's calls out of its text (see route_completions.c). */
+int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch);
+/* Appends a formatted SSE event (taken over; NULL = out of memory) to c's output. */
+bool srv__out_append(srv_conn *c, char *s);
+
+/* route_responses.c: POST /v1/responses, through the chat path. */
+enum MHD_Result srv__route_responses(srv_conn *c);
+/* The response object once every choice finished (malloc'd, NULL on OOM). */
+char *srv__responses_full(srv_conn *c);
+/* Streaming: the opening events, one scheduler event, the closing events. false on OOM. */
+bool srv__responses_start(srv_conn *c);
+bool srv__responses_event(srv_conn *c, const sched_event *ev);
+bool srv__responses_end(srv_conn *c);
 /* Non-streaming: drains events until every choice finished, suspending in between. */
 enum MHD_Result srv__pump_full(srv_conn *c);
 /* Accounts an event (first-token time, token counts, failure) on c. */

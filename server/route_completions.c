@@ -67,14 +67,15 @@ enum MHD_Result srv__pump_full(srv_conn *c)
 
 /* With tools on, reads choice ch's calls out of its text (ending with "stop": a call cut by
  * max_tokens is left as text); ch->text keeps what is not a call. KVS_ENOMEM. */
-static int read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
+int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
 {
     srv_request *rq = &c->rq;
     if (!rq->tools || rq->tool_choice == SRV_TOOLS_NONE || ch->finish != SCHED_FINISH_STOP)
         return 0;
     bool forced = rq->tool_choice == SRV_TOOLS_REQUIRED || rq->tool_choice == SRV_TOOLS_NAMED;
     char base[48];
-    snprintf(base, sizeof base, "%s_%u", c->id + strlen("chatcmpl-"), idx);
+    size_t idl = strlen(c->id);
+    snprintf(base, sizeof base, "%s_%u", c->id + (idl > 16 ? idl - 16 : 0), idx);
     cJSON *calls;
     char *rest;
     int n = srv_tools_parse(c->srv->tmpl, ch->text ? ch->text : "", ch->len, forced, rq->tools,
@@ -100,10 +101,11 @@ static enum MHD_Result finish_full(srv_conn *c)
         return srv__send_error(c, &e);
     }
     for (uint32_t i = 0; i < c->n_choices; i++)
-        if (read_tool_calls(c, i, &c->choices[i]))
+        if (srv__read_tool_calls(c, i, &c->choices[i]))
             return srv__fail(c, 500, NULL, NULL, "out of memory");
-    char *body =
-        srv_resp_full(&c->rx, c->choices, c->n_choices, c->prompt_tokens, c->cached_tokens);
+    char *body = c->route == R_RESPONSES ? srv__responses_full(c)
+                                         : srv_resp_full(&c->rx, c->choices, c->n_choices,
+                                                         c->prompt_tokens, c->cached_tokens);
     if (!body)
         return srv__fail(c, 500, NULL, NULL, "out of memory");
     c->resp_bytes = strlen(body);
@@ -112,7 +114,7 @@ static enum MHD_Result finish_full(srv_conn *c)
     return r;
 }
 
-static bool out_append(srv_conn *c, char *s)
+bool srv__out_append(srv_conn *c, char *s)
 {
     if (!s)
         return false;
@@ -142,11 +144,13 @@ static bool format_event(srv_conn *c, const sched_event *ev)
     if (ev->choice >= c->n_choices)
         return true;
     srv_choice *ch = &c->choices[ev->choice];
+    if (c->route == R_RESPONSES && ev->finish != SCHED_FINISH_ERROR)
+        return srv__responses_event(c, ev);
     if (ev->finish == SCHED_FINISH_ERROR) {
         srv_error e;
         error_of_status(ev->status, &e);
         char *j = srv_error_json(&e);
-        bool ok = out_append(c, srv_sse_wrap(j));
+        bool ok = srv__out_append(c, srv_sse_wrap(j));
         free(j);
         c->ss = SS_END;
         return ok;
@@ -159,27 +163,29 @@ static bool format_event(srv_conn *c, const sched_event *ev)
             return false;
         if (ev->finish == SCHED_FINISH_NONE)
             return true;
-        if (read_tool_calls(c, ev->choice, ch))
+        if (srv__read_tool_calls(c, ev->choice, ch))
             return false;
         if (ch->len || (!ch->tool_calls && ch->n_toks))
-            ok = out_append(c, srv_resp_chunk(&c->rx, ev->choice, ch->text, ch->len,
-                                              ch->tool_calls ? NULL : ch->toks,
-                                              ch->tool_calls ? 0 : (uint32_t)ch->n_toks,
-                                              SCHED_FINISH_NONE, false, 0));
+            ok = srv__out_append(c, srv_resp_chunk(&c->rx, ev->choice, ch->text, ch->len,
+                                                   ch->tool_calls ? NULL : ch->toks,
+                                                   ch->tool_calls ? 0 : (uint32_t)ch->n_toks,
+                                                   SCHED_FINISH_NONE, false, 0));
         if (ok && ch->tool_calls)
-            ok = out_append(c, srv_resp_tool_calls_chunk(&c->rx, ev->choice, ch->tool_calls)) &&
-                 out_append(c, srv_resp_tool_calls_finish(&c->rx, ev->choice));
+            ok =
+                srv__out_append(c, srv_resp_tool_calls_chunk(&c->rx, ev->choice, ch->tool_calls)) &&
+                srv__out_append(c, srv_resp_tool_calls_finish(&c->rx, ev->choice));
         else if (ok)
-            ok = out_append(
+            ok = srv__out_append(
                 c, srv_resp_chunk(&c->rx, ev->choice, "", 0, NULL, 0, ev->finish, false, ch->len));
         return ok;
     }
     if (ev->text_len || ev->n_tokens)
-        ok = out_append(c, srv_resp_chunk(&c->rx, ev->choice, ev->text, ev->text_len, ev->tokens,
-                                          ev->n_tokens, SCHED_FINISH_NONE, false, ch->len));
+        ok = srv__out_append(c,
+                             srv_resp_chunk(&c->rx, ev->choice, ev->text, ev->text_len, ev->tokens,
+                                            ev->n_tokens, SCHED_FINISH_NONE, false, ch->len));
     ch->len += ev->text_len; /* only the offset is tracked: streams keep no text */
     if (ok && ev->finish != SCHED_FINISH_NONE)
-        ok = out_append(
+        ok = srv__out_append(
             c, srv_resp_chunk(&c->rx, ev->choice, "", 0, NULL, 0, ev->finish, false, ch->len));
     return ok;
 }
@@ -204,10 +210,15 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_WITH_ERROR;
         if (c->ss == SS_START) {
             c->ss = SS_EVENTS;
+            if (c->route == R_RESPONSES) {
+                if (!srv__responses_start(c))
+                    return MHD_CONTENT_READER_END_WITH_ERROR;
+                continue;
+            }
             if (c->rx.chat)
                 for (uint32_t i = 0; i < c->n_choices; i++)
-                    if (!out_append(c, srv_resp_chunk(&c->rx, i, "", 0, NULL, 0, SCHED_FINISH_NONE,
-                                                      true, 0)))
+                    if (!srv__out_append(c, srv_resp_chunk(&c->rx, i, "", 0, NULL, 0,
+                                                           SCHED_FINISH_NONE, true, 0)))
                         return MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }
@@ -217,11 +228,18 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             return 0;
         if (r == -2)
             return MHD_CONTENT_READER_END_WITH_ERROR; /* client gone */
-        if (r < 0) {
-            if (c->rq.include_usage && !out_append(c, srv_resp_usage_chunk(&c->rx, c->prompt_tokens,
-                                                                           c->completion_tokens)))
+        if (r < 0 && c->route == R_RESPONSES) {
+            if (!srv__responses_end(c))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
-            if (!out_append(c, strdup("data: [DONE]\n\n")))
+            c->ss = SS_END;
+            continue;
+        }
+        if (r < 0) {
+            if (c->rq.include_usage &&
+                !srv__out_append(
+                    c, srv_resp_usage_chunk(&c->rx, c->prompt_tokens, c->completion_tokens)))
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            if (!srv__out_append(c, strdup("data: [DONE]\n\n")))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             c->ss = SS_END;
             continue;
@@ -262,13 +280,19 @@ void srv__make_id(srv_server *s, const char *prefix, char *out, size_t cap)
 
 enum MHD_Result srv__route_generate(srv_conn *c)
 {
-    srv_server *s = c->srv;
-    bool chat = c->route == R_CHAT;
     srv_error e;
     sampler_params defaults = sampler_default_params();
-    if (srv_request_parse(c->body ? c->body : "", c->body_len, chat, s->tmpl, &defaults, &c->rq,
-                          &e))
+    if (srv_request_parse(c->body ? c->body : "", c->body_len, c->route == R_CHAT, c->srv->tmpl,
+                          &defaults, &c->rq, &e))
         return srv__send_error(c, &e);
+    return srv__generate(c);
+}
+
+enum MHD_Result srv__generate(srv_conn *c)
+{
+    srv_server *s = c->srv;
+    bool chat = c->route != R_COMPLETIONS;
+    srv_error e;
     srv_request *rq = &c->rq;
     if (rq->model && strcmp(rq->model, s->served_name)) {
         srv_error_set(&e, 404, "model", "model_not_found", "The model '%s' does not exist",
@@ -399,7 +423,11 @@ enum MHD_Result srv__route_generate(srv_conn *c)
     p.n_logit_bias = (uint32_t)rq->n_logit_bias;
     p.grammar = rq->grammar;
 
-    srv__make_id(s, chat ? "chatcmpl-" : "cmpl-", c->id, sizeof c->id);
+    srv__make_id(s,
+                 c->route == R_RESPONSES ? "resp_"
+                 : chat                  ? "chatcmpl-"
+                                         : "cmpl-",
+                 c->id, sizeof c->id);
     c->rx.chat = chat;
     c->rx.id = c->id;
     c->rx.created = (long long)time(NULL);
