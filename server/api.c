@@ -998,10 +998,11 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
         goto out;
     }
     if (r->grammar && r->ignore_eos) {
+        bool tool = r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED;
         srv_error_set(e, 400, "ignore_eos", NULL,
-                      "'ignore_eos' cannot be used with response_format %s: the output ends "
-                      "when its JSON value is complete",
-                      r->format_type);
+                      "'ignore_eos' cannot be used with %s%s: the output ends when its JSON "
+                      "value is complete",
+                      tool ? "a forced tool call" : "response_format ", tool ? "" : r->format_type);
         goto out;
     }
     rc = 0;

@@ -209,6 +209,8 @@ enum MHD_Result srv__route_generate(srv_conn *c);
 enum MHD_Result srv__generate(srv_conn *c);
 /* With tools on, reads choice idx's calls out of its text (see route_completions.c). */
 int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch);
+/* The error a choice that failed with status st gets (503 when cancelled by shutdown). */
+void srv__error_of_status(int st, srv_error *e);
 /* Appends a formatted SSE event (taken over; NULL = out of memory) to c's output. */
 bool srv__out_append(srv_conn *c, char *s);
 

@@ -38,7 +38,7 @@ void srv__note_event(srv_conn *c, const sched_event *ev)
     }
 }
 
-static void error_of_status(int st, srv_error *e)
+void srv__error_of_status(int st, srv_error *e)
 {
     if (st == KVS_ECANCELED || st == KVS_EBUSY)
         srv_error_set(e, 503, NULL, NULL, "the server is shutting down; request aborted");
@@ -97,7 +97,7 @@ static enum MHD_Result finish_full(srv_conn *c)
 {
     if (c->fail_status) {
         srv_error e;
-        error_of_status(c->fail_status, &e);
+        srv__error_of_status(c->fail_status, &e);
         return srv__send_error(c, &e);
     }
     for (uint32_t i = 0; i < c->n_choices; i++)
@@ -144,11 +144,11 @@ static bool format_event(srv_conn *c, const sched_event *ev)
     if (ev->choice >= c->n_choices)
         return true;
     srv_choice *ch = &c->choices[ev->choice];
-    if (c->route == R_RESPONSES && ev->finish != SCHED_FINISH_ERROR)
+    if (c->route == R_RESPONSES)
         return srv__responses_event(c, ev);
     if (ev->finish == SCHED_FINISH_ERROR) {
         srv_error e;
-        error_of_status(ev->status, &e);
+        srv__error_of_status(ev->status, &e);
         char *j = srv_error_json(&e);
         bool ok = srv__out_append(c, srv_sse_wrap(j));
         free(j);

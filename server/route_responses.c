@@ -576,6 +576,18 @@ static bool message_close(srv_conn *c, const srv_choice *ch)
 bool srv__responses_event(srv_conn *c, const sched_event *ev)
 {
     srv_choice *ch = &c->choices[0];
+    if (ev->finish == SCHED_FINISH_ERROR) {
+        /* the stream ends with an error event (the Responses API's shape) */
+        srv_error e;
+        srv__error_of_status(ev->status, &e);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "code",
+                                e.status == 503 ? "server_shutting_down" : "server_error");
+        cJSON_AddStringToObject(o, "message", e.message);
+        cJSON_AddNullToObject(o, "param");
+        c->ss = SS_END;
+        return emit(c, "error", o);
+    }
     bool tools_on = c->rq.tools && c->rq.tool_choice != SRV_TOOLS_NONE;
     size_t before = ch->len;
     if (ev->choice != 0 || srv_choice_add(ch, ev))
@@ -620,6 +632,8 @@ bool srv__responses_event(srv_conn *c, const sched_event *ev)
 
 bool srv__responses_end(srv_conn *c)
 {
+    if (c->ss == SS_END)
+        return true; /* an error event ended it */
     srv_choice *ch = &c->choices[0];
     bool incomplete = !ch->tool_calls && ch->finish == SCHED_FINISH_LENGTH;
     return emit(c, incomplete ? "response.incomplete" : "response.completed",
