@@ -8,8 +8,9 @@ response_format json_schema against the same N unconstrained, closed loop, on on
 SHAPE-TYPE (e.g. 110m-f16, the default) is generated with build/tools/kvs-mkmodel on the
 llama-spm vocabulary (32 000 tokens: the mask walks a realistic trie). Rounds alternate
 unconstrained / constrained so a neighbour's load on a shared machine hits both alike. The
-figure is generated tokens per second over the whole round (prefill included); a constrained
-request may end early when its JSON value closes, so tokens per request are reported too.
+figure is tokens generated per second within each round's window (the server's
+kvserve_generation_tokens_total; clients hang up when it closes; prefill time included); a constrained request may end early when its JSON value
+closes ("stop"), starting a new one with its prefill, so finished requests are counted too.
 With --doc, rewrites the "constrained.py" section of that file (bench/doc_section.py)."""
 import argparse
 import http.client
@@ -55,30 +56,49 @@ def start_server(model, args, port):
     sys.exit("kvserve did not become ready")
 
 
-def one_request(port, body):
-    """Streams one chat completion; returns its completion tokens (from the usage chunk)."""
+def one_request(port, body, stop_at, counted):
+    """Streams one chat completion, adding to counted[0] each token delta that arrives before
+    stop_at (then it hangs up: the server cancels the rest). Returns the finish reason."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError("HTTP %d: %s" % (r.status, r.read()[:300]))
-    tokens, finish = 0, None
+    finish = None
     for raw in r:
+        if time.time() >= stop_at:
+            break
         line = raw.decode().strip()
         if not line.startswith("data: {"):
             continue
-        ev = json.loads(line[6:])
-        if ev.get("usage"):
-            tokens = ev["usage"]["completion_tokens"]
-        for ch in ev.get("choices", []):
+        for ch in json.loads(line[6:]).get("choices", []):
+            if ch["delta"].get("content"):
+                counted[0] += 1  # one delta per token (the scheduler sends one per token)
             finish = ch.get("finish_reason") or finish
     c.close()
-    return tokens, finish
+    return finish
+
+
+def generated_total(port):
+    """kvserve_generation_tokens_total from /metrics: every token the engine sampled."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    for line in text.splitlines():
+        if line.startswith("kvserve_generation_tokens_total "):
+            return float(line.split()[1])
+    raise RuntimeError("no kvserve_generation_tokens_total in /metrics")
 
 
 def run_round(port, clients, seconds, max_tokens, constrained):
-    stop_at = time.time() + seconds
-    totals = []
+    """Tokens the engine generated per second within the round's window (from /metrics): no
+    request is waited for past it, so the figure does not depend on where the last requests
+    were when time ran out."""
+    t0 = time.time()
+    stop_at = t0 + seconds
+    counts = [[0] for _ in range(clients)]
+    finishes = []
     lock = threading.Lock()
 
     def client(i):
@@ -86,27 +106,30 @@ def run_round(port, clients, seconds, max_tokens, constrained):
         while time.time() < stop_at:
             body = {"messages": [{"role": "user", "content": "Write a short poem, client %d" % i}],
                     "max_tokens": max_tokens, "temperature": 0.7, "seed": i * 1000 + n,
-                    "stream": True, "stream_options": {"include_usage": True}}
+                    "stream": True}
             if constrained:
                 body["response_format"] = {"type": "json_schema",
                                            "json_schema": {"name": "poem", "schema": SCHEMA}}
             else:
                 body["ignore_eos"] = True
-            tok, fin = one_request(port, body)
+            fin = one_request(port, body, stop_at, counts[i])
             n += 1
             with lock:
-                totals.append((tok, fin))
+                finishes.append(fin)
 
-    t0 = time.time()
+    g0 = generated_total(port)
     th = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in th:
         t.start()
+    time.sleep(max(0.0, stop_at - time.time()))
+    g1 = generated_total(port)  # the engine's own count over the window
     for t in th:
         t.join()
-    wall = time.time() - t0
-    toks = sum(t for t, _ in totals)
-    return {"tok_s": toks / wall, "requests": len(totals), "tok_per_req": toks / max(1, len(totals)),
-            "stops": sum(1 for _, f in totals if f == "stop"), "wall": wall}
+    time.sleep(0.5)  # the hung-up requests are cancelled before the next round
+    done = [f for f in finishes if f]
+    return {"tok_s": (g1 - g0) / seconds, "requests": len(done),
+            "tok_per_req": sum(c[0] for c in counts) / max(1, len(finishes)),
+            "stops": done.count("stop"), "wall": seconds}
 
 
 def main():
@@ -172,13 +195,14 @@ def main():
              "%d concurrent streaming chat requests, closed loop, temperature 0.7, max_tokens %d: "
              "unconstrained (`ignore_eos`) against `response_format` json_schema (an object with "
              "a string, an enum and an array of strings), rounds alternating on one server. "
-             "Generated tokens per second over each round, prefill included; a constrained "
-             "request ends early when its value closes (\"stop\"), so its requests are shorter "
-             "and carry more prefill per token." % (a.clients, a.max_tokens), "",
+             "Tokens generated per second within each round's window (the server's "
+             "`kvserve_generation_tokens_total`; clients hang up when it closes), prefill "
+             "included; a constrained request ends early when its value closes "
+             "(\"stop\") and the next one pays its prefill." % (a.clients, a.max_tokens), "",
              "```", cmd, "```", "",
              "Model `%s`, commit %s, %s; load average %s before, %s after (2 cores shared with "
              "other work)." % (a.model, rev, cpu, " ".join(load_before), " ".join(load_after)), "",
-             "| round | kind | tokens/s | requests | tokens/request | ended with stop |",
+             "| round | kind | tokens/s | requests finished | content deltas/request | ended with stop |",
              "|---|---|---|---|---|---|"]
     for x in rows:
         lines.append("| %d | %s | %.1f | %d | %.1f | %d |" % (
