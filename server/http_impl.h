@@ -1,7 +1,8 @@
 /* The HTTP front end's internals, shared by its files: http.c (libmicrohttpd lifecycle, body
- * limits, the route table, auth), wake.c (suspend/resume, the reaper), route_misc.c (models,
- * metrics, kv-cache, tokenize), route_completions.c (/v1/completions and /v1/chat/completions).
- * Visible to server/'s HTTP files only. The lock rules are at the top of http.c. */
+ * limits, the route table, auth, CORS), wake.c (suspend/resume, the reaper), route_misc.c
+ * (models, metrics, kv-cache, tokenize), route_completions.c (/v1/completions and
+ * /v1/chat/completions), route_responses.c (/v1/responses, through the chat path). Visible to
+ * server/'s HTTP files only. The lock rules are at the top of http.c. */
 #ifndef KVS_SERVER_HTTP_IMPL_H
 #define KVS_SERVER_HTTP_IMPL_H
 
