@@ -966,7 +966,8 @@ static bool num_can_end(const gframe *t)
 }
 
 /* One byte of a number: 1 consumed, 0 not part of it (the number ends before c if it can),
- * -1 refused. */
+ * -1 refused. a counts the digits of the current part (integer, fraction, exponent), bounded
+ * by GRAMMAR_MAX_*_DIGITS so every number the grammar allows is a finite double. */
 static int num_byte(gframe *t, bool integer, uint8_t c)
 {
     bool digit = c >= '0' && c <= '9';
@@ -976,6 +977,7 @@ static int num_byte(gframe *t, bool integer, uint8_t c)
             return t->st = N_MINUS, 1;
         /* fallthrough */
     case N_MINUS:
+        t->a = 1;
         if (c == '0')
             return t->st = N_ZERO, 1;
         if (digit)
@@ -983,7 +985,7 @@ static int num_byte(gframe *t, bool integer, uint8_t c)
         return -1;
     case N_INT:
         if (digit)
-            return 1;
+            return t->a < GRAMMAR_MAX_INT_DIGITS ? (t->a++, 1) : -1;
         /* fallthrough */
     case N_ZERO:
         if (!integer && c == '.')
@@ -991,10 +993,10 @@ static int num_byte(gframe *t, bool integer, uint8_t c)
         if (!integer && (c == 'e' || c == 'E'))
             return t->st = N_E, 1;
         return 0;
-    case N_DOT: return digit ? (t->st = N_FRAC, 1) : -1;
+    case N_DOT: return digit ? (t->st = N_FRAC, t->a = 1, 1) : -1;
     case N_FRAC:
         if (digit)
-            return 1;
+            return t->a < GRAMMAR_MAX_FRAC_DIGITS ? (t->a++, 1) : -1;
         if (c == 'e' || c == 'E')
             return t->st = N_E, 1;
         return 0;
@@ -1002,8 +1004,11 @@ static int num_byte(gframe *t, bool integer, uint8_t c)
         if (c == '+' || c == '-')
             return t->st = N_ESIGN, 1;
         /* fallthrough */
-    case N_ESIGN: return digit ? (t->st = N_EXP, 1) : -1;
-    case N_EXP: return digit ? 1 : 0;
+    case N_ESIGN: return digit ? (t->st = N_EXP, t->a = 1, 1) : -1;
+    case N_EXP:
+        if (digit)
+            return t->a < GRAMMAR_MAX_EXP_DIGITS ? (t->a++, 1) : -1;
+        return 0;
     }
     return -1;
 }

@@ -17,12 +17,13 @@
  * llama.cpp's json.gbnf: compact or pretty-printed text, but a model that loves whitespace
  * cannot loop on it, and wastes at most 1 + max_ws bytes per gap); no "\r"; none after the
  * value (so a complete object ends the generation); nesting at most
- * opts.max_depth objects/arrays deep. Strings must be valid UTF-8 (no overlong forms, no
- * encoded surrogates) with escapes as RFC 8259 says; a \u escape of a high surrogate must be
- * followed by one of a low surrogate (as cJSON requires). Object keys of a def object must be
- * the property names in the order the def lists them (OpenAI strict mode's order), each
- * spelled as cJSON prints it; required properties cannot be skipped, optional ones can; no
- * other keys. Literals (enum, const) must appear exactly as cJSON_PrintUnformatted prints them.
+ * opts.max_depth objects/arrays deep; numbers of at most GRAMMAR_MAX_*_DIGITS digits per part.
+ * Strings must be valid UTF-8 (no overlong forms, no encoded surrogates) with escapes as RFC 8259
+ * says; a \u escape of a high surrogate must be followed by one of a low surrogate (as cJSON
+ * requires). Object keys of a def object must be the property names in the order the def lists them
+ * (OpenAI strict mode's order), each spelled as cJSON prints it; required properties cannot be
+ * skipped, optional ones can; no other keys. Literals (enum, const) must appear exactly as
+ * cJSON_PrintUnformatted prints them.
  *
  * Errors are negative kvs_status codes (common/status.h); builder errors also fill err. */
 #ifndef KVS_ENGINE_GRAMMAR_H
@@ -38,6 +39,12 @@
 #define GRAMMAR_MAX_TEXT 65535       /* bytes of one literal or escaped property name */
 #define GRAMMAR_MAX_PROPERTIES 65535 /* properties of one object */
 #define GRAMMAR_MAX_CONFIGS 256      /* anyOf alternatives alive at once */
+/* Digits of a number's integer part, fraction and exponent (as llama.cpp's JSON grammars
+ * bound the first two): every number allowed is a finite double (|x| < 10^16 x 10^99), so a
+ * model that loves zeros cannot write one that parses as Infinity. */
+#define GRAMMAR_MAX_INT_DIGITS 16
+#define GRAMMAR_MAX_FRAC_DIGITS 16
+#define GRAMMAR_MAX_EXP_DIGITS 2
 
 typedef struct grammar_options {
     uint32_t max_ws;    /* spaces/tabs after a gap's newline (indentation); default 20 */

@@ -1,6 +1,8 @@
-/* The scheduler's internal structs, shared by scheduler.c (requests, planning, the engine
- * loop) and snapshot.c (pictures of the KV pool). Visible to the scheduler's own files only:
- * nothing outside scheduler/ includes it. Lock rules are written at each struct. */
+/* The scheduler's internal structs and sched__ functions, shared by its files: scheduler.c
+ * (lifecycle), request.c (submit, event queues), plan.c (step plans), output.c (sampling and
+ * events), loop.c (the engine thread), metrics.c and snapshot.c (pictures of the KV pool).
+ * Visible to the scheduler's own files only: nothing outside scheduler/ includes it. Lock rules
+ * are written at each struct. */
 #ifndef KVS_SCHEDULER_SCHED_IMPL_H
 #define KVS_SCHEDULER_SCHED_IMPL_H
 
@@ -9,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/grammar.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
@@ -37,6 +40,9 @@ struct sched_req {
     size_t max_stop_len;
     int n_top_logprobs;
     bool notify_on_finish_only;
+    sched_logit_bias *bias;
+    uint32_t n_bias;
+    grammar_def *gdef; /* NULL: unconstrained; owned, outlives every seq's grammar */
     void (*notify)(void *ud);
     void *ud;
     double t_submit;
@@ -75,6 +81,7 @@ typedef struct seq {
     uint32_t n_computed; /* positions whose K/V are in the arena */
     uint32_t n_generated;
     sampler *smp;
+    grammar *gram; /* with req->gdef: this choice's position in it */
     tok_decoder dec;
     char *held; /* decoded text not yet emitted: could be the start of a stop string */
     size_t held_len, held_cap;
@@ -99,6 +106,9 @@ struct sched {
     uint32_t n_vocab;
     int32_t stop_ids[2];
     int n_stop_ids;
+    grammar_vocab *gvocab; /* the vocabulary's trie for grammar masks, end tokens = stop_ids */
+    int32_t n_gtokens;     /* logits the mask covers: min(trie tokens, n_vocab); beyond: none */
+    uint32_t *gmask;       /* (grammar_mask_words(trie tokens)) engine thread's scratch */
 
     kvpool *pool;
     uint32_t n_blocks; /* the pool's size, fixed at create (read by any thread) */
@@ -147,8 +157,80 @@ struct sched {
     sched_metrics m;
 };
 
-/* Fills snap (buffers sized by sched_kv_snapshot) from the pool and the running list. Engine
- * thread, between steps. */
+/* ------------------------------------------------------------------ shared by the files */
+
+static inline void sched__list_push_back(seq_list *l, seq *s)
+{
+    s->next = NULL;
+    s->prev = l->tail;
+    if (l->tail)
+        l->tail->next = s;
+    else
+        l->head = s;
+    l->tail = s;
+    l->n++;
+}
+
+static inline void sched__list_push_front(seq_list *l, seq *s)
+{
+    s->prev = NULL;
+    s->next = l->head;
+    if (l->head)
+        l->head->prev = s;
+    else
+        l->tail = s;
+    l->head = s;
+    l->n++;
+}
+
+static inline void sched__list_remove(seq_list *l, seq *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        l->head = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    else
+        l->tail = s->prev;
+    s->prev = s->next = NULL;
+    l->n--;
+}
+
+/* request.c. Drops a reference; the last one frees the request. */
+void sched__req_unref(sched_req *r);
+/* Queues an event (taking ownership of its buffers) and tells the client. Engine thread. */
+void sched__push_event(sched_req *r, sched_event *ev);
+
+/* plan.c (engine thread). Plans one step into the batch arrays; returns sequences planned. */
+uint32_t sched__plan_step(sched *s, uint32_t *n_rows_out);
+/* Frees a running sequence's blocks and requeues it at the head of the waiting queue. */
+void sched__preempt(sched *s, seq *q);
+
+/* output.c (engine thread). A request's first sequence (NULL on OOM). */
+seq *sched__seq_new(sched *s, sched_req *r);
+/* Sends the choice's last event and retires (frees) the sequence, removing it from `from`. */
+void sched__finish_seq(sched *s, seq_list *from, seq *q, enum sched_finish why, int status);
+/* The same, its event also carrying the last token's info (tokens, n_tokens; taken over), so
+ * a choice's last text and its logprobs arrive together. */
+void sched__finish_seq_tokens(sched *s, seq_list *from, seq *q, enum sched_finish why, int status,
+                              sched_token_info *tokens, uint32_t n_tokens);
+/* Samples q's next token from its logits row and publishes it; true if q finished (freed). */
+bool sched__sample_and_emit(sched *s, seq *q, const float *row_in, float *scratch);
+/* Creates the other n - 1 choices of q's request, sharing q's blocks. */
+void sched__fork_choices(sched *s, seq *q);
+
+/* loop.c: the engine thread's body. */
+void *sched__engine_main(void *arg);
+
+/* metrics.c. */
+void sched__init_metrics(sched_metrics *m);
+void sched__hist_add(sched_hist *h, double v);
+/* Copies the pool's gauges into the metrics (engine thread, or before it starts). */
+void sched__update_gauges(sched *s);
+
+/* snapshot.c. Fills snap (buffers sized by sched_kv_snapshot) from the pool and the running
+ * list. Engine thread, between steps. */
 void sched__fill_snapshot(sched *s, sched_kv_snapshot *snap);
 
 #endif

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/grammar.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 
@@ -66,6 +67,14 @@ enum sched_finish {
 
 #define SCHED_MAX_STOP 4
 #define SCHED_MAX_TOP_LOGPROBS 20
+#define SCHED_MAX_LOGIT_BIAS 1024
+
+/* A value added to one token's logit before sampling (OpenAI logit_bias: -100 bans it, 100
+ * makes it all but certain). */
+typedef struct sched_logit_bias {
+    int32_t id; /* < the model's vocabulary size */
+    float bias;
+} sched_logit_bias;
 
 typedef struct sched_request_params {
     const int32_t *prompt; /* copied by sched_submit */
@@ -76,11 +85,21 @@ typedef struct sched_request_params {
                               when all n fit under max_num_seqs (else KVS_EINVAL) */
     sampler_params sampling;
     bool ignore_eos;
-    const char *stop[SCHED_MAX_STOP]; /* stop strings (copied); NULL entries unused */
-    int n_top_logprobs;               /* -1: no logprobs; 0..20: logprobs with that many tops */
-    bool notify_on_finish_only;       /* call notify only for finishing events: a client that
-                                         reads everything at the end (non-streaming) is then
-                                         woken once per choice, not once per token */
+    const char *stop[SCHED_MAX_STOP];   /* stop strings (copied); NULL entries unused */
+    int n_top_logprobs;                 /* -1: no logprobs; 0..20: logprobs with that many tops */
+    bool notify_on_finish_only;         /* call notify only for finishing events: a client that
+                                           reads everything at the end (non-streaming) is then
+                                           woken once per choice, not once per token */
+    const sched_logit_bias *logit_bias; /* copied; n_logit_bias <= SCHED_MAX_LOGIT_BIAS */
+    uint32_t n_logit_bias;
+    /* Constrained decoding: every choice samples only tokens the grammar allows (its mask is
+     * applied after logit_bias, before the sampler), forks clone the grammar, and a choice
+     * ends with SCHED_FINISH_STOP once its value is complete and nothing may follow, or on an
+     * end token (allowed only when the value is complete; ignore_eos does not apply).
+     * Logprobs are then over the allowed tokens. On a successful sched_submit the scheduler
+     * owns the def (destroyed with the request); on failure it is still the caller's.
+     * NULL: unconstrained. */
+    grammar_def *grammar;
 } sched_request_params;
 
 typedef struct sched_token_info {

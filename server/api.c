@@ -1,5 +1,6 @@
 /* Request validation. Every field is checked for type and range where it enters, and the
- * first bad field is reported by name; unknown fields are ignored (OpenAI clients send many). */
+ * first bad field is reported by name; OpenAI fields not implemented are refused by name
+ * (k_unsupported), fields no OpenAI API defines are ignored (clients send extras). */
 #include "server/api.h"
 
 #include <float.h>
@@ -10,6 +11,10 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+
+#include "common/status.h"
+#include "server/json_schema.h"
+#include "server/tool_calls.h"
 
 static const char *type_for_status(int status)
 {
@@ -69,6 +74,15 @@ void srv_request_free(srv_request *r)
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
+    free(r->logit_bias);
+    grammar_def_destroy(r->grammar);
+    cJSON_Delete(r->tools);
+    free(r->tool_name);
+    for (size_t i = 0; i < r->n_more; i++) {
+        free(r->more[i].text);
+        free(r->more[i].ids);
+    }
+    free(r->more);
     memset(r, 0, sizeof *r);
 }
 
@@ -154,13 +168,13 @@ static int parse_stop(const cJSON *root, srv_request *r, srv_error *e)
 }
 
 /* Token ids: any non-negative int32; the caller checks them against the vocabulary. */
-static int parse_ids(const cJSON *arr, srv_request *r, srv_error *e)
+static int parse_ids(const cJSON *arr, int32_t **ids, size_t *n_ids, srv_error *e)
 {
     int n = cJSON_GetArraySize(arr);
     if (n == 0)
         return srv_error_set(e, 400, "prompt", NULL, "'prompt' must not be empty");
-    r->prompt_ids = malloc((size_t)n * sizeof *r->prompt_ids);
-    if (!r->prompt_ids)
+    *ids = malloc((size_t)n * sizeof **ids);
+    if (!*ids)
         return oom(e);
     const cJSON *t;
     cJSON_ArrayForEach(t, arr)
@@ -169,9 +183,21 @@ static int parse_ids(const cJSON *arr, srv_request *r, srv_error *e)
         if (!cJSON_IsNumber(t) || d != floor(d) || d < 0 || d > INT32_MAX)
             return srv_error_set(e, 400, "prompt", NULL,
                                  "'prompt' must be a string or an array of token ids");
-        r->prompt_ids[r->n_prompt_ids++] = (int32_t)d;
+        (*ids)[(*n_ids)++] = (int32_t)d;
     }
     return 0;
+}
+
+/* One element of a prompt array: a string or an array of token ids. */
+static int parse_one(const cJSON *p, char **text, int32_t **ids, size_t *n_ids, srv_error *e)
+{
+    if (cJSON_IsString(p))
+        return (*text = strdup(p->valuestring)) ? 0 : oom(e);
+    if (cJSON_IsArray(p))
+        return parse_ids(p, ids, n_ids, e);
+    return srv_error_set(e, 400, "prompt", NULL,
+                         "'prompt' must be a string, an array of token ids, or an array of "
+                         "those");
 }
 
 static int parse_prompt(const cJSON *root, srv_request *r, srv_error *e)
@@ -189,27 +215,31 @@ static int parse_prompt(const cJSON *root, srv_request *r, srv_error *e)
                              "'prompt' must be a string or an array of token ids");
     const cJSON *first = p->child;
     if (first && (cJSON_IsString(first) || cJSON_IsArray(first))) {
-        /* A batch of prompts: served when it holds exactly one. */
-        if (cJSON_GetArraySize(p) != 1)
-            return srv_error_set(e, 400, "prompt", NULL,
-                                 "batched prompts are not supported: send one prompt per request");
-        if (cJSON_IsString(first)) {
-            if (!(r->prompt_text = strdup(first->valuestring)))
-                return oom(e);
-            return 0;
+        /* A batch of prompts: each its own request in the scheduler, sharing the batch. */
+        int n = cJSON_GetArraySize(p);
+        if (n > SRV_MAX_PROMPTS)
+            return srv_error_set(e, 400, "prompt", NULL, "'prompt' holds %d prompts; at most %d", n,
+                                 SRV_MAX_PROMPTS);
+        if (parse_one(first, &r->prompt_text, &r->prompt_ids, &r->n_prompt_ids, e))
+            return -1;
+        if (n > 1 && !(r->more = calloc((size_t)n - 1, sizeof *r->more)))
+            return oom(e);
+        for (const cJSON *it = first->next; it; it = it->next) {
+            srv_prompt *q = &r->more[r->n_more++];
+            if (parse_one(it, &q->text, &q->ids, &q->n_ids, e))
+                return -1;
         }
-        return parse_ids(first, r, e);
+        return 0;
     }
-    return parse_ids(p, r, e);
+    return parse_ids(p, &r->prompt_ids, &r->n_prompt_ids, e);
 }
 
-/* Message content: a string, or an array of {"type":"text","text":...} parts joined by "\n". */
-static int content_text(const cJSON *c, char **out, srv_error *e)
+/* Message content: a string, or an array of {"type":"text","text":...} parts joined by "\n".
+ * Required (OpenAI allows it absent only on an assistant message with tool_calls). */
+static int content_text(const cJSON *c, int i, char **out, srv_error *e)
 {
-    if (!c || cJSON_IsNull(c)) {
-        *out = strdup("");
-        return *out ? 0 : oom(e);
-    }
+    if (!c || cJSON_IsNull(c))
+        return srv_error_set(e, 400, "messages", NULL, "messages[%d] needs a 'content'", i);
     if (cJSON_IsString(c)) {
         *out = strdup(c->valuestring);
         return *out ? 0 : oom(e);
@@ -246,6 +276,39 @@ static int content_text(const cJSON *c, char **out, srv_error *e)
     return 0;
 }
 
+/* An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+ * "arguments": a JSON string}}]. */
+static int check_tool_calls(const cJSON *tc, int i, srv_error *e)
+{
+    if (!cJSON_IsArray(tc) || !cJSON_GetArraySize(tc))
+        return srv_error_set(e, 400, "messages", NULL,
+                             "messages[%d].tool_calls must be a non-empty array", i);
+    const cJSON *c;
+    cJSON_ArrayForEach(c, tc)
+    {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(c, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (!cJSON_IsObject(c) ||
+            (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "function"))) ||
+            !cJSON_IsObject(fn) || !cJSON_IsString(name) || !cJSON_IsString(args))
+            return srv_error_set(e, 400, "messages", NULL,
+                                 "messages[%d].tool_calls: each call needs type \"function\" and "
+                                 "function.name and function.arguments strings",
+                                 i);
+        cJSON *parsed = cJSON_Parse(args->valuestring);
+        bool obj = cJSON_IsObject(parsed);
+        cJSON_Delete(parsed);
+        if (!obj)
+            return srv_error_set(e, 400, "messages", NULL,
+                                 "messages[%d].tool_calls: function.arguments must be a JSON "
+                                 "object in a string",
+                                 i);
+    }
+    return 0;
+}
+
 static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -256,12 +319,23 @@ static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_reques
     int n = cJSON_GetArraySize(msgs);
     if (n == 0)
         return srv_error_set(e, 400, "messages", NULL, "'messages' must not be empty");
-    srv_chat_msg *m = calloc((size_t)n, sizeof *m);
-    char **texts = calloc((size_t)n, sizeof *texts);
-    int rc = 0, i = 0;
+    /* one more slot: the tools' system text when the request has no system message */
+    srv_chat_msg *m = calloc((size_t)n + 1, sizeof *m);
+    char **texts = calloc((size_t)n + 1, sizeof *texts);
+    int rc = 0, i = 0, k = 0;
     if (!m || !texts) {
         rc = oom(e);
         goto out;
+    }
+    bool tools_on = r->tools && r->tool_choice != SRV_TOOLS_NONE;
+    if (tools_on) {
+        if (srv_tools_render_system(tmpl, r->tools, &texts[0])) {
+            rc = oom(e);
+            goto out;
+        }
+        m[0].role = "system";
+        m[0].content = texts[0];
+        k = 1;
     }
     const cJSON *it;
     cJSON_ArrayForEach(it, msgs)
@@ -274,26 +348,357 @@ static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_reques
         const char *ro = role->valuestring;
         if (!strcmp(ro, "developer"))
             ro = "system"; /* OpenAI's newer name for the system role */
-        if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant")) {
+        if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant") &&
+            strcmp(ro, "tool")) {
             rc = srv_error_set(e, 400, "messages", NULL,
-                               "messages[%d]: role must be system, user or assistant", i);
+                               "messages[%d]: role must be system, user, assistant or tool", i);
             goto out;
         }
-        if ((rc = content_text(cJSON_GetObjectItemCaseSensitive(it, "content"), &texts[i], e)))
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
+        bool has_calls = tc && !cJSON_IsNull(tc);
+        if (has_calls && strcmp(ro, "assistant")) {
+            rc = srv_error_set(e, 400, "messages", NULL,
+                               "messages[%d]: only assistant messages have tool_calls", i);
             goto out;
-        m[i].role = ro;
-        m[i].content = texts[i];
+        }
+        char *text = NULL;
+        if (has_calls) {
+            if ((rc = check_tool_calls(tc, i, e)))
+                goto out;
+            if (content && !cJSON_IsNull(content) && (rc = content_text(content, i, &text, e)))
+                goto out;
+            int rr = srv_tools_render_calls(tmpl, text, tc, &texts[k]);
+            free(text);
+            if (rr) {
+                rc = oom(e);
+                goto out;
+            }
+        } else if (!strcmp(ro, "tool")) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "tool_call_id");
+            if (!cJSON_IsString(id)) {
+                rc = srv_error_set(e, 400, "messages", NULL,
+                                   "messages[%d]: a tool message needs a string 'tool_call_id'", i);
+                goto out;
+            }
+            if ((rc = content_text(content, i, &text, e)))
+                goto out;
+            int rr = srv_tools_render_result(tmpl, id->valuestring, text, &ro, &texts[k]);
+            free(text);
+            if (rr) {
+                rc = oom(e);
+                goto out;
+            }
+        } else if ((rc = content_text(content, i, &texts[k], e))) {
+            goto out;
+        }
+        if (k == 1 && tools_on && !strcmp(ro, "system") && i == 0) {
+            /* the request's own system message first, then the tools */
+            size_t a = strlen(texts[1]), b = strlen(texts[0]);
+            char *s = malloc(a + b + 3);
+            if (!s) {
+                rc = oom(e);
+                goto out;
+            }
+            memcpy(s, texts[1], a);
+            memcpy(s + a, "\n\n", 2);
+            memcpy(s + a + 2, texts[0], b + 1);
+            free(texts[0]);
+            free(texts[1]);
+            texts[1] = NULL;
+            texts[0] = s;
+            m[0].content = s;
+            i++;
+            continue;
+        }
+        m[k].role = ro;
+        m[k].content = texts[k];
         i++;
+        k++;
     }
-    if (srv_chat_render(tmpl, m, (size_t)n, &r->prompt_text))
+    if (srv_chat_render(tmpl, m, (size_t)k, &r->prompt_text))
         rc = oom(e);
 out:
     if (texts)
-        for (int k = 0; k < n; k++)
-            free(texts[k]);
+        for (int q = 0; q <= n; q++)
+            free(texts[q]);
     free(texts);
     free(m);
     return rc;
+}
+
+/* tools, tool_choice, parallel_tool_calls (chat). A forced choice ("required" or a named
+ * function) compiles the calls' grammar. */
+static int parse_tools(const cJSON *root, srv_request *r, srv_error *e)
+{
+    r->tool_choice = SRV_TOOLS_NONE;
+    r->parallel_tool_calls = true;
+    if (get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e))
+        return -1;
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    bool have = tools && !cJSON_IsNull(tools);
+    if (have) {
+        if (!cJSON_IsArray(tools))
+            return srv_error_set(e, 400, "tools", NULL, "'tools' must be an array");
+        int i = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, tools)
+        {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+            const cJSON *desc = cJSON_GetObjectItemCaseSensitive(fn, "description");
+            const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+            const cJSON *strict = cJSON_GetObjectItemCaseSensitive(fn, "strict");
+            if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
+                return srv_error_set(e, 400, "tools", NULL,
+                                     "tools[%d]: only tools of type \"function\" are supported", i);
+            if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || !name->valuestring[0] ||
+                (desc && !cJSON_IsNull(desc) && !cJSON_IsString(desc)) ||
+                (params && !cJSON_IsNull(params) && !cJSON_IsObject(params)) ||
+                (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict)))
+                return srv_error_set(e, 400, "tools", NULL,
+                                     "tools[%d].function needs a non-empty string 'name' (and "
+                                     "'description' a string, 'parameters' an object)",
+                                     i);
+            i++;
+        }
+        if (i == 0)
+            have = false; /* tools: [] asks for nothing */
+    }
+    if (!choice || cJSON_IsNull(choice)) {
+        r->tool_choice = have ? SRV_TOOLS_AUTO : SRV_TOOLS_NONE;
+    } else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) {
+        r->tool_choice = SRV_TOOLS_NONE;
+    } else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto")) {
+        r->tool_choice = SRV_TOOLS_AUTO;
+    } else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) {
+        r->tool_choice = SRV_TOOLS_REQUIRED;
+    } else if (cJSON_IsObject(choice)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(choice, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(choice, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(name))
+            return srv_error_set(e, 400, "tool_choice", NULL,
+                                 "'tool_choice' must be none, auto, required or {\"type\": "
+                                 "\"function\", \"function\": {\"name\": ...}}");
+        r->tool_choice = SRV_TOOLS_NAMED;
+        if (!(r->tool_name = strdup(name->valuestring)))
+            return oom(e);
+    } else {
+        return srv_error_set(e, 400, "tool_choice", NULL,
+                             "'tool_choice' must be none, auto, required or {\"type\": "
+                             "\"function\", \"function\": {\"name\": ...}}");
+    }
+    if (!have && r->tool_choice != SRV_TOOLS_NONE && r->tool_choice != SRV_TOOLS_AUTO)
+        return srv_error_set(e, 400, "tool_choice", NULL,
+                             "'tool_choice' %s needs a non-empty 'tools'",
+                             r->tool_choice == SRV_TOOLS_REQUIRED ? "required" : "of a function");
+    if (!have) {
+        r->tool_choice = SRV_TOOLS_NONE;
+        return 0;
+    }
+    if (!(r->tools = cJSON_Duplicate(tools, true)))
+        return oom(e);
+    if (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED) {
+        char err[200];
+        int rc = srv_json_schema_compile_tools(r->tools, r->tool_name, NULL, &r->grammar, err,
+                                               sizeof err);
+        if (rc == KVS_ENOMEM)
+            return oom(e);
+        if (rc)
+            return srv_error_set(e, 400, !strncmp(err, "tool_choice", 11) ? "tool_choice" : "tools",
+                                 NULL, "%s", err);
+        r->format_type = "a forced tool call";
+    }
+    return 0;
+}
+
+/* logit_bias: {"token id": bias, ...}, ids as decimal strings (JSON keys), bias in [-100, 100]. */
+static int parse_logit_bias(const cJSON *root, srv_request *r, srv_error *e)
+{
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (!lb || cJSON_IsNull(lb))
+        return 0;
+    if (!cJSON_IsObject(lb))
+        return srv_error_set(e, 400, "logit_bias", NULL,
+                             "'logit_bias' must be an object of token ids to numbers");
+    int n = cJSON_GetArraySize(lb);
+    if (n == 0)
+        return 0;
+    if (n > SRV_MAX_LOGIT_BIAS)
+        return srv_error_set(e, 400, "logit_bias", NULL,
+                             "'logit_bias' takes at most %d entries, got %d", SRV_MAX_LOGIT_BIAS,
+                             n);
+    r->logit_bias = calloc((size_t)n, sizeof *r->logit_bias);
+    if (!r->logit_bias)
+        return oom(e);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, lb)
+    {
+        const char *k = it->string;
+        char *end = NULL;
+        long id = -1;
+        if (k && *k >= '0' && *k <= '9' && strlen(k) <= 10)
+            id = strtol(k, &end, 10);
+        if (id < 0 || id > INT32_MAX || !end || *end)
+            return srv_error_set(e, 400, "logit_bias", NULL,
+                                 "'logit_bias' keys must be token ids (non-negative integers), "
+                                 "got \"%.40s\"",
+                                 k ? k : "");
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return srv_error_set(e, 400, "logit_bias", NULL,
+                                 "'logit_bias' values must be numbers from -100 to 100 (token %ld)",
+                                 id);
+        r->logit_bias[r->n_logit_bias].id = (int32_t)id;
+        r->logit_bias[r->n_logit_bias].bias = (float)it->valuedouble;
+        r->n_logit_bias++;
+    }
+    return 0;
+}
+
+/* The keys obj may have; the first other one is a 400 naming it as where.key. */
+static int only_keys(const cJSON *obj, const char *where, const char *const *keys, srv_error *e)
+{
+    const cJSON *it;
+    cJSON_ArrayForEach(it, obj)
+    {
+        bool known = false;
+        for (const char *const *k = keys; *k && !known; k++)
+            known = !strcmp(it->string, *k);
+        if (!known) {
+            char param[48];
+            snprintf(param, sizeof param, "%s.%s", where, it->string);
+            return srv_error_set(e, 400, param, NULL, "unknown field '%s.%.60s'", where,
+                                 it->string);
+        }
+    }
+    return 0;
+}
+
+/* response_format: {"type": "text"}, {"type": "json_object"}, or {"type": "json_schema",
+ * "json_schema": {"name", "schema", "strict", "description"}} compiled to a grammar. */
+static int parse_response_format(const cJSON *root, srv_request *r, srv_error *e)
+{
+    r->format_type = "text";
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (!rf || cJSON_IsNull(rf))
+        return 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsObject(rf) || !cJSON_IsString(type))
+        return srv_error_set(e, 400, "response_format.type", NULL,
+                             "'response_format' must be an object with a string 'type' (text, "
+                             "json_object or json_schema)");
+    const char *ty = type->valuestring;
+    if (!strcmp(ty, "text") || !strcmp(ty, "json_object")) {
+        static const char *const keys[] = {"type", NULL};
+        if (only_keys(rf, "response_format", keys, e))
+            return -1;
+        if (!strcmp(ty, "text"))
+            return 0;
+        r->format_type = "json_object";
+        return grammar_def_json_object(NULL, &r->grammar) ? oom(e) : 0;
+    }
+    if (strcmp(ty, "json_schema"))
+        return srv_error_set(e, 400, "response_format.type", NULL,
+                             "'response_format.type' must be text, json_object or json_schema, "
+                             "got '%.60s'",
+                             ty);
+    static const char *const keys[] = {"type", "json_schema", NULL};
+    if (only_keys(rf, "response_format", keys, e))
+        return -1;
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js))
+        return srv_error_set(e, 400, "response_format.json_schema", NULL,
+                             "'response_format.json_schema' must be an object with 'name' and "
+                             "'schema'");
+    static const char *const jkeys[] = {"name", "schema", "strict", "description", NULL};
+    if (only_keys(js, "response_format.json_schema", jkeys, e))
+        return -1;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    const cJSON *desc = cJSON_GetObjectItemCaseSensitive(js, "description");
+    if (!cJSON_IsString(name) || !name->valuestring[0])
+        return srv_error_set(e, 400, "response_format.json_schema.name", NULL,
+                             "'response_format.json_schema.name' must be a non-empty string");
+    if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
+        return srv_error_set(e, 400, "response_format.json_schema.strict", NULL,
+                             "'response_format.json_schema.strict' must be a boolean");
+    if (desc && !cJSON_IsNull(desc) && !cJSON_IsString(desc))
+        return srv_error_set(e, 400, "response_format.json_schema.description", NULL,
+                             "'response_format.json_schema.description' must be a string");
+    if (!schema || cJSON_IsNull(schema)) {
+        /* OpenAI: no schema means any JSON value is fine; here the same, as {}. */
+        schema = NULL;
+    } else if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema)) {
+        return srv_error_set(e, 400, "response_format.json_schema.schema", NULL,
+                             "'response_format.json_schema.schema' must be a JSON Schema object");
+    }
+    cJSON *empty = schema ? NULL : cJSON_CreateObject();
+    if (!schema && !empty)
+        return oom(e);
+    char err[200];
+    int rc = srv_json_schema_compile(schema ? schema : empty, NULL, &r->grammar, err, sizeof err);
+    cJSON_Delete(empty);
+    if (rc == KVS_ENOMEM)
+        return oom(e);
+    if (rc)
+        return srv_error_set(e, 400, "response_format.json_schema.schema", NULL,
+                             "response_format.json_schema.schema: %s", err);
+    r->format_type = "json_schema";
+    return 0;
+}
+
+/* OpenAI request fields this server does not implement: each is a 400 naming it, unless it
+ * holds a value that asks for nothing (null, or the neutral value listed), so a client never
+ * believes a feature took effect when it did not. Fields no OpenAI API defines are ignored. */
+typedef struct unsupported_field {
+    const char *name;
+    int endpoints;       /* 1 completions, 2 chat */
+    const char *neutral; /* the one value that is accepted, as cJSON_PrintUnformatted prints it */
+} unsupported_field;
+
+static const unsupported_field k_unsupported[] = {
+    {"tools", 1, "[]"}, /* chat implements them */
+    {"tool_choice", 1, "\"none\""},
+    {"parallel_tool_calls", 1, NULL},
+    {"functions", 3, "[]"},
+    {"function_call", 3, "\"none\""},
+    {"audio", 2, NULL},
+    {"modalities", 2, "[\"text\"]"},
+    {"prediction", 2, NULL},
+    {"store", 2, "false"},
+    {"service_tier", 3, "\"auto\""},
+    {"reasoning_effort", 2, NULL},
+    {"web_search_options", 2, NULL},
+    {"verbosity", 2, NULL},
+    {"echo", 1, "false"},
+    {"best_of", 1, "1"},
+    {"suffix", 1, "\"\""},
+};
+
+static int refuse_unsupported(const cJSON *root, bool chat, srv_error *e)
+{
+    for (size_t i = 0; i < sizeof k_unsupported / sizeof k_unsupported[0]; i++) {
+        const unsupported_field *f = &k_unsupported[i];
+        if (!(f->endpoints & (chat ? 2 : 1)))
+            continue;
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, f->name);
+        if (!it || cJSON_IsNull(it))
+            continue;
+        if (f->neutral) {
+            char *s = cJSON_PrintUnformatted(it);
+            bool neutral = s && !strcmp(s, f->neutral);
+            free(s);
+            if (neutral)
+                continue;
+        }
+        return srv_error_set(e, 400, f->name, "unsupported_parameter",
+                             "'%s' is not supported by this server", f->name);
+    }
+    return 0;
 }
 
 /* The literal at p is one of the non-finite numbers clients emit (NaN, Infinity; JSON has
@@ -457,6 +862,10 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
             goto out;
         }
     }
+    if (refuse_unsupported(root, chat, e))
+        goto out;
+    if (chat && parse_tools(root, r, e))
+        goto out;
     if (chat ? parse_messages(root, tmpl, r, e) : parse_prompt(root, r, e))
         goto out;
 
@@ -528,8 +937,20 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
     }
     if (get_bool(root, "ignore_eos", &r->ignore_eos, e) || get_bool(root, "stream", &r->stream, e))
         goto out;
-    if (parse_stop(root, r, e))
+    if (parse_stop(root, r, e) || parse_logit_bias(root, r, e))
         goto out;
+    if (r->grammar) { /* a forced tool call */
+        const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (rf && !cJSON_IsNull(rf) && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "text"))) {
+            srv_error_set(e, 400, "response_format", NULL,
+                          "'response_format' cannot be combined with tool_choice %s",
+                          r->tool_choice == SRV_TOOLS_REQUIRED ? "required" : "of a function");
+            goto out;
+        }
+    } else if (parse_response_format(root, r, e)) {
+        goto out;
+    }
 
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {
@@ -568,6 +989,20 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
     const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
     if (user && !cJSON_IsNull(user) && !cJSON_IsString(user)) {
         srv_error_set(e, 400, "user", NULL, "'user' must be a string");
+        goto out;
+    }
+    if (r->grammar && r->n_more) {
+        srv_error_set(e, 400, "response_format", NULL,
+                      "'response_format' with an array of several prompts is not supported: "
+                      "send one request per prompt");
+        goto out;
+    }
+    if (r->grammar && r->ignore_eos) {
+        bool tool = r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED;
+        srv_error_set(e, 400, "ignore_eos", NULL,
+                      "'ignore_eos' cannot be used with %s%s: the output ends when its JSON "
+                      "value is complete",
+                      tool ? "a forced tool call" : "response_format ", tool ? "" : r->format_type);
         goto out;
     }
     rc = 0;

@@ -11,10 +11,17 @@
 
 #include <cjson/cJSON.h>
 
+#include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "server/chat_template.h"
 
-#define SRV_MAX_N 128 /* choices per request, as OpenAI */
+#define SRV_MAX_N 128           /* choices per request, as OpenAI */
+#define SRV_MAX_LOGIT_BIAS 1024 /* logit_bias entries (OpenAI documents no limit; 300 is seen) */
+
+typedef struct srv_logit_bias {
+    int32_t id; /* >= 0; the route checks it against the vocabulary */
+    float bias; /* [-100, 100] */
+} srv_logit_bias;
 
 typedef struct srv_error {
     int status;       /* HTTP status */
@@ -31,12 +38,26 @@ int srv_error_set(srv_error *e, int status, const char *param, const char *code,
 /* The {"error":{...}} body, malloc'd (NULL on OOM). */
 char *srv_error_json(const srv_error *e);
 
+#define SRV_MAX_PROMPTS 64 /* prompts of one /v1/completions request */
+
+/* One more prompt of a /v1/completions prompt array: text, or token ids. */
+typedef struct srv_prompt {
+    char *text;
+    int32_t *ids;
+    size_t n_ids;
+} srv_prompt;
+
 typedef struct srv_request {
     bool chat;
     char *model;         /* as given, or NULL */
     char *prompt_text;   /* string prompt (completions) or the rendered chat; NULL if ids */
     int32_t *prompt_ids; /* token-id prompt (completions only) */
     size_t n_prompt_ids;
+    /* A completions prompt array of k > 1 prompts: the first is prompt_text / prompt_ids
+     * above, the other k - 1 here. Choices are numbered prompt by prompt (prompt i's j-th
+     * choice is index i * n + j), as OpenAI does. */
+    srv_prompt *more;
+    size_t n_more;
     bool has_max_tokens;
     uint32_t max_tokens;
     uint32_t n;
@@ -48,6 +69,18 @@ typedef struct srv_request {
     int n_top_logprobs; /* -1 = no logprobs */
     bool stream;
     bool include_usage;
+    srv_logit_bias *logit_bias;
+    size_t n_logit_bias;
+    /* response_format json_object / json_schema, compiled; NULL: free text. Whoever submits it
+     * takes it (and sets this to NULL); otherwise srv_request_free destroys it. */
+    grammar_def *grammar;
+    const char *format_type; /* "text", "json_object" or "json_schema" (static) */
+    /* chat: tools (a copy of the request's array; NULL: none or []), tool_choice, and the
+     * named function; a forced choice (REQUIRED, NAMED) also sets grammar. */
+    cJSON *tools;
+    enum { SRV_TOOLS_NONE = 0, SRV_TOOLS_AUTO, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } tool_choice;
+    char *tool_name;
+    bool parallel_tool_calls;
 } srv_request;
 
 /* Parses a request body that must be exactly one JSON value: trailing data after it, and

@@ -10,7 +10,7 @@
 
 #include "common/status.h"
 
-enum opt_type { OPT_STR, OPT_U32, OPT_U64, OPT_DBL, OPT_FLAG };
+enum opt_type { OPT_STR, OPT_U32, OPT_U64, OPT_DBL, OPT_FLAG, OPT_LIST };
 
 typedef struct opt {
     const char *name; /* long flag without "--" */
@@ -66,6 +66,9 @@ static const opt k_opts[] = {
      "open HTTP connections at most (more are refused at accept)"},
     {"connection-memory-kb", 0, OPT_U32, OFF(connection_memory_kb), "32",
      "per-connection buffer for request line, headers and reads, KiB (larger headers: 431)"},
+    {"cors-origin", 0, OPT_LIST, OFF(cors_origins), "",
+     "repeatable: an origin (scheme://host[:port]) browsers may call the API from, or * for "
+     "any; answers preflight OPTIONS (default: CORS off)"},
 };
 #define N_OPTS (sizeof k_opts / sizeof k_opts[0])
 
@@ -82,6 +85,21 @@ static int set_str(char **dst, const char *v)
     return 0;
 }
 
+/* A CORS origin as browsers send it: "*", or http(s)://host[:port] (no path, no spaces). */
+static bool valid_origin(const char *v)
+{
+    if (!strcmp(v, "*"))
+        return true;
+    const char *h = !strncmp(v, "http://", 7) ? v + 7 : !strncmp(v, "https://", 8) ? v + 8 : NULL;
+    if (!h || !*h)
+        return false;
+    for (; *h; h++)
+        if (!((*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') || (*h >= '0' && *h <= '9') ||
+              strchr(".-:[]", *h)))
+            return false;
+    return true;
+}
+
 /* Applies text value v to option o; 0 or KVS_EINVAL with err set. */
 static int opt_set(srv_config *c, const opt *o, const char *v, char *err, size_t err_len)
 {
@@ -90,6 +108,25 @@ static int opt_set(srv_config *c, const opt *o, const char *v, char *err, size_t
     errno = 0;
     switch (o->type) {
     case OPT_STR: return set_str((char **)field, v);
+    case OPT_LIST: {
+        char **list = (char **)field;
+        if (!*v) { /* the default (and "" in a file): none */
+            free(*list);
+            *list = NULL;
+            return 0;
+        }
+        if (!valid_origin(v))
+            goto bad;
+        size_t old = *list ? strlen(*list) : 0, n = strlen(v);
+        char *s = realloc(*list, old + n + 2);
+        if (!s)
+            return KVS_ENOMEM;
+        if (old)
+            s[old++] = '\n';
+        memcpy(s + old, v, n + 1);
+        *list = s;
+        return 0;
+    }
     case OPT_U32:
     case OPT_U64: {
         if (!*v || *v == '-')
@@ -137,7 +174,7 @@ void srv_config_free(srv_config *c)
     if (!c)
         return;
     for (size_t i = 0; i < N_OPTS; i++)
-        if (k_opts[i].type == OPT_STR) {
+        if (k_opts[i].type == OPT_STR || k_opts[i].type == OPT_LIST) {
             char **p = (char **)((char *)c + k_opts[i].off);
             free(*p);
             *p = NULL;
@@ -183,6 +220,25 @@ int srv_config_apply_json(srv_config *c, const char *json, char *err, size_t err
         }
         char buf[64];
         const char *v = NULL;
+        if (o->type == OPT_LIST && (cJSON_IsArray(it) || cJSON_IsString(it) || cJSON_IsNull(it))) {
+            /* a string or an array of strings: replaces what the defaults held */
+            opt_set(c, o, "", err, err_len);
+            const cJSON *e = cJSON_IsArray(it) ? it->child : it;
+            for (; e && !rc; e = cJSON_IsArray(it) ? e->next : NULL) {
+                if (cJSON_IsNull(e))
+                    break;
+                if (!cJSON_IsString(e)) {
+                    snprintf(err, err_len, "config file: key \"%s\" has the wrong type",
+                             it->string);
+                    rc = KVS_EINVAL;
+                } else {
+                    rc = opt_set(c, o, e->valuestring, err, err_len);
+                }
+            }
+            if (rc)
+                break;
+            continue;
+        }
         if (cJSON_IsString(it) && (o->type == OPT_STR))
             v = it->valuestring;
         else if (cJSON_IsNull(it) && o->type == OPT_STR)
@@ -330,7 +386,10 @@ void srv_config_usage(FILE *out)
     for (size_t i = 0; i < N_OPTS; i++) {
         const opt *o = &k_opts[i];
         char flag[64];
-        const char *arg = o->type == OPT_FLAG ? "" : o->type == OPT_STR ? " STR" : " N";
+        const char *arg = o->type == OPT_FLAG   ? ""
+                          : o->type == OPT_STR  ? " STR"
+                          : o->type == OPT_LIST ? " ORIGIN"
+                                                : " N";
         if (o->short_name)
             snprintf(flag, sizeof flag, "-%c, --%s%s", o->short_name, o->name, arg);
         else

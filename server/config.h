@@ -35,6 +35,8 @@ typedef struct srv_config {
     uint32_t connection_timeout;   /* --connection-timeout: idle seconds, 0 = never (60) */
     uint32_t max_connections;      /* --max-connections: open connections at most (1024) */
     uint32_t connection_memory_kb; /* --connection-memory-kb: MHD per-connection pool (32) */
+    char *cors_origins;            /* --cors-origin ORIGIN, repeatable: the origins browsers may
+                                      call from, one per line ("*" = any); NULL = CORS off */
     bool help;                     /* --help was given */
 } srv_config;
 

@@ -1,4 +1,5 @@
-/* HTTP routing, request handling and streaming over libmicrohttpd.
+/* The HTTP front end: libmicrohttpd lifecycle, body limits, the route table, auth; the routes
+ * are in route_*.c, suspend/resume and the reaper in wake.c (shared internals: http_impl.h).
  *
  * Waiting costs nothing: a connection whose request has no queued events is suspended
  * (MHD_suspend_connection) and the scheduler's notify callback resumes it. The race between
@@ -45,7 +46,7 @@
 #include "common/status.h"
 #include "common/timeutil.h"
 #include "server/api.h"
-#include "server/kv_view.h"
+#include "server/http_impl.h"
 #include "server/frontdoor.h"
 #include "server/http_head.h"
 #include "server/metrics.h"
@@ -55,370 +56,98 @@
 extern const unsigned char srv_webui_page[];
 extern const unsigned long srv_webui_page_len;
 
-/* Responses or bodies at least this big give their memory back to the system when done. */
-#define SRV_TRIM_BYTES (1u << 20)
-
-enum srv_state { ST_LOADING = 0, ST_READY, ST_DRAINING, ST_STOPPING };
-
-/* --connection-memory-kb bounds a request's head (request line and header fields); the front
- * door measures it. MHD's per-connection pool holds the head, one record of about 64 bytes
- * per header field and query parameter (measured with libmicrohttpd 0.9.75: 422 fields of
- * 12 bytes fill 32 KiB), and the response's headers. So the front door also allows at most
- * one field per 32 bytes of the limit (1024 for 32 KiB), and the pool is 4 x the limit: a
- * head at both limits needs about 3 x. The pool is touched whole, so it is resident memory
- * per open connection. */
-#define SRV_HEAD_BYTES_PER_FIELD 32
-#define SRV_POOL_PER_HEAD 4
-
-typedef struct srv_wake {
-    pthread_mutex_t mu;
-    struct MHD_Connection *mc; /* NULL: no connection waits on this slot */
-    bool suspended;
-    bool peer_gone; /* the reaper saw the client close while suspended */
-    struct srv_wake *next_free;
-    struct srv_wake *next_all;
-} srv_wake;
-
-/* One open MHD connection (its socket context), so the reaper can watch every socket. */
-typedef struct srv_sock {
-    int fd;
-    srv_wake *wake; /* the slot of the request on this connection, or NULL (sock_mu) */
-    bool nudged;    /* the reaper shut the socket down already */
-    struct srv_sock *prev, *next;
-} srv_sock;
-
-struct srv_server {
-    const srv_config *cfg;
-    struct MHD_Daemon *d;
-    srv_frontdoor *door;
-    int listen_fd;
-    uint16_t port;
-    _Atomic int state;
-    /* Set once before state becomes ST_READY, read-only afterwards. */
-    const engine_model *model;
-    const tok_vocab *vocab;
-    sched *sched;
-    char *served_name;
-    enum srv_chat_tmpl tmpl;
-    uint32_t n_ctx;
-    long long started;
-
-    _Atomic uint32_t n_active;
-    _Atomic uint64_t n_requests;
-    uint64_t id_salt;
-    _Atomic uint64_t status_counts[SRV_N_STATUS];
-
-    pthread_mutex_t wake_mu; /* guards wake_free, wake_all */
-    srv_wake *wake_free;
-    srv_wake *wake_all;
-
-    pthread_mutex_t sock_mu; /* guards socks and each srv_sock's wake and nudged */
-    srv_sock *socks;
-    _Atomic unsigned n_conns; /* handed to MHD by the front door and not yet closed */
-
-    /* The reaper (see reaper_main): notices clients that closed or half-closed, on every
-     * connection MHD holds, suspended or not. */
-    pthread_t reaper;
-    bool reaper_started;
-    pthread_mutex_t reaper_mu; /* guards reaper_stop */
-    pthread_cond_t reaper_cv;
-    bool reaper_stop;
-};
-
-enum route {
-    R_NONE = 0,
-    R_COMPLETIONS,
-    R_CHAT,
-    R_MODELS,
-    R_MODEL_ONE,
-    R_HEALTH,
-    R_METRICS,
-    R_TOKENIZE,
-    R_DETOKENIZE,
-    R_PAGE,
-    R_KV
-};
-
-enum phase { PH_BODY = 0, PH_WAIT, PH_STREAM, PH_DONE };
-enum stream_state { SS_START = 0, SS_EVENTS, SS_END };
-
-typedef struct srv_conn {
-    srv_server *srv;
-    struct MHD_Connection *mc;
-    enum route route;
-    const char *method;   /* NULL until on_request's first call */
-    char route_name[200]; /* the target as sent, escaped for the log (srv_log_escape) */
-    char path[128];       /* the target's decoded path (srv_target_path), what routes match */
-    bool bad_target;      /* srv_target_path refused it: bad_error says why */
-    srv_error bad_error;
-    bool close_after; /* the response says "Connection: close": its framing is not trusted */
-    char reqid[32];
-    double t_start, t_first;
-    enum phase phase;
-    bool checked; /* answer_early has run */
-    int status;   /* HTTP status sent */
-    bool client_gone;
-
-    char *body;
-    size_t body_len, body_cap;
-    bool too_large;
-    uint64_t discarded; /* body bytes dropped after too_large (bounded, see on_request) */
-
-    /* generation */
-    srv_request rq;
-    sched_req *req;
-    srv_wake *wake;
-    srv_resp_ctx rx;
-    char id[48];
-    srv_choice *choices;
-    uint32_t n_choices;
-    uint32_t prompt_tokens, cached_tokens, completion_tokens;
-    uint32_t delta_tokens; /* tokens seen in deltas: what a cancelled request had generated */
-    int fail_status;       /* a choice finished with an error: its status */
-
-    /* streaming: bytes formatted and not yet handed to MHD (one event at a time: bounded) */
-    enum stream_state ss;
-    char *out;
-    size_t out_len, out_pos, out_cap;
-    size_t resp_bytes; /* size of a whole (non-streamed) response body */
-} srv_conn;
-
 /* A client that went away is the normal end of a cancelled request, but the only way to make
  * MHD close its connection is an error return, which MHD logs as "Application reported
  * internal error". The handler sets this just before such a return, on the thread MHD logs
  * from next, so mhd_log can tell a cancel from a real error. */
-static _Thread_local bool tl_client_gone;
-
-/* ---------- wake slots ---------- */
-
-static srv_wake *wake_get(srv_server *s, struct MHD_Connection *mc)
-{
-    pthread_mutex_lock(&s->wake_mu);
-    srv_wake *w = s->wake_free;
-    if (w)
-        s->wake_free = w->next_free;
-    pthread_mutex_unlock(&s->wake_mu);
-    if (!w) {
-        w = calloc(1, sizeof *w);
-        if (!w)
-            return NULL;
-        pthread_mutex_init(&w->mu, NULL);
-        pthread_mutex_lock(&s->wake_mu);
-        w->next_all = s->wake_all;
-        s->wake_all = w;
-        pthread_mutex_unlock(&s->wake_mu);
-    }
-    pthread_mutex_lock(&w->mu);
-    w->mc = mc;
-    w->suspended = false;
-    w->peer_gone = false;
-    pthread_mutex_unlock(&w->mu);
-    return w;
-}
-
-static void wake_put(srv_server *s, srv_wake *w)
-{
-    pthread_mutex_lock(&w->mu);
-    w->mc = NULL;
-    w->suspended = false;
-    w->peer_gone = false;
-    pthread_mutex_unlock(&w->mu);
-    pthread_mutex_lock(&s->wake_mu);
-    w->next_free = s->wake_free;
-    s->wake_free = w;
-    pthread_mutex_unlock(&s->wake_mu);
-}
-
-/* Engine thread: new events for the request behind ud. */
-static void on_notify(void *ud)
-{
-    srv_wake *w = ud;
-    pthread_mutex_lock(&w->mu);
-    if (w->mc && w->suspended) {
-        w->suspended = false;
-        MHD_resume_connection(w->mc);
-    }
-    pthread_mutex_unlock(&w->mu);
-}
-
-/* Takes the next event, or suspends the connection when none is queued (returns 0 then).
- * Returns -2 when the reaper found the client gone: the caller closes the connection, and
- * on_completed releases (cancels) the request. */
-static int next_or_suspend(srv_conn *c, sched_event *ev)
-{
-    srv_wake *w = c->wake;
-    pthread_mutex_lock(&w->mu);
-    if (w->peer_gone) {
-        pthread_mutex_unlock(&w->mu);
-        tl_client_gone = true;
-        return -2;
-    }
-    int r = sched_req_next(c->req, ev);
-    if (r == 0) {
-        w->suspended = true;
-        MHD_suspend_connection(c->mc);
-    }
-    pthread_mutex_unlock(&w->mu);
-    return r;
-}
-
-/* The reaper. A suspended connection is not polled by MHD, and MHD also misses a client's
- * end of stream when it arrives together with data (it takes a short read for a drained
- * socket and waits for an edge that never comes), so a vanished client would keep its slot,
- * its queue place and later its KV blocks until the connection timeout, or forever with
- * --connection-timeout 0. Every REAPER_PERIOD_MS this thread polls every open connection's
- * socket for POLLRDHUP: the peer closed or half-closed (a half-close counts as gone, as
- * clients do not half-close an HTTP request), or a socket error. A suspended connection is
- * marked peer_gone and resumed, and its handler closes it, which cancels the request; any
- * other is shut down (both directions), which MHD's next I/O on it sees and closes. One
- * poll() over the open sockets per period: cheap, and the kernel keeps the flag until then. */
-#define REAPER_PERIOD_MS 200
-
-static void *reaper_main(void *arg)
-{
-    srv_server *s = arg;
-    struct pollfd *pfd = NULL;
-    size_t cap = 0;
-    pthread_mutex_lock(&s->reaper_mu);
-    while (!s->reaper_stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += REAPER_PERIOD_MS * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&s->reaper_cv, &s->reaper_mu, &ts);
-        if (s->reaper_stop)
-            break;
-        pthread_mutex_unlock(&s->reaper_mu);
-        /* Under sock_mu a listed connection's fd is open: MHD reports a connection closed
-         * (on_connection, which takes sock_mu) before it closes the socket. */
-        pthread_mutex_lock(&s->sock_mu);
-        size_t n = 0;
-        for (srv_sock *k = s->socks; k; k = k->next)
-            n++;
-        if (n > cap) {
-            struct pollfd *np = realloc(pfd, n * 2 * sizeof *np);
-            if (np) {
-                pfd = np;
-                cap = n * 2;
-            }
-        }
-        if (n > cap)
-            n = cap;
-        size_t i = 0;
-        for (srv_sock *k = s->socks; k && i < n; k = k->next, i++)
-            pfd[i] = (struct pollfd){.fd = k->nudged ? -1 : k->fd, .events = POLLRDHUP};
-        if (n && poll(pfd, n, 0) > 0) {
-            i = 0;
-            for (srv_sock *k = s->socks; k && i < n; k = k->next, i++) {
-                if (!(pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)))
-                    continue;
-                srv_wake *w = k->wake;
-                bool resumed = false;
-                if (w) {
-                    pthread_mutex_lock(&w->mu);
-                    /* Under w->mu a suspended slot's connection is alive and stays suspended. */
-                    if (w->mc && w->suspended) {
-                        w->peer_gone = true;
-                        w->suspended = false;
-                        MHD_resume_connection(w->mc);
-                        resumed = true;
-                    }
-                    pthread_mutex_unlock(&w->mu);
-                }
-                if (!resumed) {
-                    k->nudged = true;
-                    shutdown(k->fd, SHUT_RDWR);
-                }
-            }
-        }
-        pthread_mutex_unlock(&s->sock_mu);
-        pthread_mutex_lock(&s->reaper_mu);
-    }
-    pthread_mutex_unlock(&s->reaper_mu);
-    free(pfd);
-    return NULL;
-}
-
-/* MHD's notice of a connection opened or closed: keeps the reaper's list and the count the
- * front door enforces --max-connections with. MHD pairs the two notices (a connection it
- * fails to set up is reported closed too), so the count is exact once MHD_add_connection's
- * work is done; a hand-off still in MHD's queue is missed for that moment, which MHD's own
- * limit, set higher (srv_start), absorbs. */
-static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
-                          enum MHD_ConnectionNotificationCode toe)
-{
-    srv_server *s = cls;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        atomic_fetch_add(&s->n_conns, 1);
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-        srv_sock *k = ci ? calloc(1, sizeof *k) : NULL;
-        *socket_context = k;
-        if (!k)
-            return; /* unwatched: it still times out */
-        k->fd = ci->connect_fd;
-        pthread_mutex_lock(&s->sock_mu);
-        k->next = s->socks;
-        if (s->socks)
-            s->socks->prev = k;
-        s->socks = k;
-        pthread_mutex_unlock(&s->sock_mu);
-        return;
-    }
-    srv_sock *k = *socket_context;
-    *socket_context = NULL;
-    atomic_fetch_sub(&s->n_conns, 1);
-    if (!k)
-        return;
-    pthread_mutex_lock(&s->sock_mu);
-    if (k->prev)
-        k->prev->next = k->next;
-    else
-        s->socks = k->next;
-    if (k->next)
-        k->next->prev = k->prev;
-    pthread_mutex_unlock(&s->sock_mu);
-    free(k);
-}
-
-static srv_sock *sock_of(struct MHD_Connection *mc)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    return ci ? ci->socket_context : NULL;
-}
-
-/* Tells the reaper which wake slot (or none) the connection's request uses. */
-static void sock_set_wake(srv_server *s, struct MHD_Connection *mc, srv_wake *w)
-{
-    srv_sock *k = sock_of(mc);
-    if (!k)
-        return;
-    pthread_mutex_lock(&s->sock_mu);
-    k->wake = w;
-    pthread_mutex_unlock(&s->sock_mu);
-}
+_Thread_local bool srv__tl_client_gone;
 
 /* ---------- responses ---------- */
 
-static void count_status(srv_server *s, int status)
+void srv__count_status(srv_server *s, int status)
 {
     atomic_fetch_add(&s->status_counts[srv_status_index(status)], 1);
 }
 
-static enum MHD_Result send_body(srv_conn *c, int status, const char *ctype, const char *body,
-                                 size_t len)
+/* The Access-Control-Allow-Origin value for c's Origin: "*", the origin itself, or NULL. */
+static const char *cors_allow(srv_conn *c)
+{
+    const char *list = c->srv->cfg->cors_origins;
+    if (!list)
+        return NULL;
+    const char *origin = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Origin");
+    if (!origin)
+        return NULL;
+    size_t n = strlen(origin);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, '\n');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == 1 && *p == '*')
+            return "*";
+        if (len == n && !memcmp(p, origin, n))
+            return origin;
+        p += len + (end ? 1 : 0);
+    }
+    return NULL;
+}
+
+void srv__add_common_headers(srv_conn *c, struct MHD_Response *r, int status)
+{
+    if (status == 429 || status == 503)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (!c->srv->cfg->cors_origins)
+        return;
+    const char *allow = cors_allow(c);
+    if (allow) {
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        MHD_add_response_header(r, "Access-Control-Expose-Headers", "Retry-After");
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
+}
+
+/* A CORS preflight (OPTIONS with CORS on): 204 with what the API takes, or 403 JSON for an
+ * origin not allowed. No auth: browsers send preflights without credentials. */
+static enum MHD_Result send_preflight(srv_conn *c)
+{
+    if (!cors_allow(c))
+        return srv__fail(c, 403, NULL, NULL,
+                         "this origin may not call the API (see --cors-origin)");
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    srv__add_common_headers(c, r, 204);
+    bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_RESPONSES ||
+                c->route == R_TOKENIZE || c->route == R_DETOKENIZE;
+    MHD_add_response_header(r, "Access-Control-Allow-Methods",
+                            post ? "POST, OPTIONS" : "GET, OPTIONS");
+    const char *want =
+        MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                            want && *want ? want : "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ret = MHD_queue_response(c->mc, 204, r);
+    MHD_destroy_response(r);
+    c->status = 204;
+    c->phase = PH_DONE;
+    return ret;
+}
+
+enum MHD_Result srv__send_body(srv_conn *c, int status, const char *ctype, const char *body,
+                               size_t len)
 {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    srv__add_common_headers(c, r, status);
     if (status == 405) {
-        bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_TOKENIZE ||
-                    c->route == R_DETOKENIZE;
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, post ? "POST" : "GET");
+        bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_RESPONSES ||
+                    c->route == R_TOKENIZE || c->route == R_DETOKENIZE;
+        bool cors = c->srv->cfg->cors_origins != NULL;
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW,
+                                post ? (cors ? "POST, OPTIONS" : "POST")
+                                     : (cors ? "GET, OPTIONS" : "GET"));
     }
     if (status == 401)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
@@ -431,38 +160,38 @@ static enum MHD_Result send_body(srv_conn *c, int status, const char *ctype, con
     return ret;
 }
 
-static enum MHD_Result send_json(srv_conn *c, int status, const char *json)
+enum MHD_Result srv__send_json(srv_conn *c, int status, const char *json)
 {
     if (!json)
         return MHD_NO;
-    return send_body(c, status, "application/json", json, strlen(json));
+    return srv__send_body(c, status, "application/json", json, strlen(json));
 }
 
-static enum MHD_Result send_cjson(srv_conn *c, int status, cJSON *j)
+enum MHD_Result srv__send_cjson(srv_conn *c, int status, cJSON *j)
 {
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
-    enum MHD_Result r = send_json(c, status, s);
+    enum MHD_Result r = srv__send_json(c, status, s);
     free(s);
     return r;
 }
 
-static enum MHD_Result send_error(srv_conn *c, const srv_error *e)
+enum MHD_Result srv__send_error(srv_conn *c, const srv_error *e)
 {
     if (e->status >= 500)
         log_error("request %s: %d %s", c->reqid, e->status, e->message);
     char *s = srv_error_json(e);
-    enum MHD_Result r = send_json(c, e->status, s);
+    enum MHD_Result r = srv__send_json(c, e->status, s);
     free(s);
     return r;
 }
 
-static enum MHD_Result fail(srv_conn *c, int status, const char *param, const char *code,
-                            const char *msg)
+enum MHD_Result srv__fail(srv_conn *c, int status, const char *param, const char *code,
+                          const char *msg)
 {
     srv_error e;
     srv_error_set(&e, status, param, code, "%s", msg);
-    return send_error(c, &e);
+    return srv__send_error(c, &e);
 }
 
 /* ---------- routing ---------- */
@@ -476,6 +205,7 @@ static enum route route_of(const char *url, bool *post)
     } k[] = {
         {"/v1/completions", R_COMPLETIONS, true},
         {"/v1/chat/completions", R_CHAT, true},
+        {"/v1/responses", R_RESPONSES, true},
         {"/v1/models", R_MODELS, false},
         {"/health", R_HEALTH, false},
         {"/metrics", R_METRICS, false},
@@ -513,526 +243,6 @@ static bool authorized(srv_conn *c)
     return diff == 0;
 }
 
-/* ---------- simple routes ---------- */
-
-static enum MHD_Result do_models(srv_conn *c, const char *url)
-{
-    srv_server *s = c->srv;
-    if (c->route == R_MODEL_ONE && strcmp(url + 11, s->served_name))
-        return fail(c, 404, "model", "model_not_found", "The model does not exist");
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", s->served_name);
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", (double)s->started);
-    cJSON_AddStringToObject(m, "owned_by", "kvserve");
-    cJSON_AddNumberToObject(m, "max_model_len", s->n_ctx);
-    if (c->route == R_MODEL_ONE)
-        return send_cjson(c, 200, m);
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(root, "data");
-    cJSON_AddItemToArray(data, m);
-    return send_cjson(c, 200, root);
-}
-
-static enum MHD_Result do_metrics(srv_conn *c)
-{
-    srv_server *s = c->srv;
-    uint64_t counts[SRV_N_STATUS];
-    for (int i = 0; i < SRV_N_STATUS; i++)
-        counts[i] = atomic_load(&s->status_counts[i]);
-    sched_metrics m;
-    bool have = atomic_load(&s->state) >= ST_READY && s->sched;
-    if (have)
-        sched_get_metrics(s->sched, &m);
-    char *text =
-        srv_metrics_format(have ? &m : NULL, counts, have ? engine_model_kernels(s->model) : NULL);
-    if (!text)
-        return fail(c, 500, NULL, NULL, "out of memory");
-    enum MHD_Result r =
-        send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
-    free(text);
-    return r;
-}
-
-/* GET /kv-cache[?cells=N]: a snapshot of the KV pool taken between two engine steps, folded
- * into at most N cells (default 4096) for the page's grid. */
-static enum MHD_Result do_kv(srv_conn *c)
-{
-    srv_server *s = c->srv;
-    const char *q = MHD_lookup_connection_value(c->mc, MHD_GET_ARGUMENT_KIND, "cells");
-    unsigned long cells = 4096;
-    if (q) {
-        char *end;
-        errno = 0;
-        cells = strtoul(q, &end, 10);
-        if (errno || end == q || *end || cells < 1 || cells > SRV_KV_MAX_CELLS)
-            return fail(c, 400, "cells", NULL, "'cells' must be an integer from 1 to 65536");
-    }
-    sched_kv_snapshot k;
-    int rc = sched_kv_snapshot_take(s->sched, &k, 5000);
-    if (rc)
-        return fail(c, 503, NULL, NULL, "the engine is busy or stopping; no KV snapshot");
-    sched_metrics m;
-    sched_get_metrics(s->sched, &m);
-    const engine_hparams *hp = engine_model_hparams(s->model);
-    srv_kv_model info = {s->served_name, hp->arch, engine_model_weight_type(s->model),
-                         engine_model_kernels(s->model), s->n_ctx};
-    char *body = srv_kv_json(&k, &info, m.generation_tokens_total, (uint32_t)cells);
-    sched_kv_snapshot_free(&k);
-    if (!body)
-        return fail(c, 500, NULL, NULL, "out of memory");
-    enum MHD_Result r = send_json(c, 200, body);
-    free(body);
-    return r;
-}
-
-/* Tokenizes text into a malloc'd array. */
-static int tokenize(const tok_vocab *v, const char *text, bool add_bos, int32_t **ids, size_t *n)
-{
-    size_t len = strlen(text);
-    size_t cap = len + 8;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        int32_t *buf = malloc(cap * sizeof *buf);
-        if (!buf)
-            return KVS_ENOMEM;
-        size_t got = 0;
-        int rc = tok_encode(v, text, len, add_bos, true, buf, cap, &got);
-        if (rc == 0) {
-            *ids = buf;
-            *n = got;
-            return 0;
-        }
-        free(buf);
-        if (rc != KVS_ENOSPC)
-            return rc;
-        cap = got;
-    }
-    return KVS_ENOSPC;
-}
-
-static enum MHD_Result do_tokenize(srv_conn *c)
-{
-    srv_server *s = c->srv;
-    cJSON *root;
-    srv_error e;
-    if (srv_json_parse(c->body ? c->body : "", c->body_len, &root, &e))
-        return send_error(c, &e);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return fail(c, 400, NULL, NULL, "request body must be a JSON object");
-    }
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    if (!p)
-        p = cJSON_GetObjectItemCaseSensitive(root, "text");
-    const cJSON *as = cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens");
-    if (!cJSON_IsString(p) || (as && !cJSON_IsBool(as) && !cJSON_IsNull(as))) {
-        cJSON_Delete(root);
-        return fail(c, 400, cJSON_IsString(p) ? "add_special_tokens" : "prompt", NULL,
-                    cJSON_IsString(p) ? "'add_special_tokens' must be a boolean"
-                                      : "'prompt' must be a string");
-    }
-    bool add_bos = (as && cJSON_IsBool(as)) ? cJSON_IsTrue(as) : tok_add_bos(s->vocab);
-    int32_t *ids = NULL;
-    size_t n = 0;
-    int rc = tokenize(s->vocab, p->valuestring, add_bos, &ids, &n);
-    cJSON_Delete(root);
-    if (rc)
-        return fail(c, 500, NULL, NULL, "tokenization failed");
-    cJSON *out = cJSON_CreateObject();
-    cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
-    for (size_t i = 0; arr && i < n; i++)
-        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
-    cJSON_AddNumberToObject(out, "count", (double)n);
-    cJSON_AddNumberToObject(out, "max_model_len", s->n_ctx);
-    free(ids);
-    return send_cjson(c, 200, out);
-}
-
-static enum MHD_Result do_detokenize(srv_conn *c)
-{
-    srv_server *s = c->srv;
-    cJSON *root;
-    srv_error e;
-    if (srv_json_parse(c->body ? c->body : "", c->body_len, &root, &e))
-        return send_error(c, &e);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return fail(c, 400, NULL, NULL, "request body must be a JSON object");
-    }
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
-    int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
-    int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
-    bool ok = n >= 0 && (n == 0 || ids);
-    int i = 0;
-    const cJSON *it;
-    if (ok)
-        cJSON_ArrayForEach(it, t)
-        {
-            if (!cJSON_IsNumber(it) || it->valuedouble < 0 ||
-                it->valuedouble >= tok_n_vocab(s->vocab) ||
-                it->valuedouble != (double)(int32_t)it->valuedouble) {
-                ok = false;
-                break;
-            }
-            ids[i++] = (int32_t)it->valuedouble;
-        }
-    cJSON_Delete(root);
-    if (!ok) {
-        free(ids);
-        return fail(c, 400, "tokens", NULL, "'tokens' must be an array of valid token ids");
-    }
-    size_t need = 0;
-    char probe[1];
-    tok_decode(s->vocab, ids, (size_t)i, true, probe, 0, &need);
-    char *text = malloc(need + 1);
-    size_t got = 0;
-    if (!text || tok_decode(s->vocab, ids, (size_t)i, true, text, need + 1, &got)) {
-        free(ids);
-        free(text);
-        return fail(c, 500, NULL, NULL, "detokenization failed");
-    }
-    text[got] = '\0';
-    free(ids);
-    cJSON *out = cJSON_CreateObject();
-    cJSON_AddItemToObject(out, "prompt", srv_json_string_n(text, got));
-    free(text);
-    return send_cjson(c, 200, out);
-}
-
-/* ---------- generation ---------- */
-
-static enum MHD_Result finish_full(srv_conn *c);
-
-static void note_event(srv_conn *c, const sched_event *ev)
-{
-    if (c->t_first == 0 && (ev->text_len || ev->n_tokens))
-        c->t_first = time_now_s();
-    /* The scheduler queues one delta per token that produced text or logprobs. */
-    if (ev->finish == SCHED_FINISH_NONE)
-        c->delta_tokens += ev->n_tokens ? ev->n_tokens : (ev->text_len ? 1 : 0);
-    if (ev->finish != SCHED_FINISH_NONE) {
-        c->prompt_tokens = ev->prompt_tokens;
-        c->cached_tokens = ev->cached_tokens;
-        c->completion_tokens += ev->completion_tokens;
-        if (ev->finish == SCHED_FINISH_ERROR && !c->fail_status)
-            c->fail_status = ev->status ? ev->status : KVS_EINVAL;
-    }
-}
-
-static void error_of_status(int st, srv_error *e)
-{
-    if (st == KVS_ECANCELED || st == KVS_EBUSY)
-        srv_error_set(e, 503, NULL, NULL, "the server is shutting down; request aborted");
-    else
-        srv_error_set(e, 500, NULL, NULL, "generation failed: %s", status_str(st));
-}
-
-/* Non-streaming: drain events until every choice finished, suspending in between. */
-static enum MHD_Result pump_full(srv_conn *c)
-{
-    for (;;) {
-        sched_event ev;
-        int r = next_or_suspend(c, &ev);
-        if (r == 0)
-            return MHD_YES;
-        if (r == -2)
-            return MHD_NO; /* client gone */
-        if (r < 0)
-            return finish_full(c);
-        note_event(c, &ev);
-        if (ev.choice < c->n_choices && srv_choice_add(&c->choices[ev.choice], &ev))
-            c->fail_status = KVS_ENOMEM;
-        sched_event_free(&ev);
-    }
-}
-
-static enum MHD_Result finish_full(srv_conn *c)
-{
-    if (c->fail_status) {
-        srv_error e;
-        error_of_status(c->fail_status, &e);
-        return send_error(c, &e);
-    }
-    char *body =
-        srv_resp_full(&c->rx, c->choices, c->n_choices, c->prompt_tokens, c->cached_tokens);
-    if (!body)
-        return fail(c, 500, NULL, NULL, "out of memory");
-    c->resp_bytes = strlen(body);
-    enum MHD_Result r = send_json(c, 200, body);
-    free(body);
-    return r;
-}
-
-static bool out_append(srv_conn *c, char *s)
-{
-    if (!s)
-        return false;
-    size_t n = strlen(s);
-    if (c->out_len + n > c->out_cap) {
-        size_t cap = c->out_cap ? c->out_cap : 1024;
-        while (cap < c->out_len + n)
-            cap *= 2;
-        char *np = realloc(c->out, cap);
-        if (!np) {
-            free(s);
-            return false;
-        }
-        c->out = np;
-        c->out_cap = cap;
-    }
-    memcpy(c->out + c->out_len, s, n);
-    c->out_len += n;
-    free(s);
-    return true;
-}
-
-/* Formats one event as SSE: its text delta (if any, or if it carries logprobs), then the
- * finish chunk, or the error event that ends the stream. */
-static bool format_event(srv_conn *c, const sched_event *ev)
-{
-    if (ev->choice >= c->n_choices)
-        return true;
-    srv_choice *ch = &c->choices[ev->choice];
-    if (ev->finish == SCHED_FINISH_ERROR) {
-        srv_error e;
-        error_of_status(ev->status, &e);
-        char *j = srv_error_json(&e);
-        bool ok = out_append(c, srv_sse_wrap(j));
-        free(j);
-        c->ss = SS_END;
-        return ok;
-    }
-    bool ok = true;
-    if (ev->text_len || ev->n_tokens)
-        ok = out_append(c, srv_resp_chunk(&c->rx, ev->choice, ev->text, ev->text_len, ev->tokens,
-                                          ev->n_tokens, SCHED_FINISH_NONE, false, ch->len));
-    ch->len += ev->text_len; /* only the offset is tracked: streams keep no text */
-    if (ok && ev->finish != SCHED_FINISH_NONE)
-        ok = out_append(
-            c, srv_resp_chunk(&c->rx, ev->choice, "", 0, NULL, 0, ev->finish, false, ch->len));
-    return ok;
-}
-
-static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
-{
-    (void)pos;
-    srv_conn *c = cls;
-    for (;;) {
-        if (c->out_pos < c->out_len) {
-            size_t n = c->out_len - c->out_pos;
-            if (n > max)
-                n = max;
-            memcpy(buf, c->out + c->out_pos, n);
-            c->out_pos += n;
-            return (ssize_t)n;
-        }
-        c->out_len = c->out_pos = 0;
-        if (c->ss == SS_END)
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        if (atomic_load(&c->srv->state) == ST_STOPPING)
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (c->ss == SS_START) {
-            c->ss = SS_EVENTS;
-            if (c->rx.chat)
-                for (uint32_t i = 0; i < c->n_choices; i++)
-                    if (!out_append(c, srv_resp_chunk(&c->rx, i, "", 0, NULL, 0, SCHED_FINISH_NONE,
-                                                      true, 0)))
-                        return MHD_CONTENT_READER_END_WITH_ERROR;
-            continue;
-        }
-        sched_event ev;
-        int r = next_or_suspend(c, &ev);
-        if (r == 0)
-            return 0;
-        if (r == -2)
-            return MHD_CONTENT_READER_END_WITH_ERROR; /* client gone */
-        if (r < 0) {
-            if (c->rq.include_usage && !out_append(c, srv_resp_usage_chunk(&c->rx, c->prompt_tokens,
-                                                                           c->completion_tokens)))
-                return MHD_CONTENT_READER_END_WITH_ERROR;
-            if (!out_append(c, strdup("data: [DONE]\n\n")))
-                return MHD_CONTENT_READER_END_WITH_ERROR;
-            c->ss = SS_END;
-            continue;
-        }
-        note_event(c, &ev);
-        bool ok = format_event(c, &ev);
-        sched_event_free(&ev);
-        if (!ok)
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
-}
-
-static enum MHD_Result start_stream(srv_conn *c)
-{
-    struct MHD_Response *r =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, c, NULL);
-    if (!r)
-        return MHD_NO;
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    c->phase = PH_STREAM;
-    c->status = 200;
-    enum MHD_Result ret = MHD_queue_response(c->mc, 200, r);
-    MHD_destroy_response(r);
-    return ret;
-}
-
-static void make_id(srv_server *s, const char *prefix, char *out, size_t cap)
-{
-    /* splitmix64 of a per-process salt and a counter: unique and not guessable in sequence. */
-    uint64_t z = s->id_salt + atomic_fetch_add(&s->n_requests, 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    snprintf(out, cap, "%s%016llx", prefix, (unsigned long long)z);
-}
-
-static enum MHD_Result do_generate(srv_conn *c)
-{
-    srv_server *s = c->srv;
-    bool chat = c->route == R_CHAT;
-    srv_error e;
-    sampler_params defaults = sampler_default_params();
-    if (srv_request_parse(c->body ? c->body : "", c->body_len, chat, s->tmpl, &defaults, &c->rq,
-                          &e))
-        return send_error(c, &e);
-    srv_request *rq = &c->rq;
-    if (rq->model && strcmp(rq->model, s->served_name)) {
-        srv_error_set(&e, 404, "model", "model_not_found", "The model '%s' does not exist",
-                      rq->model);
-        return send_error(c, &e);
-    }
-    const char *pparam = chat ? "messages" : "prompt";
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    if (rq->prompt_text) {
-        if (tokenize(s->vocab, rq->prompt_text, tok_add_bos(s->vocab), &ids, &n_ids))
-            return fail(c, 500, NULL, NULL, "tokenization failed");
-    } else {
-        int32_t nv = tok_n_vocab(s->vocab);
-        for (size_t i = 0; i < rq->n_prompt_ids; i++)
-            if (rq->prompt_ids[i] >= nv) {
-                srv_error_set(&e, 400, "prompt", NULL, "token id %d is outside the vocabulary",
-                              rq->prompt_ids[i]);
-                return send_error(c, &e);
-            }
-        ids = rq->prompt_ids;
-        n_ids = rq->n_prompt_ids;
-        rq->prompt_ids = NULL;
-        rq->n_prompt_ids = 0;
-    }
-    enum MHD_Result ret;
-    if (n_ids == 0) {
-        ret = fail(c, 400, pparam, NULL, "the prompt is empty");
-        goto out;
-    }
-    if (n_ids >= s->n_ctx) {
-        srv_error_set(&e, 400, pparam, "context_length_exceeded",
-                      "This model's maximum context length is %u tokens; the prompt has %zu",
-                      s->n_ctx, n_ids);
-        ret = send_error(c, &e);
-        goto out;
-    }
-    uint32_t max_tokens = rq->max_tokens;
-    if (chat && !rq->has_max_tokens)
-        max_tokens = s->n_ctx - (uint32_t)n_ids;
-    if (n_ids + max_tokens > s->n_ctx) {
-        srv_error_set(&e, 400, "max_tokens", "context_length_exceeded",
-                      "This model's maximum context length is %u tokens; you requested %zu "
-                      "(%zu in the prompt, %u to generate)",
-                      s->n_ctx, n_ids + max_tokens, n_ids, max_tokens);
-        ret = send_error(c, &e);
-        goto out;
-    }
-    if (rq->n > s->cfg->max_num_seqs) {
-        srv_error_set(&e, 400, "n", NULL,
-                      "'n' is %u, but this server runs at most %u sequences at once "
-                      "(--max-num-seqs), and each choice is one",
-                      rq->n, s->cfg->max_num_seqs);
-        ret = send_error(c, &e);
-        goto out;
-    }
-    uint64_t bound = srv_response_bound(rq->n, max_tokens, rq->n_top_logprobs);
-    if (bound > (uint64_t)s->cfg->max_response_mb << 20) {
-        srv_error_set(&e, 400, rq->n_top_logprobs > 0 ? "top_logprobs" : "max_tokens", NULL,
-                      "this request could make a response of %.0f MB (n = %u x %u tokens%s); "
-                      "the limit is %u MB (--max-response-mb): lower n, max_tokens or the "
-                      "logprobs asked for",
-                      (double)bound / (1 << 20), rq->n, max_tokens,
-                      rq->n_top_logprobs >= 0 ? " with logprobs" : "", s->cfg->max_response_mb);
-        ret = send_error(c, &e);
-        goto out;
-    }
-    if (!rq->has_seed) {
-        uint64_t z = s->id_salt ^ ((uint64_t)time(NULL) << 20) ^
-                     atomic_load(&s->n_requests) * 0x9E3779B97F4A7C15ull;
-        rq->sampling.seed = z;
-    }
-
-    c->n_choices = rq->n;
-    c->choices = calloc(rq->n, sizeof *c->choices);
-    c->wake = wake_get(s, c->mc);
-    if (!c->choices || !c->wake) {
-        ret = fail(c, 500, NULL, NULL, "out of memory");
-        goto out;
-    }
-    sock_set_wake(s, c->mc, c->wake);
-    sched_request_params p = {0};
-    p.prompt = ids;
-    p.n_prompt = (uint32_t)n_ids;
-    p.max_tokens = max_tokens;
-    p.n = rq->n;
-    p.sampling = rq->sampling;
-    p.ignore_eos = rq->ignore_eos;
-    for (int i = 0; i < rq->n_stop && i < SCHED_MAX_STOP; i++)
-        p.stop[i] = rq->stop[i];
-    p.n_top_logprobs = rq->n_top_logprobs;
-    p.notify_on_finish_only = !rq->stream; /* the whole body is built at the end */
-
-    make_id(s, chat ? "chatcmpl-" : "cmpl-", c->id, sizeof c->id);
-    c->rx.chat = chat;
-    c->rx.id = c->id;
-    c->rx.created = (long long)time(NULL);
-    c->rx.model = s->served_name;
-    c->rx.vocab = s->vocab;
-    c->rx.n_top_logprobs = rq->n_top_logprobs;
-    c->prompt_tokens = (uint32_t)n_ids;
-
-    int rc = sched_submit(s->sched, &p, on_notify, c->wake, &c->req);
-    if (rc) {
-        c->req = NULL;
-        switch (rc) {
-        case KVS_ENOSPC:
-            ret = fail(c, 429, NULL, NULL, "too many requests waiting; retry later");
-            break;
-        case KVS_EBUSY: ret = fail(c, 503, NULL, NULL, "the server is shutting down"); break;
-        case KVS_ERANGE:
-            ret = fail(c, 400, "max_tokens", "context_length_exceeded",
-                       "the prompt and max_tokens do not fit the context");
-            break;
-        case KVS_EINVAL:
-            ret = fail(c, 400, NULL, NULL, "the scheduler rejected the request parameters");
-            break;
-        default:
-            srv_error_set(&e, 500, NULL, NULL, "submit failed: %s", status_str(rc));
-            ret = send_error(c, &e);
-        }
-        goto out;
-    }
-    atomic_fetch_add(&s->n_active, 1);
-    if (rq->stream)
-        ret = start_stream(c);
-    else {
-        c->phase = PH_WAIT;
-        ret = pump_full(c);
-    }
-out:
-    free(ids);
-    return ret;
-}
-
 /* ---------- MHD callbacks ---------- */
 
 /* MHD's first sight of a request: the target as the client sent it, before MHD decodes it
@@ -1051,7 +261,7 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc)
     srv_log_escape(uri, len, c->route_name, sizeof c->route_name);
     c->bad_target = srv_target_path(uri, len, c->path, sizeof c->path, &c->bad_error) != 0;
     /* Request ids for logs: same generator as response ids, distinct counter draw. */
-    make_id(s, "", c->reqid, sizeof c->reqid);
+    srv__make_id(s, "", c->reqid, sizeof c->reqid);
     return c;
 }
 
@@ -1099,37 +309,42 @@ static bool answer_early(srv_conn *c, enum MHD_Result *r)
 {
     srv_server *s = c->srv;
     int st = atomic_load(&s->state);
+    if (c->preflight) {
+        *r = send_preflight(c);
+        return true;
+    }
     if (c->route == R_HEALTH) {
         if (st == ST_READY)
-            *r = send_json(c, 200, "{\"status\":\"ok\"}");
+            *r = srv__send_json(c, 200, "{\"status\":\"ok\"}");
         else
-            *r = fail(c, 503, NULL, NULL,
-                      st == ST_LOADING ? "the model is loading" : "the server is shutting down");
+            *r = srv__fail(c, 503, NULL, NULL,
+                           st == ST_LOADING ? "the model is loading"
+                                            : "the server is shutting down");
         return true;
     }
     if (c->route == R_PAGE) {
         /* the page holds no data (it asks /kv-cache and the API, which check the key) */
         if (s->cfg->no_webui)
-            *r = fail(c, 404, NULL, NULL, "Not found (the web page is off: --no-webui)");
+            *r = srv__fail(c, 404, NULL, NULL, "Not found (the web page is off: --no-webui)");
         else
-            *r = send_body(c, 200, "text/html; charset=utf-8", (const char *)srv_webui_page,
-                           (size_t)srv_webui_page_len);
+            *r = srv__send_body(c, 200, "text/html; charset=utf-8", (const char *)srv_webui_page,
+                                (size_t)srv_webui_page_len);
         return true;
     }
     if (c->route != R_METRICS && !authorized(c)) {
-        *r = fail(c, 401, NULL, "invalid_api_key", "Invalid or missing API key");
+        *r = srv__fail(c, 401, NULL, "invalid_api_key", "Invalid or missing API key");
         return true;
     }
     if (st != ST_READY && c->route != R_METRICS) {
-        *r = fail(c, 503, NULL, NULL,
-                  st == ST_LOADING ? "the model is loading" : "the server is shutting down");
+        *r = srv__fail(c, 503, NULL, NULL,
+                       st == ST_LOADING ? "the model is loading" : "the server is shutting down");
         return true;
     }
     switch (c->route) {
     case R_MODELS:
-    case R_MODEL_ONE: *r = do_models(c, c->path); return true;
-    case R_METRICS: *r = do_metrics(c); return true;
-    case R_KV: *r = do_kv(c); return true;
+    case R_MODEL_ONE: *r = srv__route_models(c, c->path); return true;
+    case R_METRICS: *r = srv__route_metrics(c); return true;
+    case R_KV: *r = srv__route_kv(c); return true;
     default: return false; /* a POST route: read its body */
     }
 }
@@ -1150,14 +365,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             /* The body's extent is in doubt, so nothing after it on this connection can be
              * trusted to be a request: answer and close. */
             c->close_after = true;
-            return send_error(c, &e);
+            return srv__send_error(c, &e);
         }
         bool post = false;
         c->route = route_of(c->path, &post);
         if (c->route == R_NONE)
-            return fail(c, 404, NULL, NULL, "Not found");
+            return srv__fail(c, 404, NULL, NULL, "Not found");
+        if (!strcmp(method, "OPTIONS") && s->cfg->cors_origins) {
+            /* answered from the next call, as a GET (see below) */
+            c->preflight = true;
+            return MHD_YES;
+        }
         if (strcmp(method, post ? "POST" : "GET") && !(strcmp(method, "HEAD") == 0 && !post))
-            return fail(c, 405, NULL, NULL, "Method not allowed");
+            return srv__fail(c, 405, NULL, NULL, "Method not allowed");
         if (post) {
             /* Refuse an oversized body before reading any of it (the connection then closes,
              * which is what we want for a client that would send 100 MB). */
@@ -1166,7 +386,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                 char *end;
                 unsigned long long n = strtoull(cl, &end, 10);
                 if (n > s->cfg->max_body_bytes)
-                    return fail(c, 413, NULL, NULL, "request body is too large");
+                    return srv__fail(c, 413, NULL, NULL, "request body is too large");
             }
         }
         /* A POST's auth and state are checked before its body is read. A GET is answered
@@ -1196,7 +416,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (c->phase == PH_WAIT) {
         if (atomic_load(&s->state) == ST_STOPPING)
             return MHD_NO;
-        return pump_full(c);
+        return srv__pump_full(c);
     }
     if (*upload_size) {
         size_t n = *upload_size;
@@ -1238,13 +458,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return MHD_YES;
     }
     if (c->too_large)
-        return fail(c, 413, NULL, NULL, "request body is too large");
+        return srv__fail(c, 413, NULL, NULL, "request body is too large");
     switch (c->route) {
     case R_COMPLETIONS:
-    case R_CHAT: return do_generate(c);
-    case R_TOKENIZE: return do_tokenize(c);
-    case R_DETOKENIZE: return do_detokenize(c);
-    default: return fail(c, 404, NULL, NULL, "Not found");
+    case R_CHAT: return srv__route_generate(c);
+    case R_RESPONSES: return srv__route_responses(c);
+    case R_TOKENIZE: return srv__route_tokenize(c);
+    case R_DETOKENIZE: return srv__route_detokenize(c);
+    default: return srv__fail(c, 404, NULL, NULL, "Not found");
     }
 }
 
@@ -1253,34 +474,38 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 {
     srv_server *s = cls;
     srv_conn *c = *con_cls;
-    tl_client_gone = false;
+    srv__tl_client_gone = false;
     if (!c)
         return;
     *con_cls = NULL;
     if (c->wake) {
-        sock_set_wake(s, mc, NULL);
-        wake_put(s, c->wake);
+        srv__sock_set_wake(s, mc, NULL);
+        srv__wake_put(s, c->wake);
     }
     /* A client that left mid-generation is logged and counted as 499 (client closed). */
     c->client_gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK &&
                      (c->phase == PH_WAIT || (c->phase == PH_STREAM && c->ss != SS_END));
-    if (c->req) {
+    if (c->n_reqs) {
         /* What was generated and not yet taken still counts for the log line. */
         sched_event ev;
-        while (c->client_gone && sched_req_next(c->req, &ev) > 0) {
-            note_event(c, &ev);
-            sched_event_free(&ev);
+        uint32_t gen = 0;
+        for (uint32_t k = 0; k < c->n_reqs; k++) {
+            while (c->client_gone && sched_req_next(c->reqs[k], &ev) > 0) {
+                srv__note_event(c, &ev);
+                sched_event_free(&ev);
+            }
+            gen += sched_req_generated(c->reqs[k]);
         }
         /* exact, also counting tokens whose text was still held back (a stop-string prefix,
          * a partial UTF-8 character) */
-        uint32_t gen = sched_req_generated(c->req);
         if (gen > c->delta_tokens)
             c->delta_tokens = gen;
-        sched_req_release(c->req); /* cancels it if unfinished: blocks go back to the pool */
+        for (uint32_t k = 0; k < c->n_reqs; k++)
+            sched_req_release(c->reqs[k]); /* cancels it if unfinished: blocks go back */
         atomic_fetch_sub(&s->n_active, 1);
     }
     int status = c->client_gone || !c->status ? 499 : c->status;
-    count_status(s, status);
+    srv__count_status(s, status);
     double now = time_now_s();
     /* A cancel cuts the finishing events short: then the deltas seen are the count. */
     uint32_t completion =
@@ -1291,12 +516,14 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     log_info("access id=%s method=%s route=%s status=%d prompt_tokens=%u completion_tokens=%u "
              "ttft=%.4f total=%.4f%s",
              c->reqid, c->method ? c->method : "-", c->route_name, status,
-             c->req ? c->prompt_tokens : 0, completion,
+             c->n_reqs ? c->prompt_tokens : 0, completion,
              c->t_first > 0 ? c->t_first - c->t_start : -1.0, now - c->t_start,
              c->client_gone ? " client_closed=1" : "");
     for (uint32_t i = 0; c->choices && i < c->n_choices; i++)
         srv_choice_free(&c->choices[i]);
     free(c->choices);
+    free(c->reqs);
+    cJSON_Delete(c->resp_echo);
     srv_request_free(&c->rq);
     free(c->body);
     free(c->out);
@@ -1380,11 +607,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(line);
     while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
         line[--n] = '\0';
-    /* The close that follows a cancel (see tl_client_gone), or MHD finding the peer gone
+    /* The close that follows a cancel (see srv__tl_client_gone), or MHD finding the peer gone
      * while it writes: how a client cancels, not a failure. */
-    if (tl_client_gone || strstr(line, "by remote peer") || strstr(line, "reset by peer") ||
+    if (srv__tl_client_gone || strstr(line, "by remote peer") || strstr(line, "reset by peer") ||
         strstr(line, "Broken pipe")) {
-        tl_client_gone = false;
+        srv__tl_client_gone = false;
         log_debug("http: %s (the client had gone)", line);
         return;
     }
@@ -1414,7 +641,7 @@ static void door_refused(void *ud, int status, const char *method, size_t method
                          const char *target, size_t target_len, const char *message)
 {
     srv_server *s = ud;
-    count_status(s, status);
+    srv__count_status(s, status);
     char m[32], t[200];
     srv_log_escape(method, method_len, m, sizeof m);
     srv_log_escape(target, target_len, t, sizeof t);
@@ -1448,8 +675,8 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
     pthread_mutex_init(&s->sock_mu, NULL);
     s->d = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
-        s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+        srv__on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
         /* Bounds per connection (see README, "Resource bounds"): idle connections close. The
          * front door enforces the connection limit; MHD's is higher so that it never
          * refuses what the front door let in. */
@@ -1489,7 +716,7 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
     pthread_mutex_init(&s->reaper_mu, NULL);
     pthread_cond_init(&s->reaper_cv, NULL);
     /* Without the reaper vanished clients are still noticed at their next event: serve on. */
-    s->reaper_started = pthread_create(&s->reaper, NULL, reaper_main, s) == 0;
+    s->reaper_started = pthread_create(&s->reaper, NULL, srv__reaper_main, s) == 0;
     if (!s->reaper_started)
         log_warn("cannot start the connection reaper thread; serving without it");
     *out = s;

@@ -64,6 +64,7 @@ void srv_choice_free(srv_choice *c)
         return;
     free(c->text);
     free(c->toks);
+    cJSON_Delete(c->tool_calls);
     memset(c, 0, sizeof *c);
 }
 
@@ -248,7 +249,12 @@ char *srv_resp_full(const srv_resp_ctx *x, const srv_choice *ch, uint32_t n, uin
         if (x->chat) {
             cJSON *m = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddItemToObject(m, "content", srv_json_string_n(ch[i].text, ch[i].len));
+            if (ch[i].tool_calls && !ch[i].len)
+                cJSON_AddNullToObject(m, "content");
+            else
+                cJSON_AddItemToObject(m, "content", srv_json_string_n(ch[i].text, ch[i].len));
+            if (ch[i].tool_calls)
+                cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(ch[i].tool_calls, true));
         } else {
             cJSON_AddItemToObject(c, "text", srv_json_string_n(ch[i].text, ch[i].len));
         }
@@ -256,7 +262,10 @@ char *srv_resp_full(const srv_resp_ctx *x, const srv_choice *ch, uint32_t n, uin
             cJSON_AddItemToObject(c, "logprobs", logprobs_json(x, ch[i].toks, ch[i].n_toks, 0));
         else
             cJSON_AddNullToObject(c, "logprobs");
-        add_finish(c, ch[i].finish);
+        if (ch[i].tool_calls)
+            cJSON_AddStringToObject(c, "finish_reason", "tool_calls");
+        else
+            add_finish(c, ch[i].finish);
         cJSON_AddItemToArray(choices, c);
         completion += ch[i].completion_tokens;
     }
@@ -313,6 +322,40 @@ char *srv_resp_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size
     else
         cJSON_AddNullToObject(c, "logprobs");
     add_finish(c, finish);
+    cJSON_AddItemToArray(choices, c);
+    return sse_of(r);
+}
+
+char *srv_resp_tool_calls_chunk(const srv_resp_ctx *x, uint32_t idx, const cJSON *calls)
+{
+    cJSON *r = envelope(x, true);
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", idx);
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    cJSON *arr = cJSON_Duplicate(calls, true);
+    int i = 0;
+    cJSON *it;
+    cJSON_ArrayForEach(it, arr)
+    {
+        cJSON_AddNumberToObject(it, "index", i++);
+    }
+    cJSON_AddItemToObject(d, "tool_calls", arr);
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(choices, c);
+    return sse_of(r);
+}
+
+char *srv_resp_tool_calls_finish(const srv_resp_ctx *x, uint32_t idx)
+{
+    cJSON *r = envelope(x, true);
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", idx);
+    cJSON_AddObjectToObject(c, "delta");
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", "tool_calls");
     cJSON_AddItemToArray(choices, c);
     return sse_of(r);
 }

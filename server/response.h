@@ -30,6 +30,7 @@ typedef struct srv_choice {
     enum sched_finish finish;
     int status;
     uint32_t completion_tokens;
+    cJSON *tool_calls; /* the calls read out of text (which then holds the rest), or NULL */
 } srv_choice;
 
 /* Appends an event's text and tokens to c; KVS_ENOMEM. */
@@ -47,6 +48,11 @@ char *srv_resp_full(const srv_resp_ctx *x, const srv_choice *ch, uint32_t n, uin
 char *srv_resp_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size_t len,
                      const sched_token_info *toks, uint32_t n_toks, enum sched_finish finish,
                      bool role_only, size_t text_offset);
+/* A chat delta carrying choice idx's tool calls whole (an OpenAI tool_calls array; each
+ * entry gets its "index"). */
+char *srv_resp_tool_calls_chunk(const srv_resp_ctx *x, uint32_t idx, const cJSON *calls);
+/* The finishing chunk of a choice that ended in tool calls (finish_reason "tool_calls"). */
+char *srv_resp_tool_calls_finish(const srv_resp_ctx *x, uint32_t idx);
 /* The final usage chunk (choices: []), as an SSE event. */
 char *srv_resp_usage_chunk(const srv_resp_ctx *x, uint32_t prompt_tokens,
                            uint32_t completion_tokens);

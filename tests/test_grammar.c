@@ -419,12 +419,13 @@ static bool jp_string(jp *j)
     return false;
 }
 
-static bool jp_digits(jp *j)
+/* 1..max digits (the grammar's bounds per number part, GRAMMAR_MAX_*_DIGITS). */
+static bool jp_digits(jp *j, long max)
 {
     const unsigned char *s = j->p;
     while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
         j->p++;
-    return j->p > s;
+    return j->p > s && j->p - s <= max;
 }
 
 /* One value at j->p (no whitespace before it: every gap is read once, by the caller). */
@@ -481,18 +482,18 @@ static bool jp_value(jp *j)
         j->p++;
     if (j->p < j->end && *j->p == '0')
         j->p++;
-    else if (!jp_digits(j))
+    else if (!jp_digits(j, GRAMMAR_MAX_INT_DIGITS))
         return false;
     if (j->p < j->end && *j->p == '.') {
         j->p++;
-        if (!jp_digits(j))
+        if (!jp_digits(j, GRAMMAR_MAX_FRAC_DIGITS))
             return false;
     }
     if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
         j->p++;
         if (j->p < j->end && (*j->p == '+' || *j->p == '-'))
             j->p++;
-        if (!jp_digits(j))
+        if (!jp_digits(j, GRAMMAR_MAX_EXP_DIGITS))
             return false;
     }
     return true;
@@ -621,6 +622,14 @@ static void test_bounds(void **state)
     assert_true(grammar_is_complete(g));
     assert_true(grammar_accept_bytes(g, "3", 1));
     grammar_destroy(g);
+    grammar_def_destroy(d);
+    /* digit bounds: every number allowed is a finite double */
+    d = def_any(NULL);
+    assert_true(accepts_s(d, "[1234567890123456,-0.1234567890123456e-99,9.5E+12]"));
+    assert_false(accepts_s(d, "[12345678901234567]"));
+    assert_false(accepts_s(d, "[0.12345678901234567]"));
+    assert_false(accepts_s(d, "[1e100]"));
+    assert_false(accepts_s(d, "[1e-308]"));
     grammar_def_destroy(d);
 }
 

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -363,6 +364,157 @@ static void test_kv_snapshot(void **state)
     sched_destroy(s);
 }
 
+/* Constrained decoding: with an object grammar every choice (the first and its forks, which
+ * clone its grammar) is one such object, ending with "stop" as its "}" closes it. The
+ * same prompt unconstrained is a story, so the mask is what makes it JSON. The def is the
+ * scheduler's after a successful submit, and still the caller's after a refused one. */
+static void test_grammar_json_object(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    sched *s = make_sched(0, 16, 64);
+    sched_request_params p = greedy_params(&g_cases[0]);
+    p.n = 4;
+    p.max_tokens = 400;
+    p.sampling.temperature = 0.7f;
+    p.sampling.seed = 7;
+    p.n_top_logprobs = -1; /* the client keeps at most REF_MAX_IDS token infos */
+    /* {"mood": "happy" | "sad", "age": integer} */
+    grammar_builder *gb;
+    int32_t obj, mood, age;
+    static const char *const moods[] = {"\"happy\"", "\"sad\""};
+    static const size_t mood_lens[] = {7, 5};
+    assert_int_equal(grammar_builder_create(&gb), 0);
+    assert_int_equal(grammar_builder_object(gb, &obj), 0);
+    assert_int_equal(grammar_builder_literals(gb, 2, moods, mood_lens, &mood), 0);
+    assert_int_equal(grammar_builder_number(gb, true, &age), 0);
+    assert_int_equal(grammar_builder_property(gb, obj, "mood", 4, mood, true), 0);
+    assert_int_equal(grammar_builder_property(gb, obj, "age", 3, age, true), 0);
+    char err[128];
+    assert_int_equal(grammar_builder_finish(gb, obj, NULL, &p.grammar, err, sizeof err), 0);
+    grammar_builder_destroy(gb);
+    p.n = 0; /* refused: the def stays ours */
+    client r;
+    client_init(&r, 1);
+    assert_int_equal(sched_submit(s, &p, on_notify, &r, &r.req), KVS_EINVAL);
+    p.n = 4;
+    client c;
+    client_init(&c, 4);
+    assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), 0);
+    client_wait(&c);
+    for (int ch = 0; ch < 4; ch++) {
+        assert_int_equal(c.status[ch], 0);
+        c.text[ch][c.text_len[ch]] = '\0';
+        const char *t = c.text[ch];
+        while (*t == ' ' || *t == '\n' || *t == '\t')
+            t++;
+        assert_true(*t == '{');
+        assert_int_equal(c.finish[ch], SCHED_FINISH_STOP); /* "}" ends it */
+        cJSON *j = cJSON_Parse(c.text[ch]);
+        assert_true(cJSON_IsObject(j));
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "mood");
+        assert_true(cJSON_IsString(m));
+        assert_true(!strcmp(m->valuestring, "happy") || !strcmp(m->valuestring, "sad"));
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "age");
+        if (!cJSON_IsNumber(a) || a->valuedouble != floor(a->valuedouble))
+            fail_msg("age is not an integer in %s", c.text[ch]);
+        assert_int_equal(cJSON_GetArraySize(j), 2);
+        cJSON_Delete(j);
+    }
+    client_finish(&c);
+
+    /* unconstrained, the same prompt is not JSON */
+    client d;
+    p = greedy_params(&g_cases[0]);
+    client_init(&d, 1);
+    assert_int_equal(sched_submit(s, &p, on_notify, &d, &d.req), 0);
+    client_wait(&d);
+    d.text[0][d.text_len[0]] = '\0';
+    cJSON *j = cJSON_Parse(d.text[0]);
+    assert_false(cJSON_IsObject(j));
+    cJSON_Delete(j);
+    client_finish(&d);
+    wait_blocks_free(s);
+    sched_destroy(s);
+}
+
+/* logit_bias +100 on one token makes greedy decoding pick it every step; ids outside the
+ * vocabulary and non-finite biases are refused. */
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    sched *s = make_sched(0, 16, 64);
+    sched_request_params p = greedy_params(&g_cases[0]);
+    p.max_tokens = 8;
+    p.ignore_eos = true;
+    int32_t forced = g_cases[0].completion[3];
+    sched_logit_bias b = {forced, 100.0f};
+    p.logit_bias = &b;
+    p.n_logit_bias = 1;
+    client c;
+    p.n_top_logprobs = 0;
+    client_init(&c, 1);
+    assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), 0);
+    client_wait(&c);
+    assert_int_equal(c.n_ids[0], 8);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(c.ids[0][i], forced);
+    client_finish(&c);
+    b.id = (int32_t)engine_model_hparams(g_model)->n_vocab;
+    assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), KVS_EINVAL);
+    b.id = forced;
+    b.bias = NAN;
+    assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), KVS_EINVAL);
+    wait_blocks_free(s);
+    sched_destroy(s);
+}
+
+/* A choice's last token comes with its own text in the finishing event (not its logprobs in
+ * one event and its text in the next). */
+static void test_last_token_with_its_text(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    sched *s = make_sched(0, 16, 64);
+    sched_request_params p = greedy_params(&g_cases[0]);
+    p.max_tokens = 5;
+    p.n_top_logprobs = 1;
+    client c;
+    client_init(&c, 1);
+    assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), 0);
+    for (;;) {
+        sched_event ev;
+        int rc = sched_req_next(c.req, &ev);
+        if (rc < 0)
+            break;
+        if (rc == 0) {
+            pthread_mutex_lock(&c.mu);
+            if (!c.notified) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_sec += 1;
+                pthread_cond_timedwait(&c.cv, &c.mu, &ts);
+            }
+            c.notified = 0;
+            pthread_mutex_unlock(&c.mu);
+            continue;
+        }
+        /* every event is one token with its text (plain English, no stop strings) */
+        assert_int_equal(ev.n_tokens, 1);
+        assert_true(ev.text_len > 0);
+        if (ev.finish != SCHED_FINISH_NONE)
+            assert_int_equal(ev.finish, SCHED_FINISH_LENGTH);
+        sched_event_free(&ev);
+    }
+    client_finish(&c);
+    wait_blocks_free(s);
+    sched_destroy(s);
+}
+
 static void test_queue_bound_and_validation(void **state)
 {
     (void)state;
@@ -415,6 +567,9 @@ int main(void)
         cmocka_unit_test(test_forks_finish_on_first_token),
         cmocka_unit_test(test_forks_count_against_max_num_seqs),
         cmocka_unit_test(test_kv_snapshot),
+        cmocka_unit_test(test_grammar_json_object),
+        cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_last_token_with_its_text),
     };
     return cmocka_run_group_tests_name("scheduler", tests, suite_setup, suite_teardown);
 }

@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "server/api.h"
 #include "server/config.h"
+#include "server/tool_calls.h"
 #include "server/kv_view.h"
 #include "server/http_head.h"
 #include "server/metrics.h"
@@ -110,7 +111,7 @@ static void test_rejects(void **state)
     expect_400("{\"prompt\":5}", false, "prompt");
     expect_400("{\"prompt\":[1,\"a\"]}", false, "prompt");
     expect_400("{\"prompt\":[]}", false, "prompt");
-    expect_400("{\"prompt\":[\"a\",\"b\"]}", false, "prompt");
+    expect_400("{\"prompt\":[\"a\",5]}", false, "prompt"); /* a prompt array of mixed kinds */
     expect_400("{\"prompt\":\"a\",\"max_tokens\":0}", false, "max_tokens");
     expect_400("{\"prompt\":\"a\",\"max_tokens\":\"5\"}", false, "max_tokens");
     expect_400("{\"prompt\":\"a\",\"max_tokens\":1.5}", false, "max_tokens");
@@ -150,6 +151,157 @@ static void test_rejects(void **state)
     expect_400("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,"
                "\"top_logprobs\":21}",
                true, "top_logprobs");
+}
+
+/* Prompt arrays, logit_bias, response_format and the OpenAI fields not implemented. */
+static void test_new_fields(void **state)
+{
+    (void)state;
+    srv_request r;
+    srv_error e;
+    assert_int_equal(parse("{\"prompt\":[\"a\",[5,6],\"c\"],\"logit_bias\":{\"7\":-100,"
+                           "\"12\":2.5}}",
+                           false, &r, &e),
+                     0);
+    assert_string_equal(r.prompt_text, "a");
+    assert_int_equal(r.n_more, 2);
+    assert_int_equal(r.more[0].n_ids, 2);
+    assert_int_equal(r.more[0].ids[1], 6);
+    assert_string_equal(r.more[1].text, "c");
+    assert_int_equal(r.n_logit_bias, 2);
+    assert_int_equal(r.logit_bias[1].id, 12);
+    assert_true(r.logit_bias[1].bias == 2.5f);
+    assert_null(r.grammar);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                           "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                           "{\"name\":\"n\",\"schema\":{\"type\":\"object\",\"properties\":"
+                           "{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}}",
+                           true, &r, &e),
+                     0);
+    assert_non_null(r.grammar);
+    assert_string_equal(r.format_type, "json_schema");
+    srv_request_free(&r);
+    expect_400("{\"prompt\":[\"a\",7]}", false, "prompt");
+    expect_400("{\"prompt\":\"a\",\"logit_bias\":{\"1\":100.5}}", false, "logit_bias");
+    expect_400("{\"prompt\":\"a\",\"logit_bias\":{\"1x\":1}}", false, "logit_bias");
+    expect_400("{\"prompt\":\"a\",\"response_format\":{\"type\":\"xml\"}}", false,
+               "response_format.type");
+    expect_400("{\"prompt\":\"a\",\"echo\":true}", false, "echo");
+    expect_400("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{}]}", true,
+               "tools");
+    expect_400("{\"messages\":[{\"role\":\"user\"}]}", true, "messages");
+    assert_int_equal(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                           "\"tools\":[],\"store\":false,\"tool_choice\":\"none\"}",
+                           true, &r, &e),
+                     0);
+    srv_request_free(&r);
+}
+
+/* --cors-origin: repeatable on the command line, a string or array in the file; checked. */
+static void test_cors_config(void **state)
+{
+    (void)state;
+    srv_config c;
+    char err[256];
+    srv_config_defaults(&c);
+    assert_null(c.cors_origins);
+    char *argv[] = {"serve", "--cors-origin", "http://a.example", "--cors-origin=*"};
+    assert_int_equal(srv_config_parse(&c, 4, argv, err, sizeof err), 0);
+    assert_string_equal(c.cors_origins, "http://a.example\n*");
+    assert_int_equal(
+        srv_config_apply_json(&c, "{\"cors_origin\": [\"https://b.example:1\"]}", err, sizeof err),
+        0);
+    assert_string_equal(c.cors_origins, "https://b.example:1");
+    assert_int_equal(srv_config_apply_json(&c, "{\"cors-origin\": []}", err, sizeof err), 0);
+    assert_null(c.cors_origins);
+    char *bad[] = {"serve", "--cors-origin", "a.example"};
+    assert_int_equal(srv_config_parse(&c, 3, bad, err, sizeof err), KVS_EINVAL);
+    assert_int_equal(srv_config_apply_json(&c, "{\"cors-origin\": [1]}", err, sizeof err),
+                     KVS_EINVAL);
+    srv_config_free(&c);
+}
+
+/* Tool-call syntax per family: calls read back out of text (only calls to known tools with
+ * object arguments), everything else stays content; the renderings carry what they must. */
+static void test_tool_calls(void **state)
+{
+    (void)state;
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"add\"}},"
+                               "{\"type\":\"function\",\"function\":{\"name\":\"w\"}}]");
+    assert_non_null(tools);
+    cJSON *calls;
+    char *rest;
+    const char *hermes = "Sure.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n"
+                         "</tool_call>\n<tool_call>{\"name\":\"nope\",\"arguments\":{}}</tool_call>"
+                         "<tool_call>{\"name\":\"w\",\"arguments\":{}}</tool_call>";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_CHATML, hermes, strlen(hermes), false, tools, "x", &calls, &rest),
+        2);
+    const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+    assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "add");
+    assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"a\":1}");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "id")->valuestring,
+                        "call_x_1");
+    assert_non_null(strstr(rest, "Sure."));
+    assert_non_null(strstr(rest, "nope")); /* an unknown tool stays text */
+    assert_null(strstr(rest, "\"add\""));
+    cJSON_Delete(calls);
+    free(rest);
+
+    const char *l3 = "{\"name\": \"w\", \"parameters\": {\"city\": \"P\"}}";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_LLAMA3, l3, strlen(l3), false, tools, "y", &calls, &rest), 1);
+    assert_string_equal(rest, "");
+    cJSON_Delete(calls);
+    free(rest);
+    const char *story = "Once upon a time {\"name\": \"w\", \"parameters\": {}}";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_LLAMA3, story, strlen(story), false, tools, "y", &calls, &rest),
+        0);
+    assert_null(calls);
+
+    const char *mi = "[TOOL_CALLS][{\"name\":\"add\",\"arguments\":{\"a\":2}},{\"name\":\"w\","
+                     "\"arguments\":{}}]";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_MISTRAL, mi, strlen(mi), false, tools, "z", &calls, &rest), 2);
+    cJSON_Delete(calls);
+    free(rest);
+    /* forced: the whole text is one object, whatever the family */
+    const char *forced = " {\"name\":\"add\",\"arguments\":{\"a\":3}}";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_CHATML, forced, strlen(forced), true, tools, "f", &calls, &rest),
+        1);
+    cJSON_Delete(calls);
+    free(rest);
+    /* arguments must be an object */
+    const char *bad = "<tool_call>{\"name\":\"add\",\"arguments\":\"a=1\"}</tool_call>";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_CHATML, bad, strlen(bad), false, tools, "b", &calls, &rest), 0);
+
+    char *out;
+    assert_int_equal(srv_tools_render_system(SRV_CHAT_CHATML, tools, &out), 0);
+    assert_non_null(strstr(out, "<tools>"));
+    assert_non_null(strstr(out, "\"name\":\"add\""));
+    free(out);
+    cJSON *hist = cJSON_Parse("[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                              "\"add\",\"arguments\":\"{\\\"a\\\":1}\"}}]");
+    assert_int_equal(srv_tools_render_calls(SRV_CHAT_LLAMA3, NULL, hist, &out), 0);
+    assert_string_equal(out, "{\"name\":\"add\",\"parameters\":{\"a\":1}}");
+    free(out);
+    assert_int_equal(srv_tools_render_calls(SRV_CHAT_MISTRAL, "", hist, &out), 0);
+    assert_string_equal(out, "[TOOL_CALLS][{\"name\":\"add\",\"arguments\":{\"a\":1}}]");
+    free(out);
+    const char *role;
+    assert_int_equal(srv_tools_render_result(SRV_CHAT_LLAMA3, "c1", "42", &role, &out), 0);
+    assert_string_equal(role, "ipython");
+    assert_string_equal(out, "42");
+    free(out);
+    assert_int_equal(srv_tools_render_result(SRV_CHAT_CHATML, "c1", "42", &role, &out), 0);
+    assert_string_equal(out, "<tool_response>\n42\n</tool_response>");
+    free(out);
+    cJSON_Delete(hist);
+    cJSON_Delete(tools);
 }
 
 static void test_error_json(void **state)
@@ -422,7 +574,8 @@ int main(void)
         cmocka_unit_test(test_rejects),       cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_config),        cmocka_unit_test(test_default_json),
         cmocka_unit_test(test_metrics),       cmocka_unit_test(test_kv_view),
-        cmocka_unit_test(test_http_head),
+        cmocka_unit_test(test_http_head),     cmocka_unit_test(test_new_fields),
+        cmocka_unit_test(test_cors_config),   cmocka_unit_test(test_tool_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

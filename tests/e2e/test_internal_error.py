@@ -1,6 +1,7 @@
 """The 500 row of API.md: an internal failure (a forward pass that fails, injected with
 KVSERVE_TEST_FAIL_STEP) answers an OpenAI-shaped server_error before a stream starts, one
 in-stream error event after it has started, and leaves no KV block behind."""
+import json
 import os
 import time
 import unittest
@@ -52,6 +53,28 @@ class InternalError(unittest.TestCase):
             self.assertTrue(any("choices" in e for e in events), "no delta before the failure")
             self.assertIn("error", events[-1])
             self.assertEqual(events[-1]["error"]["type"], "server_error")
+            self.wait_free(srv)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+    def test_responses_error_event(self):
+        """/v1/responses ends a failed stream with its own "error" event."""
+        srv = start_failing_at(6)
+        try:
+            c = srv.conn()
+            c.request("POST", "/v1/responses", body=json.dumps(
+                {"input": "Once upon a time", "max_output_tokens": 50, "stream": True}),
+                headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            self.assertEqual(r.status, 200)
+            blocks = [b for b in r.read().decode().split("\n\n") if b.strip()]
+            c.close()
+            self.assertTrue(any("response.output_text.delta" in b for b in blocks))
+            last = blocks[-1].split("\n")
+            self.assertEqual(last[0], "event: error")
+            err = json.loads(last[1][6:])
+            self.assertEqual(err["type"], "error")
+            self.assertEqual(err["code"], "server_error")
             self.wait_free(srv)
         finally:
             self.assertEqual(srv.stop(), 0)

@@ -223,7 +223,8 @@ class Shutdown(unittest.TestCase):
 
     def test_drain_then_abort(self):
         """A stream that cannot finish (its client does not read) holds the drain open: /health
-        and new requests get 503; after --shutdown-timeout the server exits 0 anyway."""
+        and new requests get 503 (with Retry-After); after --shutdown-timeout the server exits
+        0 anyway."""
         srv = e2e.Server("--shutdown-timeout", "1")
         stuck = raw_stream_request(srv.port, {"prompt": "Once upon a time", "max_tokens": 500,
                                               "ignore_eos": True, "logprobs": 5, "n": 8,
@@ -231,12 +232,14 @@ class Shutdown(unittest.TestCase):
         time.sleep(0.3)
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
-        st, _, data = srv.request("GET", "/health")
+        st, h, data = srv.request("GET", "/health")
         self.assertEqual(st, 503)
         self.assertEqual(json.loads(data)["error"]["type"], "unavailable_error")
-        st, r = srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1})
+        self.assertEqual(h.get("retry-after"), "1")
+        st, h, data = srv.request("POST", "/v1/completions", {"prompt": "a", "max_tokens": 1})
         self.assertEqual(st, 503)
-        self.assertEqual(r["error"]["type"], "unavailable_error")
+        self.assertEqual(json.loads(data)["error"]["type"], "unavailable_error")
+        self.assertEqual(h.get("retry-after"), "1")
         self.assertEqual(srv.proc.wait(15), 0, srv.stderr())
         stuck.close()
         srv.stop()

@@ -10,6 +10,8 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import OpenAI from 'openai';
+import { zodFunction, zodResponseFormat } from 'openai/helpers/zod';
+import { z } from 'zod';
 import { startKvserve, stopKvserve } from '../kvserve_process.mjs';
 
 const MODELS = process.env.KVS_SHARED_MODELS ?? path.resolve('../../../shared/models');
@@ -24,7 +26,8 @@ let client = null;
 async function startServer() {
     const bin = process.env.KVSERVE_BIN;
     assert.ok(bin, 'KVSERVE_BIN or KVSERVE_URL must be set');
-    const k = await startKvserve(bin, ['-m', MODEL, '--ctx-size', '512', '--threads', '1',
+    // 2048: the tools' system text takes ~600 of stories260K's tokens
+    const k = await startKvserve(bin, ['-m', MODEL, '--ctx-size', '2048', '--threads', '1',
         '--chat-template', 'plain']);
     server = k.proc;
     return k.url;
@@ -109,6 +112,59 @@ for (const c of CASES) {
         });
     });
 }
+
+// Structured outputs and tools through the SDK's own helpers: the schemas zod writes (strict,
+// every property required, additionalProperties false) compile, and the answers parse.
+const Person = z.object({
+    name: z.string(),
+    mood: z.enum(['happy', 'sad']),
+    age: z.number(), // .int() writes minimum/maximum (safe-integer bounds): refused, a 400 names them
+    pet: z.union([z.literal('cat'), z.literal('dog')]).nullable(),
+});
+const Weather = z.object({ city: z.string(), unit: z.enum(['c', 'f']) });
+
+describe('structured outputs and tools', () => {
+    test('chat.completions.parse with zodResponseFormat', async () => {
+        for (let seed = 0; seed < 5; seed++) {
+            const r = await client.chat.completions.parse({
+                model: 'stories260K', temperature: 0.7, seed, max_tokens: 400,
+                messages: [{ role: 'user', content: 'Tell me about Lily.' }],
+                response_format: zodResponseFormat(Person, 'person'),
+            });
+            const c = r.choices[0];
+            assert.equal(c.finish_reason, 'stop');
+            assert.ok(c.message.parsed, c.message.content);
+            Person.parse(c.message.parsed); // throws unless it validates
+        }
+    });
+
+    test('a zodFunction tool with tool_choice required parses', async () => {
+        const r = await client.chat.completions.parse({
+            model: 'stories260K', temperature: 0.7, seed: 3, max_tokens: 300,
+            messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+            tools: [zodFunction({ name: 'get_weather', parameters: Weather })],
+            tool_choice: 'required',
+        });
+        const c = r.choices[0];
+        assert.equal(c.finish_reason, 'tool_calls');
+        const call = c.message.tool_calls[0];
+        assert.equal(call.function.name, 'get_weather');
+        Weather.parse(call.function.parsed_arguments);
+    });
+
+    test('streamed tool calls through chat.completions.stream', async () => {
+        const stream = client.chat.completions.stream({
+            model: 'stories260K', temperature: 0.7, seed: 5, max_tokens: 300,
+            messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+            tools: [zodFunction({ name: 'get_weather', parameters: Weather })],
+            tool_choice: { type: 'function', function: { name: 'get_weather' } },
+        });
+        const done = await stream.finalChatCompletion();
+        const c = done.choices[0];
+        assert.equal(c.finish_reason, 'tool_calls');
+        Weather.parse(JSON.parse(c.message.tool_calls[0].function.arguments));
+    });
+});
 
 describe('errors', () => {
     test('an invalid request raises the SDK\'s BadRequestError', async () => {

@@ -1,0 +1,203 @@
+/* The small routes: /v1/models, /metrics, /kv-cache, /tokenize, /detokenize. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/timeutil.h"
+#include "server/api.h"
+#include "server/http_impl.h"
+#include "server/kv_view.h"
+
+enum MHD_Result srv__route_models(srv_conn *c, const char *url)
+{
+    srv_server *s = c->srv;
+    if (c->route == R_MODEL_ONE && strcmp(url + 11, s->served_name))
+        return srv__fail(c, 404, "model", "model_not_found", "The model does not exist");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->served_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->started);
+    cJSON_AddStringToObject(m, "owned_by", "kvserve");
+    cJSON_AddNumberToObject(m, "max_model_len", s->n_ctx);
+    if (c->route == R_MODEL_ONE)
+        return srv__send_cjson(c, 200, m);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(root, "data");
+    cJSON_AddItemToArray(data, m);
+    return srv__send_cjson(c, 200, root);
+}
+
+enum MHD_Result srv__route_metrics(srv_conn *c)
+{
+    srv_server *s = c->srv;
+    uint64_t counts[SRV_N_STATUS];
+    for (int i = 0; i < SRV_N_STATUS; i++)
+        counts[i] = atomic_load(&s->status_counts[i]);
+    sched_metrics m;
+    bool have = atomic_load(&s->state) >= ST_READY && s->sched;
+    if (have)
+        sched_get_metrics(s->sched, &m);
+    char *text =
+        srv_metrics_format(have ? &m : NULL, counts, have ? engine_model_kernels(s->model) : NULL);
+    if (!text)
+        return srv__fail(c, 500, NULL, NULL, "out of memory");
+    enum MHD_Result r =
+        srv__send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
+    free(text);
+    return r;
+}
+
+/* GET /kv-cache[?cells=N]: a snapshot of the KV pool taken between two engine steps, folded
+ * into at most N cells (default 4096) for the page's grid. */
+enum MHD_Result srv__route_kv(srv_conn *c)
+{
+    srv_server *s = c->srv;
+    const char *q = MHD_lookup_connection_value(c->mc, MHD_GET_ARGUMENT_KIND, "cells");
+    unsigned long cells = 4096;
+    if (q) {
+        char *end;
+        errno = 0;
+        cells = strtoul(q, &end, 10);
+        if (errno || end == q || *end || cells < 1 || cells > SRV_KV_MAX_CELLS)
+            return srv__fail(c, 400, "cells", NULL, "'cells' must be an integer from 1 to 65536");
+    }
+    sched_kv_snapshot k;
+    int rc = sched_kv_snapshot_take(s->sched, &k, 5000);
+    if (rc)
+        return srv__fail(c, 503, NULL, NULL, "the engine is busy or stopping; no KV snapshot");
+    sched_metrics m;
+    sched_get_metrics(s->sched, &m);
+    const engine_hparams *hp = engine_model_hparams(s->model);
+    srv_kv_model info = {s->served_name, hp->arch, engine_model_weight_type(s->model),
+                         engine_model_kernels(s->model), s->n_ctx};
+    char *body = srv_kv_json(&k, &info, m.generation_tokens_total, (uint32_t)cells);
+    sched_kv_snapshot_free(&k);
+    if (!body)
+        return srv__fail(c, 500, NULL, NULL, "out of memory");
+    enum MHD_Result r = srv__send_json(c, 200, body);
+    free(body);
+    return r;
+}
+
+/* Tokenizes text into a malloc'd array. */
+int srv__tokenize(const tok_vocab *v, const char *text, bool add_bos, int32_t **ids, size_t *n)
+{
+    size_t len = strlen(text);
+    size_t cap = len + 8;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int32_t *buf = malloc(cap * sizeof *buf);
+        if (!buf)
+            return KVS_ENOMEM;
+        size_t got = 0;
+        int rc = tok_encode(v, text, len, add_bos, true, buf, cap, &got);
+        if (rc == 0) {
+            *ids = buf;
+            *n = got;
+            return 0;
+        }
+        free(buf);
+        if (rc != KVS_ENOSPC)
+            return rc;
+        cap = got;
+    }
+    return KVS_ENOSPC;
+}
+
+enum MHD_Result srv__route_tokenize(srv_conn *c)
+{
+    srv_server *s = c->srv;
+    cJSON *root;
+    srv_error e;
+    if (srv_json_parse(c->body ? c->body : "", c->body_len, &root, &e))
+        return srv__send_error(c, &e);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return srv__fail(c, 400, NULL, NULL, "request body must be a JSON object");
+    }
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!p)
+        p = cJSON_GetObjectItemCaseSensitive(root, "text");
+    const cJSON *as = cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens");
+    if (!cJSON_IsString(p) || (as && !cJSON_IsBool(as) && !cJSON_IsNull(as))) {
+        cJSON_Delete(root);
+        return srv__fail(c, 400, cJSON_IsString(p) ? "add_special_tokens" : "prompt", NULL,
+                         cJSON_IsString(p) ? "'add_special_tokens' must be a boolean"
+                                           : "'prompt' must be a string");
+    }
+    bool add_bos = (as && cJSON_IsBool(as)) ? cJSON_IsTrue(as) : tok_add_bos(s->vocab);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = srv__tokenize(s->vocab, p->valuestring, add_bos, &ids, &n);
+    cJSON_Delete(root);
+    if (rc)
+        return srv__fail(c, 500, NULL, NULL, "tokenization failed");
+    cJSON *out = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
+    for (size_t i = 0; arr && i < n; i++)
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(out, "count", (double)n);
+    cJSON_AddNumberToObject(out, "max_model_len", s->n_ctx);
+    free(ids);
+    return srv__send_cjson(c, 200, out);
+}
+
+enum MHD_Result srv__route_detokenize(srv_conn *c)
+{
+    srv_server *s = c->srv;
+    cJSON *root;
+    srv_error e;
+    if (srv_json_parse(c->body ? c->body : "", c->body_len, &root, &e))
+        return srv__send_error(c, &e);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return srv__fail(c, 400, NULL, NULL, "request body must be a JSON object");
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
+    int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    bool ok = n >= 0 && (n == 0 || ids);
+    int i = 0;
+    const cJSON *it;
+    if (ok)
+        cJSON_ArrayForEach(it, t)
+        {
+            if (!cJSON_IsNumber(it) || it->valuedouble < 0 ||
+                it->valuedouble >= tok_n_vocab(s->vocab) ||
+                it->valuedouble != (double)(int32_t)it->valuedouble) {
+                ok = false;
+                break;
+            }
+            ids[i++] = (int32_t)it->valuedouble;
+        }
+    cJSON_Delete(root);
+    if (!ok) {
+        free(ids);
+        return srv__fail(c, 400, "tokens", NULL, "'tokens' must be an array of valid token ids");
+    }
+    size_t need = 0;
+    char probe[1];
+    tok_decode(s->vocab, ids, (size_t)i, true, probe, 0, &need);
+    char *text = malloc(need + 1);
+    size_t got = 0;
+    if (!text || tok_decode(s->vocab, ids, (size_t)i, true, text, need + 1, &got)) {
+        free(ids);
+        free(text);
+        return srv__fail(c, 500, NULL, NULL, "detokenization failed");
+    }
+    text[got] = '\0';
+    free(ids);
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddItemToObject(out, "prompt", srv_json_string_n(text, got));
+    free(text);
+    return srv__send_cjson(c, 200, out);
+}

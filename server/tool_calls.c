@@ -1,0 +1,344 @@
+/* Tool-call syntax per family (see tool_calls.h). Text is built with a small growable buffer
+ * whose failure is sticky: one check at the end reports KVS_ENOMEM. */
+#include "server/tool_calls.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+
+typedef struct tbuf {
+    char *s;
+    size_t len, cap;
+    bool oom;
+} tbuf;
+
+static void tb_addn(tbuf *b, const char *s, size_t n)
+{
+    if (n > SIZE_MAX / 4)
+        b->oom = true; /* a length gone negative: never from the callers, but never copied */
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->s, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->s = p;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = '\0';
+}
+
+static void tb_add(tbuf *b, const char *s)
+{
+    tb_addn(b, s, strlen(s));
+}
+
+/* Appends j printed compactly; NULL j or an allocation failure marks b. */
+static void tb_json(tbuf *b, const cJSON *j)
+{
+    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    if (!s)
+        b->oom = true;
+    else
+        tb_add(b, s);
+    free(s);
+}
+
+static int tb_done(tbuf *b, char **out)
+{
+    if (b->oom || !b->s) {
+        free(b->s);
+        *out = NULL;
+        return KVS_ENOMEM;
+    }
+    *out = b->s;
+    return 0;
+}
+
+enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL };
+
+static enum family family_of(enum srv_chat_tmpl t)
+{
+    switch (t) {
+    case SRV_CHAT_LLAMA3: return FAM_LLAMA3;
+    case SRV_CHAT_MISTRAL: return FAM_MISTRAL;
+    default: return FAM_HERMES; /* ChatML's own form, and the generic one */
+    }
+}
+
+int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out)
+{
+    tbuf b = {0};
+    const cJSON *tool;
+    switch (family_of(t)) {
+    case FAM_HERMES:
+        tb_add(&b, "# Tools\n\nYou may call one or more functions to assist with the user "
+                   "query.\n\nYou are provided with function signatures within <tools></tools> "
+                   "XML tags:\n<tools>");
+        cJSON_ArrayForEach(tool, tools)
+        {
+            tb_add(&b, "\n");
+            tb_json(&b, tool);
+        }
+        tb_add(&b, "\n</tools>\n\nFor each function call, return a json object with function "
+                   "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                   "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
+        break;
+    case FAM_LLAMA3:
+        tb_add(&b, "Environment: ipython\n\nGiven the following functions, please respond with a "
+                   "JSON for a function call with its proper arguments that best answers the "
+                   "given prompt.\n\nRespond in the format {\"name\": function name, "
+                   "\"parameters\": dictionary of argument name and its value}. Do not use "
+                   "variables.\n");
+        cJSON_ArrayForEach(tool, tools)
+        {
+            tb_add(&b, "\n");
+            tb_json(&b, tool);
+        }
+        break;
+    case FAM_MISTRAL:
+        tb_add(&b, "[AVAILABLE_TOOLS]");
+        tb_json(&b, tools);
+        tb_add(&b, "[/AVAILABLE_TOOLS]");
+        break;
+    }
+    return tb_done(&b, out);
+}
+
+int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSON *tool_calls,
+                           char **out)
+{
+    tbuf b = {0};
+    tb_add(&b, content ? content : "");
+    enum family f = family_of(t);
+    if (f == FAM_MISTRAL)
+        tb_add(&b, "[TOOL_CALLS][");
+    const cJSON *tc;
+    int i = 0;
+    cJSON_ArrayForEach(tc, tool_calls)
+    {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        /* arguments arrive as a JSON string; written back as the object it holds */
+        cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        cJSON *call = cJSON_CreateObject();
+        if (!call || !cJSON_AddStringToObject(call, "name", name->valuestring) ||
+            !cJSON_AddItemToObject(call, f == FAM_LLAMA3 ? "parameters" : "arguments",
+                                   parsed ? parsed : cJSON_CreateObject())) {
+            b.oom = true;
+        }
+        switch (f) {
+        case FAM_HERMES:
+            tb_add(&b, b.len && b.s[b.len - 1] != '\n' ? "\n<tool_call>\n" : "<tool_call>\n");
+            tb_json(&b, call);
+            tb_add(&b, "\n</tool_call>");
+            break;
+        case FAM_LLAMA3:
+            if (i)
+                tb_add(&b, "; ");
+            tb_json(&b, call);
+            break;
+        case FAM_MISTRAL:
+            if (i)
+                tb_add(&b, ", ");
+            tb_json(&b, call);
+            break;
+        }
+        cJSON_Delete(call);
+        i++;
+    }
+    if (f == FAM_MISTRAL)
+        tb_add(&b, "]");
+    return tb_done(&b, out);
+}
+
+int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const char *content,
+                            const char **role, char **out)
+{
+    tbuf b = {0};
+    switch (family_of(t)) {
+    case FAM_HERMES:
+        *role = "user";
+        tb_add(&b, "<tool_response>\n");
+        tb_add(&b, content);
+        tb_add(&b, "\n</tool_response>");
+        break;
+    case FAM_LLAMA3:
+        *role = "ipython";
+        tb_add(&b, content);
+        break;
+    case FAM_MISTRAL: {
+        *role = "user";
+        cJSON *r = cJSON_CreateObject();
+        if (!r || !cJSON_AddStringToObject(r, "call_id", call_id ? call_id : "") ||
+            !cJSON_AddStringToObject(r, "content", content))
+            b.oom = true;
+        tb_add(&b, "[TOOL_RESULTS]");
+        tb_json(&b, r);
+        tb_add(&b, "[/TOOL_RESULTS]");
+        cJSON_Delete(r);
+        break;
+    }
+    }
+    return tb_done(&b, out);
+}
+
+static bool tool_named(const cJSON *tools, const char *name)
+{
+    const cJSON *tool;
+    cJSON_ArrayForEach(tool, tools)
+    {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, name))
+            return true;
+    }
+    return false;
+}
+
+/* Adds the call in obj ({"name", "arguments" | "parameters"}) to calls if it names a tool and
+ * its arguments are an object. Returns 1 if added, 0 if not a call, KVS_ENOMEM. */
+static int add_call(cJSON *calls, const cJSON *obj, const cJSON *tools, const char *id_base)
+{
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(obj, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(obj, "arguments");
+    if (!args)
+        args = cJSON_GetObjectItemCaseSensitive(obj, "parameters");
+    if (!cJSON_IsObject(obj) || !cJSON_IsString(name) || !cJSON_IsObject(args) ||
+        !tool_named(tools, name->valuestring))
+        return 0;
+    char id[64];
+    snprintf(id, sizeof id, "call_%s_%d", id_base, cJSON_GetArraySize(calls));
+    char *a = cJSON_PrintUnformatted(args);
+    cJSON *c = cJSON_CreateObject();
+    bool ok = a && c && cJSON_AddStringToObject(c, "id", id) &&
+              cJSON_AddStringToObject(c, "type", "function");
+    cJSON *fn = ok ? cJSON_AddObjectToObject(c, "function") : NULL;
+    ok = fn && cJSON_AddStringToObject(fn, "name", name->valuestring) &&
+         cJSON_AddStringToObject(fn, "arguments", a);
+    free(a);
+    if (!ok) {
+        cJSON_Delete(c);
+        return KVS_ENOMEM;
+    }
+    cJSON_AddItemToArray(calls, c);
+    return 1;
+}
+
+/* Parses the JSON value at the start of s (after whitespace); *end gets where it stopped. */
+static cJSON *parse_at(const char *s, size_t len, const char **end)
+{
+    size_t i = 0;
+    while (i < len && strchr(" \t\r\n", s[i]) && s[i])
+        i++;
+    return cJSON_ParseWithLengthOpts(s + i, len - i, end, 0);
+}
+
+int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool forced,
+                    const cJSON *tools, const char *id_base, cJSON **calls, char **content)
+{
+    *calls = NULL;
+    *content = NULL;
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr)
+        return KVS_ENOMEM;
+    tbuf rest = {0};
+    int rc = 0;
+    enum family f = forced ? FAM_LLAMA3 : family_of(t); /* forced: one bare object */
+    if (f == FAM_HERMES) {
+        static const char open[] = "<tool_call>", close[] = "</tool_call>";
+        const char *p = text, *end = text + len;
+        while (p < end && rc >= 0) {
+            const char *o = strstr(p, open);
+            if (!o || o >= end) {
+                tb_addn(&rest, p, (size_t)(end - p));
+                break;
+            }
+            const char *body = o + sizeof open - 1;
+            const char *c = strstr(body, close);
+            const char *stop = c && c < end ? c : end;
+            const char *jend = NULL;
+            cJSON *j = parse_at(body, (size_t)(stop - body), &jend);
+            int added = j ? add_call(arr, j, tools, id_base) : 0;
+            cJSON_Delete(j);
+            if (added < 0) {
+                rc = added;
+                break;
+            }
+            tb_addn(&rest, p, (size_t)(o - p));
+            if (!added) /* not a call: it stays text */
+                tb_addn(&rest, o, (size_t)(stop - o) + (c && c < end ? sizeof close - 1 : 0));
+            p = c && c < end ? c + sizeof close - 1 : end;
+        }
+    } else if (f == FAM_LLAMA3) {
+        /* one or more objects separated by ";" making up the whole text */
+        const char *p = text, *end = text + len;
+        while (p < end && rc >= 0) {
+            const char *jend = NULL;
+            cJSON *j = parse_at(p, (size_t)(end - p), &jend);
+            int added = j ? add_call(arr, j, tools, id_base) : 0;
+            cJSON_Delete(j);
+            if (added <= 0) {
+                rc = added < 0 ? added : 0;
+                cJSON_Delete(arr);
+                arr = cJSON_CreateArray(); /* not all calls: all content */
+                break;
+            }
+            p = jend;
+            while (p < end && strchr(" \t\r\n;", *p) && *p)
+                p++;
+        }
+        if (!arr)
+            rc = KVS_ENOMEM;
+    } else {
+        static const char mark[] = "[TOOL_CALLS]";
+        const char *m = strstr(text, mark);
+        if (m && m < text + len) {
+            const char *body = m + sizeof mark - 1, *jend = NULL;
+            cJSON *j = parse_at(body, len - (size_t)(body - text), &jend);
+            const cJSON *it;
+            int n = 0;
+            cJSON *list = cJSON_IsArray(j) ? j : NULL;
+            cJSON_ArrayForEach(it, list)
+            {
+                int added = add_call(arr, it, tools, id_base);
+                if (added < 0)
+                    rc = added;
+                n += added > 0;
+            }
+            cJSON_Delete(j);
+            tb_addn(&rest, text, (size_t)(m - text));
+            if (!n && rc >= 0)
+                tb_addn(&rest, m, len - (size_t)(m - text));
+            else if (jend)
+                tb_addn(&rest, jend, len - (size_t)(jend - text));
+        } else {
+            tb_addn(&rest, text, len);
+        }
+    }
+    int n = arr ? cJSON_GetArraySize(arr) : 0;
+    if (rc < 0 || rest.oom || n == 0) {
+        cJSON_Delete(arr);
+        free(rest.s);
+        return rc < 0 ? rc : rest.oom ? KVS_ENOMEM : 0;
+    }
+    *calls = arr;
+    *content = rest.s ? rest.s : calloc(1, 1);
+    if (!*content) {
+        cJSON_Delete(arr);
+        *calls = NULL;
+        return KVS_ENOMEM;
+    }
+    return n;
+}

@@ -1,0 +1,53 @@
+/* Tool-call syntax per chat-template family: how a request's tools, an assistant's earlier
+ * tool_calls and role "tool" results are written into the prompt, and how calls are read back
+ * out of generated text.
+ *
+ *   CHATML (Qwen 2/2.5, Hermes)  tools listed in <tools></tools> in the system turn; a call is
+ *                                <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>;
+ *                                a result is a user turn <tool_response>...</tool_response>
+ *   LLAMA3 (3.1+ JSON calls)     tools as JSON in the system turn; a call is one JSON object
+ *                                {"name": ..., "parameters": {...}} ("arguments" read too);
+ *                                a result is an "ipython" turn
+ *   MISTRAL                      [AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS] in the system text;
+ *                                calls are [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...];
+ *                                a result is [TOOL_RESULTS]{...}[/TOOL_RESULTS] in a user turn
+ *   every other family (PLAIN…)  the generic form: CHATML's wording and <tool_call> tags
+ *
+ * A forced call (tool_choice "required" or a named function) is generated under the grammar of
+ * srv_json_schema_compile_tools from the first token: the whole text is then one
+ * {"name", "arguments"} object, whatever the family. Pure functions, any thread. */
+#ifndef KVS_SERVER_TOOL_CALLS_H
+#define KVS_SERVER_TOOL_CALLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+#include "server/chat_template.h"
+
+/* The system text that presents tools (an OpenAI tools array, already validated) to the
+ * model. Returns 0 and a malloc'd *out, or KVS_ENOMEM. */
+int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out);
+
+/* An assistant message's earlier tool_calls (OpenAI array of {id, type, function: {name,
+ * arguments (a JSON string)}}, already validated) as family t writes them, after content
+ * (may be NULL). Returns 0 and a malloc'd *out, or KVS_ENOMEM. */
+int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSON *tool_calls,
+                           char **out);
+
+/* A role "tool" message: the role its turn is rendered with (static) and its content
+ * (malloc'd). Returns 0 or KVS_ENOMEM. */
+int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const char *content,
+                            const char **role, char **out);
+
+/* Reads calls out of generated text (len bytes). forced: the text is one {"name",
+ * "arguments"} object. Only calls naming one of tools with an object as arguments count; in
+ * the unforced case anything else stays content. On success returns the number of calls
+ * (0: none, the text is all content) with *calls an OpenAI tool_calls array (ids
+ * "call_<id_base>_<i>", arguments as JSON strings) and *content the text outside the calls
+ * (both malloc'd, NULL when there are no calls); KVS_ENOMEM. */
+int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool forced,
+                    const cJSON *tools, const char *id_base, cJSON **calls, char **content);
+
+#endif
