@@ -104,7 +104,7 @@ struct sched {
     const engine_model *model;
     const tok_vocab *vocab;
     uint32_t n_vocab;
-    int32_t stop_ids[2];
+    int32_t stop_ids[TOK_MAX_EOG + 1]; /* the vocabulary's end-of-generation set, then BOS */
     int n_stop_ids;
     grammar_vocab *gvocab; /* the vocabulary's trie for grammar masks, end tokens = stop_ids */
     int32_t n_gtokens;     /* logits the mask covers: min(trie tokens, n_vocab); beyond: none */

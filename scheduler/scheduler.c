@@ -76,11 +76,14 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
     s->model = model;
     s->vocab = engine_model_vocab(model);
     s->n_vocab = hp->n_vocab;
-    /* Stop tokens: EOS, and BOS when distinct: no model means a generated BOS as content, and
+    /* Stop tokens: every end-of-generation token the vocabulary marks (EOS, EOT, <|im_end|>,
+     * <end_of_turn>, ...), and BOS when distinct: no model means a generated BOS as content, and
      * stories260K (llama2.c) marks the end of a story with it. */
-    if (tok_eos(s->vocab) >= 0)
-        s->stop_ids[s->n_stop_ids++] = tok_eos(s->vocab);
-    if (tok_bos(s->vocab) >= 0 && tok_bos(s->vocab) != tok_eos(s->vocab))
+    const int32_t *eog = NULL;
+    size_t n_eog = tok_eog_ids(s->vocab, &eog);
+    for (size_t i = 0; i < n_eog && i < TOK_MAX_EOG; i++)
+        s->stop_ids[s->n_stop_ids++] = eog[i];
+    if (tok_bos(s->vocab) >= 0 && !tok_is_eog(s->vocab, tok_bos(s->vocab)))
         s->stop_ids[s->n_stop_ids++] = tok_bos(s->vocab);
     pthread_mutex_init(&s->inbox_mu, NULL);
     pthread_cond_init(&s->inbox_cv, NULL);
