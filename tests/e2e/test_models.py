@@ -165,15 +165,15 @@ class Refusals(unittest.TestCase):
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")
 
-        def to_q4_0(data):
+        def to_mxfp4(data):
             off = tensor_type_offset(data, "blk.1.ffn_up.weight")
             self.assertEqual(struct.unpack_from("<I", data, off)[0], 0)  # F32
-            struct.pack_into("<I", data, off, 2)  # Q4_0: smaller, so it still fits its slot
-        patch(path, to_q4_0)
+            struct.pack_into("<I", data, off, 39)  # MXFP4: smaller, so it still fits its slot
+        patch(path, to_mxfp4)
         rc, err = serve_refused(path)
         self.assertNotEqual(rc, 0)
-        self.assertIn("blk.1.ffn_up.weight", err)
-        self.assertIn("Q4_0", err)
+        self.assertIn("tensor blk.1.ffn_up.weight has type MXFP4; supported: F32, F16, BF16, Q8_0, "
+                      "Q4_0", err)
 
 
 if __name__ == "__main__":
