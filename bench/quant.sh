@@ -82,27 +82,12 @@ serve() {
 bw=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
 base="$TMP/$SHAPE-f16.gguf"
 "$MKMODEL" --shape "$SHAPE" --type f16 --vocab "$VOCAB" -o "$base" >&2
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}'; }
-rows=()
-for t in $TYPES; do
-    f="$TMP/$SHAPE-$t.gguf"
-    "$PEER/llama-quantize" "$base" "$f" "$t" "$THREADS" >/dev/null 2>&1
-    bytes=$(stat -c %s "$f")
-    echo "quant.sh: $t kvserve" >&2
-    read -r k1 k16 krss <<<"$(serve kvserve "$f" $((PORT++)))"
-    echo "quant.sh: $t llama-server" >&2
-    read -r l1 l16 lrss <<<"$(serve llama "$f" $((PORT++)))"
-    bound=$(awk -v b="$bw" -v s="$bytes" 'BEGIN{printf "%.1f", b * 1e9 / s}')
-    mib=$((bytes / 1048576))
-    rows+=("| $t ($mib MiB) | $k1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound | $k16 | $l16 | $(ratio "$k16" "$l16")x | $krss ($(ratio "$krss" "$mib")x file) |")
-    rm -f "$f"
-done
-rm -f "$base"
-
+N_TYPES=$(wc -w <<<"$TYPES")
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|fma\|f16c\|avx_vnni' | sort -u | tr '\n' ' ')
-SECTION="$TMP/section.md"
-{
+write_section() { # DONE-TYPES-COUNT
+    local SECTION="$TMP/section.md"
+    {
     echo "<!-- quant.sh begin -->"
     echo "## Quantized GGUFs against llama-server (bench/quant.sh)"
     echo
@@ -110,7 +95,8 @@ SECTION="$TMP/section.md"
     echo "servers, kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer. The $SHAPE shape"
     echo "(random weights) in F16, quantized by llama-quantize to each type; closed-loop clients of"
     echo "bench/serve_bench.py, non-streaming completions, $PROMPT-token prompts, $OUT output tokens"
-    echo "(ignore_eos). One run of each; load average before: $LOAD_BEFORE (the machine is shared)."
+    echo "(ignore_eos). One run of each; load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "(the machine is shared)."
     echo "Read bandwidth, same run: $bw GB/s ($THREADS threads, kvs-bench-machine). kvserve's resident"
     echo "size after the run includes its $KV_MB MiB KV cache (as touched). Command:"
     echo
@@ -121,7 +107,31 @@ SECTION="$TMP/section.md"
     echo "| file type | kvserve 1 client tok/s | llama-server | ratio | batch 1 vs bandwidth / file bytes | kvserve 16 clients | llama-server | ratio | kvserve RSS MiB |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     printf '%s\n' "${rows[@]}"
+    [ "$1" = "$N_TYPES" ] || echo "(Partial: the run stopped after $1 of $N_TYPES file types.)"
     echo "<!-- quant.sh end -->"
-} >"$SECTION"
-python3 bench/doc_section.py docs/BENCHMARKS.md quant.sh <"$SECTION"
-cat "$SECTION"
+    } >"$SECTION"
+    python3 bench/doc_section.py docs/BENCHMARKS.md quant.sh <"$SECTION"
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}'; }
+rows=()
+for t in $TYPES; do
+    f="$TMP/$SHAPE-$t.gguf"
+    "$PEER/llama-quantize" "$base" "$f" "$t" "$THREADS" >/dev/null 2>&1
+    bytes=$(stat -c %s "$f")
+    # a port each (incremented here: $((PORT++)) inside $(...) would not reach this shell)
+    echo "quant.sh: $t kvserve" >&2
+    read -r k1 k16 krss <<<"$(serve kvserve "$f" "$PORT")"
+    PORT=$((PORT + 1))
+    echo "quant.sh: $t llama-server" >&2
+    read -r l1 l16 lrss <<<"$(serve llama "$f" "$PORT")"
+    PORT=$((PORT + 1))
+    bound=$(awk -v b="$bw" -v s="$bytes" 'BEGIN{printf "%.1f", b * 1e9 / s}')
+    mib=$((bytes / 1048576))
+    rows+=("| $t ($mib MiB) | $k1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound | $k16 | $l16 | $(ratio "$k16" "$l16")x | $krss ($(ratio "$krss" "$mib")x file) |")
+    echo "quant.sh: ${rows[-1]}" >&2
+    rm -f "$f"
+    write_section "${#rows[@]}" # each row recorded as soon as measured
+done
+cat "$TMP/section.md"
+rm -f "$base"
+
