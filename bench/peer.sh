@@ -39,42 +39,19 @@ trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TM
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 PORT=18610
 
-wait_health() { # PORT LOG
-    for _ in $(seq 600); do
-        curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
-        sleep 0.2
-    done
-    echo "peer.sh: server on $1 did not start:" >&2; tail -20 "$2" >&2; exit 1
-}
+WHO=peer.sh
+# shellcheck source=bench/peer_lib.sh
+. bench/peer_lib.sh
 
-# bench URL CONCURRENCY N INPUT OUTPUT -> output tok/s and input tok/s (space separated)
-bench() {
-    python3 bench/serve_bench.py --url "http://127.0.0.1:$1" --concurrency "$2" \
-        --num-requests "$3" --input-len "$4" --output-len "$5" --json "$TMP/r.json" >/dev/null
-    python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); d=s["duration"] if "duration" in s else None; print("%.1f %.1f" % (s["output_throughput"], s["total_token_throughput"] - s["output_throughput"]))' "$TMP/r.json"
-}
-
-# serve NAME MODEL PORT -> "tok/s@1 tok/s@16 prefill-tok/s" for kvserve or llama-server
+# serve kvserve|llama MODEL PORT -> "tok/s@1 tok/s@16 prefill-tok/s"
 serve() {
-    local who=$1 model=$2 port=$3
-    local log="$TMP/$who-$port.log" pid
-    if [ "$who" = kvserve ]; then
-        "$KVSERVE" serve -m "$model" --port "$port" --threads "$THREADS" --max-num-seqs 16 \
-            --ctx-size 1024 --log-level warn 2>"$log" &
-    else
-        "$PEER/llama-server" -m "$model" --host 127.0.0.1 --port "$port" -t "$THREADS" \
-            -tb "$THREADS" -np 16 -c $((16 * 1024)) --no-webui >"$log" 2>&1 &
-    fi
-    pid=$!
-    PIDS+=("$pid")
-    wait_health "$port" "$log"
-    bench "$port" 1 1 8 4 >/dev/null # warm-up
+    start_server "$1" "$2" "$3" "$TMP/$1-$3.log"
+    bench "$3" 1 1 8 4 >/dev/null # warm-up
     local one sixteen pp
-    one=$(bench "$port" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    sixteen=$(bench "$port" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    pp=$(bench "$port" 1 "$NPP" 512 1 | cut -d' ' -f2)
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
+    one=$(bench "$3" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    sixteen=$(bench "$3" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    pp=$(bench "$3" 1 "$NPP" 512 1 | cut -d' ' -f2)
+    stop_server
     echo "$one $sixteen $pp"
 }
 
@@ -90,11 +67,13 @@ for shape in $SHAPES; do
     "$MKMODEL" --shape "$shape" --type f16 --vocab "$VOCAB" -o "$f" >&2
     bytes=$(stat -c %s "$f")
     echo "peer.sh: $shape kvserve" >&2
-    read -r k1 k16 kpp <<<"$(serve kvserve "$f" $((PORT++)))"
+    # a port each (incremented here: $((PORT++)) inside $(...) would not reach this shell)
+    read -r k1 k16 kpp <<<"$(serve kvserve "$f" "$PORT")"
+    PORT=$((PORT + 1))
     echo "peer.sh: $shape llama-server" >&2
-    read -r l1 l16 lpp <<<"$(serve llama "$f" $((PORT++)))"
+    read -r l1 l16 lpp <<<"$(serve llama "$f" "$PORT")"
+    PORT=$((PORT + 1))
     bound=$(awk -v b="$bw" -v s="$bytes" 'BEGIN{printf "%.1f", b * 1e9 / s}')
-    ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}'; }
     rows+=("| $shape F16 ($((bytes / 1048576)) MiB) | 1 client | $k1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound |")
     rows+=("| | 16 clients | $k16 | $l16 | $(ratio "$k16" "$l16")x | |")
     rows+=("| | prefill, 512-token prompts (prompt tok/s) | $kpp | $lpp | $(ratio "$kpp" "$lpp")x | |")

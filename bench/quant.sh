@@ -40,42 +40,19 @@ trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TM
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 PORT=18710
 
-wait_health() { # PORT LOG
-    for _ in $(seq 900); do
-        curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
-        sleep 0.2
-    done
-    echo "quant.sh: server on $1 did not start:" >&2; tail -20 "$2" >&2; exit 1
-}
+WHO=quant.sh
+# shellcheck source=bench/peer_lib.sh
+. bench/peer_lib.sh
 
-# bench PORT CONCURRENCY N -> output tok/s
-bench() {
-    python3 bench/serve_bench.py --url "http://127.0.0.1:$1" --concurrency "$2" \
-        --num-requests "$3" --input-len "$PROMPT" --output-len "$OUT" --json "$TMP/r.json" >/dev/null
-    python3 -c 'import json,sys; print("%.1f" % json.load(open(sys.argv[1]))["output_throughput"])' "$TMP/r.json"
-}
-
-# serve WHO MODEL PORT -> "tok/s@1 tok/s@16 rss-MiB"
+# serve kvserve|llama MODEL PORT -> "tok/s@1 tok/s@16 rss-MiB"
 serve() {
-    local who=$1 model=$2 port=$3
-    local log="$TMP/$who-$port.log" pid
-    if [ "$who" = kvserve ]; then
-        "$KVSERVE" serve -m "$model" --port "$port" --threads "$THREADS" --max-num-seqs 16 \
-            --ctx-size 1024 --kv-cache-mb "$KV_MB" --log-level warn 2>"$log" &
-    else
-        "$PEER/llama-server" -m "$model" --host 127.0.0.1 --port "$port" -t "$THREADS" \
-            -tb "$THREADS" -np 16 -c $((16 * 1024)) --no-webui >"$log" 2>&1 &
-    fi
-    pid=$!
-    PIDS+=("$pid")
-    wait_health "$port" "$log"
-    bench "$port" 1 1 >/dev/null # warm-up
+    start_server "$1" "$2" "$3" "$TMP/$1-$3.log" --kv-cache-mb "$KV_MB"
+    bench "$3" 1 1 "$PROMPT" "$OUT" >/dev/null # warm-up
     local one sixteen rss
-    one=$(bench "$port" 1 "$N1")
-    sixteen=$(bench "$port" 16 "$N16")
-    rss=$(awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status")
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
+    one=$(bench "$3" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    sixteen=$(bench "$3" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    rss=$(awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$SERVER_PID/status")
+    stop_server
     echo "$one $sixteen $rss"
 }
 
@@ -112,7 +89,6 @@ write_section() { # DONE-TYPES-COUNT
     } >"$SECTION"
     python3 bench/doc_section.py docs/BENCHMARKS.md quant.sh <"$SECTION"
 }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}'; }
 rows=()
 for t in $TYPES; do
     f="$TMP/$SHAPE-$t.gguf"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shell functions shared by tools/ and bench/ scripts; source it, don't run it.
 
 # kvs_apt_need WHO PKG...: installs the Debian packages of the list that are not installed yet
