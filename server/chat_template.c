@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buf.h"
 #include "common/status.h"
 
 static const char *k_names[] = {"plain",  "chatml",  "llama2", "llama3",
@@ -51,95 +52,62 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
     return SRV_CHAT_PLAIN;
 }
 
-/* A growable string; on allocation failure it stays failed and render reports ENOMEM. */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf;
-
-static void sb_addn(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_add(sbuf *b, const char *s)
-{
-    sb_addn(b, s, strlen(s));
-}
-
 static bool is_space(char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
-static void sb_add_trim(sbuf *b, const char *s)
+static void sb_add_trim(kvs_buf *b, const char *s)
 {
     size_t n = strlen(s);
     while (n && is_space(*s))
         s++, n--;
     while (n && is_space(s[n - 1]))
         n--;
-    sb_addn(b, s, n);
+    kvs_buf_addn(b, s, n);
 }
 
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, char **out)
 {
-    sbuf b = {0};
-    sb_add(&b, ""); /* an empty conversation still renders to a valid string */
+    kvs_buf b = {0};
+    kvs_buf_add(&b, ""); /* an empty conversation still renders to a valid string */
     switch (t) {
     case SRV_CHAT_PLAIN:
         for (size_t i = 0; i < n; i++) {
             if (i)
-                sb_add(&b, "\n");
-            sb_add(&b, m[i].content);
+                kvs_buf_add(&b, "\n");
+            kvs_buf_add(&b, m[i].content);
         }
         break;
     case SRV_CHAT_CHATML:
         for (size_t i = 0; i < n; i++) {
-            sb_add(&b, "<|im_start|>");
-            sb_add(&b, m[i].role);
-            sb_add(&b, "\n");
-            sb_add(&b, m[i].content);
-            sb_add(&b, "<|im_end|>\n");
+            kvs_buf_add(&b, "<|im_start|>");
+            kvs_buf_add(&b, m[i].role);
+            kvs_buf_add(&b, "\n");
+            kvs_buf_add(&b, m[i].content);
+            kvs_buf_add(&b, "<|im_end|>\n");
         }
-        sb_add(&b, "<|im_start|>assistant\n");
+        kvs_buf_add(&b, "<|im_start|>assistant\n");
         break;
     case SRV_CHAT_LLAMA2: {
         /* [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST]assistant</s>[INST] user [/INST] */
         bool in_turn = true;
-        sb_add(&b, "[INST] ");
+        kvs_buf_add(&b, "[INST] ");
         for (size_t i = 0; i < n; i++) {
             if (!in_turn) {
-                sb_add(&b, "[INST] ");
+                kvs_buf_add(&b, "[INST] ");
                 in_turn = true;
             }
             if (!strcmp(m[i].role, "system")) {
-                sb_add(&b, "<<SYS>>\n");
-                sb_add(&b, m[i].content);
-                sb_add(&b, "\n<</SYS>>\n\n");
+                kvs_buf_add(&b, "<<SYS>>\n");
+                kvs_buf_add(&b, m[i].content);
+                kvs_buf_add(&b, "\n<</SYS>>\n\n");
             } else if (!strcmp(m[i].role, "user")) {
-                sb_add(&b, m[i].content);
-                sb_add(&b, " [/INST]");
+                kvs_buf_add(&b, m[i].content);
+                kvs_buf_add(&b, " [/INST]");
             } else {
-                sb_add(&b, m[i].content);
-                sb_add(&b, "</s>");
+                kvs_buf_add(&b, m[i].content);
+                kvs_buf_add(&b, "</s>");
                 in_turn = false;
             }
         }
@@ -150,19 +118,19 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, char 
         bool in_turn = false;
         for (size_t i = 0; i < n; i++) {
             if (!in_turn) {
-                sb_add(&b, "[INST] ");
+                kvs_buf_add(&b, "[INST] ");
                 in_turn = true;
             }
             if (!strcmp(m[i].role, "system")) {
-                sb_add(&b, m[i].content);
-                sb_add(&b, "\n\n");
+                kvs_buf_add(&b, m[i].content);
+                kvs_buf_add(&b, "\n\n");
             } else if (!strcmp(m[i].role, "user")) {
-                sb_add(&b, m[i].content);
-                sb_add(&b, "[/INST]");
+                kvs_buf_add(&b, m[i].content);
+                kvs_buf_add(&b, "[/INST]");
             } else {
-                sb_add(&b, " ");
+                kvs_buf_add(&b, " ");
                 sb_add_trim(&b, m[i].content);
-                sb_add(&b, "</s>");
+                kvs_buf_add(&b, "</s>");
                 in_turn = false;
             }
         }
@@ -170,65 +138,65 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, char 
     }
     case SRV_CHAT_LLAMA3:
         for (size_t i = 0; i < n; i++) {
-            sb_add(&b, "<|start_header_id|>");
-            sb_add(&b, m[i].role);
-            sb_add(&b, "<|end_header_id|>\n\n");
+            kvs_buf_add(&b, "<|start_header_id|>");
+            kvs_buf_add(&b, m[i].role);
+            kvs_buf_add(&b, "<|end_header_id|>\n\n");
             sb_add_trim(&b, m[i].content);
-            sb_add(&b, "<|eot_id|>");
+            kvs_buf_add(&b, "<|eot_id|>");
         }
-        sb_add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        kvs_buf_add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     case SRV_CHAT_ZEPHYR:
         for (size_t i = 0; i < n; i++) {
-            sb_add(&b, "<|");
-            sb_add(&b, m[i].role);
-            sb_add(&b, "|>\n");
-            sb_add(&b, m[i].content);
-            sb_add(&b, "<|endoftext|>\n");
+            kvs_buf_add(&b, "<|");
+            kvs_buf_add(&b, m[i].role);
+            kvs_buf_add(&b, "|>\n");
+            kvs_buf_add(&b, m[i].content);
+            kvs_buf_add(&b, "<|endoftext|>\n");
         }
-        sb_add(&b, "<|assistant|>\n");
+        kvs_buf_add(&b, "<|assistant|>\n");
         break;
     case SRV_CHAT_PHI3:
         for (size_t i = 0; i < n; i++) {
-            sb_add(&b, "<|");
-            sb_add(&b, m[i].role);
-            sb_add(&b, "|>\n");
-            sb_add(&b, m[i].content);
-            sb_add(&b, "<|end|>\n");
+            kvs_buf_add(&b, "<|");
+            kvs_buf_add(&b, m[i].role);
+            kvs_buf_add(&b, "|>\n");
+            kvs_buf_add(&b, m[i].content);
+            kvs_buf_add(&b, "<|end|>\n");
         }
-        sb_add(&b, "<|assistant|>\n");
+        kvs_buf_add(&b, "<|assistant|>\n");
         break;
     case SRV_CHAT_GEMMA: {
         /* Gemma has no system role: the system text is prepended to the next user turn. */
-        sbuf sys = {0};
+        kvs_buf sys = {0};
         for (size_t i = 0; i < n; i++) {
             if (!strcmp(m[i].role, "system")) {
                 sb_add_trim(&sys, m[i].content);
                 continue;
             }
             bool model = !strcmp(m[i].role, "assistant");
-            sb_add(&b, "<start_of_turn>");
-            sb_add(&b, model ? "model" : m[i].role);
-            sb_add(&b, "\n");
+            kvs_buf_add(&b, "<start_of_turn>");
+            kvs_buf_add(&b, model ? "model" : m[i].role);
+            kvs_buf_add(&b, "\n");
             if (sys.len && !model) {
-                sb_add(&b, sys.p);
-                sb_add(&b, "\n\n");
+                kvs_buf_add(&b, sys.p);
+                kvs_buf_add(&b, "\n\n");
                 sys.len = 0;
             }
             sb_add_trim(&b, m[i].content);
-            sb_add(&b, "<end_of_turn>\n");
+            kvs_buf_add(&b, "<end_of_turn>\n");
         }
         /* A system text with no user turn after it (found by fuzz_chat_template): rather than
          * dropping it, give it a user turn of its own. */
         if (sys.len) {
-            sb_add(&b, "<start_of_turn>user\n");
-            sb_add(&b, sys.p);
-            sb_add(&b, "<end_of_turn>\n");
+            kvs_buf_add(&b, "<start_of_turn>user\n");
+            kvs_buf_add(&b, sys.p);
+            kvs_buf_add(&b, "<end_of_turn>\n");
         }
         if (sys.oom)
             b.oom = true;
         free(sys.p);
-        sb_add(&b, "<start_of_turn>model\n");
+        kvs_buf_add(&b, "<start_of_turn>model\n");
         break;
     }
     }

@@ -7,62 +7,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buf.h"
 #include "common/status.h"
 
-typedef struct tbuf {
-    char *s;
-    size_t len, cap;
-    bool oom;
-} tbuf;
-
-static void tb_addn(tbuf *b, const char *s, size_t n)
-{
-    if (n > SIZE_MAX / 4)
-        b->oom = true; /* a length gone negative: never from the callers, but never copied */
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->s = p;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = '\0';
-}
-
-static void tb_add(tbuf *b, const char *s)
-{
-    tb_addn(b, s, strlen(s));
-}
-
 /* Appends j printed compactly; NULL j or an allocation failure marks b. */
-static void tb_json(tbuf *b, const cJSON *j)
+static void tb_json(kvs_buf *b, const cJSON *j)
 {
     char *s = j ? cJSON_PrintUnformatted(j) : NULL;
     if (!s)
         b->oom = true;
     else
-        tb_add(b, s);
+        kvs_buf_add(b, s);
     free(s);
-}
-
-static int tb_done(tbuf *b, char **out)
-{
-    if (b->oom || !b->s) {
-        free(b->s);
-        *out = NULL;
-        return KVS_ENOMEM;
-    }
-    *out = b->s;
-    return 0;
 }
 
 enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL };
@@ -78,51 +34,54 @@ static enum family family_of(enum srv_chat_tmpl t)
 
 int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out)
 {
-    tbuf b = {0};
+    kvs_buf b = {0};
     const cJSON *tool;
     switch (family_of(t)) {
     case FAM_HERMES:
-        tb_add(&b, "# Tools\n\nYou may call one or more functions to assist with the user "
-                   "query.\n\nYou are provided with function signatures within <tools></tools> "
-                   "XML tags:\n<tools>");
+        kvs_buf_add(&b,
+                    "# Tools\n\nYou may call one or more functions to assist with the user "
+                    "query.\n\nYou are provided with function signatures within <tools></tools> "
+                    "XML tags:\n<tools>");
         cJSON_ArrayForEach(tool, tools)
         {
-            tb_add(&b, "\n");
+            kvs_buf_add(&b, "\n");
             tb_json(&b, tool);
         }
-        tb_add(&b, "\n</tools>\n\nFor each function call, return a json object with function "
-                   "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-                   "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
+        kvs_buf_add(&b,
+                    "\n</tools>\n\nFor each function call, return a json object with function "
+                    "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
         break;
     case FAM_LLAMA3:
-        tb_add(&b, "Environment: ipython\n\nGiven the following functions, please respond with a "
-                   "JSON for a function call with its proper arguments that best answers the "
-                   "given prompt.\n\nRespond in the format {\"name\": function name, "
-                   "\"parameters\": dictionary of argument name and its value}. Do not use "
-                   "variables.\n");
+        kvs_buf_add(&b,
+                    "Environment: ipython\n\nGiven the following functions, please respond with a "
+                    "JSON for a function call with its proper arguments that best answers the "
+                    "given prompt.\n\nRespond in the format {\"name\": function name, "
+                    "\"parameters\": dictionary of argument name and its value}. Do not use "
+                    "variables.\n");
         cJSON_ArrayForEach(tool, tools)
         {
-            tb_add(&b, "\n");
+            kvs_buf_add(&b, "\n");
             tb_json(&b, tool);
         }
         break;
     case FAM_MISTRAL:
-        tb_add(&b, "[AVAILABLE_TOOLS]");
+        kvs_buf_add(&b, "[AVAILABLE_TOOLS]");
         tb_json(&b, tools);
-        tb_add(&b, "[/AVAILABLE_TOOLS]");
+        kvs_buf_add(&b, "[/AVAILABLE_TOOLS]");
         break;
     }
-    return tb_done(&b, out);
+    return kvs_buf_take(&b, out);
 }
 
 int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSON *tool_calls,
                            char **out)
 {
-    tbuf b = {0};
-    tb_add(&b, content ? content : "");
+    kvs_buf b = {0};
+    kvs_buf_add(&b, content ? content : "");
     enum family f = family_of(t);
     if (f == FAM_MISTRAL)
-        tb_add(&b, "[TOOL_CALLS][");
+        kvs_buf_add(&b, "[TOOL_CALLS][");
     const cJSON *tc;
     int i = 0;
     cJSON_ArrayForEach(tc, tool_calls)
@@ -140,18 +99,18 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
         }
         switch (f) {
         case FAM_HERMES:
-            tb_add(&b, b.len && b.s[b.len - 1] != '\n' ? "\n<tool_call>\n" : "<tool_call>\n");
+            kvs_buf_add(&b, b.len && b.p[b.len - 1] != '\n' ? "\n<tool_call>\n" : "<tool_call>\n");
             tb_json(&b, call);
-            tb_add(&b, "\n</tool_call>");
+            kvs_buf_add(&b, "\n</tool_call>");
             break;
         case FAM_LLAMA3:
             if (i)
-                tb_add(&b, "; ");
+                kvs_buf_add(&b, "; ");
             tb_json(&b, call);
             break;
         case FAM_MISTRAL:
             if (i)
-                tb_add(&b, ", ");
+                kvs_buf_add(&b, ", ");
             tb_json(&b, call);
             break;
         }
@@ -159,24 +118,24 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
         i++;
     }
     if (f == FAM_MISTRAL)
-        tb_add(&b, "]");
-    return tb_done(&b, out);
+        kvs_buf_add(&b, "]");
+    return kvs_buf_take(&b, out);
 }
 
 int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const char *content,
                             const char **role, char **out)
 {
-    tbuf b = {0};
+    kvs_buf b = {0};
     switch (family_of(t)) {
     case FAM_HERMES:
         *role = "user";
-        tb_add(&b, "<tool_response>\n");
-        tb_add(&b, content);
-        tb_add(&b, "\n</tool_response>");
+        kvs_buf_add(&b, "<tool_response>\n");
+        kvs_buf_add(&b, content);
+        kvs_buf_add(&b, "\n</tool_response>");
         break;
     case FAM_LLAMA3:
         *role = "ipython";
-        tb_add(&b, content);
+        kvs_buf_add(&b, content);
         break;
     case FAM_MISTRAL: {
         *role = "user";
@@ -184,14 +143,14 @@ int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const cha
         if (!r || !cJSON_AddStringToObject(r, "call_id", call_id ? call_id : "") ||
             !cJSON_AddStringToObject(r, "content", content))
             b.oom = true;
-        tb_add(&b, "[TOOL_RESULTS]");
+        kvs_buf_add(&b, "[TOOL_RESULTS]");
         tb_json(&b, r);
-        tb_add(&b, "[/TOOL_RESULTS]");
+        kvs_buf_add(&b, "[/TOOL_RESULTS]");
         cJSON_Delete(r);
         break;
     }
     }
-    return tb_done(&b, out);
+    return kvs_buf_take(&b, out);
 }
 
 static bool tool_named(const cJSON *tools, const char *name)
@@ -253,7 +212,7 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
     cJSON *arr = cJSON_CreateArray();
     if (!arr)
         return KVS_ENOMEM;
-    tbuf rest = {0};
+    kvs_buf rest = {0};
     int rc = 0;
     enum family f = forced ? FAM_LLAMA3 : family_of(t); /* forced: one bare object */
     if (f == FAM_HERMES) {
@@ -262,7 +221,7 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
         while (p < end && rc >= 0) {
             const char *o = strstr(p, open);
             if (!o || o >= end) {
-                tb_addn(&rest, p, (size_t)(end - p));
+                kvs_buf_addn(&rest, p, (size_t)(end - p));
                 break;
             }
             const char *body = o + sizeof open - 1;
@@ -276,9 +235,9 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
                 rc = added;
                 break;
             }
-            tb_addn(&rest, p, (size_t)(o - p));
+            kvs_buf_addn(&rest, p, (size_t)(o - p));
             if (!added) /* not a call: it stays text */
-                tb_addn(&rest, o, (size_t)(stop - o) + (c && c < end ? sizeof close - 1 : 0));
+                kvs_buf_addn(&rest, o, (size_t)(stop - o) + (c && c < end ? sizeof close - 1 : 0));
             p = c && c < end ? c + sizeof close - 1 : end;
         }
     } else if (f == FAM_LLAMA3) {
@@ -318,23 +277,23 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
                 n += added > 0;
             }
             cJSON_Delete(j);
-            tb_addn(&rest, text, (size_t)(m - text));
+            kvs_buf_addn(&rest, text, (size_t)(m - text));
             if (!n && rc >= 0)
-                tb_addn(&rest, m, len - (size_t)(m - text));
+                kvs_buf_addn(&rest, m, len - (size_t)(m - text));
             else if (jend)
-                tb_addn(&rest, jend, len - (size_t)(jend - text));
+                kvs_buf_addn(&rest, jend, len - (size_t)(jend - text));
         } else {
-            tb_addn(&rest, text, len);
+            kvs_buf_addn(&rest, text, len);
         }
     }
     int n = arr ? cJSON_GetArraySize(arr) : 0;
     if (rc < 0 || rest.oom || n == 0) {
         cJSON_Delete(arr);
-        free(rest.s);
+        free(rest.p);
         return rc < 0 ? rc : rest.oom ? KVS_ENOMEM : 0;
     }
     *calls = arr;
-    *content = rest.s ? rest.s : calloc(1, 1);
+    *content = rest.p ? rest.p : calloc(1, 1);
     if (!*content) {
         cJSON_Delete(arr);
         *calls = NULL;
