@@ -825,6 +825,17 @@ int srv_json_parse(const char *body, size_t len, cJSON **out, srv_error *e)
     return 0;
 }
 
+int srv_json_parse_object(const char *body, size_t len, cJSON **out, srv_error *e)
+{
+    if (srv_json_parse(body, len, out, e))
+        return -1;
+    if (cJSON_IsObject(*out))
+        return 0;
+    cJSON_Delete(*out);
+    *out = NULL;
+    return srv_error_set(e, 400, NULL, NULL, "request body must be a JSON object");
+}
+
 uint64_t srv_response_bound(uint32_t n, uint32_t max_tokens, int n_top_logprobs)
 {
     uint64_t per_token = SRV_BOUND_TEXT_BYTES;
@@ -844,13 +855,9 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
     r->sampling = *defaults;
 
     cJSON *root;
-    if (srv_json_parse(body, len, &root, e))
+    if (srv_json_parse_object(body, len, &root, e))
         return -1;
     int rc = -1;
-    if (!cJSON_IsObject(root)) {
-        srv_error_set(e, 400, NULL, NULL, "request body must be a JSON object");
-        goto out;
-    }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (model && !cJSON_IsNull(model)) {
         if (!cJSON_IsString(model)) {

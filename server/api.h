@@ -88,6 +88,9 @@ typedef struct srv_request {
  * error names the top-level member the NUL is in). Returns 0 and *out (free with
  * cJSON_Delete), or -1 with e filled. */
 int srv_json_parse(const char *body, size_t len, cJSON **out, srv_error *e);
+/* srv_json_parse of a body that must be a JSON object (every POST route's): anything else is
+ * a 400 saying so. */
+int srv_json_parse_object(const char *body, size_t len, cJSON **out, srv_error *e);
 
 /* What a response can hold in memory, estimated from the request: n choices x max_tokens x
  * (text + one entry per logprob). A request whose bound exceeds --max-response-mb is refused

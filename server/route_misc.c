@@ -118,12 +118,8 @@ enum MHD_Result srv__route_tokenize(srv_conn *c)
     srv_server *s = c->srv;
     cJSON *root;
     srv_error e;
-    if (srv_json_parse(c->body ? c->body : "", c->body_len, &root, &e))
+    if (srv_json_parse_object(c->body ? c->body : "", c->body_len, &root, &e))
         return srv__send_error(c, &e);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return srv__fail(c, 400, NULL, NULL, "request body must be a JSON object");
-    }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (!p)
         p = cJSON_GetObjectItemCaseSensitive(root, "text");
@@ -156,12 +152,8 @@ enum MHD_Result srv__route_detokenize(srv_conn *c)
     srv_server *s = c->srv;
     cJSON *root;
     srv_error e;
-    if (srv_json_parse(c->body ? c->body : "", c->body_len, &root, &e))
+    if (srv_json_parse_object(c->body ? c->body : "", c->body_len, &root, &e))
         return srv__send_error(c, &e);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return srv__fail(c, 400, NULL, NULL, "request body must be a JSON object");
-    }
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
     int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
     int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
