@@ -35,50 +35,21 @@ PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"' EXIT
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# A port nobody listens on now (the machine is shared: a fixed one may be taken).
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+WHO=families.sh
+# shellcheck source=bench/peer_lib.sh
+. bench/peer_lib.sh
 
-wait_health() { # PORT LOG PID: our server answers, not another one on the port
-    for _ in $(seq 600); do
-        kill -0 "$3" 2>/dev/null || { echo "families.sh: server exited:" >&2; tail -5 "$2" >&2; exit 1; }
-        curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
-        sleep 0.2
-    done
-    echo "families.sh: server on $1 did not start:" >&2; tail -20 "$2" >&2; exit 1
-}
-
-# bench PORT N INPUT OUTPUT -> output tok/s and input tok/s
-bench() {
-    python3 bench/serve_bench.py --url "http://127.0.0.1:$1" --concurrency 1 \
-        --num-requests "$2" --input-len "$3" --output-len "$4" --json "$TMP/r.json" >/dev/null
-    python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print("%.1f %.1f" % (s["output_throughput"], s["total_token_throughput"] - s["output_throughput"]))' "$TMP/r.json"
-}
-
-# serve WHO MODEL PORT -> "decode-tok/s prefill-tok/s"
+# serve kvserve|llama MODEL PORT -> "decode-tok/s prefill-tok/s"
 serve() {
-    local who=$1 model=$2 port=$3 log="$TMP/$1-$3.log" pid
-    if [ "$who" = kvserve ]; then
-        "$KVSERVE" serve -m "$model" --port "$port" --threads "$THREADS" --ctx-size 1024 \
-            --log-level warn 2>"$log" &
-    else
-        "$PEER/llama-server" -m "$model" --host 127.0.0.1 --port "$port" -t "$THREADS" \
-            -tb "$THREADS" -np 1 -c 1024 --no-webui >"$log" 2>&1 &
-    fi
-    pid=$!
-    PIDS+=("$pid")
-    wait_health "$port" "$log" "$pid"
-    bench "$port" 1 8 4 >/dev/null # warm-up
+    start_server "$1" "$2" "$3" "$TMP/$1-$3.log"
+    bench "$3" 1 1 8 4 >/dev/null # warm-up
     local dec pp
-    dec=$(bench "$port" "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    pp=$(bench "$port" "$NPP" 512 1 | cut -d' ' -f2)
-    kill "$pid"
-    wait "$pid" 2>/dev/null || true
+    dec=$(bench "$3" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    pp=$(bench "$3" 1 "$NPP" 512 1 | cut -d' ' -f2)
+    stop_server
     echo "$dec $pp"
 }
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}'; }
 rows=()
 for fam in $FAMILIES; do
     f="$TMP/$fam.gguf"

@@ -4,9 +4,17 @@
 # Source it after setting KVSERVE, PEER, THREADS, TMP and PIDS (an array: every server started
 # is added, for the caller's EXIT trap) and WHO (the script's name, for messages).
 
-# wait_health PORT LOG: until /health answers (3 minutes at most; then LOG's tail and exit 1)
+# free_port: a loopback port nobody listens on now (the machine is shared: a fixed one may be
+# taken)
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_health PORT LOG PID: until /health answers while PID lives (so it is our server, not
+# another one on the port; 3 minutes at most; else LOG's tail and exit 1)
 wait_health() {
     for _ in $(seq 900); do
+        kill -0 "$3" 2>/dev/null || { echo "$WHO: server exited:" >&2; tail -5 "$2" >&2; exit 1; }
         curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
         sleep 0.2
     done
@@ -27,7 +35,7 @@ start_server() {
     fi
     SERVER_PID=$!
     PIDS+=("$SERVER_PID")
-    wait_health "$port" "$log"
+    wait_health "$port" "$log" "$SERVER_PID"
 }
 
 # stop_server: the one start_server started
