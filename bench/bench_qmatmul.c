@@ -1,0 +1,135 @@
+/* kvs-bench-qmatmul: one kernel table's product over quantized panels, timed alone on one
+ * thread in CPU time (CLOCK_THREAD_CPUTIME_ID), so that a shared, loaded machine disturbs it far
+ * less than a whole decode step's wall time.
+ *   kvs-bench-qmatmul TYPE N_OUT N_IN [ROWS] [MATS] [REPS] [ISA]
+ * TYPE a ggml type name with quantized panels (Q4_0, Q4_K, Q6_K, ...); ROWS rows of x (1: one
+ * client decoding); MATS matrices of random valid blocks multiplied in turn (8 of 5632 x 2048
+ * exceed a 32 MiB L3, so the panels stream from memory; 1 small matrix stays in the caches: the
+ * kernel's own speed); the best and the mean of REPS passes (the first one not counted); ISA
+ * avx2 (default where the CPU has it) or generic. Prints one CSV line:
+ *   type,n_out,n_in,rows,mats,isa,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,gb_per_s
+ * (per matrix; the rates from the best CPU time). */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/dtype.h"
+#include "engine/kern/kern.h"
+
+static double now_s(clockid_t clock)
+{
+    struct timespec t;
+    clock_gettime(clock, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static uint32_t g_rng = 12345;
+
+/* Rows of random bytes, each block drawn again while a value widens to infinity or NaN (as
+ * tests/test_kernels.c), packed into panels. */
+static void *make_panels(uint32_t id, size_t n_out, size_t n_in, kern_mat *pm)
+{
+    const dtype_info *dt = dtype_get(id);
+    size_t nb = n_in / dt->block, rb = nb * dt->block_bytes;
+    uint8_t *data = malloc(n_out * rb);
+    float *w = malloc(dt->block * sizeof(float));
+    if (!data || !w)
+        return NULL;
+    for (size_t r = 0; r < n_out; r++)
+        for (size_t b = 0; b < nb; b++) {
+            uint8_t *blk = data + r * rb + b * dt->block_bytes;
+            for (bool finite = false; !finite;) {
+                for (size_t i = 0; i < dt->block_bytes; i++) {
+                    g_rng = g_rng * 1664525u + 1013904223u;
+                    blk[i] = (uint8_t)(g_rng >> 24);
+                }
+                dt->to_f32(blk, w, dt->block);
+                finite = true;
+                for (size_t i = 0; i < dt->block; i++)
+                    finite = finite && isfinite(w[i]);
+            }
+        }
+    kern_mat m;
+    kern_mat_init_quant(&m, KERN_QUANT, id, data, n_out, n_in);
+    size_t bytes = (kern_panel_bytes(&m) + 63) / 64 * 64;
+    void *pd = aligned_alloc(64, bytes);
+    if (pd)
+        kern_mat_to_panels(&m, pd, pm);
+    free(data);
+    free(w);
+    return pd;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) {
+        fprintf(stderr, "usage: kvs-bench-qmatmul TYPE N_OUT N_IN [ROWS] [MATS] [REPS] [ISA]\n");
+        return 2;
+    }
+    uint32_t id = 0;
+    while (id < 64 && !(dtype_get(id) && !strcmp(dtype_name(id), argv[1])))
+        id++;
+    size_t n_out = strtoul(argv[2], NULL, 10), n_in = strtoul(argv[3], NULL, 10);
+    size_t rows = argc > 4 ? strtoul(argv[4], NULL, 10) : 1;
+    int mats = argc > 5 ? atoi(argv[5]) : 8, reps = argc > 6 ? atoi(argv[6]) : 20;
+    const char *isa = argc > 7 ? argv[7] : NULL;
+    if (id == 64 || !kern_quant_block(id) || n_in % kern_quant_block(id) || !n_out || !rows ||
+        mats < 1 || mats > 64 || reps < 2) {
+        fprintf(stderr, "kvs-bench-qmatmul: a type with quantized panels, n_in a multiple of "
+                        "its block, 1..64 matrices, 2 or more passes\n");
+        return 2;
+    }
+    const kern_ops *k = &kern_ref_ops;
+#ifdef KERN_HAVE_AVX2
+    if (!isa || !strcmp(isa, "avx2"))
+        k = &kern_avx2_ops;
+#endif
+    if (isa && strcmp(isa, k->name)) {
+        fprintf(stderr, "kvs-bench-qmatmul: no kernel table %s here\n", isa);
+        return 2;
+    }
+    kern_mat pm[64];
+    void *pd[64];
+    for (int i = 0; i < mats; i++)
+        if (!(pd[i] = make_panels(id, n_out, n_in, &pm[i]))) {
+            fprintf(stderr, "kvs-bench-qmatmul: out of memory\n");
+            return 1;
+        }
+    float *x = malloc(rows * n_in * sizeof(float)), *out = malloc(rows * n_out * sizeof(float));
+    if (!x || !out)
+        return 1;
+    for (size_t i = 0; i < rows * n_in; i++)
+        x[i] = (float)(i % 7) * 0.1f - 0.3f;
+    double best = INFINITY, wbest = INFINITY, sum = 0, check = 0;
+    for (int r = 0; r < reps; r++) {
+        double c0 = now_s(CLOCK_THREAD_CPUTIME_ID), w0 = now_s(CLOCK_MONOTONIC);
+        for (int i = 0; i < mats; i++)
+            k->matmul(&pm[i], x, rows, n_in, out, n_out, 0, n_out, NULL);
+        double c = (now_s(CLOCK_THREAD_CPUTIME_ID) - c0) / mats;
+        double w = (now_s(CLOCK_MONOTONIC) - w0) / mats;
+        check += out[0];
+        if (r == 0)
+            continue;
+        best = c < best ? c : best;
+        wbest = w < wbest ? w : wbest;
+        sum += c;
+    }
+    double weights = (double)n_out * (double)n_in * (double)rows;
+    double bytes = (double)n_out * (double)dtype_nbytes(id, n_in);
+    printf("type,n_out,n_in,rows,mats,isa,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,"
+           "gb_per_s\n");
+    printf("%s,%zu,%zu,%zu,%d,%s,%.4f,%.4f,%.4f,%.2f,%.2f\n", argv[1], n_out, n_in, rows, mats,
+           k->name, best * 1e3, sum / (reps - 1) * 1e3, wbest * 1e3, weights / best / 1e9,
+           bytes / best / 1e9);
+    fprintf(stderr, "(checksum %g)\n", check);
+    for (int i = 0; i < mats; i++)
+        free(pd[i]);
+    free(x);
+    free(out);
+    return 0;
+}
