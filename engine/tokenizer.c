@@ -89,8 +89,10 @@ static int find_eog(tok_vocab *v, const gguf_file *f)
         "<|endoftext|>",
         "<EOT>",
         "_<EOT>",
-        "<\xEF\xBD\x9C"
-        "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+        /* DeepSeek's <｜end▁of▁sentence｜>, split so the \x escapes end where the text begins
+         * (parenthesized: one element, not two) */
+        ("<\xEF\xBD\x9C"
+         "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"),
     };
     int32_t eot = -1, eom = -1;
     int rc;
@@ -135,8 +137,10 @@ static void fix_control_by_name(tok_vocab *v)
         "<fim-pad>",
         "<|repo_name|>",
         "<reponame>",
-        "<\xEF\xBD\x9C"
-        "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+        /* DeepSeek's <｜end▁of▁sentence｜>, split so the \x escapes end where the text begins
+         * (parenthesized: one element, not two) */
+        ("<\xEF\xBD\x9C"
+         "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"),
         "<\xEF\xBD\x9C"
         "fim\xE2\x96\x81"
         "begin\xEF\xBD\x9C>",
