@@ -309,8 +309,46 @@ static int check_tool_calls(const cJSON *tc, int i, srv_error *e)
     return 0;
 }
 
+/* chat_template_kwargs (as vLLM and llama.cpp's server take it): the one switch kvserve's
+ * templates have is Qwen 3's enable_thinking. There is no Jinja here, so any other key, or the
+ * switch on a template without it, would be a value accepted and ignored: a 400 instead. */
+static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv_chat_opts *o,
+                                 srv_error *e)
+{
+    o->enable_thinking = -1;
+    o->date = NULL;
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
+    if (!kw || cJSON_IsNull(kw))
+        return 0;
+    if (!cJSON_IsObject(kw))
+        return srv_error_set(e, 400, "chat_template_kwargs", NULL,
+                             "'chat_template_kwargs' must be an object");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, kw)
+    {
+        if (strcmp(it->string, "enable_thinking"))
+            return srv_error_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
+                                 "chat_template_kwargs.%.64s is not supported: the only "
+                                 "template switch is enable_thinking",
+                                 it->string);
+        if (!cJSON_IsBool(it))
+            return srv_error_set(e, 400, "chat_template_kwargs", NULL,
+                                 "chat_template_kwargs.enable_thinking must be a boolean");
+        if (!srv_chat_has_thinking(tmpl))
+            return srv_error_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
+                                 "chat_template_kwargs.enable_thinking: this model's chat "
+                                 "template (%s) has no thinking switch",
+                                 srv_chat_name(tmpl));
+        o->enable_thinking = cJSON_IsTrue(it);
+    }
+    return 0;
+}
+
 static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
+    srv_chat_opts opts;
+    if (parse_template_kwargs(root, tmpl, &opts, e))
+        return -1;
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!msgs || cJSON_IsNull(msgs))
         return srv_error_set(e, 400, "messages", NULL, "'messages' is required");
@@ -416,7 +454,7 @@ static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_reques
         i++;
         k++;
     }
-    if (srv_chat_render(tmpl, m, (size_t)k, &r->prompt_text))
+    if (srv_chat_render(tmpl, m, (size_t)k, &opts, &r->prompt_text))
         rc = oom(e);
 out:
     if (texts)

@@ -6,12 +6,14 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/buf.h"
 #include "common/status.h"
 
-static const char *k_names[] = {"plain",  "chatml",  "llama2", "llama3",
-                                "zephyr", "mistral", "gemma",  "phi3"};
+static const char *k_names[SRV_CHAT_COUNT] = {"plain",  "chatml",   "llama2",  "llama3",
+                                              "zephyr", "mistral",  "gemma",   "phi3",
+                                              "qwen3",  "llama3.1", "llama3.2"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -34,7 +36,7 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
     /* Order matters as in llama.cpp: ChatML markers first, then [INST] (Mistral's official
      * templates put the system message inside the first [INST] and lack <<SYS>>). */
     if (HAS("<|im_start|>"))
-        return SRV_CHAT_CHATML;
+        return HAS("enable_thinking") ? SRV_CHAT_QWEN3 : SRV_CHAT_CHATML;
     if (!strncmp(t, "mistral", 7) || HAS("[INST]")) {
         if (HAS("<<SYS>>") || !(HAS("' [INST] ' + system_message") || HAS("[AVAILABLE_TOOLS]")))
             return SRV_CHAT_LLAMA2;
@@ -46,8 +48,13 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
         return SRV_CHAT_ZEPHYR;
     if (HAS("<start_of_turn>"))
         return SRV_CHAT_GEMMA;
-    if (HAS("<|start_header_id|>") && HAS("<|end_header_id|>"))
+    if (HAS("<|start_header_id|>") && HAS("<|end_header_id|>")) {
+        /* 3.1 / 3.3 open with a system turn dated 26 Jul 2024 unless told otherwise; 3.2's
+         * template asks for today's date (strftime_now). */
+        if (HAS("Cutting Knowledge Date"))
+            return HAS("strftime_now") ? SRV_CHAT_LLAMA32 : SRV_CHAT_LLAMA31;
         return SRV_CHAT_LLAMA3;
+    }
 #undef HAS
     return SRV_CHAT_PLAIN;
 }
@@ -67,8 +74,127 @@ static void sb_add_trim(kvs_buf *b, const char *s)
     kvs_buf_addn(b, s, n);
 }
 
-int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, char **out)
+int srv_chat_has_thinking(enum srv_chat_tmpl t)
 {
+    return t == SRV_CHAT_QWEN3;
+}
+
+static bool is_nl(char c)
+{
+    return c == '\n';
+}
+
+/* s[0..n) without leading (lead) and trailing (trail) newlines: Python's lstrip('\n') and
+ * rstrip('\n'), which Qwen 3's template applies around its think block. */
+static void strip_nl(const char **s, size_t *n, bool lead, bool trail)
+{
+    while (lead && *n && is_nl(**s))
+        (*s)++, (*n)--;
+    while (trail && *n && is_nl((*s)[*n - 1]))
+        (*n)--;
+}
+
+static const char *find_last(const char *s, size_t n, const char *needle)
+{
+    size_t k = strlen(needle);
+    for (size_t i = n >= k ? n - k + 1 : 0; i-- > 0;)
+        if (!memcmp(s + i, needle, k))
+            return s + i;
+    return NULL;
+}
+
+static bool starts_ends(const char *s, const char *head, const char *tail)
+{
+    size_t n = strlen(s), h = strlen(head), t = strlen(tail);
+    return n >= h && n >= t && !memcmp(s, head, h) && !memcmp(s + n - t, tail, t);
+}
+
+/* Qwen 3 (its official template): ChatML whose assistant turns keep their <think> block only
+ * after the last real user query (tool results, which arrive as user turns wrapped in
+ * <tool_response>, do not count), and whose generation prompt closes an empty think block
+ * when thinking is switched off. */
+static void render_qwen3(kvs_buf *b, const srv_chat_msg *m, size_t n, int enable_thinking)
+{
+    size_t last_query = n ? n - 1 : 0;
+    for (size_t i = n; i-- > 0;)
+        if (!strcmp(m[i].role, "user") &&
+            !starts_ends(m[i].content, "<tool_response>", "</tool_response>")) {
+            last_query = i;
+            break;
+        }
+    for (size_t i = 0; i < n; i++) {
+        const char *c = m[i].content;
+        if (strcmp(m[i].role, "assistant")) {
+            kvs_buf_add(b, "<|im_start|>");
+            kvs_buf_add(b, m[i].role);
+            kvs_buf_add(b, "\n");
+            kvs_buf_add(b, c);
+            kvs_buf_add(b, "<|im_end|>\n");
+            continue;
+        }
+        size_t cn = strlen(c);
+        const char *body = c, *think = "";
+        size_t body_n = cn, think_n = 0;
+        const char *first_end = strstr(c, "</think>");
+        if (first_end) {
+            const char *last_end = find_last(c, cn, "</think>");
+            body = last_end + 8;
+            body_n = (size_t)(c + cn - body);
+            strip_nl(&body, &body_n, true, false);
+            think = c;
+            think_n = (size_t)(first_end - c);
+            strip_nl(&think, &think_n, false, true);
+            const char *open = find_last(think, think_n, "<think>");
+            if (open) {
+                think_n -= (size_t)(open + 7 - think);
+                think = open + 7;
+            }
+            strip_nl(&think, &think_n, true, false);
+        }
+        kvs_buf_add(b, "<|im_start|>assistant\n");
+        if (i > last_query && (i == n - 1 || think_n)) {
+            strip_nl(&think, &think_n, true, true);
+            strip_nl(&body, &body_n, true, false);
+            kvs_buf_add(b, "<think>\n");
+            kvs_buf_addn(b, think, think_n);
+            kvs_buf_add(b, "\n</think>\n\n");
+        }
+        kvs_buf_addn(b, body, body_n);
+        kvs_buf_add(b, "<|im_end|>\n");
+    }
+    kvs_buf_add(b, "<|im_start|>assistant\n");
+    if (enable_thinking == 0)
+        kvs_buf_add(b, "<think>\n\n</think>\n\n");
+}
+
+/* Llama 3.1 / 3.2 / 3.3: the first system message (trimmed) goes after the knowledge-cutoff
+ * and today lines of a system turn that is always there. */
+static void render_llama31(kvs_buf *b, const srv_chat_msg *m, size_t n, const char *date)
+{
+    kvs_buf_add(b, "<|start_header_id|>system<|end_header_id|>\n\n"
+                   "Cutting Knowledge Date: December 2023\nToday Date: ");
+    kvs_buf_add(b, date);
+    kvs_buf_add(b, "\n\n");
+    size_t i = 0;
+    if (n && !strcmp(m[0].role, "system"))
+        sb_add_trim(b, m[i++].content);
+    kvs_buf_add(b, "<|eot_id|>");
+    for (; i < n; i++) {
+        kvs_buf_add(b, "<|start_header_id|>");
+        kvs_buf_add(b, m[i].role);
+        kvs_buf_add(b, "<|end_header_id|>\n\n");
+        sb_add_trim(b, m[i].content);
+        kvs_buf_add(b, "<|eot_id|>");
+    }
+    kvs_buf_add(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
+                    const srv_chat_opts *opts, char **out)
+{
+    static const srv_chat_opts k_defaults = {-1, NULL};
+    if (!opts)
+        opts = &k_defaults;
     kvs_buf b = {0};
     kvs_buf_add(&b, ""); /* an empty conversation still renders to a valid string */
     switch (t) {
@@ -146,6 +272,20 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, char 
         }
         kvs_buf_add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
+    case SRV_CHAT_LLAMA31: render_llama31(&b, m, n, "26 Jul 2024"); break;
+    case SRV_CHAT_LLAMA32: {
+        char today[32];
+        if (!opts->date) { /* strftime_now("%d %b %Y") as llama.cpp's and HF's Jinja give it */
+            time_t now = time(NULL);
+            struct tm tm;
+            localtime_r(&now, &tm);
+            strftime(today, sizeof today, "%d %b %Y", &tm);
+        }
+        render_llama31(&b, m, n, opts->date ? opts->date : today);
+        break;
+    }
+    case SRV_CHAT_QWEN3: render_qwen3(&b, m, n, opts->enable_thinking); break;
+    case SRV_CHAT_COUNT: break;
     case SRV_CHAT_ZEPHYR:
         for (size_t i = 0; i < n; i++) {
             kvs_buf_add(&b, "<|");
@@ -158,6 +298,8 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, char 
         break;
     case SRV_CHAT_PHI3:
         for (size_t i = 0; i < n; i++) {
+            if (!strcmp(m[i].role, "system") && !*m[i].content)
+                continue; /* Phi-3.5's template writes a system turn only with content */
             kvs_buf_add(&b, "<|");
             kvs_buf_add(&b, m[i].role);
             kvs_buf_add(&b, "|>\n");
@@ -171,7 +313,7 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, char 
         kvs_buf sys = {0};
         for (size_t i = 0; i < n; i++) {
             if (!strcmp(m[i].role, "system")) {
-                sb_add_trim(&sys, m[i].content);
+                kvs_buf_add(&sys, m[i].content); /* as Gemma 3: untrimmed, then "\n\n" */
                 continue;
             }
             bool model = !strcmp(m[i].role, "assistant");
@@ -190,7 +332,7 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, char 
          * dropping it, give it a user turn of its own. */
         if (sys.len) {
             kvs_buf_add(&b, "<start_of_turn>user\n");
-            kvs_buf_add(&b, sys.p);
+            sb_add_trim(&b, sys.p); /* the text is a turn's content here, trimmed as one */
             kvs_buf_add(&b, "<end_of_turn>\n");
         }
         if (sys.oom)

@@ -20,7 +20,17 @@ enum srv_chat_tmpl {
     SRV_CHAT_MISTRAL,
     SRV_CHAT_GEMMA,
     SRV_CHAT_PHI3,
+    SRV_CHAT_QWEN3,   /* ChatML with <think> blocks and the enable_thinking switch */
+    SRV_CHAT_LLAMA31, /* Llama 3.1 / 3.3: a system turn with the knowledge and "today" dates */
+    SRV_CHAT_LLAMA32, /* Llama 3.2: the same with the real date of today */
+    SRV_CHAT_COUNT
 };
+
+/* What a request may change in a rendering (chat_template_kwargs). */
+typedef struct srv_chat_opts {
+    int enable_thinking; /* -1: the template's default; 0 or 1 (templates with the switch) */
+    const char *date;    /* Llama 3.2's "Today Date" ("01 Dec 2026"); NULL: today (local time) */
+} srv_chat_opts;
 
 typedef struct srv_chat_msg {
     const char *role;    /* "system", "user", "assistant" (others passed through) */
@@ -29,12 +39,17 @@ typedef struct srv_chat_msg {
 
 /* The family of a GGUF chat template (NULL or unrecognised: PLAIN). */
 enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
-/* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, plain. -1 if unknown. */
+/* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, qwen3, llama3.1, llama3.2,
+ * plain. -1 if unknown. */
 int srv_chat_from_name(const char *name);
 const char *srv_chat_name(enum srv_chat_tmpl t);
 
-/* Renders msgs (with the assistant generation prompt at the end) into a malloc'd string.
- * Returns 0 and *out, or KVS_ENOMEM. */
-int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n, char **out);
+/* Whether the family has a thinking switch (chat_template_kwargs.enable_thinking). */
+int srv_chat_has_thinking(enum srv_chat_tmpl t);
+
+/* Renders msgs (with the assistant generation prompt at the end) into a malloc'd string;
+ * opts NULL: the defaults. Returns 0 and *out, or KVS_ENOMEM. */
+int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
+                    const srv_chat_opts *opts, char **out);
 
 #endif

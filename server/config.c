@@ -50,7 +50,8 @@ static const opt k_opts[] = {
     {"shutdown-timeout", 0, OPT_DBL, OFF(shutdown_timeout), "30",
      "seconds to let in-flight requests finish after SIGINT/SIGTERM"},
     {"chat-template", 0, OPT_STR, OFF(chat_template), "",
-     "chatml|llama2|llama3|zephyr|mistral|gemma|phi3|plain (default: detect from the model)"},
+     "chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|plain (default: "
+     "detect from the model)"},
     {"no-prefix-cache", 0, OPT_FLAG, OFF(no_prefix_cache), "false",
      "do not reuse cached prompt blocks"},
     {"no-webui", 0, OPT_FLAG, OFF(no_webui), "false",

@@ -105,6 +105,33 @@ void srv__add_common_headers(srv_conn *c, struct MHD_Response *r, int status)
     MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
 }
 
+/* The routes with a fixed path: what they are called and whether they take POST (else GET). */
+static const struct route_row {
+    const char *path;
+    enum route r;
+    bool post;
+} k_routes[] = {
+    {"/v1/completions", R_COMPLETIONS, true},
+    {"/v1/chat/completions", R_CHAT, true},
+    {"/v1/responses", R_RESPONSES, true},
+    {"/v1/models", R_MODELS, false},
+    {"/health", R_HEALTH, false},
+    {"/metrics", R_METRICS, false},
+    {"/tokenize", R_TOKENIZE, true},
+    {"/detokenize", R_DETOKENIZE, true},
+    {"/apply-template", R_APPLY_TEMPLATE, true},
+    {"/", R_PAGE, false},
+    {"/kv-cache", R_KV, false},
+};
+
+static bool route_is_post(enum route r)
+{
+    for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
+        if (k_routes[i].r == r)
+            return k_routes[i].post;
+    return false;
+}
+
 /* A CORS preflight (OPTIONS with CORS on): 204 with what the API takes, or 403 JSON for an
  * origin not allowed. No auth: browsers send preflights without credentials. */
 static enum MHD_Result send_preflight(srv_conn *c)
@@ -116,8 +143,7 @@ static enum MHD_Result send_preflight(srv_conn *c)
     if (!r)
         return MHD_NO;
     srv__add_common_headers(c, r, 204);
-    bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_RESPONSES ||
-                c->route == R_TOKENIZE || c->route == R_DETOKENIZE;
+    bool post = route_is_post(c->route);
     MHD_add_response_header(r, "Access-Control-Allow-Methods",
                             post ? "POST, OPTIONS" : "GET, OPTIONS");
     const char *want =
@@ -142,8 +168,7 @@ enum MHD_Result srv__send_body(srv_conn *c, int status, const char *ctype, const
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     srv__add_common_headers(c, r, status);
     if (status == 405) {
-        bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_RESPONSES ||
-                    c->route == R_TOKENIZE || c->route == R_DETOKENIZE;
+        bool post = route_is_post(c->route);
         bool cors = c->srv->cfg->cors_origins != NULL;
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW,
                                 post ? (cors ? "POST, OPTIONS" : "POST")
@@ -198,23 +223,8 @@ enum MHD_Result srv__fail(srv_conn *c, int status, const char *param, const char
 
 static enum route route_of(const char *url, bool *post)
 {
-    static const struct {
-        const char *path;
-        enum route r;
-        bool post;
-    } k[] = {
-        {"/v1/completions", R_COMPLETIONS, true},
-        {"/v1/chat/completions", R_CHAT, true},
-        {"/v1/responses", R_RESPONSES, true},
-        {"/v1/models", R_MODELS, false},
-        {"/health", R_HEALTH, false},
-        {"/metrics", R_METRICS, false},
-        {"/tokenize", R_TOKENIZE, true},
-        {"/detokenize", R_DETOKENIZE, true},
-        {"/", R_PAGE, false},
-        {"/kv-cache", R_KV, false},
-    };
-    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+    const struct route_row *k = k_routes;
+    for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
         if (!strcmp(url, k[i].path)) {
             *post = k[i].post;
             return k[i].r;
@@ -465,6 +475,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     case R_RESPONSES: return srv__route_responses(c);
     case R_TOKENIZE: return srv__route_tokenize(c);
     case R_DETOKENIZE: return srv__route_detokenize(c);
+    case R_APPLY_TEMPLATE: return srv__route_apply_template(c);
     default: return srv__fail(c, 404, NULL, NULL, "Not found");
     }
 }

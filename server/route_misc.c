@@ -1,4 +1,4 @@
-/* The small routes: /v1/models, /metrics, /kv-cache, /tokenize, /detokenize. */
+/* The small routes: /v1/models, /metrics, /kv-cache, /tokenize, /detokenize, /apply-template. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -191,5 +191,19 @@ enum MHD_Result srv__route_detokenize(srv_conn *c)
     cJSON *out = cJSON_CreateObject();
     cJSON_AddItemToObject(out, "prompt", srv_json_string_n(text, got));
     free(text);
+    return srv__send_cjson(c, 200, out);
+}
+
+enum MHD_Result srv__route_apply_template(srv_conn *c)
+{
+    srv_error e;
+    srv_request rq;
+    sampler_params defaults = sampler_default_params();
+    if (srv_request_parse(c->body ? c->body : "", c->body_len, true, c->srv->tmpl, &defaults, &rq,
+                          &e))
+        return srv__send_error(c, &e);
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddItemToObject(out, "prompt", srv_json_string_n(rq.prompt_text, strlen(rq.prompt_text)));
+    srv_request_free(&rq);
     return srv__send_cjson(c, 200, out);
 }

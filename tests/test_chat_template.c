@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +21,8 @@ static const srv_chat_msg k_conv[] = {
 static void check(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, const char *want)
 {
     char *got = NULL;
-    assert_int_equal(srv_chat_render(t, m, n, &got), 0);
+    srv_chat_opts o = {-1, "01 Dec 2026"};
+    assert_int_equal(srv_chat_render(t, m, n, &o, &got), 0);
     assert_non_null(got);
     assert_string_equal(got, want);
     free(got);
@@ -54,13 +56,23 @@ static void test_detect(void **state)
     assert_int_equal(srv_chat_detect("{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + "
                                      "'\\n' + '<|assistant|>' + '\\n'}}"),
                      SRV_CHAT_PHI3);
+    assert_int_equal(srv_chat_detect("{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is "
+                                     "defined and enable_thinking is false %}"),
+                     SRV_CHAT_QWEN3);
+    assert_int_equal(srv_chat_detect("{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
+                                     "{{- \"Cutting Knowledge Date: December 2023\\n\" }}"),
+                     SRV_CHAT_LLAMA31);
+    assert_int_equal(srv_chat_detect("{%- set date_string = strftime_now(\"%d %b %Y\") %}"
+                                     "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
+                                     "{{- \"Cutting Knowledge Date: December 2023\\n\" }}"),
+                     SRV_CHAT_LLAMA32);
     assert_int_equal(srv_chat_detect("{{ message['content'] }}"), SRV_CHAT_PLAIN);
 }
 
 static void test_names(void **state)
 {
     (void)state;
-    for (int t = SRV_CHAT_PLAIN; t <= SRV_CHAT_PHI3; t++)
+    for (int t = SRV_CHAT_PLAIN; t < SRV_CHAT_COUNT; t++)
         assert_int_equal(srv_chat_from_name(srv_chat_name((enum srv_chat_tmpl)t)), t);
     assert_int_equal(srv_chat_from_name("jinja"), -1);
 }
@@ -144,6 +156,64 @@ static void test_phi3(void **state)
           "<|user|>\nBye<|end|>\n<|assistant|>\n");
 }
 
+static void test_qwen3(void **state)
+{
+    (void)state;
+    check(SRV_CHAT_QWEN3, k_conv, 4,
+          "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+          "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+          "<|im_start|>assistant\n");
+    /* An earlier turn's reasoning is dropped; one after the last query is kept, re-spaced. */
+    const srv_chat_msg m[] = {{"user", "Hi"},
+                              {"assistant", "<think>\nhmm\n</think>\n\nHello!"},
+                              {"user", "<tool_response>\n42\n</tool_response>"},
+                              {"assistant", "\n<think>plan</think>Done."}};
+    check(SRV_CHAT_QWEN3, m, 2,
+          "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nhmm\n</think>\n\n"
+          "Hello!<|im_end|>\n<|im_start|>assistant\n");
+    /* A tool result is not a query: both turns after "Hi" keep their reasoning. */
+    check(SRV_CHAT_QWEN3, m, 4,
+          "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nhmm\n</think>\n\n"
+          "Hello!<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+          "<|im_start|>assistant\n<think>\nplan\n</think>\n\nDone.<|im_end|>\n"
+          "<|im_start|>assistant\n");
+    const srv_chat_msg q[] = {
+        {"user", "Hi"}, {"assistant", "<think>\nhmm\n</think>\n\nHello!"}, {"user", "Bye"}};
+    check(SRV_CHAT_QWEN3, q, 3,
+          "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+          "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
+    char *got = NULL;
+    srv_chat_opts off = {0, NULL};
+    assert_int_equal(srv_chat_render(SRV_CHAT_QWEN3, m, 1, &off, &got), 0);
+    assert_string_equal(got, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+                             "<think>\n\n</think>\n\n");
+    free(got);
+    assert_true(srv_chat_has_thinking(SRV_CHAT_QWEN3));
+    assert_false(srv_chat_has_thinking(SRV_CHAT_CHATML));
+}
+
+static void test_llama31(void **state)
+{
+    (void)state;
+    const char *head = "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
+                       "December 2023\nToday Date: ";
+    const char *rest = "\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi"
+                       "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+                       "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+                       "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    char want[1024];
+    snprintf(want, sizeof want, "%s26 Jul 2024%s", head, rest);
+    check(SRV_CHAT_LLAMA31, k_conv, 4, want);
+    snprintf(want, sizeof want, "%s01 Dec 2026%s", head, rest);
+    check(SRV_CHAT_LLAMA32, k_conv, 4, want);
+    /* No system message: the dated system turn is still there, empty after the dates. */
+    snprintf(want, sizeof want,
+             "%s26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+             "<|start_header_id|>assistant<|end_header_id|>\n\n",
+             head);
+    check(SRV_CHAT_LLAMA31, k_conv + 1, 1, want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -157,6 +227,8 @@ int main(void)
         cmocka_unit_test(test_mistral),
         cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_phi3),
+        cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_llama31),
         cmocka_unit_test(test_gemma_trailing_system),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

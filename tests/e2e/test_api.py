@@ -208,6 +208,30 @@ class Misc(unittest.TestCase):
         self.assertEqual(st, 200, r)
         self.assertEqual(r["prompt"], case["prompt"])
 
+    def test_apply_template(self):
+        # stories260K has no chat template: contents joined by newlines, as chat renders them
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        st, r = srv.post("/apply-template", {"messages": msgs})
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r, {"prompt": "Be brief.\nHi"})
+        st, r = srv.post("/apply-template", {"messages": []})
+        self.assertEqual((st, r["error"]["param"]), (400, "messages"), r)
+
+    def test_chat_template_kwargs(self):
+        msgs = [{"role": "user", "content": "Hi"}]
+        for kw, why in (({"enable_thinking": False}, "no thinking switch"),
+                        ({"enable_thinking": 1}, "must be a boolean"),
+                        ({"add_vision_id": True}, "add_vision_id is not supported"),
+                        ([], "must be an object")):
+            st, r = srv.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1,
+                                                      "chat_template_kwargs": kw})
+            self.assertEqual(st, 400, r)
+            self.assertEqual(r["error"]["param"], "chat_template_kwargs", r)
+            self.assertIn(why, r["error"]["message"])
+        st, r = srv.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1,
+                                                  "chat_template_kwargs": {}})
+        self.assertEqual(st, 200, r)
+
     def test_metrics(self):
         srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})
         st, h, data = srv.request("GET", "/metrics")

@@ -1,0 +1,168 @@
+"""meson test 'peer_templates': the chat templates of the families kvserve detects, checked
+against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
+official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2);
+a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
+/apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
+llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
+the BOS text some templates write first (kvserve's tokenizer adds BOS as a token instead).
+A case the template itself refuses is reported and not compared: Gemma 2's template raises on a
+system message (llama-server then joins it to the first user turn with one newline, kvserve
+with Gemma 3's blank line). Llama 3.1's template dates its system turn "26 Jul 2024" unless
+the caller defines date_string, as Hugging Face's renderer (and so vLLM) leaves it; llama-server
+defines it as today, so it is given --chat-template-kwargs with the template's own date.
+Exits 77 (meson's skip) with the reason when llama-server (KVS_PEER/llama.cpp/bin) is absent.
+Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER; by hand: test_peer_templates.py [NAME ...]."""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import peer_util
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEMPLATES = os.path.join(HERE, "data", "chat_templates")
+# name -> the family srv_chat_detect must pick (kvserve logs it at start)
+FAMILIES = {"qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
+            "llama3.1": "llama3.1", "llama3.2": "llama3.2"}
+
+S, U, A = "system", "user", "assistant"
+CASES = [
+    ("one user turn", [(U, "Hi")], None),
+    ("system and user", [(S, "Be brief."), (U, "Hi")], None),
+    ("two exchanges", [(S, "Be brief."), (U, "Hi"), (A, "Hello!"), (U, "Bye")], None),
+    ("spaces around contents",
+     [(S, "  Be brief. \n"), (U, " Hi \n"), (A, "\nHello! "), (U, "Bye")], None),
+    ("reasoning in an earlier turn",
+     [(U, "Hi"), (A, "<think>\nhmm\n</think>\n\nHello!"), (U, "Bye")], None),
+    # A tool result (a user turn wrapped in <tool_response>) is not a query: Qwen 3 keeps the
+    # reasoning of the turn before it. (A conversation that ends with an assistant turn is not
+    # compared: llama-server continues that turn, a prefill, where kvserve, like vLLM without
+    # continue_final_message, closes it and opens a new one.)
+    ("reasoning before a tool result",
+     [(U, "Hi"), (A, "\n<think>plan</think>Done."), (U, "<tool_response>\n42\n</tool_response>")],
+     None),
+    ("thinking off", [(U, "Hi")], {"enable_thinking": False}),
+    ("thinking on", [(U, "Hi")], {"enable_thinking": True}),
+]
+BOS_TEXTS = ("<s>", "<bos>", "<|begin_of_text|>")
+
+
+def post(url, body):
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def wait_health(url, proc, log):
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError("exited with %d:\n%s" % (proc.returncode, open(log).read()[-800:]))
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("not healthy:\n" + open(log).read()[-800:])
+
+
+def start(args, log, port=None):
+    f = open(log, "w")
+    proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT)
+    if port is None:  # kvserve --port 0: read the port from its log
+        for _ in range(300):
+            m = re.search(r"listening on http://[^:]+:(\d+)", open(log).read())
+            if m:
+                port = int(m.group(1))
+                break
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+    url = "http://127.0.0.1:%s" % port
+    wait_health(url, proc, log)
+    return proc, url
+
+
+def stop(proc):
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def main():
+    kvserve, mkmodel, bindir = peer_util.tools()
+    names = sys.argv[1:] or list(FAMILIES)
+    failures = compared = 0
+    with tempfile.TemporaryDirectory(prefix="kvs-peer-templates-") as tmp:
+        for name in names:
+            with open(os.path.join(TEMPLATES, name + ".jinja")) as f:
+                template = f.read()
+            model = os.path.join(tmp, name + ".gguf")
+            subprocess.run([mkmodel, "--shape", "tiny", "-o", model, "--chat-template", template],
+                           check=True, capture_output=True)
+            klog, plog = os.path.join(tmp, name + ".kvs.log"), os.path.join(tmp, name + ".peer.log")
+            kproc, kurl = start([kvserve, "serve", "-m", model, "--host", "127.0.0.1", "--port",
+                                 "0", "--threads", "1"], klog)
+            port = peer_util.free_port()
+            extra = (["--chat-template-kwargs", '{"date_string": "26 Jul 2024"}']
+                     if name == "llama3.1" else [])
+            pproc, purl = start([os.path.join(bindir, "llama-server"), "-m", model, "--host",
+                                 "127.0.0.1", "--port", str(port), "-t", "1", "-c", "256",
+                                 "--jinja"] + extra, plog, port)
+            try:
+                detected = re.search(r"chat template[: =]+([\w.]+)", open(klog).read())
+                if detected and detected.group(1) != FAMILIES[name]:
+                    print("%-9s detected as %s, expected %s" % (name, detected.group(1),
+                                                                FAMILIES[name]))
+                    failures += 1
+                for label, msgs, kwargs in CASES:
+                    body = {"messages": [{"role": r, "content": c} for r, c in msgs]}
+                    if kwargs:
+                        body["chat_template_kwargs"] = kwargs
+                    if name == "gemma2" and msgs[0][0] == S:
+                        print("%-9s %-30s not compared: the template refuses system messages"
+                              % (name, label))
+                        continue
+                    pst, pans = post(purl + "/apply-template", body)
+                    kst, kans = post(kurl + "/apply-template", body)
+                    if kwargs and FAMILIES[name] != "qwen3":
+                        # no such switch in the template: kvserve refuses what it cannot do
+                        ok = kst == 400
+                        print("%-9s %-30s %s" % (name, label, "refused (no switch)" if ok else
+                                                 "NOT REFUSED: %d %s" % (kst, kans)))
+                        failures += not ok
+                        continue
+                    if pst != 200:
+                        print("%-9s %-30s the template refuses it (llama-server %d)"
+                              % (name, label, pst))
+                        continue
+                    want = pans["prompt"]
+                    for bos in BOS_TEXTS:
+                        if want.startswith(bos):
+                            want = want[len(bos):]
+                            break
+                    got = kans.get("prompt") if kst == 200 else "HTTP %d %s" % (kst, kans)
+                    compared += 1
+                    if got == want:
+                        print("%-9s %-30s same" % (name, label))
+                    else:
+                        failures += 1
+                        print("%-9s %-30s DIFFERENT\n  llama.cpp: %r\n  kvserve:   %r"
+                              % (name, label, want, got))
+            finally:
+                stop(kproc)
+                stop(pproc)
+    print("%d renderings compared, %d differences" % (compared, failures))
+    return 1 if failures or not compared else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
