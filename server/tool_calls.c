@@ -26,9 +26,11 @@ enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL };
 static enum family family_of(enum srv_chat_tmpl t)
 {
     switch (t) {
-    case SRV_CHAT_LLAMA3: return FAM_LLAMA3;
+    case SRV_CHAT_LLAMA3:
+    case SRV_CHAT_LLAMA31:
+    case SRV_CHAT_LLAMA32: return FAM_LLAMA3;
     case SRV_CHAT_MISTRAL: return FAM_MISTRAL;
-    default: return FAM_HERMES; /* ChatML's own form, and the generic one */
+    default: return FAM_HERMES; /* ChatML's (and Qwen 3's) own form, and the generic one */
     }
 }
 

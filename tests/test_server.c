@@ -255,6 +255,11 @@ static void test_tool_calls(void **state)
     assert_string_equal(rest, "");
     cJSON_Delete(calls);
     free(rest);
+    /* Llama 3.1 and 3.2 templates speak the same call syntax. */
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_LLAMA32, l3, strlen(l3), false, tools, "y", &calls, &rest), 1);
+    cJSON_Delete(calls);
+    free(rest);
     const char *story = "Once upon a time {\"name\": \"w\", \"parameters\": {}}";
     assert_int_equal(
         srv_tools_parse(SRV_CHAT_LLAMA3, story, strlen(story), false, tools, "y", &calls, &rest),
