@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/buf.h"
 #include "common/status.h"
 #include "server/json_schema.h"
 #include "server/tool_calls.h"
@@ -344,6 +345,30 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
     return 0;
 }
 
+/* An assistant turn sent back with its reasoning_content (as vLLM and llama.cpp return it):
+ * for a thinking template, the reasoning goes back in front as the think block the template
+ * reads it from (the template then keeps or drops it by its own rule). */
+static int add_reasoning(const cJSON *msg, int i, char **text, srv_error *e)
+{
+    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
+    if (!rc || cJSON_IsNull(rc))
+        return 0;
+    if (!cJSON_IsString(rc))
+        return srv_error_set(e, 400, "messages", NULL,
+                             "messages[%d].reasoning_content must be a string", i);
+    kvs_buf b = {0};
+    kvs_buf_add(&b, "<think>\n");
+    kvs_buf_add(&b, rc->valuestring);
+    kvs_buf_add(&b, "\n</think>\n\n");
+    kvs_buf_add(&b, *text);
+    char *s;
+    if (kvs_buf_take(&b, &s))
+        return oom(e);
+    free(*text);
+    *text = s;
+    return 0;
+}
+
 static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     srv_chat_opts opts;
@@ -428,6 +453,9 @@ static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_reques
                 goto out;
             }
         } else if ((rc = content_text(content, i, &texts[k], e))) {
+            goto out;
+        } else if (!strcmp(ro, "assistant") && srv_chat_has_thinking(tmpl) &&
+                   (rc = add_reasoning(it, i, &texts[k], e))) {
             goto out;
         }
         if (k == 1 && tools_on && !strcmp(ro, "system") && i == 0) {

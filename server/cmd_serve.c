@@ -97,6 +97,13 @@ int cmd_serve(int argc, char **argv)
         srv_config_free(&cfg);
         return 2;
     }
+    if (cfg.reasoning_format && strcmp(cfg.reasoning_format, "auto") &&
+        strcmp(cfg.reasoning_format, "none")) {
+        fprintf(stderr, "kvserve serve: unknown --reasoning-format '%s' (auto|none)\n",
+                cfg.reasoning_format);
+        srv_config_free(&cfg);
+        return 2;
+    }
     /* A table this CPU cannot run (or this build lacks) fails here, before anything starts. */
     if (engine_kernels_check(cfg.kernels, err, sizeof err)) {
         fprintf(stderr, "kvserve serve: %s\n", err);

@@ -52,6 +52,9 @@ static const opt k_opts[] = {
     {"chat-template", 0, OPT_STR, OFF(chat_template), "",
      "chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|plain (default: "
      "detect from the model)"},
+    {"reasoning-format", 0, OPT_STR, OFF(reasoning_format), "auto",
+     "auto|none: with a thinking chat template (Qwen 3), auto returns the <think> block as "
+     "reasoning_content beside content; none leaves it in content"},
     {"no-prefix-cache", 0, OPT_FLAG, OFF(no_prefix_cache), "false",
      "do not reuse cached prompt blocks"},
     {"no-webui", 0, OPT_FLAG, OFF(no_webui), "false",

@@ -28,6 +28,7 @@ typedef struct srv_config {
     uint32_t max_response_mb;      /* --max-response-mb: bound of a response's size (32) */
     double shutdown_timeout;       /* --shutdown-timeout seconds (30) */
     char *chat_template;           /* --chat-template NAME: NULL = detect from the model */
+    char *reasoning_format;        /* --reasoning-format auto|none (auto) */
     bool no_prefix_cache;          /* --no-prefix-cache */
     bool no_webui;                 /* --no-webui: no page at / */
     char *log_level;               /* --log-level debug|info|warn|error (info) */

@@ -64,8 +64,50 @@ void srv_choice_free(srv_choice *c)
         return;
     free(c->text);
     free(c->toks);
+    free(c->reasoning);
     cJSON_Delete(c->tool_calls);
+    srv_think_free(&c->think);
     memset(c, 0, sizeof *c);
+}
+
+int srv_choice_split_reasoning(srv_choice *c)
+{
+    srv_think t = {0};
+    kvs_buf r = {0}, content = {0};
+    srv_think_feed(&t, c->text ? c->text : "", c->len, &r, &content);
+    srv_think_end(&t, &r, &content);
+    if (r.oom || content.oom) {
+        kvs_buf_free(&r);
+        kvs_buf_free(&content);
+        return KVS_ENOMEM;
+    }
+    bool had_block = r.len || content.len != c->len;
+    if (!had_block) { /* no think block: the text stays as it is */
+        kvs_buf_free(&r);
+        kvs_buf_free(&content);
+        return 0;
+    }
+    char *rs, *cs;
+    size_t rn = r.len, cn = content.len;
+    if (kvs_buf_take(&r, &rs)) {
+        kvs_buf_free(&content);
+        return KVS_ENOMEM;
+    }
+    if (kvs_buf_take(&content, &cs)) {
+        free(rs);
+        return KVS_ENOMEM;
+    }
+    free(c->reasoning);
+    c->reasoning = NULL;
+    if (rn)
+        c->reasoning = rs; /* an empty block is no reasoning */
+    else
+        free(rs);
+    free(c->text);
+    c->text = cs;
+    c->len = cn;
+    c->cap = cn + 1;
+    return 0;
 }
 
 /* Copies s into out as valid UTF-8, invalid bytes as U+FFFD; out needs 3*n+1 bytes. */
@@ -253,6 +295,9 @@ char *srv_resp_full(const srv_resp_ctx *x, const srv_choice *ch, uint32_t n, uin
                 cJSON_AddNullToObject(m, "content");
             else
                 cJSON_AddItemToObject(m, "content", srv_json_string_n(ch[i].text, ch[i].len));
+            if (ch[i].reasoning)
+                cJSON_AddItemToObject(m, "reasoning_content",
+                                      srv_json_string_n(ch[i].reasoning, strlen(ch[i].reasoning)));
             if (ch[i].tool_calls)
                 cJSON_AddItemToObject(m, "tool_calls", cJSON_Duplicate(ch[i].tool_calls, true));
         } else {
@@ -322,6 +367,24 @@ char *srv_resp_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size
     else
         cJSON_AddNullToObject(c, "logprobs");
     add_finish(c, finish);
+    cJSON_AddItemToArray(choices, c);
+    return sse_of(r);
+}
+
+char *srv_resp_reasoning_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size_t len,
+                               const sched_token_info *toks, uint32_t n_toks)
+{
+    cJSON *r = envelope(x, true);
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", idx);
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    cJSON_AddItemToObject(d, "reasoning_content", srv_json_string_n(text, len));
+    if (x->n_top_logprobs >= 0 && n_toks)
+        cJSON_AddItemToObject(c, "logprobs", logprobs_json(x, toks, n_toks, 0));
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
     cJSON_AddItemToArray(choices, c);
     return sse_of(r);
 }

@@ -11,6 +11,7 @@
 
 #include "engine/tokenizer.h"
 #include "scheduler/scheduler.h"
+#include "server/reasoning.h"
 
 typedef struct srv_resp_ctx {
     bool chat;
@@ -31,6 +32,8 @@ typedef struct srv_choice {
     int status;
     uint32_t completion_tokens;
     cJSON *tool_calls; /* the calls read out of text (which then holds the rest), or NULL */
+    char *reasoning;   /* the think block read out of text (message.reasoning_content), or NULL */
+    srv_think think;   /* a stream's splitter state */
 } srv_choice;
 
 /* Appends an event's text and tokens to c; KVS_ENOMEM. */
@@ -48,6 +51,11 @@ char *srv_resp_full(const srv_resp_ctx *x, const srv_choice *ch, uint32_t n, uin
 char *srv_resp_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size_t len,
                      const sched_token_info *toks, uint32_t n_toks, enum sched_finish finish,
                      bool role_only, size_t text_offset);
+/* A chat delta of reasoning text (delta.reasoning_content), with the tokens' logprobs if any. */
+char *srv_resp_reasoning_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size_t len,
+                               const sched_token_info *toks, uint32_t n_toks);
+/* Moves c's think block (reasoning.h) out of its text into c->reasoning; KVS_ENOMEM. */
+int srv_choice_split_reasoning(srv_choice *c);
 /* A chat delta carrying choice idx's tool calls whole (an OpenAI tool_calls array; each
  * entry gets its "index"). */
 char *srv_resp_tool_calls_chunk(const srv_resp_ctx *x, uint32_t idx, const cJSON *calls);

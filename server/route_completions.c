@@ -93,6 +93,14 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
     return 0;
 }
 
+/* Whether this request's answers are split into reasoning and content (reasoning.h): chat
+ * with a thinking template, unless --reasoning-format none. */
+static bool splits_reasoning(const srv_conn *c)
+{
+    const char *f = c->srv->cfg->reasoning_format;
+    return c->route == R_CHAT && srv_chat_has_thinking(c->srv->tmpl) && !(f && !strcmp(f, "none"));
+}
+
 static enum MHD_Result finish_full(srv_conn *c)
 {
     if (c->fail_status) {
@@ -100,8 +108,10 @@ static enum MHD_Result finish_full(srv_conn *c)
         srv__error_of_status(c->fail_status, &e);
         return srv__send_error(c, &e);
     }
+    bool split = splits_reasoning(c);
     for (uint32_t i = 0; i < c->n_choices; i++)
-        if (srv__read_tool_calls(c, i, &c->choices[i]))
+        if ((split && srv_choice_split_reasoning(&c->choices[i])) ||
+            srv__read_tool_calls(c, i, &c->choices[i]))
             return srv__fail(c, 500, NULL, NULL, "out of memory");
     char *body = c->route == R_RESPONSES ? srv__responses_full(c)
                                          : srv_resp_full(&c->rx, c->choices, c->n_choices,
@@ -137,6 +147,33 @@ bool srv__out_append(srv_conn *c, char *s)
     return true;
 }
 
+/* A streamed chat event of a thinking model: its text through the choice's splitter, sent as
+ * a reasoning delta and/or a content delta as far as it is placed (a tag cut between two
+ * tokens waits for the next). The tokens' logprobs ride on the last delta sent, or on an empty
+ * content delta when all their text is held. */
+static bool stream_split(srv_conn *c, srv_choice *ch, const sched_event *ev)
+{
+    kvs_buf r = {0}, t = {0};
+    srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
+    if (ev->finish != SCHED_FINISH_NONE)
+        srv_think_end(&ch->think, &r, &t);
+    bool ok = !r.oom && !t.oom;
+    const sched_token_info *toks = ev->tokens;
+    uint32_t nt = c->rx.n_top_logprobs >= 0 ? ev->n_tokens : 0;
+    if (ok && r.len)
+        ok = srv__out_append(c, srv_resp_reasoning_chunk(&c->rx, ev->choice, r.p, r.len,
+                                                         t.len ? NULL : toks, t.len ? 0 : nt));
+    if (ok && (t.len || (!r.len && nt)))
+        ok = srv__out_append(c, srv_resp_chunk(&c->rx, ev->choice, t.p ? t.p : "", t.len, toks, nt,
+                                               SCHED_FINISH_NONE, false, 0));
+    kvs_buf_free(&r);
+    kvs_buf_free(&t);
+    if (ok && ev->finish != SCHED_FINISH_NONE)
+        ok = srv__out_append(
+            c, srv_resp_chunk(&c->rx, ev->choice, "", 0, NULL, 0, ev->finish, false, 0));
+    return ok;
+}
+
 /* Formats one event as SSE: its text delta (if any, or if it carries logprobs), then the
  * finish chunk, or the error event that ends the stream. */
 static bool format_event(srv_conn *c, const sched_event *ev)
@@ -156,13 +193,20 @@ static bool format_event(srv_conn *c, const sched_event *ev)
         return ok;
     }
     bool ok = true;
+    bool split = splits_reasoning(c);
     if (c->rq.tools && c->rq.tool_choice != SRV_TOOLS_NONE) {
         /* Whether the text is a call is known at its end: it is held until then, and sent
-         * as one content delta or as the calls. */
+         * as one content delta or as the calls (after one reasoning delta, if it thought). */
         if (srv_choice_add(ch, ev))
             return false;
         if (ev->finish == SCHED_FINISH_NONE)
             return true;
+        if (split && srv_choice_split_reasoning(ch))
+            return false;
+        if (ch->reasoning &&
+            !srv__out_append(c, srv_resp_reasoning_chunk(&c->rx, ev->choice, ch->reasoning,
+                                                         strlen(ch->reasoning), NULL, 0)))
+            return false;
         if (srv__read_tool_calls(c, ev->choice, ch))
             return false;
         if (ch->len || (!ch->tool_calls && ch->n_toks))
@@ -179,6 +223,8 @@ static bool format_event(srv_conn *c, const sched_event *ev)
                 c, srv_resp_chunk(&c->rx, ev->choice, "", 0, NULL, 0, ev->finish, false, ch->len));
         return ok;
     }
+    if (split)
+        return stream_split(c, ch, ev);
     if (ev->text_len || ev->n_tokens)
         ok = srv__out_append(c,
                              srv_resp_chunk(&c->rx, ev->choice, ev->text, ev->text_len, ev->tokens,

@@ -46,6 +46,11 @@ CASES = [
     ("reasoning before a tool result",
      [(U, "Hi"), (A, "\n<think>plan</think>Done."), (U, "<tool_response>\n42\n</tool_response>")],
      None),
+    # An assistant turn sent back with its reasoning_content beside the content (as vLLM and
+    # llama.cpp return it): the template reads it from there.
+    ("reasoning_content sent back",
+     [(U, "Hi"), {"role": A, "content": "Done.", "reasoning_content": "plan"},
+      (U, "<tool_response>\n42\n</tool_response>")], None),
     ("thinking off", [(U, "Hi")], {"enable_thinking": False}),
     ("thinking on", [(U, "Hi")], {"enable_thinking": True}),
 ]
@@ -124,10 +129,11 @@ def main():
                                                                 FAMILIES[name]))
                     failures += 1
                 for label, msgs, kwargs in CASES:
-                    body = {"messages": [{"role": r, "content": c} for r, c in msgs]}
+                    body = {"messages": [m if isinstance(m, dict) else {"role": m[0], "content": m[1]}
+                                         for m in msgs]}
                     if kwargs:
                         body["chat_template_kwargs"] = kwargs
-                    if name == "gemma2" and msgs[0][0] == S:
+                    if name == "gemma2" and body["messages"][0]["role"] == S:
                         print("%-9s %-30s not compared: the template refuses system messages"
                               % (name, label))
                         continue

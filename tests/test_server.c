@@ -17,6 +17,8 @@
 #include "server/kv_view.h"
 #include "server/http_head.h"
 #include "server/metrics.h"
+#include "server/reasoning.h"
+#include "server/response.h"
 
 static const sampler_params k_defaults = {.temperature = 1, .top_p = 1, .repetition_penalty = 1};
 
@@ -572,15 +574,85 @@ static void test_http_head(void **state)
     assert_int_equal(srv_log_escape("\n\n\n", 3, out, 6), 4); /* whole escapes only */
 }
 
+/* Splits text whole, and fed at every cut point and byte by byte: every way gives the same. */
+static void think_split(const char *text, const char *want_r, const char *want_c)
+{
+    size_t n = strlen(text);
+    for (size_t cut = 0; cut <= n + 1; cut++) {
+        srv_think t = {0};
+        kvs_buf r = {0}, c = {0};
+        if (cut <= n) {
+            srv_think_feed(&t, text, cut, &r, &c);
+            srv_think_feed(&t, text + cut, n - cut, &r, &c);
+        } else {
+            for (size_t i = 0; i < n; i++)
+                srv_think_feed(&t, text + i, 1, &r, &c);
+        }
+        srv_think_end(&t, &r, &c);
+        assert_false(r.oom || c.oom);
+        assert_string_equal(r.p ? r.p : "", want_r);
+        assert_string_equal(c.p ? c.p : "", want_c);
+        kvs_buf_free(&r);
+        kvs_buf_free(&c);
+    }
+}
+
+static void test_reasoning_split(void **state)
+{
+    (void)state;
+    think_split("<think>\nLet me see.\n2+2=4\n</think>\n\nIt is 4.", "Let me see.\n2+2=4",
+                "It is 4.");
+    think_split("<think>\n\n</think>\n\nHi", "", "Hi"); /* the empty block */
+    think_split("No thinking here.\n", "", "No thinking here.\n");
+    think_split("<thin", "", "<thin");                          /* a tag that never opened */
+    think_split("<think>cut by max_tok", "cut by max_tok", ""); /* never closed */
+    think_split("<think>a </thin b\n</think>x", "a </thin b", "x");
+    think_split("<think>a</think>b</think>c", "a", "b</think>c"); /* one block only */
+    think_split(" <think>x</think>", "", " <think>x</think>");    /* not at the start */
+    think_split("", "", "");
+
+    /* A whole choice: the block moves to reasoning_content; the message keeps the answer. */
+    srv_choice ch = {0};
+    const char *raw = "<think>\nplan\n</think>\n\nDone.";
+    ch.text = strdup(raw);
+    ch.len = strlen(raw);
+    ch.cap = ch.len + 1;
+    ch.finish = SCHED_FINISH_STOP;
+    assert_int_equal(srv_choice_split_reasoning(&ch), 0);
+    assert_string_equal(ch.reasoning, "plan");
+    assert_string_equal(ch.text, "Done.");
+    srv_resp_ctx x = {.chat = true, .id = "chatcmpl-1", .model = "m", .n_top_logprobs = -1};
+    char *body = srv_resp_full(&x, &ch, 1, 3, 0);
+    cJSON *j = cJSON_Parse(body);
+    cJSON *m =
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "message");
+    assert_string_equal(cJSON_GetObjectItem(m, "reasoning_content")->valuestring, "plan");
+    assert_string_equal(cJSON_GetObjectItem(m, "content")->valuestring, "Done.");
+    cJSON_Delete(j);
+    free(body);
+    srv_choice_free(&ch);
+    /* Text without a block is left alone, with no reasoning. */
+    ch.text = strdup("plain");
+    ch.len = ch.cap = 5;
+    assert_int_equal(srv_choice_split_reasoning(&ch), 0);
+    assert_null(ch.reasoning);
+    assert_string_equal(ch.text, "plain");
+    srv_choice_free(&ch);
+    char *chunk = srv_resp_reasoning_chunk(&x, 0, "hmm", 3, NULL, 0);
+    assert_non_null(strstr(chunk, "\"delta\":{\"reasoning_content\":\"hmm\"}"));
+    free(chunk);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_completion_ok), cmocka_unit_test(test_chat_ok),
-        cmocka_unit_test(test_rejects),       cmocka_unit_test(test_error_json),
-        cmocka_unit_test(test_config),        cmocka_unit_test(test_default_json),
-        cmocka_unit_test(test_metrics),       cmocka_unit_test(test_kv_view),
-        cmocka_unit_test(test_http_head),     cmocka_unit_test(test_new_fields),
-        cmocka_unit_test(test_cors_config),   cmocka_unit_test(test_tool_calls),
+        cmocka_unit_test(test_completion_ok),   cmocka_unit_test(test_chat_ok),
+        cmocka_unit_test(test_reasoning_split), cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_error_json),      cmocka_unit_test(test_config),
+        cmocka_unit_test(test_default_json),    cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_kv_view),         cmocka_unit_test(test_http_head),
+        cmocka_unit_test(test_new_fields),      cmocka_unit_test(test_cors_config),
+        cmocka_unit_test(test_tool_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,32 @@
+/* A thinking model's output split into its reasoning and its answer, as vLLM's reasoning
+ * parsers and llama.cpp's `--reasoning-format deepseek` give them (message.reasoning_content
+ * beside message.content): output that opens with <think> is reasoning up to </think>, the
+ * rest is content. The newlines just inside the tags and just after the close are dropped (the
+ * chat template writes its own when the turn is sent back). A think block never closed (cut by
+ * max_tokens) is all reasoning.
+ *
+ * One splitter serves both shapes: a stream is fed piece by piece, a whole text in one piece,
+ * and the results are the same bytes, because srv_think_feed holds back only what may still
+ * become part of a tag or of the newlines around one. Pure; any thread. */
+#ifndef KVS_SERVER_REASONING_H
+#define KVS_SERVER_REASONING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/buf.h"
+
+typedef struct srv_think {
+    int state;    /* where the output is: before the first byte decides, inside, after */
+    bool drop_nl; /* newlines here are the tags' own, dropped */
+    kvs_buf held; /* bytes whose place is not known yet */
+} srv_think;
+
+/* Places n more bytes of output: appended to reasoning or content as far as they are known.
+ * A zeroed srv_think starts an output. */
+void srv_think_feed(srv_think *t, const char *s, size_t n, kvs_buf *reasoning, kvs_buf *content);
+/* The output ended: places what was held, and frees it. */
+void srv_think_end(srv_think *t, kvs_buf *reasoning, kvs_buf *content);
+void srv_think_free(srv_think *t);
+
+#endif
