@@ -373,6 +373,13 @@ static void add_echo(srv_conn *c, cJSON *r, const char *key, cJSON *dflt)
         cJSON_Delete(dflt);
 }
 
+/* A finished choice cut by max_output_tokens is incomplete: the response and its message item
+ * both say so (as OpenAI's do). */
+static bool cut_short(const srv_choice *ch)
+{
+    return !ch->tool_calls && ch->finish == SCHED_FINISH_LENGTH;
+}
+
 static cJSON *message_item(srv_conn *c, const char *text, size_t len, bool done)
 {
     char id[64];
@@ -380,7 +387,10 @@ static cJSON *message_item(srv_conn *c, const char *text, size_t len, bool done)
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", id);
     cJSON_AddStringToObject(m, "type", "message");
-    cJSON_AddStringToObject(m, "status", done ? "completed" : "in_progress");
+    cJSON_AddStringToObject(m, "status",
+                            !done                       ? "in_progress"
+                            : cut_short(&c->choices[0]) ? "incomplete"
+                                                        : "completed");
     cJSON_AddStringToObject(m, "role", "assistant");
     cJSON *content = cJSON_AddArrayToObject(m, "content");
     if (text) {
@@ -415,7 +425,7 @@ static cJSON *call_item(srv_conn *c, const cJSON *call, int i, bool with_args)
 static cJSON *response_object(srv_conn *c, bool final)
 {
     srv_choice *ch = &c->choices[0];
-    bool incomplete = final && !ch->tool_calls && ch->finish == SCHED_FINISH_LENGTH;
+    bool incomplete = final && cut_short(ch);
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "id", c->id);
     cJSON_AddStringToObject(r, "object", "response");

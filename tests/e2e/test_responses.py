@@ -64,6 +64,7 @@ class Responses(unittest.TestCase):
         self.assertEqual(r["incomplete_details"], {"reason": "max_output_tokens"})
         msg = r["output"][0]
         self.assertEqual(msg["type"], "message")
+        self.assertEqual(msg["status"], "incomplete")  # cut by max_output_tokens, as the response
         self.assertEqual(msg["role"], "assistant")
         self.assertEqual(msg["content"][0]["type"], "output_text")
         self.assertEqual(msg["content"][0]["text"], chat["choices"][0]["message"]["content"])
@@ -129,6 +130,9 @@ class Responses(unittest.TestCase):
         self.assertEqual(deltas, done["text"])
         final = ev[-1][1]["response"]
         self.assertEqual(final["output"][0]["content"][0]["text"], deltas)
+        self.assertEqual(final["output"][0]["status"], "incomplete")
+        item_done = [d for n, d in ev if n == "response.output_item.done"][0]
+        self.assertEqual(item_done["item"]["status"], "incomplete")
         self.assertEqual(final["usage"]["output_tokens"], 10)
         self.assertGreater(names.count("response.output_text.delta"), 1)
 
