@@ -34,6 +34,7 @@ typedef struct srv_choice {
     cJSON *tool_calls; /* the calls read out of text (which then holds the rest), or NULL */
     char *reasoning;   /* the think block read out of text (message.reasoning_content), or NULL */
     srv_think think;   /* a stream's splitter state */
+    size_t sent;       /* a stream with tools: bytes of text already sent as content */
 } srv_choice;
 
 /* Appends an event's text and tokens to c; KVS_ENOMEM. */

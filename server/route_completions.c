@@ -147,6 +147,59 @@ bool srv__out_append(srv_conn *c, char *s)
     return true;
 }
 
+/* Sends choice ch's finish: the content not sent yet, then its calls or its finish_reason. */
+static bool stream_tools_end(srv_conn *c, srv_choice *ch, uint32_t idx, enum sched_finish finish)
+{
+    bool ok = true;
+    if (ch->len > ch->sent)
+        ok = srv__out_append(c, srv_resp_chunk(&c->rx, idx, ch->text + ch->sent, ch->len - ch->sent,
+                                               NULL, 0, SCHED_FINISH_NONE, false, 0));
+    if (ok && ch->tool_calls)
+        return srv__out_append(c, srv_resp_tool_calls_chunk(&c->rx, idx, ch->tool_calls)) &&
+               srv__out_append(c, srv_resp_tool_calls_finish(&c->rx, idx));
+    return ok && srv__out_append(c, srv_resp_chunk(&c->rx, idx, "", 0, NULL, 0, finish, false, 0));
+}
+
+/* A streamed event with tool_choice auto: reasoning (if the template thinks) goes out as it
+ * comes; content goes out as far as it cannot be the start of a call (srv_tools_stream_safe),
+ * the rest at the end, when the calls are read out of the whole answer. Logprobs take the
+ * held path below instead, where every token is sent with the text it made. */
+static bool stream_tools_auto(srv_conn *c, srv_choice *ch, const sched_event *ev, bool split)
+{
+    kvs_buf r = {0}, t = {0};
+    if (split) {
+        srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
+        if (ev->finish != SCHED_FINISH_NONE)
+            srv_think_end(&ch->think, &r, &t);
+    } else {
+        kvs_buf_addn(&t, ev->text, ev->text_len);
+    }
+    sched_event content = *ev;
+    content.text = t.p ? t.p : "";
+    content.text_len = t.len;
+    content.n_tokens = 0;
+    bool ok = !r.oom && !t.oom && !srv_choice_add(ch, &content);
+    if (ok && r.len)
+        ok = srv__out_append(c, srv_resp_reasoning_chunk(&c->rx, ev->choice, r.p, r.len, NULL, 0));
+    kvs_buf_free(&r);
+    kvs_buf_free(&t);
+    if (!ok)
+        return false;
+    if (ev->finish == SCHED_FINISH_NONE) {
+        size_t safe = srv_tools_stream_safe(c->srv->tmpl, ch->text ? ch->text : "", ch->len);
+        if (safe <= ch->sent)
+            return true;
+        ok = srv__out_append(c,
+                             srv_resp_chunk(&c->rx, ev->choice, ch->text + ch->sent,
+                                            safe - ch->sent, NULL, 0, SCHED_FINISH_NONE, false, 0));
+        ch->sent = safe;
+        return ok;
+    }
+    if (srv__read_tool_calls(c, ev->choice, ch))
+        return false;
+    return stream_tools_end(c, ch, ev->choice, ev->finish);
+}
+
 /* A streamed chat event of a thinking model: its text through the choice's splitter, sent as
  * a reasoning delta and/or a content delta as far as it is placed (a tag cut between two
  * tokens waits for the next). The tokens' logprobs ride on the last delta sent, or on an empty
@@ -194,6 +247,8 @@ static bool format_event(srv_conn *c, const sched_event *ev)
     }
     bool ok = true;
     bool split = splits_reasoning(c);
+    if (c->rq.tools && c->rq.tool_choice == SRV_TOOLS_AUTO && c->rx.n_top_logprobs < 0)
+        return stream_tools_auto(c, ch, ev, split);
     if (c->rq.tools && c->rq.tool_choice != SRV_TOOLS_NONE) {
         /* Whether the text is a call is known at its end: it is held until then, and sent
          * as one content delta or as the calls (after one reasoning delta, if it thought). */

@@ -206,6 +206,33 @@ static cJSON *parse_at(const char *s, size_t len, const char **end)
     return cJSON_ParseWithLengthOpts(s + i, len - i, end, 0);
 }
 
+/* Bytes of s[0..n) before mark, or before a tail of s that may be mark's beginning. */
+static size_t before_mark(const char *s, size_t n, const char *mark)
+{
+    size_t k = strlen(mark);
+    for (size_t i = 0; i < n; i++) {
+        size_t m = n - i < k ? n - i : k;
+        if (!memcmp(s + i, mark, m))
+            return i;
+    }
+    return n;
+}
+
+size_t srv_tools_stream_safe(enum srv_chat_tmpl t, const char *text, size_t len)
+{
+    switch (family_of(t)) {
+    case FAM_HERMES: return before_mark(text, len, "<tool_call>");
+    case FAM_MISTRAL: return before_mark(text, len, "[TOOL_CALLS]");
+    case FAM_LLAMA3: {
+        size_t i = 0;
+        while (i < len && text[i] && strchr(" \t\r\n", text[i]))
+            i++;
+        return i == len || text[i] == '{' ? 0 : len;
+    }
+    }
+    return 0;
+}
+
 int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool forced,
                     const cJSON *tools, const char *id_base, cJSON **calls, char **content)
 {

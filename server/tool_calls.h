@@ -50,4 +50,11 @@ int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const cha
 int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool forced,
                     const cJSON *tools, const char *id_base, cJSON **calls, char **content);
 
+/* How many leading bytes of text (a stream's answer so far, len bytes, not forced) are content
+ * whatever comes next, so they can be streamed before the answer ends: up to where a call's
+ * marker (<tool_call>, [TOOL_CALLS]) starts or may be starting, none while a Llama 3 answer is
+ * blank or opens with "{" (its calls are the whole text). Those bytes are always a prefix of
+ * srv_tools_parse's *content (or of the text, when it finds no calls). */
+size_t srv_tools_stream_safe(enum srv_chat_tmpl t, const char *text, size_t len);
+
 #endif

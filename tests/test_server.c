@@ -226,6 +226,45 @@ static void test_cors_config(void **state)
 
 /* Tool-call syntax per family: calls read back out of text (only calls to known tools with
  * object arguments), everything else stays content; the renderings carry what they must. */
+/* Streaming an unforced tool answer: at every prefix, what srv_tools_stream_safe lets out is
+ * a prefix of the content the whole answer parses to (so nothing sent is ever taken back). */
+static void stream_safe_holds(enum srv_chat_tmpl t, const cJSON *tools, const char *text,
+                              size_t want_final_safe)
+{
+    size_t n = strlen(text);
+    cJSON *calls;
+    char *rest;
+    int k = srv_tools_parse(t, text, n, false, tools, "s", &calls, &rest);
+    assert_true(k >= 0);
+    const char *content = k > 0 ? rest : text;
+    for (size_t i = 0; i <= n; i++) {
+        size_t safe = srv_tools_stream_safe(t, text, i);
+        assert_true(safe <= i);
+        assert_true(strlen(content) >= safe);
+        assert_memory_equal(content, text, safe);
+    }
+    assert_int_equal(srv_tools_stream_safe(t, text, n), want_final_safe);
+    cJSON_Delete(calls);
+    free(rest);
+}
+
+static void test_tool_calls_stream_safe(void **state)
+{
+    (void)state;
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"add\"}}]");
+    const char *call = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+    char text[256];
+    snprintf(text, sizeof text, "Let me add.\n%s\nDone <tool", call);
+    stream_safe_holds(SRV_CHAT_CHATML, tools, text, strlen("Let me add.\n"));
+    stream_safe_holds(SRV_CHAT_QWEN3, tools, "No call here, <tool_ca", strlen("No call here, "));
+    stream_safe_holds(SRV_CHAT_CHATML, tools, "<tool_call>{\"name\": \"nope\"}</tool_call>", 0);
+    stream_safe_holds(SRV_CHAT_MISTRAL, tools,
+                      "Ok [TOOL_CALLS][{\"name\": \"add\", \"arguments\": {}}]", 3);
+    stream_safe_holds(SRV_CHAT_LLAMA3, tools, " {\"name\": \"add\", \"parameters\": {}}", 0);
+    stream_safe_holds(SRV_CHAT_LLAMA3, tools, "It is 4.", 8);
+    cJSON_Delete(tools);
+}
+
 static void test_tool_calls(void **state)
 {
     (void)state;
@@ -652,7 +691,7 @@ int main(void)
         cmocka_unit_test(test_default_json),    cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_kv_view),         cmocka_unit_test(test_http_head),
         cmocka_unit_test(test_new_fields),      cmocka_unit_test(test_cors_config),
-        cmocka_unit_test(test_tool_calls),
+        cmocka_unit_test(test_tool_calls),      cmocka_unit_test(test_tool_calls_stream_safe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

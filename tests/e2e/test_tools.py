@@ -105,6 +105,24 @@ class Auto(unittest.TestCase):
         self.assertNotIn("tool_calls", c["message"])
         self.assertIsInstance(c["message"]["content"], str)
 
+    def test_auto_streams_text_as_it_comes(self):
+        """With tool_choice auto an answer that is no call is streamed token by token (what
+        could be the start of a <tool_call> is held; tests/test_server.c checks that what is
+        sent is never taken back), and adds up to the answer given whole."""
+        st, whole = srv.post("/v1/chat/completions", body(temperature=0, max_tokens=24))
+        self.assertEqual(st, 200, whole)
+        st, events, done = srv.stream("/v1/chat/completions",
+                                      body(temperature=0, max_tokens=24, stream=True))
+        self.assertEqual(st, 200)
+        self.assertTrue(done)
+        deltas = [e["choices"][0]["delta"].get("content") for e in events if e.get("choices")]
+        texts = [d for d in deltas if d]
+        self.assertGreater(len(texts), 3, deltas)
+        self.assertEqual("".join(texts), whole["choices"][0]["message"]["content"])
+        self.assertEqual(events[-1]["choices"][0]["finish_reason"] if events[-1].get("choices")
+                         else events[-2]["choices"][0]["finish_reason"],
+                         whole["choices"][0]["finish_reason"])
+
     def test_none_does_not_render_tools(self):
         st, with_tools = srv.post("/v1/chat/completions", body(max_tokens=1))
         st, none = srv.post("/v1/chat/completions", body(max_tokens=1, tool_choice="none"))
