@@ -318,6 +318,7 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
 {
     o->enable_thinking = -1;
     o->date = NULL;
+    o->default_system = NULL;
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     if (!kw || cJSON_IsNull(kw))
         return 0;
@@ -369,11 +370,13 @@ static int add_reasoning(const cJSON *msg, int i, char **text, srv_error *e)
     return 0;
 }
 
-static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
+static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_request *r, srv_error *e)
 {
+    enum srv_chat_tmpl tmpl = fmt->tmpl;
     srv_chat_opts opts;
     if (parse_template_kwargs(root, tmpl, &opts, e))
         return -1;
+    opts.default_system = fmt->default_system;
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!msgs || cJSON_IsNull(msgs))
         return srv_error_set(e, 400, "messages", NULL, "'messages' is required");
@@ -396,10 +399,26 @@ static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_reques
             rc = oom(e);
             goto out;
         }
+        const cJSON *r0 = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(msgs, 0), "role");
+        bool has_system = cJSON_IsString(r0) && (!strcmp(r0->valuestring, "system") ||
+                                                 !strcmp(r0->valuestring, "developer"));
+        if (fmt->default_system && !has_system) {
+            /* the tools' system turn opens with the default text, as Qwen 2.5's template does */
+            kvs_buf b = {0};
+            kvs_buf_add(&b, fmt->default_system);
+            kvs_buf_add(&b, "\n\n");
+            kvs_buf_add(&b, texts[0]);
+            free(texts[0]);
+            if (kvs_buf_take(&b, &texts[0])) {
+                rc = oom(e);
+                goto out;
+            }
+        }
         m[0].role = "system";
         m[0].content = texts[0];
         k = 1;
     }
+    bool prev_tool = false; /* the message before was a tool result */
     const cJSON *it;
     cJSON_ArrayForEach(it, msgs)
     {
@@ -452,6 +471,24 @@ static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_reques
                 rc = oom(e);
                 goto out;
             }
+            if (prev_tool && srv_tools_merge_results(tmpl)) {
+                /* results in a row share one turn, a line apart (Qwen's templates) */
+                kvs_buf b = {0};
+                kvs_buf_add(&b, texts[k - 1]);
+                kvs_buf_add(&b, "\n");
+                kvs_buf_add(&b, texts[k]);
+                free(texts[k - 1]);
+                free(texts[k]);
+                texts[k] = NULL;
+                if (kvs_buf_take(&b, &texts[k - 1])) {
+                    rc = oom(e);
+                    goto out;
+                }
+                m[k - 1].content = texts[k - 1];
+                i++;
+                continue;
+            }
+            prev_tool = true;
         } else if ((rc = content_text(content, i, &texts[k], e))) {
             goto out;
         } else if (!strcmp(ro, "assistant") && srv_chat_has_thinking(tmpl) &&
@@ -477,6 +514,8 @@ static int parse_messages(const cJSON *root, enum srv_chat_tmpl tmpl, srv_reques
             i++;
             continue;
         }
+        if (strcmp(cJSON_GetObjectItemCaseSensitive(it, "role")->valuestring, "tool"))
+            prev_tool = false;
         m[k].role = ro;
         m[k].content = texts[k];
         i++;
@@ -910,7 +949,7 @@ uint64_t srv_response_bound(uint32_t n, uint32_t max_tokens, int n_top_logprobs)
     return (uint64_t)n * max_tokens * per_token;
 }
 
-int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmpl tmpl,
+int srv_request_parse(const char *body, size_t len, bool chat, const srv_chat_fmt *fmt,
                       const sampler_params *defaults, srv_request *r, srv_error *e)
 {
     memset(r, 0, sizeof *r);
@@ -939,7 +978,7 @@ int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmp
         goto out;
     if (chat && parse_tools(root, r, e))
         goto out;
-    if (chat ? parse_messages(root, tmpl, r, e) : parse_prompt(root, r, e))
+    if (chat ? parse_messages(root, fmt, r, e) : parse_prompt(root, r, e))
         goto out;
 
     double d;

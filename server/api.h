@@ -100,10 +100,10 @@ int srv_json_parse_object(const char *body, size_t len, cJSON **out, srv_error *
 #define SRV_BOUND_LOGPROB_BYTES 96 /* per logprob entry: token, logprob, bytes, keys */
 uint64_t srv_response_bound(uint32_t n, uint32_t max_tokens, int n_top_logprobs);
 
-/* Parses and validates body. chat selects the endpoint's schema; tmpl renders messages;
+/* Parses and validates body. chat selects the endpoint's schema; fmt renders messages;
  * sampling fields not in the body keep defaults (sampler_default_params()).
  * Returns 0, or -1 with e filled (400 for everything the client got wrong, 500 on OOM). */
-int srv_request_parse(const char *body, size_t len, bool chat, enum srv_chat_tmpl tmpl,
+int srv_request_parse(const char *body, size_t len, bool chat, const srv_chat_fmt *fmt,
                       const sampler_params *defaults, srv_request *r, srv_error *e);
 void srv_request_free(srv_request *r);
 

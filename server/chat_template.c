@@ -59,6 +59,58 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
     return SRV_CHAT_PLAIN;
 }
 
+/* The literal of a default system turn in a ChatML template's Jinja source: the text after
+ * "<|im_start|>system" and its newline (a "\n" escape or a real one) up to "<|im_end|>", when
+ * that text is plain (no quote, brace, plus or other escape: then it is an expression, such as
+ * `+ messages[0]['content']`, not a literal). 0 and *out (NULL if there is none), or
+ * KVS_ENOMEM. */
+static int default_system_of(const char *t, char **out)
+{
+    *out = NULL;
+    static const char head[] = "<|im_start|>system";
+    for (const char *p = strstr(t, head); p; p = strstr(p + 1, head)) {
+        const char *q = p + sizeof head - 1;
+        if (q[0] == '\\' && q[1] == 'n')
+            q += 2;
+        else if (q[0] == '\n')
+            q += 1;
+        else
+            continue;
+        const char *end = strstr(q, "<|im_end|>");
+        if (!end || end == q)
+            continue;
+        bool plain = true;
+        for (const char *c = q; c < end && plain; c++)
+            plain = !strchr("'\"{}+%", *c) && (*c != '\\' || c[1] == 'n');
+        if (!plain)
+            continue;
+        kvs_buf b = {0};
+        for (const char *c = q; c < end; c++) {
+            if (*c == '\\') { /* the one escape allowed: \n */
+                kvs_buf_add(&b, "\n");
+                c++;
+            } else {
+                kvs_buf_addn(&b, c, 1);
+            }
+        }
+        return kvs_buf_take(&b, out);
+    }
+    return 0;
+}
+
+int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out)
+{
+    out->tmpl = srv_chat_detect(tmpl);
+    out->default_system = NULL;
+    return out->tmpl == SRV_CHAT_CHATML ? default_system_of(tmpl, &out->default_system) : 0;
+}
+
+void srv_chat_fmt_free(srv_chat_fmt *f)
+{
+    free(f->default_system);
+    f->default_system = NULL;
+}
+
 static bool is_space(char c)
 {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
@@ -192,7 +244,7 @@ static void render_llama31(kvs_buf *b, const srv_chat_msg *m, size_t n, const ch
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
                     const srv_chat_opts *opts, char **out)
 {
-    static const srv_chat_opts k_defaults = {-1, NULL};
+    static const srv_chat_opts k_defaults = {.enable_thinking = -1};
     if (!opts)
         opts = &k_defaults;
     kvs_buf b = {0};
@@ -206,6 +258,11 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
         }
         break;
     case SRV_CHAT_CHATML:
+        if (opts->default_system && !(n && !strcmp(m[0].role, "system"))) {
+            kvs_buf_add(&b, "<|im_start|>system\n");
+            kvs_buf_add(&b, opts->default_system);
+            kvs_buf_add(&b, "<|im_end|>\n");
+        }
         for (size_t i = 0; i < n; i++) {
             kvs_buf_add(&b, "<|im_start|>");
             kvs_buf_add(&b, m[i].role);

@@ -26,10 +26,19 @@ enum srv_chat_tmpl {
     SRV_CHAT_COUNT
 };
 
-/* What a request may change in a rendering (chat_template_kwargs). */
+/* A model's chat format: its family, and what its template writes beyond the family's form. */
+typedef struct srv_chat_fmt {
+    enum srv_chat_tmpl tmpl;
+    /* ChatML: the system turn's text the template writes when a conversation has none (Qwen
+     * 2.5's "You are Qwen, created by Alibaba Cloud. ...", SmolLM2's), malloc'd; NULL: none */
+    char *default_system;
+} srv_chat_fmt;
+
+/* What a request may change in a rendering (chat_template_kwargs), and the model's defaults. */
 typedef struct srv_chat_opts {
-    int enable_thinking; /* -1: the template's default; 0 or 1 (templates with the switch) */
-    const char *date;    /* Llama 3.2's "Today Date" ("01 Dec 2026"); NULL: today (local time) */
+    int enable_thinking;        /* -1: the template's default; 0 or 1 (templates with the switch) */
+    const char *default_system; /* srv_chat_fmt's, or NULL */
+    const char *date; /* Llama 3.2's "Today Date" ("01 Dec 2026"); NULL: today (local time) */
 } srv_chat_opts;
 
 typedef struct srv_chat_msg {
@@ -39,6 +48,10 @@ typedef struct srv_chat_msg {
 
 /* The family of a GGUF chat template (NULL or unrecognised: PLAIN). */
 enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
+/* srv_chat_detect plus the default system text a ChatML template writes as a literal. Returns 0
+ * or KVS_ENOMEM; free with srv_chat_fmt_free. */
+int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out);
+void srv_chat_fmt_free(srv_chat_fmt *f);
 /* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, qwen3, llama3.1, llama3.2,
  * plain. -1 if unknown. */
 int srv_chat_from_name(const char *name);

@@ -61,6 +61,7 @@ int cmd_serve(int argc, char **argv)
     int exit_code = 1;
     engine_model *model = NULL;
     sched *sc = NULL;
+    srv_chat_fmt chat = {SRV_CHAT_PLAIN, NULL};
     srv_server *srv = NULL;
 
     if (srv_config_parse(&cfg, argc, argv, err, sizeof err)) {
@@ -179,12 +180,19 @@ int cmd_serve(int argc, char **argv)
         goto out;
     }
     uint32_t n_ctx = cfg.ctx_size ? cfg.ctx_size : hp->n_ctx_train;
-    enum srv_chat_tmpl tmpl = forced_tmpl >= 0 ? (enum srv_chat_tmpl)forced_tmpl
-                                               : srv_chat_detect(engine_model_chat_template(model));
+    /* A family named by --chat-template is rendered in its plain form: what else the model's
+     * own template writes (a default system turn) is detection's, not the override's. */
+    if (forced_tmpl >= 0)
+        chat.tmpl = (enum srv_chat_tmpl)forced_tmpl;
+    else if (srv_chat_fmt_detect(engine_model_chat_template(model), &chat)) {
+        fprintf(stderr, "kvserve serve: out of memory\n");
+        goto out;
+    }
     const char *name = cfg.served_model_name ? cfg.served_model_name : engine_model_name(model);
-    srv_set_ready(srv, model, sc, name, tmpl, n_ctx);
-    log_info("serving model '%s' (context %u, chat template %s) on http://%s:%u", name, n_ctx,
-             srv_chat_name(tmpl), cfg.host, (unsigned)srv_port(srv));
+    srv_set_ready(srv, model, sc, name, &chat, n_ctx);
+    log_info("serving model '%s' (context %u, chat template %s%s) on http://%s:%u", name, n_ctx,
+             srv_chat_name(chat.tmpl), chat.default_system ? ", with its default system turn" : "",
+             cfg.host, (unsigned)srv_port(srv));
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0) {
@@ -205,6 +213,7 @@ out:
     sched_destroy(sc); /* no notify after this */
     srv_destroy(srv);
     engine_model_destroy(model);
+    srv_chat_fmt_free(&chat);
     if (exit_code == 0)
         log_info("stopped");
     srv_config_free(&cfg);

@@ -740,14 +740,14 @@ uint16_t srv_port(const srv_server *s)
 }
 
 void srv_set_ready(srv_server *s, const engine_model *m, sched *sc, const char *served_name,
-                   enum srv_chat_tmpl tmpl, uint32_t n_ctx)
+                   const srv_chat_fmt *chat, uint32_t n_ctx)
 {
     s->model = m;
     s->vocab = engine_model_vocab(m);
     s->sched = sc;
     free(s->served_name);
     s->served_name = strdup(served_name);
-    s->tmpl = tmpl;
+    s->chat = *chat;
     s->n_ctx = n_ctx;
     atomic_store(&s->state, ST_READY);
 }

@@ -25,7 +25,7 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
 uint16_t srv_port(const srv_server *s);
 /* Starts serving with model m and scheduler sc (both outlive the server until srv_stop). */
 void srv_set_ready(srv_server *s, const engine_model *m, sched *sc, const char *served_name,
-                   enum srv_chat_tmpl tmpl, uint32_t n_ctx);
+                   const srv_chat_fmt *chat, uint32_t n_ctx);
 /* New requests and /health get 503 from now on. */
 void srv_begin_drain(srv_server *s);
 /* Generation requests accepted and not yet completed (response sent or client gone). */

@@ -68,7 +68,7 @@ struct srv_server {
     const tok_vocab *vocab;
     sched *sched;
     char *served_name;
-    enum srv_chat_tmpl tmpl;
+    srv_chat_fmt chat; /* its default_system is the caller's (srv_set_ready) */
     uint32_t n_ctx;
     long long started;
 

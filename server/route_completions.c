@@ -78,7 +78,7 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
     snprintf(base, sizeof base, "%s_%u", c->id + (idl > 16 ? idl - 16 : 0), idx);
     cJSON *calls;
     char *rest;
-    int n = srv_tools_parse(c->srv->tmpl, ch->text ? ch->text : "", ch->len, forced, rq->tools,
+    int n = srv_tools_parse(c->srv->chat.tmpl, ch->text ? ch->text : "", ch->len, forced, rq->tools,
                             base, &calls, &rest);
     if (n <= 0)
         return n;
@@ -98,7 +98,8 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
 static bool splits_reasoning(const srv_conn *c)
 {
     const char *f = c->srv->cfg->reasoning_format;
-    return c->route == R_CHAT && srv_chat_has_thinking(c->srv->tmpl) && !(f && !strcmp(f, "none"));
+    return c->route == R_CHAT && srv_chat_has_thinking(c->srv->chat.tmpl) &&
+           !(f && !strcmp(f, "none"));
 }
 
 static enum MHD_Result finish_full(srv_conn *c)
@@ -186,7 +187,7 @@ static bool stream_tools_auto(srv_conn *c, srv_choice *ch, const sched_event *ev
     if (!ok)
         return false;
     if (ev->finish == SCHED_FINISH_NONE) {
-        size_t safe = srv_tools_stream_safe(c->srv->tmpl, ch->text ? ch->text : "", ch->len);
+        size_t safe = srv_tools_stream_safe(c->srv->chat.tmpl, ch->text ? ch->text : "", ch->len);
         if (safe <= ch->sent)
             return true;
         ok = srv__out_append(c,
@@ -383,7 +384,7 @@ enum MHD_Result srv__route_generate(srv_conn *c)
 {
     srv_error e;
     sampler_params defaults = sampler_default_params();
-    if (srv_request_parse(c->body ? c->body : "", c->body_len, c->route == R_CHAT, c->srv->tmpl,
+    if (srv_request_parse(c->body ? c->body : "", c->body_len, c->route == R_CHAT, &c->srv->chat,
                           &defaults, &c->rq, &e))
         return srv__send_error(c, &e);
     return srv__generate(c);

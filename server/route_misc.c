@@ -199,7 +199,7 @@ enum MHD_Result srv__route_apply_template(srv_conn *c)
     srv_error e;
     srv_request rq;
     sampler_params defaults = sampler_default_params();
-    if (srv_request_parse(c->body ? c->body : "", c->body_len, true, c->srv->tmpl, &defaults, &rq,
+    if (srv_request_parse(c->body ? c->body : "", c->body_len, true, &c->srv->chat, &defaults, &rq,
                           &e))
         return srv__send_error(c, &e);
     cJSON *out = cJSON_CreateObject();

@@ -354,7 +354,7 @@ enum MHD_Result srv__route_responses(srv_conn *c)
         return srv__fail(c, 500, NULL, NULL, "out of memory");
     }
     sampler_params defaults = sampler_default_params();
-    int rc = srv_request_parse(body, strlen(body), true, c->srv->tmpl, &defaults, &c->rq, &e);
+    int rc = srv_request_parse(body, strlen(body), true, &c->srv->chat, &defaults, &c->rq, &e);
     free(body);
     if (rc) {
         rename_param(&e);

@@ -9,16 +9,12 @@
 
 #include "common/buf.h"
 #include "common/status.h"
+#include "server/json_py.h"
 
-/* Appends j printed compactly; NULL j or an allocation failure marks b. */
+/* Appends j as a template's tojson prints it (json_py.h); NULL j or a failure marks b. */
 static void tb_json(kvs_buf *b, const cJSON *j)
 {
-    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
-    if (!s)
-        b->oom = true;
-    else
-        kvs_buf_add(b, s);
-    free(s);
+    srv_json_py(b, j, 0);
 }
 
 enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL };
@@ -122,6 +118,11 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
     if (f == FAM_MISTRAL)
         kvs_buf_add(&b, "]");
     return kvs_buf_take(&b, out);
+}
+
+bool srv_tools_merge_results(enum srv_chat_tmpl t)
+{
+    return family_of(t) == FAM_HERMES;
 }
 
 int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const char *content,

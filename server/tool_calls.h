@@ -41,6 +41,9 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
 int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const char *content,
                             const char **role, char **out);
 
+/* Whether results in a row are one turn (their texts a line apart): Hermes-style families. */
+bool srv_tools_merge_results(enum srv_chat_tmpl t);
+
 /* Reads calls out of generated text (len bytes). forced: the text is one {"name",
  * "arguments"} object. Only calls naming one of tools with an object as arguments count; in
  * the unforced case anything else stays content. On success returns the number of calls

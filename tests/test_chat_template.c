@@ -21,7 +21,7 @@ static const srv_chat_msg k_conv[] = {
 static void check(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n, const char *want)
 {
     char *got = NULL;
-    srv_chat_opts o = {-1, "01 Dec 2026"};
+    srv_chat_opts o = {.enable_thinking = -1, .date = "01 Dec 2026"};
     assert_int_equal(srv_chat_render(t, m, n, &o, &got), 0);
     assert_non_null(got);
     assert_string_equal(got, want);
@@ -67,6 +67,46 @@ static void test_detect(void **state)
                                      "{{- \"Cutting Knowledge Date: December 2023\\n\" }}"),
                      SRV_CHAT_LLAMA32);
     assert_int_equal(srv_chat_detect("{{ message['content'] }}"), SRV_CHAT_PLAIN);
+}
+
+/* A ChatML template's default system turn is read only where it is a literal. */
+static void test_default_system(void **state)
+{
+    (void)state;
+    srv_chat_fmt f;
+    assert_int_equal(
+        srv_chat_fmt_detect(
+            "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + "
+            "messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou "
+            "are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}",
+            &f),
+        0);
+    assert_int_equal(f.tmpl, SRV_CHAT_CHATML);
+    assert_string_equal(f.default_system,
+                        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    srv_chat_msg one[] = {{"user", "Hi"}};
+    char *got = NULL;
+    srv_chat_opts o = {.enable_thinking = -1, .default_system = f.default_system};
+    assert_int_equal(srv_chat_render(f.tmpl, one, 1, &o, &got), 0);
+    assert_string_equal(got, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are "
+                             "a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                             "<|im_start|>assistant\n");
+    free(got);
+    /* a system message of the conversation's own replaces it */
+    assert_int_equal(srv_chat_render(f.tmpl, k_conv, 2, &o, &got), 0);
+    assert_string_equal(got, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi"
+                             "<|im_end|>\n<|im_start|>assistant\n");
+    free(got);
+    srv_chat_fmt_free(&f);
+    /* no literal: an expression after the marker, or no default at all */
+    assert_int_equal(srv_chat_fmt_detect("{{'<|im_start|>system\\n' + m['content'] + "
+                                         "'<|im_end|>'}}{{'<|im_start|>' + role}}",
+                                         &f),
+                     0);
+    assert_int_equal(f.tmpl, SRV_CHAT_CHATML);
+    assert_null(f.default_system);
+    assert_int_equal(srv_chat_fmt_detect("{{ message['content'] }}", &f), 0);
+    assert_null(f.default_system);
 }
 
 static void test_names(void **state)
@@ -183,7 +223,7 @@ static void test_qwen3(void **state)
           "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
           "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
     char *got = NULL;
-    srv_chat_opts off = {0, NULL};
+    srv_chat_opts off = {.enable_thinking = 0};
     assert_int_equal(srv_chat_render(SRV_CHAT_QWEN3, m, 1, &off, &got), 0);
     assert_string_equal(got, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
                              "<think>\n\n</think>\n\n");
@@ -217,19 +257,13 @@ static void test_llama31(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_detect),
-        cmocka_unit_test(test_names),
-        cmocka_unit_test(test_plain),
-        cmocka_unit_test(test_chatml),
-        cmocka_unit_test(test_llama2),
-        cmocka_unit_test(test_llama3),
-        cmocka_unit_test(test_zephyr),
-        cmocka_unit_test(test_mistral),
-        cmocka_unit_test(test_gemma),
-        cmocka_unit_test(test_phi3),
-        cmocka_unit_test(test_qwen3),
-        cmocka_unit_test(test_llama31),
-        cmocka_unit_test(test_gemma_trailing_system),
+        cmocka_unit_test(test_detect),         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_default_system), cmocka_unit_test(test_plain),
+        cmocka_unit_test(test_chatml),         cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_llama3),         cmocka_unit_test(test_zephyr),
+        cmocka_unit_test(test_mistral),        cmocka_unit_test(test_gemma),
+        cmocka_unit_test(test_phi3),           cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_llama31),        cmocka_unit_test(test_gemma_trailing_system),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,7 +27,7 @@ import peer_util
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join(HERE, "data", "chat_templates")
 # name -> the family srv_chat_detect must pick (kvserve logs it at start)
-FAMILIES = {"qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
+FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
             "llama3.1": "llama3.1", "llama3.2": "llama3.2"}
 
 S, U, A = "system", "user", "assistant"
@@ -55,6 +55,27 @@ CASES = [
     ("thinking on", [(U, "Hi")], {"enable_thinking": True}),
 ]
 BOS_TEXTS = ("<s>", "<bos>", "<|begin_of_text|>")
+# Tool cases, for the templates that write tools themselves (the others have no tools syntax
+# of their own: kvserve writes its generic form where their templates would drop the tools).
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Adds two numbers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "number"},
+                                                   "b": {"type": "number"}},
+                   "required": ["a", "b"]}}}]
+CALL = {"id": "call_1", "type": "function",
+        "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}
+TOOL_CASES = [
+    ("tools", [(U, "Add 2 and 3")]),
+    ("tools and a system message", [(S, "Be brief."), (U, "Add 2 and 3")]),
+    ("a call and its result",
+     [(U, "Add 2 and 3"), {"role": A, "content": None, "tool_calls": [CALL]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "5"}]),
+    ("two results in a row",
+     [(U, "Add"), {"role": A, "content": "Both.", "tool_calls": [CALL, dict(CALL, id="call_2")]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+      {"role": "tool", "tool_call_id": "call_2", "content": "5"}]),
+]
+WITH_TOOLS = ("qwen2.5", "qwen3")
 
 
 def post(url, body):
@@ -128,10 +149,15 @@ def main():
                     print("%-9s detected as %s, expected %s" % (name, detected.group(1),
                                                                 FAMILIES[name]))
                     failures += 1
-                for label, msgs, kwargs in CASES:
+                cases = CASES + ([(label, msgs, {"tools": TOOLS}) for label, msgs in TOOL_CASES]
+                                 if name in WITH_TOOLS else [])
+                for label, msgs, kwargs in cases:
                     body = {"messages": [m if isinstance(m, dict) else {"role": m[0], "content": m[1]}
                                          for m in msgs]}
-                    if kwargs:
+                    if kwargs and "tools" in kwargs:
+                        body.update(kwargs)
+                        kwargs = None
+                    elif kwargs:
                         body["chat_template_kwargs"] = kwargs
                     if name == "gemma2" and body["messages"][0]["role"] == S:
                         print("%-9s %-30s not compared: the template refuses system messages"

@@ -14,6 +14,7 @@
 #include "server/api.h"
 #include "server/config.h"
 #include "server/tool_calls.h"
+#include "server/json_py.h"
 #include "server/kv_view.h"
 #include "server/http_head.h"
 #include "server/metrics.h"
@@ -24,7 +25,8 @@ static const sampler_params k_defaults = {.temperature = 1, .top_p = 1, .repetit
 
 static int parse(const char *body, bool chat, srv_request *r, srv_error *e)
 {
-    return srv_request_parse(body, strlen(body), chat, SRV_CHAT_PLAIN, &k_defaults, r, e);
+    static const srv_chat_fmt plain = {SRV_CHAT_PLAIN, NULL};
+    return srv_request_parse(body, strlen(body), chat, &plain, &k_defaults, r, e);
 }
 
 static void expect_400(const char *body, bool chat, const char *param)
@@ -265,6 +267,24 @@ static void test_tool_calls_stream_safe(void **state)
     cJSON_Delete(tools);
 }
 
+/* Python's json.dumps layout, which Jinja's tojson writes: ", " and ": ", or indent=4. */
+static void test_json_py(void **state)
+{
+    (void)state;
+    cJSON *j = cJSON_Parse("{\"a\":[1,2.5,\"x\\n\\u00e9\"],\"b\":{},\"c\":[],\"d\":{\"e\":null}}");
+    kvs_buf b = {0};
+    srv_json_py(&b, j, 0);
+    assert_string_equal(
+        b.p, "{\"a\": [1, 2.5, \"x\\n\u00e9\"], \"b\": {}, \"c\": [], \"d\": {\"e\": null}}");
+    kvs_buf_free(&b);
+    srv_json_py(&b, j, 4);
+    assert_string_equal(
+        b.p, "{\n    \"a\": [\n        1,\n        2.5,\n        \"x\\n\u00e9\"\n    ],\n"
+             "    \"b\": {},\n    \"c\": [],\n    \"d\": {\n        \"e\": null\n    }\n}");
+    kvs_buf_free(&b);
+    cJSON_Delete(j);
+}
+
 static void test_tool_calls(void **state)
 {
     (void)state;
@@ -328,15 +348,15 @@ static void test_tool_calls(void **state)
     char *out;
     assert_int_equal(srv_tools_render_system(SRV_CHAT_CHATML, tools, &out), 0);
     assert_non_null(strstr(out, "<tools>"));
-    assert_non_null(strstr(out, "\"name\":\"add\""));
+    assert_non_null(strstr(out, "\"name\": \"add\"")); /* as a template's tojson prints it */
     free(out);
     cJSON *hist = cJSON_Parse("[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
                               "\"add\",\"arguments\":\"{\\\"a\\\":1}\"}}]");
     assert_int_equal(srv_tools_render_calls(SRV_CHAT_LLAMA3, NULL, hist, &out), 0);
-    assert_string_equal(out, "{\"name\":\"add\",\"parameters\":{\"a\":1}}");
+    assert_string_equal(out, "{\"name\": \"add\", \"parameters\": {\"a\": 1}}");
     free(out);
     assert_int_equal(srv_tools_render_calls(SRV_CHAT_MISTRAL, "", hist, &out), 0);
-    assert_string_equal(out, "[TOOL_CALLS][{\"name\":\"add\",\"arguments\":{\"a\":1}}]");
+    assert_string_equal(out, "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 1}}]");
     free(out);
     const char *role;
     assert_int_equal(srv_tools_render_result(SRV_CHAT_LLAMA3, "c1", "42", &role, &out), 0);
@@ -685,13 +705,21 @@ static void test_reasoning_split(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_completion_ok),   cmocka_unit_test(test_chat_ok),
-        cmocka_unit_test(test_reasoning_split), cmocka_unit_test(test_rejects),
-        cmocka_unit_test(test_error_json),      cmocka_unit_test(test_config),
-        cmocka_unit_test(test_default_json),    cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_kv_view),         cmocka_unit_test(test_http_head),
-        cmocka_unit_test(test_new_fields),      cmocka_unit_test(test_cors_config),
-        cmocka_unit_test(test_tool_calls),      cmocka_unit_test(test_tool_calls_stream_safe),
+        cmocka_unit_test(test_completion_ok),
+        cmocka_unit_test(test_chat_ok),
+        cmocka_unit_test(test_reasoning_split),
+        cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_error_json),
+        cmocka_unit_test(test_config),
+        cmocka_unit_test(test_default_json),
+        cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_kv_view),
+        cmocka_unit_test(test_http_head),
+        cmocka_unit_test(test_new_fields),
+        cmocka_unit_test(test_cors_config),
+        cmocka_unit_test(test_tool_calls),
+        cmocka_unit_test(test_json_py),
+        cmocka_unit_test(test_tool_calls_stream_safe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,14 +28,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     bool chat = data[0] & 1;
-    enum srv_chat_tmpl tmpl = (enum srv_chat_tmpl)((data[0] >> 1) % 8);
+    /* the family, and for ChatML a default system turn (Qwen 2.5's form) half the time */
+    srv_chat_fmt fmt = {(enum srv_chat_tmpl)((data[0] >> 1) % SRV_CHAT_COUNT),
+                        (data[0] & 0x80) ? (char *)"You are a test." : NULL};
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
     sampler_params defaults = sampler_default_params();
     srv_request r;
     srv_error e;
     memset(&e, 0, sizeof e);
-    if (srv_request_parse(body, len, chat, tmpl, &defaults, &r, &e) == 0) {
+    if (srv_request_parse(body, len, chat, &fmt, &defaults, &r, &e) == 0) {
         CHECK(r.chat == chat);
         CHECK(r.n >= 1 && r.n <= SRV_MAX_N);
         CHECK(r.max_tokens >= 1);

@@ -24,7 +24,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     enum srv_chat_tmpl t = (enum srv_chat_tmpl)(data[0] % SRV_CHAT_COUNT);
-    srv_chat_opts opts = {(data[0] / SRV_CHAT_COUNT) % 3 - 1, "01 Jan 2025"};
+    srv_chat_opts opts = {.enable_thinking = (data[0] / SRV_CHAT_COUNT) % 3 - 1,
+                          .default_system = (data[0] & 0x80) ? "You are a test." : NULL,
+                          .date = "01 Jan 2025"};
     /* A NUL-terminated copy, split in place. */
     char *buf = malloc(size);
     if (!buf)
