@@ -319,6 +319,7 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
     o->enable_thinking = -1;
     o->date = NULL;
     o->default_system = NULL;
+    o->tools_user = NULL;
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     if (!kw || cJSON_IsNull(kw))
         return 0;
@@ -394,7 +395,14 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
         goto out;
     }
     bool tools_on = r->tools && r->tool_choice != SRV_TOOLS_NONE;
-    if (tools_on) {
+    char *tools_user = NULL; /* the tools' text where a template puts it in the first user turn */
+    if (tools_on && srv_tools_in_user_turn(tmpl)) {
+        if (srv_tools_render_system(tmpl, r->tools, &tools_user)) {
+            rc = oom(e);
+            goto out;
+        }
+        opts.tools_user = tools_user;
+    } else if (tools_on) {
         if (srv_tools_render_system(tmpl, r->tools, &texts[0])) {
             rc = oom(e);
             goto out;
@@ -495,7 +503,7 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
                    (rc = add_reasoning(it, i, &texts[k], e))) {
             goto out;
         }
-        if (k == 1 && tools_on && !strcmp(ro, "system") && i == 0) {
+        if (k == 1 && tools_on && !tools_user && !strcmp(ro, "system") && i == 0) {
             /* the request's own system message first, then the tools */
             size_t a = strlen(texts[1]), b = strlen(texts[0]);
             char *s = malloc(a + b + 3);
@@ -524,6 +532,7 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
     if (srv_chat_render(tmpl, m, (size_t)k, &opts, &r->prompt_text))
         rc = oom(e);
 out:
+    free(tools_user);
     if (texts)
         for (int q = 0; q <= n; q++)
             free(texts[q]);

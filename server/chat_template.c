@@ -221,16 +221,26 @@ static void render_qwen3(kvs_buf *b, const srv_chat_msg *m, size_t n, int enable
 
 /* Llama 3.1 / 3.2 / 3.3: the first system message (trimmed) goes after the knowledge-cutoff
  * and today lines of a system turn that is always there. */
-static void render_llama31(kvs_buf *b, const srv_chat_msg *m, size_t n, const char *date)
+static void render_llama31(kvs_buf *b, const srv_chat_msg *m, size_t n, const char *date,
+                           const char *tools)
 {
-    kvs_buf_add(b, "<|start_header_id|>system<|end_header_id|>\n\n"
-                   "Cutting Knowledge Date: December 2023\nToday Date: ");
+    kvs_buf_add(b, "<|start_header_id|>system<|end_header_id|>\n\n");
+    if (tools)
+        kvs_buf_add(b, "Environment: ipython\n");
+    kvs_buf_add(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
     kvs_buf_add(b, date);
     kvs_buf_add(b, "\n\n");
     size_t i = 0;
     if (n && !strcmp(m[0].role, "system"))
         sb_add_trim(b, m[i++].content);
     kvs_buf_add(b, "<|eot_id|>");
+    if (tools) { /* the next message, whatever its role, is the user turn the tools open */
+        kvs_buf_add(b, "<|start_header_id|>user<|end_header_id|>\n\n");
+        kvs_buf_add(b, tools);
+        if (i < n)
+            sb_add_trim(b, m[i++].content);
+        kvs_buf_add(b, "<|eot_id|>");
+    }
     for (; i < n; i++) {
         kvs_buf_add(b, "<|start_header_id|>");
         kvs_buf_add(b, m[i].role);
@@ -329,7 +339,7 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
         }
         kvs_buf_add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
-    case SRV_CHAT_LLAMA31: render_llama31(&b, m, n, "26 Jul 2024"); break;
+    case SRV_CHAT_LLAMA31: render_llama31(&b, m, n, "26 Jul 2024", opts->tools_user); break;
     case SRV_CHAT_LLAMA32: {
         char today[32];
         if (!opts->date) { /* strftime_now("%d %b %Y") as llama.cpp's and HF's Jinja give it */
@@ -338,7 +348,7 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
             localtime_r(&now, &tm);
             strftime(today, sizeof today, "%d %b %Y", &tm);
         }
-        render_llama31(&b, m, n, opts->date ? opts->date : today);
+        render_llama31(&b, m, n, opts->date ? opts->date : today, opts->tools_user);
         break;
     }
     case SRV_CHAT_QWEN3: render_qwen3(&b, m, n, opts->enable_thinking); break;

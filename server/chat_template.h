@@ -38,6 +38,9 @@ typedef struct srv_chat_fmt {
 typedef struct srv_chat_opts {
     int enable_thinking;        /* -1: the template's default; 0 or 1 (templates with the switch) */
     const char *default_system; /* srv_chat_fmt's, or NULL */
+    /* Llama 3.1/3.2: the tools' text, written at the start of the first user turn (with
+     * "Environment: ipython" in the system turn), as their templates do; NULL: no tools */
+    const char *tools_user;
     const char *date; /* Llama 3.2's "Today Date" ("01 Dec 2026"); NULL: today (local time) */
 } srv_chat_opts;
 

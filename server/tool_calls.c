@@ -51,6 +51,19 @@ int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out
                     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
         break;
     case FAM_LLAMA3:
+        if (srv_tools_in_user_turn(t)) { /* Llama 3.1/3.2's own words and layout */
+            kvs_buf_add(&b, "Given the following functions, please respond with a JSON for a "
+                            "function call with its proper arguments that best answers the given "
+                            "prompt.\n\nRespond in the format {\"name\": function name, "
+                            "\"parameters\": dictionary of argument name and its value}.Do not "
+                            "use variables.\n\n");
+            cJSON_ArrayForEach(tool, tools)
+            {
+                srv_json_py(&b, tool, 4);
+                kvs_buf_add(&b, "\n\n");
+            }
+            break;
+        }
         kvs_buf_add(&b,
                     "Environment: ipython\n\nGiven the following functions, please respond with a "
                     "JSON for a function call with its proper arguments that best answers the "
@@ -120,6 +133,11 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
     return kvs_buf_take(&b, out);
 }
 
+bool srv_tools_in_user_turn(enum srv_chat_tmpl t)
+{
+    return t == SRV_CHAT_LLAMA31 || t == SRV_CHAT_LLAMA32;
+}
+
 bool srv_tools_merge_results(enum srv_chat_tmpl t)
 {
     return family_of(t) == FAM_HERMES;
@@ -138,7 +156,15 @@ int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const cha
         break;
     case FAM_LLAMA3:
         *role = "ipython";
-        kvs_buf_add(&b, content);
+        if (srv_tools_in_user_turn(t)) {
+            /* Llama 3.1/3.2's templates pass any iterable content, a string too, through
+             * tojson: the result is written as a JSON string */
+            cJSON *str = cJSON_CreateString(content);
+            srv_json_py(&b, str, 0);
+            cJSON_Delete(str);
+        } else {
+            kvs_buf_add(&b, content);
+        }
         break;
     case FAM_MISTRAL: {
         *role = "user";

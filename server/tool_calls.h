@@ -7,7 +7,12 @@
  *                                a result is a user turn <tool_response>...</tool_response>
  *   LLAMA3 (3.1+ JSON calls)     tools as JSON in the system turn; a call is one JSON object
  *                                {"name": ..., "parameters": {...}} ("arguments" read too);
- *                                a result is an "ipython" turn
+ *                                a result is an "ipython" turn. LLAMA31 / LLAMA32 (their
+ *                                official templates): the tools, indented 4, open the first
+ *                                user turn, "Environment: ipython" in the system turn, and a
+ *                                result is written as a JSON string
+ *   QWEN3 and ChatML             calls and tools as Jinja's tojson prints them (json_py.h),
+ *                                results in a row in one user turn
  *   MISTRAL                      [AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS] in the system text;
  *                                calls are [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...];
  *                                a result is [TOOL_RESULTS]{...}[/TOOL_RESULTS] in a user turn
@@ -41,6 +46,9 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
 int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const char *content,
                             const char **role, char **out);
 
+/* Whether the family's template writes the tools into the first user turn (Llama 3.1/3.2:
+ * srv_tools_render_system's text then goes there, srv_chat_opts.tools_user). */
+bool srv_tools_in_user_turn(enum srv_chat_tmpl t);
 /* Whether results in a row are one turn (their texts a line apart): Hermes-style families. */
 bool srv_tools_merge_results(enum srv_chat_tmpl t);
 

@@ -75,7 +75,7 @@ TOOL_CASES = [
       {"role": "tool", "tool_call_id": "call_1", "content": "5"},
       {"role": "tool", "tool_call_id": "call_2", "content": "5"}]),
 ]
-WITH_TOOLS = ("qwen2.5", "qwen3")
+WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2")
 
 
 def post(url, body):
