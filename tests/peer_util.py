@@ -45,6 +45,20 @@ def free_port():
     return port
 
 
+def wait_health(url, proc, who):
+    """Waits (up to a minute) for url's /health to answer 200; RuntimeError when proc exits."""
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError("%s exited with %d" % (who, proc.returncode))
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("%s did not become healthy" % who)
+
+
 def peer_completion(server, model, log):
     """llama-server's /completion answer on model: N_GEN greedy tokens after PROMPT (no BOS
     added), with each position's top 2 (n_probs) for diagnosing a difference."""
@@ -54,15 +68,7 @@ def peer_completion(server, model, log):
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         url = "http://127.0.0.1:%d" % port
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise RuntimeError("llama-server exited with %d" % proc.returncode)
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
+        wait_health(url, proc, "llama-server")
         body = json.dumps({"prompt": PROMPT, "n_predict": N_GEN, "temperature": 0,
                            "samplers": ["top_k"], "top_k": 1, "ignore_eos": True,
                            "return_tokens": True, "cache_prompt": False, "n_probs": 2,

@@ -88,19 +88,6 @@ def post(url, body):
         return e.code, json.loads(e.read() or b"{}")
 
 
-def wait_health(url, proc, log):
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise RuntimeError("exited with %d:\n%s" % (proc.returncode, open(log).read()[-800:]))
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("not healthy:\n" + open(log).read()[-800:])
-
-
 def start(args, log, port=None):
     f = open(log, "w")
     proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT)
@@ -114,7 +101,10 @@ def start(args, log, port=None):
                 break
             time.sleep(0.05)
     url = "http://127.0.0.1:%s" % port
-    wait_health(url, proc, log)
+    try:
+        peer_util.wait_health(url, proc, os.path.basename(args[0]))
+    except RuntimeError as e:
+        raise RuntimeError("%s:\n%s" % (e, open(log).read()[-800:])) from e
     return proc, url
 
 
