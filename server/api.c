@@ -387,6 +387,7 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
     if (n == 0)
         return srv_error_set(e, 400, "messages", NULL, "'messages' must not be empty");
     /* one more slot: the tools' system text when the request has no system message */
+    char *tools_user = NULL; /* the tools' text where a template puts it in the first user turn */
     srv_chat_msg *m = calloc((size_t)n + 1, sizeof *m);
     char **texts = calloc((size_t)n + 1, sizeof *texts);
     int rc = 0, i = 0, k = 0;
@@ -395,7 +396,6 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
         goto out;
     }
     bool tools_on = r->tools && r->tool_choice != SRV_TOOLS_NONE;
-    char *tools_user = NULL; /* the tools' text where a template puts it in the first user turn */
     if (tools_on && srv_tools_in_user_turn(tmpl)) {
         if (srv_tools_render_system(tmpl, r->tools, &tools_user)) {
             rc = oom(e);
