@@ -11,9 +11,10 @@
  * and at worst resumes a connection spuriously, which simply suspends again.
  *
  * Clients reach the daemon through the front door (server/frontdoor.c), which owns the listen
- * socket and hands over a connection once its first request head is whole and valid; later
- * requests on a kept-alive connection are checked here (framing, path) as the front door
- * checked the first.
+ * socket and, once a connection's first request head is whole and valid, hands it to the
+ * relay (server/relay.c): the daemon's socket is one end of a socketpair, and the relay checks
+ * every later head and chunked body as the first. request_is_sound repeats the framing and
+ * path checks here all the same, so no request reaches a route unchecked.
  *
  * Locks: srv_server.sock_mu (the list of open connections and each one's wake slot; taken by
  * MHD threads and the reaper); srv_wake.mu (per slot: mc, suspended; taken by MHD threads and
@@ -475,6 +476,13 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     srv_server *s = cls;
     srv_conn *c = *con_cls;
     srv__tl_client_gone = false;
+    /* The relay sends a refusal for a later request on this connection only after this. */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci)
+            srv_frontdoor_done(s->door, ci->connect_fd);
+    }
     if (!c)
         return;
     *con_cls = NULL;
@@ -610,9 +618,18 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     /* The close that follows a cancel (see srv__tl_client_gone), or MHD finding the peer gone
      * while it writes: how a client cancels, not a failure. */
     if (srv__tl_client_gone || strstr(line, "by remote peer") || strstr(line, "reset by peer") ||
-        strstr(line, "Broken pipe")) {
+        strstr(line, "Broken pipe") || strstr(line, "detected connection closure") ||
+        strstr(line, "no longer available for sending")) {
         srv__tl_client_gone = false;
         log_debug("http: %s (the client had gone)", line);
+        return;
+    }
+    /* The daemon's sockets are the relay's socketpair ends (server/relay.c), which it takes
+     * for TCP by the client address it is given: TCP options fail there, and pushing data
+     * needs no TCP option on a local pair. */
+    if (strstr(line, "TCP_NODELAY") || strstr(line, "TCP_CORK") ||
+        strstr(line, "Failed to push the data from buffers")) {
+        log_debug("http: %s (a relay socketpair)", line);
         return;
     }
     log_warn("http: %s", line);
@@ -706,6 +723,7 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
     rc = srv_frontdoor_start(&fp, &s->door);
     if (rc) {
         snprintf(err, err_len, "cannot start the HTTP front door: %s", status_str(rc));
+        s->door = NULL;
         MHD_stop_daemon(s->d);
         close(s->listen_fd);
         pthread_mutex_destroy(&s->sock_mu);
@@ -756,9 +774,9 @@ void srv_stop(srv_server *s)
     if (!s || !s->d)
         return;
     atomic_store(&s->state, ST_STOPPING);
-    /* No new connection from now on; those still reading their head are closed. */
+    /* No new connection from now on; those still reading their head are closed. Relayed ones
+     * go on until the daemon stops. */
     srv_frontdoor_stop(s->door);
-    s->door = NULL;
     if (s->reaper_started) {
         pthread_mutex_lock(&s->reaper_mu);
         s->reaper_stop = true;
@@ -792,6 +810,8 @@ void srv_stop(srv_server *s)
     }
     MHD_stop_daemon(s->d);
     s->d = NULL;
+    srv_frontdoor_destroy(s->door);
+    s->door = NULL;
     close(s->listen_fd);
 }
 
