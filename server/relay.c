@@ -38,6 +38,10 @@
  * front door: closing with its unread request still queued would reset the connection and
  * can destroy the response in flight. */
 #define LINGER_S 1.0
+/* ... but a client still sending (a body the daemon refused to read) is not read for long:
+ * the server must never swallow an unbounded upload. At most LINGER_MAX connections linger. */
+#define LINGER_BYTES (64u << 10)
+#define LINGER_MAX 256
 #define EVENTS 64
 
 enum parse_state { P_HEAD = 0, P_BODY, P_CSIZE, P_CDATA, P_CCRLF, P_TRAILER, P_STOP };
@@ -80,6 +84,7 @@ struct rconn {
     srv_error err;
     bool lingering;
     double linger_until;
+    size_t linger_bytes; /* read and dropped while lingering */
     bool dead;
 
     unsigned n_done; /* responses the daemon finished (relay mu) */
@@ -187,7 +192,7 @@ static void kill_conn(srv_relay *r, rconn *c)
 static void finish(srv_relay *r, rconn *c)
 {
     close_daemon(r, c);
-    if (c->cli_eof) {
+    if (c->cli_eof || r->n_linger >= LINGER_MAX) {
         kill_conn(r, c);
         return;
     }
@@ -473,8 +478,10 @@ static void step(srv_relay *r, rconn *c, uint32_t cev, uint32_t dev)
     if (c->lingering) {
         char sink[4096];
         ssize_t n = recv(c->cli.fd, sink, sizeof sink, MSG_DONTWAIT);
+        if (n > 0)
+            c->linger_bytes += (size_t)n;
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
-            (cev & (EPOLLHUP | EPOLLERR)))
+            (cev & (EPOLLHUP | EPOLLERR)) || c->linger_bytes > LINGER_BYTES)
             kill_conn(r, c);
         return;
     }
