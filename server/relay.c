@@ -43,6 +43,9 @@
 #define LINGER_BYTES (64u << 10)
 #define LINGER_MAX 256
 #define EVENTS 64
+/* At stop (the daemon has stopped), how long the relay may go on delivering what the daemon
+ * wrote: a stream that finished during the drain must reach its client whole. */
+#define STOP_FLUSH_S 2.0
 
 enum parse_state { P_HEAD = 0, P_BODY, P_CSIZE, P_CDATA, P_CCRLF, P_TRAILER, P_STOP };
 
@@ -209,7 +212,8 @@ static void finish(srv_relay *r, rconn *c)
 static void copy_bytes(char *dst, size_t n, size_t *field, const char *field_src, size_t cap)
 {
     *field = n < cap ? n : cap;
-    memcpy(dst, field_src, *field);
+    if (*field)
+        memcpy(dst, field_src, *field);
 }
 
 /* A refusal for the request now being parsed; the bytes after it are never forwarded. */
@@ -589,13 +593,29 @@ static void take_inbox(srv_relay *r)
     }
 }
 
+/* True when no connection has anything left to deliver (lingering ones have not). */
+static bool all_delivered(srv_relay *r)
+{
+    for (rconn *c = r->all; c; c = c->next)
+        if (!c->lingering)
+            return false;
+    return true;
+}
+
 static void *relay_main(void *arg)
 {
     srv_relay *r = arg;
     struct epoll_event evs[EVENTS];
+    bool stopping = false;
+    double stop_by = 0;
     for (;;) {
         double now = time_now_s();
         int ms = -1;
+        if (stopping) {
+            if (now >= stop_by || all_delivered(r))
+                break;
+            ms = (int)((stop_by - now) * 1000.0) + 1;
+        }
         if (r->n_linger) {
             double next = now + 3600.0;
             for (rconn *c = r->all, *nx; c; c = nx) {
@@ -609,8 +629,9 @@ static void *relay_main(void *arg)
                 if (c->linger_until < next)
                     next = c->linger_until;
             }
-            if (r->n_linger)
-                ms = (int)((next - now) * 1000.0) + 1;
+            int lms = (int)((next - now) * 1000.0) + 1;
+            if (r->n_linger && (ms < 0 || lms < ms))
+                ms = lms;
         }
         while (r->dead) {
             rconn *c = r->dead;
@@ -647,9 +668,20 @@ static void *relay_main(void *arg)
             pthread_mutex_lock(&r->mu);
             bool stop = r->stop;
             pthread_mutex_unlock(&r->mu);
-            if (stop)
-                break;
             take_inbox(r);
+            if (stop && !stopping) {
+                /* The daemon's ends are closed now: deliver what they hold, then end. */
+                stopping = true;
+                stop_by = time_now_s() + STOP_FLUSH_S;
+                for (rconn *c = r->all, *nx; c; c = nx) {
+                    nx = c->next;
+                    if (c->lingering)
+                        continue;
+                    c->dmn_hup = true;
+                    step(r, c, 0, 0);
+                    update_interest(r, c);
+                }
+            }
             /* A done() for a connection waiting to send its refusal. */
             for (rconn *c = r->all, *nx; c; c = nx) {
                 nx = c->next;

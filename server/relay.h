@@ -42,7 +42,8 @@ int srv_relay_start(const srv_relay_params *p, srv_relay **out);
 int srv_relay_add(srv_relay *r, int fd, const struct sockaddr *addr, socklen_t addr_len);
 /* The daemon sent a whole response on its socket daemon_fd (call before it closes that fd). */
 void srv_relay_done(srv_relay *r, int daemon_fd);
-/* Joins the thread and closes every socket it holds; srv_relay_done stays safe to call until
+/* Call after the daemon stopped: delivers what its closed ends still hold (for up to 2 s),
+ * then joins the thread and closes every socket it holds; srv_relay_done stays safe to call until
  * srv_relay_destroy. NULL: no-op. */
 void srv_relay_stop(srv_relay *r);
 /* Stops if needed and frees. NULL: no-op. */
