@@ -564,6 +564,13 @@ static void step(srv_relay *r, rconn *c, uint32_t cev, uint32_t dev)
             read_daemon(c);
         try_refusal(r, c);
     }
+    /* A client that half-closed is gone (as the reaper sees it) and may never read again:
+     * once the daemon's end is closed too, what it did not take yet is dropped, as the
+     * daemon's own close of a TCP socket would. */
+    if (c->cli_eof && (c->dmn_eof || c->dmn_hup) && c->down_len) {
+        kill_conn(r, c);
+        return;
+    }
     if (!c->down_len && (c->refusal_queued || (c->dmn_eof && !c->refusing))) {
         finish(r, c);
         return;
