@@ -284,8 +284,9 @@ static enum MHD_Result tally_field(void *cls, enum MHD_ValueKind kind, const cha
     return MHD_YES;
 }
 
-/* The checks the front door made on the connection's first request, for every request: a
- * kept-alive connection's later requests reach MHD without passing the front door. */
+/* The checks the front door and the relay make on every head, made again on what MHD parsed
+ * (and the path, which only MHD decodes): a second line of defence, so that no request
+ * reaches a route unchecked should the relay's view and MHD's ever differ. */
 static bool request_is_sound(srv_conn *c, const char *version, srv_error *e)
 {
     if (c->bad_target) {
@@ -294,7 +295,7 @@ static bool request_is_sound(srv_conn *c, const char *version, srv_error *e)
     }
     head_tally t = {0};
     MHD_get_connection_values(c->mc, MHD_HEADER_KIND | MHD_GET_ARGUMENT_KIND, tally_field, &t);
-    /* The front door's head limits, for requests it did not see (MHD's pool is larger). */
+    /* The front door's head limits (MHD's pool is larger). */
     size_t limit = (size_t)c->srv->cfg->connection_memory_kb * 1024;
     if (t.bytes + strlen(c->route_name) > limit || t.n_fields > limit / SRV_HEAD_BYTES_PER_FIELD) {
         srv_error_set(e, 431, NULL, NULL, "request line and headers are over %zu KiB or %zu fields",
