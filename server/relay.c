@@ -109,6 +109,8 @@ struct srv_relay {
     rconn *inbox;
     bool stop;
 
+    unsigned n_added; /* srv_relay_add's thread only */
+
     rconn *all; /* relay thread only */
     size_t n_linger;
     rconn *dead;
@@ -750,6 +752,14 @@ int srv_relay_add(srv_relay *r, int fd, const struct sockaddr *addr, socklen_t a
         conn_free(c);
         close(fd);
         return -1;
+    }
+    /* libmicrohttpd picks a pool thread by its socket's number modulo the pool size; the two
+     * ends of a pair are consecutive numbers and, with three per connection, the same end
+     * would land on one thread every time. Alternating ends spreads them again. */
+    if (r->n_added++ & 1) {
+        int t = sv[0];
+        sv[0] = sv[1];
+        sv[1] = t;
     }
     c->cli = (rside){.c = c, .fd = fd};
     c->dmn = (rside){.c = c, .fd = sv[0]};
