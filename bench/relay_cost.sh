@@ -24,6 +24,11 @@ for round in $(seq "$rounds"); do
         MAX_TOKENS=8 wrk -t2 -c16 -d10s -s "$here/bench/wrk-completions.lua" \
             "http://127.0.0.1:$port" | grep -E "Latency|requests,|Requests/sec"
         wrk -t2 -c64 -d10s "http://127.0.0.1:$port/health" | grep -E "Latency|Requests/sec"
+        # CPU ticks per thread over both runs (relay and front door are unnamed "kvserve" ones)
+        for t in /proc/"$pid"/task/*; do
+            printf '%s:%s ' "$(cat "$t/comm")" "$(awk '{print $14+$15}' "$t/stat")"
+        done
+        echo
         kill "$pid"
         wait "$pid" || true
     done
