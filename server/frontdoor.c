@@ -276,6 +276,7 @@ int srv_frontdoor_start(const srv_frontdoor_params *p, srv_frontdoor **out)
     }
     srv_relay_params rp = {.head_limit = p->head_limit,
                            .max_fields = p->max_fields,
+                           .timeout_s = p->timeout_s,
                            .handoff = p->handoff,
                            .refused = p->refused,
                            .ud = p->ud};

@@ -88,6 +88,8 @@ struct rconn {
     bool lingering;
     double linger_until;
     size_t linger_bytes; /* read and dropped while lingering */
+    double deliver_by;   /* the daemon's end is closed with bytes left: the client has until
+                          * then to take them (0: no deadline) */
     bool dead;
 
     unsigned n_done; /* responses the daemon finished (relay mu) */
@@ -113,6 +115,7 @@ struct srv_relay {
 
     rconn *all; /* relay thread only */
     size_t n_linger;
+    size_t n_deliver; /* connections with a deliver_by */
     rconn *dead;
 };
 
@@ -180,7 +183,10 @@ static void kill_conn(srv_relay *r, rconn *c)
     side_close(r, &c->cli);
     if (c->lingering)
         r->n_linger--;
+    if (c->deliver_by > 0)
+        r->n_deliver--;
     c->lingering = false;
+    c->deliver_by = 0;
     c->dead = true;
     if (c->prev)
         c->prev->next = c->next;
@@ -197,6 +203,9 @@ static void kill_conn(srv_relay *r, rconn *c)
 static void finish(srv_relay *r, rconn *c)
 {
     close_daemon(r, c);
+    if (c->deliver_by > 0)
+        r->n_deliver--;
+    c->deliver_by = 0;
     if (c->cli_eof || r->n_linger >= LINGER_MAX) {
         kill_conn(r, c);
         return;
@@ -579,6 +588,12 @@ static void step(srv_relay *r, rconn *c, uint32_t cev, uint32_t dev)
     }
     if (c->dmn_eof && c->refusing && !c->refusal_queued)
         try_refusal(r, c);
+    /* The daemon no longer counts this connection (nor times it out): a client that does not
+     * take what is left gets the daemon's idle timeout for it, then is dropped. */
+    if (c->dmn_eof && c->down_len && c->deliver_by == 0 && r->p.timeout_s) {
+        c->deliver_by = time_now_s() + r->p.timeout_s;
+        r->n_deliver++;
+    }
 }
 
 static void take_inbox(srv_relay *r)
@@ -625,21 +640,22 @@ static void *relay_main(void *arg)
                 break;
             ms = (int)((stop_by - now) * 1000.0) + 1;
         }
-        if (r->n_linger) {
+        if (r->n_linger || r->n_deliver) {
             double next = now + 3600.0;
             for (rconn *c = r->all, *nx; c; c = nx) {
                 nx = c->next;
-                if (!c->lingering)
+                double until = c->lingering ? c->linger_until : c->deliver_by;
+                if (until <= 0)
                     continue;
-                if (c->linger_until <= now) {
+                if (until <= now) {
                     kill_conn(r, c);
                     continue;
                 }
-                if (c->linger_until < next)
-                    next = c->linger_until;
+                if (until < next)
+                    next = until;
             }
             int lms = (int)((next - now) * 1000.0) + 1;
-            if (r->n_linger && (ms < 0 || lms < ms))
+            if ((r->n_linger || r->n_deliver) && (ms < 0 || lms < ms))
                 ms = lms;
         }
         while (r->dead) {

@@ -26,6 +26,8 @@ typedef struct srv_relay srv_relay;
 typedef struct srv_relay_params {
     size_t head_limit;   /* bytes of a request head (and of a trailer section) at most: 431 */
     unsigned max_fields; /* header fields plus query parameters at most: 431 */
+    unsigned timeout_s;  /* after the daemon closed a connection, how long its client may take
+                          * to read what is left (0 = no limit) */
     /* Gives the daemon fd (its end of the pair): returns 0, or -1 when the daemon refused it
      * and closed fd. */
     int (*handoff)(void *ud, int fd, const struct sockaddr *addr, socklen_t addr_len);
