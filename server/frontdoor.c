@@ -1,8 +1,9 @@
 /* The front door (see frontdoor.h): accept, enforce the connection limit, peek at each first
- * request head until it is whole, refuse bad ones with JSON, hand good ones to the daemon.
+ * request head until it is whole, refuse bad ones with JSON, hand good ones to the relay.
  *
- * Why peek rather than read: libmicrohttpd offers no way to hand it bytes already read, so the
- * head stays in the socket until the daemon reads it. A peek copies at most head_limit bytes
+ * Why peek rather than read: a connection gets a relay pair and a daemon connection only once
+ * its first head passed, and the relay parses every head from the socket's start, this one
+ * too, so the head stays in the socket until then. A peek copies at most head_limit bytes
  * per arrival of new data, and the client paid a packet for each. Only this thread touches
  * the pending list, so it needs no lock. */
 #define _GNU_SOURCE /* accept4, POLLRDHUP */
@@ -24,6 +25,7 @@
 #include "common/timeutil.h"
 #include "server/api.h"
 #include "server/http_head.h"
+#include "server/relay.h"
 
 /* A refused client gets this long to take its response before the socket closes; closing
  * with its unread request in our receive buffer would send a reset that can destroy the
@@ -53,19 +55,9 @@ struct srv_frontdoor {
     size_t n_heads, n_linger;
     char *buf;                 /* head_limit bytes: where heads are peeked */
     double accept_pause_until; /* out of fds: accepting resumes then */
+    srv_relay *relay;          /* where good connections go: lives until srv_frontdoor_destroy */
+    bool running;
 };
-
-static const char *reason(int status)
-{
-    switch (status) {
-    case 400: return "Bad Request";
-    case 431: return "Request Header Fields Too Large";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Error";
-    }
-}
 
 static void drop(srv_frontdoor *f, size_t i)
 {
@@ -91,17 +83,9 @@ static void set_lowat(int fd, size_t bytes)
 static void refuse(srv_frontdoor *f, size_t i, const srv_error *e, const srv_head *h)
 {
     pending *q = &f->pend[i];
-    char *json = srv_error_json(e);
     char out[1024];
-    int n = snprintf(out, sizeof out,
-                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\n%s\r\n%s",
-                     e->status, reason(e->status), json ? strlen(json) : 0,
-                     e->status == 503 ? "Retry-After: 1\r\n" : "", json ? json : "");
-    free(json);
-    if (n > 0)
-        (void)send(q->fd, out, (size_t)n < sizeof out ? (size_t)n : sizeof out - 1,
-                   MSG_NOSIGNAL | MSG_DONTWAIT);
+    size_t n = srv_refusal_format(e, out, sizeof out);
+    (void)send(q->fd, out, n, MSG_NOSIGNAL | MSG_DONTWAIT);
     shutdown(q->fd, SHUT_WR);
     set_lowat(q->fd, 1);
     f->p.refused(f->p.ud, e->status, h ? h->method : "", h ? h->method_len : 0, h ? h->target : "",
@@ -158,7 +142,7 @@ static void on_head(srv_frontdoor *f, size_t i, short revents, double now)
     f->pend[i] = f->pend[--f->n_pend];
     f->n_heads--;
     set_lowat(moved.fd, 1);
-    f->p.handoff(f->p.ud, moved.fd, (struct sockaddr *)&moved.addr, moved.addr_len);
+    srv_relay_add(f->relay, moved.fd, (struct sockaddr *)&moved.addr, moved.addr_len);
 }
 
 static void accept_some(srv_frontdoor *f, double now)
@@ -290,32 +274,65 @@ int srv_frontdoor_start(const srv_frontdoor_params *p, srv_frontdoor **out)
         free(f);
         return KVS_ENOMEM;
     }
+    srv_relay_params rp = {.head_limit = p->head_limit,
+                           .max_fields = p->max_fields,
+                           .timeout_s = p->timeout_s,
+                           .handoff = p->handoff,
+                           .refused = p->refused,
+                           .ud = p->ud};
+    int rc = srv_relay_start(&rp, &f->relay);
+    if (rc) {
+        free(f->buf);
+        free(f);
+        return rc;
+    }
     if (pipe2(f->wake, O_CLOEXEC | O_NONBLOCK)) {
+        srv_relay_destroy(f->relay);
         free(f->buf);
         free(f);
         return KVS_EIO;
     }
+    /* *out is what the daemon's threads pass to srv_frontdoor_done: set before the first
+     * connection can exist. */
+    *out = f;
     if (pthread_create(&f->thread, NULL, door_main, f)) {
+        *out = NULL;
+        srv_relay_destroy(f->relay);
         close(f->wake[0]);
         close(f->wake[1]);
         free(f->buf);
         free(f);
         return KVS_EIO;
     }
-    *out = f;
+    f->running = true;
     return 0;
 }
 
 void srv_frontdoor_stop(srv_frontdoor *f)
 {
-    if (!f)
+    if (!f || !f->running)
         return;
     char b = 1;
     while (write(f->wake[1], &b, 1) < 0 && errno == EINTR) {
     }
     pthread_join(f->thread, NULL);
+    f->running = false;
     while (f->n_pend)
         drop(f, f->n_pend - 1);
+}
+
+void srv_frontdoor_done(srv_frontdoor *f, int daemon_fd)
+{
+    if (f)
+        srv_relay_done(f->relay, daemon_fd);
+}
+
+void srv_frontdoor_destroy(srv_frontdoor *f)
+{
+    if (!f)
+        return;
+    srv_frontdoor_stop(f);
+    srv_relay_destroy(f->relay);
     close(f->wake[0]);
     close(f->wake[1]);
     free(f->pend);

@@ -11,9 +11,10 @@
  * and at worst resumes a connection spuriously, which simply suspends again.
  *
  * Clients reach the daemon through the front door (server/frontdoor.c), which owns the listen
- * socket and hands over a connection once its first request head is whole and valid; later
- * requests on a kept-alive connection are checked here (framing, path) as the front door
- * checked the first.
+ * socket and, once a connection's first request head is whole and valid, hands it to the
+ * relay (server/relay.c): the daemon's socket is one end of a socketpair, and the relay checks
+ * every later head and chunked body as the first. request_is_sound repeats the framing and
+ * path checks here all the same, so no request reaches a route unchecked.
  *
  * Locks: srv_server.sock_mu (the list of open connections and each one's wake slot; taken by
  * MHD threads and the reaper); srv_wake.mu (per slot: mc, suspended; taken by MHD threads and
@@ -293,8 +294,9 @@ static enum MHD_Result tally_field(void *cls, enum MHD_ValueKind kind, const cha
     return MHD_YES;
 }
 
-/* The checks the front door made on the connection's first request, for every request: a
- * kept-alive connection's later requests reach MHD without passing the front door. */
+/* The checks the front door and the relay make on every head, made again on what MHD parsed
+ * (and the path, which only MHD decodes): a second line of defence, so that no request
+ * reaches a route unchecked should the relay's view and MHD's ever differ. */
 static bool request_is_sound(srv_conn *c, const char *version, srv_error *e)
 {
     if (c->bad_target) {
@@ -303,7 +305,7 @@ static bool request_is_sound(srv_conn *c, const char *version, srv_error *e)
     }
     head_tally t = {0};
     MHD_get_connection_values(c->mc, MHD_HEADER_KIND | MHD_GET_ARGUMENT_KIND, tally_field, &t);
-    /* The front door's head limits, for requests it did not see (MHD's pool is larger). */
+    /* The front door's head limits (MHD's pool is larger). */
     size_t limit = (size_t)c->srv->cfg->connection_memory_kb * 1024;
     if (t.bytes + strlen(c->route_name) > limit || t.n_fields > limit / SRV_HEAD_BYTES_PER_FIELD) {
         srv_error_set(e, 431, NULL, NULL, "request line and headers are over %zu KiB or %zu fields",
@@ -486,6 +488,13 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     srv_server *s = cls;
     srv_conn *c = *con_cls;
     srv__tl_client_gone = false;
+    /* The relay sends a refusal for a later request on this connection only after this. */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci)
+            srv_frontdoor_done(s->door, ci->connect_fd);
+    }
     if (!c)
         return;
     *con_cls = NULL;
@@ -621,9 +630,18 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     /* The close that follows a cancel (see srv__tl_client_gone), or MHD finding the peer gone
      * while it writes: how a client cancels, not a failure. */
     if (srv__tl_client_gone || strstr(line, "by remote peer") || strstr(line, "reset by peer") ||
-        strstr(line, "Broken pipe")) {
+        strstr(line, "Broken pipe") || strstr(line, "detected connection closure") ||
+        strstr(line, "no longer available for sending")) {
         srv__tl_client_gone = false;
         log_debug("http: %s (the client had gone)", line);
+        return;
+    }
+    /* The daemon's sockets are the relay's socketpair ends (server/relay.c), which it takes
+     * for TCP by the client address it is given: TCP options fail there, and pushing data
+     * needs no TCP option on a local pair. */
+    if (strstr(line, "TCP_NODELAY") || strstr(line, "TCP_CORK") ||
+        strstr(line, "Failed to push the data from buffers")) {
+        log_debug("http: %s (a relay socketpair)", line);
         return;
     }
     log_warn("http: %s", line);
@@ -717,6 +735,7 @@ int srv_start(const srv_config *cfg, srv_server **out, char *err, size_t err_len
     rc = srv_frontdoor_start(&fp, &s->door);
     if (rc) {
         snprintf(err, err_len, "cannot start the HTTP front door: %s", status_str(rc));
+        s->door = NULL;
         MHD_stop_daemon(s->d);
         close(s->listen_fd);
         pthread_mutex_destroy(&s->sock_mu);
@@ -767,9 +786,9 @@ void srv_stop(srv_server *s)
     if (!s || !s->d)
         return;
     atomic_store(&s->state, ST_STOPPING);
-    /* No new connection from now on; those still reading their head are closed. */
+    /* No new connection from now on; those still reading their head are closed. Relayed ones
+     * go on until the daemon stops. */
     srv_frontdoor_stop(s->door);
-    s->door = NULL;
     if (s->reaper_started) {
         pthread_mutex_lock(&s->reaper_mu);
         s->reaper_stop = true;
@@ -803,6 +822,8 @@ void srv_stop(srv_server *s)
     }
     MHD_stop_daemon(s->d);
     s->d = NULL;
+    srv_frontdoor_destroy(s->door);
+    s->door = NULL;
     close(s->listen_fd);
 }
 

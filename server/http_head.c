@@ -6,6 +6,7 @@
 #include "common/hex.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static bool is_tchar(unsigned char c)
@@ -228,6 +229,105 @@ int srv_head_parse(const char *buf, size_t len, size_t limit, unsigned max_field
         return srv_error_set(e, 431, NULL, NULL, "more than %u header fields and query parameters",
                              max_fields);
     return srv_framing_check(&h->framing, h->http10, e) ? -1 : 1;
+}
+
+int srv_chunk_line_parse(const char *buf, size_t len, uint64_t *size, size_t *line_len,
+                         srv_error *e)
+{
+    size_t scan = len < SRV_CHUNK_LINE_MAX ? len : SRV_CHUNK_LINE_MAX;
+    const char *lf = memchr(buf, '\n', scan);
+    if (!lf) {
+        if (len >= SRV_CHUNK_LINE_MAX)
+            return srv_error_set(e, 400, NULL, NULL, "chunk-size line is over %d bytes",
+                                 SRV_CHUNK_LINE_MAX);
+        return 0;
+    }
+    size_t n = (size_t)(lf - buf);
+    if (n == 0 || buf[n - 1] != '\r')
+        return srv_error_set(e, 400, NULL, NULL, "chunk-size line does not end in CRLF");
+    n--;
+    size_t i = 0;
+    uint64_t v = 0;
+    while (i < n && hex_digit(buf[i]) >= 0) {
+        if (i == 16)
+            return srv_error_set(e, 400, NULL, NULL, "chunk size is too large");
+        v = v * 16 + (uint64_t)hex_digit(buf[i]);
+        i++;
+    }
+    if (i == 0)
+        return srv_error_set(e, 400, NULL, NULL, "malformed chunk-size line");
+    /* chunk-ext = *( BWS ";" BWS name [ BWS "=" BWS value ] ): what follows the digits is
+     * whitespace then ';', or nothing. Its contents are dropped, so only control bytes are
+     * refused in it. */
+    size_t k = i;
+    while (k < n && (buf[k] == ' ' || buf[k] == '\t'))
+        k++;
+    if (k < n && buf[k] != ';')
+        return srv_error_set(e, 400, NULL, NULL, "malformed chunk-size line");
+    if (k == n && k > i)
+        return srv_error_set(e, 400, NULL, NULL, "malformed chunk-size line");
+    for (; k < n; k++) {
+        unsigned char c = (unsigned char)buf[k];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return srv_error_set(e, 400, NULL, NULL, "control character in a chunk extension");
+    }
+    *size = v;
+    *line_len = n + 2;
+    return 1;
+}
+
+int srv_trailer_line_parse(const char *buf, size_t len, size_t limit, size_t *line_len, bool *last,
+                           srv_error *e)
+{
+    size_t scan = len < limit ? len : limit;
+    const char *lf = memchr(buf, '\n', scan);
+    if (!lf) {
+        if (len >= limit)
+            return srv_error_set(e, 431, NULL, NULL, "trailer fields are over %zu KiB",
+                                 limit / 1024);
+        return 0;
+    }
+    size_t n = (size_t)(lf - buf);
+    if (n == 0 || buf[n - 1] != '\r')
+        return srv_error_set(e, 400, NULL, NULL, "trailer line does not end in CRLF");
+    n--;
+    *line_len = n + 2;
+    *last = n == 0;
+    if (n == 0)
+        return 1;
+    srv_head h;
+    memset(&h, 0, sizeof h);
+    if (parse_field(buf, n, &h, e))
+        return -1;
+    return 1;
+}
+
+static const char *reason(int status)
+{
+    switch (status) {
+    case 400: return "Bad Request";
+    case 431: return "Request Header Fields Too Large";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Error";
+    }
+}
+
+size_t srv_refusal_format(const srv_error *e, char *out, size_t cap)
+{
+    if (!cap)
+        return 0;
+    char *json = srv_error_json(e);
+    int n = snprintf(out, cap,
+                     "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n%s\r\n%s",
+                     e->status, reason(e->status), json ? strlen(json) : 0,
+                     e->status == 503 ? "Retry-After: 1\r\n" : "", json ? json : "");
+    free(json);
+    if (n < 0)
+        return 0;
+    return (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
 int srv_target_path(const char *target, size_t len, char *path, size_t cap, srv_error *e)

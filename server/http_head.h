@@ -50,6 +50,28 @@ typedef struct srv_head {
 int srv_head_parse(const char *buf, size_t len, size_t limit, unsigned max_fields, srv_head *h,
                    srv_error *e);
 
+/* A chunk-size line (RFC 9112 section 7.1) at the start of buf[0, len): 1*HEXDIG, an optional
+ * chunk extension (";" and no control character but HTAB), CRLF. Returns 1 with *size and
+ * *line_len (through the CRLF); 0 when no LF is within len and len < SRV_CHUNK_LINE_MAX; -1
+ * with a 400 in e otherwise (no digits, more than 16 digits, a bare LF, a control byte, or a
+ * line of SRV_CHUNK_LINE_MAX bytes or more). Stricter than libmicrohttpd so that nothing it
+ * would answer itself reaches it. */
+#define SRV_CHUNK_LINE_MAX 1024
+int srv_chunk_line_parse(const char *buf, size_t len, uint64_t *size, size_t *line_len,
+                         srv_error *e);
+
+/* One line of a chunked body's trailer section at buf[0, len): a header field or the empty
+ * line that ends the body, either ending in CRLF. Returns 1 with *line_len and *last (the
+ * empty line); 0 when no LF is within len and len < limit; -1 with e: 400 (a malformed field,
+ * a bare LF), 431 (no line end within limit bytes). */
+int srv_trailer_line_parse(const char *buf, size_t len, size_t limit, size_t *line_len, bool *last,
+                           srv_error *e);
+
+/* The whole response a refused request gets: status line, a JSON error body for e,
+ * "Connection: close" (and Retry-After on 503). Written into out (at most cap - 1 bytes);
+ * returns the length. */
+size_t srv_refusal_format(const srv_error *e, char *out, size_t cap);
+
 /* The path of a request target (origin-form, or absolute-form "http://host/path", whose
  * authority is dropped), without its query, percent-decoded into path (NUL-terminated,
  * truncated to cap - 1 bytes). -1 with a 400 in e if the target or a decoded byte is a

@@ -566,6 +566,74 @@ static int head(const char *h, srv_head *out, srv_error *e)
     return srv_head_parse(h, strlen(h), 256, 8, out, e);
 }
 
+/* Chunked bodies: size lines with and without extensions, each refusal, incomplete lines;
+ * trailer lines; the refusal response's framing. */
+static void test_chunk_lines(void **state)
+{
+    (void)state;
+    uint64_t size;
+    size_t n;
+    srv_error e;
+    static const struct {
+        const char *line;
+        uint64_t size;
+    } good[] = {
+        {"0\r\n", 0},           {"1e\r\n", 30},           {"FF\r\n", 255},
+        {"5;a=b\r\n", 5},       {"5 ; a=\"b c\"\r\n", 5}, {"ffffffffffffffff\r\n", UINT64_MAX},
+        {"0000000a;x\r\n", 10},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        size_t len = strlen(good[i].line);
+        assert_int_equal(srv_chunk_line_parse(good[i].line, len, &size, &n, &e), 1);
+        assert_true(size == good[i].size);
+        assert_int_equal(n, len);
+        /* one byte short of its LF: incomplete, not refused */
+        assert_int_equal(srv_chunk_line_parse(good[i].line, len - 1, &size, &n, &e), 0);
+    }
+    static const char *bad[] = {
+        "\r\n", "zz\r\n", "-5\r\n",      " 5\r\n",      "5 \r\n",
+        "5\n",  "5x\r\n", "5;a\x01\r\n", "5;a\x7f\r\n", "10000000000000000\r\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        e.status = 0;
+        assert_int_equal(srv_chunk_line_parse(bad[i], strlen(bad[i]), &size, &n, &e), -1);
+        assert_int_equal(e.status, 400);
+    }
+    char long_line[SRV_CHUNK_LINE_MAX + 8];
+    memset(long_line, 'a', sizeof long_line);
+    long_line[0] = '5';
+    long_line[1] = ';';
+    assert_int_equal(srv_chunk_line_parse(long_line, SRV_CHUNK_LINE_MAX - 1, &size, &n, &e), 0);
+    assert_int_equal(srv_chunk_line_parse(long_line, sizeof long_line, &size, &n, &e), -1);
+    assert_int_equal(e.status, 400);
+
+    bool last;
+    assert_int_equal(srv_trailer_line_parse("X-A: b\r\nrest", 12, 64, &n, &last, &e), 1);
+    assert_int_equal(n, 8);
+    assert_false(last);
+    assert_int_equal(srv_trailer_line_parse("\r\n", 2, 64, &n, &last, &e), 1);
+    assert_true(last);
+    assert_int_equal(srv_trailer_line_parse("X-A: b", 6, 64, &n, &last, &e), 0);
+    assert_int_equal(srv_trailer_line_parse("X-A: b\n", 7, 64, &n, &last, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_int_equal(srv_trailer_line_parse("no colon\r\n", 10, 64, &n, &last, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_int_equal(srv_trailer_line_parse("X-A: bbbbbbbb", 13, 8, &n, &last, &e), -1);
+    assert_int_equal(e.status, 431);
+
+    char out[1024];
+    srv_error_set(&e, 505, NULL, NULL, "HTTP version not supported");
+    size_t len = srv_refusal_format(&e, out, sizeof out);
+    assert_int_equal(len, strlen(out));
+    assert_true(!strncmp(out, "HTTP/1.1 505 HTTP Version Not Supported\r\n", 41));
+    assert_non_null(strstr(out, "\r\nConnection: close\r\n"));
+    const char *body = strstr(out, "\r\n\r\n") + 4;
+    size_t clen = strtoul(strstr(out, "Content-Length: ") + 16, NULL, 10);
+    assert_int_equal(clen, strlen(body));
+    cJSON *j = cJSON_Parse(body);
+    assert_non_null(cJSON_GetObjectItem(j, "error"));
+    cJSON_Delete(j);
+}
+
 static void test_http_head(void **state)
 {
     (void)state;
@@ -705,21 +773,14 @@ static void test_reasoning_split(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_completion_ok),
-        cmocka_unit_test(test_chat_ok),
-        cmocka_unit_test(test_reasoning_split),
-        cmocka_unit_test(test_rejects),
-        cmocka_unit_test(test_error_json),
-        cmocka_unit_test(test_config),
-        cmocka_unit_test(test_default_json),
-        cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_kv_view),
-        cmocka_unit_test(test_http_head),
-        cmocka_unit_test(test_new_fields),
-        cmocka_unit_test(test_cors_config),
-        cmocka_unit_test(test_tool_calls),
-        cmocka_unit_test(test_json_py),
-        cmocka_unit_test(test_tool_calls_stream_safe),
+        cmocka_unit_test(test_completion_ok),   cmocka_unit_test(test_chat_ok),
+        cmocka_unit_test(test_reasoning_split), cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_error_json),      cmocka_unit_test(test_config),
+        cmocka_unit_test(test_default_json),    cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_kv_view),         cmocka_unit_test(test_http_head),
+        cmocka_unit_test(test_chunk_lines),     cmocka_unit_test(test_new_fields),
+        cmocka_unit_test(test_cors_config),     cmocka_unit_test(test_tool_calls),
+        cmocka_unit_test(test_json_py),         cmocka_unit_test(test_tool_calls_stream_safe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

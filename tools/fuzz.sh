@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_gguf fuzz_tokenizer fuzz_api fuzz_chat_template)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_gguf fuzz_tokenizer fuzz_api fuzz_chat_template fuzz_http_head)
 if [ ! -f build-fuzz/build.ninja ]; then
     CC=clang meson setup build-fuzz -Dfuzz=true -Dbuildtype=debugoptimized \
         -Db_sanitize=address,undefined -Dc_args=-fsanitize=fuzzer-no-link -Db_lundef=false \

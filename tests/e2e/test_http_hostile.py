@@ -79,6 +79,117 @@ def read_one(s, timeout=5.0):
     return int(lines[0].split(" ")[1]), headers, rest[:n]
 
 
+def read_response(s, buf=b"", timeout=10.0):
+    """Reads one whole response from s, framed by Content-Length or chunked: returns (status,
+    headers, body, rest) where rest is what followed it; status None if s closed first."""
+    s.settimeout(timeout)
+
+    def more():
+        b = s.recv(65536)
+        if not b:
+            raise EOFError
+        return b
+    try:
+        while b"\r\n\r\n" not in buf:
+            buf += more()
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        body = b""
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                while b"\r\n" not in buf:
+                    buf += more()
+                size_line, _, buf = buf.partition(b"\r\n")
+                n = int(size_line.split(b";")[0], 16)
+                while len(buf) < n + 2:
+                    buf += more()
+                body += buf[:n]
+                buf = buf[n + 2:]
+                if n == 0:
+                    break
+        else:
+            n = int(headers.get("content-length", "0"))
+            while len(buf) < n:
+                buf += more()
+            body, buf = buf[:n], buf[n:]
+        return int(lines[0].split(" ")[1]), headers, body, buf
+    except EOFError:
+        return None, {}, buf, b""
+
+
+def read_to_close(s, buf=b"", timeout=5.0):
+    """Reads s until the server closes it: (bytes, closed)."""
+    s.settimeout(timeout)
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                return buf, True
+            buf += b
+    except ConnectionResetError:
+        return buf, True
+    except socket.timeout:
+        return buf, False
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+# Every head the front door refuses on a first request: (name, head, status).
+BAD_HEADS = [
+    ("over 32 KiB", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (40 << 10) +
+     b"\r\n\r\n", 431),
+    ("too many fields", b"GET /health HTTP/1.1\r\nHost: x\r\n" +
+     b"".join(b"X-%d:\r\n" % i for i in range(1100)) + b"\r\n", 431),
+    ("bad version", b"GET /health HTTP/2.5\r\nHost: x\r\n\r\n", 505),
+    ("malformed version", b"GET /health HTTP/1.x\r\nHost: x\r\n\r\n", 400),
+    ("malformed request line", b"GET  /health HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    ("negative Content-Length", b"POST /tokenize HTTP/1.1\r\nHost: x\r\n"
+     b"Content-Length: -1\r\n\r\n", 400),
+    ("Content-Length not a number", b"POST /tokenize HTTP/1.1\r\nHost: x\r\n"
+     b"Content-Length: 1x\r\n\r\n", 400),
+    ("Content-Length with Transfer-Encoding", b"POST /tokenize HTTP/1.1\r\nHost: x\r\n"
+     b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+    ("conflicting Content-Lengths", b"POST /tokenize HTTP/1.1\r\nHost: x\r\n"
+     b"Content-Length: 15\r\nContent-Length: 2\r\n\r\n{\"prompt\":\"ab\"}", 400),
+    ("gzip transfer coding", b"POST /tokenize HTTP/1.1\r\nHost: x\r\n"
+     b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501),
+    ("chunked twice", b"POST /tokenize HTTP/1.1\r\nHost: x\r\n"
+     b"Transfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n", 400),
+    ("obs-fold", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: b\r\n c\r\n\r\n", 400),
+    ("control byte in a field", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: b\x01c\r\n\r\n",
+     400),
+    ("%00 in the path", b"GET /health%00x HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+]
+
+CHUNKED_HEAD = (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+TOKENIZE_BODY = b'{"prompt": "Once upon a time"}'
+
+# Chunked bodies with a bad size line, chunk end or trailer: (name, body, status).
+BAD_CHUNKS = [
+    ("not hex", b"zz\r\n" + TOKENIZE_BODY + b"\r\n0\r\n\r\n", 400),
+    ("empty size line", b"\r\n" + TOKENIZE_BODY + b"\r\n0\r\n\r\n", 400),
+    ("negative size", b"-1e\r\n" + TOKENIZE_BODY + b"\r\n0\r\n\r\n", 400),
+    ("space before the size", b" 1e\r\n" + TOKENIZE_BODY + b"\r\n0\r\n\r\n", 400),
+    ("bare LF", b"1e\n" + TOKENIZE_BODY + b"\r\n0\r\n\r\n", 400),
+    ("17 digits", b"0000000000000001e\r\n" + TOKENIZE_BODY + b"\r\n0\r\n\r\n", 400),
+    ("size over 64 bits", b"fffffffffffffffff\r\n" + TOKENIZE_BODY, 400),
+    ("size line over 1 KiB", b"1e;" + b"a" * 2000 + b"\r\n" + TOKENIZE_BODY +
+     b"\r\n0\r\n\r\n", 400),
+    ("control byte in an extension", b"1e;a=\x01\r\n" + TOKENIZE_BODY + b"\r\n0\r\n\r\n",
+     400),
+    ("data longer than its size", b"1d\r\n" + TOKENIZE_BODY + b"\r\n0\r\n\r\n", 400),
+    ("malformed trailer", b"1e\r\n" + TOKENIZE_BODY + b"\r\n0\r\nno colon\r\n\r\n", 400),
+    ("trailer with bare LF", b"1e\r\n" + TOKENIZE_BODY + b"\r\n0\r\nX-A: b\n\r\n", 400),
+    ("trailer over 32 KiB", b"1e\r\n" + TOKENIZE_BODY + b"\r\n0\r\nX-Big: " +
+     b"a" * (40 << 10) + b"\r\n\r\n", 431),
+]
+
+
 class HostileBase(unittest.TestCase):
     ARGS = ()
     srv = None
@@ -268,6 +379,200 @@ class MhdErrorsAreJson(HostileBase):
                 self.assertEqual(json.loads(body), {"status": "ok"})
             finally:
                 s.close()
+
+
+class LaterRequests(HostileBase):
+    """Issue 10, last item: every error is JSON, also those libmicrohttpd would make itself on
+    a kept-alive connection's later requests and inside chunked bodies (the relay sees every
+    request; see server/relay.c)."""
+    ARGS = ("--connection-timeout", "10")
+
+    def refused_after(self, n_good, bad, status, what):
+        """n_good /health requests on one connection, then bad: n_good 200s, then exactly one
+        JSON error with the status and Connection: close, then the close."""
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        try:
+            for i in range(n_good):
+                s.sendall(HEALTH)
+                st, _, body, rest = read_response(s)
+                self.assertEqual(st, 200, what)
+                self.assertEqual(rest, b"", what)
+            s.sendall(bad)
+            out, closed = read_to_close(s)
+        finally:
+            s.close()
+        headers, err = self.check_json_error(out, status)
+        self.assertEqual(headers.get("connection", "").lower(), "close", what)
+        self.assertTrue(closed, what)
+        return err
+
+    def test_bad_heads_on_a_kept_alive_connection(self):
+        for name, head, status in BAD_HEADS:
+            with self.subTest(name):
+                self.refused_after(2, head, status, name)
+
+    def test_bad_chunks_first_and_kept_alive(self):
+        for name, body, status in BAD_CHUNKS:
+            for n_good in (0, 1):
+                with self.subTest(name, n_good=n_good):
+                    self.refused_after(n_good, CHUNKED_HEAD + body, status, name)
+
+    def test_refusals_are_logged_and_counted(self):
+        before = self.srv.metrics()
+        self.refused_after(1, b"GET /metrics HTTP/9.9\r\nHost: x\r\n\r\n", 505, "505")
+        self.refused_after(1, CHUNKED_HEAD + b"zz\r\n", 400, "400")
+        time.sleep(0.2)
+        text = self.srv.stderr()
+        self.assertRegex(text, r"access id=- method=GET route=/metrics status=505 .*refused=")
+        self.assertRegex(text, r"access id=- method=POST route=/tokenize status=400 .*"
+                         r"refused=\"malformed chunk-size line\"")
+        after = self.srv.metrics()
+        for st, n in (("400", 1), ("other", 1)):
+            k = 'kvserve_requests_total{status="%s"}' % st
+            self.assertEqual(after[k] - before.get(k, 0), n, k)
+
+    def test_good_chunked_bodies(self):
+        """Chunked bodies in pieces of every size, with extensions and trailer fields, split
+        across writes: the same answer as the Content-Length body."""
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        try:
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                      b"\r\nContent-Length: %d\r\n\r\n%s" % (len(TOKENIZE_BODY), TOKENIZE_BODY))
+            st, _, want, _ = read_response(s)
+            self.assertEqual(st, 200)
+            pieces = [b"%x;ext=1\r\n%s\r\n" % (1, TOKENIZE_BODY[:1]),
+                      b"%X\r\n%s\r\n" % (9, TOKENIZE_BODY[1:10]),
+                      b"%x ; a=\"b c\"\r\n%s\r\n" % (20, TOKENIZE_BODY[10:]),
+                      b"0\r\nX-Trailer: yes\r\n\r\n"]
+            for split in (False, True):
+                req = CHUNKED_HEAD + b"".join(pieces)
+                if split:
+                    for i in range(0, len(req), 7):
+                        s.sendall(req[i:i + 7])
+                        time.sleep(0.002)
+                else:
+                    s.sendall(req)
+                st, _, body, rest = read_response(s)
+                self.assertEqual(st, 200, body)
+                self.assertEqual(json.loads(body), json.loads(want))
+                self.assertEqual(rest, b"")
+        finally:
+            s.close()
+
+    def test_pipelined_good_requests(self):
+        """Twelve requests in one write: twelve responses, in order, each whole."""
+        prompts = ["Once upon a time %d" % i for i in range(6)]
+        want = {}
+        for p in prompts:
+            st, body = self.srv.post("/tokenize", {"prompt": p})
+            self.assertEqual(st, 200)
+            want[p] = body
+        reqs = b""
+        order = []
+        for p in prompts:
+            b = json.dumps({"prompt": p}).encode()
+            reqs += (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n%s" % (len(b), b))
+            reqs += HEALTH
+            order += [p, None]
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        try:
+            s.sendall(reqs)
+            buf = b""
+            for p in order:
+                st, _, body, buf = read_response(s, buf)
+                self.assertEqual(st, 200, p)
+                if p is None:
+                    self.assertEqual(json.loads(body), {"status": "ok"})
+                else:
+                    self.assertEqual(json.loads(body), want[p], p)
+            s.sendall(HEALTH)
+            st, _, _, buf = read_response(s, buf)
+            self.assertEqual((st, buf), (200, b""))
+        finally:
+            s.close()
+
+    def gen_body(self, stream, max_tokens=200):
+        b = json.dumps({"prompt": "Once upon a time", "max_tokens": max_tokens,
+                        "ignore_eos": True, "stream": stream, "temperature": 0}).encode()
+        return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b"\r\nContent-Length: %d\r\n\r\n%s" % (len(b), b))
+
+    def test_bad_request_behind_a_slow_good_one(self):
+        """A generation and a bad head in one write: the whole completion (plain, then
+        streamed) comes first, then the JSON error, then the close."""
+        for stream in (False, True):
+            with self.subTest(stream=stream):
+                s = socket.create_connection(("127.0.0.1", self.srv.port))
+                try:
+                    s.sendall(self.gen_body(stream) + b"GET /health HTTP/2.5\r\nHost: x\r\n\r\n")
+                    st, headers, body, rest = read_response(s, timeout=60)
+                    self.assertEqual(st, 200, body[:200])
+                    if stream:
+                        events, done = e2e.parse_sse(body.decode())
+                        self.assertTrue(done)
+                        self.assertGreater(len(events), 100)
+                    else:
+                        self.assertEqual(json.loads(body)["usage"]["completion_tokens"], 200)
+                    out, closed = read_to_close(s, rest)
+                finally:
+                    s.close()
+                self.check_json_error(out, 505)
+                self.assertTrue(closed)
+
+    def test_bad_chunk_behind_a_slow_good_one(self):
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        try:
+            s.sendall(self.gen_body(False) + CHUNKED_HEAD + b"1e\n")
+            st, _, body, rest = read_response(s, timeout=60)
+            self.assertEqual(st, 200, body[:200])
+            self.assertEqual(json.loads(body)["usage"]["completion_tokens"], 200)
+            out, closed = read_to_close(s, rest)
+        finally:
+            s.close()
+        _, err = self.check_json_error(out, 400)
+        self.assertIn("CRLF", err["message"])
+
+    def test_stream_to_a_client_that_stops_reading(self):
+        """A client that reads nothing of a long stream for a while: the server goes on
+        answering others, and the stream is whole once the client reads again."""
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", self.srv.port))
+        try:
+            s.sendall(self.gen_body(True, max_tokens=480))
+            time.sleep(0.5)
+            for i in range(5):
+                # a generous bound: sanitizer builds on a loaded machine are slow
+                self.assertEqual(self.health(timeout=30), 200)
+                st, body = self.srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 8})
+                self.assertEqual(st, 200, body)
+                time.sleep(0.2)
+            st, _, body, rest = read_response(s, timeout=60)
+            self.assertEqual(st, 200)
+            events, done = e2e.parse_sse(body.decode())
+            self.assertTrue(done)
+            text = "".join(ev["choices"][0]["text"] for ev in events if ev.get("choices"))
+            st, whole = self.srv.post("/v1/completions", {
+                "prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True,
+                "temperature": 0})
+            self.assertEqual(text, whole["choices"][0]["text"])
+            self.assertEqual(rest, b"")
+        finally:
+            s.close()
+
+    def test_http10_and_keep_alive(self):
+        out, closed = exchange(self.srv.port, b"GET /health HTTP/1.0\r\n\r\n")
+        self.assertTrue(out.startswith(b"HTTP/1."), out[:100])
+        self.assertTrue(out.endswith(b'{"status":"ok"}'), out[-100:])
+        self.assertTrue(closed)
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        try:
+            for i in range(20):
+                s.sendall(HEALTH)
+                self.assertEqual(read_response(s)[0], 200)
+        finally:
+            s.close()
 
 
 class ConnectionLimit(HostileBase):
