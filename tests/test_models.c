@@ -530,7 +530,7 @@ static void check_model_on(const char *path, const char *arch, const char *wtype
     assert_int_equal(engine_ctx_create(m, 16, 2, &c), 0);
     assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv), 0);
     int32_t blocks[] = {5, 2, 7, 0};
-    engine_seq_view view = {blocks, 4};
+    engine_seq_view view = {.blocks = blocks, .n_blocks = 4};
     int32_t pos[N_PROMPT], seq[N_PROMPT] = {0};
     bool wl[N_PROMPT];
     for (int i = 0; i < N_PROMPT; i++) {
@@ -763,7 +763,7 @@ static void test_gemma3_long_window(void **st)
     engine_kv *kv = NULL;
     assert_int_equal(engine_ctx_create(m, N, 2, &c), 0);
     assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, NB, BS, &kv), 0);
-    engine_seq_view view = {blocks, NB};
+    engine_seq_view view = {.blocks = blocks, .n_blocks = NB};
     engine_batch b = {NP, tok, pos, seq, wl, 1, &view};
     assert_int_equal(engine_forward(c, kv, &b, got), 0);
     double e = rel_err(got, want + (size_t)(NP - 1) * V, V);
@@ -881,7 +881,7 @@ static void last_logits(const char *path, const char *kernels, float *out)
     assert_int_equal(engine_ctx_create(m, 16, 2, &c), 0);
     assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv), 0);
     int32_t blocks[] = {5, 2, 7, 0};
-    engine_seq_view view = {blocks, 4};
+    engine_seq_view view = {.blocks = blocks, .n_blocks = 4};
     int32_t pos[N_TOTAL], seq[N_TOTAL] = {0};
     bool wl[N_TOTAL];
     for (int i = 0; i < N_TOTAL; i++) {
