@@ -207,6 +207,7 @@ void sched_destroy(sched *s)
     free(s->b_views);
     free(s->b_seqs);
     free(s->copies);
+    free(s->copy_group);
     pthread_mutex_destroy(&s->inbox_mu);
     pthread_cond_destroy(&s->inbox_cv);
     pthread_mutex_destroy(&s->snap_mu);
