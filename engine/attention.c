@@ -24,6 +24,7 @@ typedef struct attn_job {
     const engine_kv *kv;
     const engine_batch *b;
     const uint8_t *kl, *vl; /* this layer's K and V arenas (kv->type values) */
+    bool windowed_table;    /* read the rows' windowed-group tables (a split arena) */
     uint32_t window;        /* the layer's window, 0: every position */
     uint32_t i0, i1;        /* this wave's items */
     atomic_uint next;       /* next item to take */
@@ -53,6 +54,7 @@ static void attend_span(const attn_job *j, uint32_t item, float *scores)
     uint32_t n_pos = (uint32_t)j->b->pos[t] + 1, bs = kv->block_size;
     uint32_t lo = j->window && n_pos > j->window ? n_pos - j->window : 0;
     uint32_t p0 = (lo / ATTN_SPAN + item - c->attn_first[t]) * ATTN_SPAN;
+    const int32_t *blocks = j->windowed_table ? s->wblocks : s->blocks;
     uint32_t skip = lo > p0 ? lo - p0 : 0; /* the first span's positions before the window */
     uint32_t n = n_pos - p0 < ATTN_SPAN ? n_pos - p0 : ATTN_SPAN;
     uint32_t hd = hp->head_dim, n_head = hp->n_head, group = n_head / hp->n_head_kv;
@@ -62,7 +64,7 @@ static void attend_span(const attn_job *j, uint32_t item, float *scores)
     bool f16 = kv->type == ENGINE_KV_F16;
     for (uint32_t i = skip; i < n; i++) {
         uint32_t p = p0 + i;
-        const uint8_t *kp = j->kl + ((size_t)s->blocks[p / bs] * bs + p % bs) * row;
+        const uint8_t *kp = j->kl + ((size_t)blocks[p / bs] * bs + p % bs) * row;
         for (uint32_t h = 0; h < n_head; h++) {
             const void *kh = kp + (size_t)(h / group) * head;
             const float *qh = q + (size_t)h * hd;
@@ -86,7 +88,7 @@ static void attend_span(const attn_job *j, uint32_t item, float *scores)
     }
     for (uint32_t i = skip; i < n; i++) {
         uint32_t p = p0 + i;
-        const uint8_t *vp = j->vl + ((size_t)s->blocks[p / bs] * bs + p % bs) * row;
+        const uint8_t *vp = j->vl + ((size_t)blocks[p / bs] * bs + p % bs) * row;
         for (uint32_t h = 0; h < n_head; h++) {
             const void *vh = vp + (size_t)(h / group) * head;
             float *oh = part + (size_t)h * (hd + 2), wgt = scores[h * ATTN_SPAN + i];
@@ -121,8 +123,9 @@ void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b
     attn_job j = {.c = c,
                   .kv = kv,
                   .b = b,
-                  .kl = kv->k + l * kv->layer_stride * kv->esz,
-                  .vl = kv->v + l * kv->layer_stride * kv->esz,
+                  .kl = kv->k + kv->layer_off[l],
+                  .vl = kv->v + kv->layer_off[l],
+                  .windowed_table = kv->group[l] == ENGINE_KV_WINDOWED,
                   .window = window};
     uint64_t macs = 0;    /* of the whole batch: a tiny model's attention stays on this thread */
     c->attn_first[0] = 0; /* a row has one item per span from its window's first position on */

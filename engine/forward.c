@@ -40,6 +40,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->gate = malloc(T * F * sizeof(float));
     c->up = malloc(T * F * sizeof(float));
     c->slot = malloc(T * sizeof(int32_t));
+    c->wslot = malloc(T * sizeof(int32_t));
     size_t part = (size_t)hp->n_head * (hp->head_dim + 2);
     c->scores = malloc(c->n_threads * hp->n_head * ATTN_SPAN * sizeof(float));
     c->attn_part = malloc(ATTN_WAVE * part * sizeof(float));
@@ -49,7 +50,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->rope_cs = malloc(m->n_rope * T * hp->n_rot * sizeof(float));
     c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up || !c->slot ||
-        !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->scores || !c->attn_part ||
+        !c->wslot || !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->scores || !c->attn_part ||
         !c->attn_state || !c->attn_first || tpool_create(c->n_threads, &c->pool)) {
         engine_ctx_destroy(c);
         return KVS_ENOMEM;
@@ -84,6 +85,7 @@ void engine_ctx_destroy(engine_ctx *c)
     free(c->attn_first);
     free(c->tile);
     free(c->slot);
+    free(c->wslot);
     free(c->rope_inv_freq);
     free(c->rope_cs);
     free(c);
@@ -223,23 +225,43 @@ static void rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot,
     }
 }
 
+/* Checks the table entries rows of a sequence read: blocks lo / bs .. pos / bs of a table
+ * (lo = 0 for the global layers, the window's first position for the windowed ones, whose
+ * earlier entries may be released), and returns pos's slot or -1. */
+static int32_t table_slot(const int32_t *blocks, uint32_t n_blocks, uint32_t n_ids, uint32_t bs,
+                          uint32_t lo, uint32_t pos)
+{
+    uint32_t bi = pos / bs;
+    if (!blocks || bi >= n_blocks)
+        return -1;
+    for (uint32_t i = lo / bs; i <= bi; i++)
+        if (blocks[i] < 0 || (uint32_t)blocks[i] >= n_ids)
+            return -1;
+    return blocks[bi] * (int32_t)bs + (int32_t)(pos % bs);
+}
+
 static int validate_batch(engine_ctx *c, const engine_kv *kv, const engine_batch *b)
 {
     if (b->n_tokens == 0 || b->n_tokens > c->max_tokens)
         return KVS_EINVAL;
+    uint32_t bs = kv->block_size, window = engine_model_window(c->m);
     for (uint32_t t = 0; t < b->n_tokens; t++) {
         if (b->token[t] < 0 || (uint32_t)b->token[t] >= c->m->hp.n_vocab || b->pos[t] < 0 ||
             b->seq[t] < 0 || (uint32_t)b->seq[t] >= b->n_seqs)
             return KVS_EINVAL;
         const engine_seq_view *s = &b->seqs[b->seq[t]];
-        uint32_t bi = (uint32_t)b->pos[t] / kv->block_size;
-        if (bi >= s->n_blocks)
+        uint32_t pos = (uint32_t)b->pos[t];
+        c->slot[t] = table_slot(s->blocks, s->n_blocks, kv->n_blocks, bs, 0, pos);
+        if (c->slot[t] < 0)
             return KVS_EINVAL;
-        for (uint32_t i = 0; i <= bi; i++)
-            if (s->blocks[i] < 0 || (uint32_t)s->blocks[i] >= kv->n_blocks)
+        if (kv->n_wblocks) {
+            /* The windowed layers read this row's window only: entries before it may be
+             * released (-1). */
+            uint32_t lo = pos + 1 > window ? pos + 1 - window : 0;
+            c->wslot[t] = table_slot(s->wblocks, s->n_wblocks, kv->n_wblocks, bs, lo, pos);
+            if (c->wslot[t] < 0)
                 return KVS_EINVAL;
-        c->slot[t] = s->blocks[bi] * (int32_t)kv->block_size +
-                     (int32_t)((uint32_t)b->pos[t] % kv->block_size);
+        }
     }
     return 0;
 }
@@ -250,13 +272,13 @@ void engine__rope_store(engine_ctx *c, engine_kv *kv, const engine_batch *b, uin
     size_t T = b->n_tokens, Q = (size_t)hp->n_head * hp->head_dim,
            kv_dim = (size_t)hp->n_head_kv * hp->head_dim, R = hp->n_rot / 2;
     const float *cs = c->rope_cs + (size_t)c->m->layers[l].rope_set * c->max_tokens * R * 2;
-    uint8_t *kl = kv->k + l * kv->layer_stride * kv->esz;
-    uint8_t *vl = kv->v + l * kv->layer_stride * kv->esz;
+    uint8_t *kl = kv->k + kv->layer_off[l], *vl = kv->v + kv->layer_off[l];
+    const int32_t *slot = kv->group[l] == ENGINE_KV_WINDOWED ? c->wslot : c->slot;
     for (size_t t = 0; t < T; t++) {
         rope(c->q + t * Q, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs + t * R * 2);
         rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type,
              cs + t * R * 2);
-        size_t off = (size_t)c->slot[t] * kv_dim * kv->esz;
+        size_t off = (size_t)slot[t] * kv_dim * kv->esz;
         if (kv->type == ENGINE_KV_F16) {
             c->kern->to_f16((uint16_t *)(void *)(kl + off), c->k + t * kv_dim, kv_dim);
             c->kern->to_f16((uint16_t *)(void *)(vl + off), c->v + t * kv_dim, kv_dim);

@@ -1,5 +1,8 @@
-/* The KV arena: n_blocks * block_size token slots of K and V for every layer, in the cache
- * type (F16 or F32), allocated once; kvpool's block ids index it. */
+/* The KV arena: block_size-token slots of K and V for every layer, in the cache type (F16 or
+ * F32), allocated once; kvpool's block ids index it. A single arena gives every layer the same
+ * n_blocks. A split one gives the windowed layers (sliding-window attention) blocks of their
+ * own, n_wblocks of them, addressed by a second block table: a sequence only needs its last
+ * window there, so that group can be far smaller than the global one. */
 #include "engine/model_impl.h"
 
 #include "common/status.h"
@@ -22,17 +25,43 @@ static size_t kv_esz(engine_kv_type type)
     return type == ENGINE_KV_F16 ? 2 : 4;
 }
 
+static uint32_t layers_windowed(const engine_model *m)
+{
+    uint32_t n = 0;
+    for (uint32_t l = 0; l < m->hp.n_layer; l++)
+        n += m->layers[l].window > 0;
+    return n;
+}
+
+uint32_t engine_model_window(const engine_model *m)
+{
+    uint32_t w = 0;
+    for (uint32_t l = 0; l < m->hp.n_layer; l++)
+        w = m->layers[l].window > w ? m->layers[l].window : w;
+    return w;
+}
+
 size_t engine_kv_block_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size)
 {
     const engine_hparams *hp = &m->hp;
     return (size_t)2 * hp->n_layer * block_size * hp->n_head_kv * hp->head_dim * kv_esz(type);
 }
 
-int engine_kv_create(const engine_model *m, engine_kv_type type, uint32_t n_blocks,
-                     uint32_t block_size, engine_kv **out)
+size_t engine_kv_group_block_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size,
+                                   int group)
+{
+    const engine_hparams *hp = &m->hp;
+    uint32_t nw = layers_windowed(m);
+    uint32_t n = group == ENGINE_KV_WINDOWED ? nw : hp->n_layer - nw;
+    return (size_t)2 * n * block_size * hp->n_head_kv * hp->head_dim * kv_esz(type);
+}
+
+static int kv_create(const engine_model *m, engine_kv_type type, uint32_t n_blocks,
+                     uint32_t n_wblocks, uint32_t block_size, engine_kv **out)
 {
     *out = NULL;
     if (n_blocks == 0 || block_size == 0 || (uint64_t)n_blocks * block_size > (1ull << 32) ||
+        (uint64_t)n_wblocks * block_size > (1ull << 32) ||
         (type != ENGINE_KV_F16 && type != ENGINE_KV_F32))
         return KVS_EINVAL;
     engine_kv *kv = calloc(1, sizeof *kv);
@@ -41,13 +70,25 @@ int engine_kv_create(const engine_model *m, engine_kv_type type, uint32_t n_bloc
     kv->type = type;
     kv->esz = kv_esz(type);
     kv->n_blocks = n_blocks;
+    kv->n_wblocks = n_wblocks;
     kv->block_size = block_size;
     kv->n_layer = m->hp.n_layer;
     kv->kv_dim = m->hp.n_head_kv * m->hp.head_dim;
-    kv->layer_stride = (size_t)n_blocks * block_size * kv->kv_dim;
-    size_t total = kv->layer_stride * kv->n_layer;
-    kv->k = calloc(total, kv->esz);
-    kv->v = calloc(total, kv->esz);
+    kv->layer_off = malloc(kv->n_layer * sizeof *kv->layer_off);
+    kv->group = malloc(kv->n_layer);
+    if (!kv->layer_off || !kv->group) {
+        engine_kv_destroy(kv);
+        return KVS_ENOMEM;
+    }
+    size_t row = (size_t)kv->kv_dim * kv->esz, total = 0;
+    for (uint32_t l = 0; l < kv->n_layer; l++) {
+        bool w = n_wblocks && m->layers[l].window > 0;
+        kv->group[l] = w ? ENGINE_KV_WINDOWED : ENGINE_KV_GLOBAL;
+        kv->layer_off[l] = total;
+        total += (size_t)(w ? n_wblocks : n_blocks) * block_size * row;
+    }
+    kv->k = calloc(total, 1);
+    kv->v = calloc(total, 1);
     if (!kv->k || !kv->v) {
         engine_kv_destroy(kv);
         return KVS_ENOMEM;
@@ -56,20 +97,40 @@ int engine_kv_create(const engine_model *m, engine_kv_type type, uint32_t n_bloc
     return 0;
 }
 
+int engine_kv_create(const engine_model *m, engine_kv_type type, uint32_t n_blocks,
+                     uint32_t block_size, engine_kv **out)
+{
+    return kv_create(m, type, n_blocks, 0, block_size, out);
+}
+
+int engine_kv_create_split(const engine_model *m, engine_kv_type type, uint32_t n_blocks,
+                           uint32_t n_wblocks, uint32_t block_size, engine_kv **out)
+{
+    uint32_t nw = layers_windowed(m);
+    *out = NULL;
+    if (n_wblocks == 0 || nw == 0 || nw == m->hp.n_layer)
+        return KVS_EINVAL;
+    return kv_create(m, type, n_blocks, n_wblocks, block_size, out);
+}
+
 void engine_kv_destroy(engine_kv *kv)
 {
     if (!kv)
         return;
     free(kv->k);
     free(kv->v);
+    free(kv->layer_off);
+    free(kv->group);
     free(kv);
 }
 
-void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst)
+void engine_kv_copy_block(engine_kv *kv, int group, int32_t src, int32_t dst)
 {
     size_t blk = (size_t)kv->block_size * kv->kv_dim * kv->esz;
     for (uint32_t l = 0; l < kv->n_layer; l++) {
-        size_t base = l * kv->layer_stride * kv->esz;
+        if (kv->n_wblocks && kv->group[l] != group)
+            continue;
+        size_t base = kv->layer_off[l];
         memcpy(kv->k + base + (size_t)dst * blk, kv->k + base + (size_t)src * blk, blk);
         memcpy(kv->v + base + (size_t)dst * blk, kv->v + base + (size_t)src * blk, blk);
     }

@@ -96,16 +96,37 @@ const char *engine_kv_type_name(engine_kv_type t);
 
 /* Bytes one block takes (K and V, all layers). */
 size_t engine_kv_block_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size);
+/* Layer groups of a split arena: ENGINE_KV_GLOBAL holds the layers that attend to every
+ * position, ENGINE_KV_WINDOWED the sliding-window ones (a layer with window > 0). */
+enum { ENGINE_KV_GLOBAL = 0, ENGINE_KV_WINDOWED = 1 };
+/* Bytes one block of a group takes (K and V of that group's layers). */
+size_t engine_kv_group_block_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size,
+                                   int group);
+/* The windowed layers' window (hp->n_swa), 0 when no layer is windowed. */
+uint32_t engine_model_window(const engine_model *m);
+/* One arena of n_blocks blocks for every layer: one block table per sequence. */
 int engine_kv_create(const engine_model *m, engine_kv_type type, uint32_t n_blocks,
                      uint32_t block_size, engine_kv **out);
+/* A split arena: the global layers in n_blocks blocks, the windowed layers in n_wblocks blocks
+ * of their own, each addressed through its own block table (engine_seq_view.wblocks), so a
+ * sequence holds windowed blocks for its last window only. KVS_EINVAL if the model has no
+ * windowed layer or every layer is windowed. */
+int engine_kv_create_split(const engine_model *m, engine_kv_type type, uint32_t n_blocks,
+                           uint32_t n_wblocks, uint32_t block_size, engine_kv **out);
 void engine_kv_destroy(engine_kv *kv);
-/* Copies block src's K/V (every layer) into block dst (copy-on-write). */
-void engine_kv_copy_block(engine_kv *kv, int32_t src, int32_t dst);
+/* Copies block src's K/V into block dst (copy-on-write): every layer of group `group` of a
+ * split arena, every layer of a single one (group ignored). */
+void engine_kv_copy_block(engine_kv *kv, int group, int32_t src, int32_t dst);
 
 /* --- forward --- */
 typedef struct engine_seq_view {
     const int32_t *blocks; /* block table: physical block ids */
     uint32_t n_blocks;
+    /* With a split arena: the windowed layers' block table, logical block i holding positions
+     * i * block_size.. like blocks; entries wholly before a row's window may be -1 (released).
+     * NULL with a single arena. */
+    const int32_t *wblocks;
+    uint32_t n_wblocks;
 } engine_seq_view;
 
 typedef struct engine_batch {

@@ -74,10 +74,12 @@ struct engine_model {
 struct engine_kv {
     engine_kv_type type;
     uint32_t n_blocks, block_size, n_layer, kv_dim;
-    size_t esz;          /* bytes per value: 2 (F16) or 4 (F32) */
-    size_t layer_stride; /* values per layer per K (or V): n_blocks * block_size * kv_dim */
-    uint8_t *k;          /* (n_layer, n_slots, kv_dim) */
-    uint8_t *v;          /* (n_layer, n_slots, kv_dim) */
+    size_t esz;         /* bytes per value: 2 (F16) or 4 (F32) */
+    uint32_t n_wblocks; /* blocks of the windowed group of a split arena, 0: single arena */
+    uint8_t *k;         /* each layer's (n_slots of its group, kv_dim) one after another */
+    uint8_t *v;
+    size_t *layer_off; /* [n_layer] byte offset of layer l's K (and V) in k (and v) */
+    uint8_t *group;    /* [n_layer] ENGINE_KV_GLOBAL / ENGINE_KV_WINDOWED (all global: single) */
 };
 
 /* Attention work units: positions per item and items per pool job (see attention()). */
@@ -104,7 +106,8 @@ struct engine_ctx {
     uint32_t *attn_first; /* (max_tokens + 1) first attention item of each row */
     float *tile;          /* (n_threads, tile_floats) a Q8_0 panel widened for several row tiles */
     size_t tile_floats;   /* KERN_PANEL * max(n_embd, n_ff) */
-    int32_t *slot;        /* (max_tokens) arena slot of each row */
+    int32_t *slot;        /* (max_tokens) arena slot of each row (global layers) */
+    int32_t *wslot;       /* (max_tokens) the same in a split arena's windowed group */
     float *rope_inv_freq; /* (n_rope, n_rot / 2) each RoPE set's scale * base^(-2j/n_rot) */
     float *rope_cs;       /* (n_rope, max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
 };

@@ -2,7 +2,12 @@
  * Invariants: every block is in exactly one state (used: refcount > 0; cached: refcount 0,
  * indexed, on the LRU list; free: refcount 0, unindexed, on the free list); an indexed block
  * is full, and every table holding it holds its indexed parent just before it (so children
- * leave the LRU before their parents); block fill is the same for every holder. */
+ * leave the LRU before their parents); block fill is the same for every holder.
+ * kvpool_seq_release_before relaxes two of them for the pools it is used on: a table's leading
+ * released entries are -1, and an indexed block may be an orphan, its parent since evicted
+ * (parent_gen no longer matches) or unindexed. An orphan is unreachable (a match walks from
+ * the root through parents at their gen), so it can never alias; it leaves the index when its
+ * last holder releases it, or when evicted. */
 #include "kvpool/kvpool.h"
 
 #include <stdlib.h>
@@ -46,6 +51,7 @@ struct kvpool_seq {
     uint32_t len;        /* reserved positions */
     uint32_t n_computed; /* positions holding K/V, <= len */
     uint32_t n_indexed;  /* leading blocks known to be in the prefix index */
+    uint32_t n_released; /* leading entries released by kvpool_seq_release_before (-1) */
     kvpool_seq *prev;    /* the pool's list of live sequences (for kvpool_check) */
     kvpool_seq *next;
 };
@@ -64,7 +70,8 @@ struct kvpool {
     uint32_t n_indexed;
     kvpool_seq *seqs;
     uint32_t n_seqs;
-    kvpool_stats st; /* counters and sums kept incrementally; block counts filled on read */
+    bool released_any; /* a release_before happened: orphans may exist (see the top) */
+    kvpool_stats st;   /* counters and sums kept incrementally; block counts filled on read */
 };
 
 /* --- lists --- */
@@ -216,6 +223,16 @@ static void block_ref(kvpool *pool, int32_t b)
     }
 }
 
+/* An indexed block whose parent was evicted (or unindexed) since it was indexed: no match can
+ * reach it any more. Only release_before's partial tables let a parent go first. */
+static bool block_orphaned(const kvpool *pool, const kvpool_block *k)
+{
+    if (k->parent < 0)
+        return false;
+    const kvpool_block *p = &pool->blk[k->parent];
+    return !p->indexed || p->gen != k->parent_gen;
+}
+
 static void block_unref(kvpool *pool, int32_t b)
 {
     kvpool_block *k = &pool->blk[b];
@@ -223,6 +240,8 @@ static void block_unref(kvpool *pool, int32_t b)
         return;
     pool->n_used--;
     pool->st.slots_waste -= pool->block_size - k->fill;
+    if (k->indexed && block_orphaned(pool, k))
+        index_remove(pool, b); /* unreachable: caching it would only hold a dead entry */
     if (k->indexed)
         list_push_tail(pool, &pool->lru, b);
     else
@@ -367,9 +386,9 @@ void kvpool_seq_destroy(kvpool *pool, kvpool_seq *seq)
         return;
     /* Last block first: a child then always sits in the LRU ahead of its parent, so it is
      * evicted before the parent and an indexed block's parent stays indexed. */
-    for (uint32_t i = seq->n_blocks; i-- > 0;)
+    for (uint32_t i = seq->n_blocks; i-- > seq->n_released;)
         block_unref(pool, seq->blocks[i]);
-    pool->st.tokens_stored -= seq->len;
+    pool->st.tokens_stored -= seq->len - seq->n_released * pool->block_size;
     seq_unlink(pool, seq);
     free(seq->blocks);
     free(seq);
@@ -391,13 +410,15 @@ int kvpool_seq_fork(kvpool *pool, const kvpool_seq *src, kvpool_seq **out)
     }
     for (uint32_t i = 0; i < src->n_blocks; i++) {
         s->blocks[i] = src->blocks[i];
-        block_ref(pool, src->blocks[i]);
+        if (i >= src->n_released)
+            block_ref(pool, src->blocks[i]);
     }
     s->n_blocks = src->n_blocks;
     s->len = src->len;
     s->n_computed = src->n_computed;
     s->n_indexed = src->n_indexed;
-    pool->st.tokens_stored += s->len;
+    s->n_released = src->n_released;
+    pool->st.tokens_stored += s->len - s->n_released * pool->block_size;
     *out = s;
     return 0;
 }
@@ -430,6 +451,55 @@ uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *t
     pool->st.prefix_hits += got;
     pool->st.tokens_stored += seq->len;
     return seq->len;
+}
+
+uint32_t kvpool_prefix_probe(const kvpool *pool, const int32_t *tokens, uint32_t n)
+{
+    if (!pool->prefix_cache || !tokens)
+        return 0;
+    uint32_t bs = pool->block_size, want = n / bs, got = 0;
+    uint64_t h = KVPOOL_ROOT_HASH;
+    int32_t parent = -1;
+    while (got < want) {
+        const int32_t *tok = tokens + (size_t)got * bs;
+        uint64_t hh = chain_hash(h, tok, bs);
+        int32_t b = index_find(pool, hh, parent, tok);
+        if (b < 0)
+            break;
+        got++;
+        h = hh;
+        parent = b;
+    }
+    return got * bs;
+}
+
+uint32_t kvpool_seq_release_before(kvpool *pool, kvpool_seq *seq, uint32_t pos)
+{
+    uint32_t bs = pool->block_size, end = pos / bs, n = 0;
+    /* The last block stays (appends and copy-on-write work on it). With the prefix index the
+     * last indexed block stays too: the next block to be indexed names it as its parent. */
+    if (end + 1 > seq->n_blocks)
+        end = seq->n_blocks ? seq->n_blocks - 1 : 0;
+    if (pool->prefix_cache && end + 1 > seq->n_indexed)
+        end = seq->n_indexed ? seq->n_indexed - 1 : 0;
+    if (end > seq->n_computed / bs)
+        end = seq->n_computed / bs; /* never a block whose K/V are still to be written */
+    for (uint32_t i = seq->n_released; i < end; i++) {
+        block_unref(pool, seq->blocks[i]);
+        seq->blocks[i] = -1;
+        n++;
+    }
+    if (n) {
+        seq->n_released = end;
+        pool->st.tokens_stored -= (uint64_t)n * bs;
+        pool->released_any = true;
+    }
+    return n;
+}
+
+uint32_t kvpool_seq_n_released(const kvpool_seq *seq)
+{
+    return seq->n_released;
 }
 
 /* Whether the last block is partly filled and shared, so writing to it needs a copy. */
@@ -593,9 +663,16 @@ static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
             return KVS_EINVAL;
         if (s->next && s->next->prev != s)
             return KVS_EINVAL;
-        tokens += s->len;
+        if (s->n_released > 0 && (!pool->released_any || s->n_released >= s->n_blocks))
+            return KVS_EINVAL; /* the last block is never released */
+        tokens += s->len - (uint64_t)s->n_released * bs;
         for (uint32_t i = 0; i < s->n_blocks; i++) {
             int32_t b = s->blocks[i];
+            if (i < s->n_released) {
+                if (b != -1)
+                    return KVS_EINVAL;
+                continue;
+            }
             if (b < 0 || (uint32_t)b >= nb)
                 return KVS_EINVAL;
             refs[b]++;
@@ -603,7 +680,10 @@ static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
             const kvpool_block *k = &pool->blk[b];
             if (k->fill != fill)
                 return KVS_EINVAL;
-            if (k->indexed && k->parent != (i > 0 ? s->blocks[i - 1] : -1))
+            /* After released entries the parent is no longer in this table. */
+            if (k->indexed && i > s->n_released && k->parent != s->blocks[i - 1])
+                return KVS_EINVAL;
+            if (k->indexed && i == 0 && k->parent != -1)
                 return KVS_EINVAL;
             if (i < s->n_indexed && !k->indexed)
                 return KVS_EINVAL;
@@ -632,6 +712,11 @@ static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
             if (k->fill != bs)
                 return KVS_EINVAL;
             uint64_t ph = KVPOOL_ROOT_HASH;
+            if (k->parent >= 0 && pool->released_any && block_orphaned(pool, k)) {
+                if ((uint32_t)k->parent >= nb)
+                    return KVS_EINVAL;
+                continue; /* unreachable; its chain hash cannot be recomputed */
+            }
             if (k->parent >= 0) {
                 const kvpool_block *p = &pool->blk[k->parent];
                 if ((uint32_t)k->parent >= nb || !p->indexed || p->gen != k->parent_gen)

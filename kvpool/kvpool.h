@@ -11,6 +11,7 @@
  *   cached refcount 0 but full and indexed by its prefix hash: findable by a later
  *          sequence with the same prefix until evicted, least recently released first
  *   free   refcount 0 and holding nothing anyone can find
+ * (kvpool_seq_release_before lets a table drop its leading blocks: see there.)
  * Prefix hashes chain: hash(block i) = H(hash(block i-1), token ids of block i), and a hit
  * also compares the stored token ids and parent, so a hash collision can never alias.
  *
@@ -75,6 +76,22 @@ int kvpool_seq_fork(kvpool *pool, const kvpool_seq *src, kvpool_seq **out);
  * multiple of block_size, <= n); those positions are already computed and committed. Pass
  * n = prompt length - 1 so at least one token is left to compute logits from. */
 uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n);
+
+/* The tokens kvpool_seq_match_prefix(tokens, n) would cover now, changing nothing (no
+ * reference, no counter). */
+uint32_t kvpool_prefix_probe(const kvpool *pool, const int32_t *tokens, uint32_t n);
+
+/* Sliding-window reclaim: releases (refcount--) the seq's blocks wholly before position pos,
+ * from the first unreleased one on; their table entries become -1 and stay so (the table keeps
+ * its logical indexing). Never releases the last block, a block past n_computed, nor (with the
+ * prefix cache) the last indexed block, which the next block to be indexed names as parent: so
+ * a window of w positions holds at most ceil(w / block_size) + 2 blocks. A released full
+ * block that is indexed stays cached (findable) until evicted; its still-held children then
+ * become orphans that no match reaches. Only for pools that back windowed layers: the released
+ * positions are gone for good. Returns the number of blocks released. */
+uint32_t kvpool_seq_release_before(kvpool *pool, kvpool_seq *seq, uint32_t pos);
+/* Leading table entries released so far. */
+uint32_t kvpool_seq_n_released(const kvpool_seq *seq);
 
 /* Blocks that kvpool_seq_append(seq, n) would have to take from the pool (including a
  * copy-on-write of a shared last block). */

@@ -48,13 +48,11 @@ static void run_step(sched *s)
         return;
     }
     for (int i = 0; i < s->n_copies; i++)
-        engine_kv_copy_block(s->kv, s->copies[i].src, s->copies[i].dst);
+        engine_kv_copy_block(s->kv, s->copy_group[i], s->copies[i].src, s->copies[i].dst);
     int n_logits = 0;
     for (uint32_t i = 0; i < n_seqs; i++) {
         seq *q = s->b_seqs[i];
-        uint32_t nb;
-        s->b_views[i].blocks = kvpool_seq_blocks(q->kv, &nb);
-        s->b_views[i].n_blocks = nb;
+        sched__kv_view(s, q, &s->b_views[i]);
         q->logits_row = q->n_computed + q->chunk == q->n_tokens ? n_logits++ : -1;
     }
     engine_batch b = {n_rows, s->b_token, s->b_pos, s->b_seq, s->b_logits, n_seqs, s->b_views};
@@ -74,7 +72,7 @@ static void run_step(sched *s)
     for (uint32_t i = 0; i < n_seqs; i++) {
         seq *q = s->b_seqs[i];
         q->n_computed += q->chunk;
-        kvpool_seq_commit(s->pool, q->kv, q->n_computed);
+        sched__kv_commit(s, q);
     }
     for (uint32_t i = 0; i < n_seqs; i++) {
         seq *q = s->b_seqs[i];

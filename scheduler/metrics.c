@@ -52,8 +52,21 @@ void sched__update_gauges(sched *s)
     s->m.kv_blocks_used = st.blocks_used;
     s->m.kv_blocks_cached = st.blocks_cached;
     s->m.kv_cache_usage_ratio = st.blocks_total ? (double)st.blocks_used / st.blocks_total : 0;
+    s->m.kv_bytes_capacity = (uint64_t)st.blocks_total * s->block_bytes;
+    s->m.kv_bytes_used = (uint64_t)st.blocks_used * s->block_bytes;
     s->m.prefix_cache_queries_total = st.prefix_queries;
     s->m.prefix_cache_hits_total = st.prefix_hits;
+    if (s->wpool) {
+        /* A prefix hit counts once, in the global group (the windowed one looks up the same
+         * blocks again, for the same hit). */
+        kvpool_stats ws;
+        kvpool_get_stats(s->wpool, &ws);
+        s->m.kv_window_blocks_total = ws.blocks_total;
+        s->m.kv_window_blocks_used = ws.blocks_used;
+        s->m.kv_window_blocks_cached = ws.blocks_cached;
+        s->m.kv_bytes_capacity += (uint64_t)ws.blocks_total * s->wblock_bytes;
+        s->m.kv_bytes_used += (uint64_t)ws.blocks_used * s->wblock_bytes;
+    }
     pthread_mutex_unlock(&s->metrics_mu);
 }
 

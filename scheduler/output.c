@@ -57,7 +57,7 @@ seq *sched__seq_new(sched *s, sched_req *r)
 
 static void seq_free(sched *s, seq *q)
 {
-    kvpool_seq_destroy(s->pool, q->kv);
+    sched__kv_free(s, q);
     sampler_destroy(q->smp);
     grammar_destroy(q->gram);
     free(q->tokens);
@@ -336,7 +336,7 @@ void sched__fork_choices(sched *s, seq *q)
         if (!rc && q->gram)
             rc = grammar_clone(q->gram, &f->gram);
         if (!rc)
-            rc = kvpool_seq_fork(s->pool, q->kv, &f->kv);
+            rc = sched__kv_fork(s, q, f);
         if (rc) {
             if (f) {
                 sampler_destroy(f->smp);

@@ -14,8 +14,7 @@
 void sched__preempt(sched *s, seq *q)
 {
     sched__list_remove(&s->running, q);
-    kvpool_seq_destroy(s->pool, q->kv);
-    q->kv = NULL;
+    sched__kv_free(s, q);
     q->n_computed = 0;
     q->state = SEQ_WAITING;
     sched__list_push_front(&s->waiting, q);
@@ -31,13 +30,12 @@ void sched__preempt(sched *s, seq *q)
 static int reserve_chunk(sched *s, seq *q, uint32_t chunk, bool may_preempt)
 {
     for (;;) {
-        kvpool_copy cp;
-        int n_cp = 0;
-        int rc = kvpool_seq_append(s->pool, q->kv, q->tokens + q->n_computed, chunk, &cp, &n_cp);
-        if (rc == 0) {
-            if (n_cp)
-                s->copies[s->n_copies++] = cp;
+        int rc = sched__kv_reserve(s, q, chunk);
+        if (rc == 0)
             return 0;
+        if (rc == KVS_EIO && q->state == SEQ_RUNNING) {
+            sched__preempt(s, q); /* its groups disagree now: recompute it from scratch */
+            return KVS_ENOSPC;
         }
         if (rc != KVS_ENOSPC || !may_preempt)
             return rc;
@@ -116,20 +114,19 @@ uint32_t sched__plan_step(sched *s, uint32_t *n_rows_out)
         uint32_t seats = q->fork_pending ? q->req->n : 1;
         if (seats_held + seats > max_seqs)
             break;
-        if (kvpool_seq_create(s->pool, &q->kv))
+        if (sched__kv_create(s, q))
             break;
         uint32_t covered = 0;
-        if (s->p.prefix_cache)
-            covered = kvpool_seq_match_prefix(s->pool, q->kv, q->tokens, q->n_tokens - 1);
-        /* Admit only if the pool can hold all of what is known of it now. */
-        uint32_t need = kvpool_seq_blocks_needed(s->pool, q->kv, q->n_tokens - covered);
+        if (sched__kv_match_prefix(s, q, &covered))
+            break;
         uint32_t chunk = q->n_tokens - covered;
         if (chunk > budget)
             chunk = budget;
         q->n_computed = covered;
-        if (need > kvpool_available(s->pool) || reserve_chunk(s, q, chunk, false) != 0) {
-            kvpool_seq_destroy(s->pool, q->kv);
-            q->kv = NULL;
+        /* Admit only if the pools can hold all of what is known of it now. */
+        if (!sched__kv_fits(s, q, q->n_tokens - covered) ||
+            reserve_chunk(s, q, chunk, false) != 0) {
+            sched__kv_free(s, q);
             q->n_computed = 0;
             break;
         }

@@ -75,7 +75,8 @@ typedef struct seq {
     bool ever_admitted; /* has left the queue once (the 429 bound counts queued requests) */
     enum seq_state state;
     uint64_t admit_order; /* larger = admitted later = first to be preempted */
-    kvpool_seq *kv;
+    kvpool_seq *kv;       /* the global layers' table (every layer's with one group) */
+    kvpool_seq *wkv;      /* the windowed layers' table, NULL with one group (see seq_kv.c) */
     int32_t *tokens; /* prompt + generated; the last one may be sampled but not yet forwarded */
     uint32_t n_tokens, cap;
     uint32_t n_computed; /* positions whose K/V are in the arena */
@@ -112,6 +113,10 @@ struct sched {
 
     kvpool *pool;
     uint32_t n_blocks; /* the pool's size, fixed at create (read by any thread) */
+    kvpool *wpool;     /* the windowed layers' pool of a split arena, else NULL (seq_kv.c) */
+    uint32_t n_wblocks;
+    uint32_t window;                  /* the windowed layers' window, with wpool */
+    size_t block_bytes, wblock_bytes; /* bytes of a block of pool, of wpool */
     engine_kv *kv;
     engine_ctx *ctx;
     float *logits; /* (max_num_seqs, n_vocab) */
@@ -120,7 +125,8 @@ struct sched {
     bool *b_logits;
     engine_seq_view *b_views; /* (max_num_seqs) */
     seq **b_seqs;             /* (max_num_seqs) */
-    kvpool_copy *copies;      /* (max_num_seqs) */
+    kvpool_copy *copies;      /* (2 * max_num_seqs) */
+    int *copy_group;          /* (2 * max_num_seqs) ENGINE_KV_GLOBAL / _WINDOWED of each copy */
     int n_copies;
 
     pthread_t thread;
@@ -219,6 +225,28 @@ void sched__finish_seq_tokens(sched *s, seq_list *from, seq *q, enum sched_finis
 bool sched__sample_and_emit(sched *s, seq *q, const float *row_in, float *scratch);
 /* Creates the other n - 1 choices of q's request, sharing q's blocks. */
 void sched__fork_choices(sched *s, seq *q);
+
+/* seq_kv.c (engine thread): a sequence's tables in every layer group. */
+int sched__kv_create(sched *s, seq *q);
+/* Releases both tables' blocks; q->kv and q->wkv become NULL. */
+void sched__kv_free(sched *s, seq *q);
+/* For fresh tables: attaches the longest prefix hit every group can use (see seq_kv.c) into
+ * *covered. KVS_ENOMEM only (then q holds no tables). */
+int sched__kv_match_prefix(sched *s, seq *q, uint32_t *covered);
+/* Whether the pools can hold n_left more tokens of q (the windowed group: its window's worth). */
+bool sched__kv_fits(const sched *s, const seq *q, uint32_t n_left);
+/* The most windowed blocks one sequence holds at once. */
+uint32_t sched__kv_window_blocks(const sched *s);
+/* Reserves q's next chunk in every group, queueing the copy-on-writes. 0; KVS_ENOSPC or
+ * KVS_ENOMEM with nothing changed; KVS_EIO when the groups now disagree (the caller must
+ * free q's tables). */
+int sched__kv_reserve(sched *s, seq *q, uint32_t chunk);
+/* After a step computed q up to q->n_computed: commits every group and releases the
+ * windowed blocks before q's window. */
+void sched__kv_commit(sched *s, seq *q);
+/* f's tables share every block of q's. */
+int sched__kv_fork(sched *s, const seq *q, seq *f);
+void sched__kv_view(const sched *s, const seq *q, engine_seq_view *v);
 
 /* loop.c: the engine thread's body. */
 void *sched__engine_main(void *arg);

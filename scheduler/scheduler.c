@@ -29,6 +29,7 @@ sched_params sched_default_params(void)
         .kv_type = ENGINE_KV_F16,
         .block_size = 16,
         .prefix_cache = true,
+        .window_reclaim = true,
         .n_threads = 0,
         .n_ctx = 0,
     };
@@ -56,9 +57,30 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         p.n_threads = cores > 0 ? (uint32_t)cores : 1;
     }
-    size_t block_bytes = engine_kv_block_bytes(model, p.kv_type, p.block_size);
+    size_t block_bytes = engine_kv_block_bytes(model, p.kv_type, p.block_size), wblock_bytes = 0;
     uint64_t n_blocks =
         p.kv_blocks ? p.kv_blocks : (uint64_t)p.kv_cache_mb * 1024 * 1024 / block_bytes;
+    uint64_t n_wblocks = 0;
+    uint32_t window = engine_model_window(model);
+    size_t gb = engine_kv_group_block_bytes(model, p.kv_type, p.block_size, ENGINE_KV_GLOBAL);
+    if (p.window_reclaim && window > 0 && gb > 0 && p.n_ctx > window) {
+        /* Two groups (see scheduler.h): the windowed one sized to what can be held at once. */
+        wblock_bytes =
+            engine_kv_group_block_bytes(model, p.kv_type, p.block_size, ENGINE_KV_WINDOWED);
+        uint64_t per_seq = (window + p.max_batched_tokens + p.block_size - 1) / p.block_size + 3;
+        uint64_t cap = per_seq * p.max_num_seqs;
+        n_wblocks = n_blocks < cap ? n_blocks : cap;
+        /* One sequence's window and chunk always fit, or a long prefill could never run. */
+        n_wblocks = n_wblocks < per_seq ? per_seq : n_wblocks;
+        block_bytes = gb;
+        if (!p.kv_blocks) {
+            uint64_t budget = (uint64_t)p.kv_cache_mb * 1024 * 1024;
+            n_blocks =
+                budget > n_wblocks * wblock_bytes ? (budget - n_wblocks * wblock_bytes) / gb : 0;
+        }
+        if (n_wblocks > (1u << 30))
+            n_wblocks = 1u << 30;
+    }
     uint64_t ctx_blocks = (p.n_ctx + p.block_size - 1) / p.block_size;
     if (n_blocks < ctx_blocks) {
         log_error("scheduler: the KV pool (--kv-cache-mb %u / --kv-blocks %u) holds %llu blocks "
@@ -93,9 +115,20 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
     sched__init_metrics(&s->m);
 
     s->n_blocks = (uint32_t)n_blocks;
+    s->n_wblocks = (uint32_t)n_wblocks;
+    s->window = n_wblocks ? window : 0;
+    s->block_bytes = block_bytes;
+    s->wblock_bytes = wblock_bytes;
     kvpool_params kp = {(uint32_t)n_blocks, p.block_size, p.prefix_cache};
     int rc = kvpool_create(&kp, &s->pool);
-    if (!rc)
+    if (!rc && n_wblocks) {
+        kvpool_params wp = {(uint32_t)n_wblocks, p.block_size, p.prefix_cache};
+        rc = kvpool_create(&wp, &s->wpool);
+    }
+    if (!rc && n_wblocks)
+        rc = engine_kv_create_split(model, p.kv_type, (uint32_t)n_blocks, (uint32_t)n_wblocks,
+                                    p.block_size, &s->kv);
+    else if (!rc)
         rc = engine_kv_create(model, p.kv_type, (uint32_t)n_blocks, p.block_size, &s->kv);
     if (!rc)
         rc = engine_ctx_create(model, p.max_batched_tokens, p.n_threads, &s->ctx);
@@ -121,9 +154,10 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
     s->b_logits = malloc(T * sizeof(bool));
     s->b_views = malloc(S * sizeof *s->b_views);
     s->b_seqs = malloc(S * sizeof *s->b_seqs);
-    s->copies = malloc(S * sizeof *s->copies);
+    s->copies = malloc(2 * S * sizeof *s->copies);
+    s->copy_group = malloc(2 * S * sizeof *s->copy_group);
     if (!s->logits || !s->b_token || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_views ||
-        !s->b_seqs || !s->copies) {
+        !s->b_seqs || !s->copies || !s->copy_group) {
         sched_destroy(s);
         return KVS_ENOMEM;
     }
@@ -138,6 +172,11 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
              (unsigned long long)n_blocks, p.block_size,
              (double)(n_blocks * block_bytes) / (1024.0 * 1024.0), p.n_ctx, p.max_num_seqs,
              p.max_batched_tokens, p.n_threads);
+    if (n_wblocks)
+        log_info("scheduler: window reclaim: the global layers hold the blocks above, the "
+                 "windowed layers (window %u) %llu blocks of their own (%.1f MiB)",
+                 window, (unsigned long long)n_wblocks,
+                 (double)(n_wblocks * wblock_bytes) / (1024.0 * 1024.0));
     *out = s;
     return 0;
 }
@@ -155,6 +194,7 @@ void sched_destroy(sched *s)
         pthread_join(s->thread, NULL);
     }
     kvpool_destroy(s->pool);
+    kvpool_destroy(s->wpool);
     engine_kv_destroy(s->kv);
     engine_ctx_destroy(s->ctx);
     grammar_vocab_destroy(s->gvocab);
@@ -167,6 +207,7 @@ void sched_destroy(sched *s)
     free(s->b_views);
     free(s->b_seqs);
     free(s->copies);
+    free(s->copy_group);
     pthread_mutex_destroy(&s->inbox_mu);
     pthread_cond_destroy(&s->inbox_cv);
     pthread_mutex_destroy(&s->snap_mu);

@@ -36,6 +36,9 @@ typedef struct sched_params {
     uint32_t kv_blocks;          /* if > 0: exactly this many blocks, ignoring kv_cache_mb */
     uint32_t block_size;         /* tokens per KV block (default 16) */
     bool prefix_cache;           /* reuse cached prompt blocks (default true) */
+    bool window_reclaim;         /* a model with global and sliding-window layers: the windowed
+                                    layers get blocks of their own, released once behind every
+                                    sequence's window (default true; see sched_create) */
     uint32_t n_threads;          /* compute threads for the engine; 0 = the online cores */
     uint32_t n_ctx;              /* context length; 0 = the model's */
     uint64_t fail_step;          /* tests only: if > 0, step number fail_step fails as if the
@@ -45,7 +48,14 @@ typedef struct sched_params {
 sched_params sched_default_params(void);
 
 /* Builds the pool, KV arena and engine scratch for model (which must outlive the scheduler)
- * and starts the engine thread. KVS_EINVAL for bad params, KVS_ENOMEM. */
+ * and starts the engine thread. KVS_EINVAL for bad params, KVS_ENOMEM.
+ * With window_reclaim, a model having both global and windowed layers (and n_ctx longer than
+ * its window) gets two layer groups, each a pool of blocks covering only its layers. The
+ * windowed group is sized to what the sequences can hold at once, W = min(N, max_num_seqs *
+ * (ceil((window + max_batched_tokens) / block_size) + 3)), N being the global group's blocks:
+ * kv_blocks gives N exactly; kv_cache_mb is split as W windowed blocks first (W computed with
+ * N as if the two groups had equal counts) and the rest of the budget to N. Without it (or
+ * for other models) one group holds every layer, as before. */
 int sched_create(const sched_params *p, const engine_model *model, sched **out);
 /* Stops the engine thread, ends every request with a KVS_ECANCELED error event, frees all.
  * Requests not yet released stay valid until sched_req_release. NULL is a no-op. */
@@ -162,6 +172,12 @@ typedef struct sched_metrics {
     uint32_t kv_blocks_used;
     uint32_t kv_blocks_cached;
     double kv_cache_usage_ratio;
+    /* The windowed layers' group (all 0 with one group). */
+    uint32_t kv_window_blocks_total;
+    uint32_t kv_window_blocks_used;
+    uint32_t kv_window_blocks_cached;
+    uint64_t kv_bytes_capacity; /* K/V bytes of every group's blocks */
+    uint64_t kv_bytes_used;     /* K/V bytes of the blocks sequences hold, every group */
     uint64_t prompt_tokens_total;
     uint64_t generation_tokens_total;
     uint64_t prefix_cache_queries_total; /* blocks looked up */
@@ -189,22 +205,28 @@ enum sched_block_state {
 };
 
 typedef struct sched_kv_seq {
-    uint64_t request;  /* the request's serial (sched_req_serial) */
-    uint32_t choice;   /* which of its n choices */
-    uint32_t n_tokens; /* prompt + generated so far */
-    uint32_t n_blocks; /* length of its block table */
+    uint64_t request;         /* the request's serial (sched_req_serial) */
+    uint32_t choice;          /* which of its n choices */
+    uint32_t n_tokens;        /* prompt + generated so far */
+    uint32_t n_blocks;        /* length of its block table */
+    uint32_t n_window_blocks; /* windowed-group blocks it holds now (0 with one group) */
 } sched_kv_seq;
 
 typedef struct sched_kv_snapshot {
     uint64_t steps;      /* engine steps run when it was taken */
     uint32_t block_size; /* tokens per block */
     uint32_t n_blocks;
-    uint8_t *state;      /* [n_blocks] enum sched_block_state */
-    uint16_t *refs;      /* [n_blocks] block tables holding the block (saturates at 65535) */
-    int32_t *owner;      /* [n_blocks] index in seqs of the oldest sequence holding it, or -1 */
-    uint32_t n_seqs;     /* running sequences, oldest first */
-    sched_kv_seq *seqs;  /* [max_num_seqs] */
-    uint32_t n_waiting;  /* sequences waiting for admission (they hold no blocks) */
+    uint8_t *state;     /* [n_blocks] enum sched_block_state */
+    uint16_t *refs;     /* [n_blocks] block tables holding the block (saturates at 65535) */
+    int32_t *owner;     /* [n_blocks] index in seqs of the oldest sequence holding it, or -1 */
+    uint32_t n_seqs;    /* running sequences, oldest first */
+    sched_kv_seq *seqs; /* [max_num_seqs] */
+    uint32_t n_waiting; /* sequences waiting for admission (they hold no blocks) */
+    /* The block arrays picture the global group (every layer with one group); the windowed
+     * group, when there is one, is summed here. */
+    uint32_t window; /* the windowed layers' window, 0 with one group */
+    uint32_t n_window_blocks, window_used, window_cached;
+    uint64_t bytes_used; /* K/V bytes of the blocks sequences hold, every group */
     double fill_seconds; /* what taking it cost the engine thread */
 } sched_kv_snapshot;
 

@@ -25,10 +25,27 @@ void sched__fill_snapshot(sched *s, sched_kv_snapshot *snap)
             if (blocks[b] >= 0 && (uint32_t)blocks[b] < snap->n_blocks &&
                 snap->owner[blocks[b]] < 0)
                 snap->owner[blocks[b]] = (int32_t)k;
+        uint32_t nw = 0;
+        if (q->wkv) {
+            kvpool_seq_blocks(q->wkv, &nw);
+            nw -= kvpool_seq_n_released(q->wkv);
+        }
         snap->seqs[k] = (sched_kv_seq){.request = q->req->serial,
                                        .choice = q->choice,
                                        .n_tokens = q->n_tokens,
-                                       .n_blocks = nb};
+                                       .n_blocks = nb,
+                                       .n_window_blocks = nw};
+    }
+    kvpool_stats st;
+    kvpool_get_stats(s->pool, &st);
+    snap->bytes_used = (uint64_t)st.blocks_used * s->block_bytes;
+    snap->window = s->window;
+    if (s->wpool) {
+        kvpool_get_stats(s->wpool, &st);
+        snap->n_window_blocks = st.blocks_total;
+        snap->window_used = st.blocks_used;
+        snap->window_cached = st.blocks_cached;
+        snap->bytes_used += (uint64_t)st.blocks_used * s->wblock_bytes;
     }
     snap->n_seqs = k;
     snap->n_waiting = s->waiting.n;

@@ -167,6 +167,7 @@ int cmd_serve(int argc, char **argv)
     sp.kv_type = (engine_kv_type)kv_type;
     sp.block_size = cfg.block_size;
     sp.prefix_cache = !cfg.no_prefix_cache;
+    sp.window_reclaim = !cfg.no_window_reclaim;
     if (cfg.threads)
         sp.n_threads = cfg.threads;
     sp.n_ctx = cfg.ctx_size;

@@ -27,7 +27,9 @@ static const opt k_opts[] = {
     {"host", 0, OPT_STR, OFF(host), "127.0.0.1", "address to listen on"},
     {"port", 0, OPT_U32, OFF(port), "8080", "TCP port (0 = any free port, logged at start)"},
     {"threads", 0, OPT_U32, OFF(threads), "0", "engine compute threads (0 = all cores)"},
-    {"kv-cache-mb", 0, OPT_U32, OFF(kv_cache_mb), "256", "KV cache pool size in MiB"},
+    {"kv-cache-mb", 0, OPT_U32, OFF(kv_cache_mb), "256",
+     "KV cache pool size in MiB (a model with sliding-window layers: the windowed layers' "
+     "group takes what its sequences' windows can hold, the global layers the rest)"},
     {"kv-cache-type", 0, OPT_STR, OFF(kv_cache_type), "f16",
      "f16|f32: what cached keys and values are stored as"},
     {"kernels", 0, OPT_STR, OFF(kernels), "auto",
@@ -57,6 +59,9 @@ static const opt k_opts[] = {
      "reasoning_content beside content; none leaves it in content"},
     {"no-prefix-cache", 0, OPT_FLAG, OFF(no_prefix_cache), "false",
      "do not reuse cached prompt blocks"},
+    {"no-window-reclaim", 0, OPT_FLAG, OFF(no_window_reclaim), "false",
+     "keep every layer's K/V for the whole context, sliding-window layers included (one "
+     "block pool for all layers)"},
     {"no-webui", 0, OPT_FLAG, OFF(no_webui), "false",
      "do not serve the web page (chat and the live KV cache) at /"},
     {"log-level", 0, OPT_STR, OFF(log_level), "info", "debug|info|warn|error"},

@@ -30,6 +30,7 @@ typedef struct srv_config {
     char *chat_template;           /* --chat-template NAME: NULL = detect from the model */
     char *reasoning_format;        /* --reasoning-format auto|none (auto) */
     bool no_prefix_cache;          /* --no-prefix-cache */
+    bool no_window_reclaim;        /* --no-window-reclaim */
     bool no_webui;                 /* --no-webui: no page at / */
     char *log_level;               /* --log-level debug|info|warn|error (info) */
     uint32_t http_threads;         /* --http-threads: libmicrohttpd polling threads (2) */

@@ -67,6 +67,16 @@ char *srv_kv_json(const sched_kv_snapshot *k, const srv_kv_model *m, uint64_t ge
     cJSON_AddNumberToObject(bl, "shared", count[3]);
     cJSON_AddNumberToObject(bl, "cached", count[1]);
     cJSON_AddNumberToObject(bl, "free", count[0]);
+    cJSON_AddNumberToObject(r, "bytes_used", (double)k->bytes_used);
+    /* The grid above is the global layers' group; a split cache's windowed group is summed. */
+    if (k->window) {
+        cJSON *wg = cJSON_AddObjectToObject(r, "window_group");
+        cJSON_AddNumberToObject(wg, "window", k->window);
+        cJSON_AddNumberToObject(wg, "n_blocks", k->n_window_blocks);
+        cJSON_AddNumberToObject(wg, "used", k->window_used);
+        cJSON_AddNumberToObject(wg, "cached", k->window_cached);
+        cJSON_AddNumberToObject(wg, "free", k->n_window_blocks - k->window_used - k->window_cached);
+    }
     cJSON *seqs = cJSON_AddArrayToObject(r, "seqs");
     for (uint32_t i = 0; seqs && i < k->n_seqs; i++) {
         cJSON *q = cJSON_CreateObject();
@@ -74,6 +84,8 @@ char *srv_kv_json(const sched_kv_snapshot *k, const srv_kv_model *m, uint64_t ge
         cJSON_AddNumberToObject(q, "choice", k->seqs[i].choice);
         cJSON_AddNumberToObject(q, "tokens", k->seqs[i].n_tokens);
         cJSON_AddNumberToObject(q, "blocks", k->seqs[i].n_blocks);
+        if (k->window)
+            cJSON_AddNumberToObject(q, "window_blocks", k->seqs[i].n_window_blocks);
         cJSON_AddItemToArray(seqs, q);
     }
     cJSON_AddNumberToObject(r, "running", k->n_seqs);

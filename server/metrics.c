@@ -146,10 +146,23 @@ char *srv_metrics_format(const sched_metrics *m, const uint64_t requests[SRV_N_S
         gauge(&b, "num_requests_waiting", "Requests waiting for admission.",
               m->num_requests_waiting);
         /* Not kv_blocks_total: promtool rejects a _total suffix on anything but a counter. */
-        gauge(&b, "kv_blocks_capacity", "KV cache blocks in the pool.", m->kv_blocks_total);
+        gauge(&b, "kv_blocks_capacity",
+              "KV cache blocks in the pool (the global layers' group when split).",
+              m->kv_blocks_total);
         gauge(&b, "kv_blocks_used", "KV cache blocks held by sequences.", m->kv_blocks_used);
         gauge(&b, "kv_blocks_cached", "Free KV cache blocks still findable by prefix hash.",
               m->kv_blocks_cached);
+        gauge(&b, "kv_window_blocks_capacity",
+              "Blocks of the sliding-window layers' own group (0: one group for all layers).",
+              m->kv_window_blocks_total);
+        gauge(&b, "kv_window_blocks_used", "Windowed-group blocks held by sequences.",
+              m->kv_window_blocks_used);
+        gauge(&b, "kv_window_blocks_cached", "Free windowed-group blocks findable by prefix.",
+              m->kv_window_blocks_cached);
+        gauge(&b, "kv_bytes_capacity", "K/V bytes of every group's blocks.",
+              (double)m->kv_bytes_capacity);
+        gauge(&b, "kv_bytes_used", "K/V bytes of the blocks sequences hold, every group.",
+              (double)m->kv_bytes_used);
         gauge(&b, "kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0..1).",
               m->kv_cache_usage_ratio);
         counter(&b, "prompt_tokens_total", "Prompt tokens processed.", m->prompt_tokens_total);

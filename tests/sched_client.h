@@ -156,13 +156,14 @@ static inline void wait_blocks_free(sched *s)
     sched_metrics m;
     for (int i = 0; i < 1000; i++) {
         sched_get_metrics(s, &m);
-        if (m.kv_blocks_used == 0 && m.num_requests_running == 0 && m.num_requests_waiting == 0)
+        if (m.kv_blocks_used == 0 && m.kv_window_blocks_used == 0 && m.num_requests_running == 0 &&
+            m.num_requests_waiting == 0)
             return;
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    fail_msg("%u KV blocks still used, %u running, %u waiting", m.kv_blocks_used,
-             m.num_requests_running, m.num_requests_waiting);
+    fail_msg("%u KV blocks (%u windowed) still used, %u running, %u waiting", m.kv_blocks_used,
+             m.kv_window_blocks_used, m.num_requests_running, m.num_requests_waiting);
 }
 
 /* A snapshot's own consistency: holders are running sequences, every used block has one and
@@ -190,6 +191,14 @@ static inline void check_snapshot(const sched_kv_snapshot *k)
                     (k->seqs[i].n_tokens + k->block_size - 1) / k->block_size);
     }
     assert_int_equal(refs, table);
+    /* a split cache's windowed group: shared blocks count once there, once per holder here */
+    uint64_t wtable = 0;
+    for (uint32_t i = 0; i < k->n_seqs; i++)
+        wtable += k->seqs[i].n_window_blocks;
+    assert_true(k->window_used <= wtable);
+    assert_true(k->window_used + k->window_cached <= k->n_window_blocks);
+    if (!k->window)
+        assert_int_equal(wtable, 0);
 }
 
 #endif

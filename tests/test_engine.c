@@ -284,7 +284,7 @@ static void check_cache_equals_recompute_every(int every)
     int32_t blocks[CTX / 16];
     for (uint32_t i = 0; i < nb; i++)
         blocks[i] = (int32_t)(nb - 1 - i);
-    engine_seq_view view = {blocks, nb};
+    engine_seq_view view = {.blocks = blocks, .n_blocks = nb};
     float *cached = malloc(hp->n_vocab * sizeof(float));
     float *full = malloc(hp->n_vocab * sizeof(float));
     int32_t tok[CTX + 1], pos[CTX + 1], sq[CTX + 1];
@@ -414,7 +414,8 @@ static void test_malformed_batch_rejected(void **state)
     assert_int_equal(engine_kv_create(g_model, g_kv_type, 2, 4, &kv), 0);
     assert_int_equal(engine_ctx_create(g_model, 4, 1, &ctx), 0);
     int32_t blocks[2] = {0, 1}, bad_blocks[2] = {0, 7};
-    engine_seq_view v = {blocks, 2}, bv = {bad_blocks, 2};
+    engine_seq_view v = {.blocks = blocks, .n_blocks = 2},
+                    bv = {.blocks = bad_blocks, .n_blocks = 2};
     int32_t tok[1] = {5}, pos[1] = {8}, sq[1] = {0};
     bool want[1] = {true};
     float logits[512];

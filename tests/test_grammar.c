@@ -1215,7 +1215,7 @@ static void test_model_constrained(void **state)
             sq[i] = 0;
             want[i] = i + 1 == n_tok;
         }
-        engine_seq_view view = {blocks, CTX / BS};
+        engine_seq_view view = {.blocks = blocks, .n_blocks = CTX / BS};
         char text[4 * CTX] = "";
         size_t len = 0, from = 0;
         while (n_tok < CTX) {

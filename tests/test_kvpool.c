@@ -67,11 +67,16 @@ static int32_t slot_of(const harness *h, const kvpool_seq *s, uint32_t pos)
     return blocks[pos / h->bs] * (int32_t)h->bs + (int32_t)(pos % h->bs);
 }
 
-/* The sequence reads back exactly the tokens it was given. */
+/* The sequence reads back exactly the tokens it was given (from its first unreleased block:
+ * released entries are -1). */
 static void ts_verify(const harness *h, const tseq *t)
 {
     assert_int_equal(kvpool_seq_len(t->s), t->len);
-    for (uint32_t p = 0; p < t->len; p++)
+    uint32_t nblk, rel = kvpool_seq_n_released(t->s);
+    const int32_t *blocks = kvpool_seq_blocks(t->s, &nblk);
+    for (uint32_t i = 0; i < rel; i++)
+        assert_int_equal(blocks[i], -1);
+    for (uint32_t p = rel * h->bs; p < t->len; p++)
         assert_int_equal(h->arena[slot_of(h, t->s, p)], t->tok[p]);
 }
 
@@ -850,7 +855,10 @@ static uint32_t make_prompt(int32_t *out, uint32_t cap, uint32_t bs)
     return len;
 }
 
-static void run_random(uint32_t bs, uint32_t n_blocks, uint32_t iters, uint64_t seed)
+/* window > 0: sequences also release their blocks before a window of up to `window`
+ * positions behind n_computed, as a windowed layer group does. */
+static void run_random(uint32_t bs, uint32_t n_blocks, uint32_t iters, uint64_t seed,
+                       uint32_t window)
 {
     harness h;
     h_init(&h, n_blocks, bs, true);
@@ -866,7 +874,7 @@ static void run_random(uint32_t bs, uint32_t n_blocks, uint32_t iters, uint64_t 
     uint32_t cap = 8 * bs + 8;
     int32_t *buf = malloc(sizeof(int32_t) * cap);
     assert_non_null(buf);
-    uint64_t last_queries = 0;
+    uint64_t last_queries = 0, n_released = 0;
 
     for (uint32_t it = 0; it < iters; it++) {
         uint32_t op = rnd(100);
@@ -939,6 +947,17 @@ static void run_random(uint32_t bs, uint32_t n_blocks, uint32_t iters, uint64_t 
             uint32_t to = rnd(3) ? len : nc + rnd(len - nc + 1);
             kvpool_seq_commit(h.pool, seqs[i].s, to);
             assert_int_equal(kvpool_seq_n_computed(seqs[i].s), to > nc ? to : nc);
+        } else if (window && op < 80 && n_live > 0) {
+            uint32_t i = rnd(n_live);
+            uint32_t nc = kvpool_seq_n_computed(seqs[i].s), w = 1 + rnd(window);
+            uint32_t used = stats(&h).blocks_used, rel0 = kvpool_seq_n_released(seqs[i].s);
+            uint32_t n = kvpool_seq_release_before(h.pool, seqs[i].s, nc + 1 > w ? nc + 1 - w : 0);
+            assert_int_equal(kvpool_seq_n_released(seqs[i].s), rel0 + n);
+            assert_true(stats(&h).blocks_used <= used);
+            assert_true(kvpool_seq_n_released(seqs[i].s) * bs <= nc);
+            n_released += n;
+            if (n)
+                tainted[i] = true; /* its early blocks may be evicted: no longer findable */
         } else if (op < 85 && n_live > 0 && n_live < MAX_SEQS) {
             uint32_t i = rnd(n_live);
             if (kvpool_seq_len(seqs[i].s) / bs > kvpool_seq_n_computed(seqs[i].s) / bs)
@@ -974,7 +993,7 @@ static void run_random(uint32_t bs, uint32_t n_blocks, uint32_t iters, uint64_t 
         uint64_t tokens = 0;
         for (uint32_t i = 0; i < n_live; i++) {
             ts_verify(&h, &seqs[i]);
-            tokens += seqs[i].len;
+            tokens += seqs[i].len - kvpool_seq_n_released(seqs[i].s) * bs;
         }
         assert_int_equal(st.tokens_stored, tokens);
     }
@@ -982,6 +1001,7 @@ static void run_random(uint32_t bs, uint32_t n_blocks, uint32_t iters, uint64_t 
     /* The workload must actually have exercised sharing, hits and eviction. */
     assert_true(st.prefix_hits > 0);
     assert_true(st.evictions > 0);
+    assert_true(!window || n_released > iters / 20);
     for (uint32_t i = 0; i < n_live; i++) {
         ts_destroy(&h, &seqs[i]);
         free(pending[i]);
@@ -998,19 +1018,157 @@ static void run_random(uint32_t bs, uint32_t n_blocks, uint32_t iters, uint64_t 
 static void test_random_bs1(void **state)
 {
     (void)state;
-    run_random(1, 96, 4000, 0x1234567u);
+    run_random(1, 96, 4000, 0x1234567u, 0);
 }
 
 static void test_random_bs16(void **state)
 {
     (void)state;
-    run_random(16, 48, 4000, 0xfeedbeefu);
+    run_random(16, 48, 4000, 0xfeedbeefu, 0);
 }
 
 static void test_random_bs64(void **state)
 {
     (void)state;
-    run_random(64, 40, 3000, 0xabcdef01u);
+    run_random(64, 40, 3000, 0xabcdef01u, 0);
+}
+
+/* The same workloads with sliding-window releases mixed in: sharing, copy-on-write, prefix
+ * hits on partly released chains and evictions of released parents (orphans) keep every
+ * invariant and every live position's contents. */
+static void test_random_window_bs1(void **state)
+{
+    (void)state;
+    run_random(1, 96, 4000, 0x7654321u, 12);
+}
+
+static void test_random_window_bs4(void **state)
+{
+    (void)state;
+    run_random(4, 64, 4000, 0x5eed5eedu, 20);
+}
+
+static void test_random_window_bs16(void **state)
+{
+    (void)state;
+    run_random(16, 48, 4000, 0xc0ffee11u, 40);
+}
+
+/* release_before frees the blocks wholly before pos but keeps the last block and the last
+ * indexed one (the next block's parent); released indexed blocks stay findable until evicted,
+ * and their held children then become orphans that leave the index when released. */
+static void test_release_before(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 8, 4, true);
+    tseq a, b, c;
+    ts_create(&h, &a);
+    int32_t tok[32], other[32];
+    seq_tokens(tok, 32, 500);
+    seq_tokens(other, 32, 900);
+    assert_int_equal(ts_append(&h, &a, tok, 18, NULL), 0); /* 4 full blocks and 2 tokens */
+    assert_int_equal(kvpool_seq_release_before(h.pool, a.s, 17), 0); /* nothing computed */
+    kvpool_seq_commit(h.pool, a.s, 18);
+    assert_int_equal(stats(&h).blocks_used, 5);
+    /* pos 17: blocks 0..3 are wholly before it, block 3 stays as block 4's parent */
+    assert_int_equal(kvpool_seq_release_before(h.pool, a.s, 17), 3);
+    assert_int_equal(kvpool_seq_n_released(a.s), 3);
+    assert_int_equal(kvpool_seq_release_before(h.pool, a.s, 17), 0); /* idempotent */
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.blocks_used, 2);
+    assert_int_equal(st.blocks_cached, 3);
+    assert_int_equal(st.tokens_stored, 18 - 12);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    ts_verify(&h, &a);
+
+    /* The released chain is still whole in the cache: a new sequence finds all 4 blocks. */
+    assert_int_equal(kvpool_prefix_probe(h.pool, tok, 18), 16);
+    ts_create(&h, &b);
+    assert_int_equal(ts_match(&h, &b, tok, 17), 16);
+    assert_int_equal(stats(&h).blocks_used, 5);
+    ts_destroy(&h, &b);
+    assert_int_equal(kvpool_check(h.pool), 0);
+
+    /* Taking 6 blocks evicts the 3 cached ones (and block 3 is still a's): a's block 3 is now
+     * an orphan, unreachable, and not cached when a lets it go. */
+    ts_create(&h, &c);
+    assert_int_equal(ts_append(&h, &c, other, 24, NULL), 0);
+    assert_true(stats(&h).evictions >= 3);
+    assert_int_equal(kvpool_prefix_probe(h.pool, tok, 18), 0);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    ts_destroy(&h, &c);
+    ts_destroy(&h, &a);
+    st = stats(&h);
+    assert_int_equal(st.blocks_used, 0);
+    assert_int_equal(st.tokens_stored, 0);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    h_fini(&h);
+}
+
+/* A fork shares the released table (-1 entries, no references) and the live blocks; each side
+ * then releases and copies on write on its own. */
+static void test_release_fork_cow(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 12, 4, true);
+    tseq a, b;
+    ts_create(&h, &a);
+    int32_t tok[40], t1[4] = {1, 2, 3, 4}, t2[4] = {5, 6, 7, 8};
+    seq_tokens(tok, 40, 700);
+    assert_int_equal(ts_append(&h, &a, tok, 14, NULL), 0);
+    kvpool_seq_commit(h.pool, a.s, 14);
+    /* pos 9: blocks 0 and 1 are wholly before it (block 2, holding 9, is also the parent of
+     * the next block to be indexed) */
+    assert_int_equal(kvpool_seq_release_before(h.pool, a.s, 9), 2);
+    ts_fork(&h, &a, &b);
+    assert_int_equal(kvpool_seq_n_released(b.s), 2);
+    assert_int_equal(stats(&h).blocks_used, 2);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    int nc = -1;
+    assert_int_equal(ts_append(&h, &a, t1, 2, &nc), 0); /* shared partial block: copied */
+    assert_int_equal(nc, 1);
+    assert_int_equal(ts_append(&h, &b, t2, 4, &nc), 0); /* now b's alone: no copy */
+    assert_int_equal(nc, 0);
+    kvpool_seq_commit(h.pool, a.s, 16);
+    kvpool_seq_commit(h.pool, b.s, 18);
+    /* b: block 2 goes (still a's), block 3 stays as block 4's parent */
+    assert_int_equal(kvpool_seq_release_before(h.pool, b.s, 17), 1);
+    assert_int_equal(kvpool_seq_n_released(a.s), 2);
+    assert_int_equal(stats(&h).blocks_used, 4); /* a: 2 and its copy of 3; b: 3 and 4 */
+    ts_verify(&h, &a);
+    ts_verify(&h, &b);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    ts_destroy(&h, &b);
+    ts_destroy(&h, &a);
+    assert_int_equal(stats(&h).blocks_used, 0);
+    h_fini(&h);
+}
+
+/* Without the prefix index only the last block is kept, and released blocks go free. */
+static void test_release_no_prefix(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 8, 4, false);
+    tseq a;
+    ts_create(&h, &a);
+    int32_t tok[32];
+    seq_tokens(tok, 32, 40);
+    assert_int_equal(ts_append(&h, &a, tok, 16, NULL), 0);
+    kvpool_seq_commit(h.pool, a.s, 12);
+    /* at most n_computed: blocks 0..2 (12 positions), even though pos asks for more */
+    assert_int_equal(kvpool_seq_release_before(h.pool, a.s, 16), 3);
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.blocks_used, 1);
+    assert_int_equal(st.blocks_cached, 0);
+    assert_int_equal(st.blocks_free, 7);
+    kvpool_seq_commit(h.pool, a.s, 16);
+    assert_int_equal(kvpool_seq_release_before(h.pool, a.s, 16), 0); /* the last block stays */
+    ts_verify(&h, &a);
+    ts_destroy(&h, &a);
+    h_fini(&h);
 }
 
 /* kvpool_block_states: the picture matches the pool (used with refcounts, cached, free),
@@ -1075,6 +1233,12 @@ int main(void)
         cmocka_unit_test(test_random_bs16),
         cmocka_unit_test(test_random_bs64),
         cmocka_unit_test(test_block_states),
+        cmocka_unit_test(test_release_before),
+        cmocka_unit_test(test_release_fork_cow),
+        cmocka_unit_test(test_release_no_prefix),
+        cmocka_unit_test(test_random_window_bs1),
+        cmocka_unit_test(test_random_window_bs4),
+        cmocka_unit_test(test_random_window_bs16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

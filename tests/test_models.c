@@ -530,7 +530,7 @@ static void check_model_on(const char *path, const char *arch, const char *wtype
     assert_int_equal(engine_ctx_create(m, 16, 2, &c), 0);
     assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv), 0);
     int32_t blocks[] = {5, 2, 7, 0};
-    engine_seq_view view = {blocks, 4};
+    engine_seq_view view = {.blocks = blocks, .n_blocks = 4};
     int32_t pos[N_PROMPT], seq[N_PROMPT] = {0};
     bool wl[N_PROMPT];
     for (int i = 0; i < N_PROMPT; i++) {
@@ -763,7 +763,7 @@ static void test_gemma3_long_window(void **st)
     engine_kv *kv = NULL;
     assert_int_equal(engine_ctx_create(m, N, 2, &c), 0);
     assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, NB, BS, &kv), 0);
-    engine_seq_view view = {blocks, NB};
+    engine_seq_view view = {.blocks = blocks, .n_blocks = NB};
     engine_batch b = {NP, tok, pos, seq, wl, 1, &view};
     assert_int_equal(engine_forward(c, kv, &b, got), 0);
     double e = rel_err(got, want + (size_t)(NP - 1) * V, V);
@@ -777,6 +777,114 @@ static void test_gemma3_long_window(void **st)
         if (e > TOL)
             fail_msg("decode position %d: relative error %g", t, e);
     }
+    engine_kv_destroy(kv);
+    engine_ctx_destroy(c);
+    engine_model_destroy(m);
+    free(want);
+    free(got);
+    ref_free(&r);
+}
+
+/* A split arena (window reclaim, engine_kv_create_split) against the reference forward: the
+ * swa7 shape (layer 5 global, six windowed) with a window of 40 and blocks of 8; the windowed
+ * table is a different permutation in a 12-block arena, and after each decode row every entry
+ * wholly before the next row's window is overwritten with -1 (released), as the scheduler does.
+ * A wrong group, table or slot moves the logits beyond TOL; reading a released entry fails the
+ * forward (KVS_EINVAL) or the bounds. */
+static void test_gemma3_split_arena(void **st)
+{
+    (void)st;
+    char p[512];
+    const char *a[] = {"--arch", "gemma3", "--sliding-window", "40", NULL};
+    make_shape(p, sizeof p, "swa7", "gemma3-split.gguf", a);
+
+    enum { N = 120, NP = 100, BS = 8, NB = 16, NW = 12, WIN = 40 };
+    int32_t tok[N], pos[N], seq[N] = {0}, blocks[NB], wblocks[NB];
+    bool wl[N];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (int32_t)((i * 53 + 7) % 509) + 3;
+        pos[i] = i;
+        wl[i] = i == NP - 1;
+    }
+    for (int i = 0; i < NB; i++)
+        blocks[i] = (i * 5 + 2) % NB; /* a permutation: 5 is prime to 16 */
+    ref_model r;
+    ref_load(&r, p);
+    uint32_t V = r.vocab;
+    float *want = malloc((size_t)N * V * sizeof(float)), *got = malloc(V * sizeof(float));
+    assert_true(want && got);
+    ref_opts ro = {0};
+    ref_forward(&r, &ro, tok, N, want);
+    /* the window matters here: without it the last row moves far beyond TOL */
+    float *alt = malloc((size_t)N * V * sizeof(float));
+    assert_non_null(alt);
+    ref_opts nw = {.no_window = true};
+    ref_forward(&r, &nw, tok, N, alt);
+    assert_true(rel_err(alt + (size_t)(N - 1) * V, want + (size_t)(N - 1) * V, V) > 20 * TOL);
+    free(alt);
+
+    engine_model *m = NULL;
+    char err[256] = "";
+    if (engine_model_load(p, NULL, &m, err, sizeof err))
+        fail_msg("%s: %s", p, err);
+    engine_ctx *c = NULL;
+    engine_kv *kv = NULL, *bad = NULL;
+    assert_int_equal(engine_kv_create_split(m, ENGINE_KV_F32, NB, 0, BS, &bad), KVS_EINVAL);
+    assert_null(bad);
+    assert_int_equal(engine_ctx_create(m, NP, 2, &c), 0);
+    assert_int_equal(engine_kv_create_split(m, ENGINE_KV_F32, NB, NW, BS, &kv), 0);
+    /* the prefill writes every windowed block of its 100 positions (13 blocks) once: the first
+     * ones are released before the 12-block arena would need them again */
+    for (int i = 0; i < NB; i++)
+        wblocks[i] = i < NW ? (i * 7 + 3) % NW : -1;
+    wblocks[12] = wblocks[0]; /* block 0 is behind row 99's window: its slots are reused */
+    wblocks[0] = -1;
+    engine_seq_view view = {.blocks = blocks, .n_blocks = NB, .wblocks = wblocks, .n_wblocks = NB};
+    /* a prefill of 100 rows reads its whole window for every row: rows before 96 need block 0
+     * in the windowed table, so it is prefilled in two parts */
+    int32_t w0[NB];
+    memcpy(w0, wblocks, sizeof w0);
+    w0[0] = w0[12];
+    w0[12] = -1;
+    engine_seq_view v0 = {.blocks = blocks, .n_blocks = NB, .wblocks = w0, .n_wblocks = 12};
+    bool none[N] = {false};
+    engine_batch b0 = {96, tok, pos, seq, none, 1, &v0};
+    assert_int_equal(engine_forward(c, kv, &b0, got), 0);
+    engine_batch b1 = {NP - 96, tok + 96, pos + 96, seq, wl + 96, 1, &view};
+    assert_int_equal(engine_forward(c, kv, &b1, got), 0);
+    double e = rel_err(got, want + (size_t)(NP - 1) * V, V);
+    if (e > TOL)
+        fail_msg("prefill row %d: relative error %g", NP - 1, e);
+    for (int t = NP; t < N; t++) {
+        uint32_t lo = (uint32_t)t + 1 > WIN ? (uint32_t)t + 1 - WIN : 0;
+        for (uint32_t i = 0; i < lo / BS; i++)
+            wblocks[i] = -1;
+        if (wblocks[t / BS] < 0) { /* the row's block: reuse a released one's slot */
+            for (int f = 0; f < NW; f++) {
+                bool taken = false;
+                for (int i = 0; i < NB; i++)
+                    taken |= wblocks[i] == f;
+                if (!taken) {
+                    wblocks[t / BS] = f;
+                    break;
+                }
+            }
+        }
+        bool w1 = true;
+        engine_batch d = {1, &tok[t], &pos[t], seq, &w1, 1, &view};
+        assert_int_equal(engine_forward(c, kv, &d, got), 0);
+        e = rel_err(got, want + (size_t)t * V, V);
+        if (e > TOL)
+            fail_msg("decode position %d: relative error %g", t, e);
+    }
+    /* a released entry inside the row's window is refused */
+    uint32_t last = N - 1;
+    int32_t keep = wblocks[(last + 1 - WIN) / BS];
+    wblocks[(last + 1 - WIN) / BS] = -1;
+    bool w1 = true;
+    engine_batch d = {1, &tok[last], &pos[last], seq, &w1, 1, &view};
+    assert_int_equal(engine_forward(c, kv, &d, got), KVS_EINVAL);
+    wblocks[(last + 1 - WIN) / BS] = keep;
     engine_kv_destroy(kv);
     engine_ctx_destroy(c);
     engine_model_destroy(m);
@@ -881,7 +989,7 @@ static void last_logits(const char *path, const char *kernels, float *out)
     assert_int_equal(engine_ctx_create(m, 16, 2, &c), 0);
     assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv), 0);
     int32_t blocks[] = {5, 2, 7, 0};
-    engine_seq_view view = {blocks, 4};
+    engine_seq_view view = {.blocks = blocks, .n_blocks = 4};
     int32_t pos[N_TOTAL], seq[N_TOTAL] = {0};
     bool wl[N_TOTAL];
     for (int i = 0; i < N_TOTAL; i++) {
@@ -1260,6 +1368,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_gemma2_f32),
         cmocka_unit_test(test_gemma3_f16),
         cmocka_unit_test(test_gemma3_long_window),
+        cmocka_unit_test(test_gemma3_split_arena),
         cmocka_unit_test(test_phi3_f32),
         cmocka_unit_test(test_phi3_q8_0),
         cmocka_unit_test(test_family_reference_is_sensitive),

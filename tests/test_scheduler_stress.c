@@ -6,7 +6,9 @@
  * event, mid-prefill, mid-decode, after some choices finished). After each round: every
  * request that was not cancelled got exactly one finishing event per choice, within its
  * limits, and the pool holds no used block; KV snapshots taken meanwhile are consistent. It
- * found the fork use-after-free of issue 10. */
+ * found the fork use-after-free of issue 10. With argv[1] (kvs-mkmodel), half the rounds run a
+ * hybrid gemma3 file (swa7 shape, window 32) with the window reclaim mostly on, so both layer
+ * groups must end every round with no used block. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +20,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "common/status.h"
 #include "sched_client.h"
 #include "scheduler/scheduler.h"
@@ -26,6 +32,35 @@
 #define MAX_REQS 12
 
 static uint64_t g_rng;
+static engine_model *g_wmodel; /* the hybrid model, or NULL without kvs-mkmodel */
+static const char *g_tool;
+static char g_wdir[] = "/tmp/kvs-stress-window-XXXXXX";
+static char g_wpath[600];
+
+/* Writes and loads the hybrid model (kvs-mkmodel --shape swa7 --arch gemma3, window 32). */
+static void load_windowed(void)
+{
+    if (!g_tool || access(g_tool, X_OK) != 0 || !mkdtemp(g_wdir))
+        return;
+    snprintf(g_wpath, sizeof g_wpath, "%s/swa7.gguf", g_wdir);
+    const char *argv[] = {g_tool, "--shape",          "swa7", "--arch", "gemma3", "--weight-std",
+                          "0.15", "--sliding-window", "32",   "-o",     g_wpath,  NULL};
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0)
+            dup2(devnull, 2);
+        execv(g_tool, (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return;
+    char err[256] = "";
+    if (engine_model_load(g_wpath, NULL, &g_wmodel, err, sizeof err))
+        fprintf(stderr, "stress: %s: %s\n", g_wpath, err);
+}
 
 static uint32_t rnd(uint32_t n) /* uniform in [0, n) */
 {
@@ -100,7 +135,9 @@ static void check_finished(const stress_req *q)
 
 static void run_round(int round)
 {
+    const engine_model *model = g_wmodel && rnd(2) ? g_wmodel : g_model;
     sched_params sp = sched_default_params();
+    sp.window_reclaim = rnd(4) != 0;
     sp.n_ctx = 512;
     sp.n_threads = 1;
     sp.block_size = rnd(2) ? 16 : 8;
@@ -111,7 +148,7 @@ static void run_round(int round)
     sp.max_batched_tokens = 16 + rnd(112);
     sp.prefix_cache = rnd(4) != 0;
     sched *s;
-    assert_int_equal(sched_create(&sp, g_model, &s), 0);
+    assert_int_equal(sched_create(&sp, model, &s), 0);
 
     uint32_t n_reqs = 1 + rnd(MAX_REQS);
     stress_req *q = calloc(n_reqs, sizeof *q);
@@ -174,6 +211,7 @@ static void run_round(int round)
     sched_metrics m;
     sched_get_metrics(s, &m);
     assert_int_equal(m.kv_blocks_used, 0);
+    assert_int_equal(m.kv_window_blocks_used, 0);
     sched_destroy(s);
     free(q);
 }
@@ -192,16 +230,26 @@ static void test_random_mixes(void **state)
     fprintf(stderr, "stress: KVS_STRESS_SEED=%llu, %.0f s\n", (unsigned long long)g_rng, seconds);
     double end = now_s() + seconds;
     int rounds = 0;
+    if (!g_wmodel)
+        fprintf(stderr, "stress: no hybrid model (kvs-mkmodel not given): stories260K only\n");
     do {
         run_round(rounds++);
     } while (now_s() < end);
     fprintf(stderr, "stress: %d rounds\n", rounds);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    g_tool = argc > 1 ? argv[1] : NULL;
+    load_windowed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_mixes),
     };
-    return cmocka_run_group_tests_name("scheduler_stress", tests, suite_setup, suite_teardown);
+    int rc = cmocka_run_group_tests_name("scheduler_stress", tests, suite_setup, suite_teardown);
+    engine_model_destroy(g_wmodel);
+    if (g_wmodel) {
+        unlink(g_wpath);
+        rmdir(g_wdir);
+    }
+    return rc;
 }

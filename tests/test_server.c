@@ -517,7 +517,7 @@ static void test_kv_view(void **state)
     uint8_t st[N] = {0, 1, 2, 2, 2, 0, 0, 1, 2, 0};
     uint16_t refs[N] = {0, 0, 1, 2, 1, 0, 0, 0, 1, 0};
     int32_t owner[N] = {-1, -1, 0, 0, 1, -1, -1, -1, 1, -1};
-    sched_kv_seq seqs[2] = {{7, 0, 40, 3}, {7, 1, 36, 3}};
+    sched_kv_seq seqs[2] = {{7, 0, 40, 3, 0}, {7, 1, 36, 3, 0}};
     sched_kv_snapshot k = {.steps = 5,
                            .block_size = 16,
                            .n_blocks = N,

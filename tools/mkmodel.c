@@ -28,6 +28,12 @@ static const shape SHAPES[] = {
     {"kquant", 512, 2, 8, 4, 768, 512},
     {"110m", 768, 12, 12, 12, 2048, 32000},
     {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000},
+    /* seven layers: gemma3's 5:1 pattern gives one global layer (5) among windowed ones, the
+     * smallest hybrid (the scheduler's window-reclaim tests) */
+    {"swa7", 64, 7, 4, 2, 128, 512},
+    /* Gemma 3 1B's KV structure (26 layers, 5:1, one KV head; pass --head-dim 256) on a
+     * small width, for KV memory benchmarks on a loaded CPU */
+    {"gemma3-1b-kv", 64, 26, 1, 1, 128, 512},
 };
 
 /* llama.cpp's LLAMA_FTYPE values for general.file_type. */

@@ -1,0 +1,142 @@
+/* A sequence's KV blocks across the layer groups. One group (one kvpool, one block table) for
+ * models without windowed layers, or with the window reclaim off; two for a hybrid model
+ * (gemma2/3: global and sliding-window layers): s->pool backs the global layers and s->wpool
+ * the windowed ones, each sequence holding a table in each. After every step a sequence's
+ * windowed blocks wholly before its window are released, so that group holds about one window
+ * per sequence whatever the conversation's length. Every table change of a sequence goes
+ * through here, so the groups never disagree on its length. Engine thread only. */
+#include "scheduler/sched_impl.h"
+
+#include "common/status.h"
+#include "kvpool/kvpool.h"
+
+int sched__kv_create(sched *s, seq *q)
+{
+    int rc = kvpool_seq_create(s->pool, &q->kv);
+    if (!rc && s->wpool)
+        rc = kvpool_seq_create(s->wpool, &q->wkv);
+    if (rc)
+        sched__kv_free(s, q);
+    return rc;
+}
+
+void sched__kv_free(sched *s, seq *q)
+{
+    kvpool_seq_destroy(s->pool, q->kv);
+    if (s->wpool)
+        kvpool_seq_destroy(s->wpool, q->wkv);
+    q->kv = q->wkv = NULL;
+}
+
+/* The first position the next row (n_computed) attends to in a windowed layer: everything
+ * before it is never read again by this sequence. */
+static uint32_t window_start(const sched *s, uint32_t n_computed)
+{
+    return n_computed + 1 > s->window ? n_computed + 1 - s->window : 0;
+}
+
+int sched__kv_match_prefix(sched *s, seq *q, uint32_t *covered_out)
+{
+    uint32_t n = q->n_tokens - 1;
+    *covered_out = 0;
+    if (!s->p.prefix_cache)
+        return 0;
+    if (s->wpool) {
+        /* A hit is usable only as far as both groups hold it: the windowed group walks its
+         * chain from the first block like the global one, so a hit whose early windowed
+         * blocks were evicted is shortened to where that chain still stands. */
+        uint32_t g = kvpool_prefix_probe(s->pool, q->tokens, n);
+        uint32_t w = kvpool_prefix_probe(s->wpool, q->tokens, g);
+        n = w < g ? w : g;
+    }
+    uint32_t covered = kvpool_seq_match_prefix(s->pool, q->kv, q->tokens, n);
+    if (s->wpool) {
+        uint32_t wc = kvpool_seq_match_prefix(s->wpool, q->wkv, q->tokens, covered);
+        if (wc != covered) {
+            /* Unreachable after the probes (nothing changes in between); start over empty
+             * rather than run with tables of different lengths. */
+            sched__kv_free(s, q);
+            return sched__kv_create(s, q);
+        }
+        kvpool_seq_release_before(s->wpool, q->wkv, window_start(s, covered));
+    }
+    *covered_out = covered;
+    return 0;
+}
+
+/* Windowed blocks a sequence can hold at once: its window, a chunk of up to
+ * max_batched_tokens, the block kept as the next one's parent, a partial first block and a
+ * copy-on-write. */
+uint32_t sched__kv_window_blocks(const sched *s)
+{
+    uint32_t bs = s->p.block_size;
+    return (s->window + s->p.max_batched_tokens + bs - 1) / bs + 3;
+}
+
+bool sched__kv_fits(const sched *s, const seq *q, uint32_t n_left)
+{
+    if (kvpool_seq_blocks_needed(s->pool, q->kv, n_left) > kvpool_available(s->pool))
+        return false;
+    if (!s->wpool)
+        return true;
+    uint32_t wneed = kvpool_seq_blocks_needed(s->wpool, q->wkv, n_left), cap;
+    cap = sched__kv_window_blocks(s);
+    return (wneed < cap ? wneed : cap) <= kvpool_available(s->wpool);
+}
+
+static int append_group(sched *s, kvpool *pool, kvpool_seq *kv, seq *q, uint32_t chunk, int group)
+{
+    kvpool_copy cp;
+    int n_cp = 0;
+    int rc = kvpool_seq_append(pool, kv, q->tokens + q->n_computed, chunk, &cp, &n_cp);
+    if (rc == 0 && n_cp) {
+        s->copies[s->n_copies] = cp;
+        s->copy_group[s->n_copies++] = group;
+    }
+    return rc;
+}
+
+int sched__kv_reserve(sched *s, seq *q, uint32_t chunk)
+{
+    if (!s->wpool)
+        return append_group(s, s->pool, q->kv, q, chunk, ENGINE_KV_GLOBAL);
+    /* Both or neither: a shortage in either group is KVS_ENOSPC before anything changes. */
+    if (kvpool_seq_blocks_needed(s->pool, q->kv, chunk) > kvpool_available(s->pool) ||
+        kvpool_seq_blocks_needed(s->wpool, q->wkv, chunk) > kvpool_available(s->wpool))
+        return KVS_ENOSPC;
+    int rc = append_group(s, s->pool, q->kv, q, chunk, ENGINE_KV_GLOBAL);
+    if (rc)
+        return rc;
+    rc = append_group(s, s->wpool, q->wkv, q, chunk, ENGINE_KV_WINDOWED);
+    /* Only a failed table growth gets here (KVS_ENOMEM): the global table is a chunk ahead,
+     * so the caller must drop the sequence's blocks (sched__kv_reserve's contract). */
+    return rc ? KVS_EIO : 0;
+}
+
+void sched__kv_commit(sched *s, seq *q)
+{
+    kvpool_seq_commit(s->pool, q->kv, q->n_computed);
+    if (s->wpool) {
+        kvpool_seq_commit(s->wpool, q->wkv, q->n_computed);
+        kvpool_seq_release_before(s->wpool, q->wkv, window_start(s, q->n_computed));
+    }
+}
+
+int sched__kv_fork(sched *s, const seq *q, seq *f)
+{
+    int rc = kvpool_seq_fork(s->pool, q->kv, &f->kv);
+    if (!rc && s->wpool && (rc = kvpool_seq_fork(s->wpool, q->wkv, &f->wkv)) != 0) {
+        kvpool_seq_destroy(s->pool, f->kv);
+        f->kv = NULL;
+    }
+    return rc;
+}
+
+void sched__kv_view(const sched *s, const seq *q, engine_seq_view *v)
+{
+    v->blocks = kvpool_seq_blocks(q->kv, &v->n_blocks);
+    v->wblocks = NULL;
+    v->n_wblocks = 0;
+    if (s->wpool)
+        v->wblocks = kvpool_seq_blocks(q->wkv, &v->n_wblocks);
+}
