@@ -74,17 +74,31 @@ INLINE void row32(const uint8_t *row, size_t nb, int q8, const uint8_t *xq, size
     }
 }
 
-/* ggml's get_scale_min_k4 */
-static void scale_min_k4(const uint8_t *s, int j, int *sc, int *m)
+/* The 12 scale bytes of a Q4_K block as sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15), four
+ * at a time: sc[j], m[j] (j < 4) are the low 6 bits of s[j], s[j + 4]; sc[j + 4] is the low
+ * nibble of s[j + 8] over the top 2 bits of s[j], m[j + 4] the high nibble over those of
+ * s[j + 4]. */
+INLINE __m128i scales_k4(const uint8_t *s)
 {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4;
-        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
+    uint32_t w0, w1, w2;
+    memcpy(&w0, s, 4);
+    memcpy(&w1, s + 4, 4);
+    memcpy(&w2, s + 8, 4);
+    uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
 }
+
+/* Int16 element e of both 128-bit halves of v in every element of that half. */
+#define BCAST16(v, e0, e1)                                                                         \
+    _mm256_shuffle_epi8(                                                                           \
+        v, _mm256_set_epi8(2 * (e1) + 1, 2 * (e1), 2 * (e1) + 1, 2 * (e1), 2 * (e1) + 1, 2 * (e1), \
+                           2 * (e1) + 1, 2 * (e1), 2 * (e1) + 1, 2 * (e1), 2 * (e1) + 1, 2 * (e1), \
+                           2 * (e1) + 1, 2 * (e1), 2 * (e1) + 1, 2 * (e1), 2 * (e0) + 1, 2 * (e0), \
+                           2 * (e0) + 1, 2 * (e0), 2 * (e0) + 1, 2 * (e0), 2 * (e0) + 1, 2 * (e0), \
+                           2 * (e0) + 1, 2 * (e0), 2 * (e0) + 1, 2 * (e0), 2 * (e0) + 1, 2 * (e0), \
+                           2 * (e0) + 1, 2 * (e0)))
 
 /* d (2) | dmin (2) | scales (12) | qs (128): value 64 c + l in the low nibble of qs[32 c + l],
  * 64 c + 32 + l in its high one. */
@@ -95,14 +109,18 @@ INLINE void row_q4k(const uint8_t *row, size_t nb, const uint8_t *xq, size_t xrb
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *p = row + b * 144;
         __m256i u[8], sc[8];
-        int16_t mi16[16];
-        for (int j = 0; j < 8; j++) {
-            int s, m;
-            scale_min_k4(p + 4, j, &s, &m);
-            sc[j] = _mm256_set1_epi16((short)s);
-            mi16[2 * j] = mi16[2 * j + 1] = (int16_t)m;
-        }
-        __m256i miv = ld(mi16);
+        __m128i sm = scales_k4(p + 4); /* sc bytes 0..7, m bytes 8..15 */
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+        sc[0] = BCAST16(sc16, 0, 0);
+        sc[1] = BCAST16(sc16, 1, 1);
+        sc[2] = BCAST16(sc16, 2, 2);
+        sc[3] = BCAST16(sc16, 3, 3);
+        sc[4] = BCAST16(sc16, 4, 4);
+        sc[5] = BCAST16(sc16, 5, 5);
+        sc[6] = BCAST16(sc16, 6, 6);
+        sc[7] = BCAST16(sc16, 7, 7);
+        __m128i m8 = _mm_unpackhi_epi64(sm, sm);
+        __m256i miv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m[i / 2] */
         for (int c = 0; c < 4; c++) {
             __m256i q = ld(p + 16 + 32 * c);
             u[2 * c] = _mm256_and_si256(q, m4);
@@ -148,9 +166,18 @@ INLINE void row_q6k(const uint8_t *row, size_t nb, const uint8_t *xq, size_t xrb
                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
         }
         const int8_t *s8 = (const int8_t *)(p + 192);
-        for (int v = 0; v < 8; v++)
-            sc[v] = _mm256_set_m128i(_mm_set1_epi16(s8[2 * v + 1]), _mm_set1_epi16(s8[2 * v]));
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)s8));
+        /* vector v: sc[2 v] in its low half, sc[2 v + 1] in its high one */
+        __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+        __m256i hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+        sc[0] = BCAST16(lo, 0, 1);
+        sc[1] = BCAST16(lo, 2, 3);
+        sc[2] = BCAST16(lo, 4, 5);
+        sc[3] = BCAST16(lo, 6, 7);
+        sc[4] = BCAST16(hi, 0, 1);
+        sc[5] = BCAST16(hi, 2, 3);
+        sc[6] = BCAST16(hi, 4, 5);
+        sc[7] = BCAST16(hi, 6, 7);
         float d = f16(p + 208);
         for (size_t t = 0; t < tt; t++) {
             const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
