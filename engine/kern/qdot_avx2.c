@@ -206,12 +206,21 @@ void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out,
             __m256 acc[TT];
             for (size_t t = 0; t < tt; t++)
                 acc[t] = _mm256_setzero_ps();
-            switch (kind) {
-            case 0: row32(row, K / 32, 1, x, xrb, tt, acc); break;
-            case KERN_GGML_Q4_0: row32(row, K / 32, 0, x, xrb, tt, acc); break;
-            case KERN_GGML_Q4_K: row_q4k(row, K / 256, x, xrb, tt, acc); break;
-            default: row_q6k(row, K / 256, x, xrb, tt, acc); break;
-            }
+            /* one row (a decode step) in a copy of its own: its sum stays in a register */
+            if (tt == 1)
+                switch (kind) {
+                case 0: row32(row, K / 32, 1, x, xrb, 1, acc); break;
+                case KERN_GGML_Q4_0: row32(row, K / 32, 0, x, xrb, 1, acc); break;
+                case KERN_GGML_Q4_K: row_q4k(row, K / 256, x, xrb, 1, acc); break;
+                default: row_q6k(row, K / 256, x, xrb, 1, acc); break;
+                }
+            else
+                switch (kind) {
+                case 0: row32(row, K / 32, 1, x, xrb, tt, acc); break;
+                case KERN_GGML_Q4_0: row32(row, K / 32, 0, x, xrb, tt, acc); break;
+                case KERN_GGML_Q4_K: row_q4k(row, K / 256, x, xrb, tt, acc); break;
+                default: row_q6k(row, K / 256, x, xrb, tt, acc); break;
+                }
             for (size_t t = 0; t < tt; t++)
                 out[(t0 + t) * ldo + n] = hsum(acc[t]);
         }
