@@ -8,7 +8,7 @@ quantized file (llama.cpp's own quantized path, Q8_K / Q8_0 activations), kvserv
 q8 and --activations f32 on it decode the same prompt greedily. Prints, per path, the max
 |logprob - reference logprob| of the chosen token over the positions before its first token
 differing from the reference, and that position. Usage: bench/qfidelity.py [TYPE ...]
-(default Q8_0 Q4_0 Q4_K_M Q6_K); BUILD (build)."""
+(default Q8_0 Q4_0 Q4_K_M Q5_K_M Q6_K); BUILD (build)."""
 import json
 import os
 import subprocess
@@ -86,7 +86,7 @@ def diff(ref, got):
 
 
 def main():
-    types = sys.argv[1:] or ["Q8_0", "Q4_0", "Q4_K_M", "Q6_K"]
+    types = sys.argv[1:] or ["Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K"]
     q = os.path.join(BIN, "llama-quantize")
     print("| file type | path | max abs logprob diff vs llama.cpp F32 | tokens equal |")
     print("|---|---|---:|---:|")

@@ -363,10 +363,12 @@ static void test_qdot(void **state)
 {
     (void)state;
     static const uint32_t legacy[] = {KERN_GGML_Q8_0, KERN_GGML_Q4_0};
-    static const uint32_t kq[] = {KERN_GGML_Q4_K, KERN_GGML_Q6_K};
+    static const uint32_t kq[] = {KERN_GGML_Q4_K, KERN_GGML_Q5_K, KERN_GGML_Q6_K};
     for (size_t i = 0; i < 2; i++) {
         check_qdot(legacy[i], 32);
         check_qdot(legacy[i], 288);
+    }
+    for (size_t i = 0; i < 3; i++) {
         check_qdot(kq[i], 256);
         check_qdot(kq[i], 768);
     }

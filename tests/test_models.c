@@ -623,11 +623,11 @@ static void check_model_act(const char *path, const char *arch, const char *wtyp
 }
 
 /* Both modes; q8 only where it changes something: a file whose projections have an integer
- * kernel (Q8_0, Q4_0, Q4_K, Q6_K; a mixture's other types stay on F32 panels). */
+ * kernel (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K; a mixture's other types stay on F32 panels). */
 static void check_model(const char *path, const char *arch, const char *wtype)
 {
     check_model_act(path, arch, wtype, "f32");
-    static const char *const qdot[] = {"Q8_0", "Q4_0", "Q4_K", "Q6_K"};
+    static const char *const qdot[] = {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"};
     for (size_t i = 0; i < sizeof qdot / sizeof qdot[0]; i++)
         if (!strcmp(wtype, qdot[i]))
             check_model_act(path, arch, wtype, "q8");

@@ -115,7 +115,7 @@ typedef enum kern_qx {
 } kern_qx;
 
 /* The activation format the integer product of rows w takes (w of row type KERN_Q8_0 or
- * KERN_QUANT): Q4_0, Q8_0, Q4_K, Q6_K have one; others KERN_QX_NONE. */
+ * KERN_QUANT): Q4_0, Q8_0, Q4_K, Q5_K, Q6_K have one; others KERN_QX_NONE. */
 kern_qx kern_qdot_act(const kern_mat *w);
 /* Bytes of one quantized row of n_in inputs (n_in a multiple of the format's block). */
 size_t kern_qx_row_bytes(kern_qx fmt, size_t n_in);

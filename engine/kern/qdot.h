@@ -18,6 +18,7 @@
 #define KERN_GGML_Q4_0 2
 #define KERN_GGML_Q8_0 8
 #define KERN_GGML_Q4_K 12
+#define KERN_GGML_Q5_K 13
 #define KERN_GGML_Q6_K 14
 
 /* KERN_QX_32 block */

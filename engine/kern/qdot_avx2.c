@@ -100,14 +100,16 @@ INLINE __m128i scales_k4(const uint8_t *s)
                            2 * (e0) + 1, 2 * (e0), 2 * (e0) + 1, 2 * (e0), 2 * (e0) + 1, 2 * (e0), \
                            2 * (e0) + 1, 2 * (e0)))
 
-/* d (2) | dmin (2) | scales (12) | qs (128): value 64 c + l in the low nibble of qs[32 c + l],
- * 64 c + 32 + l in its high one. */
-INLINE void row_q4k(const uint8_t *row, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
-                    __m256 *acc)
+/* Q4_K: d (2) | dmin (2) | scales (12) | qs (128): value 64 c + l in the low nibble of
+ * qs[32 c + l], 64 c + 32 + l in its high one. Q5_K (q5 = 1): d | dmin | scales | qh (32) |
+ * qs (128), the fifth bit of value 32 v + l bit v of qh[l]. */
+INLINE void row_q45k(const uint8_t *row, size_t nb, int q5, const uint8_t *xq, size_t xrb,
+                     size_t tt, __m256 *acc)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1);
+    size_t bb = q5 ? 176 : 144, qs = q5 ? 48 : 16;
     for (size_t b = 0; b < nb; b++) {
-        const uint8_t *p = row + b * 144;
+        const uint8_t *p = row + b * bb;
         __m256i u[8], sc[8];
         __m128i sm = scales_k4(p + 4); /* sc bytes 0..7, m bytes 8..15 */
         __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
@@ -122,9 +124,16 @@ INLINE void row_q4k(const uint8_t *row, size_t nb, const uint8_t *xq, size_t xrb
         __m128i m8 = _mm_unpackhi_epi64(sm, sm);
         __m256i miv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m[i / 2] */
         for (int c = 0; c < 4; c++) {
-            __m256i q = ld(p + 16 + 32 * c);
+            __m256i q = ld(p + qs + 32 * c);
             u[2 * c] = _mm256_and_si256(q, m4);
             u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        }
+        if (q5) {
+            __m256i qh = ld(p + 16);
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++)
+                u[v] = _mm256_or_si256(
+                    u[v], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, v), m1), 4));
         }
         float d = f16(p), dm = -f16(p + 2);
         for (size_t t = 0; t < tt; t++) {
@@ -211,14 +220,16 @@ void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out,
                 switch (kind) {
                 case 0: row32(row, K / 32, 1, x, xrb, 1, acc); break;
                 case KERN_GGML_Q4_0: row32(row, K / 32, 0, x, xrb, 1, acc); break;
-                case KERN_GGML_Q4_K: row_q4k(row, K / 256, x, xrb, 1, acc); break;
+                case KERN_GGML_Q4_K: row_q45k(row, K / 256, 0, x, xrb, 1, acc); break;
+                case KERN_GGML_Q5_K: row_q45k(row, K / 256, 1, x, xrb, 1, acc); break;
                 default: row_q6k(row, K / 256, x, xrb, 1, acc); break;
                 }
             else
                 switch (kind) {
                 case 0: row32(row, K / 32, 1, x, xrb, tt, acc); break;
                 case KERN_GGML_Q4_0: row32(row, K / 32, 0, x, xrb, tt, acc); break;
-                case KERN_GGML_Q4_K: row_q4k(row, K / 256, x, xrb, tt, acc); break;
+                case KERN_GGML_Q4_K: row_q45k(row, K / 256, 0, x, xrb, tt, acc); break;
+                case KERN_GGML_Q5_K: row_q45k(row, K / 256, 1, x, xrb, tt, acc); break;
                 default: row_q6k(row, K / 256, x, xrb, tt, acc); break;
                 }
             for (size_t t = 0; t < tt; t++)

@@ -19,6 +19,7 @@ kern_qx kern_qdot_act(const kern_mat *w)
     switch (w->qtype) {
     case KERN_GGML_Q4_0: return KERN_QX_32;
     case KERN_GGML_Q4_K:
+    case KERN_GGML_Q5_K:
     case KERN_GGML_Q6_K: return KERN_QX_256;
     default: return KERN_QX_NONE; /* no AVX2 kernel yet: the exact F32 panels are faster */
     }
