@@ -49,10 +49,10 @@ serve() {
     local who=$1 model=$2 port=$3
     shift 3
     start_server "$who" "$model" "$port" "$TMP/$who-$port.log" "$@"
-    bench "$3" 1 1 "$PROMPT" "$OUT" >/dev/null # warm-up
+    bench "$port" 1 1 "$PROMPT" "$OUT" >/dev/null # warm-up
     local one sixteen rss
-    one=$(bench "$3" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    sixteen=$(bench "$3" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    one=$(bench "$port" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    sixteen=$(bench "$port" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
     rss=$(awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$SERVER_PID/status")
     stop_server
     echo "$one $sixteen $rss"
@@ -84,7 +84,7 @@ write_section() { # DONE-TYPES-COUNT
     echo '```'
     echo
     echo "kvserve runs with --activations q8 (the default: the integer path for Q4_0, Q8_0, Q4_K,"
-    echo "Q6_K) and, in the f32 columns, --activations f32 (exact F32 panels for every type)."
+    echo "Q5_K, Q6_K) and, in the f32 columns, --activations f32 (exact F32 panels for every type)."
     echo
     echo "| file type | kvserve 1 client tok/s | f32 | llama-server | ratio | batch 1 vs bandwidth / file bytes | kvserve 16 clients | f32 | llama-server | ratio | kvserve RSS MiB |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
