@@ -333,8 +333,12 @@ static void check_qdot(uint32_t id, size_t n_in)
     for (int i = 0; i < g_n_isas; i++) {
         void (*qm)(const kern_mat *, const void *, size_t, float *, size_t, size_t, size_t) =
             g_isas[i]->qmatmul ? g_isas[i]->qmatmul : kern_qmatmul_ref;
+        /* the portable table (the oracle itself, slow under the sanitizers): 1, 33 and 70 */
+        bool oracle = qm == kern_qmatmul_ref;
         for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
             size_t bt = batches[bi], n0 = bt % 2 ? 3 : 0, n1 = bt % 2 ? n_out - 2 : n_out;
+            if (oracle && bt != 1 && bt != 33 && bt != 70)
+                continue;
             for (size_t j = 0; j < T * n_out; j++)
                 got[j] = NAN;
             qm(&m, xq + (T - bt) * xrb, bt, got, n_out, n0, n1);
@@ -370,7 +374,7 @@ static void test_qdot(void **state)
     }
     for (size_t i = 0; i < 3; i++) {
         check_qdot(kq[i], 256);
-        check_qdot(kq[i], 768);
+        check_qdot(kq[i], 512);
     }
 }
 
