@@ -35,7 +35,7 @@
 #define TOL 1e-3 /* max |engine - reference| / max |reference| over a logits row */
 /* The same with --activations q8: each row of activations rounded to int8 blocks (an error of up
  * to 1/254 of a block's largest value per input), compounded over the layers of these random
- * models; measured up to 0.075 (Q8_0), 0.079 (Q4_0), 0.085 (Q4_K_M), 0.10 (Q6_K), against
+ * models; measured up to 0.075 (Q8_0), 0.079 (Q4_0), 0.085 (Q4_K_M), 0.10 (Q5_K_M, Q6_K), against
  * at most 1.1e-5 with f32. A wrong scale, sum or activation buffer moves logits by O(1). */
 #define TOL_Q8 0.15
 
