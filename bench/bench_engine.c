@@ -271,7 +271,10 @@ int main(int argc, char **argv)
     char err[512];
     engine_model *m;
     /* KVS_BENCH_KERNELS=avx2|generic forces a kernel table (--kernels of the server) */
-    engine_load_params lp = {.verbose = true, .kernels = getenv("KVS_BENCH_KERNELS")};
+    /* KVS_BENCH_ACTIVATIONS=q8|f32 (--activations of the server) */
+    engine_load_params lp = {.verbose = true,
+                             .kernels = getenv("KVS_BENCH_KERNELS"),
+                             .activations = getenv("KVS_BENCH_ACTIVATIONS")};
     if (engine_model_load(argv[2], &lp, &m, err, sizeof err)) {
         fprintf(stderr, "kvs-bench-engine: %s\n", err);
         return 1;

@@ -1,13 +1,15 @@
 /* kvs-bench-qmatmul: one kernel table's product over quantized panels, timed alone on one
  * thread in CPU time (CLOCK_THREAD_CPUTIME_ID), so that a shared, loaded machine disturbs it far
  * less than a whole decode step's wall time.
- *   kvs-bench-qmatmul TYPE N_OUT N_IN [ROWS] [MATS] [REPS] [ISA]
+ *   kvs-bench-qmatmul TYPE N_OUT N_IN [ROWS] [MATS] [REPS] [ISA] [ACT]
  * TYPE a ggml type name with quantized panels (Q4_0, Q4_K, Q6_K, ...); ROWS rows of x (1: one
  * client decoding); MATS matrices of random valid blocks multiplied in turn (8 of 5632 x 2048
  * exceed a 32 MiB L3, so the panels stream from memory; 1 small matrix stays in the caches: the
  * kernel's own speed); the best and the mean of REPS passes (the first one not counted); ISA
- * avx2 (default where the CPU has it) or generic. Prints one CSV line:
- *   type,n_out,n_in,rows,mats,isa,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,gb_per_s
+ * avx2 (default where the CPU has it) or generic; ACT f32 (default: the exact panels) or q8 (the
+ * integer path: the file's rows, x quantized per row inside the timed pass, as the engine does
+ * once per product; Q4_0, Q8_0, Q4_K, Q5_K, Q6_K). Prints one CSV line:
+ *   type,n_out,n_in,rows,mats,isa,act,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,gb_per_s
  * (per matrix; the rates from the best CPU time). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -31,8 +33,8 @@ static double now_s(clockid_t clock)
 static uint32_t g_rng = 12345;
 
 /* Rows of random bytes, each block drawn again while a value widens to infinity or NaN (as
- * tests/test_kernels.c), packed into panels. */
-static void *make_panels(uint32_t id, size_t n_out, size_t n_in, kern_mat *pm)
+ * tests/test_kernels.c), packed into panels (or, q8, kept as rows). */
+static void *make_panels(uint32_t id, size_t n_out, size_t n_in, kern_mat *pm, bool q8)
 {
     const dtype_info *dt = dtype_get(id);
     size_t nb = n_in / dt->block, rb = nb * dt->block_bytes;
@@ -55,7 +57,15 @@ static void *make_panels(uint32_t id, size_t n_out, size_t n_in, kern_mat *pm)
             }
         }
     kern_mat m;
-    kern_mat_init_quant(&m, KERN_QUANT, id, data, n_out, n_in);
+    if (id == 8)
+        kern_mat_init(&m, KERN_Q8_0, data, n_out, n_in);
+    else
+        kern_mat_init_quant(&m, KERN_QUANT, id, data, n_out, n_in);
+    if (q8) {
+        free(w);
+        *pm = m;
+        return data;
+    }
     size_t bytes = (kern_panel_bytes(&m) + 63) / 64 * 64;
     void *pd = aligned_alloc(64, bytes);
     if (pd)
@@ -78,8 +88,15 @@ int main(int argc, char **argv)
     size_t rows = argc > 4 ? strtoul(argv[4], NULL, 10) : 1;
     int mats = argc > 5 ? atoi(argv[5]) : 8, reps = argc > 6 ? atoi(argv[6]) : 20;
     const char *isa = argc > 7 ? argv[7] : NULL;
-    if (id == 64 || !kern_quant_block(id) || n_in % kern_quant_block(id) || !n_out || !rows ||
-        mats < 1 || mats > 64 || reps < 2) {
+    bool q8 = argc > 8 && !strcmp(argv[8], "q8");
+    if (argc > 8 && !q8 && strcmp(argv[8], "f32")) {
+        fprintf(stderr, "kvs-bench-qmatmul: ACT is f32 or q8\n");
+        return 2;
+    }
+    if (id == 8 && q8) {
+        /* Q8_0 rows: the integer path only (its panels are not kern/quant.h's) */
+    } else if (id == 64 || !kern_quant_block(id) || n_in % kern_quant_block(id) || !n_out ||
+               !rows || mats < 1 || mats > 64 || reps < 2) {
         fprintf(stderr, "kvs-bench-qmatmul: a type with quantized panels, n_in a multiple of "
                         "its block, 1..64 matrices, 2 or more passes\n");
         return 2;
@@ -96,20 +113,35 @@ int main(int argc, char **argv)
     kern_mat pm[64];
     void *pd[64];
     for (int i = 0; i < mats; i++)
-        if (!(pd[i] = make_panels(id, n_out, n_in, &pm[i]))) {
+        if (!(pd[i] = make_panels(id, n_out, n_in, &pm[i], q8))) {
             fprintf(stderr, "kvs-bench-qmatmul: out of memory\n");
             return 1;
         }
+    kern_qx fmt = kern_qdot_act(&pm[0]);
+    if (q8 && fmt == KERN_QX_NONE) {
+        fprintf(stderr, "kvs-bench-qmatmul: %s has no integer kernel\n", argv[1]);
+        return 2;
+    }
     float *x = malloc(rows * n_in * sizeof(float)), *out = malloc(rows * n_out * sizeof(float));
-    if (!x || !out)
+    void *xq = malloc(rows * (n_in / 32 + 1) * 40);
+    if (!x || !out || !xq)
         return 1;
     for (size_t i = 0; i < rows * n_in; i++)
         x[i] = (float)(i % 7) * 0.1f - 0.3f;
     double best = INFINITY, wbest = INFINITY, sum = 0, check = 0;
     for (int r = 0; r < reps; r++) {
         double c0 = now_s(CLOCK_THREAD_CPUTIME_ID), w0 = now_s(CLOCK_MONOTONIC);
-        for (int i = 0; i < mats; i++)
-            k->matmul(&pm[i], x, rows, n_in, out, n_out, 0, n_out, NULL);
+        for (int i = 0; i < mats; i++) {
+            if (!q8) {
+                k->matmul(&pm[i], x, rows, n_in, out, n_out, 0, n_out, NULL);
+                continue;
+            }
+            kern_qx_quantize(fmt, x, rows, n_in, n_in, xq);
+            if (k->qmatmul)
+                k->qmatmul(&pm[i], xq, rows, out, n_out, 0, n_out);
+            else
+                kern_qmatmul_ref(&pm[i], xq, rows, out, n_out, 0, n_out);
+        }
         double c = (now_s(CLOCK_THREAD_CPUTIME_ID) - c0) / mats;
         double w = (now_s(CLOCK_MONOTONIC) - w0) / mats;
         check += out[0];
@@ -121,15 +153,16 @@ int main(int argc, char **argv)
     }
     double weights = (double)n_out * (double)n_in * (double)rows;
     double bytes = (double)n_out * (double)dtype_nbytes(id, n_in);
-    printf("type,n_out,n_in,rows,mats,isa,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,"
+    printf("type,n_out,n_in,rows,mats,isa,act,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,"
            "gb_per_s\n");
-    printf("%s,%zu,%zu,%zu,%d,%s,%.4f,%.4f,%.4f,%.2f,%.2f\n", argv[1], n_out, n_in, rows, mats,
-           k->name, best * 1e3, sum / (reps - 1) * 1e3, wbest * 1e3, weights / best / 1e9,
-           bytes / best / 1e9);
+    printf("%s,%zu,%zu,%zu,%d,%s,%s,%.4f,%.4f,%.4f,%.2f,%.2f\n", argv[1], n_out, n_in, rows, mats,
+           k->name, q8 ? "q8" : "f32", best * 1e3, sum / (reps - 1) * 1e3, wbest * 1e3,
+           weights / best / 1e9, bytes / best / 1e9);
     fprintf(stderr, "(checksum %g)\n", check);
     for (int i = 0; i < mats; i++)
         free(pd[i]);
     free(x);
+    free(xq);
     free(out);
     return 0;
 }

@@ -44,13 +44,15 @@ WHO=quant.sh
 # shellcheck source=bench/peer_lib.sh
 . bench/peer_lib.sh
 
-# serve kvserve|llama MODEL PORT -> "tok/s@1 tok/s@16 rss-MiB"
+# serve kvserve|llama MODEL PORT [kvserve args] -> "tok/s@1 tok/s@16 rss-MiB"
 serve() {
-    start_server "$1" "$2" "$3" "$TMP/$1-$3.log" --kv-cache-mb "$KV_MB"
-    bench "$3" 1 1 "$PROMPT" "$OUT" >/dev/null # warm-up
+    local who=$1 model=$2 port=$3
+    shift 3
+    start_server "$who" "$model" "$port" "$TMP/$who-$port.log" "$@"
+    bench "$port" 1 1 "$PROMPT" "$OUT" >/dev/null # warm-up
     local one sixteen rss
-    one=$(bench "$3" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    sixteen=$(bench "$3" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    one=$(bench "$port" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    sixteen=$(bench "$port" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
     rss=$(awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$SERVER_PID/status")
     stop_server
     echo "$one $sixteen $rss"
@@ -81,8 +83,11 @@ write_section() { # DONE-TYPES-COUNT
     echo "THREADS=$THREADS SHAPE=$SHAPE TYPES=\"$TYPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 bench/quant.sh"
     echo '```'
     echo
-    echo "| file type | kvserve 1 client tok/s | llama-server | ratio | batch 1 vs bandwidth / file bytes | kvserve 16 clients | llama-server | ratio | kvserve RSS MiB |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "kvserve runs with --activations q8 (the default: the integer path for Q4_0, Q8_0, Q4_K,"
+    echo "Q5_K, Q6_K) and, in the f32 columns, --activations f32 (exact F32 panels for every type)."
+    echo
+    echo "| file type | kvserve 1 client tok/s | f32 | llama-server | ratio | batch 1 vs bandwidth / file bytes | kvserve 16 clients | f32 | llama-server | ratio | kvserve RSS MiB |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     printf '%s\n' "${rows[@]}"
     [ "$1" = "$N_TYPES" ] || echo "(Partial: the run stopped after $1 of $N_TYPES file types.)"
     echo "<!-- quant.sh end -->"
@@ -96,14 +101,17 @@ for t in $TYPES; do
     bytes=$(stat -c %s "$f")
     # a port each (incremented here: $((PORT++)) inside $(...) would not reach this shell)
     echo "quant.sh: $t kvserve" >&2
-    read -r k1 k16 krss <<<"$(serve kvserve "$f" "$PORT")"
+    read -r k1 k16 krss <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations q8)"
+    PORT=$((PORT + 1))
+    echo "quant.sh: $t kvserve --activations f32" >&2
+    read -r e1 e16 _ <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations f32)"
     PORT=$((PORT + 1))
     echo "quant.sh: $t llama-server" >&2
     read -r l1 l16 lrss <<<"$(serve llama "$f" "$PORT")"
     PORT=$((PORT + 1))
     bound=$(awk -v b="$bw" -v s="$bytes" 'BEGIN{printf "%.1f", b * 1e9 / s}')
     mib=$((bytes / 1048576))
-    rows+=("| $t ($mib MiB) | $k1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound | $k16 | $l16 | $(ratio "$k16" "$l16")x | $krss ($(ratio "$krss" "$mib")x file) |")
+    rows+=("| $t ($mib MiB) | $k1 | $e1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound | $k16 | $e16 | $l16 | $(ratio "$k16" "$l16")x | $krss ($(ratio "$krss" "$mib")x file) |")
     echo "quant.sh: ${rows[-1]}" >&2
     rm -f "$f"
     write_section "${#rows[@]}" # each row recorded as soon as measured

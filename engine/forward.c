@@ -49,9 +49,13 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->rope_inv_freq = malloc(m->n_rope * (hp->n_rot / 2) * sizeof(float));
     c->rope_cs = malloc(m->n_rope * T * hp->n_rot * sizeof(float));
     c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
+    if (m->n_qdot) /* bytes per input of either format < 40 / 32 (kern_qx_row_bytes) */
+        for (int f = 0; f < 2; f++)
+            c->xq[f] = malloc(T * (max_in / 32 + 1) * 40);
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up || !c->slot ||
         !c->wslot || !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->scores || !c->attn_part ||
-        !c->attn_state || !c->attn_first || tpool_create(c->n_threads, &c->pool)) {
+        !c->attn_state || !c->attn_first || (m->n_qdot && (!c->xq[0] || !c->xq[1])) ||
+        tpool_create(c->n_threads, &c->pool)) {
         engine_ctx_destroy(c);
         return KVS_ENOMEM;
     }
@@ -84,6 +88,8 @@ void engine_ctx_destroy(engine_ctx *c)
     free(c->attn_state);
     free(c->attn_first);
     free(c->tile);
+    free(c->xq[0]);
+    free(c->xq[1]);
     free(c->slot);
     free(c->wslot);
     free(c->rope_inv_freq);
@@ -129,7 +135,16 @@ static void matmul_chunk(const matmul_job *j, uint32_t m, size_t n0, float *tile
     const kern_mat *w = j->w[m];
     size_t N = w->n_out, K = w->n_in;
     size_t cnt = N - n0 < j->chunk[m] ? N - n0 : j->chunk[m];
-    j->c->kern->matmul(w, j->in, j->rows, K, j->out[m], N, n0, n0 + cnt, tile);
+    kern_qx fmt = kern_qdot_act(w);
+    if (fmt == KERN_QX_NONE) {
+        j->c->kern->matmul(w, j->in, j->rows, K, j->out[m], N, n0, n0 + cnt, tile);
+        return;
+    }
+    const void *xq = j->c->xq[fmt == KERN_QX_256];
+    if (j->c->kern->qmatmul)
+        j->c->kern->qmatmul(w, xq, j->rows, j->out[m], N, n0, n0 + cnt);
+    else
+        kern_qmatmul_ref(w, xq, j->rows, j->out[m], N, n0, n0 + cnt);
 }
 
 /* Threads take chunks of output columns from a shared counter, so a thread the OS preempts
@@ -194,6 +209,16 @@ void engine__matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
         uint32_t items = (uint32_t)((wm->n_out + j.chunk[m] - 1) / j.chunk[m]);
         j.first_item[m + 1] = glu != ENGINE_GLU_NONE ? items : j.first_item[m] + items;
         macs += (uint64_t)rows * wm->n_out * wm->n_in;
+    }
+    /* Matrices on the integer path share the input: each row quantized once per format, on
+     * this thread (a pass over the input, against n_out passes in the products). */
+    bool done[2] = {false, false};
+    for (uint32_t m = 0; m < n; m++) {
+        kern_qx fmt = kern_qdot_act(w[m]);
+        if (fmt != KERN_QX_NONE && !done[fmt == KERN_QX_256]) {
+            kern_qx_quantize(fmt, in, rows, w[m]->n_in, w[m]->n_in, c->xq[fmt == KERN_QX_256]);
+            done[fmt == KERN_QX_256] = true;
+        }
     }
     atomic_init(&j.next, 0);
     engine__run_job(c, matmul_worker, &j, macs);

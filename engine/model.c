@@ -132,7 +132,11 @@ int engine__load_mat(engine_model *m, const char *name, uint64_t d0, uint64_t d1
 
 void engine__mat_rows(const kern_mat *src, size_t row0, size_t n, kern_mat *out)
 {
-    kern_mat_init(out, src->type, (const uint8_t *)src->data + row0 * src->row_bytes, n, src->n_in);
+    const void *d = (const uint8_t *)src->data + row0 * src->row_bytes;
+    if (src->type == KERN_QUANT || src->type == KERN_QUANT_PANEL)
+        kern_mat_init_quant(out, src->type, src->qtype, d, n, src->n_in);
+    else
+        kern_mat_init(out, src->type, d, n, src->n_in);
 }
 
 int engine__load_layer_vec(engine_model *m, uint32_t l, const char *suffix, uint64_t d0,
@@ -396,6 +400,12 @@ static int repack_weights(engine_model *m, load_progress *lp, const void **relea
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
             mat = mats[(i - 1) % 7];
         }
+        /* The integer path reads the file's rows in place (no copy); the embedding table keeps
+         * its panels, which a lookup widens exactly. */
+        if (m->qdot && mat != &m->tok_embd && kern_qdot_act(mat) != KERN_QX_NONE) {
+            m->n_qdot++;
+            continue;
+        }
         size_t bytes = kern_panel_bytes(mat);
         if (!bytes)
             continue;
@@ -465,6 +475,9 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
     int rc = kern_select(p ? p->kernels : NULL, &m->kern, err, err_len);
     if (rc)
         goto fail;
+    if ((rc = engine_activations_check(p ? p->activations : NULL, err, err_len)))
+        goto fail;
+    m->qdot = !p || !p->activations || !*p->activations || !strcmp(p->activations, "q8");
     if ((rc = gguf_open(path, &m->file, err, err_len)))
         goto fail;
     if ((rc = load_hparams(m, err, err_len)))
@@ -522,6 +535,9 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
                      ? "forced by --kernels"
                      : "chosen from CPUID",
                  kern_cpu_features());
+        log_info("activations: %s (%zu weight matrices on the integer path, the others on "
+                 "exact F32 panels)",
+                 m->qdot ? "q8" : "f32", m->n_qdot);
     }
     *out = m;
     return 0;
@@ -579,4 +595,17 @@ const char *engine_model_weight_type(const engine_model *m)
 uint64_t engine_model_n_params(const engine_model *m)
 {
     return m->n_params;
+}
+
+int engine_activations_check(const char *activations, char *err, size_t err_len)
+{
+    if (!activations || !*activations || !strcmp(activations, "q8") || !strcmp(activations, "f32"))
+        return 0;
+    return status_set_err(err, err_len, KVS_EINVAL, "--activations '%s': unknown (q8|f32)",
+                          activations);
+}
+
+const char *engine_model_activations(const engine_model *m)
+{
+    return m->qdot ? "q8" : "f32";
 }

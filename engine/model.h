@@ -54,6 +54,10 @@ typedef struct engine_load_params {
     /* Kernel table (engine/kern/kern.h): NULL or "auto" = the best this CPU runs (CPUID);
      * "avx2" or "generic" force one (A/B runs, tests). Every table gives the same bits. */
     const char *kernels;
+    /* Products' activations: NULL or "q8" = each row quantized to int8 blocks for the weight
+     * types with an integer kernel (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K: faster, within a stated tolerance
+     * of the F32 result, batch-invariant); "f32" = every product on exact F32 panels. */
+    const char *activations;
 } engine_load_params;
 
 /* Loads path. Returns 0, or a negative status with a one-line reason in err: GGUF errors,
@@ -77,6 +81,11 @@ const char *engine_model_kernels(const engine_model *m);
 /* Whether kernels (as engine_load_params.kernels) can run here: 0, or the status and one line
  * in err that engine_model_load would fail with. For checking a flag before loading. */
 int engine_kernels_check(const char *kernels, char *err, size_t err_len);
+/* Whether activations (as engine_load_params.activations) is known: 0, or KVS_EINVAL and one
+ * line in err. */
+int engine_activations_check(const char *activations, char *err, size_t err_len);
+/* "q8" or "f32": the activations the model's products take. */
+const char *engine_model_activations(const engine_model *m);
 /* Weight type of the projection matrices ("F32", "F16", "Q8_0"). */
 const char *engine_model_weight_type(const engine_model *m);
 uint64_t engine_model_n_params(const engine_model *m);

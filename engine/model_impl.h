@@ -69,6 +69,8 @@ struct engine_model {
     void **owned; /* widened copies (norm vectors, BF16 matrices) and panel-layout weights */
     size_t n_owned;
     const kern_ops *kern; /* the kernel table every product and vector helper goes through */
+    bool qdot;            /* --activations q8: types with an integer kernel keep the file's rows */
+    size_t n_qdot;        /* matrices on the integer path */
 };
 
 struct engine_kv {
@@ -106,6 +108,7 @@ struct engine_ctx {
     uint32_t *attn_first; /* (max_tokens + 1) first attention item of each row */
     float *tile;          /* (n_threads, tile_floats) a Q8_0 panel widened for several row tiles */
     size_t tile_floats;   /* KERN_PANEL * max(n_embd, n_ff) */
+    void *xq[2];          /* the step's rows quantized for the integer path: KERN_QX_32, _256 */
     int32_t *slot;        /* (max_tokens) arena slot of each row (global layers) */
     int32_t *wslot;       /* (max_tokens) the same in a split arena's windowed group */
     float *rope_inv_freq; /* (n_rope, n_rot / 2) each RoPE set's scale * base^(-2j/n_rot) */

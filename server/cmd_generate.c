@@ -34,6 +34,7 @@ typedef struct gen_opts {
     long ctx_size;
     engine_kv_type kv_type;
     const char *kernels;
+    const char *activations;
 } gen_opts;
 
 static void usage(FILE *out)
@@ -63,6 +64,8 @@ static void usage(FILE *out)
             "      --kv-cache-type T  f16|f32: what cached keys and values are stored as (f16)\n"
             "      --kernels K        auto|avx2|generic: the engine's kernels (auto: the best\n"
             "                         this CPU runs; every choice gives the same results)\n"
+            "      --activations A    q8|f32: q8 (default) quantizes activations to int8 for the\n"
+            "                         Q4_0, Q8_0, Q4_K, Q5_K, Q6_K weights (faster); f32 exact\n"
             "  -h, --help             this text\n");
 }
 
@@ -104,6 +107,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         O_CTX,
         O_KVTYPE,
         O_KERNELS,
+        O_ACTIVATIONS,
         O_PIDS
     };
     static const struct option longopts[] = {
@@ -124,6 +128,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         {"ctx-size", required_argument, NULL, O_CTX},
         {"kv-cache-type", required_argument, NULL, O_KVTYPE},
         {"kernels", required_argument, NULL, O_KERNELS},
+        {"activations", required_argument, NULL, O_ACTIVATIONS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -155,6 +160,7 @@ static int parse_args(int argc, char **argv, gen_opts *o)
         case O_BS: bad = parse_long(optarg, 1, 1024, &o->block_size); break;
         case O_CTX: bad = parse_long(optarg, 0, 1 << 20, &o->ctx_size); break;
         case O_KERNELS: o->kernels = optarg; break;
+        case O_ACTIVATIONS: o->activations = optarg; break;
         case O_KVTYPE: {
             int t = engine_kv_type_parse(optarg);
             bad = t < 0;
@@ -390,12 +396,13 @@ int cmd_generate(int argc, char **argv)
         return prc > 0 ? 0 : 2;
 
     char err[512] = "";
-    if (engine_kernels_check(o.kernels, err, sizeof err)) {
+    if (engine_kernels_check(o.kernels, err, sizeof err) ||
+        engine_activations_check(o.activations, err, sizeof err)) {
         fprintf(stderr, "kvserve generate: %s\n", err);
         return 2;
     }
     engine_model *model = NULL;
-    engine_load_params lp = {.verbose = true, .kernels = o.kernels};
+    engine_load_params lp = {.verbose = true, .kernels = o.kernels, .activations = o.activations};
     int rc = engine_model_load(o.model, &lp, &model, err, sizeof err);
     if (rc) {
         fprintf(stderr, "kvserve generate: cannot load %s: %s\n", o.model, err);

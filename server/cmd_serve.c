@@ -106,7 +106,8 @@ int cmd_serve(int argc, char **argv)
         return 2;
     }
     /* A table this CPU cannot run (or this build lacks) fails here, before anything starts. */
-    if (engine_kernels_check(cfg.kernels, err, sizeof err)) {
+    if (engine_kernels_check(cfg.kernels, err, sizeof err) ||
+        engine_activations_check(cfg.activations, err, sizeof err)) {
         fprintf(stderr, "kvserve serve: %s\n", err);
         srv_config_free(&cfg);
         return 2;
@@ -153,7 +154,8 @@ int cmd_serve(int argc, char **argv)
     }
     log_info("listening on http://%s:%u", cfg.host, (unsigned)srv_port(srv));
 
-    engine_load_params lp = {.verbose = true, .kernels = cfg.kernels};
+    engine_load_params lp = {
+        .verbose = true, .kernels = cfg.kernels, .activations = cfg.activations};
     if (engine_model_load(cfg.model, &lp, &model, err, sizeof err)) {
         fprintf(stderr, "kvserve serve: cannot load %s: %s\n", cfg.model, err);
         goto out;

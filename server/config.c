@@ -35,6 +35,11 @@ static const opt k_opts[] = {
     {"kernels", 0, OPT_STR, OFF(kernels), "auto",
      "auto|avx2|generic: the engine's kernels (auto: the best this CPU runs; every choice "
      "gives the same results)"},
+    {"activations", 0, OPT_STR, OFF(activations), "q8",
+     "q8|f32: q8 quantizes each row of activations to int8 blocks for the weight types with an "
+     "integer kernel (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K: faster, logits within a stated tolerance of "
+     "f32); "
+     "f32 multiplies every weight exactly as F32"},
     {"block-size", 0, OPT_U32, OFF(block_size), "16", "tokens per KV cache block"},
     {"max-num-seqs", 0, OPT_U32, OFF(max_num_seqs), "64", "sequences running at once"},
     {"max-batched-tokens", 0, OPT_U32, OFF(max_batched_tokens), "512", "tokens per engine step"},

@@ -17,6 +17,7 @@ typedef struct srv_config {
     uint32_t kv_cache_mb;          /* --kv-cache-mb (256) */
     char *kv_cache_type;           /* --kv-cache-type f16|f32 (f16) */
     char *kernels;                 /* --kernels auto|avx2|generic: NULL = auto (CPUID) */
+    char *activations;             /* --activations q8|f32 (q8) */
     uint32_t block_size;           /* --block-size (16) */
     uint32_t max_num_seqs;         /* --max-num-seqs (64) */
     uint32_t max_batched_tokens;   /* --max-batched-tokens (512) */

@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "engine/dtype.h"
 #include "engine/kern/kern.h"
+#include "engine/kern/qdot.h"
 #include "engine/threadpool.h"
 
 static uint32_t g_rng = 12345;
@@ -269,6 +270,137 @@ static void test_quant_k(void **state)
     }
 }
 
+/* The integer path (kern/qdot_ref.c): each row's quantized activations are within half a step
+ * of x; the reference product is the exact product of the widened weights (to_f32) with the
+ * dequantized activations, up to float rounding; every table's qmatmul gives its bits for batches
+ * 1..70 and an odd column range, and a row alone has the bits it has inside a batch. */
+static void check_qdot(uint32_t id, size_t n_in)
+{
+    size_t n_out = 37, T = 70;
+    float *wide = malloc(n_out * n_in * sizeof(float));
+    void *data = make_quant_rows(id, n_out, n_in, wide);
+    kern_mat m;
+    if (id == KERN_GGML_Q8_0)
+        kern_mat_init(&m, KERN_Q8_0, data, n_out, n_in);
+    else
+        kern_mat_init_quant(&m, KERN_QUANT, id, data, n_out, n_in);
+    kern_qx fmt = kern_qdot_act(&m);
+    assert_int_not_equal(fmt, KERN_QX_NONE);
+    size_t blk = fmt == KERN_QX_32 ? 32 : 256, xrb = kern_qx_row_bytes(fmt, n_in);
+    assert_int_equal(xrb, n_in / blk * (fmt == KERN_QX_32 ? 36 : 292));
+    float *x = malloc(T * n_in * sizeof(float)), *xd = malloc(T * n_in * sizeof(float));
+    for (size_t i = 0; i < T * n_in; i++)
+        x[i] = frand() * (i % 97 == 0 ? 8.0f : 1.0f); /* an outlier now and then */
+    for (size_t k = 0; k < n_in; k++)
+        x[3 * n_in + k] = 0.0f; /* a zero row: d = 0, q = 0 */
+    uint8_t *xq = malloc(T * xrb);
+    kern_qx_quantize(fmt, x, T, n_in, n_in, xq);
+    for (size_t t = 0; t < T; t++)
+        for (size_t b = 0; b < n_in / blk; b++) {
+            const uint8_t *bp = xq + t * xrb + b * (fmt == KERN_QX_32 ? 36 : 292);
+            float d;
+            memcpy(&d, bp, 4);
+            const int8_t *q = (const int8_t *)(bp + (fmt == KERN_QX_32 ? 4 : 36));
+            for (size_t k = 0; k < blk; k++) {
+                size_t i = t * n_in + b * blk + k;
+                xd[i] = d * (float)q[k];
+                assert_true(q[k] >= -127 && fabsf(x[i] - xd[i]) <= 0.5f * d * 1.0001f);
+            }
+            if (fmt == KERN_QX_256)
+                for (int s = 0; s < 16; s++) {
+                    int16_t bs;
+                    memcpy(&bs, bp + 4 + 2 * s, 2);
+                    int sum = 0;
+                    for (int k = 0; k < 16; k++)
+                        sum += q[16 * s + k];
+                    assert_int_equal(bs, sum);
+                }
+        }
+    float *ref = malloc(T * n_out * sizeof(float)), *got = malloc(T * n_out * sizeof(float));
+    kern_qmatmul_ref(&m, xq, T, ref, n_out, 0, n_out);
+    for (size_t t = 0; t < T; t++)
+        for (size_t n = 0; n < n_out; n++) {
+            double e = 0, mag = 0;
+            for (size_t k = 0; k < n_in; k++) {
+                e += (double)wide[n * n_in + k] * xd[t * n_in + k];
+                mag += fabs((double)wide[n * n_in + k] * xd[t * n_in + k]);
+            }
+            if (fabs(ref[t * n_out + n] - e) > 1e-5 * mag + 1e-30)
+                fail_msg("%s qdot ref row %zu col %zu: %g, exact %g", dtype_name(id), t, n,
+                         (double)ref[t * n_out + n], e);
+        }
+    static const size_t batches[] = {1, 2, 3, 5, 16, 31, 32, 33, 70};
+    for (int i = 0; i < g_n_isas; i++) {
+        void (*qm)(const kern_mat *, const void *, size_t, float *, size_t, size_t, size_t) =
+            g_isas[i]->qmatmul ? g_isas[i]->qmatmul : kern_qmatmul_ref;
+        /* the portable table (the oracle itself, slow under the sanitizers): 1, 33 and 70 */
+        bool oracle = qm == kern_qmatmul_ref;
+        for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+            size_t bt = batches[bi], n0 = bt % 2 ? 3 : 0, n1 = bt % 2 ? n_out - 2 : n_out;
+            if (oracle && bt != 1 && bt != 33 && bt != 70)
+                continue;
+            for (size_t j = 0; j < T * n_out; j++)
+                got[j] = NAN;
+            qm(&m, xq + (T - bt) * xrb, bt, got, n_out, n0, n1);
+            for (size_t t = 0; t < bt; t++)
+                for (size_t n = 0; n < n_out; n++) {
+                    float want = ref[(T - bt + t) * n_out + n];
+                    bool in = n >= n0 && n < n1;
+                    if (in ? memcmp(&got[t * n_out + n], &want, 4) != 0
+                           : !isnan(got[t * n_out + n]))
+                        fail_msg("%s qmatmul %s, batch %zu, row %zu col %zu: %a, ref %a",
+                                 dtype_name(id), g_isas[i]->name, bt, t, n,
+                                 (double)got[t * n_out + n], (double)want);
+                }
+        }
+    }
+    free(got);
+    free(ref);
+    free(xq);
+    free(xd);
+    free(x);
+    free(data);
+    free(wide);
+}
+
+static void test_qdot(void **state)
+{
+    (void)state;
+    static const uint32_t legacy[] = {KERN_GGML_Q8_0, KERN_GGML_Q4_0};
+    static const uint32_t kq[] = {KERN_GGML_Q4_K, KERN_GGML_Q5_K, KERN_GGML_Q6_K};
+    for (size_t i = 0; i < 2; i++) {
+        check_qdot(legacy[i], 32);
+        check_qdot(legacy[i], 288);
+    }
+    for (size_t i = 0; i < 3; i++) {
+        check_qdot(kq[i], 256);
+        check_qdot(kq[i], 512);
+    }
+}
+
+/* The integer path's oracle fails when it should: a weight changed by one step changes the
+ * reference's result. */
+static void test_qdot_is_sensitive(void **state)
+{
+    (void)state;
+    size_t n_in = 256;
+    float *wide = malloc(n_in * sizeof(float)), x[256];
+    uint8_t *data = make_quant_rows(KERN_GGML_Q4_K, 1, n_in, wide);
+    for (size_t k = 0; k < n_in; k++)
+        x[k] = frand();
+    kern_mat m;
+    kern_mat_init_quant(&m, KERN_QUANT, KERN_GGML_Q4_K, data, 1, n_in);
+    uint8_t xq[292];
+    kern_qx_quantize(KERN_QX_256, x, 1, n_in, n_in, xq);
+    float a, b;
+    kern_qmatmul_ref(&m, xq, 1, &a, 1, 0, 1);
+    data[16] ^= 1; /* the lowest bit of value 0's quant */
+    kern_qmatmul_ref(&m, xq, 1, &b, 1, 0, 1);
+    assert_true(a != b);
+    free(data);
+    free(wide);
+}
+
 /* dot, axpy (F32 and F16), to_f16 and rmsnorm: the reference near double precision, every
  * table equal to it bit for bit, at every length 0..77 (every tail of the 8- and 16-wide
  * loops). */
@@ -462,6 +594,8 @@ int main(void)
         cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_quant_legacy),
         cmocka_unit_test(test_quant_k),
+        cmocka_unit_test(test_qdot),
+        cmocka_unit_test(test_qdot_is_sensitive),
         cmocka_unit_test(test_vector_helpers),
         cmocka_unit_test(test_reference_is_sensitive),
         cmocka_unit_test(test_select),

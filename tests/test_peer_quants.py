@@ -35,6 +35,36 @@ TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 2, "Q8_0": 1, "Q2_K": 1, "Q3_K
          "Q4_K_M": 1, "Q5_K_M": 1, "Q6_K": 1}
 
 
+# The types with an integer kernel (--activations q8, the default): their activations are
+# rounded to int8, so their greedy tokens may leave llama-server's F32 ones, legitimately, where
+# two tokens are nearly tied; a departure where the F32 run was sure is a bug (a wrong sum or
+# scale moves logits by far more than rounding). So: equal up to the first difference, and there
+# llama-server's top two within Q8_TIE nats. llama-server's own quantized path parts from its F32
+# run in the same way (bench/qfidelity.py: Q8_0 and kvserve q8 both leave it at token 4 of this
+# seed's 110m file, Q4_0 both at token 7; docs/BENCHMARKS.md, "Integer path fidelity").
+Q8_TYPES = ("Q4_0", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
+Q8_TIE = float(os.environ.get("Q8_TIE", "0.5"))
+
+
+def q8_near(name, got, answer):
+    want = answer["tokens"]
+    i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if i is None and len(got) == len(want):
+        print("%-7s q8 same" % name)
+        return True
+    try:
+        tops = answer["completion_probabilities"][i]
+        tops = tops.get("top_logprobs") or tops.get("probs") or tops.get("top_probs")
+        gap = abs(tops[0]["logprob"] - tops[1]["logprob"])
+    except (KeyError, IndexError, TypeError):
+        print("%-7s q8 differs at token %s; no top 2 there to judge" % (name, i))
+        return False
+    ok = gap < Q8_TIE
+    print("%-7s q8 differs from token %d, where llama-server's F32 top two are %.3f nats apart "
+          "(%s)" % (name, i, gap, "a near-tie: allowed" if ok else "NOT a near-tie"))
+    return ok
+
+
 def quantize(tool, src, dst, ftype, requant=False):
     argv = [tool] + (["--allow-requantize"] if requant else []) + [src, dst, ftype, "2"]
     r = subprocess.run(argv, capture_output=True, text=True)
@@ -83,13 +113,17 @@ def main():
                 os.unlink(q)
                 continue
             try:
-                got = peer_util.kvserve_tokens(kvserve, q)
+                got = peer_util.kvserve_tokens(kvserve, q, ["--activations", "f32"])
+                got8 = (peer_util.kvserve_tokens(kvserve, q, ["--activations", "q8"])
+                        if name in Q8_TYPES else None)
             except RuntimeError as e:
                 print("%s: %s" % (name, e))
                 got = None
             os.unlink(q)
             if got is None or not peer_util.compare(name, got, answer):
                 failed.append(name)
+            elif got8 is not None and not q8_near(name, got8, answer):
+                failed.append(name + " (q8)")
     print("%.0f s for %d types" % (time.monotonic() - t0, len(names)))
     if failed:
         print("FAILED: " + ", ".join(failed))

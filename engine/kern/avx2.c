@@ -3,6 +3,7 @@
  * whose CPUID (and OS) say so. Every operation gives the bits of ref.c (its top comment says
  * in what order). */
 #include "engine/kern/kern.h"
+#include "engine/kern/qdot.h"
 
 #include "engine/dtype.h"
 #include "engine/kern/quant.h"
@@ -267,4 +268,5 @@ const kern_ops kern_avx2_ops = {
     .axpy_f16 = avx2_axpy_f16,
     .to_f16 = avx2_to_f16,
     .rmsnorm = avx2_rmsnorm,
+    .qmatmul = kern__qmatmul_avx2,
 };

@@ -95,7 +95,36 @@ typedef struct kern_ops {
     void (*to_f16)(uint16_t *dst, const float *x, size_t n);
     /* out = x / rms(x) * w, the sum of squares as dot(x, x) */
     void (*rmsnorm)(float *out, const float *x, const float *w, size_t n, float eps);
+    /* The integer path (kern/qdot_ref.c): out[t * ldo + n] for t < T, n0 <= n < n1, of file rows
+     * w (kern_qdot_act(w) != KERN_QX_NONE) times activations xq quantized by kern_qx_quantize.
+     * NULL: kern_qmatmul_ref (the same bits). */
+    void (*qmatmul)(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
+                    size_t n1);
 } kern_ops;
+
+/* ---- kern/qdot_ref.c: the integer path (activations quantized per row) ----
+ * Each row of x (one token) is quantized alone to int8 blocks with a float scale, so a row's
+ * result never depends on the batch; weights stay the file's rows (read in place). A block's
+ * integer sums are exact; the float combination is one fixed order, written out in qdot_ref.c,
+ * which every table's qmatmul equals bit for bit. Results differ from the F32 panels' (the
+ * activations are rounded to 8 bits), hence the --activations switch (engine_load_params). */
+typedef enum kern_qx {
+    KERN_QX_NONE, /* no integer kernel for this weight type: it keeps its F32 panels */
+    KERN_QX_32,   /* per 32 inputs: float d, int8 q[32] (for Q4_0, Q8_0) */
+    KERN_QX_256   /* per 256: float d, int16 sums of each 16 q, int8 q[256] (for the K-quants) */
+} kern_qx;
+
+/* The activation format the integer product of rows w takes (w of row type KERN_Q8_0 or
+ * KERN_QUANT): Q4_0, Q8_0, Q4_K, Q5_K, Q6_K have one; others KERN_QX_NONE. */
+kern_qx kern_qdot_act(const kern_mat *w);
+/* Bytes of one quantized row of n_in inputs (n_in a multiple of the format's block). */
+size_t kern_qx_row_bytes(kern_qx fmt, size_t n_in);
+/* Quantizes rows t < T of x (ldx apart) into dst (T rows of kern_qx_row_bytes): per block,
+ * d = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even (all zero if max|x| is 0). */
+void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in, void *dst);
+/* The portable integer product: the oracle of every table's qmatmul. */
+void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                      size_t n0, size_t n1);
 
 /* The portable table: plain C, for every CPU; the tests' oracle. */
 extern const kern_ops kern_ref_ops;

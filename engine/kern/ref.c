@@ -180,6 +180,7 @@ const kern_ops kern_ref_ops = {
     .axpy_f16 = ref_axpy_f16,
     .to_f16 = ref_to_f16,
     .rmsnorm = ref_rmsnorm,
+    .qmatmul = kern_qmatmul_ref,
 };
 
 void kern_add(float *y, const float *x, size_t n)

@@ -66,6 +66,9 @@ class GenerateReference(unittest.TestCase):
         self.assertIn("--no-cache is greedy only", err)
         rc, _, err = generate("-p", "Once", "--kernels", "sse9", check=False)
         self.assertEqual(rc, 2)
+        rc, _, err = generate("-p", "Once", "--activations", "q4", check=False)
+        self.assertEqual(rc, 2)
+        self.assertIn("--activations 'q4': unknown (q8|f32)", err)
 
     def test_sampling_follows_the_seed(self):
         a = generate("-p", "Once upon a time", "-n", "48", "--ids", "--temp", "0.9", "--seed", "7")[1]

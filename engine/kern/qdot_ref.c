@@ -1,0 +1,162 @@
+/* The portable integer path: activations quantized per row (kern_qx_quantize) and the product of
+ * a file's rows with them in the order kern/qdot.h defines, the oracle every table's qmatmul
+ * equals bit for bit. Weight blocks are read through kern/quant.h's decoders (the unified
+ * d, dm, sc, mi, raw form), so this file knows no bit layout of its own. */
+#include "engine/kern/qdot.h"
+
+#include "engine/dtype.h"
+#include "engine/kern/quant.h"
+
+#include <math.h>
+#include <string.h>
+
+kern_qx kern_qdot_act(const kern_mat *w)
+{
+    if (w->type == KERN_Q8_0)
+        return KERN_QX_32;
+    if (w->type != KERN_QUANT)
+        return KERN_QX_NONE;
+    switch (w->qtype) {
+    case KERN_GGML_Q4_0: return KERN_QX_32;
+    case KERN_GGML_Q4_K:
+    case KERN_GGML_Q5_K:
+    case KERN_GGML_Q6_K: return KERN_QX_256;
+    default: return KERN_QX_NONE; /* no AVX2 kernel yet: the exact F32 panels are faster */
+    }
+}
+
+size_t kern_qx_row_bytes(kern_qx fmt, size_t n_in)
+{
+    if (fmt == KERN_QX_32)
+        return n_in / 32 * sizeof(kern__qx32);
+    if (fmt == KERN_QX_256)
+        return n_in / 256 * sizeof(kern__qx256);
+    return 0;
+}
+
+/* One block of n values: d and q as kern_qx_quantize says. */
+static float quant_block(const float *x, size_t n, int8_t *q)
+{
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float v = nearbyintf(x[i] * id); /* x * id may round just past 127: clamp */
+        q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+    }
+    return amax / 127.0f;
+}
+
+void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in, void *dst)
+{
+    size_t rb = kern_qx_row_bytes(fmt, n_in);
+    for (size_t t = 0; t < T; t++) {
+        const float *xr = x + t * ldx;
+        uint8_t *row = (uint8_t *)dst + t * rb;
+        if (fmt == KERN_QX_32) {
+            for (size_t b = 0; b < n_in / 32; b++) {
+                kern__qx32 blk;
+                blk.d = quant_block(xr + 32 * b, 32, blk.q);
+                memcpy(row + b * sizeof blk, &blk, sizeof blk);
+            }
+        } else {
+            for (size_t b = 0; b < n_in / 256; b++) {
+                kern__qx256 blk;
+                blk.d = quant_block(xr + 256 * b, 256, blk.q);
+                for (int i = 0; i < 16; i++) {
+                    int s = 0;
+                    for (int k = 0; k < 16; k++)
+                        s += blk.q[16 * i + k];
+                    blk.bs[i] = (int16_t)s;
+                }
+                memcpy(row + b * sizeof blk, &blk, sizeof blk);
+            }
+        }
+    }
+}
+
+/* acc[m] += s * lane[m], a product then a sum (kern/qdot.h) */
+static void fold(float acc[8], float s, const int32_t lane[8])
+{
+    for (int m = 0; m < 8; m++) {
+        float p = s * (float)lane[m];
+        acc[m] = acc[m] + p;
+    }
+}
+
+/* One row of Q8_0 or Q4_0 blocks times one quantized row. */
+static float dot32(const kern_mat *w, const uint8_t *row, const kern__qx32 *xq)
+{
+    float acc[8] = {0};
+    size_t bb = w->type == KERN_Q8_0 ? 34 : 18;
+    for (size_t b = 0; b < w->n_in / 32; b++) {
+        const uint8_t *blk = row + b * bb;
+        int Q[32];
+        if (w->type == KERN_Q8_0) {
+            for (int k = 0; k < 32; k++)
+                Q[k] = (int8_t)blk[2 + k];
+        } else {
+            kern_qblock qb;
+            kern__qfmt(w->qtype)->decode(blk, &qb);
+            for (int k = 0; k < 32; k++)
+                Q[k] = qb.raw[k] - 8;
+        }
+        int32_t lane[8];
+        for (int m = 0; m < 8; m++) {
+            lane[m] = 0;
+            for (int i = 0; i < 4; i++)
+                lane[m] += Q[4 * m + i] * xq[b].q[4 * m + i];
+        }
+        float d = dtype_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+        fold(acc, d * xq[b].d, lane);
+    }
+    return kern__qx_hsum(acc);
+}
+
+/* One row of a K-quant (raw without a lut, sub-blocks of 16 or 32) times one quantized row: the
+ * raw values' products with their sub-block scales per lane, the bias (Q = raw - bias) and the
+ * mins through the sums of 16 activations, bs[2m] and bs[2m + 1] in lane m. */
+static float dot256(const kern_mat *w, const uint8_t *row, const kern__qx256 *xq)
+{
+    const kern_qfmt *f = kern__qfmt(w->qtype);
+    float acc[8] = {0};
+    for (size_t b = 0; b < w->n_in / 256; b++) {
+        kern_qblock qb;
+        memset(&qb, 0, sizeof qb);
+        f->decode(row + b * f->file_bytes, &qb);
+        const kern__qx256 *x = &xq[b];
+        int32_t lane[8], mlane[8];
+        for (int m = 0; m < 8; m++) {
+            lane[m] = 0;
+            for (int v = 0; v < 8; v++) {
+                int k0 = 32 * v + 4 * m, s = 0;
+                for (int i = 0; i < 4; i++)
+                    s += qb.raw[k0 + i] * x->q[k0 + i];
+                lane[m] += qb.sc[k0 / f->sub] * s;
+            }
+            int sc0 = qb.sc[32 * m / f->sub], sc1 = qb.sc[(32 * m + 16) / f->sub];
+            lane[m] -= f->bias * (sc0 * x->bs[2 * m] + sc1 * x->bs[2 * m + 1]);
+            mlane[m] = qb.mi[32 * m / f->sub] * x->bs[2 * m] +
+                       qb.mi[(32 * m + 16) / f->sub] * x->bs[2 * m + 1];
+        }
+        fold(acc, dtype_f16_to_f32(qb.d) * x->d, lane);
+        if (f->has_min)
+            fold(acc, dtype_f16_to_f32(qb.dm) * x->d, mlane);
+    }
+    return kern__qx_hsum(acc);
+}
+
+void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                      size_t n0, size_t n1)
+{
+    kern_qx fmt = kern_qdot_act(w);
+    size_t xb = kern_qx_row_bytes(fmt, w->n_in);
+    for (size_t t = 0; t < T; t++) {
+        const void *xr = (const uint8_t *)xq + t * xb;
+        for (size_t n = n0; n < n1; n++) {
+            const uint8_t *row = (const uint8_t *)w->data + n * w->row_bytes;
+            out[t * ldo + n] = fmt == KERN_QX_32 ? dot32(w, row, xr) : dot256(w, row, xr);
+        }
+    }
+}
