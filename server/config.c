@@ -31,8 +31,8 @@ static const opt k_opts[] = {
     {"kv-cache-type", 0, OPT_STR, OFF(kv_cache_type), "f16",
      "f16|f32: what cached keys and values are stored as"},
     {"kernels", 0, OPT_STR, OFF(kernels), "auto",
-     "auto|avx2|generic: the engine's kernels (auto: the best this CPU runs; every choice "
-     "gives the same results)"},
+     "auto|avx512|avx2|generic: the engine's kernels (auto: the best this CPU runs; every "
+     "choice gives the same results)"},
     {"block-size", 0, OPT_U32, OFF(block_size), "16", "tokens per KV cache block"},
     {"max-num-seqs", 0, OPT_U32, OFF(max_num_seqs), "64", "sequences running at once"},
     {"max-batched-tokens", 0, OPT_U32, OFF(max_batched_tokens), "512", "tokens per engine step"},

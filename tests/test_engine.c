@@ -370,7 +370,7 @@ static void test_reference_every_kernel_table(void **state)
     (void)state;
     if (!g_model)
         skip();
-    static const char *const tables[] = {"generic", "avx2"};
+    static const char *const tables[] = {"generic", "avx2", "avx512"};
     engine_model *chosen = g_model;
     size_t V = engine_model_hparams(g_model)->n_vocab, rows = 64 * MAX_CASES + 1, n0, n;
     float *want = malloc(rows * V * sizeof(float)), *got = malloc(rows * V * sizeof(float));
