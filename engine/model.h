@@ -54,6 +54,9 @@ typedef struct engine_load_params {
     /* Kernel table (engine/kern/kern.h): NULL or "auto" = the best this CPU runs (CPUID);
      * "avx2" or "generic" force one (A/B runs, tests). Every table gives the same bits. */
     const char *kernels;
+    /* Tests only: run on this table, whatever kernels says (the AVX-512 kernels emulated over
+     * simde, kern_avx512_emu_ops, which tests link and kvserve never does); NULL in kvserve. */
+    const struct kern_ops *kern_table;
 } engine_load_params;
 
 /* Loads path. Returns 0, or a negative status with a one-line reason in err: GGUF errors,
@@ -72,7 +75,7 @@ const tok_vocab *engine_model_vocab(const engine_model *m);
 const char *engine_model_name(const engine_model *m);
 /* tokenizer.chat_template, or NULL if the file has none. NUL-terminated copy. */
 const char *engine_model_chat_template(const engine_model *m);
-/* The kernel table the model runs on: "avx2" or "generic". */
+/* The kernel table the model runs on: "avx512", "avx2" or "generic". */
 const char *engine_model_kernels(const engine_model *m);
 /* Whether kernels (as engine_load_params.kernels) can run here: 0, or the status and one line
  * in err that engine_model_load would fail with. For checking a flag before loading. */
