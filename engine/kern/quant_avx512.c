@@ -78,14 +78,15 @@ INLINE void expand_t(const kern_qfmt *f, const kern_qoff *o, const uint8_t *ps, 
                     q_of(lo_fin, lut, bias, _mm512_and_si512(_mm512_srli_epi16(v, 6), m2)));
         }
     }
-    /* b's bits stay inside their byte: at most 3 << 4 */
+    /* b's bits stay inside their byte: at most 3 << 4. The shifts by a loop counter take the
+     * count in a register (vpsrlw zmm, xmm): simde's immediate form wants a constant. */
     __m128i sh = _mm_cvtsi32_si128(f->lo_bits);
     if (f->hi_bits == 1) {
         const __m512i m1 = _mm512_set1_epi8(1);
         for (size_t i = 0; i < n / 512; i++) {
             __m512i h = _mm512_loadu_si512((const void *)(hi + 64 * i));
             for (int s = 0; s < 8; s++) {
-                __m512i b = _mm512_and_si512(_mm512_srli_epi16(h, (unsigned)s), m1);
+                __m512i b = _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(s)), m1);
                 int8_t *ta = T + 512 * i + 32 * s, *tb = ta + 256;
                 st_pair(ta, tb,
                         q_of(fin, lut, bias,
@@ -97,7 +98,7 @@ INLINE void expand_t(const kern_qfmt *f, const kern_qoff *o, const uint8_t *ps, 
         for (size_t i = 0; i < n / 256; i++) {
             __m512i h = _mm512_loadu_si512((const void *)(hi + 64 * i));
             for (int s = 0; s < 4; s++) {
-                __m512i b = _mm512_and_si512(_mm512_srli_epi16(h, (unsigned)(2 * s)), m2);
+                __m512i b = _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * s)), m2);
                 int8_t *ta = T + 256 * i + 32 * s, *tb = ta + 128;
                 st_pair(ta, tb,
                         q_of(fin, lut, bias,
