@@ -270,7 +270,7 @@ int main(int argc, char **argv)
     uint32_t threads = 2;
     char err[512];
     engine_model *m;
-    /* KVS_BENCH_KERNELS=avx2|generic forces a kernel table (--kernels of the server) */
+    /* KVS_BENCH_KERNELS=avx512|avx2|generic forces a kernel table (--kernels of the server) */
     /* KVS_BENCH_ACTIVATIONS=q8|f32 (--activations of the server) */
     engine_load_params lp = {.verbose = true,
                              .kernels = getenv("KVS_BENCH_KERNELS"),

@@ -472,8 +472,10 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
     engine_model *m = calloc(1, sizeof *m);
     if (!m)
         return status_set_err(err, err_len, KVS_ENOMEM, "out of memory");
-    int rc = kern_select(p ? p->kernels : NULL, &m->kern, err, err_len);
-    if (rc)
+    int rc = 0;
+    if (p && p->kern_table)
+        m->kern = p->kern_table;
+    else if ((rc = kern_select(p ? p->kernels : NULL, &m->kern, err, err_len)))
         goto fail;
     if ((rc = engine_activations_check(p ? p->activations : NULL, err, err_len)))
         goto fail;
@@ -531,7 +533,8 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
                  ggml_type_name(m->weight_type), (double)m->weight_bytes / (1024.0 * 1024.0),
                  time_now_s() - t0);
         log_info("kernels: %s (%s; CPU: %s)", m->kern->name,
-                 p && p->kernels && *p->kernels && strcmp(p->kernels, "auto")
+                 p && p->kern_table ? "the caller's table"
+                 : p && p->kernels && *p->kernels && strcmp(p->kernels, "auto")
                      ? "forced by --kernels"
                      : "chosen from CPUID",
                  kern_cpu_features());

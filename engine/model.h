@@ -58,6 +58,9 @@ typedef struct engine_load_params {
      * types with an integer kernel (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K: faster, within a stated tolerance
      * of the F32 result, batch-invariant); "f32" = every product on exact F32 panels. */
     const char *activations;
+    /* Tests only: run on this table, whatever kernels says (the AVX-512 kernels emulated over
+     * simde, kern_avx512_emu_ops, which tests link and kvserve never does); NULL in kvserve. */
+    const struct kern_ops *kern_table;
 } engine_load_params;
 
 /* Loads path. Returns 0, or a negative status with a one-line reason in err: GGUF errors,
@@ -76,7 +79,7 @@ const tok_vocab *engine_model_vocab(const engine_model *m);
 const char *engine_model_name(const engine_model *m);
 /* tokenizer.chat_template, or NULL if the file has none. NUL-terminated copy. */
 const char *engine_model_chat_template(const engine_model *m);
-/* The kernel table the model runs on: "avx2" or "generic". */
+/* The kernel table the model runs on: "avx512", "avx2" or "generic". */
 const char *engine_model_kernels(const engine_model *m);
 /* Whether kernels (as engine_load_params.kernels) can run here: 0, or the status and one line
  * in err that engine_model_load would fail with. For checking a flag before loading. */

@@ -62,8 +62,8 @@ static void usage(FILE *out)
             "      --ctx-size N       context length (default 0 = the model's); the prompt and\n"
             "                         --max-tokens must fit in it\n"
             "      --kv-cache-type T  f16|f32: what cached keys and values are stored as (f16)\n"
-            "      --kernels K        auto|avx2|generic: the engine's kernels (auto: the best\n"
-            "                         this CPU runs; every choice gives the same results)\n"
+            "      --kernels K        auto|avx512|avx2|generic: the engine's kernels (auto: the\n"
+            "                         best this CPU runs; every choice gives the same results)\n"
             "      --activations A    q8|f32: q8 (default) quantizes activations to int8 for the\n"
             "                         Q4_0, Q8_0, Q4_K, Q5_K, Q6_K weights (faster); f32 exact\n"
             "  -h, --help             this text\n");

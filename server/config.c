@@ -33,8 +33,8 @@ static const opt k_opts[] = {
     {"kv-cache-type", 0, OPT_STR, OFF(kv_cache_type), "f16",
      "f16|f32: what cached keys and values are stored as"},
     {"kernels", 0, OPT_STR, OFF(kernels), "auto",
-     "auto|avx2|generic: the engine's kernels (auto: the best this CPU runs; every choice "
-     "gives the same results)"},
+     "auto|avx512|avx2|generic: the engine's kernels (auto: the best this CPU runs; every "
+     "choice gives the same results)"},
     {"activations", 0, OPT_STR, OFF(activations), "q8",
      "q8|f32: q8 quantizes each row of activations to int8 blocks for the weight types with an "
      "integer kernel (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K: faster, logits within a stated tolerance of "

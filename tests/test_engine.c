@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "engine/kern/kern.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "test_reference.h"
@@ -359,20 +360,41 @@ static void test_cache_equals_recompute(void **state)
     check_cache_equals_recompute();
 }
 
-/* Every other kernel table this CPU runs (kern/kern.h; the tests above ran on auto's choice)
- * decodes every reference exactly, alone and batched; its cached logits equal a full
- * recomputation bit for bit (with the default F16 cache, recomputed at every 8th step and the
- * last: the recomputation is quadratic, the portable table slow, and test_kernels already holds
- * each table to the reference's bits op by op); and a prefill plus a decode step gives exactly
- * auto's logits. */
+/* One kernel table (by name, or a test's own table) against auto's choice: see below. */
+static void check_table(engine_model *chosen, const char *name, const struct kern_ops *table,
+                        const float *want, size_t n0, float *got)
+{
+    size_t V = engine_model_hparams(chosen)->n_vocab, n;
+    ref_case cases[REF_MAX_CASES];
+    int n_cases;
+    assert_int_equal(ref_load_with(&g_model, cases, &n_cases, name, table), 1);
+    assert_string_equal(engine_model_kernels(g_model), table ? table->name : name);
+    expect_all_references();
+    check_cache_equals_recompute_every(8);
+    run_logits(2, got, &n);
+    assert_int_equal(n, n0);
+    if (memcmp(want, got, n * V * sizeof(float)))
+        fail_msg("%s kernels: logits differ from %s's", engine_model_kernels(g_model),
+                 engine_model_kernels(chosen));
+    engine_model_destroy(g_model);
+    g_model = chosen;
+}
+
+/* Every other kernel table this CPU runs (kern/kern.h; the tests above ran on auto's choice),
+ * and the AVX-512 one emulated over simde where the build has it (tests link it; no --kernels
+ * name reaches it), decodes every reference exactly, alone and batched; its cached logits equal
+ * a full recomputation bit for bit (with the default F16 cache, recomputed at every 8th step and
+ * the last: the recomputation is quadratic, the portable table slow, and test_kernels already
+ * holds each table to the reference's bits op by op); and a prefill plus a decode step gives
+ * exactly auto's logits. */
 static void test_reference_every_kernel_table(void **state)
 {
     (void)state;
     if (!g_model)
         skip();
-    static const char *const tables[] = {"generic", "avx2"};
+    static const char *const tables[] = {"generic", "avx2", "avx512"};
     engine_model *chosen = g_model;
-    size_t V = engine_model_hparams(g_model)->n_vocab, rows = 64 * MAX_CASES + 1, n0, n;
+    size_t V = engine_model_hparams(g_model)->n_vocab, rows = 64 * MAX_CASES + 1, n0;
     float *want = malloc(rows * V * sizeof(float)), *got = malloc(rows * V * sizeof(float));
     run_logits(2, want, &n0);
     int tested = 0;
@@ -384,21 +406,15 @@ static void test_reference_every_kernel_table(void **state)
         }
         if (!strcmp(tables[i], engine_model_kernels(chosen)))
             continue;
-        ref_case cases[REF_MAX_CASES];
-        int n_cases;
-        assert_int_equal(ref_load_on(&g_model, cases, &n_cases, tables[i]), 1);
-        assert_string_equal(engine_model_kernels(g_model), tables[i]);
-        expect_all_references();
-        check_cache_equals_recompute_every(8);
-        run_logits(2, got, &n);
-        assert_int_equal(n, n0);
-        if (memcmp(want, got, n * V * sizeof(float)))
-            fail_msg("%s kernels: logits differ from %s's", tables[i],
-                     engine_model_kernels(chosen));
-        engine_model_destroy(g_model);
-        g_model = chosen;
+        check_table(chosen, tables[i], NULL, want, n0, got);
         tested++;
     }
+#ifdef KERN_HAVE_AVX512_EMU
+    check_table(chosen, NULL, &kern_avx512_emu_ops, want, n0, got);
+    tested++;
+#else
+    print_message("kernels avx512-emulated not run: built without libsimde-dev\n");
+#endif
     print_message("%d kernel table(s) besides %s\n", tested, engine_model_kernels(chosen));
     free(want);
     free(got);

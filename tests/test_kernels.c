@@ -1,6 +1,7 @@
 /* Engine kernels and thread pool. The portable table (kern/ref.c) is the oracle: it agrees with
  * a naive double-precision product over widened weights (only rounding differs), and every other
- * table this CPU can run gives its bits exactly, for every weight type, batch size 1..70, odd
+ * table this CPU can run (and the AVX-512 one emulated over simde, on any CPU) gives its bits
+ * exactly, for every weight type, batch size 1..70, odd
  * width and column range; every panel product is batch-invariant (a row alone has the bits it
  * has inside a batch); the choice of table obeys --kernels; the pool runs every thread exactly
  * once per job. */
@@ -30,8 +31,11 @@ static float frand(void)
     return (float)(g_rng >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
 }
 
-/* The tables this CPU runs, the reference first. */
-static const kern_ops *g_isas[4];
+/* The tables this CPU runs, the reference first; the emulated AVX-512 one (where simde was there
+ * to build it) last, so test_select's "auto is the best this CPU runs" still reads the native
+ * ones. */
+static const kern_ops *g_isas[5];
+static int g_n_native;
 static int g_n_isas;
 
 static int setup(void **state)
@@ -44,6 +48,19 @@ static int setup(void **state)
     else
         fprintf(stderr, "kernels: this CPU cannot run avx2 (%s): only the reference tested\n",
                 kern_cpu_features());
+#endif
+#ifdef KERN_HAVE_AVX512
+    if (kern_cpu_can("avx512") == 1)
+        g_isas[g_n_isas++] = &kern_avx512_ops;
+    else
+        fprintf(stderr, "kernels: this CPU cannot run avx512 (%s): its emulation tested instead\n",
+                kern_cpu_features());
+#endif
+    g_n_native = g_n_isas;
+#ifdef KERN_HAVE_AVX512_EMU
+    g_isas[g_n_isas++] = &kern_avx512_emu_ops;
+#else
+    fprintf(stderr, "kernels: no libsimde-dev at build time: avx512-emulated not tested\n");
 #endif
     return 0;
 }
@@ -495,7 +512,7 @@ static void test_select(void **state)
     assert_int_equal(kern_select(NULL, &k, err, sizeof err), 0);
     assert_int_equal(kern_cpu_can(k->name), 1);
     assert_int_equal(kern_select("auto", &k, err, sizeof err), 0);
-    assert_ptr_equal(k, g_isas[g_n_isas - 1]); /* the best this CPU runs */
+    assert_ptr_equal(k, g_isas[g_n_native - 1]); /* the best this CPU runs */
     assert_int_equal(kern_select("generic", &k, err, sizeof err), 0);
     assert_ptr_equal(k, &kern_ref_ops);
     int rc = kern_select("avx2", &k, err, sizeof err);
@@ -507,11 +524,29 @@ static void test_select(void **state)
         assert_non_null(strstr(err, "avx2"));
         assert_null(k);
     }
-    /* reserved, not built: a clear refusal, never a silent fallback */
-    assert_int_equal(kern_select("avx512", &k, err, sizeof err), KVS_EUNSUPPORTED);
-    assert_non_null(strstr(err, "avx512"));
-    assert_null(k);
-    assert_int_equal(kern_cpu_can("avx512"), -1);
+    /* on a CPU without it, a clear refusal naming the missing feature, never a fallback */
+    rc = kern_select("avx512", &k, err, sizeof err);
+    int can = kern_cpu_can("avx512");
+#ifdef KERN_HAVE_AVX512
+    assert_int_not_equal(can, -1);
+#else
+    assert_int_equal(can, -1);
+#endif
+    if (can == 1) {
+        assert_int_equal(rc, 0);
+        assert_string_equal(k->name, "avx512");
+        assert_string_equal(g_isas[g_n_native - 1]->name, "avx512"); /* auto prefers it */
+    } else {
+        assert_int_equal(rc, KVS_EUNSUPPORTED);
+        assert_non_null(strstr(err, "avx512"));
+        if (can == 0) /* built, the CPU lacks it: the feature named */
+            assert_true(strstr(err, "no AVX512") || strstr(err, "no FMA") ||
+                        strstr(err, "no F16C") || strstr(err, "no OS support"));
+        assert_null(k);
+    }
+    /* the emulation is the tests' only: never a --kernels choice */
+    assert_int_equal(kern_select("avx512-emulated", &k, err, sizeof err), KVS_EINVAL);
+    assert_int_equal(kern_cpu_can("avx512-emulated"), -1);
     assert_int_equal(kern_select("sse9", &k, err, sizeof err), KVS_EINVAL);
     assert_non_null(strstr(err, "sse9"));
     assert_non_null(kern_cpu_features());

@@ -38,8 +38,17 @@ static inline int ref_read_ids(const cJSON *arr, int32_t *out, int cap)
 /* Loads the model into *model, on kernel table kernels (NULL = auto), and the reference cases.
  * Returns 1 when loaded, 0 when the files are absent (test_model_path said so; the suite
  * skips), -1 on an error. */
+static inline int ref_load_with(engine_model **model, ref_case *cases, int *n_cases,
+                                const char *kernels, const struct kern_ops *table);
 static inline int ref_load_on(engine_model **model, ref_case *cases, int *n_cases,
                               const char *kernels)
+{
+    return ref_load_with(model, cases, n_cases, kernels, NULL);
+}
+
+/* ref_load_on, with engine_load_params.kern_table (tests' own tables: kern_avx512_emu_ops). */
+static inline int ref_load_with(engine_model **model, ref_case *cases, int *n_cases,
+                                const char *kernels, const struct kern_ops *table)
 {
     char path[1024], ref[1024], err[256];
     *model = NULL;
@@ -47,7 +56,7 @@ static inline int ref_load_on(engine_model **model, ref_case *cases, int *n_case
     if (!test_model_path(path, sizeof path, "stories260K.gguf") ||
         !test_model_path(ref, sizeof ref, "reference/stories260K-greedy.json"))
         return 0;
-    engine_load_params lp = {.verbose = false, .kernels = kernels};
+    engine_load_params lp = {.verbose = false, .kernels = kernels, .kern_table = table};
     if (engine_model_load(path, &lp, model, err, sizeof err)) {
         fprintf(stderr, "load failed: %s\n", err);
         return -1;

@@ -6,12 +6,14 @@
 # nginx, chromium (tests/webui), python3-numpy (tests/test_dequant.py runs gguf-py's reference
 # dequantizer with it).
 # libopenblas-dev: only kvs-bench-engine's sgemm yardstick (optional; the engine does not use it).
+# libsimde-dev: header-only, for the tests only: the AVX-512 kernels compiled over its portable
+# intrinsics and held to the reference on CPUs without AVX-512 (tests/test_kernels.c).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(build-essential meson ninja-build pkg-config
       libmicrohttpd-dev libcjson-dev libopenblas-dev libcmocka-dev libpcre2-dev
       python3 python3-yaml python3-numpy curl clang clang-format libclang-rt-dev prometheus
-      nginx wrk chromium)
+      nginx wrk chromium libsimde-dev)
 # shellcheck source=tools/lib.sh
 . tools/lib.sh
 # node may come from elsewhere (e.g. a newer build that bundles npm): only ask apt when the

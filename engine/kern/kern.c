@@ -46,31 +46,87 @@ static bool cpu_has_avx2(void)
 #endif
 }
 
-static bool cpu_has_avx512(void)
+#ifdef KERN_X86
+/* The OS saves the opmask (bit 5) and both halves of the 32 ZMM registers (bits 6, 7) besides
+ * XMM/YMM: XCR0 & 0xe6 == 0xe6, which Intel's manual requires before any AVX-512 instruction. */
+static bool os_saves_zmm(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE))
+        return false;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6) == 0xe6;
+}
+
+/* CPUID leaf 7 sub-leaf sub, EAX EBX ECX (all 0 where the leaf is absent). */
+static void cpuid7(unsigned sub, unsigned *a, unsigned *b, unsigned *c)
+{
+    unsigned d = 0;
+    *a = *b = *c = 0;
+    if (__get_cpuid_max(0, NULL) >= 7)
+        __cpuid_count(7, sub, *a, *b, *c, d);
+    (void)d;
+}
+#endif
+
+/* The first feature the avx512 table needs that this CPU or OS lacks, or NULL. */
+static const char *avx512_missing(void)
 {
 #ifdef KERN_X86
+    unsigned a, b, c;
+    cpuid7(0, &a, &b, &c);
+    if (!(b & bit_AVX512F))
+        return "AVX512F";
+    if (!(b & bit_AVX512BW))
+        return "AVX512BW";
+    if (!(b & bit_AVX512VL))
+        return "AVX512VL";
+    if (!(b & bit_AVX512DQ))
+        return "AVX512DQ";
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
+    if (!__builtin_cpu_supports("fma"))
+        return "FMA";
+    if (!cpu_f16c())
+        return "F16C";
+    if (!os_saves_zmm())
+        return "OS support for the ZMM and opmask state (XCR0 & 0xe6)";
+    return NULL;
 #else
-    return false;
+    return "an x86 CPU";
 #endif
 }
+
+#ifdef KERN_HAVE_AVX512
+static bool cpu_has_avx512(void)
+{
+    return avx512_missing() == NULL;
+}
+#endif
 
 const char *kern_cpu_features(void)
 {
 #ifdef KERN_X86
     __builtin_cpu_init();
-    static const char *const names[] = {"avx2", "fma", "f16c", "avx512f"};
-    bool has[4] = {__builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"), cpu_f16c(),
-                   __builtin_cpu_supports("avx512f")};
-    static _Thread_local char line[128];
+    unsigned a0, b0, c0, a1, b1, c1;
+    cpuid7(0, &a0, &b0, &c0);
+    cpuid7(1, &a1, &b1, &c1);
+    static const char *const names[] = {"avx2",     "fma",        "f16c",
+                                        "avx512f",  "avx512bw",   "avx512vl",
+                                        "avx512dq", "avx512vnni", "avx512bf16"};
+    enum { N_FEAT = sizeof names / sizeof names[0] };
+    bool has[N_FEAT] = {
+        __builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"), cpu_f16c(),
+        (b0 & bit_AVX512F) != 0,        (b0 & bit_AVX512BW) != 0,      (b0 & bit_AVX512VL) != 0,
+        (b0 & bit_AVX512DQ) != 0,       (c0 & bit_AVX512VNNI) != 0,    (a1 & bit_AVX512BF16) != 0};
+    static _Thread_local char line[256];
     size_t n = 0;
     line[0] = '\0';
-    for (int i = 0; i < 4; i++) /* "avx2 fma f16c", then "; no avx512f" */
+    for (int i = 0; i < N_FEAT; i++) /* "avx2 fma f16c", then "; no avx512f ..." */
         if (has[i])
             n += (size_t)snprintf(line + n, sizeof line - n, "%s%s", n ? " " : "", names[i]);
     bool first_missing = true;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < N_FEAT; i++)
         if (!has[i]) {
             n += (size_t)snprintf(line + n, sizeof line - n, "%s%s",
                                   first_missing ? (n ? "; no " : "no ") : " ", names[i]);
@@ -78,6 +134,8 @@ const char *kern_cpu_features(void)
         }
     if (!os_saves_ymm())
         snprintf(line + n, sizeof line - n, "; the OS does not save YMM state");
+    else if (has[3] && !os_saves_zmm())
+        snprintf(line + n, sizeof line - n, "; the OS does not save ZMM state");
     return line;
 #else
     return "not an x86 CPU";
@@ -92,7 +150,10 @@ int kern_cpu_can(const char *name)
     if (!strcmp(name, "avx2"))
         return cpu_has_avx2();
 #endif
-    (void)cpu_has_avx512;
+#ifdef KERN_HAVE_AVX512
+    if (!strcmp(name, "avx512"))
+        return cpu_has_avx512();
+#endif
     return -1;
 }
 
@@ -100,6 +161,12 @@ int kern_select(const char *name, const kern_ops **out, char *err, size_t err_le
 {
     *out = NULL;
     if (!name || !*name || !strcmp(name, "auto")) {
+#ifdef KERN_HAVE_AVX512
+        if (cpu_has_avx512()) {
+            *out = &kern_avx512_ops;
+            return 0;
+        }
+#endif
 #ifdef KERN_HAVE_AVX2
         if (cpu_has_avx2()) {
             *out = &kern_avx2_ops;
@@ -128,12 +195,22 @@ int kern_select(const char *name, const kern_ops **out, char *err, size_t err_le
                               "--kernels avx2: not built into this kvserve (not an x86-64 build)");
 #endif
     }
-    if (!strcmp(name, "avx512"))
-        return status_set_err(
-            err, err_len, KVS_EUNSUPPORTED,
-            "--kernels avx512: reserved, not built into this kvserve yet (this CPU "
-            "%s AVX-512F); use auto, avx2 or generic",
-            cpu_has_avx512() ? "has" : "lacks");
-    return status_set_err(err, err_len, KVS_EINVAL, "--kernels '%s': unknown (auto|avx2|generic)",
+    if (!strcmp(name, "avx512")) {
+#ifdef KERN_HAVE_AVX512
+        const char *missing = avx512_missing();
+        if (missing)
+            return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                                  "--kernels avx512: this CPU cannot run it (no %s; it has: %s)",
+                                  missing, kern_cpu_features());
+        *out = &kern_avx512_ops;
+        return 0;
+#else
+        (void)avx512_missing;
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "--kernels avx512: not built into this kvserve (the compiler "
+                              "lacked the AVX-512 flags, or not an x86-64 build)");
+#endif
+    }
+    return status_set_err(err, err_len, KVS_EINVAL, "--kernels '%s': unknown (" KERN_ISA_NAMES ")",
                           name);
 }

@@ -79,7 +79,7 @@ void kern_rows_to_f32(const kern_mat *w, size_t r0, size_t nr, float *dst);
 /* ---- the operations ---- */
 
 typedef struct kern_ops {
-    const char *name; /* "generic", "avx2": what --kernels takes and /metrics shows */
+    const char *name; /* "generic", "avx2", "avx512": what --kernels takes and /metrics shows */
     /* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1, W of a panel
      * type. scratch: KERN_PANEL * n_in floats or NULL, in which a Q8_0 panel read by several
      * row tiles may be widened once (also a quantized one); the bits are the same either way. */
@@ -132,8 +132,15 @@ extern const kern_ops kern_ref_ops;
 /* AVX2 + FMA + F16C (kern/avx2.c). */
 extern const kern_ops kern_avx2_ops;
 #endif
-/* kern/avx512.c belongs here: not written yet, because no machine this is built on can run it
- * (it should be written and tested on an AVX-512 machine, selected only where CPUID says so). */
+#ifdef KERN_HAVE_AVX512
+/* AVX-512 F+BW+VL+DQ + FMA + F16C (kern/avx512.c, kern/quant_avx512.c). */
+extern const kern_ops kern_avx512_ops;
+#endif
+#ifdef KERN_HAVE_AVX512_EMU
+/* The same sources over simde on AVX2 + FMA ("avx512-emulated"): linked into tests only, so the
+ * AVX-512 kernels are held to the reference on CPUs without AVX-512; never a --kernels choice. */
+extern const kern_ops kern_avx512_emu_ops;
+#endif
 
 /* y += x and g = silu(g) * u: plain loops whose bits do not depend on the instruction set
  * (an add is exact either way; silu uses libm's expf), shared by every table. */
@@ -143,16 +150,18 @@ void kern_silu_mul(float *g, const float *u, size_t n);
 /* ---- kern.c: the choice ---- */
 
 /* Instruction sets by name, in order of preference. */
-#define KERN_ISA_NAMES "auto|avx2|generic|avx512"
+#define KERN_ISA_NAMES "auto|avx512|avx2|generic"
 
 /* Whether this CPU (and its OS, which must save the wider registers) can run the named table:
- * 1 yes, 0 no; -1 if kvserve has no such table (unknown name, or avx512: not built). */
+ * 1 yes, 0 no; -1 if kvserve has no such table (unknown name, or not built into this one). */
 int kern_cpu_can(const char *name);
-/* The table for name: NULL or "auto" picks the best this CPU runs; "avx2" / "generic" force
- * one. Returns 0 and *out, or KVS_EINVAL (unknown name), KVS_EUNSUPPORTED (not built into this
- * kvserve, or the CPU lacks it) with one line in err. */
+/* The table for name: NULL or "auto" picks the best this CPU runs (avx512 > avx2 > generic;
+ * avx512 needs AVX512F+BW+VL+DQ, FMA, F16C and an OS saving the ZMM and opmask state);
+ * "avx512" / "avx2" / "generic" force one. Returns 0 and *out, or KVS_EINVAL (unknown name),
+ * KVS_EUNSUPPORTED (not built into this kvserve, or the CPU lacks it) with one line in err. */
 int kern_select(const char *name, const kern_ops **out, char *err, size_t err_len);
-/* The CPU's vector features as one short line ("avx2 fma f16c, no avx512f"), for logs. */
+/* The CPU's vector features as one short line ("avx2 fma f16c; no avx512f avx512bw ..."; the
+ * AVX-512 ones: f, bw, vl, dq, vnni, bf16), for logs. */
 const char *kern_cpu_features(void);
 
 #endif

@@ -91,5 +91,11 @@ void kern__quant_widen_sb(const kern_mat *m, size_t p, size_t b, float *dst);
 /* The AVX2 product (kern/quant_avx2.c, built only where the compiler has AVX2 flags). */
 void kern__quant_matmul_avx2(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
                              size_t ldo, size_t n0, size_t n1, float *scratch);
+/* The AVX-512 product (kern/quant_avx512.c) and its simde-emulated copy, built for the tests only
+ * (kern/avx512_isa.h). */
+void kern__quant_matmul_avx512(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
+                               size_t ldo, size_t n0, size_t n1, float *scratch);
+void kern__quant_matmul_avx512_emu(const kern_mat *m, const float *x, size_t T, size_t ldx,
+                                   float *out, size_t ldo, size_t n0, size_t n1, float *scratch);
 
 #endif
