@@ -1475,6 +1475,140 @@ static void test_window_match_share_cow(void **state)
     wp_fini(&p);
 }
 
+/* A random workload on a pair of pools, as the scheduler drives them: sequences are created
+ * with a windowed hit, advance in chunks (commit in both, release behind the window), fork and
+ * go. Prompts come from families that differ only in their first block, so equal tokens at
+ * equal positions after different prefixes are common (and, in the kvpool_collide build, so
+ * are equal chain hashes). A second shadow arena holds, for each windowed slot, a fingerprint
+ * of the whole prefix its writer had up to there: a hit that attached a block of another
+ * prefix, even one with the same tokens, shows up as a wrong fingerprint. */
+#define WR_SEQS 6
+#define WR_MAXLEN 120
+
+static uint64_t wr_fingerprint(const int32_t *tok, uint32_t p)
+{
+    uint64_t h = 1469598103934665603u;
+    for (uint32_t i = 0; i <= p; i++)
+        h = (h ^ (uint32_t)tok[i]) * 1099511628211u;
+    return h;
+}
+
+typedef struct wr_seq {
+    wseq q;
+    int32_t tok[WR_MAXLEN]; /* the whole sequence: prompt, then decode-like tokens */
+    uint32_t n_tok;
+} wr_seq;
+
+static void wr_write_fp(const wpair *p, uint64_t *fp, const wr_seq *r, uint32_t from)
+{
+    for (uint32_t pos = from; pos < r->q.w.len; pos++)
+        fp[slot_of(&p->w, r->q.w.s, pos)] = wr_fingerprint(r->q.w.tok, pos);
+}
+
+static void wr_verify(const wpair *p, const uint64_t *fp, const wr_seq *r)
+{
+    ts_verify(&p->w, &r->q.w);
+    ts_verify(&p->g, &r->q.g);
+    uint32_t rel = kvpool_seq_n_released(r->q.w.s);
+    for (uint32_t pos = rel * p->w.bs; pos < r->q.w.len; pos++)
+        assert_true(fp[slot_of(&p->w, r->q.w.s, pos)] == wr_fingerprint(r->q.w.tok, pos));
+}
+
+static void run_window_random(uint32_t bs, uint32_t window, uint32_t w_blocks, uint32_t iters,
+                              uint64_t seed)
+{
+    wpair p;
+    wp_init(&p, 400, w_blocks, bs, window);
+    uint64_t *fp = calloc((size_t)w_blocks * bs, sizeof *fp);
+    assert_non_null(fp);
+    rng_state = seed;
+    static wr_seq seqs[WR_SEQS];
+    uint32_t n_live = 0, n_hits = 0, n_partial_tables = 0;
+    for (uint32_t it = 0; it < iters; it++) {
+        uint32_t op = rnd(100);
+        if (op < 20 && n_live < WR_SEQS) {
+            wr_seq *r = &seqs[n_live];
+            memset(r, 0, sizeof *r);
+            uint32_t fam = rnd(3), body = rnd(12 * bs);
+            r->n_tok = WR_MAXLEN;
+            for (uint32_t i = 0; i < WR_MAXLEN; i++)
+                r->tok[i] = i < bs          ? (int32_t)(fam * 100 + i)
+                            : i < bs + body ? (int32_t)(i % 5)
+                                            : (int32_t)rnd(3);
+            ws_create(&p, &r->q);
+            uint32_t want = bs + body + rnd(2 * bs);
+            uint32_t k = ws_match(&p, &r->q, r->tok, want);
+            n_hits += k > 0;
+            n_partial_tables += kvpool_seq_n_released(r->q.w.s) > 0;
+            assert_int_equal(r->q.g.len, k);
+            n_live++;
+        } else if (op < 70 && n_live > 0) {
+            wr_seq *r = &seqs[rnd(n_live)];
+            uint32_t len = r->q.g.len, n = 1 + rnd(2 * bs + 3);
+            if (len + n > WR_MAXLEN)
+                continue;
+            if (kvpool_seq_blocks_needed(p.g.pool, r->q.g.s, n) > kvpool_available(p.g.pool) ||
+                kvpool_seq_blocks_needed(p.w.pool, r->q.w.s, n) > kvpool_available(p.w.pool))
+                continue;
+            assert_int_equal(ts_append(&p.g, &r->q.g, r->tok + len, n, NULL), 0);
+            assert_int_equal(ts_append(&p.w, &r->q.w, r->tok + len, n, NULL), 0);
+            wr_write_fp(&p, fp, r, len / bs * bs);
+            uint32_t nc = r->q.g.len - rnd(2);
+            kvpool_seq_commit(p.g.pool, r->q.g.s, nc);
+            kvpool_seq_commit_anchored(p.w.pool, r->q.w.s, nc, p.g.pool, r->q.g.s);
+            nc = kvpool_seq_n_computed(r->q.w.s);
+            kvpool_seq_release_before(p.w.pool, r->q.w.s, nc + 1 > window ? nc + 1 - window : 0);
+        } else if (op < 80 && n_live > 0 && n_live < WR_SEQS) {
+            wr_seq *r = &seqs[rnd(n_live)], *f = &seqs[n_live++];
+            memcpy(f->tok, r->tok, sizeof r->tok);
+            f->n_tok = r->n_tok;
+            ts_fork(&p.g, &r->q.g, &f->q.g);
+            ts_fork(&p.w, &r->q.w, &f->q.w);
+            /* the fork decodes its own tokens from here */
+            for (uint32_t i = f->q.g.len; i < WR_MAXLEN; i++)
+                f->tok[i] = (int32_t)rnd(3);
+        } else if (n_live > 0) {
+            uint32_t i = rnd(n_live);
+            ws_destroy(&p, &seqs[i].q);
+            seqs[i] = seqs[--n_live];
+        }
+        assert_int_equal(kvpool_check(p.g.pool), 0);
+        assert_int_equal(kvpool_check(p.w.pool), 0);
+        for (uint32_t i = 0; i < n_live; i++) {
+            assert_int_equal(kvpool_seq_len(seqs[i].q.g.s), kvpool_seq_len(seqs[i].q.w.s));
+            wr_verify(&p, fp, &seqs[i]);
+        }
+    }
+    /* The workload must have hit through partly released tables and evicted windowed blocks. */
+    assert_true(n_hits > iters / 50);
+    assert_true(n_partial_tables > 0);
+    assert_true(stats(&p.w).evictions > 0);
+    while (n_live > 0)
+        ws_destroy(&p, &seqs[--n_live].q);
+    assert_int_equal(stats(&p.w).blocks_used, 0);
+    assert_int_equal(stats(&p.g).blocks_used, 0);
+    free(fp);
+    wp_fini(&p);
+}
+
+static void test_window_random_bs1(void **state)
+{
+    (void)state;
+    run_window_random(1, 7, 40, 3000, 0x13572468u);
+}
+
+static void test_window_random_bs4(void **state)
+{
+    (void)state;
+    run_window_random(4, 13, 30, 3000, 0x24681357u);
+}
+
+static void test_window_random_bs16(void **state)
+{
+    (void)state;
+    run_window_random(16, 40, 24, 2000, 0x99887766u);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1505,6 +1639,9 @@ int main(void)
         cmocka_unit_test(test_window_match_evicted_middle),
         cmocka_unit_test(test_window_match_no_alias),
         cmocka_unit_test(test_window_match_share_cow),
+        cmocka_unit_test(test_window_random_bs1),
+        cmocka_unit_test(test_window_random_bs4),
+        cmocka_unit_test(test_window_random_bs16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
