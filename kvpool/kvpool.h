@@ -40,8 +40,9 @@ typedef struct kvpool_stats {
     uint64_t
         tokens_stored; /* token slots filled across live sequences (shared counted once per seq) */
     uint64_t slots_waste;    /* slots reserved in used blocks but not filled by any sequence */
-    uint64_t prefix_queries; /* blocks looked up by kvpool_seq_match_prefix (every full block
-                              * of the tokens passed, so hits / queries is the hit rate) */
+    uint64_t prefix_queries; /* blocks looked up by kvpool_seq_match_prefix or
+                              * kvpool_seq_match_window (every full block of the tokens
+                              * passed, so hits / queries is the hit rate) */
     uint64_t prefix_hits;    /* blocks found */
     uint64_t evictions;      /* cached blocks reused for new data */
 } kvpool_stats;
