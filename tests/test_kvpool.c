@@ -1537,6 +1537,8 @@ static void run_window_random(uint32_t bs, uint32_t window, uint32_t w_blocks, u
                                             : (int32_t)rnd(3);
             ws_create(&p, &r->q);
             uint32_t want = bs + body + rnd(2 * bs);
+            if (want > WR_MAXLEN)
+                want = WR_MAXLEN;
             uint32_t k = ws_match(&p, &r->q, r->tok, want);
             n_hits += k > 0;
             n_partial_tables += kvpool_seq_n_released(r->q.w.s) > 0;
