@@ -5,9 +5,11 @@
  * leave the LRU before their parents); block fill is the same for every holder.
  * kvpool_seq_release_before relaxes two of them for the pools it is used on: a table's leading
  * released entries are -1, and an indexed block may be an orphan, its parent since evicted
- * (parent_gen no longer matches) or unindexed. An orphan is unreachable (a match walks from
- * the root through parents at their gen), so it can never alias; it leaves the index when its
- * last holder releases it, or when evicted. */
+ * (parent_gen no longer matches) or unindexed. A match from the root walks through parents
+ * at their gen, so it never reaches an orphan; a windowed match (kvpool_seq_match_window)
+ * does, through the anchor key that names the orphan's prefix exactly, and then a table may
+ * hold an orphan after another block of the same prefix than its recorded parent. An orphan
+ * without an anchor leaves the index when its last holder releases it; any when evicted. */
 #include "kvpool/kvpool.h"
 
 #include <stdlib.h>
@@ -33,7 +35,9 @@ typedef struct kvpool_block {
     int32_t parent;      /* indexed parent block, -1 for a sequence's first block */
     int32_t lprev;       /* free list or LRU links, -1 at the ends */
     int32_t lnext;
-    int32_t hnext; /* next block in the same index bucket, -1 at the end */
+    int32_t hnext;   /* next block in the same index bucket, -1 at the end */
+    uint64_t anchor; /* another pool's key for the same prefix (kvpool_seq_commit_anchored),
+                      * 0 for none; valid while indexed */
     bool indexed;
 } kvpool_block;
 
@@ -208,6 +212,7 @@ static int32_t block_take(kvpool *pool)
     k->gen++;
     k->parent = -1;
     k->parent_gen = 0;
+    k->anchor = 0;
     pool->n_used++;
     pool->st.slots_waste += pool->block_size;
     return b;
@@ -223,8 +228,9 @@ static void block_ref(kvpool *pool, int32_t b)
     }
 }
 
-/* An indexed block whose parent was evicted (or unindexed) since it was indexed: no match can
- * reach it any more. Only release_before's partial tables let a parent go first. */
+/* An indexed block whose parent was evicted (or unindexed) since it was indexed: no walk from
+ * the root reaches it any more, only an anchored match (kvpool_seq_match_window) through its
+ * own anchor or a child's. Only release_before's partial tables let a parent go first. */
 static bool block_orphaned(const kvpool *pool, const kvpool_block *k)
 {
     if (k->parent < 0)
@@ -240,8 +246,10 @@ static void block_unref(kvpool *pool, int32_t b)
         return;
     pool->n_used--;
     pool->st.slots_waste -= pool->block_size - k->fill;
-    if (k->indexed && block_orphaned(pool, k))
-        index_remove(pool, b); /* unreachable: caching it would only hold a dead entry */
+    /* An orphan without an anchor is unreachable: caching it would only hold a dead entry. One
+     * with an anchor is what a windowed match looks for, so it stays cached. */
+    if (k->indexed && k->anchor == 0 && block_orphaned(pool, k))
+        index_remove(pool, b);
     if (k->indexed)
         list_push_tail(pool, &pool->lru, b);
     else
@@ -453,7 +461,14 @@ uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *t
     return seq->len;
 }
 
-uint32_t kvpool_prefix_probe(const kvpool *pool, const int32_t *tokens, uint32_t n)
+/* What block b holds now: its id and the gen it was taken at. A block keeps its tokens, position
+ * and prefix from one take to the next, so equal keys mean the same prefix. */
+static uint64_t block_key(const kvpool *pool, int32_t b)
+{
+    return (uint64_t)pool->blk[b].gen << 32 | (uint32_t)b;
+}
+
+uint32_t kvpool_prefix_keys(const kvpool *pool, const int32_t *tokens, uint32_t n, uint64_t *keys)
 {
     if (!pool->prefix_cache || !tokens)
         return 0;
@@ -466,11 +481,150 @@ uint32_t kvpool_prefix_probe(const kvpool *pool, const int32_t *tokens, uint32_t
         int32_t b = index_find(pool, hh, parent, tok);
         if (b < 0)
             break;
+        if (keys)
+            keys[got] = block_key(pool, b);
         got++;
         h = hh;
         parent = b;
     }
     return got * bs;
+}
+
+uint32_t kvpool_prefix_probe(const kvpool *pool, const int32_t *tokens, uint32_t n)
+{
+    return kvpool_prefix_keys(pool, tokens, n, NULL);
+}
+
+/* --- windowed matches: backwards from the hit's end --- */
+
+/* The indexed block holding tok[0..block_size) at the end of the prefix the anchor key names
+ * (hash h), whatever its parent, or -1. The anchor is the exact check: it names one block of
+ * another pool at one gen, which holds one prefix, so two different prefixes can never meet
+ * here even when their chain hashes collide; the hash only picks the bucket. */
+static int32_t anchor_find(const kvpool *pool, uint64_t h, const int32_t *tok, uint64_t key)
+{
+    if (key == 0)
+        return -1;
+    for (int32_t b = pool->buckets[bucket_of(pool, h)]; b >= 0; b = pool->blk[b].hnext) {
+        const kvpool_block *k = &pool->blk[b];
+        if (k->anchor == key && k->hash == h &&
+            memcmp(block_tokens(pool, b), tok, sizeof(int32_t) * pool->block_size) == 0)
+            return b;
+    }
+    return -1;
+}
+
+/* The first block a hit of e blocks needs: the one holding position e * bs + 1 - window, the
+ * first the next row (position e * bs) reads; and always at least the last block, which the
+ * next block to be indexed names as parent (as kvpool_seq_release_before keeps it). */
+static uint32_t window_first(uint32_t bs, uint32_t window, uint32_t e)
+{
+    uint64_t end = (uint64_t)e * bs;
+    uint32_t lo = end + 1 > window ? (uint32_t)((end + 1 - window) / bs) : 0;
+    return lo < e ? lo : e - 1;
+}
+
+/* The longest hit of e <= n / bs blocks whose blocks [window_first(e), e) are all cached for
+ * these tokens: their ids go to found[], and e is returned (0 for none). Walks down from the
+ * end: the last block by its anchor, each earlier one as its successor's parent while that
+ * parent is still indexed at the same gen (exact: the chain links it), else by its own anchor.
+ * A block found neither way fails every hit that needs it, i.e. every longer one (the window's
+ * first block only moves forward with e), so the search goes on with the hits that end before
+ * it: each block is looked at about once. h[] gets the chain hashes. */
+static uint32_t window_search(const kvpool *pool, const int32_t *tokens, uint32_t n,
+                              uint32_t window, const uint64_t *keys, uint64_t *h, int32_t *found)
+{
+    uint32_t bs = pool->block_size, want = n / bs;
+    uint64_t ph = KVPOOL_ROOT_HASH;
+    for (uint32_t i = 0; i < want; i++)
+        ph = h[i] = chain_hash(ph, tokens + (size_t)i * bs, bs);
+    uint32_t e = want;
+    while (e > 0) {
+        uint32_t lo = window_first(bs, window, e), i = e - 1;
+        int32_t b = anchor_find(pool, h[i], tokens + (size_t)i * bs, keys[i]);
+        if (b < 0) {
+            e = i;
+            continue;
+        }
+        found[i] = b;
+        while (i > lo) {
+            const int32_t *tok = tokens + (size_t)(i - 1) * bs;
+            const kvpool_block *k = &pool->blk[b];
+            int32_t p = k->parent;
+            if (p < 0 || !pool->blk[p].indexed || pool->blk[p].gen != k->parent_gen ||
+                memcmp(block_tokens(pool, p), tok, sizeof(int32_t) * bs) != 0)
+                p = anchor_find(pool, h[i - 1], tok, keys[i - 1]);
+            if (p < 0)
+                break;
+            found[--i] = b = p;
+        }
+        if (i == lo)
+            return e;
+        e = i - 1; /* block i - 1 is gone: only hits ending before it can stand */
+    }
+    return 0;
+}
+
+/* Scratch for window_search, NULL on failure (a match then just finds nothing). */
+static void *window_scratch(uint32_t want, uint64_t **h, int32_t **found)
+{
+    void *m = malloc(((size_t)want + 1) * (sizeof(uint64_t) + sizeof(int32_t)));
+    if (m) {
+        *h = m;
+        *found = (int32_t *)(*h + want + 1);
+    }
+    return m;
+}
+
+uint32_t kvpool_window_probe(const kvpool *pool, const int32_t *tokens, uint32_t n, uint32_t window,
+                             const uint64_t *keys)
+{
+    if (!pool->prefix_cache || !tokens || !keys || window == 0 || n < pool->block_size)
+        return 0;
+    uint64_t *h;
+    int32_t *found;
+    void *m = window_scratch(n / pool->block_size, &h, &found);
+    if (!m)
+        return 0;
+    uint32_t e = window_search(pool, tokens, n, window, keys, h, found);
+    free(m);
+    return e * pool->block_size;
+}
+
+uint32_t kvpool_seq_match_window(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n,
+                                 uint32_t window, const uint64_t *keys)
+{
+    if (!pool->prefix_cache || seq->len != 0 || !tokens || !keys || window == 0)
+        return 0;
+    uint32_t bs = pool->block_size, want = n / bs;
+    pool->st.prefix_queries += want;
+    if (want == 0)
+        return 0;
+    uint64_t *h;
+    int32_t *found;
+    void *m = window_scratch(want, &h, &found);
+    if (!m)
+        return 0;
+    uint32_t e = window_search(pool, tokens, n, window, keys, h, found);
+    if (e == 0 || seq_reserve(seq, e) != 0) {
+        free(m);
+        return 0;
+    }
+    uint32_t lo = window_first(bs, window, e);
+    for (uint32_t i = 0; i < e; i++) {
+        seq->blocks[i] = i < lo ? -1 : found[i];
+        if (i >= lo)
+            block_ref(pool, found[i]);
+    }
+    free(m);
+    seq->n_blocks = seq->n_indexed = e;
+    seq->len = seq->n_computed = e * bs;
+    seq->n_released = lo;
+    if (lo)
+        pool->released_any = true;
+    pool->st.prefix_hits += e;
+    pool->st.tokens_stored += (uint64_t)(e - lo) * bs;
+    return seq->len;
 }
 
 uint32_t kvpool_seq_release_before(kvpool *pool, kvpool_seq *seq, uint32_t pos)
@@ -573,6 +727,21 @@ int kvpool_seq_append(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint
 
 void kvpool_seq_commit(kvpool *pool, kvpool_seq *seq, uint32_t n_computed)
 {
+    kvpool_seq_commit_anchored(pool, seq, n_computed, NULL, NULL);
+}
+
+/* The anchor for block i of seq: the key of block i of aseq, once aseq has computed it. */
+static uint64_t anchor_of(const kvpool *apool, const kvpool_seq *aseq, uint32_t i)
+{
+    if (!apool || !aseq || i >= aseq->n_blocks || aseq->blocks[i] < 0 ||
+        (uint64_t)(i + 1) * apool->block_size > aseq->n_computed)
+        return 0;
+    return block_key(apool, aseq->blocks[i]);
+}
+
+void kvpool_seq_commit_anchored(kvpool *pool, kvpool_seq *seq, uint32_t n_computed,
+                                const kvpool *apool, const kvpool_seq *aseq)
+{
     if (n_computed > seq->len)
         n_computed = seq->len;
     if (n_computed > seq->n_computed)
@@ -591,6 +760,7 @@ void kvpool_seq_commit(kvpool *pool, kvpool_seq *seq, uint32_t n_computed)
             int32_t same = index_find(pool, h, parent, tok);
             if (same < 0) {
                 index_insert(pool, b, h, parent);
+                pool->blk[b].anchor = anchor_of(apool, aseq, i);
             } else if (pool->blk[b].refcount == 1) {
                 /* Another sequence computed and indexed this very prefix first (both
                  * prefilled it at once). Switch to the indexed block so our later blocks
@@ -605,6 +775,10 @@ void kvpool_seq_commit(kvpool *pool, kvpool_seq *seq, uint32_t n_computed)
                 break;
             }
         }
+        /* A block indexed without an anchor (by kvpool_seq_commit, or matched from the root)
+         * takes ours: it holds our prefix at position i, so our anchor names it exactly. */
+        if (pool->blk[seq->blocks[i]].anchor == 0)
+            pool->blk[seq->blocks[i]].anchor = anchor_of(apool, aseq, i);
         seq->n_indexed = i + 1;
     }
 }
@@ -680,8 +854,10 @@ static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
             const kvpool_block *k = &pool->blk[b];
             if (k->fill != fill)
                 return KVS_EINVAL;
-            /* After released entries the parent is no longer in this table. */
-            if (k->indexed && i > s->n_released && k->parent != s->blocks[i - 1])
+            /* After released entries the parent is no longer in this table; an orphan
+             * attached by an anchored match follows another block of the same prefix. */
+            if (k->indexed && i > s->n_released && k->parent != s->blocks[i - 1] &&
+                !block_orphaned(pool, k))
                 return KVS_EINVAL;
             if (k->indexed && i == 0 && k->parent != -1)
                 return KVS_EINVAL;

@@ -13,7 +13,8 @@
  *   free   refcount 0 and holding nothing anyone can find
  * (kvpool_seq_release_before lets a table drop its leading blocks: see there.)
  * Prefix hashes chain: hash(block i) = H(hash(block i-1), token ids of block i), and a hit
- * also compares the stored token ids and parent, so a hash collision can never alias.
+ * also compares the stored token ids and parent, so a hash collision can never alias (a
+ * windowed match compares token ids and an anchor instead of the parent: see there).
  *
  * Not thread-safe: one owner thread (the engine thread) calls everything. */
 #ifndef KVS_KVPOOL_KVPOOL_H
@@ -39,8 +40,9 @@ typedef struct kvpool_stats {
     uint64_t
         tokens_stored; /* token slots filled across live sequences (shared counted once per seq) */
     uint64_t slots_waste;    /* slots reserved in used blocks but not filled by any sequence */
-    uint64_t prefix_queries; /* blocks looked up by kvpool_seq_match_prefix (every full block
-                              * of the tokens passed, so hits / queries is the hit rate) */
+    uint64_t prefix_queries; /* blocks looked up by kvpool_seq_match_prefix or
+                              * kvpool_seq_match_window (every full block of the tokens
+                              * passed, so hits / queries is the hit rate) */
     uint64_t prefix_hits;    /* blocks found */
     uint64_t evictions;      /* cached blocks reused for new data */
 } kvpool_stats;
@@ -80,6 +82,43 @@ uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *t
 /* The tokens kvpool_seq_match_prefix(tokens, n) would cover now, changing nothing (no
  * reference, no counter). */
 uint32_t kvpool_prefix_probe(const kvpool *pool, const int32_t *tokens, uint32_t n);
+/* As kvpool_prefix_probe, and keys[i] (room for n / block_size) gets a key for the block that
+ * holds block i of the hit: equal keys mean the same block holding the same prefix (its id
+ * and the generation it was taken at), until that block is evicted. keys may be NULL. */
+uint32_t kvpool_prefix_keys(const kvpool *pool, const int32_t *tokens, uint32_t n, uint64_t *keys);
+
+/* Windowed matches (a pool backing sliding-window layers, next to a global pool that holds
+ * every block). Such a pool is small and evicts a long prompt's early blocks, so a walk from
+ * the first block finds little; but a windowed layer only needs the blocks inside the window
+ * that ends at the hit. Blocks are therefore anchored: committed with
+ * kvpool_seq_commit_anchored, each records the global pool's key for the same position of the
+ * same sequence, and a match looks the window's blocks up by those keys, which the global
+ * pool's own exact walk (kvpool_prefix_keys) produced. A key names one block at one
+ * generation, hence one prefix: a chain-hash collision can never alias two prefixes, even for
+ * a block whose parent was evicted (the hash only picks the bucket). Keys are 32-bit
+ * generations: one block would have to be retaken 2^32 times between a commit and a match for
+ * a key to repeat. */
+
+/* As kvpool_seq_commit, and each block it indexes records as anchor the key of the same
+ * block of aseq in apool (the global pool's table of the same sequence, committed first).
+ * apool and aseq may be NULL (no anchors: kvpool_seq_commit). */
+void kvpool_seq_commit_anchored(kvpool *pool, kvpool_seq *seq, uint32_t n_computed,
+                                const kvpool *apool, const kvpool_seq *aseq);
+
+/* The longest hit e <= n (a multiple of block_size) such that the blocks covering
+ * [e + 1 - window, e), the positions the next row (e) reads in a layer of that window, are all
+ * cached here for tokens[0..e); keys[] are kvpool_prefix_keys' for the global pool over the
+ * same tokens, n at most what it covered. Changes nothing. Always at least the hit's last
+ * block (the next block to be indexed names it as parent). */
+uint32_t kvpool_window_probe(const kvpool *pool, const int32_t *tokens, uint32_t n, uint32_t window,
+                             const uint64_t *keys);
+
+/* For an empty seq: attaches the blocks kvpool_window_probe(tokens, n, window, keys) finds;
+ * the table's entries before them are released placeholders (-1), as after
+ * kvpool_seq_release_before. Returns the tokens covered (positions already computed). Counts
+ * n / block_size queries and, as hits, the blocks of the prompt the hit covers. */
+uint32_t kvpool_seq_match_window(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n,
+                                 uint32_t window, const uint64_t *keys);
 
 /* Sliding-window reclaim: releases (refcount--) the seq's blocks wholly before position pos,
  * from the first unreleased one on; their table entries become -1 and stay so (the table keeps
@@ -87,7 +126,8 @@ uint32_t kvpool_prefix_probe(const kvpool *pool, const int32_t *tokens, uint32_t
  * prefix cache) the last indexed block, which the next block to be indexed names as parent: so
  * a window of w positions holds at most ceil(w / block_size) + 2 blocks. A released full
  * block that is indexed stays cached (findable) until evicted; its still-held children then
- * become orphans that no match reaches. Only for pools that back windowed layers: the released
+ * become orphans that no match from the root reaches (a windowed match still does, by their
+ * anchors). Only for pools that back windowed layers: the released
  * positions are gone for good. Returns the number of blocks released. */
 uint32_t kvpool_seq_release_before(kvpool *pool, kvpool_seq *seq, uint32_t pos);
 /* Leading table entries released so far. */

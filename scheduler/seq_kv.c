@@ -3,9 +3,12 @@
  * (gemma2/3: global and sliding-window layers): s->pool backs the global layers and s->wpool
  * the windowed ones, each sequence holding a table in each. After every step a sequence's
  * windowed blocks wholly before its window are released, so that group holds about one window
- * per sequence whatever the conversation's length. Every table change of a sequence goes
- * through here, so the groups never disagree on its length. Engine thread only. */
+ * per sequence whatever the conversation's length; a prefix hit needs there only the window
+ * that ends at it. Every table change of a sequence goes through here, so the groups never
+ * disagree on its length. Engine thread only. */
 #include "scheduler/sched_impl.h"
+
+#include <stdlib.h>
 
 #include "common/status.h"
 #include "kvpool/kvpool.h"
@@ -41,24 +44,29 @@ int sched__kv_match_prefix(sched *s, seq *q, uint32_t *covered_out)
     *covered_out = 0;
     if (!s->p.prefix_cache)
         return 0;
-    if (s->wpool) {
-        /* A hit is usable only as far as both groups hold it: the windowed group walks its
-         * chain from the first block like the global one, so a hit whose early windowed
-         * blocks were evicted is shortened to where that chain still stands. */
-        uint32_t g = kvpool_prefix_probe(s->pool, q->tokens, n);
-        uint32_t w = kvpool_prefix_probe(s->wpool, q->tokens, g);
-        n = w < g ? w : g;
+    if (!s->wpool) {
+        *covered_out = kvpool_seq_match_prefix(s->pool, q->kv, q->tokens, n);
+        return 0;
     }
+    /* The windowed group is small and soon evicts a long prompt's early blocks, but its layers
+     * need only the window that ends at the hit: the global group's exact walk gives each
+     * block's key, and the windowed group looks the window's blocks up by them, backwards
+     * from the hit's end (as vLLM's hybrid allocator does). The hit is what both hold. */
+    uint64_t *keys = malloc(sizeof(uint64_t) * ((size_t)n / s->p.block_size + 1));
+    if (!keys)
+        return 0; /* no hit: the prompt is computed instead */
+    uint32_t g = kvpool_prefix_keys(s->pool, q->tokens, n, keys);
+    n = kvpool_window_probe(s->wpool, q->tokens, g, s->window, keys);
     uint32_t covered = kvpool_seq_match_prefix(s->pool, q->kv, q->tokens, n);
-    if (s->wpool) {
-        uint32_t wc = kvpool_seq_match_prefix(s->wpool, q->wkv, q->tokens, covered);
-        if (wc != covered) {
-            /* Unreachable after the probes (nothing changes in between); start over empty
-             * rather than run with tables of different lengths. */
-            sched__kv_free(s, q);
-            return sched__kv_create(s, q);
-        }
-        kvpool_seq_release_before(s->wpool, q->wkv, window_start(s, covered));
+    uint32_t wc =
+        covered ? kvpool_seq_match_window(s->wpool, q->wkv, q->tokens, covered, s->window, keys)
+                : 0;
+    free(keys);
+    if (wc != covered) {
+        /* Unreachable after the probes (nothing changes in between); start over empty rather
+         * than run with tables of different lengths. */
+        sched__kv_free(s, q);
+        return sched__kv_create(s, q);
     }
     *covered_out = covered;
     return 0;
@@ -117,7 +125,8 @@ void sched__kv_commit(sched *s, seq *q)
 {
     kvpool_seq_commit(s->pool, q->kv, q->n_computed);
     if (s->wpool) {
-        kvpool_seq_commit(s->wpool, q->wkv, q->n_computed);
+        /* Anchored to the global table just committed, for later windowed matches. */
+        kvpool_seq_commit_anchored(s->wpool, q->wkv, q->n_computed, s->pool, q->kv);
         kvpool_seq_release_before(s->wpool, q->wkv, window_start(s, q->n_computed));
     }
 }

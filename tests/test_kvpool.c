@@ -1213,6 +1213,404 @@ static void test_block_states(void **state)
     h_fini(&h);
 }
 
+/* --- windowed matches (a global pool and a windowed pool, as the scheduler pairs them) --- */
+
+/* One sequence in both pools, the windowed table released behind a window of w positions
+ * after each commit, as scheduler/seq_kv.c does. */
+typedef struct wpair {
+    harness g, w;
+    uint32_t window;
+} wpair;
+
+typedef struct wseq {
+    tseq g, w;
+} wseq;
+
+static void wp_init(wpair *p, uint32_t g_blocks, uint32_t w_blocks, uint32_t bs, uint32_t window)
+{
+    h_init(&p->g, g_blocks, bs, true);
+    h_init(&p->w, w_blocks, bs, true);
+    p->window = window;
+}
+
+static void wp_fini(wpair *p)
+{
+    h_fini(&p->g);
+    h_fini(&p->w);
+}
+
+static void ws_create(wpair *p, wseq *q)
+{
+    ts_create(&p->g, &q->g);
+    ts_create(&p->w, &q->w);
+}
+
+static void ws_destroy(wpair *p, wseq *q)
+{
+    ts_destroy(&p->g, &q->g);
+    ts_destroy(&p->w, &q->w);
+}
+
+/* Appends and computes tok[0..n) in chunks of `chunk`, committing and releasing after each. */
+static void ws_run(wpair *p, wseq *q, const int32_t *tok, uint32_t n, uint32_t chunk)
+{
+    for (uint32_t done = 0; done < n;) {
+        uint32_t k = n - done < chunk ? n - done : chunk;
+        assert_int_equal(ts_append(&p->g, &q->g, tok + done, k, NULL), 0);
+        assert_int_equal(ts_append(&p->w, &q->w, tok + done, k, NULL), 0);
+        done += k;
+        uint32_t nc = q->g.len;
+        kvpool_seq_commit(p->g.pool, q->g.s, nc);
+        kvpool_seq_commit_anchored(p->w.pool, q->w.s, nc, p->g.pool, q->g.s);
+        kvpool_seq_release_before(p->w.pool, q->w.s, nc + 1 > p->window ? nc + 1 - p->window : 0);
+        assert_int_equal(kvpool_check(p->g.pool), 0);
+        assert_int_equal(kvpool_check(p->w.pool), 0);
+        ts_verify(&p->w, &q->w);
+    }
+}
+
+/* The windowed probe for tok[0..n) after the global group's walk (0 when keys run out). */
+static uint32_t wp_probe(const wpair *p, const int32_t *tok, uint32_t n, uint64_t *keys)
+{
+    uint32_t g = kvpool_prefix_keys(p->g.pool, tok, n, keys);
+    uint32_t w = kvpool_window_probe(p->w.pool, tok, g, p->window, keys);
+    assert_true(w <= g);
+    assert_int_equal(w % p->g.bs, 0);
+    return w;
+}
+
+/* A prefix hit in both groups, as scheduler/seq_kv.c makes it: every position the windowed
+ * table holds reads back the queried token, and the entries before the window are released. */
+static uint32_t ws_match(wpair *p, wseq *q, const int32_t *tok, uint32_t n)
+{
+    uint64_t keys[256];
+    assert_true(n / p->g.bs <= 256);
+    uint32_t w = wp_probe(p, tok, n, keys);
+    assert_int_equal(ts_match(&p->g, &q->g, tok, w), w);
+    uint32_t k = kvpool_seq_match_window(p->w.pool, q->w.s, tok, w, p->window, keys);
+    assert_int_equal(k, w);
+    assert_int_equal(kvpool_seq_len(q->w.s), k);
+    assert_int_equal(kvpool_seq_n_computed(q->w.s), k);
+    uint32_t bs = p->w.bs, rel = kvpool_seq_n_released(q->w.s);
+    uint32_t first = k + 1 > p->window ? (k + 1 - p->window) / bs : 0;
+    if (k) {
+        assert_int_equal(rel, first < k / bs ? first : k / bs - 1);
+    }
+    ts_push(&q->w, tok, k);
+    ts_verify(&p->w, &q->w);
+    assert_int_equal(kvpool_check(p->w.pool), 0);
+    assert_int_equal(kvpool_check(p->g.pool), 0);
+    return k;
+}
+
+/* A conversation much longer than the windowed pool, finished, then sent again with a new
+ * turn: a walk from the first block finds nothing (those blocks were evicted long ago), the
+ * windowed match covers every full block the global group holds, and the new turn computes
+ * and indexes on top of it. */
+static void test_window_match_long(void **state)
+{
+    (void)state;
+    wpair p;
+    wp_init(&p, 64, 10, 4, 9); /* a window of 9 positions needs 3 blocks, 4 when unaligned */
+    int32_t tok[160];
+    seq_tokens(tok, 160, 2000);
+    wseq a, b;
+    ws_create(&p, &a);
+    ws_run(&p, &a, tok, 102, 5); /* 25 full blocks and 2 tokens; 10 windowed blocks */
+    assert_true(stats(&p.w).evictions > 0);
+    ws_destroy(&p, &a);
+    assert_int_equal(kvpool_prefix_probe(p.w.pool, tok, 120), 0);
+    assert_int_equal(kvpool_prefix_probe(p.g.pool, tok, 120), 100);
+
+    kvpool_stats w0 = stats(&p.w);
+    ws_create(&p, &b);
+    assert_int_equal(ws_match(&p, &b, tok, 119), 100); /* every full block; not the partial one */
+    assert_int_equal(kvpool_seq_n_released(b.w.s), (100 + 1 - 9) / 4);
+    assert_int_equal(stats(&p.w).prefix_queries, w0.prefix_queries + 25); /* the global hit's */
+    assert_int_equal(stats(&p.w).prefix_hits, w0.prefix_hits + 25);
+    assert_int_equal(stats(&p.w).blocks_used, 2); /* [92, 100): blocks 23 and 24 */
+    ws_run(&p, &b, tok + 100, 40, 7);             /* the new turn, past the old partial block */
+    assert_int_equal(b.w.len, 140);
+    ws_destroy(&p, &b);
+    /* and the longer conversation is whole again */
+    ws_create(&p, &b);
+    assert_int_equal(ws_match(&p, &b, tok, 150), 140);
+    ws_destroy(&p, &b);
+    assert_int_equal(stats(&p.w).blocks_used, 0);
+    assert_int_equal(stats(&p.g).blocks_used, 0);
+    wp_fini(&p);
+}
+
+/* The window at the hit's end was evicted while an earlier one stands (held by a sequence
+ * matched there during the churn): the hit is shortened to the end of the earlier window. */
+static void test_window_match_evicted_middle(void **state)
+{
+    (void)state;
+    wpair p;
+    wp_init(&p, 64, 12, 4, 9);
+    int32_t tok[80], other[80];
+    seq_tokens(tok, 80, 3000);
+    seq_tokens(other, 80, 7000);
+    wseq a, mid, churn, b;
+    ws_create(&p, &a);
+    ws_run(&p, &a, tok, 60, 4);
+    ws_destroy(&p, &a);
+    ws_create(&p, &mid);
+    assert_int_equal(ws_match(&p, &mid, tok, 32), 32); /* holds the blocks of [24, 32) */
+    /* Everything else cached in the windowed group goes. */
+    ts_create(&p.w, &churn.w);
+    assert_int_equal(ts_append(&p.w, &churn.w, other, kvpool_available(p.w.pool) * 4, NULL), 0);
+    ts_destroy(&p.w, &churn.w);
+    ws_destroy(&p, &mid);
+    uint64_t keys[32];
+    assert_int_equal(kvpool_prefix_keys(p.g.pool, tok, 59, keys), 56); /* global: all of it */
+    assert_int_equal(wp_probe(&p, tok, 59, keys), 32);
+    ws_create(&p, &b);
+    assert_int_equal(ws_match(&p, &b, tok, 59), 32);
+    ws_run(&p, &b, tok + 32, 28, 6);
+    ws_destroy(&p, &b);
+
+    /* A hole inside the window itself: [24, 32) needs blocks 6 and 7; with block 6 evicted and
+     * block 7 kept, 32 is refused and the hit falls back before block 6. */
+    ws_create(&p, &a);
+    assert_int_equal(ws_match(&p, &a, tok, 59), 56);
+    ws_destroy(&p, &a);
+    ts_create(&p.w, &churn.w);
+    assert_int_equal(ts_append(&p.w, &churn.w, other, kvpool_available(p.w.pool) * 4, NULL), 0);
+    ts_destroy(&p.w, &churn.w);
+    assert_int_equal(wp_probe(&p, tok, 59, keys), 0); /* nothing left anywhere */
+    wp_fini(&p);
+}
+
+/* Two prefixes that differ only in their first block hold the same tokens at every later
+ * position. The windowed group holds one of them; the other, computed in the global group
+ * only, must find nothing there, though its window's tokens match and (in the kvpool_collide
+ * build, 2-bit hashes) its chain hashes often do too: the anchor tells the prefixes apart. */
+static void test_window_match_no_alias(void **state)
+{
+    (void)state;
+    wpair p;
+    wp_init(&p, 300, 40, 4, 9); /* the global group keeps every prefix */
+    int32_t a_tok[40];
+    seq_tokens(a_tok, 40, 100);
+    wseq a;
+    ws_create(&p, &a);
+    ws_run(&p, &a, a_tok, 40, 8);
+    ws_destroy(&p, &a);
+    uint64_t keys[16];
+    assert_int_equal(wp_probe(&p, a_tok, 39, keys), 36);
+    for (int v = 0; v < 24; v++) {
+        int32_t b_tok[40];
+        memcpy(b_tok, a_tok, sizeof b_tok);
+        b_tok[0] = 5000 + v; /* a different first block, the same tokens after it */
+        tseq bg;
+        ts_create(&p.g, &bg);
+        assert_int_equal(ts_append(&p.g, &bg, b_tok, 40, NULL), 0);
+        kvpool_seq_commit(p.g.pool, bg.s, 40);
+        ts_destroy(&p.g, &bg);
+        assert_int_equal(kvpool_prefix_keys(p.g.pool, b_tok, 39, keys), 36);
+        assert_int_equal(kvpool_window_probe(p.w.pool, b_tok, 36, p.window, keys), 0);
+        wseq b;
+        ws_create(&p, &b);
+        assert_int_equal(ws_match(&p, &b, b_tok, 39), 0);
+        ws_destroy(&p, &b);
+    }
+    /* a's own prefix is still found */
+    assert_int_equal(wp_probe(&p, a_tok, 39, keys), 36);
+    wp_fini(&p);
+}
+
+/* Window-matched blocks are shared like any hit: two sequences hold the same window, a fork of
+ * one with a partial last block copies it on the first write, and each side goes on alone. */
+static void test_window_match_share_cow(void **state)
+{
+    (void)state;
+    wpair p;
+    wp_init(&p, 64, 16, 4, 9);
+    int32_t tok[60], t1[8] = {1, 2, 3, 4, 5, 6, 7, 8}, t2[8] = {9, 10, 11, 12, 13, 14, 15, 16};
+    seq_tokens(tok, 60, 4000);
+    wseq a, b, c, f;
+    ws_create(&p, &a);
+    ws_run(&p, &a, tok, 44, 4);
+    ws_destroy(&p, &a);
+    ws_create(&p, &b);
+    ws_create(&p, &c);
+    assert_int_equal(ws_match(&p, &b, tok, 43), 40);
+    assert_int_equal(ws_match(&p, &c, tok, 43), 40);
+    uint32_t held = stats(&p.w).blocks_used;
+    assert_int_equal(held, 2); /* [32, 40): blocks 8 and 9, shared; 0..7 released */
+    assert_int_equal(ts_append(&p.w, &b.w, t1, 2, NULL), 0);
+    assert_int_equal(ts_append(&p.g, &b.g, t1, 2, NULL), 0);
+    ts_fork(&p.w, &b.w, &f.w);
+    ts_fork(&p.g, &b.g, &f.g);
+    assert_int_equal(kvpool_seq_n_released(f.w.s), kvpool_seq_n_released(b.w.s));
+    int nc = -1;
+    assert_int_equal(ts_append(&p.w, &f.w, t2, 3, &nc), 0); /* shared partial block: copied */
+    assert_int_equal(nc, 1);
+    assert_int_equal(ts_append(&p.w, &b.w, t1 + 2, 3, &nc), 0);
+    assert_int_equal(nc, 0);
+    assert_int_equal(ts_append(&p.g, &f.g, t2, 3, &nc), 0);
+    assert_int_equal(nc, 1);
+    assert_int_equal(ts_append(&p.g, &b.g, t1 + 2, 3, &nc), 0);
+    wseq *qs[3] = {&b, &c, &f};
+    for (int i = 0; i < 3; i++) {
+        uint32_t n = qs[i]->g.len;
+        kvpool_seq_commit(p.g.pool, qs[i]->g.s, n);
+        kvpool_seq_commit_anchored(p.w.pool, qs[i]->w.s, n, p.g.pool, qs[i]->g.s);
+        kvpool_seq_release_before(p.w.pool, qs[i]->w.s, n + 1 - p.window);
+        ts_verify(&p.w, &qs[i]->w);
+        ts_verify(&p.g, &qs[i]->g);
+        assert_int_equal(kvpool_check(p.w.pool), 0);
+    }
+    ws_destroy(&p, &f);
+    ws_destroy(&p, &c);
+    /* b's continuation was indexed anchored: it is found as a window too */
+    int32_t cont[48];
+    memcpy(cont, tok, sizeof(int32_t) * 40);
+    memcpy(cont + 40, t1, sizeof(int32_t) * 5);
+    ws_destroy(&p, &b);
+    uint64_t keys[16];
+    assert_int_equal(wp_probe(&p, cont, 45, keys), 44);
+    assert_int_equal(stats(&p.w).blocks_used, 0);
+    wp_fini(&p);
+}
+
+/* A random workload on a pair of pools, as the scheduler drives them: sequences are created
+ * with a windowed hit, advance in chunks (commit in both, release behind the window), fork and
+ * go. Prompts come from families that differ only in their first block, so equal tokens at
+ * equal positions after different prefixes are common (and, in the kvpool_collide build, so
+ * are equal chain hashes). A second shadow arena holds, for each windowed slot, a fingerprint
+ * of the whole prefix its writer had up to there: a hit that attached a block of another
+ * prefix, even one with the same tokens, shows up as a wrong fingerprint. */
+#define WR_SEQS 6
+#define WR_MAXLEN 120
+
+static uint64_t wr_fingerprint(const int32_t *tok, uint32_t p)
+{
+    uint64_t h = 1469598103934665603u;
+    for (uint32_t i = 0; i <= p; i++)
+        h = (h ^ (uint32_t)tok[i]) * 1099511628211u;
+    return h;
+}
+
+typedef struct wr_seq {
+    wseq q;
+    int32_t tok[WR_MAXLEN]; /* the whole sequence: prompt, then decode-like tokens */
+    uint32_t n_tok;
+} wr_seq;
+
+static void wr_write_fp(const wpair *p, uint64_t *fp, const wr_seq *r, uint32_t from)
+{
+    for (uint32_t pos = from; pos < r->q.w.len; pos++)
+        fp[slot_of(&p->w, r->q.w.s, pos)] = wr_fingerprint(r->q.w.tok, pos);
+}
+
+static void wr_verify(const wpair *p, const uint64_t *fp, const wr_seq *r)
+{
+    ts_verify(&p->w, &r->q.w);
+    ts_verify(&p->g, &r->q.g);
+    uint32_t rel = kvpool_seq_n_released(r->q.w.s);
+    for (uint32_t pos = rel * p->w.bs; pos < r->q.w.len; pos++)
+        assert_true(fp[slot_of(&p->w, r->q.w.s, pos)] == wr_fingerprint(r->q.w.tok, pos));
+}
+
+static void run_window_random(uint32_t bs, uint32_t window, uint32_t w_blocks, uint32_t iters,
+                              uint64_t seed)
+{
+    wpair p;
+    wp_init(&p, 400, w_blocks, bs, window);
+    uint64_t *fp = calloc((size_t)w_blocks * bs, sizeof *fp);
+    assert_non_null(fp);
+    rng_state = seed;
+    static wr_seq seqs[WR_SEQS];
+    uint32_t n_live = 0, n_hits = 0, n_partial_tables = 0;
+    for (uint32_t it = 0; it < iters; it++) {
+        uint32_t op = rnd(100);
+        if (op < 20 && n_live < WR_SEQS) {
+            wr_seq *r = &seqs[n_live];
+            memset(r, 0, sizeof *r);
+            uint32_t fam = rnd(3), body = rnd(12 * bs);
+            r->n_tok = WR_MAXLEN;
+            for (uint32_t i = 0; i < WR_MAXLEN; i++)
+                r->tok[i] = i < bs          ? (int32_t)(fam * 100 + i)
+                            : i < bs + body ? (int32_t)(i % 5)
+                                            : (int32_t)rnd(3);
+            ws_create(&p, &r->q);
+            uint32_t want = bs + body + rnd(2 * bs);
+            if (want > WR_MAXLEN)
+                want = WR_MAXLEN;
+            uint32_t k = ws_match(&p, &r->q, r->tok, want);
+            n_hits += k > 0;
+            n_partial_tables += kvpool_seq_n_released(r->q.w.s) > 0;
+            assert_int_equal(r->q.g.len, k);
+            n_live++;
+        } else if (op < 70 && n_live > 0) {
+            wr_seq *r = &seqs[rnd(n_live)];
+            uint32_t len = r->q.g.len, n = 1 + rnd(2 * bs + 3);
+            if (len + n > WR_MAXLEN)
+                continue;
+            if (kvpool_seq_blocks_needed(p.g.pool, r->q.g.s, n) > kvpool_available(p.g.pool) ||
+                kvpool_seq_blocks_needed(p.w.pool, r->q.w.s, n) > kvpool_available(p.w.pool))
+                continue;
+            assert_int_equal(ts_append(&p.g, &r->q.g, r->tok + len, n, NULL), 0);
+            assert_int_equal(ts_append(&p.w, &r->q.w, r->tok + len, n, NULL), 0);
+            wr_write_fp(&p, fp, r, len / bs * bs);
+            uint32_t nc = r->q.g.len - rnd(2);
+            kvpool_seq_commit(p.g.pool, r->q.g.s, nc);
+            kvpool_seq_commit_anchored(p.w.pool, r->q.w.s, nc, p.g.pool, r->q.g.s);
+            nc = kvpool_seq_n_computed(r->q.w.s);
+            kvpool_seq_release_before(p.w.pool, r->q.w.s, nc + 1 > window ? nc + 1 - window : 0);
+        } else if (op < 80 && n_live > 0 && n_live < WR_SEQS) {
+            wr_seq *r = &seqs[rnd(n_live)], *f = &seqs[n_live++];
+            memcpy(f->tok, r->tok, sizeof r->tok);
+            f->n_tok = r->n_tok;
+            ts_fork(&p.g, &r->q.g, &f->q.g);
+            ts_fork(&p.w, &r->q.w, &f->q.w);
+            /* the fork decodes its own tokens from here */
+            for (uint32_t i = f->q.g.len; i < WR_MAXLEN; i++)
+                f->tok[i] = (int32_t)rnd(3);
+        } else if (n_live > 0) {
+            uint32_t i = rnd(n_live);
+            ws_destroy(&p, &seqs[i].q);
+            seqs[i] = seqs[--n_live];
+        }
+        assert_int_equal(kvpool_check(p.g.pool), 0);
+        assert_int_equal(kvpool_check(p.w.pool), 0);
+        for (uint32_t i = 0; i < n_live; i++) {
+            assert_int_equal(kvpool_seq_len(seqs[i].q.g.s), kvpool_seq_len(seqs[i].q.w.s));
+            wr_verify(&p, fp, &seqs[i]);
+        }
+    }
+    /* The workload must have hit through partly released tables and evicted windowed blocks. */
+    assert_true(n_hits > iters / 50);
+    assert_true(n_partial_tables > 0);
+    assert_true(stats(&p.w).evictions > 0);
+    while (n_live > 0)
+        ws_destroy(&p, &seqs[--n_live].q);
+    assert_int_equal(stats(&p.w).blocks_used, 0);
+    assert_int_equal(stats(&p.g).blocks_used, 0);
+    free(fp);
+    wp_fini(&p);
+}
+
+static void test_window_random_bs1(void **state)
+{
+    (void)state;
+    run_window_random(1, 7, 40, 3000, 0x13572468u);
+}
+
+static void test_window_random_bs4(void **state)
+{
+    (void)state;
+    run_window_random(4, 13, 30, 3000, 0x24681357u);
+}
+
+static void test_window_random_bs16(void **state)
+{
+    (void)state;
+    run_window_random(16, 40, 24, 2000, 0x99887766u);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1239,6 +1637,13 @@ int main(void)
         cmocka_unit_test(test_random_window_bs1),
         cmocka_unit_test(test_random_window_bs4),
         cmocka_unit_test(test_random_window_bs16),
+        cmocka_unit_test(test_window_match_long),
+        cmocka_unit_test(test_window_match_evicted_middle),
+        cmocka_unit_test(test_window_match_no_alias),
+        cmocka_unit_test(test_window_match_share_cow),
+        cmocka_unit_test(test_window_random_bs1),
+        cmocka_unit_test(test_window_random_bs4),
+        cmocka_unit_test(test_window_random_bs16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,8 +3,9 @@
  * blocks of 4 tokens. With the reclaim the windowed layers' group holds about one window per
  * sequence while the global group grows with the sequence; the tokens are the same as with
  * the reclaim off (one group holding every layer, the path tests/test_models.c checks against
- * the reference forward), through long generations, forks (n > 1), prefix hits (whole and
- * shortened), preemption, and both groups end with no used block. argv[1]: kvs-mkmodel. */
+ * the reference forward), through long generations, forks (n > 1), prefix hits (whole, also for
+ * conversations far longer than the windowed group; shortened; refused), preemption, and both
+ * groups end with no used block. argv[1]: kvs-mkmodel. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -248,10 +249,10 @@ static void test_forks(void **state)
     assert_true(memcmp(on.ids[0], on.ids[1], sizeof(int32_t) * 120) != 0);
 }
 
-/* Prefix reuse: a second request with the first one's prompt hits in both groups (the windowed
- * group still holds the whole chain, released blocks staying cached); after a long other
- * sequence churned the windowed group, its chain is broken and the hit is shortened while the
- * global group still has it. Tokens as without any cache. */
+/* Prefix reuse: a second request with the first one's prompt hits whole in both groups; after
+ * a long other sequence churned the windowed group, no window of the prompt stands there any
+ * more and the hit is refused while the global group still has it (test_prefix_conversation
+ * has the cases where a window survives). Tokens as without any cache. */
 static void test_prefix(void **state)
 {
     (void)state;
@@ -286,6 +287,73 @@ static void test_prefix(void **state)
     assert_same(&first, &fresh, 1);
     assert_same(&hit, &fresh, 1);
     assert_same(&shortened, &fresh, 1);
+}
+
+/* A chat client sends a conversation back with a new turn. The conversation (a 160-token
+ * prompt and its 24-token answer) is far longer than the window and than the windowed group
+ * (two sequences' worth, 30 blocks: its first blocks were evicted while it ran), yet the hit
+ * covers every full block the global group holds: the windowed layers need only the window
+ * ending at the hit. Run again with another request between the turns, sharing the
+ * conversation's first 100 tokens: it churns the windowed group, evicting the windows at the
+ * conversation's end while the one ending at 100 stays (it held and released that one last),
+ * so the new turn's hit is shortened to where a whole window still stands (here exactly there,
+ * 25 blocks; the bound asserted leaves the eviction order to the pool). All exact. */
+static void test_prefix_conversation(void **state)
+{
+    (void)state;
+    enum { P = 160, GEN = 24, TURN = 12, SHARED = 100, TAIL = 60 };
+    int32_t conv[P + GEN + TURN], other[SHARED + TAIL];
+    make_prompt(conv, P, 7);
+    sched_request_params r1 = request(conv, P, GEN, 1);
+    static run_out first, first2, again, fresh, side, after, fresh2;
+    sched *s;
+    sched_params sp = params(true, 2, 16, 200);
+    assert_int_equal(sched_create(&sp, g_model, &s), 0);
+    sched_metrics m0, m1;
+    sched_get_metrics(s, &m0);
+    assert_int_equal(m0.kv_window_blocks_total, 2 * window_bound(16));
+    run_requests(s, &r1, 1, &first);
+    memcpy(conv + P, first.ids[0], sizeof(int32_t) * GEN);
+    make_prompt(conv + P + GEN, TURN, 8);
+    sched_request_params r2 = request(conv, P + GEN + TURN, 20, 1);
+    sched_get_metrics(s, &m0);
+    run_requests(s, &r2, 1, &again);
+    sched_get_metrics(s, &m1);
+    /* P + GEN - 1 positions were computed (the last answer token never was): 45 full blocks */
+    uint32_t whole = (P + GEN - 1) / BS;
+    assert_int_equal(m1.prefix_cache_hits_total - m0.prefix_cache_hits_total, whole);
+
+    sched_destroy(s);
+
+    /* Again on a fresh scheduler, with the other request between the two turns. */
+    memcpy(other, conv, sizeof(int32_t) * SHARED);
+    make_prompt(other + SHARED, TAIL, 9);
+    sched_request_params r3 = request(other, SHARED + TAIL, 8, 1);
+    assert_int_equal(sched_create(&sp, g_model, &s), 0);
+    run_requests(s, &r1, 1, &first2);
+    assert_same(&first, &first2, 1);
+    sched_get_metrics(s, &m0);
+    run_requests(s, &r3, 1, &side);
+    sched_get_metrics(s, &m1);
+    assert_int_equal(m1.prefix_cache_hits_total - m0.prefix_cache_hits_total, SHARED / BS);
+    sched_get_metrics(s, &m0);
+    run_requests(s, &r2, 1, &after);
+    sched_get_metrics(s, &m1);
+    uint64_t hit = m1.prefix_cache_hits_total - m0.prefix_cache_hits_total;
+    assert_true(m0.kv_blocks_cached >= whole); /* the global group still holds it all */
+    assert_true(hit > 0 && hit < whole);
+    sched_destroy(s);
+
+    /* The same answers computed from scratch. */
+    sp = params(true, 2, 16, 200);
+    sp.prefix_cache = false;
+    assert_int_equal(sched_create(&sp, g_model, &s), 0);
+    run_requests(s, &r2, 1, &fresh);
+    run_requests(s, &r3, 1, &fresh2);
+    sched_destroy(s);
+    assert_same(&again, &fresh, 1);
+    assert_same(&after, &fresh, 1);
+    assert_same(&side, &fresh2, 1);
 }
 
 /* Two long sequences in a global group that holds one context: the newer is preempted and
@@ -359,8 +427,8 @@ int main(int argc, char **argv)
     g_tool = argc > 1 ? argv[1] : NULL;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_long_sequence), cmocka_unit_test(test_forks),
-        cmocka_unit_test(test_prefix),        cmocka_unit_test(test_preemption),
-        cmocka_unit_test(test_sizing),
+        cmocka_unit_test(test_prefix),        cmocka_unit_test(test_prefix_conversation),
+        cmocka_unit_test(test_preemption),    cmocka_unit_test(test_sizing),
     };
     return cmocka_run_group_tests_name("scheduler_window", tests, setup, teardown);
 }
