@@ -112,19 +112,8 @@ INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const ui
     }
 }
 
-/* One instantiation per (type, R) so every loop bound and branch is a constant. */
-#define TILE_Q8(R) panel_tile(KERN_Q8_0_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1)
-#define TILE_F16(R) panel_tile(KERN_F16_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1)
-#define TILE_F32(R) panel_tile(KERN_F32_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1)
-static void panel_tile_r(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp,
-                         size_t K, float *out, size_t ldo, size_t c0, size_t c1)
-{
-    if (pt == KERN_Q8_0_PANEL)
-        PANEL_SWITCH(R, PM, TILE_Q8)
-    if (pt == KERN_F16_PANEL)
-        PANEL_SWITCH(R, PM, TILE_F16)
-    PANEL_SWITCH(R, PM, TILE_F32)
-}
+/* panel_tile once per (type, R): every loop bound and branch in it a constant */
+PANEL_DEFINE_TILE_R(panel_tile_r, panel_tile, PM)
 
 /* A Q8_0 panel widened to an F32 one ([K][16], the values panel_tile would compute). */
 static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)

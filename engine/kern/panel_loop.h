@@ -139,17 +139,46 @@ PANEL_INLINE void panel_widened_step(const panel_job *j, const panel_step *s, pa
 }
 
 /* ---- one instantiation per row count ----
- * PANEL_SWITCH(R, PM, C): switch (R) with a case per row count 1 .. PM - 1 and PM as the
- * default, each calling C(r) with r a constant and returning, so every loop bound and unroll in
- * the tile is resolved at compile time. PM is 6 (AVX2) or 16 (AVX-512). */
+ * PANEL_SWITCH(R, PM, C, t): switch (R) with a case per row count 1 .. PM - 1 and PM as the
+ * default, each calling C(t, r) with r a constant and returning, so every loop bound and unroll
+ * in the tile t is resolved at compile time. PM is 6 (AVX2) or 16 (AVX-512). */
 /* clang-format off */
-#define PANEL_C_(C, r) case r: C(r); return;
-#define PANEL_CASES_6(C) PANEL_C_(C, 1) PANEL_C_(C, 2) PANEL_C_(C, 3) PANEL_C_(C, 4) PANEL_C_(C, 5)
-#define PANEL_CASES_16(C) PANEL_CASES_6(C) PANEL_C_(C, 6) PANEL_C_(C, 7) PANEL_C_(C, 8)         \
-    PANEL_C_(C, 9) PANEL_C_(C, 10) PANEL_C_(C, 11) PANEL_C_(C, 12) PANEL_C_(C, 13)               \
-    PANEL_C_(C, 14) PANEL_C_(C, 15)
-#define PANEL_SWITCH_(R, pm, C) switch (R) { PANEL_CASES_##pm(C) default: C(pm); return; }
+#define PANEL_C_(C, t, r) case r: C(t, r); return;
+#define PANEL_CASES_6(C, t) PANEL_C_(C, t, 1) PANEL_C_(C, t, 2) PANEL_C_(C, t, 3) \
+    PANEL_C_(C, t, 4) PANEL_C_(C, t, 5)
+#define PANEL_CASES_16(C, t) PANEL_CASES_6(C, t) PANEL_C_(C, t, 6) PANEL_C_(C, t, 7) \
+    PANEL_C_(C, t, 8) PANEL_C_(C, t, 9) PANEL_C_(C, t, 10) PANEL_C_(C, t, 11) PANEL_C_(C, t, 12) \
+    PANEL_C_(C, t, 13) PANEL_C_(C, t, 14) PANEL_C_(C, t, 15)
+#define PANEL_SWITCH_(R, pm, C, t) switch (R) { PANEL_CASES_##pm(C, t) default: C(t, pm); return; }
 /* clang-format on */
-#define PANEL_SWITCH(R, pm, C) PANEL_SWITCH_(R, pm, C)
+#define PANEL_SWITCH(R, pm, C, t) PANEL_SWITCH_(R, pm, C, t)
+
+/* The calls the definitions below instantiate, with the parameters' names. */
+#define PANEL_TILE_Q8_(t, r) t(KERN_Q8_0_PANEL, r, x, ldx, wp, K, out, ldo, c0, c1)
+#define PANEL_TILE_F16_(t, r) t(KERN_F16_PANEL, r, x, ldx, wp, K, out, ldo, c0, c1)
+#define PANEL_TILE_F32_(t, r) t(KERN_F32_PANEL, r, x, ldx, wp, K, out, ldo, c0, c1)
+#define PANEL_FTILE_(t, r) t(r, x, ldx, w, n, out, ldo, c0, c1, first)
+
+/* Defines static void name(...), a panel_tile_fn: the file's always-inlined float tile
+ * tile(pt, R, ...) instantiated once per (panel type, R <= pm). */
+#define PANEL_DEFINE_TILE_R(name, tile, pm)                                                        \
+    static void name(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp, size_t K, \
+                     float *out, size_t ldo, size_t c0, size_t c1)                                 \
+    {                                                                                              \
+        if (pt == KERN_Q8_0_PANEL)                                                                 \
+            PANEL_SWITCH(R, pm, PANEL_TILE_Q8_, tile)                                              \
+        if (pt == KERN_F16_PANEL)                                                                  \
+            PANEL_SWITCH(R, pm, PANEL_TILE_F16_, tile)                                             \
+        PANEL_SWITCH(R, pm, PANEL_TILE_F32_, tile)                                                 \
+    }
+
+/* Defines static void name(...), a panel_ftile_fn: the file's always-inlined widened-input tile
+ * tile(R, ...) instantiated once per R <= pm. */
+#define PANEL_DEFINE_FTILE_R(name, tile, pm)                                                       \
+    static void name(int R, const float *x, size_t ldx, const float *w, size_t n, float *out,      \
+                     size_t ldo, size_t c0, size_t c1, bool first)                                 \
+    {                                                                                              \
+        PANEL_SWITCH(R, pm, PANEL_FTILE_, tile)                                                    \
+    }
 
 #endif

@@ -257,11 +257,11 @@ static void qrow2(const kern_qfmt *f, const kern_qoff *o, const float *x, const 
     _mm256_storeu_ps(out + 24, a3);
 }
 
-#define QTILE(R) qtile(f, o, 1, R, x, ldx, wp, 0, K, out, ldo, c0, c1)
+#define QTILE(t, R) t(f, o, 1, R, x, ldx, wp, 0, K, out, ldo, c0, c1)
 static void qtile_r(const kern_qfmt *f, const kern_qoff *o, int R, const float *x, size_t ldx,
                     const uint8_t *wp, size_t K, float *out, size_t ldo, size_t c0, size_t c1)
 {
-    PANEL_SWITCH(R, PM, QTILE)
+    PANEL_SWITCH(R, PM, QTILE, qtile)
 }
 
 /* Rows [b0 * sb, b0 * sb + n) of panel wp widened into dst ([n][16]). */
@@ -325,12 +325,8 @@ INLINE void ftile(int R, const float *x, size_t ldx, const float *w, size_t n, f
     }
 }
 
-#define FTILE(R) ftile(R, x, ldx, w, n, out, ldo, c0, c1, first)
-static void ftile_r(int R, const float *x, size_t ldx, const float *w, size_t n, float *out,
-                    size_t ldo, size_t c0, size_t c1, bool first)
-{
-    PANEL_SWITCH(R, PM, FTILE)
-}
+/* ftile once per R */
+PANEL_DEFINE_FTILE_R(ftile_r, ftile, PM)
 
 /* From 3 rows on, each chunk of the panel is widened once into L1 and every row tile continues
  * its chains over it (in the tile, the R x 2 sums and 4 scale vectors would no longer fit the

@@ -250,12 +250,8 @@ INLINE void ftile(int R, const float *x, size_t ldx, const float *w, size_t n, f
     }
 }
 
-#define FTILE(R) ftile(R, x, ldx, w, n, out, ldo, c0, c1, first)
-static void ftile_r(int R, const float *x, size_t ldx, const float *w, size_t n, float *out,
-                    size_t ldo, size_t c0, size_t c1, bool first)
-{
-    PANEL_SWITCH(R, PM, FTILE)
-}
+/* ftile once per R */
+PANEL_DEFINE_FTILE_R(ftile_r, ftile, PM)
 
 /* From 3 rows on, chunks widened into L1 and tiles of up to 16 rows; one or two rows read the
  * blocks in place, two whole panels at once where the columns allow (2 R independent chains in
