@@ -503,6 +503,24 @@ static double rel_err(const float *a, const float *b, uint32_t n)
 
 static const int32_t TOKENS[N_TOTAL] = {1, 300, 77, 412, 5, 260, 301, 499, 42, 388, 270, 3};
 
+/* engine_model_load of path with lp (NULL: the defaults); fails the test with the loader's
+ * message. */
+static engine_model *load_model(const char *path, const engine_load_params *lp)
+{
+    engine_model *m = NULL;
+    char err[256] = "";
+    if (engine_model_load(path, lp, &m, err, sizeof err))
+        fail_msg("%s: %s", path, err);
+    return m;
+}
+
+/* The context (16 rows) and cache (8 blocks of 4, F32) the TOKENS checks run in. */
+static void small_ctx(engine_model *m, engine_ctx **c, engine_kv **kv)
+{
+    assert_int_equal(engine_ctx_create(m, 16, 2, c), 0);
+    assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, kv), 0);
+}
+
 /* Loads path with the engine on kernel table kernels and checks its logits against the
  * reference: one prefill of N_PROMPT rows (all logits), then N_DECODE single-token steps reading
  * the cache through a block table of scattered physical blocks (block size 4); the last step
@@ -511,12 +529,9 @@ static const int32_t TOKENS[N_TOTAL] = {1, 300, 77, 412, 5, 260, 301, 499, 42, 3
 static void check_model_on(const char *path, const char *arch, const char *wtype,
                            const char *kernels, const char *act, float *full_out)
 {
-    engine_model *m = NULL;
-    char err[256] = "";
     engine_load_params lp = {.verbose = false, .kernels = kernels, .activations = act};
     double tol = strcmp(act, "q8") ? TOL : TOL_Q8, worst = 0;
-    if (engine_model_load(path, &lp, &m, err, sizeof err))
-        fail_msg("%s: %s", path, err);
+    engine_model *m = load_model(path, &lp);
     const engine_hparams *hp = engine_model_hparams(m);
     assert_string_equal(hp->arch, arch);
     assert_string_equal(engine_model_weight_type(m), wtype);
@@ -533,8 +548,7 @@ static void check_model_on(const char *path, const char *arch, const char *wtype
 
     engine_ctx *c = NULL;
     engine_kv *kv = NULL;
-    assert_int_equal(engine_ctx_create(m, 16, 2, &c), 0);
-    assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv), 0);
+    small_ctx(m, &c, &kv);
     int32_t blocks[] = {5, 2, 7, 0};
     engine_seq_view view = {.blocks = blocks, .n_blocks = 4};
     int32_t pos[N_PROMPT], seq[N_PROMPT] = {0};
@@ -718,15 +732,27 @@ static float *ref_windowed(const char *path, const int32_t *tok, int n, uint32_t
     return want;
 }
 
-/* engine_model_load of path with the default parameters; fails the test with the loader's
- * message. */
-static engine_model *load_model(const char *path)
+/* The window tests' sequence: n tokens (i * mul + add) % 509 + 3 at positions 0 .. n - 1, with
+ * logits wanted for row last_row only, and nb blocks in the permutation (i * step + off) % nb
+ * (step prime to nb), so neighbouring positions live in scattered physical blocks. */
+static void window_sequence(int n, int last_row, int mul, int add, int32_t *tok, int32_t *pos,
+                            bool *wl, int nb, int step, int off, int32_t *blocks)
 {
-    engine_model *m = NULL;
-    char err[256] = "";
-    if (engine_model_load(path, NULL, &m, err, sizeof err))
-        fail_msg("%s: %s", path, err);
-    return m;
+    for (int i = 0; i < n; i++) {
+        tok[i] = (int32_t)((i * mul + add) % 509) + 3;
+        pos[i] = i;
+        wl[i] = i == last_row;
+    }
+    for (int i = 0; i < nb; i++)
+        blocks[i] = (i * step + off) % nb;
+}
+
+/* The prefill's last row (row, logits in got) within TOL of want's. */
+static void check_prefill_row(const float *got, const float *want, int row, uint32_t V)
+{
+    double e = rel_err(got, want + (size_t)row * V, V);
+    if (e > TOL)
+        fail_msg("prefill row %d: relative error %g", row, e);
 }
 
 /* Row t of tok decoded alone through view: its logits (into got) within TOL of want's row t. */
@@ -757,18 +783,12 @@ static void test_gemma3_long_window(void **st)
     enum { N = 300, NP = 296, BS = 8, NB = 40 };
     int32_t tok[N], pos[N], seq[N] = {0}, blocks[NB];
     bool wl[N];
-    for (int i = 0; i < N; i++) {
-        tok[i] = (int32_t)((i * 37 + 11) % 509) + 3;
-        pos[i] = i;
-        wl[i] = i == NP - 1;
-    }
-    for (int i = 0; i < NB; i++)
-        blocks[i] = (i * 7 + 3) % NB; /* a permutation: 7 is prime to 40 */
+    window_sequence(N, NP - 1, 37, 11, tok, pos, wl, NB, 7, 3, blocks); /* 7 is prime to 40 */
     uint32_t V;
     float *want = ref_windowed(p, tok, N, &V), *got = malloc(V * sizeof(float));
     assert_non_null(got);
 
-    engine_model *m = load_model(p);
+    engine_model *m = load_model(p, NULL);
     engine_ctx *c = NULL;
     engine_kv *kv = NULL;
     assert_int_equal(engine_ctx_create(m, N, 2, &c), 0);
@@ -776,9 +796,7 @@ static void test_gemma3_long_window(void **st)
     engine_seq_view view = {.blocks = blocks, .n_blocks = NB};
     engine_batch b = {NP, tok, pos, seq, wl, 1, &view};
     assert_int_equal(engine_forward(c, kv, &b, got), 0);
-    double e = rel_err(got, want + (size_t)(NP - 1) * V, V);
-    if (e > TOL)
-        fail_msg("prefill row %d: relative error %g", NP - 1, e);
+    check_prefill_row(got, want, NP - 1, V);
     for (int t = NP; t < N; t++)
         check_decode_row(c, kv, &view, tok, pos, t, got, want, V);
     engine_kv_destroy(kv);
@@ -804,18 +822,12 @@ static void test_gemma3_split_arena(void **st)
     enum { N = 120, NP = 100, BS = 8, NB = 16, NW = 12, WIN = 40 };
     int32_t tok[N], pos[N], seq[N] = {0}, blocks[NB], wblocks[NB];
     bool wl[N];
-    for (int i = 0; i < N; i++) {
-        tok[i] = (int32_t)((i * 53 + 7) % 509) + 3;
-        pos[i] = i;
-        wl[i] = i == NP - 1;
-    }
-    for (int i = 0; i < NB; i++)
-        blocks[i] = (i * 5 + 2) % NB; /* a permutation: 5 is prime to 16 */
+    window_sequence(N, NP - 1, 53, 7, tok, pos, wl, NB, 5, 2, blocks); /* 5 is prime to 16 */
     uint32_t V;
     float *want = ref_windowed(p, tok, N, &V), *got = malloc(V * sizeof(float));
     assert_non_null(got);
 
-    engine_model *m = load_model(p);
+    engine_model *m = load_model(p, NULL);
     engine_ctx *c = NULL;
     engine_kv *kv = NULL, *bad = NULL;
     assert_int_equal(engine_kv_create_split(m, ENGINE_KV_F32, NB, 0, BS, &bad), KVS_EINVAL);
@@ -841,9 +853,7 @@ static void test_gemma3_split_arena(void **st)
     assert_int_equal(engine_forward(c, kv, &b0, got), 0);
     engine_batch b1 = {NP - 96, tok + 96, pos + 96, seq, wl + 96, 1, &view};
     assert_int_equal(engine_forward(c, kv, &b1, got), 0);
-    double e = rel_err(got, want + (size_t)(NP - 1) * V, V);
-    if (e > TOL)
-        fail_msg("prefill row %d: relative error %g", NP - 1, e);
+    check_prefill_row(got, want, NP - 1, V);
     for (int t = NP; t < N; t++) {
         uint32_t lo = (uint32_t)t + 1 > WIN ? (uint32_t)t + 1 - WIN : 0;
         for (uint32_t i = 0; i < lo / BS; i++)
@@ -962,15 +972,11 @@ static void test_reference_is_sensitive(void **st)
 /* The last row's logits of TOKENS on path, one batch, on kernel table kernels. */
 static void last_logits(const char *path, const char *kernels, float *out)
 {
-    engine_model *m = NULL;
-    char err[256] = "";
     engine_load_params lp = {.verbose = false, .kernels = kernels, .activations = "f32"};
-    if (engine_model_load(path, &lp, &m, err, sizeof err))
-        fail_msg("%s: %s", path, err);
+    engine_model *m = load_model(path, &lp);
     engine_ctx *c = NULL;
     engine_kv *kv = NULL;
-    assert_int_equal(engine_ctx_create(m, 16, 2, &c), 0);
-    assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv), 0);
+    small_ctx(m, &c, &kv);
     int32_t blocks[] = {5, 2, 7, 0};
     engine_seq_view view = {.blocks = blocks, .n_blocks = 4};
     int32_t pos[N_TOTAL], seq[N_TOTAL] = {0};
