@@ -22,6 +22,7 @@
 
 #include "engine/dtype.h"
 #include "engine/kern/kern.h"
+#include "tools/quant_rows.h"
 
 static double now_s(clockid_t clock)
 {
@@ -32,37 +33,19 @@ static double now_s(clockid_t clock)
 
 static uint32_t g_rng = 12345;
 
-/* Rows of random bytes, each block drawn again while a value widens to infinity or NaN (as
- * tests/test_kernels.c), packed into panels (or, q8, kept as rows). */
+/* Rows of random valid blocks (tools/quant_rows.h, as tests/test_kernels.c draws them), packed
+ * into panels (or, q8, kept as rows). */
 static void *make_panels(uint32_t id, size_t n_out, size_t n_in, kern_mat *pm, bool q8)
 {
-    const dtype_info *dt = dtype_get(id);
-    size_t nb = n_in / dt->block, rb = nb * dt->block_bytes;
-    uint8_t *data = malloc(n_out * rb);
-    float *w = malloc(dt->block * sizeof(float));
-    if (!data || !w)
+    uint8_t *data = quant_rows_random(id, n_out, n_in, &g_rng, NULL);
+    if (!data)
         return NULL;
-    for (size_t r = 0; r < n_out; r++)
-        for (size_t b = 0; b < nb; b++) {
-            uint8_t *blk = data + r * rb + b * dt->block_bytes;
-            for (bool finite = false; !finite;) {
-                for (size_t i = 0; i < dt->block_bytes; i++) {
-                    g_rng = g_rng * 1664525u + 1013904223u;
-                    blk[i] = (uint8_t)(g_rng >> 24);
-                }
-                dt->to_f32(blk, w, dt->block);
-                finite = true;
-                for (size_t i = 0; i < dt->block; i++)
-                    finite = finite && isfinite(w[i]);
-            }
-        }
     kern_mat m;
     if (id == 8)
         kern_mat_init(&m, KERN_Q8_0, data, n_out, n_in);
     else
         kern_mat_init_quant(&m, KERN_QUANT, id, data, n_out, n_in);
     if (q8) {
-        free(w);
         *pm = m;
         return data;
     }
@@ -71,7 +54,6 @@ static void *make_panels(uint32_t id, size_t n_out, size_t n_in, kern_mat *pm, b
     if (pd)
         kern_mat_to_panels(&m, pd, pm);
     free(data);
-    free(w);
     return pd;
 }
 

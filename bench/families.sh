@@ -13,31 +13,15 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-BUILD=${BUILD:-build}
-THREADS=${THREADS:-$(nproc)}
+# shellcheck source=bench/peer_lib.sh
+. bench/peer_lib.sh
 SHAPE=${SHAPE:-tinyllama-1.1b}
 FAMILIES=${FAMILIES:-llama qwen2 qwen3 gemma2 gemma3 phi3}
 OUT=${OUT:-64}
 PROMPT=${PROMPT:-32}
 N1=${N1:-2}
 NPP=${NPP:-2}
-PEER=${PEER:-../shared/peer/llama.cpp/bin}
-VOCAB=${VOCAB:-../shared/models/vocab/ggml-vocab-llama-spm.gguf}
-KVSERVE="$BUILD/server/kvserve"
-MKMODEL="$BUILD/tools/kvs-mkmodel"
-for x in "$KVSERVE" "$MKMODEL"; do
-    [ -x "$x" ] || { echo "families.sh: $x missing (ninja -C $BUILD)" >&2; exit 1; }
-done
-[ -x "$PEER/llama-server" ] || { echo "families.sh: no llama-server in $PEER" >&2; exit 1; }
-[ -f "$VOCAB" ] || { echo "families.sh: vocabulary $VOCAB not found" >&2; exit 1; }
-TMP=$(mktemp -d /tmp/kvs-bench-families.XXXXXX)
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"' EXIT
-LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
-
-WHO=families.sh
-# shellcheck source=bench/peer_lib.sh
-. bench/peer_lib.sh
+peer_setup "$KVSERVE" "$MKMODEL" --peer llama-server --vocab
 
 # serve kvserve|llama MODEL PORT -> "decode-tok/s prefill-tok/s"
 serve() {

@@ -14,34 +14,16 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-BUILD=${BUILD:-build}
-THREADS=${THREADS:-$(nproc)}
+# shellcheck source=bench/peer_lib.sh
+. bench/peer_lib.sh
 SHAPES=${SHAPES:-110m tinyllama-1.1b}
 OUT=${OUT:-64}
 PROMPT=${PROMPT:-32}
 N1=${N1:-4}
 N16=${N16:-32}
 NPP=${NPP:-4}
-PEER=${PEER:-../shared/peer/llama.cpp/bin}
-VOCAB=${VOCAB:-../shared/models/vocab/ggml-vocab-llama-spm.gguf}
-KVSERVE="$BUILD/server/kvserve"
-MKMODEL="$BUILD/tools/kvs-mkmodel"
-MACHINE="$BUILD/bench/kvs-bench-machine"
-ENGINE="$BUILD/bench/kvs-bench-engine"
-for x in "$KVSERVE" "$MKMODEL" "$MACHINE" "$ENGINE"; do
-    [ -x "$x" ] || { echo "peer.sh: $x missing (ninja -C $BUILD)" >&2; exit 1; }
-done
-[ -x "$PEER/llama-server" ] || { echo "peer.sh: no llama-server in $PEER: nothing to compare" >&2; exit 1; }
-[ -f "$VOCAB" ] || { echo "peer.sh: vocabulary $VOCAB not found" >&2; exit 1; }
-TMP=$(mktemp -d /tmp/kvs-bench-peer.XXXXXX)
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"' EXIT
-LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+peer_setup "$KVSERVE" "$MKMODEL" "$MACHINE" "$ENGINE" --peer llama-server --vocab
 PORT=18610
-
-WHO=peer.sh
-# shellcheck source=bench/peer_lib.sh
-. bench/peer_lib.sh
 
 # serve kvserve|llama MODEL PORT -> "tok/s@1 tok/s@16 prefill-tok/s"
 serve() {

@@ -1,8 +1,52 @@
 # shellcheck shell=bash
-# Shell functions of the side-by-side benchmarks (bench/peer.sh, bench/quant.sh): starting
+# Shell functions of the side-by-side benchmarks (bench/peer.sh, bench/quant.sh,
+# bench/families.sh, bench/window_memory.sh): their common environment and set-up, starting
 # kvserve or llama-server on a model, waiting for it, one closed-loop client run, ratios.
-# Source it after setting KVSERVE, PEER, THREADS, TMP and PIDS (an array: every server started
-# is added, for the caller's EXIT trap) and WHO (the script's name, for messages).
+# Source it from the repository root (after `cd "$ROOT"`), then call peer_setup. It sets the
+# defaults every one of them documents: BUILD (build), THREADS (nproc), PEER
+# (../shared/peer/llama.cpp/bin), VOCAB (llama-spm), and the binaries' paths KVSERVE, MKMODEL,
+# MACHINE, ENGINE under BUILD; WHO (the script's name, for messages).
+# shellcheck disable=SC2034 # used by the scripts that source this file
+BUILD=${BUILD:-build}
+THREADS=${THREADS:-$(nproc)}
+PEER=${PEER:-../shared/peer/llama.cpp/bin}
+VOCAB=${VOCAB:-../shared/models/vocab/ggml-vocab-llama-spm.gguf}
+KVSERVE="$BUILD/server/kvserve"
+# shellcheck disable=SC2034
+MKMODEL="$BUILD/tools/kvs-mkmodel"
+# shellcheck disable=SC2034
+MACHINE="$BUILD/bench/kvs-bench-machine"
+# shellcheck disable=SC2034
+ENGINE="$BUILD/bench/kvs-bench-engine"
+WHO=$(basename "$0")
+
+# peer_setup [BINARY...] [--peer TOOL...] [--vocab]: exits 1 with a message unless each BINARY
+# is executable (ninja -C BUILD builds it), each TOOL is in PEER and, with --vocab, VOCAB
+# exists; then TMP (a fresh directory), PIDS (an array: start_server adds every server it
+# starts) and an EXIT trap that kills PIDS and removes TMP, and LOAD_BEFORE (the load average
+# now: the machine may be shared, so every table says it).
+peer_setup() {
+    local x in_peer=0
+    for x in "$@"; do
+        case $x in
+        --peer) in_peer=1 ;;
+        --vocab) [ -f "$VOCAB" ] || { echo "$WHO: vocabulary $VOCAB not found" >&2; exit 1; } ;;
+        *)
+            if [ "$in_peer" = 1 ]; then
+                [ -x "$PEER/$x" ] || { echo "$WHO: no $x in $PEER: nothing to compare" >&2; exit 1; }
+            else
+                [ -x "$x" ] || { echo "$WHO: $x missing (ninja -C $BUILD)" >&2; exit 1; }
+            fi
+            ;;
+        esac
+    done
+    TMP=$(mktemp -d "/tmp/kvs-bench-${WHO%.sh}.XXXXXX")
+    PIDS=()
+    # shellcheck disable=SC2154 # p is the trap's own loop variable
+    trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"' EXIT
+    # shellcheck disable=SC2034
+    LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+}
 
 # free_port: a loopback port nobody listens on now (the machine is shared: a fixed one may be
 # taken)

@@ -13,36 +13,17 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-BUILD=${BUILD:-build}
-THREADS=${THREADS:-$(nproc)}
+# shellcheck source=bench/peer_lib.sh
+. bench/peer_lib.sh
 SHAPE=${SHAPE:-tinyllama-1.1b}
 TYPES=${TYPES:-Q4_K_M Q4_0 Q5_K_M Q6_K Q8_0}
 OUT=${OUT:-64}
 PROMPT=${PROMPT:-32}
 N1=${N1:-3}
 N16=${N16:-16}
-PEER=${PEER:-../shared/peer/llama.cpp/bin}
-VOCAB=${VOCAB:-../shared/models/vocab/ggml-vocab-llama-spm.gguf}
 KV_MB=${KV_MB:-128}
-KVSERVE="$BUILD/server/kvserve"
-MKMODEL="$BUILD/tools/kvs-mkmodel"
-MACHINE="$BUILD/bench/kvs-bench-machine"
-for x in "$KVSERVE" "$MKMODEL" "$MACHINE"; do
-    [ -x "$x" ] || { echo "quant.sh: $x missing (ninja -C $BUILD)" >&2; exit 1; }
-done
-for x in llama-server llama-quantize; do
-    [ -x "$PEER/$x" ] || { echo "quant.sh: no $x in $PEER: nothing to compare" >&2; exit 1; }
-done
-[ -f "$VOCAB" ] || { echo "quant.sh: vocabulary $VOCAB not found" >&2; exit 1; }
-TMP=$(mktemp -d /tmp/kvs-bench-quant.XXXXXX)
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"' EXIT
-LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+peer_setup "$KVSERVE" "$MKMODEL" "$MACHINE" --peer llama-server llama-quantize --vocab
 PORT=18710
-
-WHO=quant.sh
-# shellcheck source=bench/peer_lib.sh
-. bench/peer_lib.sh
 
 # serve kvserve|llama MODEL PORT [kvserve args] -> "tok/s@1 tok/s@16 rss-MiB"
 serve() {

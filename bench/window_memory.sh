@@ -14,23 +14,11 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-BUILD=${BUILD:-build}
-THREADS=${THREADS:-$(nproc)}
-TOKENS=${TOKENS:-32768}
-OUT=${OUT:-16}
-PEER=${PEER:-../shared/peer/llama.cpp/bin}
-KVSERVE="$BUILD/server/kvserve"
-MKMODEL="$BUILD/tools/kvs-mkmodel"
-for x in "$KVSERVE" "$MKMODEL"; do
-    [ -x "$x" ] || { echo "window_memory.sh: $x missing (ninja -C $BUILD)" >&2; exit 1; }
-done
-TMP=$(mktemp -d /tmp/kvs-bench-window.XXXXXX)
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"' EXIT
-LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
-WHO=window_memory.sh
 # shellcheck source=bench/peer_lib.sh
 . bench/peer_lib.sh
+TOKENS=${TOKENS:-32768}
+OUT=${OUT:-16}
+peer_setup "$KVSERVE" "$MKMODEL"
 
 CTX=$(( (TOKENS + OUT + 255) / 256 * 256 )) # llama-server pads its context to 256
 MODEL="$TMP/gemma3-1b-kv.gguf"

@@ -1133,3 +1133,34 @@ out:
         srv_request_free(r);
     return rc;
 }
+
+/* The members the rendering reads: tool_choice decides whether the tools are rendered. */
+static const char *const k_template_fields[] = {"messages", "tools", "tool_choice",
+                                                "chat_template_kwargs"};
+
+int srv_template_parse(const char *body, size_t len, const srv_chat_fmt *fmt, srv_request *r,
+                       srv_error *e)
+{
+    memset(r, 0, sizeof *r);
+    cJSON *root;
+    if (srv_json_parse_object(body, len, &root, e))
+        return -1;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root)
+    {
+        bool known = false;
+        for (size_t i = 0; i < sizeof k_template_fields / sizeof k_template_fields[0]; i++)
+            known = known || !strcmp(it->string, k_template_fields[i]);
+        if (!known) {
+            srv_error_set(e, 400, it->string, "unsupported_parameter",
+                          "'%.64s' has no effect on /apply-template: it renders messages, tools, "
+                          "tool_choice and chat_template_kwargs only",
+                          it->string);
+            cJSON_Delete(root);
+            return -1;
+        }
+    }
+    cJSON_Delete(root);
+    sampler_params defaults = sampler_default_params();
+    return srv_request_parse(body, len, true, fmt, &defaults, r, e);
+}

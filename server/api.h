@@ -105,6 +105,12 @@ uint64_t srv_response_bound(uint32_t n, uint32_t max_tokens, int n_top_logprobs)
  * Returns 0, or -1 with e filled (400 for everything the client got wrong, 500 on OOM). */
 int srv_request_parse(const char *body, size_t len, bool chat, const srv_chat_fmt *fmt,
                       const sampler_params *defaults, srv_request *r, srv_error *e);
+/* The body of POST /apply-template: srv_request_parse of a chat request that may hold only the
+ * members the rendering reads (messages, tools, tool_choice, chat_template_kwargs); any other
+ * member, sampling and stream included, is a 400 unsupported_parameter naming it, since it would
+ * have no effect. r->prompt_text is the rendered prompt. Returns 0, or -1 with e filled. */
+int srv_template_parse(const char *body, size_t len, const srv_chat_fmt *fmt, srv_request *r,
+                       srv_error *e);
 void srv_request_free(srv_request *r);
 
 #endif

@@ -203,7 +203,8 @@ enum MHD_Result srv__route_kv(srv_conn *c);
 enum MHD_Result srv__route_tokenize(srv_conn *c);
 enum MHD_Result srv__route_detokenize(srv_conn *c);
 /* POST /apply-template (as llama.cpp's server has it): a chat request's prompt text, rendered
- * as /v1/chat/completions would render it, without running it. */
+ * as /v1/chat/completions would render it, without running it. Only the members the rendering
+ * reads are taken (srv_template_parse); any other is a 400 naming it. */
 enum MHD_Result srv__route_apply_template(srv_conn *c);
 /* Tokenizes text into a malloc'd array (*ids, *n). KVS_ENOMEM, tokenizer errors. */
 int srv__tokenize(const tok_vocab *v, const char *text, bool add_bos, int32_t **ids, size_t *n);

@@ -198,9 +198,7 @@ enum MHD_Result srv__route_apply_template(srv_conn *c)
 {
     srv_error e;
     srv_request rq;
-    sampler_params defaults = sampler_default_params();
-    if (srv_request_parse(c->body ? c->body : "", c->body_len, true, &c->srv->chat, &defaults, &rq,
-                          &e))
+    if (srv_template_parse(c->body ? c->body : "", c->body_len, &c->srv->chat, &rq, &e))
         return srv__send_error(c, &e);
     cJSON *out = cJSON_CreateObject();
     cJSON_AddItemToObject(out, "prompt", srv_json_string_n(rq.prompt_text, strlen(rq.prompt_text)));

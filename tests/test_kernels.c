@@ -23,6 +23,7 @@
 #include "engine/kern/kern.h"
 #include "engine/kern/qdot.h"
 #include "engine/threadpool.h"
+#include "tools/quant_rows.h"
 
 static uint32_t g_rng = 12345;
 static float frand(void)
@@ -206,29 +207,13 @@ static void test_q8_0(void **state)
     check_type(KERN_Q8_0, 544);
 }
 
-/* Rows of ggml quantized type id: random bytes (every field value is a valid block), a block
- * drawn again while its f16 scales make a value infinite or NaN; their exact widened values,
- * engine/dtype's to_f32 (held to gguf-py by the dtype and dequant suites), in wide. */
+/* Rows of ggml quantized type id (tools/quant_rows.h: random valid blocks with finite values,
+ * drawn from g_rng); their exact widened values, engine/dtype's to_f32 (held to gguf-py by the
+ * dtype and dequant suites), in wide. */
 static void *make_quant_rows(uint32_t id, size_t n_out, size_t n_in, float *wide)
 {
-    const dtype_info *dt = dtype_get(id);
-    size_t nb = n_in / dt->block, row_bytes = nb * dt->block_bytes;
-    uint8_t *data = malloc(n_out * row_bytes);
-    for (size_t r = 0; r < n_out; r++)
-        for (size_t b = 0; b < nb; b++) {
-            uint8_t *blk = data + r * row_bytes + b * dt->block_bytes;
-            float *w = wide + r * n_in + b * dt->block;
-            for (bool finite = false; !finite;) {
-                for (size_t i = 0; i < dt->block_bytes; i++) {
-                    g_rng = g_rng * 1664525u + 1013904223u;
-                    blk[i] = (uint8_t)(g_rng >> 24);
-                }
-                dt->to_f32(blk, w, dt->block);
-                finite = true;
-                for (size_t i = 0; i < dt->block; i++)
-                    finite = finite && isfinite(w[i]);
-            }
-        }
+    uint8_t *data = quant_rows_random(id, n_out, n_in, &g_rng, wide);
+    assert_non_null(data);
     return data;
 }
 

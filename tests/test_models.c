@@ -503,6 +503,24 @@ static double rel_err(const float *a, const float *b, uint32_t n)
 
 static const int32_t TOKENS[N_TOTAL] = {1, 300, 77, 412, 5, 260, 301, 499, 42, 388, 270, 3};
 
+/* engine_model_load of path with lp (NULL: the defaults); fails the test with the loader's
+ * message. */
+static engine_model *load_model(const char *path, const engine_load_params *lp)
+{
+    engine_model *m = NULL;
+    char err[256] = "";
+    if (engine_model_load(path, lp, &m, err, sizeof err))
+        fail_msg("%s: %s", path, err);
+    return m;
+}
+
+/* The context (16 rows) and cache (8 blocks of 4, F32) the TOKENS checks run in. */
+static void small_ctx(engine_model *m, engine_ctx **c, engine_kv **kv)
+{
+    assert_int_equal(engine_ctx_create(m, 16, 2, c), 0);
+    assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, kv), 0);
+}
+
 /* Loads path with the engine on kernel table kernels and checks its logits against the
  * reference: one prefill of N_PROMPT rows (all logits), then N_DECODE single-token steps reading
  * the cache through a block table of scattered physical blocks (block size 4); the last step
@@ -511,12 +529,9 @@ static const int32_t TOKENS[N_TOTAL] = {1, 300, 77, 412, 5, 260, 301, 499, 42, 3
 static void check_model_on(const char *path, const char *arch, const char *wtype,
                            const char *kernels, const char *act, float *full_out)
 {
-    engine_model *m = NULL;
-    char err[256] = "";
     engine_load_params lp = {.verbose = false, .kernels = kernels, .activations = act};
     double tol = strcmp(act, "q8") ? TOL : TOL_Q8, worst = 0;
-    if (engine_model_load(path, &lp, &m, err, sizeof err))
-        fail_msg("%s: %s", path, err);
+    engine_model *m = load_model(path, &lp);
     const engine_hparams *hp = engine_model_hparams(m);
     assert_string_equal(hp->arch, arch);
     assert_string_equal(engine_model_weight_type(m), wtype);
@@ -533,8 +548,7 @@ static void check_model_on(const char *path, const char *arch, const char *wtype
 
     engine_ctx *c = NULL;
     engine_kv *kv = NULL;
-    assert_int_equal(engine_ctx_create(m, 16, 2, &c), 0);
-    assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv), 0);
+    small_ctx(m, &c, &kv);
     int32_t blocks[] = {5, 2, 7, 0};
     engine_seq_view view = {.blocks = blocks, .n_blocks = 4};
     int32_t pos[N_PROMPT], seq[N_PROMPT] = {0};
@@ -634,113 +648,125 @@ static void check_model(const char *path, const char *arch, const char *wtype)
             check_model_act(path, arch, wtype, "q8");
 }
 
-static void test_llama_f32(void **st)
+/* The families and weight types against the reference (check_model), one row each: the row's
+ * name is its test's name in cmocka's output. */
+typedef struct family_case {
+    const char *name;
+    const char *file; /* written by kvs-mkmodel's tiny shape with args */
+    const char *arch; /* the architecture and weight type the engine must report */
+    const char *wtype;
+    const char *args[12];
+} family_case;
+
+static const family_case FAMILY_CASES[] = {
+    {"test_llama_f32", "llama-f32.gguf", "llama", "F32", {NULL}},
+    {"test_llama_f16_tied", "llama-f16-tied.gguf", "llama", "F16", {"--type", "f16", "--tied"}},
+    {"test_llama_q8_0", "llama-q8.gguf", "llama", "Q8_0", {"--type", "q8_0"}},
+    {"test_llama3_rope_freqs",
+     "llama3-freqs.gguf",
+     "llama",
+     "F16",
+     {"--rope-base", "500000", "--rope-freqs", "--type", "f16"}},
+    {"test_qwen2_f32",
+     "qwen2-f32.gguf",
+     "qwen2",
+     "F32",
+     {"--arch", "qwen2", "--rope-base", "1000000"}},
+    {"test_qwen2_q8_0_tied",
+     "qwen2-q8-tied.gguf",
+     "qwen2",
+     "Q8_0",
+     {"--arch", "qwen2", "--type", "q8_0", "--tied"}},
+    {"test_qwen3_f32",
+     "qwen3-f32.gguf",
+     "qwen3",
+     "F32",
+     {"--arch", "qwen3", "--head-dim", "32", "--rope-base", "1000000"}},
+    {"test_qwen3_q8_0_tied",
+     "qwen3-q8-tied.gguf",
+     "qwen3",
+     "Q8_0",
+     {"--arch", "qwen3", "--head-dim", "32", "--type", "q8_0", "--tied"}},
+    /* windows of 4 positions: the 12-token sequences leave the window on the windowed layers */
+    {"test_gemma2_f32",
+     "gemma2-f32.gguf",
+     "gemma2",
+     "F32",
+     {"--arch", "gemma2", "--head-dim", "32", "--sliding-window", "4"}},
+    {"test_gemma3_f16",
+     "gemma3-f16.gguf",
+     "gemma3",
+     "F16",
+     {"--arch", "gemma3", "--head-dim", "32", "--type", "f16", "--sliding-window", "4",
+      "--rope-base", "1000000"}},
+    {"test_phi3_f32", "phi3-f32.gguf", "phi3", "F32", {"--arch", "phi3"}},
+    {"test_phi3_q8_0", "phi3-q8.gguf", "phi3", "Q8_0", {"--arch", "phi3", "--type", "q8_0"}},
+};
+
+/* One row of FAMILY_CASES (cmocka's initial state). */
+static void test_family(void **st)
 {
-    (void)st;
+    const family_case *c = *st;
     char p[512];
-    make(p, sizeof p, "llama-f32.gguf", NULL);
-    check_model(p, "llama", "F32");
+    make(p, sizeof p, c->file, c->args);
+    check_model(p, c->arch, c->wtype);
 }
 
-static void test_llama_f16_tied(void **st)
+/* The reference's logits of tok (n rows) on path (n * *V floats, the caller frees them), once it
+ * is shown that the window matters there: without it the last row moves far beyond TOL. */
+static float *ref_windowed(const char *path, const int32_t *tok, int n, uint32_t *V)
 {
-    (void)st;
-    char p[512];
-    const char *a[] = {"--type", "f16", "--tied", NULL};
-    make(p, sizeof p, "llama-f16-tied.gguf", a);
-    check_model(p, "llama", "F16");
+    ref_model r;
+    ref_load(&r, path);
+    *V = r.vocab;
+    float *want = malloc((size_t)n * r.vocab * sizeof(float));
+    float *alt = malloc((size_t)n * r.vocab * sizeof(float));
+    assert_true(want && alt);
+    ref_opts ro = {0}, nw = {.no_window = true};
+    ref_forward(&r, &ro, tok, n, want);
+    ref_forward(&r, &nw, tok, n, alt);
+    size_t last = (size_t)(n - 1) * r.vocab;
+    assert_true(rel_err(alt + last, want + last, r.vocab) > 20 * TOL);
+    free(alt);
+    ref_free(&r);
+    return want;
 }
 
-static void test_llama_q8_0(void **st)
+/* The window tests' sequence: n tokens (i * mul + add) % 509 + 3 at positions 0 .. n - 1, with
+ * logits wanted for row last_row only, and nb blocks in the permutation (i * step + off) % nb
+ * (step prime to nb), so neighbouring positions live in scattered physical blocks. */
+static void window_sequence(int n, int last_row, int mul, int add, int32_t *tok, int32_t *pos,
+                            bool *wl, int nb, int step, int off, int32_t *blocks)
 {
-    (void)st;
-    char p[512];
-    const char *a[] = {"--type", "q8_0", NULL};
-    make(p, sizeof p, "llama-q8.gguf", a);
-    check_model(p, "llama", "Q8_0");
+    for (int i = 0; i < n; i++) {
+        tok[i] = (int32_t)((i * mul + add) % 509) + 3;
+        pos[i] = i;
+        wl[i] = i == last_row;
+    }
+    for (int i = 0; i < nb; i++)
+        blocks[i] = (i * step + off) % nb;
 }
 
-static void test_llama3_rope_freqs(void **st)
+/* The prefill's last row (row, logits in got) within TOL of want's. */
+static void check_prefill_row(const float *got, const float *want, int row, uint32_t V)
 {
-    (void)st;
-    char p[512];
-    const char *a[] = {"--rope-base", "500000", "--rope-freqs", "--type", "f16", NULL};
-    make(p, sizeof p, "llama3-freqs.gguf", a);
-    check_model(p, "llama", "F16");
+    double e = rel_err(got, want + (size_t)row * V, V);
+    if (e > TOL)
+        fail_msg("prefill row %d: relative error %g", row, e);
 }
 
-static void test_qwen2_f32(void **st)
+/* Row t of tok decoded alone through view: its logits (into got) within TOL of want's row t. */
+static void check_decode_row(engine_ctx *c, engine_kv *kv, engine_seq_view *view,
+                             const int32_t *tok, const int32_t *pos, int t, float *got,
+                             const float *want, uint32_t V)
 {
-    (void)st;
-    char p[512];
-    const char *a[] = {"--arch", "qwen2", "--rope-base", "1000000", NULL};
-    make(p, sizeof p, "qwen2-f32.gguf", a);
-    check_model(p, "qwen2", "F32");
-}
-
-static void test_qwen2_q8_0_tied(void **st)
-{
-    (void)st;
-    char p[512];
-    const char *a[] = {"--arch", "qwen2", "--type", "q8_0", "--tied", NULL};
-    make(p, sizeof p, "qwen2-q8-tied.gguf", a);
-    check_model(p, "qwen2", "Q8_0");
-}
-
-static void test_qwen3_f32(void **st)
-{
-    (void)st;
-    char p[512];
-    const char *a[] = {"--arch", "qwen3", "--head-dim", "32", "--rope-base", "1000000", NULL};
-    make(p, sizeof p, "qwen3-f32.gguf", a);
-    check_model(p, "qwen3", "F32");
-}
-
-static void test_qwen3_q8_0_tied(void **st)
-{
-    (void)st;
-    char p[512];
-    const char *a[] = {"--arch", "qwen3", "--head-dim", "32", "--type", "q8_0", "--tied", NULL};
-    make(p, sizeof p, "qwen3-q8-tied.gguf", a);
-    check_model(p, "qwen3", "Q8_0");
-}
-
-/* Windows of 4 positions: the 12-token sequences leave the window on the windowed layers. */
-static void test_gemma2_f32(void **st)
-{
-    (void)st;
-    char p[512];
-    const char *a[] = {"--arch", "gemma2", "--head-dim", "32", "--sliding-window", "4", NULL};
-    make(p, sizeof p, "gemma2-f32.gguf", a);
-    check_model(p, "gemma2", "F32");
-}
-
-static void test_gemma3_f16(void **st)
-{
-    (void)st;
-    char p[512];
-    const char *a[] = {"--arch",           "gemma3", "--head-dim",  "32",      "--type", "f16",
-                       "--sliding-window", "4",      "--rope-base", "1000000", NULL};
-    make(p, sizeof p, "gemma3-f16.gguf", a);
-    check_model(p, "gemma3", "F16");
-}
-
-static void test_phi3_f32(void **st)
-{
-    (void)st;
-    char p[512];
-    const char *a[] = {"--arch", "phi3", NULL};
-    make(p, sizeof p, "phi3-f32.gguf", a);
-    check_model(p, "phi3", "F32");
-}
-
-static void test_phi3_q8_0(void **st)
-{
-    (void)st;
-    char p[512];
-    const char *a[] = {"--arch", "phi3", "--type", "q8_0", NULL};
-    make(p, sizeof p, "phi3-q8.gguf", a);
-    check_model(p, "phi3", "Q8_0");
+    int32_t seq = 0;
+    bool w1 = true;
+    engine_batch d = {1, &tok[t], &pos[t], &seq, &w1, 1, view};
+    assert_int_equal(engine_forward(c, kv, &d, got), 0);
+    double e = rel_err(got, want + (size_t)t * V, V);
+    if (e > TOL)
+        fail_msg("decode position %d: relative error %g", t, e);
 }
 
 /* A window across attention spans (kvserve's items of 128 positions): a 300-token sequence with
@@ -757,32 +783,12 @@ static void test_gemma3_long_window(void **st)
     enum { N = 300, NP = 296, BS = 8, NB = 40 };
     int32_t tok[N], pos[N], seq[N] = {0}, blocks[NB];
     bool wl[N];
-    for (int i = 0; i < N; i++) {
-        tok[i] = (int32_t)((i * 37 + 11) % 509) + 3;
-        pos[i] = i;
-        wl[i] = i == NP - 1;
-    }
-    for (int i = 0; i < NB; i++)
-        blocks[i] = (i * 7 + 3) % NB; /* a permutation: 7 is prime to 40 */
-    ref_model r;
-    ref_load(&r, p);
-    uint32_t V = r.vocab;
-    float *want = malloc((size_t)N * V * sizeof(float)), *got = malloc(V * sizeof(float));
-    assert_true(want && got);
-    ref_opts ro = {0};
-    ref_forward(&r, &ro, tok, N, want);
-    /* The window matters here: without it the last row moves far beyond TOL. */
-    float *alt = malloc((size_t)N * V * sizeof(float));
-    assert_non_null(alt);
-    ref_opts nw = {.no_window = true};
-    ref_forward(&r, &nw, tok, N, alt);
-    assert_true(rel_err(alt + (size_t)(N - 1) * V, want + (size_t)(N - 1) * V, V) > 20 * TOL);
-    free(alt);
+    window_sequence(N, NP - 1, 37, 11, tok, pos, wl, NB, 7, 3, blocks); /* 7 is prime to 40 */
+    uint32_t V;
+    float *want = ref_windowed(p, tok, N, &V), *got = malloc(V * sizeof(float));
+    assert_non_null(got);
 
-    engine_model *m = NULL;
-    char err[256] = "";
-    if (engine_model_load(p, NULL, &m, err, sizeof err))
-        fail_msg("%s: %s", p, err);
+    engine_model *m = load_model(p, NULL);
     engine_ctx *c = NULL;
     engine_kv *kv = NULL;
     assert_int_equal(engine_ctx_create(m, N, 2, &c), 0);
@@ -790,23 +796,14 @@ static void test_gemma3_long_window(void **st)
     engine_seq_view view = {.blocks = blocks, .n_blocks = NB};
     engine_batch b = {NP, tok, pos, seq, wl, 1, &view};
     assert_int_equal(engine_forward(c, kv, &b, got), 0);
-    double e = rel_err(got, want + (size_t)(NP - 1) * V, V);
-    if (e > TOL)
-        fail_msg("prefill row %d: relative error %g", NP - 1, e);
-    for (int t = NP; t < N; t++) {
-        bool w1 = true;
-        engine_batch d = {1, &tok[t], &pos[t], seq, &w1, 1, &view};
-        assert_int_equal(engine_forward(c, kv, &d, got), 0);
-        e = rel_err(got, want + (size_t)t * V, V);
-        if (e > TOL)
-            fail_msg("decode position %d: relative error %g", t, e);
-    }
+    check_prefill_row(got, want, NP - 1, V);
+    for (int t = NP; t < N; t++)
+        check_decode_row(c, kv, &view, tok, pos, t, got, want, V);
     engine_kv_destroy(kv);
     engine_ctx_destroy(c);
     engine_model_destroy(m);
     free(want);
     free(got);
-    ref_free(&r);
 }
 
 /* A split arena (window reclaim, engine_kv_create_split) against the reference forward: the
@@ -825,32 +822,12 @@ static void test_gemma3_split_arena(void **st)
     enum { N = 120, NP = 100, BS = 8, NB = 16, NW = 12, WIN = 40 };
     int32_t tok[N], pos[N], seq[N] = {0}, blocks[NB], wblocks[NB];
     bool wl[N];
-    for (int i = 0; i < N; i++) {
-        tok[i] = (int32_t)((i * 53 + 7) % 509) + 3;
-        pos[i] = i;
-        wl[i] = i == NP - 1;
-    }
-    for (int i = 0; i < NB; i++)
-        blocks[i] = (i * 5 + 2) % NB; /* a permutation: 5 is prime to 16 */
-    ref_model r;
-    ref_load(&r, p);
-    uint32_t V = r.vocab;
-    float *want = malloc((size_t)N * V * sizeof(float)), *got = malloc(V * sizeof(float));
-    assert_true(want && got);
-    ref_opts ro = {0};
-    ref_forward(&r, &ro, tok, N, want);
-    /* the window matters here: without it the last row moves far beyond TOL */
-    float *alt = malloc((size_t)N * V * sizeof(float));
-    assert_non_null(alt);
-    ref_opts nw = {.no_window = true};
-    ref_forward(&r, &nw, tok, N, alt);
-    assert_true(rel_err(alt + (size_t)(N - 1) * V, want + (size_t)(N - 1) * V, V) > 20 * TOL);
-    free(alt);
+    window_sequence(N, NP - 1, 53, 7, tok, pos, wl, NB, 5, 2, blocks); /* 5 is prime to 16 */
+    uint32_t V;
+    float *want = ref_windowed(p, tok, N, &V), *got = malloc(V * sizeof(float));
+    assert_non_null(got);
 
-    engine_model *m = NULL;
-    char err[256] = "";
-    if (engine_model_load(p, NULL, &m, err, sizeof err))
-        fail_msg("%s: %s", p, err);
+    engine_model *m = load_model(p, NULL);
     engine_ctx *c = NULL;
     engine_kv *kv = NULL, *bad = NULL;
     assert_int_equal(engine_kv_create_split(m, ENGINE_KV_F32, NB, 0, BS, &bad), KVS_EINVAL);
@@ -876,9 +853,7 @@ static void test_gemma3_split_arena(void **st)
     assert_int_equal(engine_forward(c, kv, &b0, got), 0);
     engine_batch b1 = {NP - 96, tok + 96, pos + 96, seq, wl + 96, 1, &view};
     assert_int_equal(engine_forward(c, kv, &b1, got), 0);
-    double e = rel_err(got, want + (size_t)(NP - 1) * V, V);
-    if (e > TOL)
-        fail_msg("prefill row %d: relative error %g", NP - 1, e);
+    check_prefill_row(got, want, NP - 1, V);
     for (int t = NP; t < N; t++) {
         uint32_t lo = (uint32_t)t + 1 > WIN ? (uint32_t)t + 1 - WIN : 0;
         for (uint32_t i = 0; i < lo / BS; i++)
@@ -894,12 +869,7 @@ static void test_gemma3_split_arena(void **st)
                 }
             }
         }
-        bool w1 = true;
-        engine_batch d = {1, &tok[t], &pos[t], seq, &w1, 1, &view};
-        assert_int_equal(engine_forward(c, kv, &d, got), 0);
-        e = rel_err(got, want + (size_t)t * V, V);
-        if (e > TOL)
-            fail_msg("decode position %d: relative error %g", t, e);
+        check_decode_row(c, kv, &view, tok, pos, t, got, want, V);
     }
     /* a released entry inside the row's window is refused */
     uint32_t last = N - 1;
@@ -914,7 +884,6 @@ static void test_gemma3_split_arena(void **st)
     engine_model_destroy(m);
     free(want);
     free(got);
-    ref_free(&r);
 }
 
 typedef struct edit edit;
@@ -1003,15 +972,11 @@ static void test_reference_is_sensitive(void **st)
 /* The last row's logits of TOKENS on path, one batch, on kernel table kernels. */
 static void last_logits(const char *path, const char *kernels, float *out)
 {
-    engine_model *m = NULL;
-    char err[256] = "";
     engine_load_params lp = {.verbose = false, .kernels = kernels, .activations = "f32"};
-    if (engine_model_load(path, &lp, &m, err, sizeof err))
-        fail_msg("%s: %s", path, err);
+    engine_model *m = load_model(path, &lp);
     engine_ctx *c = NULL;
     engine_kv *kv = NULL;
-    assert_int_equal(engine_ctx_create(m, 16, 2, &c), 0);
-    assert_int_equal(engine_kv_create(m, ENGINE_KV_F32, 8, 4, &kv), 0);
+    small_ctx(m, &c, &kv);
     int32_t blocks[] = {5, 2, 7, 0};
     engine_seq_view view = {.blocks = blocks, .n_blocks = 4};
     int32_t pos[N_TOTAL], seq[N_TOTAL] = {0};
@@ -1063,65 +1028,26 @@ static void check_quantized(const char *ftype, const char *wtype)
     free(b);
 }
 
-static void test_q4_0(void **st)
+/* llama-quantize's file types (check_quantized): the ftype, the type its first matrix gets, and
+ * the test's name in cmocka's output. */
+typedef struct quant_case {
+    const char *name, *ftype, *wtype;
+} quant_case;
+
+static const quant_case QUANT_CASES[] = {
+    {"test_q4_0", "Q4_0", "Q4_0"},       {"test_q4_1", "Q4_1", "Q4_1"},
+    {"test_q5_0", "Q5_0", "Q5_0"},       {"test_q5_1", "Q5_1", "Q5_1"},
+    {"test_q8_0_peer", "Q8_0", "Q8_0"},  {"test_q2_k", "Q2_K", "Q2_K"},
+    {"test_q3_k_m", "Q3_K_M", "Q3_K"},   {"test_q4_k_m", "Q4_K_M", "Q4_K"},
+    {"test_q5_k_m", "Q5_K_M", "Q5_K"},   {"test_q6_k", "Q6_K", "Q6_K"},
+    {"test_iq4_nl", "IQ4_NL", "IQ4_NL"}, {"test_iq4_xs", "IQ4_XS", "IQ4_XS"},
+};
+
+/* One row of QUANT_CASES (cmocka's initial state). */
+static void test_quantized(void **st)
 {
-    (void)st;
-    check_quantized("Q4_0", "Q4_0");
-}
-static void test_q4_1(void **st)
-{
-    (void)st;
-    check_quantized("Q4_1", "Q4_1");
-}
-static void test_q5_0(void **st)
-{
-    (void)st;
-    check_quantized("Q5_0", "Q5_0");
-}
-static void test_q5_1(void **st)
-{
-    (void)st;
-    check_quantized("Q5_1", "Q5_1");
-}
-static void test_q8_0_peer(void **st)
-{
-    (void)st;
-    check_quantized("Q8_0", "Q8_0");
-}
-static void test_q2_k(void **st)
-{
-    (void)st;
-    check_quantized("Q2_K", "Q2_K");
-}
-static void test_q3_k_m(void **st)
-{
-    (void)st;
-    check_quantized("Q3_K_M", "Q3_K");
-}
-static void test_q4_k_m(void **st)
-{
-    (void)st;
-    check_quantized("Q4_K_M", "Q4_K");
-}
-static void test_q5_k_m(void **st)
-{
-    (void)st;
-    check_quantized("Q5_K_M", "Q5_K");
-}
-static void test_q6_k(void **st)
-{
-    (void)st;
-    check_quantized("Q6_K", "Q6_K");
-}
-static void test_iq4_nl(void **st)
-{
-    (void)st;
-    check_quantized("IQ4_NL", "IQ4_NL");
-}
-static void test_iq4_xs(void **st)
-{
-    (void)st;
-    check_quantized("IQ4_XS", "IQ4_XS");
+    const quant_case *c = *st;
+    check_quantized(c->ftype, c->wtype);
 }
 
 /* ------------------------------------------------------------ refusals */
@@ -1380,43 +1306,37 @@ int main(int argc, char **argv)
     tool = argv[1];
     if (argc > 2 && access(argv[2], X_OK) == 0)
         quantize = argv[2];
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama_f32),
-        cmocka_unit_test(test_llama_f16_tied),
-        cmocka_unit_test(test_llama_q8_0),
-        cmocka_unit_test(test_llama3_rope_freqs),
-        cmocka_unit_test(test_qwen2_f32),
-        cmocka_unit_test(test_qwen2_q8_0_tied),
+    /* The table rows first, each a test of its own name, then the tests written out. */
+    static const struct CMUnitTest others[] = {
         cmocka_unit_test(test_reference_is_sensitive),
-        cmocka_unit_test(test_qwen3_f32),
-        cmocka_unit_test(test_qwen3_q8_0_tied),
-        cmocka_unit_test(test_gemma2_f32),
-        cmocka_unit_test(test_gemma3_f16),
         cmocka_unit_test(test_gemma3_long_window),
         cmocka_unit_test(test_gemma3_split_arena),
-        cmocka_unit_test(test_phi3_f32),
-        cmocka_unit_test(test_phi3_q8_0),
         cmocka_unit_test(test_family_reference_is_sensitive),
         cmocka_unit_test(test_refuse_family_files),
         cmocka_unit_test(test_gemma2_strong_caps),
         cmocka_unit_test(test_linear_rope_scaling),
-        cmocka_unit_test(test_q4_0),
-        cmocka_unit_test(test_q4_1),
-        cmocka_unit_test(test_q5_0),
-        cmocka_unit_test(test_q5_1),
-        cmocka_unit_test(test_q8_0_peer),
-        cmocka_unit_test(test_q2_k),
-        cmocka_unit_test(test_q3_k_m),
-        cmocka_unit_test(test_q4_k_m),
-        cmocka_unit_test(test_q5_k_m),
-        cmocka_unit_test(test_q6_k),
-        cmocka_unit_test(test_iq4_nl),
-        cmocka_unit_test(test_iq4_xs),
         cmocka_unit_test(test_refuse_architecture),
         cmocka_unit_test(test_refuse_tensor_type),
         cmocka_unit_test(test_refuse_missing_tensor),
         cmocka_unit_test(test_refuse_wrong_shape),
         cmocka_unit_test(test_refuse_metadata),
     };
+    enum { N_FAM = sizeof FAMILY_CASES / sizeof FAMILY_CASES[0] };
+    enum { N_QUANT = sizeof QUANT_CASES / sizeof QUANT_CASES[0] };
+    enum { N_OTHER = sizeof others / sizeof others[0] };
+    struct CMUnitTest tests[N_FAM + N_QUANT + N_OTHER];
+    size_t n = 0;
+    for (size_t i = 0; i < N_FAM; i++)
+        tests[n++] = (struct CMUnitTest){.name = FAMILY_CASES[i].name,
+                                         .test_func = test_family,
+                                         .initial_state = (void *)&FAMILY_CASES[i]};
+    for (size_t i = 0; i < N_QUANT; i++)
+        tests[n++] = (struct CMUnitTest){.name = QUANT_CASES[i].name,
+                                         .test_func = test_quantized,
+                                         .initial_state = (void *)&QUANT_CASES[i]};
+    for (size_t i = 0; i < N_OTHER; i++)
+        tests[n++] = others[i];
+    if (n != sizeof tests / sizeof tests[0])
+        return 1;
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -22,8 +22,12 @@
 
 #define MAX_CASES REF_MAX_CASES
 
+/* A scheduler on the shared model with these limits; the test skips when the model is absent
+ * (../shared/models). */
 static sched *make_sched(uint32_t kv_blocks, uint32_t max_seqs, uint32_t max_queue)
 {
+    if (!g_model)
+        skip();
     sched_params sp = sched_default_params();
     sp.n_ctx = 512;
     sp.n_threads = 1;
@@ -35,6 +39,22 @@ static sched *make_sched(uint32_t kv_blocks, uint32_t max_seqs, uint32_t max_que
     sched *s;
     assert_int_equal(sched_create(&sp, g_model, &s), 0);
     return s;
+}
+
+/* The end of every test: all blocks back in the pool, no request left unfinished, s destroyed. */
+static void end_sched(sched *s)
+{
+    wait_blocks_free(s);
+    assert_int_equal(sched_n_unfinished(s), 0);
+    sched_destroy(s);
+}
+
+/* Submits p for c (n choices) and waits for its last event. */
+static void submit_wait(sched *s, const sched_request_params *p, client *c, uint32_t n)
+{
+    client_init(c, n);
+    assert_int_equal(sched_submit(s, p, on_notify, c, &c->req), 0);
+    client_wait(c);
 }
 
 static void expect_case(const client *c, uint32_t ch, const ref_case *rc)
@@ -75,30 +95,24 @@ static void run_all_cases(sched *s, int copies)
 static void test_concurrent_reference(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     sched *s = make_sched(0, 16, 64);
     run_all_cases(s, 1);
     sched_metrics m;
     sched_get_metrics(s, &m);
     assert_true(m.multi_seq_steps_total > 0);
-    wait_blocks_free(s);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 static void test_pool_pressure_preempts(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     /* 40 blocks of 16 = 640 slots; 12 sequences of ~260 tokens need ~200 blocks. */
     sched *s = make_sched(40, 12, 64);
     run_all_cases(s, 3);
     sched_metrics m;
     sched_get_metrics(s, &m);
     assert_true(m.preemptions_total > 0);
-    wait_blocks_free(s);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 static void test_prefix_reuse_same_output(void **state)
@@ -122,9 +136,7 @@ static void test_prefix_reuse_same_output(void **state)
         p.prompt = prompt;
         p.n_prompt = (uint32_t)np;
         p.max_tokens = 20;
-        client_init(&c, 1);
-        assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), 0);
-        client_wait(&c);
+        submit_wait(s, &p, &c, 1);
         assert_int_equal(c.n_ids[0], 20);
         assert_memory_equal(c.ids[0], rc->completion + 40, 20 * sizeof(int32_t));
         client_finish(&c);
@@ -135,15 +147,12 @@ static void test_prefix_reuse_same_output(void **state)
         else
             assert_true(m.prefix_cache_hits_total >= 3); /* 53 tokens: 3 full blocks of 16 */
     }
-    wait_blocks_free(s);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 static void test_cancel_frees_blocks(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     sched *s = make_sched(0, 16, 64);
     for (int k = 0; k < 8; k++) {
         client c;
@@ -159,16 +168,12 @@ static void test_cancel_frees_blocks(void **state)
         }
         client_finish(&c);
     }
-    wait_blocks_free(s);
-    assert_int_equal(sched_n_unfinished(s), 0);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 static void test_n_choices_and_stop_string(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     sched *s = make_sched(0, 16, 64);
     client c;
     sched_request_params p = greedy_params(&g_cases[0]);
@@ -176,9 +181,7 @@ static void test_n_choices_and_stop_string(void **state)
     p.max_tokens = 40;
     p.sampling.temperature = 0.8f;
     p.sampling.seed = 42;
-    client_init(&c, 3);
-    assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), 0);
-    client_wait(&c);
+    submit_wait(s, &p, &c, 3);
     for (int ch = 0; ch < 3; ch++) {
         assert_true(c.finish[ch] == SCHED_FINISH_LENGTH || c.finish[ch] == SCHED_FINISH_STOP);
         assert_true(c.n_ids[ch] > 0);
@@ -191,9 +194,7 @@ static void test_n_choices_and_stop_string(void **state)
     /* the same seed gives the same tokens */
     client d;
     p.n = 1;
-    client_init(&d, 1);
-    assert_int_equal(sched_submit(s, &p, on_notify, &d, &d.req), 0);
-    client_wait(&d);
+    submit_wait(s, &p, &d, 1);
     assert_int_equal(d.n_ids[0], c.n_ids[0]);
     assert_memory_equal(d.ids[0], c.ids[0], (size_t)d.n_ids[0] * sizeof(int32_t));
     client_finish(&d);
@@ -202,17 +203,14 @@ static void test_n_choices_and_stop_string(void **state)
     client e;
     p = greedy_params(&g_cases[0]);
     p.stop[0] = "Lily";
-    client_init(&e, 1);
-    assert_int_equal(sched_submit(s, &p, on_notify, &e, &e.req), 0);
-    client_wait(&e);
+    submit_wait(s, &p, &e, 1);
     assert_int_equal(e.finish[0], SCHED_FINISH_STOP);
     const char *at = strstr(g_cases[0].text, "Lily");
     assert_non_null(at);
     assert_int_equal(e.text_len[0], (size_t)(at - g_cases[0].text));
     assert_memory_equal(e.text[0], g_cases[0].text, e.text_len[0]);
     client_finish(&e);
-    wait_blocks_free(s);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 /* Regression: forks that finish on their first token (max_tokens 1, a stop string matching
@@ -221,8 +219,6 @@ static void test_n_choices_and_stop_string(void **state)
 static void test_forks_finish_on_first_token(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     sched *s = make_sched(0, 16, 64);
     for (int round = 0; round < 4; round++) {
         client *c = calloc(1, sizeof *c);
@@ -251,9 +247,7 @@ static void test_forks_finish_on_first_token(void **state)
         client_finish(c);
         free(c);
     }
-    wait_blocks_free(s);
-    assert_int_equal(sched_n_unfinished(s), 0);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 /* Each choice is a running sequence: a request with more choices than max_num_seqs is
@@ -262,8 +256,6 @@ static void test_forks_finish_on_first_token(void **state)
 static void test_forks_count_against_max_num_seqs(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     sched *s = make_sched(0, 4, 64);
     sched_request_params p = greedy_params(&g_cases[0]);
     sched_req *r;
@@ -293,8 +285,7 @@ static void test_forks_count_against_max_num_seqs(void **state)
     for (int k = 0; k < 2; k++)
         client_finish(&c[k]);
     free(c);
-    wait_blocks_free(s);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 /* The KV picture: idle all free; while an n = 3 request runs its forks share the prompt's
@@ -303,8 +294,6 @@ static void test_forks_count_against_max_num_seqs(void **state)
 static void test_kv_snapshot(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     sched *s = make_sched(64, 8, 16);
     sched_kv_snapshot k;
     assert_int_equal(sched_kv_snapshot_take(s, &k, 5000), 0);
@@ -371,8 +360,6 @@ static void test_kv_snapshot(void **state)
 static void test_grammar_json_object(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     sched *s = make_sched(0, 16, 64);
     sched_request_params p = greedy_params(&g_cases[0]);
     p.n = 4;
@@ -400,9 +387,7 @@ static void test_grammar_json_object(void **state)
     assert_int_equal(sched_submit(s, &p, on_notify, &r, &r.req), KVS_EINVAL);
     p.n = 4;
     client c;
-    client_init(&c, 4);
-    assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), 0);
-    client_wait(&c);
+    submit_wait(s, &p, &c, 4);
     for (int ch = 0; ch < 4; ch++) {
         assert_int_equal(c.status[ch], 0);
         c.text[ch][c.text_len[ch]] = '\0';
@@ -427,16 +412,13 @@ static void test_grammar_json_object(void **state)
     /* unconstrained, the same prompt is not JSON */
     client d;
     p = greedy_params(&g_cases[0]);
-    client_init(&d, 1);
-    assert_int_equal(sched_submit(s, &p, on_notify, &d, &d.req), 0);
-    client_wait(&d);
+    submit_wait(s, &p, &d, 1);
     d.text[0][d.text_len[0]] = '\0';
     cJSON *j = cJSON_Parse(d.text[0]);
     assert_false(cJSON_IsObject(j));
     cJSON_Delete(j);
     client_finish(&d);
-    wait_blocks_free(s);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 /* logit_bias +100 on one token makes greedy decoding pick it every step; ids outside the
@@ -444,8 +426,6 @@ static void test_grammar_json_object(void **state)
 static void test_logit_bias(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     sched *s = make_sched(0, 16, 64);
     sched_request_params p = greedy_params(&g_cases[0]);
     p.max_tokens = 8;
@@ -456,9 +436,7 @@ static void test_logit_bias(void **state)
     p.n_logit_bias = 1;
     client c;
     p.n_top_logprobs = 0;
-    client_init(&c, 1);
-    assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), 0);
-    client_wait(&c);
+    submit_wait(s, &p, &c, 1);
     assert_int_equal(c.n_ids[0], 8);
     for (int i = 0; i < 8; i++)
         assert_int_equal(c.ids[0][i], forced);
@@ -468,8 +446,7 @@ static void test_logit_bias(void **state)
     b.id = forced;
     b.bias = NAN;
     assert_int_equal(sched_submit(s, &p, on_notify, &c, &c.req), KVS_EINVAL);
-    wait_blocks_free(s);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 /* A choice's last token comes with its own text in the finishing event (not its logprobs in
@@ -477,8 +454,6 @@ static void test_logit_bias(void **state)
 static void test_last_token_with_its_text(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     sched *s = make_sched(0, 16, 64);
     sched_request_params p = greedy_params(&g_cases[0]);
     p.max_tokens = 5;
@@ -511,15 +486,12 @@ static void test_last_token_with_its_text(void **state)
         sched_event_free(&ev);
     }
     client_finish(&c);
-    wait_blocks_free(s);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 static void test_queue_bound_and_validation(void **state)
 {
     (void)state;
-    if (!g_model)
-        skip();
     sched *s = make_sched(0, 1, 2);
     client c[6];
     int accepted = 0, rejected = 0;

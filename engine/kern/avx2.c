@@ -3,6 +3,7 @@
  * whose CPUID (and OS) say so. Every operation gives the bits of ref.c (its top comment says
  * in what order). */
 #include "engine/kern/kern.h"
+#include "engine/kern/panel_loop.h"
 #include "engine/kern/qdot.h"
 
 #include "engine/dtype.h"
@@ -49,7 +50,6 @@ INLINE float f16_at(const uint8_t *p, size_t i)
  * bits depend only on its x row and weight row, never on the batch. PM = 6 rows (12 sums) fill
  * AVX2's 16 registers. */
 #define PM 6
-#define PANEL_TC 192  /* rows of x per pass over the panels: about the L2 */
 #define PANEL_PF 4096 /* bytes ahead in the panel's stream */
 
 /* acc[r] += x[r][k] * (w0, w1) for the tile's R rows. */
@@ -112,28 +112,8 @@ INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const ui
     }
 }
 
-/* One instantiation per (type, R) so every loop bound and branch is a constant. */
-#define PANEL_CASE(R)                                                                              \
-    case R:                                                                                        \
-        if (pt == KERN_Q8_0_PANEL)                                                                 \
-            panel_tile(KERN_Q8_0_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                       \
-        else if (pt == KERN_F16_PANEL)                                                             \
-            panel_tile(KERN_F16_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                        \
-        else                                                                                       \
-            panel_tile(KERN_F32_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                        \
-        return;
-static void panel_tile_r(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp,
-                         size_t K, float *out, size_t ldo, size_t c0, size_t c1)
-{
-    switch (R) {
-        PANEL_CASE(1)
-        PANEL_CASE(2)
-        PANEL_CASE(3)
-        PANEL_CASE(4)
-        PANEL_CASE(5)
-    default: PANEL_CASE(PM)
-    }
-}
+/* panel_tile once per (type, R): every loop bound and branch in it a constant */
+PANEL_DEFINE_TILE_R(panel_tile_r, panel_tile, PM)
 
 /* A Q8_0 panel widened to an F32 one ([K][16], the values panel_tile would compute). */
 static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
@@ -153,9 +133,12 @@ static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
     }
 }
 
-/* Panels outer (a panel, 16 x n_in weights, stays in L1/L2 while every row block of x passes);
- * the T rows split into equal blocks of at most PM. A Q8_0 panel that more than one block will
- * read is widened once into scratch first (its conversion costs more than an F16 one). */
+static size_t avx2_panel(const panel_job *j, const panel_step *s)
+{
+    return panel_float_step(j, s, panel_tile_r, panel_widen_q8);
+}
+
+/* kern/panel_loop.h's driver over 6-row tiles. */
 static void avx2_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
                         size_t ldo, size_t n0, size_t n1, float *scratch)
 {
@@ -163,26 +146,8 @@ static void avx2_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx,
         kern__quant_matmul_avx2(m, x, T, ldx, out, ldo, n0, n1, scratch);
         return;
     }
-    size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
-    for (size_t t0 = 0; t0 < T; t0 += PANEL_TC) {
-        size_t tc = T - t0 < PANEL_TC ? T - t0 : PANEL_TC;
-        size_t nb = (tc + PM - 1) / PM, R = (tc + nb - 1) / nb;
-        for (size_t p = n0 / KERN_PANEL; p * KERN_PANEL < n1; p++) {
-            size_t base = p * KERN_PANEL;
-            size_t c0 = n0 > base ? n0 - base : 0;
-            size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
-            const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
-            kern_type pt = m->type;
-            if (pt == KERN_Q8_0_PANEL && scratch && nb > 1) {
-                panel_widen_q8(wp, K, scratch);
-                wp = (const uint8_t *)scratch;
-                pt = KERN_F32_PANEL;
-            }
-            for (size_t t = t0; t < t0 + tc; t += R)
-                panel_tile_r(pt, (int)(t0 + tc - t < R ? t0 + tc - t : R), x + t * ldx, ldx, wp, K,
-                             out + t * ldo + base, ldo, c0, c1);
-        }
-    }
+    panel_job j = {.m = m, .x = x, .ldx = ldx, .out = out, .ldo = ldo, .scratch = scratch};
+    panel_loop(&j, T, n0, n1, PM, avx2_panel);
 }
 
 /* ---- vector helpers ---- */

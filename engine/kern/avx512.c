@@ -6,6 +6,7 @@
  * 8-lane AVX2 accumulators, so a second zmm accumulator would change the bits). */
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/kern.h"
+#include "engine/kern/panel_loop.h"
 #include "engine/kern/qdot.h"
 
 #include "engine/dtype.h"
@@ -23,7 +24,6 @@
  * on its x row and weight row, never on the batch. PM = 16 rows: 16 sums, the weights and the
  * conversion constants use about 22 of the 32 zmm registers (AVX2's tile is 6 rows). */
 #define PM 16
-#define PANEL_TC 192  /* rows of x per pass over the panels: about the L2 */
 #define PANEL_PF 4096 /* bytes ahead in the panel's stream */
 
 INLINE void panel_fma(int R, __m512 acc[], const float *x, size_t ldx, size_t k, __m512 w)
@@ -85,38 +85,8 @@ INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const ui
         store_cols(out + (size_t)r * ldo, acc[r], c0, c1);
 }
 
-/* One instantiation per (type, R) so every loop bound and branch is a constant. */
-#define PANEL_CASE(R)                                                                              \
-    case R:                                                                                        \
-        if (pt == KERN_Q8_0_PANEL)                                                                 \
-            panel_tile(KERN_Q8_0_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                       \
-        else if (pt == KERN_F16_PANEL)                                                             \
-            panel_tile(KERN_F16_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                        \
-        else                                                                                       \
-            panel_tile(KERN_F32_PANEL, R, x, ldx, wp, K, out, ldo, c0, c1);                        \
-        return;
-static void panel_tile_r(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp,
-                         size_t K, float *out, size_t ldo, size_t c0, size_t c1)
-{
-    switch (R) {
-        PANEL_CASE(1)
-        PANEL_CASE(2)
-        PANEL_CASE(3)
-        PANEL_CASE(4)
-        PANEL_CASE(5)
-        PANEL_CASE(6)
-        PANEL_CASE(7)
-        PANEL_CASE(8)
-        PANEL_CASE(9)
-        PANEL_CASE(10)
-        PANEL_CASE(11)
-        PANEL_CASE(12)
-        PANEL_CASE(13)
-        PANEL_CASE(14)
-        PANEL_CASE(15)
-    default: PANEL_CASE(PM)
-    }
-}
+/* panel_tile once per (type, R): every loop bound and branch in it a constant */
+PANEL_DEFINE_TILE_R(panel_tile_r, panel_tile, PM)
 
 /* A Q8_0 panel widened to an F32 one ([K][16], the values panel_tile would compute). */
 static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
@@ -129,9 +99,12 @@ static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
     }
 }
 
-/* Panels outer (a panel stays in L1/L2 while every row block of x passes); the T rows split
- * into equal blocks of at most PM. A Q8_0 panel that more than one block reads is widened once
- * into scratch first. */
+static size_t avx512_panel(const panel_job *j, const panel_step *s)
+{
+    return panel_float_step(j, s, panel_tile_r, panel_widen_q8);
+}
+
+/* kern/panel_loop.h's driver over 16-row tiles. */
 static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
                           size_t ldo, size_t n0, size_t n1, float *scratch)
 {
@@ -139,26 +112,8 @@ static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ld
         KERN512(kern__quant_matmul_avx512)(m, x, T, ldx, out, ldo, n0, n1, scratch);
         return;
     }
-    size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
-    for (size_t t0 = 0; t0 < T; t0 += PANEL_TC) {
-        size_t tc = T - t0 < PANEL_TC ? T - t0 : PANEL_TC;
-        size_t nb = (tc + PM - 1) / PM, R = (tc + nb - 1) / nb;
-        for (size_t p = n0 / KERN_PANEL; p * KERN_PANEL < n1; p++) {
-            size_t base = p * KERN_PANEL;
-            size_t c0 = n0 > base ? n0 - base : 0;
-            size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
-            const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
-            kern_type pt = m->type;
-            if (pt == KERN_Q8_0_PANEL && scratch && nb > 1) {
-                panel_widen_q8(wp, K, scratch);
-                wp = (const uint8_t *)scratch;
-                pt = KERN_F32_PANEL;
-            }
-            for (size_t t = t0; t < t0 + tc; t += R)
-                panel_tile_r(pt, (int)(t0 + tc - t < R ? t0 + tc - t : R), x + t * ldx, ldx, wp, K,
-                             out + t * ldo + base, ldo, c0, c1);
-        }
-    }
+    panel_job j = {.m = m, .x = x, .ldx = ldx, .out = out, .ldo = ldo, .scratch = scratch};
+    panel_loop(&j, T, n0, n1, PM, avx512_panel);
 }
 
 /* ---- vector helpers ---- */

@@ -5,6 +5,7 @@
  * of the portable table. One or two rows read the blocks in place (one row: two panels at once);
  * from three rows on each 256-input chunk of a panel is widened once into an L1 buffer and every
  * row tile continues its chains over it (the scratch the table's matmul is offered is unused). */
+#include "engine/kern/panel_loop.h"
 #include "engine/kern/quant.h"
 
 #include <immintrin.h>
@@ -15,8 +16,7 @@
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
-#define PM 6         /* rows per tile, as avx2.c */
-#define PANEL_TC 192 /* rows of x per pass over the panels */
+#define PM 6 /* rows per tile, as avx2.c */
 #define QBUF (256 * KERN_PANEL)
 
 INLINE __m256i ld32(const uint8_t *p)
@@ -257,24 +257,12 @@ static void qrow2(const kern_qfmt *f, const kern_qoff *o, const float *x, const 
     _mm256_storeu_ps(out + 24, a3);
 }
 
-#define QCASE(R)                                                                                   \
-    case R: qtile(f, o, 1, R, x, ldx, wp, 0, K, out, ldo, c0, c1); return;
+#define QTILE(t, R) t(f, o, 1, R, x, ldx, wp, 0, K, out, ldo, c0, c1)
 static void qtile_r(const kern_qfmt *f, const kern_qoff *o, int R, const float *x, size_t ldx,
                     const uint8_t *wp, size_t K, float *out, size_t ldo, size_t c0, size_t c1)
 {
-    switch (R) {
-        QCASE(1)
-        QCASE(2)
-        QCASE(3)
-        QCASE(4)
-        QCASE(5)
-    default: QCASE(PM)
-    }
+    PANEL_SWITCH(R, PM, QTILE, qtile)
 }
-
-/* Inputs per widened chunk: 256 x 16 floats (16 KiB) stay in L1 while every row tile reads
- * them. */
-#define WCHUNK 256
 
 /* Rows [b0 * sb, b0 * sb + n) of panel wp widened into dst ([n][16]). */
 static void widen_chunk(const kern_qfmt *f, const kern_qoff *o, const uint8_t *wp, size_t b0,
@@ -337,59 +325,36 @@ INLINE void ftile(int R, const float *x, size_t ldx, const float *w, size_t n, f
     }
 }
 
-#define FCASE(R)                                                                                   \
-    case R: ftile(R, x, ldx, w, n, out, ldo, c0, c1, first); return;
-static void ftile_r(int R, const float *x, size_t ldx, const float *w, size_t n, float *out,
-                    size_t ldo, size_t c0, size_t c1, bool first)
+/* ftile once per R */
+PANEL_DEFINE_FTILE_R(ftile_r, ftile, PM)
+
+/* From 3 rows on, each chunk of the panel is widened once into L1 and every row tile continues
+ * its chains over it (in the tile, the R x 2 sums and 4 scale vectors would no longer fit the
+ * 16 registers); one row reads two whole panels at once where it may. */
+static size_t qpanel(const panel_job *j, const panel_step *s)
 {
-    switch (R) {
-        FCASE(1)
-        FCASE(2)
-        FCASE(3)
-        FCASE(4)
-        FCASE(5)
-    default: FCASE(PM)
+    if (s->tc > 2) {
+        panel_widened_step(j, s, widen_chunk, ftile_r);
+        return 1;
     }
+    size_t K = j->m->n_in;
+    if (s->tc == 1 && panel_pair_whole(s)) {
+        qrow2(j->f, &j->o, j->x + s->t0 * j->ldx, s->wp, s->pbytes, K,
+              j->out + s->t0 * j->ldo + s->base);
+        return 2;
+    }
+    for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R)
+        qtile_r(j->f, &j->o, panel_rows(s, t), j->x + t * j->ldx, j->ldx, s->wp, K,
+                j->out + t * j->ldo + s->base, j->ldo, s->c0, s->c1);
+    return 1;
 }
 
+/* kern/panel_loop.h's driver; the scratch offered is unused (the chunks live on the stack). */
 void kern__quant_matmul_avx2(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
                              size_t ldo, size_t n0, size_t n1, float *scratch)
 {
     (void)scratch;
-    const kern_qfmt *f = kern__qfmt(m->qtype);
-    kern_qoff o = kern__qoff(f);
-    size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
-    for (size_t t0 = 0; t0 < T; t0 += PANEL_TC) {
-        size_t tc = T - t0 < PANEL_TC ? T - t0 : PANEL_TC;
-        size_t nb = (tc + PM - 1) / PM, R = (tc + nb - 1) / nb;
-        for (size_t p = n0 / KERN_PANEL; p * KERN_PANEL < n1; p++) {
-            size_t base = p * KERN_PANEL;
-            size_t c0 = n0 > base ? n0 - base : 0;
-            size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
-            const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
-            /* From 3 rows on, each chunk of the panel is widened once into L1 and every row
-             * tile continues its chains over it (in the tile, the R x 2 sums and 4 scale
-             * vectors would no longer fit the 16 registers). */
-            if (tc > 2) {
-                float w[WCHUNK * KERN_PANEL] __attribute__((aligned(32)));
-                size_t chunk = WCHUNK < K ? WCHUNK : K; /* a multiple of sb: 32 or 256 */
-                for (size_t k0 = 0; k0 < K; k0 += chunk) {
-                    size_t n = K - k0 < chunk ? K - k0 : chunk;
-                    widen_chunk(f, &o, wp, k0 / f->sb, n, w);
-                    for (size_t t = t0; t < t0 + tc; t += R)
-                        ftile_r((int)(t0 + tc - t < R ? t0 + tc - t : R), x + t * ldx + k0, ldx, w,
-                                n, out + t * ldo + base, ldo, c0, c1, k0 == 0);
-                }
-                continue;
-            }
-            if (tc == 1 && c0 == 0 && c1 == KERN_PANEL && base + 2 * KERN_PANEL <= n1) {
-                qrow2(f, &o, x + t0 * ldx, wp, pbytes, K, out + t0 * ldo + base);
-                p++; /* the next panel too */
-                continue;
-            }
-            for (size_t t = t0; t < t0 + tc; t += R)
-                qtile_r(f, &o, (int)(t0 + tc - t < R ? t0 + tc - t : R), x + t * ldx, ldx, wp, K,
-                        out + t * ldo + base, ldo, c0, c1);
-        }
-    }
+    panel_job j = {.m = m, .x = x, .ldx = ldx, .out = out, .ldo = ldo, .f = kern__qfmt(m->qtype)};
+    j.o = kern__qoff(j.f);
+    panel_loop(&j, T, n0, n1, PM, qpanel);
 }

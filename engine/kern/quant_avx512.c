@@ -7,13 +7,13 @@
  * range allows); from three rows on each 256-input chunk of a panel is widened once into L1
  * and tiles of up to 16 rows continue their chains over it. */
 #include "engine/kern/avx512_isa.h"
+#include "engine/kern/panel_loop.h"
 #include "engine/kern/quant.h"
 
 #include <stdbool.h>
 #include <string.h>
 
-#define PM 16        /* rows per tile, as avx512.c */
-#define PANEL_TC 192 /* rows of x per pass over the panels */
+#define PM 16 /* rows per tile, as avx512.c */
 #define QBUF (256 * KERN_PANEL)
 
 INLINE __m256i ld32(const void *p)
@@ -199,10 +199,6 @@ static void qtile_r(const kern_qfmt *f, const kern_qoff *o, int NP, int R, const
         qtile(f, o, 1, 2, x, ldx, wp, pbytes, K, out, ldo, c0, c1);
 }
 
-/* Inputs per widened chunk: 256 x 16 floats (16 KiB) stay in L1 while every row tile reads
- * them. */
-#define WCHUNK 256
-
 /* Inputs [b0 * sb, b0 * sb + n) of panel wp widened into dst ([n][16]). */
 static void widen_chunk(const kern_qfmt *f, const kern_qoff *o, const uint8_t *wp, size_t b0,
                         size_t n, float *dst)
@@ -254,64 +250,31 @@ INLINE void ftile(int R, const float *x, size_t ldx, const float *w, size_t n, f
     }
 }
 
-#define FCASE(R)                                                                                   \
-    case R: ftile(R, x, ldx, w, n, out, ldo, c0, c1, first); return;
-static void ftile_r(int R, const float *x, size_t ldx, const float *w, size_t n, float *out,
-                    size_t ldo, size_t c0, size_t c1, bool first)
+/* ftile once per R */
+PANEL_DEFINE_FTILE_R(ftile_r, ftile, PM)
+
+/* From 3 rows on, chunks widened into L1 and tiles of up to 16 rows; one or two rows read the
+ * blocks in place, two whole panels at once where the columns allow (2 R independent chains in
+ * flight instead of R). */
+static size_t qpanel(const panel_job *j, const panel_step *s)
 {
-    switch (R) {
-        FCASE(1)
-        FCASE(2)
-        FCASE(3)
-        FCASE(4)
-        FCASE(5)
-        FCASE(6)
-        FCASE(7)
-        FCASE(8)
-        FCASE(9)
-        FCASE(10)
-        FCASE(11)
-        FCASE(12)
-        FCASE(13)
-        FCASE(14)
-        FCASE(15)
-    default: FCASE(PM)
+    if (s->tc > 2) {
+        panel_widened_step(j, s, widen_chunk, ftile_r);
+        return 1;
     }
+    int np = panel_pair_whole(s) ? 2 : 1;
+    qtile_r(j->f, &j->o, np, (int)s->tc, j->x + s->t0 * j->ldx, j->ldx, s->wp, s->pbytes,
+            j->m->n_in, j->out + s->t0 * j->ldo + s->base, j->ldo, s->c0, s->c1);
+    return (size_t)np;
 }
 
+/* kern/panel_loop.h's driver; the scratch offered is unused (the chunks live on the stack). */
 void KERN512(kern__quant_matmul_avx512)(const kern_mat *m, const float *x, size_t T, size_t ldx,
                                         float *out, size_t ldo, size_t n0, size_t n1,
                                         float *scratch)
 {
     (void)scratch;
-    const kern_qfmt *f = kern__qfmt(m->qtype);
-    kern_qoff o = kern__qoff(f);
-    size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
-    for (size_t t0 = 0; t0 < T; t0 += PANEL_TC) {
-        size_t tc = T - t0 < PANEL_TC ? T - t0 : PANEL_TC;
-        size_t nb = (tc + PM - 1) / PM, R = (tc + nb - 1) / nb;
-        for (size_t p = n0 / KERN_PANEL; p * KERN_PANEL < n1; p++) {
-            size_t base = p * KERN_PANEL;
-            size_t c0 = n0 > base ? n0 - base : 0;
-            size_t c1 = n1 - base < KERN_PANEL ? n1 - base : KERN_PANEL;
-            const uint8_t *wp = (const uint8_t *)m->data + p * pbytes;
-            if (tc > 2) {
-                float w[WCHUNK * KERN_PANEL] __attribute__((aligned(64)));
-                size_t chunk = WCHUNK < K ? WCHUNK : K; /* a multiple of sb: 32 or 256 */
-                for (size_t k0 = 0; k0 < K; k0 += chunk) {
-                    size_t n = K - k0 < chunk ? K - k0 : chunk;
-                    widen_chunk(f, &o, wp, k0 / f->sb, n, w);
-                    for (size_t t = t0; t < t0 + tc; t += R)
-                        ftile_r((int)(t0 + tc - t < R ? t0 + tc - t : R), x + t * ldx + k0, ldx, w,
-                                n, out + t * ldo + base, ldo, c0, c1, k0 == 0);
-                }
-                continue;
-            }
-            /* two whole panels at once: 2 R independent chains in flight instead of R */
-            int np = c0 == 0 && c1 == KERN_PANEL && base + 2 * KERN_PANEL <= n1 ? 2 : 1;
-            qtile_r(f, &o, np, (int)tc, x + t0 * ldx, ldx, wp, pbytes, K, out + t0 * ldo + base,
-                    ldo, c0, c1);
-            p += (size_t)np - 1;
-        }
-    }
+    panel_job j = {.m = m, .x = x, .ldx = ldx, .out = out, .ldo = ldo, .f = kern__qfmt(m->qtype)};
+    j.o = kern__qoff(j.f);
+    panel_loop(&j, T, n0, n1, PM, qpanel);
 }

@@ -216,6 +216,21 @@ class Misc(unittest.TestCase):
         self.assertEqual(r, {"prompt": "Be brief.\nHi"})
         st, r = srv.post("/apply-template", {"messages": []})
         self.assertEqual((st, r["error"]["param"]), (400, "messages"), r)
+        # what the rendering reads is taken (tools with tool_choice none: rendered as none)
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+        st, r = srv.post("/apply-template", {"messages": msgs, "tools": tools,
+                                             "tool_choice": "none", "chat_template_kwargs": {}})
+        self.assertEqual((st, r), (200, {"prompt": "Be brief.\nHi"}), r)
+        # anything else would have no effect on a rendering: a 400 naming it, checked as well
+        # as valid
+        for field, value in (("stream", True), ("temperature", 0.5), ("max_tokens", 4),
+                             ("model", "stories260K"), ("parallel_tool_calls", False),
+                             ("add_generation_prompt", True), ("seed", 1)):
+            st, r = srv.post("/apply-template", {"messages": msgs, field: value})
+            self.assertEqual(st, 400, (field, r))
+            self.assertEqual((r["error"]["param"], r["error"]["code"], r["error"]["type"]),
+                             (field, "unsupported_parameter", "invalid_request_error"), r)
+            self.assertIn("/apply-template", r["error"]["message"])
 
     def test_chat_template_kwargs(self):
         msgs = [{"role": "user", "content": "Hi"}]

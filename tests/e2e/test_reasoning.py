@@ -62,7 +62,9 @@ class Reasoning(unittest.TestCase):
 
     def test_thinking_switch(self):
         body = dict(self.BODY, chat_template_kwargs={"enable_thinking": False})
-        st, out = self.auto.post("/apply-template", body)
+        # /apply-template takes only what its rendering reads
+        tmpl = {k: body[k] for k in ("messages", "chat_template_kwargs")}
+        st, out = self.auto.post("/apply-template", tmpl)
         self.assertEqual(st, 200, out)
         self.assertTrue(out["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
                         out)
