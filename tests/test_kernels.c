@@ -314,10 +314,12 @@ static void check_qdot(uint32_t id, size_t n_in)
     kern_qx_quantize(fmt, x, T, n_in, n_in, xq);
     for (size_t t = 0; t < T; t++)
         for (size_t b = 0; b < n_in / blk; b++) {
-            const uint8_t *bp = xq + t * xrb + b * (fmt == KERN_QX_32 ? 36 : 292);
+            /* KERN_QX_32: the row's scales first, then its quants; KERN_QX_256: whole blocks */
+            const uint8_t *bp = xq + t * xrb + b * 292, *xr = xq + t * xrb;
             float d;
-            memcpy(&d, bp, 4);
-            const int8_t *q = (const int8_t *)(bp + (fmt == KERN_QX_32 ? 4 : 36));
+            memcpy(&d, fmt == KERN_QX_32 ? xr + 4 * b : bp, 4);
+            const int8_t *q =
+                (const int8_t *)(fmt == KERN_QX_32 ? xr + 4 * (n_in / 32) + 32 * b : bp + 36);
             for (size_t k = 0; k < blk; k++) {
                 size_t i = t * n_in + b * blk + k;
                 xd[i] = d * (float)q[k];
