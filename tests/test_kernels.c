@@ -389,11 +389,12 @@ static void test_qdot(void **state)
     static const uint32_t kq[] = {KERN_GGML_Q4_K, KERN_GGML_Q5_K, KERN_GGML_Q6_K};
     for (size_t i = 0; i < 2; i++) {
         check_qdot(legacy[i], 32);
-        check_qdot(legacy[i], 288);
+        check_qdot(legacy[i], 288); /* a full group of 8 blocks and one more */
     }
     for (size_t i = 0; i < 3; i++) {
         check_qdot(kq[i], 256);
         check_qdot(kq[i], 512);
+        check_qdot(kq[i], 2304); /* a full group of 8 blocks and one more (kern/qdot.h) */
     }
 }
 
