@@ -304,7 +304,7 @@ static void check_qdot(uint32_t id, size_t n_in)
     kern_qx fmt = kern_qdot_act(&m);
     assert_int_not_equal(fmt, KERN_QX_NONE);
     size_t blk = fmt == KERN_QX_32 ? 32 : 256, xrb = kern_qx_row_bytes(fmt, n_in);
-    assert_int_equal(xrb, n_in / blk * (fmt == KERN_QX_32 ? 36 : 292));
+    assert_int_equal(xrb, n_in / blk * (fmt == KERN_QX_32 ? 38 : 292));
     float *x = malloc(T * n_in * sizeof(float)), *xd = malloc(T * n_in * sizeof(float));
     for (size_t i = 0; i < T * n_in; i++)
         x[i] = frand() * (i % 97 == 0 ? 8.0f : 1.0f); /* an outlier now and then */
@@ -314,16 +314,25 @@ static void check_qdot(uint32_t id, size_t n_in)
     kern_qx_quantize(fmt, x, T, n_in, n_in, xq);
     for (size_t t = 0; t < T; t++)
         for (size_t b = 0; b < n_in / blk; b++) {
-            /* KERN_QX_32: the row's scales first, then its quants; KERN_QX_256: whole blocks */
+            /* KERN_QX_32: the row's scales, then its sums, then its quants; KERN_QX_256: whole
+             * blocks */
+            size_t nb = n_in / 32;
             const uint8_t *bp = xq + t * xrb + b * 292, *xr = xq + t * xrb;
             float d;
             memcpy(&d, fmt == KERN_QX_32 ? xr + 4 * b : bp, 4);
-            const int8_t *q =
-                (const int8_t *)(fmt == KERN_QX_32 ? xr + 4 * (n_in / 32) + 32 * b : bp + 36);
+            const int8_t *q = (const int8_t *)(fmt == KERN_QX_32 ? xr + 6 * nb + 32 * b : bp + 36);
             for (size_t k = 0; k < blk; k++) {
                 size_t i = t * n_in + b * blk + k;
                 xd[i] = d * (float)q[k];
                 assert_true(q[k] >= -127 && fabsf(x[i] - xd[i]) <= 0.5f * d * 1.0001f);
+            }
+            if (fmt == KERN_QX_32) {
+                int16_t bs;
+                memcpy(&bs, xr + 4 * nb + 2 * b, 2);
+                int sum = 0;
+                for (int k = 0; k < 32; k++)
+                    sum += q[k];
+                assert_int_equal(bs, sum);
             }
             if (fmt == KERN_QX_256)
                 for (int s = 0; s < 16; s++) {

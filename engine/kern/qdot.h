@@ -28,8 +28,11 @@
 #define KERN_GGML_Q5_K 13
 #define KERN_GGML_Q6_K 14
 
-/* A KERN_QX_32 row of nb blocks: the nb float scales d first, then the nb runs of 32 int8 q
- * (36 bytes a block), so that 8 consecutive blocks' scales are one vector load. */
+/* A KERN_QX_32 row of nb blocks: the nb float scales d first, then the nb int16 sums of each
+ * block's 32 q (Q4_0 takes its bias of 8 off through them), then the nb runs of 32 int8 q (38
+ * bytes a block), so that 8 consecutive blocks' scales and sums are one vector load each. */
+#define KERN_QX32_S(nb) (4 * (nb))
+#define KERN_QX32_Q(nb) (6 * (nb))
 
 /* KERN_QX_256 block; bs[i] = q[16 i] + ... + q[16 i + 15] */
 typedef struct kern__qx256 {

@@ -54,7 +54,8 @@ INLINE __m256i hsum8(const __m256i v[8])
 }
 
 /* Blocks b0 .. b0 + g (g <= 8) of row `row` of Q8_0 (q8 = 1) or Q4_0 blocks times activation
- * rows xs[0 .. tt): the g blocks are unpacked once, their signs moved onto x, and each row's g
+ * rows xs[0 .. tt): the g blocks are unpacked once (Q8_0's signs moved onto x; Q4_0 kept as its
+ * unsigned nibbles, the 8 taken off through the row's block sums of x), and each row's g
  * whole-block sums folded into acc lanes 0 .. g with one vector multiply and add (kern/qdot.h);
  * lanes past g add (0 * 0) * 0. Called with g = 8 as a constant for full groups. */
 INLINE void group32(const uint8_t *row, size_t b0, size_t g, size_t nb, int q8, const uint8_t *xq,
@@ -69,30 +70,37 @@ INLINE void group32(const uint8_t *row, size_t b0, size_t g, size_t nb, int q8, 
         memcpy(&h[i], p, 2);
         if (q8) {
             w[i] = ld(p + 2);
+            wa[i] = _mm256_sign_epi8(w[i], w[i]);
         } else {
             __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + 2));
-            __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
-            w[i] = _mm256_sub_epi8(u, _mm256_set1_epi8(8));
+            wa[i] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
         }
-        wa[i] = _mm256_sign_epi8(w[i], w[i]);
     }
     __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
     __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)g), lanes);
     for (size_t t = 0; t < tt; t++) {
         const uint8_t *xr = xq + t * xrb;
-        const uint8_t *q = xr + 4 * nb + 32 * b0;
+        const uint8_t *q = xr + KERN_QX32_Q(nb) + 32 * b0;
         __m256i sum[8];
 #pragma GCC unroll 8
-        for (size_t i = 0; i < 8; i++)
-            sum[i] =
-                i < g
-                    ? _mm256_madd_epi16(
-                          _mm256_maddubs_epi16(wa[i], _mm256_sign_epi8(ld(q + 32 * i), w[i])), one)
-                    : _mm256_setzero_si256();
+        for (size_t i = 0; i < 8; i++) {
+            __m256i x = i < g ? ld(q + 32 * i) : _mm256_setzero_si256();
+            if (q8)
+                x = _mm256_sign_epi8(x, w[i]);
+            sum[i] = i < g ? _mm256_madd_epi16(_mm256_maddubs_epi16(wa[i], x), one)
+                           : _mm256_setzero_si256();
+        }
+        __m256i S = hsum8(sum);
+        if (!q8) { /* Q = nibble - 8: S = sum(nibble * x) - 8 sum(x), the row's sums in lanes */
+            __m128i xs =
+                _mm_loadu_si128((const __m128i *)(const void *)(xr + KERN_QX32_S(nb) + 2 * b0));
+            __m256i xs32 = _mm256_and_si256(_mm256_cvtepi16_epi32(xs), mask);
+            S = _mm256_sub_epi32(S, _mm256_slli_epi32(xs32, 3));
+        }
         const float *dp = (const float *)(const void *)(xr + 4 * b0);
         __m256 dx = g == 8 ? _mm256_loadu_ps(dp) : _mm256_maskload_ps(dp, mask);
-        __m256 p = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(hsum8(sum)));
+        __m256 p = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(S));
         acc[t] = _mm256_add_ps(acc[t], p);
     }
 }

@@ -28,7 +28,7 @@ kern_qx kern_qdot_act(const kern_mat *w)
 size_t kern_qx_row_bytes(kern_qx fmt, size_t n_in)
 {
     if (fmt == KERN_QX_32)
-        return n_in / 32 * 36;
+        return n_in / 32 * 38;
     if (fmt == KERN_QX_256)
         return n_in / 256 * sizeof(kern__qx256);
     return 0;
@@ -64,8 +64,13 @@ void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t 
         if (fmt == KERN_QX_32) {
             size_t nb = n_in / 32;
             for (size_t b = 0; b < nb; b++) {
-                float d = quant_block(xr + 32 * b, 32, (int8_t *)(row + 4 * nb + 32 * b));
+                int8_t *q = (int8_t *)(row + KERN_QX32_Q(nb) + 32 * b);
+                float d = quant_block(xr + 32 * b, 32, q);
+                int16_t s = 0;
+                for (int k = 0; k < 32; k++)
+                    s = (int16_t)(s + q[k]);
                 memcpy(row + 4 * b, &d, 4);
+                memcpy(row + KERN_QX32_S(nb) + 2 * b, &s, 2);
             }
         } else {
             for (size_t b = 0; b < n_in / 256; b++) {
@@ -100,7 +105,7 @@ static float dot32(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
     size_t bb = w->type == KERN_Q8_0 ? 34 : 18, nb = w->n_in / 32;
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * bb;
-        const int8_t *xq = (const int8_t *)(xr + 4 * nb + 32 * b);
+        const int8_t *xq = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
         int Q[32];
         if (w->type == KERN_Q8_0) {
             for (int k = 0; k < 32; k++)
