@@ -408,26 +408,37 @@ static void test_qdot(void **state)
 }
 
 /* The integer path's oracle fails when it should: a weight changed by one step changes the
- * reference's result. */
+ * reference's result (Q4_K through its lanes; Q4_0 and Q8_0, whose order differs, through
+ * their whole-block sums), value 0 meeting the largest activation. */
 static void test_qdot_is_sensitive(void **state)
 {
     (void)state;
-    size_t n_in = 256;
-    float *wide = malloc(n_in * sizeof(float)), x[256];
-    uint8_t *data = make_quant_rows(KERN_GGML_Q4_K, 1, n_in, wide);
-    for (size_t k = 0; k < n_in; k++)
-        x[k] = frand();
-    kern_mat m;
-    kern_mat_init_quant(&m, KERN_QUANT, KERN_GGML_Q4_K, data, 1, n_in);
-    uint8_t xq[292];
-    kern_qx_quantize(KERN_QX_256, x, 1, n_in, n_in, xq);
-    float a, b;
-    kern_qmatmul_ref(&m, xq, 1, &a, 1, 0, 1);
-    data[16] ^= 1; /* the lowest bit of value 0's quant */
-    kern_qmatmul_ref(&m, xq, 1, &b, 1, 0, 1);
-    assert_true(a != b);
-    free(data);
-    free(wide);
+    static const uint32_t ids[] = {KERN_GGML_Q4_K, KERN_GGML_Q4_0, KERN_GGML_Q8_0};
+    static const size_t byte0[] = {16, 2, 2}; /* the lowest bit of value 0's quant */
+    for (size_t i = 0; i < 3; i++) {
+        size_t n_in = 256;
+        float *wide = malloc(n_in * sizeof(float)), x[256];
+        uint8_t *data = make_quant_rows(ids[i], 1, n_in, wide);
+        for (size_t k = 0; k < n_in; k++)
+            x[k] = frand();
+        x[0] = 4.0f;
+        kern_mat m;
+        if (ids[i] == KERN_GGML_Q8_0)
+            kern_mat_init(&m, KERN_Q8_0, data, 1, n_in);
+        else
+            kern_mat_init_quant(&m, KERN_QUANT, ids[i], data, 1, n_in);
+        uint8_t xq[304];
+        kern_qx_quantize(kern_qdot_act(&m), x, 1, n_in, n_in, xq);
+        float a, b;
+        kern_qmatmul_ref(&m, xq, 1, &a, 1, 0, 1);
+        data[byte0[i]] ^= 1;
+        kern_qmatmul_ref(&m, xq, 1, &b, 1, 0, 1);
+        if (a == b)
+            fail_msg("%s: a one-step change of value 0 left the product at %a", dtype_name(ids[i]),
+                     (double)a);
+        free(data);
+        free(wide);
+    }
 }
 
 /* dot, axpy (F32 and F16), to_f16 and rmsnorm: the reference near double precision, every
