@@ -9,7 +9,7 @@
  *
  * Q4_0, Q8_0 (KERN_QX_32): block b's whole integer sum S_b of 32 products goes to one
  * accumulator, acc[b % 8] = acc[b % 8] + (d_w * d_x) * (float)S_b, so that AVX2 folds 8 blocks
- * with one vector multiply and add (a fold per block was half of the batched kernel's work).
+ * with one vector multiply and add (a fold per block took as many instructions as its products).
  *
  * K-quants (KERN_QX_256): split into 8 int32 lanes as AVX2's maddubs + madd leave it: lane m
  * holds input 4m .. 4m + 3 of each run of 32 inputs (times the sub-block scale of those inputs).
