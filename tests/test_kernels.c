@@ -289,7 +289,7 @@ static void check_qdot(uint32_t id, size_t n_in)
     kern_qx fmt = kern_qdot_act(&m);
     assert_int_not_equal(fmt, KERN_QX_NONE);
     size_t blk = fmt == KERN_QX_32 ? 32 : 256, xrb = kern_qx_row_bytes(fmt, n_in);
-    assert_int_equal(xrb, n_in / blk * (fmt == KERN_QX_32 ? 36 : 292));
+    assert_int_equal(xrb, n_in / blk * (fmt == KERN_QX_32 ? 38 : 292));
     float *x = malloc(T * n_in * sizeof(float)), *xd = malloc(T * n_in * sizeof(float));
     for (size_t i = 0; i < T * n_in; i++)
         x[i] = frand() * (i % 97 == 0 ? 8.0f : 1.0f); /* an outlier now and then */
@@ -299,14 +299,25 @@ static void check_qdot(uint32_t id, size_t n_in)
     kern_qx_quantize(fmt, x, T, n_in, n_in, xq);
     for (size_t t = 0; t < T; t++)
         for (size_t b = 0; b < n_in / blk; b++) {
-            const uint8_t *bp = xq + t * xrb + b * (fmt == KERN_QX_32 ? 36 : 292);
+            /* KERN_QX_32: the row's scales, then its sums, then its quants; KERN_QX_256: whole
+             * blocks */
+            size_t nb = n_in / 32;
+            const uint8_t *bp = xq + t * xrb + b * 292, *xr = xq + t * xrb;
             float d;
-            memcpy(&d, bp, 4);
-            const int8_t *q = (const int8_t *)(bp + (fmt == KERN_QX_32 ? 4 : 36));
+            memcpy(&d, fmt == KERN_QX_32 ? xr + 4 * b : bp, 4);
+            const int8_t *q = (const int8_t *)(fmt == KERN_QX_32 ? xr + 6 * nb + 32 * b : bp + 36);
             for (size_t k = 0; k < blk; k++) {
                 size_t i = t * n_in + b * blk + k;
                 xd[i] = d * (float)q[k];
                 assert_true(q[k] >= -127 && fabsf(x[i] - xd[i]) <= 0.5f * d * 1.0001f);
+            }
+            if (fmt == KERN_QX_32) {
+                int16_t bs;
+                memcpy(&bs, xr + 4 * nb + 2 * b, 2);
+                int sum = 0;
+                for (int k = 0; k < 32; k++)
+                    sum += q[k];
+                assert_int_equal(bs, sum);
             }
             if (fmt == KERN_QX_256)
                 for (int s = 0; s < 16; s++) {
@@ -372,35 +383,47 @@ static void test_qdot(void **state)
     static const uint32_t kq[] = {KERN_GGML_Q4_K, KERN_GGML_Q5_K, KERN_GGML_Q6_K};
     for (size_t i = 0; i < 2; i++) {
         check_qdot(legacy[i], 32);
-        check_qdot(legacy[i], 288);
+        check_qdot(legacy[i], 288); /* a full group of 8 blocks and one more */
     }
     for (size_t i = 0; i < 3; i++) {
         check_qdot(kq[i], 256);
         check_qdot(kq[i], 512);
+        check_qdot(kq[i], 2304); /* a full group of 8 blocks and one more (kern/qdot.h) */
     }
 }
 
 /* The integer path's oracle fails when it should: a weight changed by one step changes the
- * reference's result. */
+ * reference's result (Q4_K through its lanes; Q4_0 and Q8_0, whose order differs, through
+ * their whole-block sums), value 0 meeting the largest activation. */
 static void test_qdot_is_sensitive(void **state)
 {
     (void)state;
-    size_t n_in = 256;
-    float *wide = malloc(n_in * sizeof(float)), x[256];
-    uint8_t *data = make_quant_rows(KERN_GGML_Q4_K, 1, n_in, wide);
-    for (size_t k = 0; k < n_in; k++)
-        x[k] = frand();
-    kern_mat m;
-    kern_mat_init_quant(&m, KERN_QUANT, KERN_GGML_Q4_K, data, 1, n_in);
-    uint8_t xq[292];
-    kern_qx_quantize(KERN_QX_256, x, 1, n_in, n_in, xq);
-    float a, b;
-    kern_qmatmul_ref(&m, xq, 1, &a, 1, 0, 1);
-    data[16] ^= 1; /* the lowest bit of value 0's quant */
-    kern_qmatmul_ref(&m, xq, 1, &b, 1, 0, 1);
-    assert_true(a != b);
-    free(data);
-    free(wide);
+    static const uint32_t ids[] = {KERN_GGML_Q4_K, KERN_GGML_Q4_0, KERN_GGML_Q8_0};
+    static const size_t byte0[] = {16, 2, 2}; /* the lowest bit of value 0's quant */
+    for (size_t i = 0; i < 3; i++) {
+        size_t n_in = 256;
+        float *wide = malloc(n_in * sizeof(float)), x[256];
+        uint8_t *data = make_quant_rows(ids[i], 1, n_in, wide);
+        for (size_t k = 0; k < n_in; k++)
+            x[k] = frand();
+        x[0] = 4.0f;
+        kern_mat m;
+        if (ids[i] == KERN_GGML_Q8_0)
+            kern_mat_init(&m, KERN_Q8_0, data, 1, n_in);
+        else
+            kern_mat_init_quant(&m, KERN_QUANT, ids[i], data, 1, n_in);
+        uint8_t xq[304];
+        kern_qx_quantize(kern_qdot_act(&m), x, 1, n_in, n_in, xq);
+        float a, b;
+        kern_qmatmul_ref(&m, xq, 1, &a, 1, 0, 1);
+        data[byte0[i]] ^= 1;
+        kern_qmatmul_ref(&m, xq, 1, &b, 1, 0, 1);
+        if (a == b)
+            fail_msg("%s: a one-step change of value 0 left the product at %a", dtype_name(ids[i]),
+                     (double)a);
+        free(data);
+        free(wide);
+    }
 }
 
 /* dot, axpy (F32 and F16), to_f16 and rmsnorm: the reference near double precision, every

@@ -110,7 +110,7 @@ typedef struct kern_ops {
  * activations are rounded to 8 bits), hence the --activations switch (engine_load_params). */
 typedef enum kern_qx {
     KERN_QX_NONE, /* no integer kernel for this weight type: it keeps its F32 panels */
-    KERN_QX_32,   /* per 32 inputs: float d, int8 q[32] (for Q4_0, Q8_0) */
+    KERN_QX_32,   /* per 32 inputs a float d, the int16 sum and int8 q[32] (for Q4_0, Q8_0) */
     KERN_QX_256   /* per 256: float d, int16 sums of each 16 q, int8 q[256] (for the K-quants) */
 } kern_qx;
 

@@ -2,12 +2,19 @@
  * activation blocks and the fixed float order both files follow. Not a public header: names
  * carry the kern__ prefix.
  *
- * A weight block's product with an activation block is exact integer arithmetic, split into 8
- * int32 lanes as AVX2's maddubs + madd leave it: lane m holds input 4m .. 4m + 3 of each run of
- * 32 inputs (times the sub-block scale of those inputs, for the K-quants). Per block and lane,
- * in block order:  acc[m] = acc[m] + (d_w * d_x) * (float)lane[m]  (a product then a sum, never
- * fused), and for a type with mins  acc[m] = acc[m] + (dm_w * d_x) * (float)mlane[m].  Last the
- * 8 lanes are summed as kern__qx_hsum does. Nothing depends on other rows, columns or the batch. */
+ * A weight block's product with an activation block is exact integer arithmetic. Every output
+ * is summed in 8 float accumulators acc[0..7], starting at 0, in block order, each step a
+ * product then a sum (never fused); last the 8 are summed as kern__qx_hsum does. Nothing
+ * depends on other rows, columns or the batch.
+ *
+ * Q4_0, Q8_0 (KERN_QX_32): block b's whole integer sum S_b of 32 products goes to one
+ * accumulator, acc[b % 8] = acc[b % 8] + (d_w * d_x) * (float)S_b, so that AVX2 folds 8 blocks
+ * with one vector multiply and add (a fold per block took as many instructions as its products).
+ *
+ * K-quants (KERN_QX_256): split into 8 int32 lanes as AVX2's maddubs + madd leave it: lane m
+ * holds input 4m .. 4m + 3 of each run of 32 inputs (times the sub-block scale of those inputs).
+ * Per block and lane:  acc[m] = acc[m] + (d_w * d_x) * (float)lane[m], and for a type with mins
+ * acc[m] = acc[m] + (dm_w * d_x) * (float)mlane[m]. */
 #ifndef KVS_ENGINE_KERN_QDOT_H
 #define KVS_ENGINE_KERN_QDOT_H
 
@@ -21,11 +28,11 @@
 #define KERN_GGML_Q5_K 13
 #define KERN_GGML_Q6_K 14
 
-/* KERN_QX_32 block */
-typedef struct kern__qx32 {
-    float d;
-    int8_t q[32];
-} kern__qx32;
+/* A KERN_QX_32 row of nb blocks: the nb float scales d first, then the nb int16 sums of each
+ * block's 32 q (Q4_0 takes its bias of 8 off through them), then the nb runs of 32 int8 q (38
+ * bytes a block), so that 8 consecutive blocks' scales and sums are one vector load each. */
+#define KERN_QX32_S(nb) (4 * (nb))
+#define KERN_QX32_Q(nb) (6 * (nb))
 
 /* KERN_QX_256 block; bs[i] = q[16 i] + ... + q[16 i + 15] */
 typedef struct kern__qx256 {

@@ -1,6 +1,7 @@
 /* AVX2 integer products (kern/qdot.h) over the file's rows: each weight block is unpacked once
  * into registers (nibbles and high bits with shifts and masks; Q4_0 / Q8_0 made unsigned with
- * their signs moved onto x), then multiplied with every activation row of a tile by maddubs
+ * their signs moved onto x, 8 blocks at a time), then multiplied with every activation row of a
+ * tile by maddubs
  * (u8 x s8 pairs into s16: no pair can saturate, |2 * 63 * 127| < 2^15 for Q6_K, 2 * 128 * 127
  * for Q8_0) and madd (the pairs times the sub-block scales into the 8 int32 lanes). The lanes'
  * float fold and final sum are qdot_ref.c's, so the bits are the portable table's. */
@@ -43,35 +44,76 @@ INLINE float hsum(__m256 a)
     return _mm_cvtss_f32(s);
 }
 
-/* A signed weight vector w (32 values) times x: lane m = sum of 4 products. */
-INLINE __m256i sdot32(__m256i w, __m256i x)
+/* The sum of each of v[0..8)'s 8 int32 lanes, v[i]'s in lane i (integers: any order is exact). */
+INLINE __m256i hsum8(const __m256i v[8])
 {
-    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20),
+                            _mm256_permute2x128_si256(a, c, 0x31));
+}
+
+/* Blocks b0 .. b0 + g (g <= 8) of row `row` of Q8_0 (q8 = 1) or Q4_0 blocks times activation
+ * rows xs[0 .. tt): the g blocks are unpacked once (Q8_0's signs moved onto x; Q4_0 kept as its
+ * unsigned nibbles, the 8 taken off through the row's block sums of x), and each row's g
+ * whole-block sums folded into acc lanes 0 .. g with one vector multiply and add (kern/qdot.h);
+ * lanes past g add (0 * 0) * 0. Called with g = 8 as a constant for full groups. */
+INLINE void group32(const uint8_t *row, size_t b0, size_t g, size_t nb, int q8, const uint8_t *xq,
+                    size_t xrb, size_t tt, __m256 *acc)
+{
+    size_t bb = q8 ? 34 : 18;
+    const __m256i one = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f);
+    __m256i w[8], wa[8];
+    uint16_t h[8] = {0};
+    for (size_t i = 0; i < g; i++) {
+        const uint8_t *p = row + (b0 + i) * bb;
+        memcpy(&h[i], p, 2);
+        if (q8) {
+            w[i] = ld(p + 2);
+            wa[i] = _mm256_sign_epi8(w[i], w[i]);
+        } else {
+            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + 2));
+            wa[i] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+        }
+    }
+    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
+    __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)g), lanes);
+    for (size_t t = 0; t < tt; t++) {
+        const uint8_t *xr = xq + t * xrb;
+        const uint8_t *q = xr + KERN_QX32_Q(nb) + 32 * b0;
+        __m256i sum[8];
+#pragma GCC unroll 8
+        for (size_t i = 0; i < 8; i++) {
+            __m256i x = i < g ? ld(q + 32 * i) : _mm256_setzero_si256();
+            if (q8)
+                x = _mm256_sign_epi8(x, w[i]);
+            sum[i] = i < g ? _mm256_madd_epi16(_mm256_maddubs_epi16(wa[i], x), one)
+                           : _mm256_setzero_si256();
+        }
+        __m256i S = hsum8(sum);
+        if (!q8) { /* Q = nibble - 8: S = sum(nibble * x) - 8 sum(x), the row's sums in lanes */
+            __m128i xs =
+                _mm_loadu_si128((const __m128i *)(const void *)(xr + KERN_QX32_S(nb) + 2 * b0));
+            __m256i xs32 = _mm256_and_si256(_mm256_cvtepi16_epi32(xs), mask);
+            S = _mm256_sub_epi32(S, _mm256_slli_epi32(xs32, 3));
+        }
+        const float *dp = (const float *)(const void *)(xr + 4 * b0);
+        __m256 dx = g == 8 ? _mm256_loadu_ps(dp) : _mm256_maskload_ps(dp, mask);
+        __m256 p = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(S));
+        acc[t] = _mm256_add_ps(acc[t], p);
+    }
 }
 
 /* Row `row` of Q8_0 (q8 = 1) or Q4_0 blocks times activation rows xs[0 .. tt). */
 INLINE void row32(const uint8_t *row, size_t nb, int q8, const uint8_t *xq, size_t xrb, size_t tt,
                   __m256 *acc)
 {
-    size_t bb = q8 ? 34 : 18;
-    for (size_t b = 0; b < nb; b++) {
-        const uint8_t *p = row + b * bb;
-        __m256i w;
-        if (q8) {
-            w = ld(p + 2);
-        } else {
-            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + 2));
-            __m128i m4 = _mm_set1_epi8(0x0f);
-            w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-            w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
-        }
-        float d = f16(p);
-        for (size_t t = 0; t < tt; t++) {
-            const kern__qx32 *x = (const kern__qx32 *)(const void *)(xq + t * xrb) + b;
-            acc[t] = fold(acc[t], d * x->d, sdot32(w, ld(x->q)));
-        }
-    }
+    size_t b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8)
+        group32(row, b0, 8, nb, q8, xq, xrb, tt, acc);
+    if (b0 < nb)
+        group32(row, b0, nb - b0, nb, q8, xq, xrb, tt, acc);
 }
 
 /* The 12 scale bytes of a Q4_K block as sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15), four

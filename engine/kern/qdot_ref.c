@@ -28,21 +28,28 @@ kern_qx kern_qdot_act(const kern_mat *w)
 size_t kern_qx_row_bytes(kern_qx fmt, size_t n_in)
 {
     if (fmt == KERN_QX_32)
-        return n_in / 32 * sizeof(kern__qx32);
+        return n_in / 32 * 38;
     if (fmt == KERN_QX_256)
         return n_in / 256 * sizeof(kern__qx256);
     return 0;
 }
 
-/* One block of n values: d and q as kern_qx_quantize says. */
+/* One block of n values: d and q as kern_qx_quantize says. Written so that compilers vectorize
+ * it (this runs on one thread before each product): a compare instead of fmaxf (the same value,
+ * a NaN skipped by both) and rounding to nearest even by adding and taking off 1.5 * 2^23, which
+ * equals nearbyintf in the default rounding mode for |v| < 2^22 (here |x * id| <= 127.5; the
+ * build never reassociates floats, so the pair is not folded away). */
 static float quant_block(const float *x, size_t n, int8_t *q)
 {
     float amax = 0.0f;
-    for (size_t i = 0; i < n; i++)
-        amax = fmaxf(amax, fabsf(x[i]));
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
     float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     for (size_t i = 0; i < n; i++) {
-        float v = nearbyintf(x[i] * id); /* x * id may round just past 127: clamp */
+        float v = (x[i] * id + 12582912.0f) - 12582912.0f;
+        /* x * id may round just past 127: clamp */
         q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
     }
     return amax / 127.0f;
@@ -55,10 +62,15 @@ void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t 
         const float *xr = x + t * ldx;
         uint8_t *row = (uint8_t *)dst + t * rb;
         if (fmt == KERN_QX_32) {
-            for (size_t b = 0; b < n_in / 32; b++) {
-                kern__qx32 blk;
-                blk.d = quant_block(xr + 32 * b, 32, blk.q);
-                memcpy(row + b * sizeof blk, &blk, sizeof blk);
+            size_t nb = n_in / 32;
+            for (size_t b = 0; b < nb; b++) {
+                int8_t *q = (int8_t *)(row + KERN_QX32_Q(nb) + 32 * b);
+                float d = quant_block(xr + 32 * b, 32, q);
+                int16_t s = 0;
+                for (int k = 0; k < 32; k++)
+                    s = (int16_t)(s + q[k]);
+                memcpy(row + 4 * b, &d, 4);
+                memcpy(row + KERN_QX32_S(nb) + 2 * b, &s, 2);
             }
         } else {
             for (size_t b = 0; b < n_in / 256; b++) {
@@ -85,13 +97,15 @@ static void fold(float acc[8], float s, const int32_t lane[8])
     }
 }
 
-/* One row of Q8_0 or Q4_0 blocks times one quantized row. */
-static float dot32(const kern_mat *w, const uint8_t *row, const kern__qx32 *xq)
+/* One row of Q8_0 or Q4_0 blocks times one quantized row (kern/qdot.h's KERN_QX_32 layout): each
+ * block's whole integer sum in accumulator b % 8. */
+static float dot32(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
 {
     float acc[8] = {0};
-    size_t bb = w->type == KERN_Q8_0 ? 34 : 18;
-    for (size_t b = 0; b < w->n_in / 32; b++) {
+    size_t bb = w->type == KERN_Q8_0 ? 34 : 18, nb = w->n_in / 32;
+    for (size_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * bb;
+        const int8_t *xq = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
         int Q[32];
         if (w->type == KERN_Q8_0) {
             for (int k = 0; k < 32; k++)
@@ -102,14 +116,13 @@ static float dot32(const kern_mat *w, const uint8_t *row, const kern__qx32 *xq)
             for (int k = 0; k < 32; k++)
                 Q[k] = qb.raw[k] - 8;
         }
-        int32_t lane[8];
-        for (int m = 0; m < 8; m++) {
-            lane[m] = 0;
-            for (int i = 0; i < 4; i++)
-                lane[m] += Q[4 * m + i] * xq[b].q[4 * m + i];
-        }
-        float d = dtype_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
-        fold(acc, d * xq[b].d, lane);
+        int32_t sum = 0;
+        for (int k = 0; k < 32; k++)
+            sum += Q[k] * xq[k];
+        float dx;
+        memcpy(&dx, xr + 4 * b, 4);
+        float p = (dtype_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * dx) * (float)sum;
+        acc[b % 8] = acc[b % 8] + p;
     }
     return kern__qx_hsum(acc);
 }
