@@ -193,6 +193,38 @@ void engine__run_job(engine_ctx *c, void (*fn)(void *, uint32_t, uint32_t), void
         tpool_run(c->pool, fn, arg);
 }
 
+typedef struct quantize_job {
+    kern_qx fmt;
+    const float *in;
+    size_t rows, n_in;
+    uint8_t *dst;
+} quantize_job;
+
+/* Each row is quantized alone (kern_qx_quantize), so splitting the rows among threads gives
+ * the same bytes whatever the split. */
+static void quantize_worker(void *arg, uint32_t ith, uint32_t nth)
+{
+    const quantize_job *j = arg;
+    size_t r0 = j->rows * ith / nth, r1 = j->rows * (ith + 1) / nth;
+    if (r1 > r0)
+        kern_qx_quantize(j->fmt, j->in + r0 * j->n_in, r1 - r0, j->n_in, j->n_in,
+                         j->dst + r0 * kern_qx_row_bytes(j->fmt, j->n_in));
+}
+
+/* A batch's rows are quantized on the pool: on one thread, 16 rows took ~6 % of a
+ * TinyLlama-shape Q4_K_M step while the other core waited (perf, docs/BENCHMARKS.md). One row
+ * (a decode step) stays on this thread: the hand-off would cost more than the pass; the job
+ * counts a value as 32 multiply-adds, about what quantizing it costs. */
+static void quantize_rows(engine_ctx *c, kern_qx fmt, const float *in, size_t rows, size_t n_in,
+                          void *dst)
+{
+    quantize_job j = {fmt, in, rows, n_in, dst};
+    if (rows < 2)
+        quantize_worker(&j, 0, 1);
+    else
+        engine__run_job(c, quantize_worker, &j, (uint64_t)rows * n_in * 32);
+}
+
 /* In one pool job (one hand-off instead of n); with glu, act(out[0]) * out[1] is computed on
  * each chunk as soon as both products have it. */
 void engine__matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
@@ -210,13 +242,13 @@ void engine__matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
         j.first_item[m + 1] = glu != ENGINE_GLU_NONE ? items : j.first_item[m] + items;
         macs += (uint64_t)rows * wm->n_out * wm->n_in;
     }
-    /* Matrices on the integer path share the input: each row quantized once per format, on
-     * this thread (a pass over the input, against n_out passes in the products). */
+    /* Matrices on the integer path share the input: each row quantized once per format (a
+     * pass over the input, against n_out passes in the products). */
     bool done[2] = {false, false};
     for (uint32_t m = 0; m < n; m++) {
         kern_qx fmt = kern_qdot_act(w[m]);
         if (fmt != KERN_QX_NONE && !done[fmt == KERN_QX_256]) {
-            kern_qx_quantize(fmt, in, rows, w[m]->n_in, w[m]->n_in, c->xq[fmt == KERN_QX_256]);
+            quantize_rows(c, fmt, in, rows, w[m]->n_in, c->xq[fmt == KERN_QX_256]);
             done[fmt == KERN_QX_256] = true;
         }
     }
