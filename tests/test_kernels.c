@@ -393,8 +393,8 @@ static void test_qdot(void **state)
 }
 
 /* The integer path's oracle fails when it should: a weight changed by one step changes the
- * reference's result (Q4_K through its lanes; Q4_0 and Q8_0, whose order differs, through
- * their whole-block sums), value 0 meeting the largest activation. */
+ * reference's result (Q4_K and Q4_0 through their single accumulator, Q8_0 through its 8),
+ * value 0 meeting the largest activation. */
 static void test_qdot_is_sensitive(void **state)
 {
     (void)state;

@@ -2,19 +2,19 @@
  * activation blocks and the fixed float order both files follow. Not a public header: names
  * carry the kern__ prefix.
  *
- * A weight block's product with an activation block is exact integer arithmetic. Every output
- * is summed in 8 float accumulators acc[0..7], starting at 0, in block order, each step a
- * product then a sum (never fused); last the 8 are summed as kern__qx_hsum does. Nothing
- * depends on other rows, columns or the batch.
+ * A weight block's product with an activation block is exact integer arithmetic. Nothing depends
+ * on other rows, columns or the batch; each product is rounded, then summed (never fused).
  *
- * Q4_0, Q8_0 (KERN_QX_32): block b's whole integer sum S_b of 32 products goes to one
- * accumulator, acc[b % 8] = acc[b % 8] + (d_w * d_x) * (float)S_b, so that AVX2 folds 8 blocks
- * with one vector multiply and add (a fold per block took as many instructions as its products).
+ * Q8_0 (KERN_QX_32): 8 float accumulators acc[0..7] from 0; block b's whole integer sum S_b of
+ * 32 products goes to acc[b % 8] = acc[b % 8] + (d_w * d_x) * (float)S_b, so that AVX2 folds 8
+ * blocks with one vector multiply and add; last the 8 are summed as kern__qx_hsum does.
  *
- * K-quants (KERN_QX_256): split into 8 int32 lanes as AVX2's maddubs + madd leave it: lane m
- * holds input 4m .. 4m + 3 of each run of 32 inputs (times the sub-block scale of those inputs).
- * Per block and lane:  acc[m] = acc[m] + (d_w * d_x) * (float)lane[m], and for a type with mins
- * acc[m] = acc[m] + (dm_w * d_x) * (float)mlane[m]. */
+ * Q4_0 (KERN_QX_32) and the K-quants Q4_K, Q5_K, Q6_K (KERN_QX_256): one float accumulator from
+ * 0, block by block: acc = acc + (d_w * d_x) * (float)S_b, S_b the block's exact integer sum
+ * (sub-block scales times their raw values' products, less bias * sums of x), then for a type
+ * with mins acc = acc + (dm_w * d_x) * (float)M_b, M_b its mins times the sums of x. So the
+ * AVX2 kernels put 8 weight rows in the 8 lanes of a vector (one output each, no horizontal
+ * sum) and add the products of a sub-block's 8 rows in int16 before one madd per sub-block. */
 #ifndef KVS_ENGINE_KERN_QDOT_H
 #define KVS_ENGINE_KERN_QDOT_H
 

@@ -1,10 +1,18 @@
-/* AVX2 integer products (kern/qdot.h) over the file's rows: each weight block is unpacked once
- * into registers (nibbles and high bits with shifts and masks; Q4_0 / Q8_0 made unsigned with
- * their signs moved onto x, 8 blocks at a time), then multiplied with every activation row of a
- * tile by maddubs
- * (u8 x s8 pairs into s16: no pair can saturate, |2 * 63 * 127| < 2^15 for Q6_K, 2 * 128 * 127
- * for Q8_0) and madd (the pairs times the sub-block scales into the 8 int32 lanes). The lanes'
- * float fold and final sum are qdot_ref.c's, so the bits are the portable table's. */
+/* AVX2 integer products (kern/qdot.h) over the file's rows.
+ *
+ * Q4_0 and the K-quants take 8 weight rows at a time, one per 32-bit lane: per block, each row's
+ * values are unpacked with shifts and masks and the 8 rows transposed (an 8 x 8 transpose of
+ * 4-value groups), so that lane r of vector k holds values 4k .. 4k + 3 of row r. Four
+ * activations broadcast to every lane then meet all 8 rows in one maddubs (u8 x s8 pairs into
+ * s16), a sub-block's maddubs are added in int16 (no sum can overflow: |8 * 2 * 15 * 127|,
+ * |4 * 2 * 31 * 127| and |2 * 2 * 63 * 127| are below 2^15 for the 4-, 5- and 6-bit values), and
+ * one madd with the rows' sub-block scales gives each row's int32 sum in its lane. So nothing is
+ * summed across lanes, a sub-block costs one madd instead of one per 32 values, and each lane's
+ * float sum is the reference's single accumulator. A weight block is unpacked once per tile of
+ * up to TT activation rows.
+ *
+ * Q8_0 keeps one row at a time (its signed values are made unsigned with their signs moved onto
+ * x, and products of 128 * 127 leave no room to add in int16), 8 blocks folded at once. */
 #include "engine/kern/qdot.h"
 
 #include <immintrin.h>
@@ -15,24 +23,11 @@
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
-#define TT 32 /* activation rows whose sums stay in a tile while one weight row is read */
+#define TT 32 /* activation rows of a tile: a weight block is unpacked once for all of them */
 
 INLINE __m256i ld(const void *p)
 {
     return _mm256_loadu_si256((const __m256i *)p);
-}
-
-INLINE float f16(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-/* acc + s * lane (kern/qdot.h: a product then a sum) */
-INLINE __m256 fold(__m256 acc, float s, __m256i lane)
-{
-    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(lane)));
 }
 
 /* kern__qx_hsum's order */
@@ -53,28 +48,21 @@ INLINE __m256i hsum8(const __m256i v[8])
                             _mm256_permute2x128_si256(a, c, 0x31));
 }
 
-/* Blocks b0 .. b0 + g (g <= 8) of row `row` of Q8_0 (q8 = 1) or Q4_0 blocks times activation
- * rows xs[0 .. tt): the g blocks are unpacked once (Q8_0's signs moved onto x; Q4_0 kept as its
- * unsigned nibbles, the 8 taken off through the row's block sums of x), and each row's g
- * whole-block sums folded into acc lanes 0 .. g with one vector multiply and add (kern/qdot.h);
- * lanes past g add (0 * 0) * 0. Called with g = 8 as a constant for full groups. */
-INLINE void group32(const uint8_t *row, size_t b0, size_t g, size_t nb, int q8, const uint8_t *xq,
-                    size_t xrb, size_t tt, __m256 *acc)
+/* Blocks b0 .. b0 + g (g <= 8) of row `row` of Q8_0 blocks times activation rows xs[0 .. tt):
+ * the g blocks are unpacked once (their signs moved onto x), and each row's g whole-block sums
+ * folded into acc lanes 0 .. g with one vector multiply and add (kern/qdot.h); lanes past g add
+ * (0 * 0) * 0. Called with g = 8 as a constant for full groups. */
+INLINE void group_q8_0(const uint8_t *row, size_t b0, size_t g, size_t nb, const uint8_t *xq,
+                       size_t xrb, size_t tt, __m256 *acc)
 {
-    size_t bb = q8 ? 34 : 18;
-    const __m256i one = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f);
+    const __m256i one = _mm256_set1_epi16(1);
     __m256i w[8], wa[8];
     uint16_t h[8] = {0};
     for (size_t i = 0; i < g; i++) {
-        const uint8_t *p = row + (b0 + i) * bb;
+        const uint8_t *p = row + (b0 + i) * 34;
         memcpy(&h[i], p, 2);
-        if (q8) {
-            w[i] = ld(p + 2);
-            wa[i] = _mm256_sign_epi8(w[i], w[i]);
-        } else {
-            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + 2));
-            wa[i] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
-        }
+        w[i] = ld(p + 2);
+        wa[i] = _mm256_sign_epi8(w[i], w[i]);
     }
     __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
     __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -85,19 +73,11 @@ INLINE void group32(const uint8_t *row, size_t b0, size_t g, size_t nb, int q8, 
         __m256i sum[8];
 #pragma GCC unroll 8
         for (size_t i = 0; i < 8; i++) {
-            __m256i x = i < g ? ld(q + 32 * i) : _mm256_setzero_si256();
-            if (q8)
-                x = _mm256_sign_epi8(x, w[i]);
+            __m256i x = i < g ? _mm256_sign_epi8(ld(q + 32 * i), w[i]) : _mm256_setzero_si256();
             sum[i] = i < g ? _mm256_madd_epi16(_mm256_maddubs_epi16(wa[i], x), one)
                            : _mm256_setzero_si256();
         }
         __m256i S = hsum8(sum);
-        if (!q8) { /* Q = nibble - 8: S = sum(nibble * x) - 8 sum(x), the row's sums in lanes */
-            __m128i xs =
-                _mm_loadu_si128((const __m128i *)(const void *)(xr + KERN_QX32_S(nb) + 2 * b0));
-            __m256i xs32 = _mm256_and_si256(_mm256_cvtepi16_epi32(xs), mask);
-            S = _mm256_sub_epi32(S, _mm256_slli_epi32(xs32, 3));
-        }
         const float *dp = (const float *)(const void *)(xr + 4 * b0);
         __m256 dx = g == 8 ? _mm256_loadu_ps(dp) : _mm256_maskload_ps(dp, mask);
         __m256 p = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(S));
@@ -105,15 +85,102 @@ INLINE void group32(const uint8_t *row, size_t b0, size_t g, size_t nb, int q8, 
     }
 }
 
-/* Row `row` of Q8_0 (q8 = 1) or Q4_0 blocks times activation rows xs[0 .. tt). */
-INLINE void row32(const uint8_t *row, size_t nb, int q8, const uint8_t *xq, size_t xrb, size_t tt,
-                  __m256 *acc)
+/* Row `row` of Q8_0 blocks times activation rows xs[0 .. tt). */
+INLINE void row_q8_0(const uint8_t *row, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
+                     __m256 *acc)
 {
     size_t b0 = 0;
     for (; b0 + 8 <= nb; b0 += 8)
-        group32(row, b0, 8, nb, q8, xq, xrb, tt, acc);
+        group_q8_0(row, b0, 8, nb, xq, xrb, tt, acc);
     if (b0 < nb)
-        group32(row, b0, nb - b0, nb, q8, xq, xrb, tt, acc);
+        group_q8_0(row, b0, nb - b0, nb, xq, xrb, tt, acc);
+}
+
+/* v[k] := the vector whose lane r is lane k of v[r] (an 8 x 8 transpose of 32-bit lanes). */
+INLINE void tr8(__m256i v[8])
+{
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        v[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* The f16 at p[r] + off of each of the 8 rows, as floats in lanes 0..7. */
+INLINE __m256 f16x8(const uint8_t *const p[8], size_t off)
+{
+    uint16_t h[8];
+    for (int r = 0; r < 8; r++)
+        memcpy(&h[r], p[r] + off, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
+}
+
+INLINE __m256i bcast4(const int8_t *q)
+{
+    int32_t v;
+    memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* The 8 rows of a group are 8 short streams the hardware prefetchers learn too late (each
+ * group starts 8 new ones): while block b of a group is read, the next group's bytes of block b
+ * (the same share of its contiguous 8 rows) are fetched. */
+INLINE void prefetch_next(const uint8_t *next, size_t b, size_t bb)
+{
+    for (size_t o = 8 * bb * b; o < 8 * bb * (b + 1); o += 64)
+        _mm_prefetch((const char *)(next + o), _MM_HINT_T0);
+}
+
+/* sum over k < n of maddubs(w[k], x[4k .. 4k + 3] in every lane), in int16 */
+INLINE __m256i mul8(const __m256i *w, const int8_t *x, int n)
+{
+    __m256i s = _mm256_maddubs_epi16(w[0], bcast4(x));
+    for (int k = 1; k < n; k++)
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], bcast4(x + 4 * k)));
+    return s;
+}
+
+/* Q4_0 rows p[0..8) (18-byte blocks: d | 16 bytes, value j in the low nibble of byte j, j + 16
+ * in its high one) times activation rows xq[0 .. tt); Q = nibble - 8, the 8 taken off through
+ * the block sums of x. */
+INLINE void grp_q4_0(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
+                     const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, 18);
+        const uint8_t *p[8];
+        __m256i w[8];
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + 18 * b;
+            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p[r] + 2));
+            w[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+        }
+        tr8(w);
+        __m256 dw = f16x8(p, 0);
+        for (size_t t = 0; t < tt; t++) {
+            const uint8_t *xr = xq + t * xrb;
+            __m256i S =
+                _mm256_madd_epi16(mul8(w, (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8), one);
+            int16_t sx;
+            float dx;
+            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+            memcpy(&dx, xr + 4 * b, 4);
+            S = _mm256_sub_epi32(S, _mm256_set1_epi32(8 * sx));
+            __m256 pr = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(S));
+            acc[t] = _mm256_add_ps(acc[t], pr);
+        }
+    }
 }
 
 /* The 12 scale bytes of a Q4_K block as sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15), four
@@ -132,6 +199,143 @@ INLINE __m128i scales_k4(const uint8_t *s)
     return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
 }
 
+/* Q4_K rows p[0..8): d (2) | dmin (2) | scales (12) | qs (128): value 64 c + l in the low
+ * nibble of qs[32 c + l], 64 c + 32 + l in its high one. Q5_K (q5 = 1): d | dmin | scales |
+ * qh (32) | qs (128), the fifth bit of value 32 v + l bit v of qh[l]. si: tt int32 vectors of
+ * scratch. */
+INLINE void grp_q45k(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int q5,
+                     const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc, __m256i *si)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1);
+    size_t bb = q5 ? 176 : 144, qs = q5 ? 48 : 16;
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, bb);
+        const uint8_t *p[8];
+        /* per row sc[0..7] | m[0..7] as int16, each doubled into a 32-bit lane; transposed,
+         * a[j] (j < 4) and c[j - 4] hold sub-block j's scale of each row, a[4 + j] and c[j] its
+         * min */
+        __m256i a[8], c[8];
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + b * bb;
+            __m256i e = _mm256_cvtepu8_epi16(scales_k4(p[r] + 4));
+            a[r] = _mm256_unpacklo_epi16(e, e);
+            c[r] = _mm256_unpackhi_epi16(e, e);
+        }
+        tr8(a);
+        tr8(c);
+        __m256i sc[8] = {a[0], a[1], a[2], a[3], c[0], c[1], c[2], c[3]};
+        __m256i mi[8] = {a[4], a[5], a[6], a[7], c[4], c[5], c[6], c[7]};
+        __m256 d = f16x8(p, 0), dm = f16x8(p, 2);
+        dm = _mm256_xor_ps(dm, _mm256_set1_ps(-0.0f)); /* the min is subtracted */
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i w[8];
+            for (int r = 0; r < 8; r++) {
+                __m256i q = ld(p[r] + qs + 32 * (j / 2));
+                w[r] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
+                if (q5) {
+                    __m256i h = _mm256_srl_epi16(ld(p[r] + 16), _mm_cvtsi32_si128(j));
+                    w[r] = _mm256_or_si256(w[r], _mm256_slli_epi16(_mm256_and_si256(h, m1), 4));
+                }
+            }
+            tr8(w);
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * j;
+                __m256i v;
+                if (q5)
+                    v = _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), sc[j]),
+                                         _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), sc[j]));
+                else
+                    v = _mm256_madd_epi16(mul8(w, xs, 8), sc[j]);
+                si[t] = _mm256_add_epi32(si[t], v);
+            }
+        }
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m256i M = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) /* m[j] times bs[2 j] + bs[2 j + 1] */
+                M = _mm256_add_epi32(
+                    M,
+                    _mm256_madd_epi16(mi[j], bcast4((const int8_t *)(const void *)&x->bs[2 * j])));
+            __m256 dx = _mm256_set1_ps(x->d);
+            __m256 s1 = _mm256_add_ps(
+                acc[t], _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(si[t])));
+            acc[t] = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(M)));
+        }
+    }
+}
+
+/* Q6_K rows p[0..8): ql (128) | qh (64) | scales (16, int8) | d (2); per half h of 128 values,
+ * value l (l < 32) from the low nibble of ql[l] and bits 0-1 of qh[l], 32 + l from ql[32 + l]
+ * and bits 2-3, 64 + l from the high nibble of ql[l] and bits 4-5, 96 + l from ql[32 + l] and
+ * bits 6-7. Q = raw - 32, the 32 taken off through the sums of 16 activations. */
+INLINE void grp_q6k(const uint8_t *const rows[8], const uint8_t *next, size_t nb, const uint8_t *xq,
+                    size_t xrb, size_t tt, __m256 *acc, __m256i *si)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    /* a 32-bit lane's low / high int16 in both of its halves */
+    const __m256i dup0 = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1,
+                                          0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+    const __m256i dup1 = _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2,
+                                          3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, 210);
+        const uint8_t *p[8];
+        __m256i pr[8]; /* transposed: lane r of pr[k] is (sc[2 k], sc[2 k + 1]) of row r */
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + b * 210;
+            pr[r] =
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p[r] + 192)));
+        }
+        tr8(pr);
+        __m256 d = f16x8(p, 208);
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm256_setzero_si256();
+        for (int v = 0; v < 8; v++) { /* values 32 v .. 32 v + 31: sub-blocks 2 v, 2 v + 1 */
+            int h = v / 4, s = v % 4;
+            __m256i w[8];
+            for (int r = 0; r < 8; r++) {
+                __m256i l = ld(p[r] + 64 * h + 32 * (s % 2)), qh = ld(p[r] + 128 + 32 * h);
+                if (s >= 2)
+                    l = _mm256_srli_epi16(l, 4);
+                qh = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s));
+                w[r] = _mm256_or_si256(_mm256_and_si256(l, m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            }
+            tr8(w);
+            __m256i s0 = _mm256_shuffle_epi8(pr[v], dup0), s1 = _mm256_shuffle_epi8(pr[v], dup1);
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * v;
+                __m256i u = _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 2), s0),
+                                             _mm256_madd_epi16(mul8(w + 2, xs + 8, 2), s0));
+                __m256i z = _mm256_add_epi32(_mm256_madd_epi16(mul8(w + 4, xs + 16, 2), s1),
+                                             _mm256_madd_epi16(mul8(w + 6, xs + 24, 2), s1));
+                si[t] = _mm256_add_epi32(si[t], _mm256_add_epi32(u, z));
+            }
+        }
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m256i B = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) /* sc[2 k] bs[2 k] + sc[2 k + 1] bs[2 k + 1] */
+                B = _mm256_add_epi32(
+                    B,
+                    _mm256_madd_epi16(pr[k], bcast4((const int8_t *)(const void *)&x->bs[2 * k])));
+            __m256i S = _mm256_sub_epi32(si[t], _mm256_slli_epi32(B, 5));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)),
+                                                         _mm256_cvtepi32_ps(S)));
+        }
+    }
+}
+
+/* One activation row (a decode step): reading the weights dominates, so each row's block is
+ * multiplied as the file lays it out (lanes over its inputs), and the 8 rows' int32 lanes are
+ * summed into one vector of their exact block sums S, lane r for row r (hsum8), before the float
+ * fold the tile kernels above make: the same integers, the same order, the same bits, without
+ * the transposes whose cost a single row cannot share. */
+
 /* Int16 element e of both 128-bit halves of v in every element of that half. */
 #define BCAST16(v, e0, e1)                                                                         \
     _mm256_shuffle_epi8(                                                                           \
@@ -145,101 +349,136 @@ INLINE __m128i scales_k4(const uint8_t *s)
 /* Q4_K: d (2) | dmin (2) | scales (12) | qs (128): value 64 c + l in the low nibble of
  * qs[32 c + l], 64 c + 32 + l in its high one. Q5_K (q5 = 1): d | dmin | scales | qh (32) |
  * qs (128), the fifth bit of value 32 v + l bit v of qh[l]. */
-INLINE void row_q45k(const uint8_t *row, size_t nb, int q5, const uint8_t *xq, size_t xrb,
-                     size_t tt, __m256 *acc)
+
+INLINE void one_q4_0(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
+                     const uint8_t *xr, __m256 *acc)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, 18);
+        const uint8_t *p[8];
+        __m256i x = ld(xr + KERN_QX32_Q(nb) + 32 * b), s[8];
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + 18 * b;
+            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p[r] + 2));
+            __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+            s[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), one);
+        }
+        int16_t sx;
+        float dx;
+        memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+        memcpy(&dx, xr + 4 * b, 4);
+        __m256i S = _mm256_sub_epi32(hsum8(s), _mm256_set1_epi32(8 * sx));
+        __m256 pr =
+            _mm256_mul_ps(_mm256_mul_ps(f16x8(p, 0), _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(S));
+        *acc = _mm256_add_ps(*acc, pr);
+    }
+}
+
+INLINE void one_q45k(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int q5,
+                     const kern__qx256 *xb, __m256 *acc)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1);
     size_t bb = q5 ? 176 : 144, qs = q5 ? 48 : 16;
     for (size_t b = 0; b < nb; b++) {
-        const uint8_t *p = row + b * bb;
-        __m256i u[8], sc[8];
-        __m128i sm = scales_k4(p + 4); /* sc bytes 0..7, m bytes 8..15 */
-        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-        sc[0] = BCAST16(sc16, 0, 0);
-        sc[1] = BCAST16(sc16, 1, 1);
-        sc[2] = BCAST16(sc16, 2, 2);
-        sc[3] = BCAST16(sc16, 3, 3);
-        sc[4] = BCAST16(sc16, 4, 4);
-        sc[5] = BCAST16(sc16, 5, 5);
-        sc[6] = BCAST16(sc16, 6, 6);
-        sc[7] = BCAST16(sc16, 7, 7);
-        __m128i m8 = _mm_unpackhi_epi64(sm, sm);
-        __m256i miv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m[i / 2] */
-        for (int c = 0; c < 4; c++) {
-            __m256i q = ld(p + qs + 32 * c);
-            u[2 * c] = _mm256_and_si256(q, m4);
-            u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        prefetch_next(next, b, bb);
+        const kern__qx256 *x = xb + b;
+        const uint8_t *p[8];
+        __m256i s[8], mn[8];
+        __m256i bs = ld(x->bs);
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + b * bb;
+            __m128i sm = scales_k4(p[r] + 4); /* sc bytes 0..7, m bytes 8..15 */
+            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+            __m128i m8 = _mm_unpackhi_epi64(sm, sm);
+            mn[r] = _mm256_madd_epi16(bs, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
+            __m256i qh = q5 ? ld(p[r] + 16) : _mm256_setzero_si256();
+            __m256i acc32 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m256i q = ld(p[r] + qs + 32 * c);
+                __m256i u0 = _mm256_and_si256(q, m4);
+                __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if (q5) {
+                    u0 = _mm256_or_si256(
+                        u0,
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m1), 4));
+                    u1 = _mm256_or_si256(
+                        u1, _mm256_slli_epi16(
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), m1), 4));
+                }
+                __m256i s0 = c == 0   ? BCAST16(sc16, 0, 0)
+                             : c == 1 ? BCAST16(sc16, 2, 2)
+                             : c == 2 ? BCAST16(sc16, 4, 4)
+                                      : BCAST16(sc16, 6, 6);
+                __m256i s1 = c == 0   ? BCAST16(sc16, 1, 1)
+                             : c == 1 ? BCAST16(sc16, 3, 3)
+                             : c == 2 ? BCAST16(sc16, 5, 5)
+                                      : BCAST16(sc16, 7, 7);
+                acc32 = _mm256_add_epi32(
+                    acc32, _mm256_madd_epi16(_mm256_maddubs_epi16(u0, ld(x->q + 64 * c)), s0));
+                acc32 = _mm256_add_epi32(
+                    acc32, _mm256_madd_epi16(_mm256_maddubs_epi16(u1, ld(x->q + 64 * c + 32)), s1));
+            }
+            s[r] = acc32;
         }
-        if (q5) {
-            __m256i qh = ld(p + 16);
-#pragma GCC unroll 8
-            for (int v = 0; v < 8; v++)
-                u[v] = _mm256_or_si256(
-                    u[v], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, v), m1), 4));
-        }
-        float d = f16(p), dm = -f16(p + 2);
-        for (size_t t = 0; t < tt; t++) {
-            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
-            __m256i s = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int v = 0; v < 8; v++)
-                s = _mm256_add_epi32(
-                    s, _mm256_madd_epi16(_mm256_maddubs_epi16(u[v], ld(x->q + 32 * v)), sc[v]));
-            __m256 a = fold(acc[t], d * x->d, s);
-            acc[t] = fold(a, dm * x->d, _mm256_madd_epi16(ld(x->bs), miv));
-        }
+        __m256 dx = _mm256_set1_ps(x->d);
+        __m256 dm = _mm256_xor_ps(f16x8(p, 2), _mm256_set1_ps(-0.0f));
+        __m256 a = _mm256_add_ps(
+            *acc, _mm256_mul_ps(_mm256_mul_ps(f16x8(p, 0), dx), _mm256_cvtepi32_ps(hsum8(s))));
+        *acc =
+            _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(hsum8(mn))));
     }
 }
 
-/* ql (128) | qh (64) | scales (16, int8) | d (2); per half of 128 values, value l (l < 32) from
- * the low nibble of ql[l] and bits 0-1 of qh[l], 32 + l from ql[32 + l] and bits 2-3, 64 + l
- * from the high nibble of ql[l] and bits 4-5, 96 + l from ql[32 + l] and bits 6-7. Q = raw - 32,
- * the 32 taken off through the sums of 16 activations. */
-INLINE void row_q6k(const uint8_t *row, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
-                    __m256 *acc)
+INLINE void one_q6k(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
+                    const kern__qx256 *xb, __m256 *acc)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
     for (size_t b = 0; b < nb; b++) {
-        const uint8_t *p = row + b * 210;
-        __m256i u[8], sc[8];
-        for (int h = 0; h < 2; h++) {
-            __m256i l0 = ld(p + 64 * h), l1 = ld(p + 64 * h + 32), qh = ld(p + 128 + 32 * h);
-            u[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+        prefetch_next(next, b, 210);
+        const kern__qx256 *x = xb + b;
+        const uint8_t *p[8];
+        __m256i s[8];
+        __m256i bs = ld(x->bs);
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + b * 210;
+            __m256i sc16 =
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p[r] + 192)));
+            /* vector v: sc[2 v] in its low half, sc[2 v + 1] in its high one */
+            __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+            __m256i hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+            __m256i acc32 = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
+            acc32 = _mm256_sub_epi32(_mm256_setzero_si256(), acc32);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256i l0 = ld(p[r] + 64 * h), l1 = ld(p[r] + 64 * h + 32);
+                __m256i qh = ld(p[r] + 128 + 32 * h);
+                __m256i u[4];
+                u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
                                        _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            u[4 * h + 1] = _mm256_or_si256(
-                _mm256_and_si256(l1, m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            u[4 * h + 2] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            u[4 * h + 3] = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+                u[1] = _mm256_or_si256(
+                    _mm256_and_si256(l1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+                u[2] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+                u[3] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+                __m256i v = h ? hi : lo;
+                __m256i sc[4] = {BCAST16(v, 0, 1), BCAST16(v, 2, 3), BCAST16(v, 4, 5),
+                                 BCAST16(v, 6, 7)};
+                for (int i = 0; i < 4; i++)
+                    acc32 = _mm256_add_epi32(
+                        acc32, _mm256_madd_epi16(
+                                   _mm256_maddubs_epi16(u[i], ld(x->q + 128 * h + 32 * i)), sc[i]));
+            }
+            s[r] = acc32;
         }
-        const int8_t *s8 = (const int8_t *)(p + 192);
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)s8));
-        /* vector v: sc[2 v] in its low half, sc[2 v + 1] in its high one */
-        __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
-        __m256i hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
-        sc[0] = BCAST16(lo, 0, 1);
-        sc[1] = BCAST16(lo, 2, 3);
-        sc[2] = BCAST16(lo, 4, 5);
-        sc[3] = BCAST16(lo, 6, 7);
-        sc[4] = BCAST16(hi, 0, 1);
-        sc[5] = BCAST16(hi, 2, 3);
-        sc[6] = BCAST16(hi, 4, 5);
-        sc[7] = BCAST16(hi, 6, 7);
-        float d = f16(p + 208);
-        for (size_t t = 0; t < tt; t++) {
-            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
-            __m256i s = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int v = 0; v < 8; v++)
-                s = _mm256_add_epi32(
-                    s, _mm256_madd_epi16(_mm256_maddubs_epi16(u[v], ld(x->q + 32 * v)), sc[v]));
-            s = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(ld(x->bs), sc16), 5));
-            acc[t] = fold(acc[t], d * x->d, s);
-        }
+        __m256 pr = _mm256_mul_ps(_mm256_mul_ps(f16x8(p, 208), _mm256_set1_ps(x->d)),
+                                  _mm256_cvtepi32_ps(hsum8(s)));
+        *acc = _mm256_add_ps(*acc, pr);
     }
 }
 
@@ -249,33 +488,60 @@ void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out,
     kern_qx fmt = kern_qdot_act(w);
     size_t xrb = kern_qx_row_bytes(fmt, w->n_in), K = w->n_in;
     int kind = w->type == KERN_Q8_0 ? 0 : (int)w->qtype;
+    const uint8_t *base = (const uint8_t *)w->data;
+    __m256 acc[TT];
+    __m256i si[TT];
     for (size_t t0 = 0; t0 < T; t0 += TT) {
         size_t tt = T - t0 < TT ? T - t0 : TT;
         const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
-        for (size_t n = n0; n < n1; n++) {
-            const uint8_t *row = (const uint8_t *)w->data + n * w->row_bytes;
-            __m256 acc[TT];
+        if (kind == 0) { /* Q8_0: one row at a time */
+            for (size_t n = n0; n < n1; n++) {
+                for (size_t t = 0; t < tt; t++)
+                    acc[t] = _mm256_setzero_ps();
+                row_q8_0(base + n * w->row_bytes, K / 32, x, xrb, tt, acc);
+                for (size_t t = 0; t < tt; t++)
+                    out[(t0 + t) * ldo + n] = hsum(acc[t]);
+            }
+            continue;
+        }
+        for (size_t n = n0; n < n1; n += 8) {
+            size_t nr = n1 - n < 8 ? n1 - n : 8;
+            const uint8_t *rows[8];
+            for (size_t r = 0; r < 8; r++) /* past the end: the last row again, not stored */
+                rows[r] = base + (n + (r < nr ? r : nr - 1)) * w->row_bytes;
+            const uint8_t *next = n + 16 <= w->n_out ? base + (n + 8) * w->row_bytes : rows[0];
             for (size_t t = 0; t < tt; t++)
                 acc[t] = _mm256_setzero_ps();
-            /* one row (a decode step) in a copy of its own: its sum stays in a register */
             if (tt == 1)
                 switch (kind) {
-                case 0: row32(row, K / 32, 1, x, xrb, 1, acc); break;
-                case KERN_GGML_Q4_0: row32(row, K / 32, 0, x, xrb, 1, acc); break;
-                case KERN_GGML_Q4_K: row_q45k(row, K / 256, 0, x, xrb, 1, acc); break;
-                case KERN_GGML_Q5_K: row_q45k(row, K / 256, 1, x, xrb, 1, acc); break;
-                default: row_q6k(row, K / 256, x, xrb, 1, acc); break;
+                case KERN_GGML_Q4_0: one_q4_0(rows, next, K / 32, x, acc); break;
+                case KERN_GGML_Q4_K:
+                    one_q45k(rows, next, K / 256, 0, (const kern__qx256 *)(const void *)x, acc);
+                    break;
+                case KERN_GGML_Q5_K:
+                    one_q45k(rows, next, K / 256, 1, (const kern__qx256 *)(const void *)x, acc);
+                    break;
+                default:
+                    one_q6k(rows, next, K / 256, (const kern__qx256 *)(const void *)x, acc);
+                    break;
                 }
             else
                 switch (kind) {
-                case 0: row32(row, K / 32, 1, x, xrb, tt, acc); break;
-                case KERN_GGML_Q4_0: row32(row, K / 32, 0, x, xrb, tt, acc); break;
-                case KERN_GGML_Q4_K: row_q45k(row, K / 256, 0, x, xrb, tt, acc); break;
-                case KERN_GGML_Q5_K: row_q45k(row, K / 256, 1, x, xrb, tt, acc); break;
-                default: row_q6k(row, K / 256, x, xrb, tt, acc); break;
+                case KERN_GGML_Q4_0: grp_q4_0(rows, next, K / 32, x, xrb, tt, acc); break;
+                case KERN_GGML_Q4_K: grp_q45k(rows, next, K / 256, 0, x, xrb, tt, acc, si); break;
+                case KERN_GGML_Q5_K: grp_q45k(rows, next, K / 256, 1, x, xrb, tt, acc, si); break;
+                default: grp_q6k(rows, next, K / 256, x, xrb, tt, acc, si); break;
                 }
-            for (size_t t = 0; t < tt; t++)
-                out[(t0 + t) * ldo + n] = hsum(acc[t]);
+            for (size_t t = 0; t < tt; t++) {
+                float *o = out + (t0 + t) * ldo + n;
+                if (nr == 8) {
+                    _mm256_storeu_ps(o, acc[t]);
+                } else {
+                    float l[8];
+                    _mm256_storeu_ps(l, acc[t]);
+                    memcpy(o, l, nr * sizeof(float));
+                }
+            }
         }
     }
 }

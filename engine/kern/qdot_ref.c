@@ -88,37 +88,17 @@ void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t 
     }
 }
 
-/* acc[m] += s * lane[m], a product then a sum (kern/qdot.h) */
-static void fold(float acc[8], float s, const int32_t lane[8])
-{
-    for (int m = 0; m < 8; m++) {
-        float p = s * (float)lane[m];
-        acc[m] = acc[m] + p;
-    }
-}
-
-/* One row of Q8_0 or Q4_0 blocks times one quantized row (kern/qdot.h's KERN_QX_32 layout): each
+/* One row of Q8_0 blocks times one quantized row (kern/qdot.h's KERN_QX_32 layout): each
  * block's whole integer sum in accumulator b % 8. */
-static float dot32(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
+static float dot_q8_0(const uint8_t *row, size_t nb, const uint8_t *xr)
 {
     float acc[8] = {0};
-    size_t bb = w->type == KERN_Q8_0 ? 34 : 18, nb = w->n_in / 32;
     for (size_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * bb;
+        const uint8_t *blk = row + b * 34;
         const int8_t *xq = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
-        int Q[32];
-        if (w->type == KERN_Q8_0) {
-            for (int k = 0; k < 32; k++)
-                Q[k] = (int8_t)blk[2 + k];
-        } else {
-            kern_qblock qb;
-            kern__qfmt(w->qtype)->decode(blk, &qb);
-            for (int k = 0; k < 32; k++)
-                Q[k] = qb.raw[k] - 8;
-        }
         int32_t sum = 0;
         for (int k = 0; k < 32; k++)
-            sum += Q[k] * xq[k];
+            sum += (int8_t)blk[2 + k] * xq[k];
         float dx;
         memcpy(&dx, xr + 4 * b, 4);
         float p = (dtype_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * dx) * (float)sum;
@@ -127,37 +107,58 @@ static float dot32(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
     return kern__qx_hsum(acc);
 }
 
-/* One row of a K-quant (raw without a lut, sub-blocks of 16 or 32) times one quantized row: the
- * raw values' products with their sub-block scales per lane, the bias (Q = raw - bias) and the
- * mins through the sums of 16 activations, bs[2m] and bs[2m + 1] in lane m. */
+/* One row of Q4_0 blocks times one quantized row: one accumulator, block by block. */
+static float dot_q4_0(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
+{
+    size_t nb = w->n_in / 32;
+    float acc = 0.0f;
+    for (size_t b = 0; b < nb; b++) {
+        const int8_t *xq = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
+        kern_qblock qb;
+        kern__qfmt(w->qtype)->decode(row + b * 18, &qb);
+        int32_t sum = 0;
+        for (int k = 0; k < 32; k++)
+            sum += (qb.raw[k] - 8) * xq[k];
+        float dx;
+        memcpy(&dx, xr + 4 * b, 4);
+        float p = (dtype_f16_to_f32(qb.d) * dx) * (float)sum;
+        acc = acc + p;
+    }
+    return acc;
+}
+
+/* One row of a K-quant (raw without a lut, sub-blocks of 16 or 32) times one quantized row, one
+ * accumulator, block by block: the block's exact integer sum of the raw values' products times
+ * their sub-block scales, less the bias (Q = raw - bias) through the sums of 16 activations bs,
+ * then the mins' sum through bs (kern/qdot.h). */
 static float dot256(const kern_mat *w, const uint8_t *row, const kern__qx256 *xq)
 {
     const kern_qfmt *f = kern__qfmt(w->qtype);
-    float acc[8] = {0};
+    float acc = 0.0f;
     for (size_t b = 0; b < w->n_in / 256; b++) {
         kern_qblock qb;
         memset(&qb, 0, sizeof qb);
         f->decode(row + b * f->file_bytes, &qb);
         const kern__qx256 *x = &xq[b];
-        int32_t lane[8], mlane[8];
-        for (int m = 0; m < 8; m++) {
-            lane[m] = 0;
-            for (int v = 0; v < 8; v++) {
-                int k0 = 32 * v + 4 * m, s = 0;
-                for (int i = 0; i < 4; i++)
-                    s += qb.raw[k0 + i] * x->q[k0 + i];
-                lane[m] += qb.sc[k0 / f->sub] * s;
-            }
-            int sc0 = qb.sc[32 * m / f->sub], sc1 = qb.sc[(32 * m + 16) / f->sub];
-            lane[m] -= f->bias * (sc0 * x->bs[2 * m] + sc1 * x->bs[2 * m + 1]);
-            mlane[m] = qb.mi[32 * m / f->sub] * x->bs[2 * m] +
-                       qb.mi[(32 * m + 16) / f->sub] * x->bs[2 * m + 1];
+        int32_t S = 0, M = 0;
+        for (int j = 0; j < 256 / f->sub; j++) {
+            int32_t s = 0;
+            for (int i = f->sub * j; i < f->sub * (j + 1); i++)
+                s += qb.raw[i] * x->q[i];
+            S += qb.sc[j] * s;
         }
-        fold(acc, dtype_f16_to_f32(qb.d) * x->d, lane);
-        if (f->has_min)
-            fold(acc, dtype_f16_to_f32(qb.dm) * x->d, mlane);
+        for (int g = 0; g < 16; g++) {
+            S -= f->bias * qb.sc[16 * g / f->sub] * x->bs[g];
+            M += qb.mi[16 * g / f->sub] * x->bs[g];
+        }
+        float p = (dtype_f16_to_f32(qb.d) * x->d) * (float)S;
+        acc = acc + p;
+        if (f->has_min) {
+            float pm = (dtype_f16_to_f32(qb.dm) * x->d) * (float)M;
+            acc = acc + pm;
+        }
     }
-    return kern__qx_hsum(acc);
+    return acc;
 }
 
 void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
@@ -169,7 +170,9 @@ void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, s
         const void *xr = (const uint8_t *)xq + t * xb;
         for (size_t n = n0; n < n1; n++) {
             const uint8_t *row = (const uint8_t *)w->data + n * w->row_bytes;
-            out[t * ldo + n] = fmt == KERN_QX_32 ? dot32(w, row, xr) : dot256(w, row, xr);
+            out[t * ldo + n] = fmt == KERN_QX_256     ? dot256(w, row, xr)
+                               : w->type == KERN_Q8_0 ? dot_q8_0(row, w->n_in / 32, xr)
+                                                      : dot_q4_0(w, row, xr);
         }
     }
 }
