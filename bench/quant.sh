@@ -9,7 +9,8 @@
 # the file's size. Writes the "quant.sh" section of docs/BENCHMARKS.md.
 # Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), TYPES ("Q4_K_M Q4_0
 # Q5_K_M Q6_K Q8_0"), OUT (64), PROMPT (32), N1 (3 requests at 1 client), N16 (16 requests at 16
-# clients), PEER (../shared/peer/llama.cpp/bin).
+# clients), F32_TYPES (the types also served with --activations f32, default all of TYPES; the
+# others show "-" in the f32 columns), PEER (../shared/peer/llama.cpp/bin).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -17,6 +18,7 @@ cd "$ROOT"
 . bench/peer_lib.sh
 SHAPE=${SHAPE:-tinyllama-1.1b}
 TYPES=${TYPES:-Q4_K_M Q4_0 Q5_K_M Q6_K Q8_0}
+F32_TYPES=${F32_TYPES:-$TYPES}
 OUT=${OUT:-64}
 PROMPT=${PROMPT:-32}
 N1=${N1:-3}
@@ -61,7 +63,7 @@ write_section() { # DONE-TYPES-COUNT
     echo "size after the run includes its $KV_MB MiB KV cache (as touched). Command:"
     echo
     echo '```'
-    echo "THREADS=$THREADS SHAPE=$SHAPE TYPES=\"$TYPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 bench/quant.sh"
+    echo "THREADS=$THREADS SHAPE=$SHAPE TYPES=\"$TYPES\" F32_TYPES=\"$F32_TYPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 bench/quant.sh"
     echo '```'
     echo
     echo "kvserve runs with --activations q8 (the default: the integer path for Q4_0, Q8_0, Q4_K,"
@@ -84,9 +86,12 @@ for t in $TYPES; do
     echo "quant.sh: $t kvserve" >&2
     read -r k1 k16 krss <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations q8)"
     PORT=$((PORT + 1))
-    echo "quant.sh: $t kvserve --activations f32" >&2
-    read -r e1 e16 _ <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations f32)"
-    PORT=$((PORT + 1))
+    e1=- e16=-
+    if [[ " $F32_TYPES " == *" $t "* ]]; then
+        echo "quant.sh: $t kvserve --activations f32" >&2
+        read -r e1 e16 _ <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations f32)"
+        PORT=$((PORT + 1))
+    fi
     echo "quant.sh: $t llama-server" >&2
     read -r l1 l16 lrss <<<"$(serve llama "$f" "$PORT")"
     PORT=$((PORT + 1))
