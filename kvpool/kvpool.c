@@ -74,8 +74,10 @@ struct kvpool {
     uint32_t n_indexed;
     kvpool_seq *seqs;
     uint32_t n_seqs;
-    bool released_any; /* a release_before happened: orphans may exist (see the top) */
-    kvpool_stats st;   /* counters and sums kept incrementally; block counts filled on read */
+    /* A table released entries (kvpool_seq_release_before, or kvpool_seq_match_window's
+     * placeholders): orphans may exist (see the top). */
+    bool released_any;
+    kvpool_stats st; /* counters and sums kept incrementally; block counts filled on read */
 };
 
 /* --- lists --- */
