@@ -1423,6 +1423,39 @@ static void test_window_match_no_alias(void **state)
     wp_fini(&p);
 }
 
+/* The global group evicted a conversation and computed it again (new blocks, new keys) while
+ * the windowed group still cached its old blocks: the new windowed commit switches to those
+ * (same prefix, same parent chain), and they must then carry the new global keys, or the
+ * conversation sent a third time finds its window nowhere though both groups hold it. */
+static void test_window_match_after_global_recompute(void **state)
+{
+    (void)state;
+    wpair p;
+    wp_init(&p, 16, 40, 4, 9); /* a small global group, a windowed one that keeps everything */
+    int32_t tok[40], other[80];
+    seq_tokens(tok, 40, 5000);
+    seq_tokens(other, 80, 9000);
+    ws_cached(&p, tok, 40, 4);
+    uint64_t keys[16];
+    assert_int_equal(wp_probe(&p, tok, 39, keys), 36);
+    /* everything cached in the global group goes; the windowed group is untouched */
+    tseq churn;
+    ts_create(&p.g, &churn);
+    assert_int_equal(ts_append(&p.g, &churn, other, kvpool_available(p.g.pool) * 4, NULL), 0);
+    ts_destroy(&p.g, &churn);
+    assert_int_equal(kvpool_prefix_probe(p.g.pool, tok, 39), 0);
+    assert_int_equal(kvpool_prefix_probe(p.w.pool, tok, 39), 36);
+    uint64_t w_evictions = stats(&p.w).evictions;
+    ws_cached(&p, tok, 40, 4); /* computed again: the windowed commit switches to the old blocks */
+    assert_int_equal(stats(&p.w).evictions, w_evictions);
+    assert_int_equal(wp_probe(&p, tok, 39, keys), 36);
+    wseq b;
+    ws_create(&p, &b);
+    assert_int_equal(ws_match(&p, &b, tok, 39), 36);
+    ws_destroy(&p, &b);
+    wp_fini(&p);
+}
+
 /* Window-matched blocks are shared like any hit: two sequences hold the same window, a fork of
  * one with a partial last block copies it on the first write, and each side goes on alone. */
 static void test_window_match_share_cow(void **state)
@@ -1641,6 +1674,7 @@ int main(void)
         cmocka_unit_test(test_window_match_long),
         cmocka_unit_test(test_window_match_evicted_middle),
         cmocka_unit_test(test_window_match_no_alias),
+        cmocka_unit_test(test_window_match_after_global_recompute),
         cmocka_unit_test(test_window_match_share_cow),
         cmocka_unit_test(test_window_random_bs1),
         cmocka_unit_test(test_window_random_bs4),
