@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Shell functions of the side-by-side benchmarks (bench/peer.sh, bench/quant.sh,
-# bench/families.sh, bench/window_memory.sh): their common environment and set-up, starting
-# kvserve or llama-server on a model, waiting for it, one closed-loop client run, ratios.
+# bench/families.sh, bench/window_memory.sh, bench/window_prefix.sh): their common environment
+# and set-up, starting kvserve or llama-server on a model, waiting for it, one closed-loop client
+# run, ratios.
 # Source it from the repository root (after `cd "$ROOT"`), then call peer_setup. It sets the
 # defaults every one of them documents: BUILD (build), THREADS (nproc), PEER
 # (../shared/peer/llama.cpp/bin), VOCAB (llama-spm), and the binaries' paths KVSERVE, MKMODEL,

@@ -10,23 +10,13 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-BUILD=${BUILD:-build}
-THREADS=${THREADS:-$(nproc)}
+# shellcheck source=bench/peer_lib.sh
+. bench/peer_lib.sh
 TOKENS=${TOKENS:-2048}
 OUT=${OUT:-16}
 TURN=${TURN:-32}
 OLD=${OLD:-}
-KVSERVE="$BUILD/server/kvserve"
-MKMODEL="$BUILD/tools/kvs-mkmodel"
-for x in "$KVSERVE" "$MKMODEL"; do
-    [ -x "$x" ] || { echo "window_prefix.sh: $x missing (ninja -C $BUILD)" >&2; exit 1; }
-done
-TMP=$(mktemp -d /tmp/kvs-bench-wprefix.XXXXXX)
-PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"' EXIT
-WHO=window_prefix.sh
-# shellcheck source=bench/peer_lib.sh
-. bench/peer_lib.sh
+peer_setup "$KVSERVE" "$MKMODEL" ${OLD:+"$OLD"}
 
 CTX=$(( (TOKENS + TURN + OUT + 255) / 256 * 256 ))
 MODEL="$TMP/gemma3-1b-kv.gguf"
@@ -34,7 +24,7 @@ MODEL="$TMP/gemma3-1b-kv.gguf"
     --type f16 --ctx "$CTX" -o "$MODEL" >/dev/null
 MB=$(( CTX * 26 / 1024 + 64 )) # every layer's K/V of CTX tokens fit either way
 
-echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "load before: $LOAD_BEFORE"
 echo "| server | first request s | re-sent request s | prefix hits (blocks of 16) | of full blocks shared |"
 echo "|---|---:|---:|---:|---:|"
 modes=(reclaim no-reclaim)

@@ -74,8 +74,10 @@ struct kvpool {
     uint32_t n_indexed;
     kvpool_seq *seqs;
     uint32_t n_seqs;
-    bool released_any; /* a release_before happened: orphans may exist (see the top) */
-    kvpool_stats st;   /* counters and sums kept incrementally; block counts filled on read */
+    /* A table released entries (kvpool_seq_release_before, or kvpool_seq_match_window's
+     * placeholders): orphans may exist (see the top). */
+    bool released_any;
+    kvpool_stats st; /* counters and sums kept incrementally; block counts filled on read */
 };
 
 /* --- lists --- */
@@ -739,6 +741,14 @@ static uint64_t anchor_of(const kvpool *apool, const kvpool_seq *aseq, uint32_t 
     return block_key(apool, aseq->blocks[i]);
 }
 
+/* Whether the block anchor key names in apool was taken for new data since: the key can never
+ * match again. */
+static bool anchor_retaken(const kvpool *apool, uint64_t key)
+{
+    uint32_t b = (uint32_t)key;
+    return b >= apool->n_blocks || apool->blk[b].gen != (uint32_t)(key >> 32);
+}
+
 void kvpool_seq_commit_anchored(kvpool *pool, kvpool_seq *seq, uint32_t n_computed,
                                 const kvpool *apool, const kvpool_seq *aseq)
 {
@@ -775,10 +785,14 @@ void kvpool_seq_commit_anchored(kvpool *pool, kvpool_seq *seq, uint32_t n_comput
                 break;
             }
         }
-        /* A block indexed without an anchor (by kvpool_seq_commit, or matched from the root)
+        /* A block indexed without an anchor (by kvpool_seq_commit, or matched from the root),
+         * or with one whose global block was retaken since (the global group evicted this
+         * prefix and computed it again under a new key, while this group kept its block),
          * takes ours: it holds our prefix at position i, so our anchor names it exactly. */
-        if (pool->blk[seq->blocks[i]].anchor == 0)
-            pool->blk[seq->blocks[i]].anchor = anchor_of(apool, aseq, i);
+        kvpool_block *k = &pool->blk[seq->blocks[i]];
+        uint64_t a = anchor_of(apool, aseq, i);
+        if (a && (k->anchor == 0 || anchor_retaken(apool, k->anchor)))
+            k->anchor = a;
         seq->n_indexed = i + 1;
     }
 }

@@ -100,8 +100,10 @@ uint32_t kvpool_prefix_keys(const kvpool *pool, const int32_t *tokens, uint32_t 
  * a key to repeat. */
 
 /* As kvpool_seq_commit, and each block it indexes records as anchor the key of the same
- * block of aseq in apool (the global pool's table of the same sequence, committed first).
- * apool and aseq may be NULL (no anchors: kvpool_seq_commit). */
+ * block of aseq in apool (the global pool's table of the same sequence, committed first); so
+ * does a block it finds indexed already with no anchor, or with one whose global block was
+ * retaken since (that prefix computed again there under a new key). apool and aseq may be
+ * NULL (no anchors: kvpool_seq_commit). */
 void kvpool_seq_commit_anchored(kvpool *pool, kvpool_seq *seq, uint32_t n_computed,
                                 const kvpool *apool, const kvpool_seq *aseq);
 

@@ -63,8 +63,9 @@ int sched__kv_match_prefix(sched *s, seq *q, uint32_t *covered_out)
                 : 0;
     free(keys);
     if (wc != covered) {
-        /* Unreachable after the probes (nothing changes in between); start over empty rather
-         * than run with tables of different lengths. */
+        /* The probes leave nothing to change in between, so only a failed allocation in the
+         * windowed match (its scratch, or the table's growth) gets here; start over empty
+         * rather than run with tables of different lengths. */
         sched__kv_free(s, q);
         return sched__kv_create(s, q);
     }

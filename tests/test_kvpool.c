@@ -1269,6 +1269,16 @@ static void ws_run(wpair *p, wseq *q, const int32_t *tok, uint32_t n, uint32_t c
     }
 }
 
+/* One sequence computes tok[0..n) in chunks of `chunk` and goes: the conversation a later
+ * request sends again, its full blocks left cached wherever the pools still hold them. */
+static void ws_cached(wpair *p, const int32_t *tok, uint32_t n, uint32_t chunk)
+{
+    wseq q;
+    ws_create(p, &q);
+    ws_run(p, &q, tok, n, chunk);
+    ws_destroy(p, &q);
+}
+
 /* The windowed probe for tok[0..n) after the global group's walk (0 when keys run out). */
 static uint32_t wp_probe(const wpair *p, const int32_t *tok, uint32_t n, uint64_t *keys)
 {
@@ -1314,11 +1324,9 @@ static void test_window_match_long(void **state)
     wp_init(&p, 64, 10, 4, 9); /* a window of 9 positions needs 3 blocks, 4 when unaligned */
     int32_t tok[160];
     seq_tokens(tok, 160, 2000);
-    wseq a, b;
-    ws_create(&p, &a);
-    ws_run(&p, &a, tok, 102, 5); /* 25 full blocks and 2 tokens; 10 windowed blocks */
+    wseq b;
+    ws_cached(&p, tok, 102, 5); /* 25 full blocks and 2 tokens; 10 windowed blocks */
     assert_true(stats(&p.w).evictions > 0);
-    ws_destroy(&p, &a);
     assert_int_equal(kvpool_prefix_probe(p.w.pool, tok, 120), 0);
     assert_int_equal(kvpool_prefix_probe(p.g.pool, tok, 120), 100);
 
@@ -1352,9 +1360,7 @@ static void test_window_match_evicted_middle(void **state)
     seq_tokens(tok, 80, 3000);
     seq_tokens(other, 80, 7000);
     wseq a, mid, churn, b;
-    ws_create(&p, &a);
-    ws_run(&p, &a, tok, 60, 4);
-    ws_destroy(&p, &a);
+    ws_cached(&p, tok, 60, 4);
     ws_create(&p, &mid);
     assert_int_equal(ws_match(&p, &mid, tok, 32), 32); /* holds the blocks of [24, 32) */
     /* Everything else cached in the windowed group goes. */
@@ -1393,10 +1399,7 @@ static void test_window_match_no_alias(void **state)
     wp_init(&p, 300, 40, 4, 9); /* the global group keeps every prefix */
     int32_t a_tok[40];
     seq_tokens(a_tok, 40, 100);
-    wseq a;
-    ws_create(&p, &a);
-    ws_run(&p, &a, a_tok, 40, 8);
-    ws_destroy(&p, &a);
+    ws_cached(&p, a_tok, 40, 8);
     uint64_t keys[16];
     assert_int_equal(wp_probe(&p, a_tok, 39, keys), 36);
     for (int v = 0; v < 24; v++) {
@@ -1420,6 +1423,39 @@ static void test_window_match_no_alias(void **state)
     wp_fini(&p);
 }
 
+/* The global group evicted a conversation and computed it again (new blocks, new keys) while
+ * the windowed group still cached its old blocks: the new windowed commit switches to those
+ * (same prefix, same parent chain), and they must then carry the new global keys, or the
+ * conversation sent a third time finds its window nowhere though both groups hold it. */
+static void test_window_match_after_global_recompute(void **state)
+{
+    (void)state;
+    wpair p;
+    wp_init(&p, 16, 40, 4, 9); /* a small global group, a windowed one that keeps everything */
+    int32_t tok[40], other[80];
+    seq_tokens(tok, 40, 5000);
+    seq_tokens(other, 80, 9000);
+    ws_cached(&p, tok, 40, 4);
+    uint64_t keys[16];
+    assert_int_equal(wp_probe(&p, tok, 39, keys), 36);
+    /* everything cached in the global group goes; the windowed group is untouched */
+    tseq churn;
+    ts_create(&p.g, &churn);
+    assert_int_equal(ts_append(&p.g, &churn, other, kvpool_available(p.g.pool) * 4, NULL), 0);
+    ts_destroy(&p.g, &churn);
+    assert_int_equal(kvpool_prefix_probe(p.g.pool, tok, 39), 0);
+    assert_int_equal(kvpool_prefix_probe(p.w.pool, tok, 39), 36);
+    uint64_t w_evictions = stats(&p.w).evictions;
+    ws_cached(&p, tok, 40, 4); /* computed again: the windowed commit switches to the old blocks */
+    assert_int_equal(stats(&p.w).evictions, w_evictions);
+    assert_int_equal(wp_probe(&p, tok, 39, keys), 36);
+    wseq b;
+    ws_create(&p, &b);
+    assert_int_equal(ws_match(&p, &b, tok, 39), 36);
+    ws_destroy(&p, &b);
+    wp_fini(&p);
+}
+
 /* Window-matched blocks are shared like any hit: two sequences hold the same window, a fork of
  * one with a partial last block copies it on the first write, and each side goes on alone. */
 static void test_window_match_share_cow(void **state)
@@ -1429,10 +1465,8 @@ static void test_window_match_share_cow(void **state)
     wp_init(&p, 64, 16, 4, 9);
     int32_t tok[60], t1[8] = {1, 2, 3, 4, 5, 6, 7, 8}, t2[8] = {9, 10, 11, 12, 13, 14, 15, 16};
     seq_tokens(tok, 60, 4000);
-    wseq a, b, c, f;
-    ws_create(&p, &a);
-    ws_run(&p, &a, tok, 44, 4);
-    ws_destroy(&p, &a);
+    wseq b, c, f;
+    ws_cached(&p, tok, 44, 4);
     ws_create(&p, &b);
     ws_create(&p, &c);
     assert_int_equal(ws_match(&p, &b, tok, 43), 40);
@@ -1640,6 +1674,7 @@ int main(void)
         cmocka_unit_test(test_window_match_long),
         cmocka_unit_test(test_window_match_evicted_middle),
         cmocka_unit_test(test_window_match_no_alias),
+        cmocka_unit_test(test_window_match_after_global_recompute),
         cmocka_unit_test(test_window_match_share_cow),
         cmocka_unit_test(test_window_random_bs1),
         cmocka_unit_test(test_window_random_bs4),

@@ -350,7 +350,7 @@ static void test_kv_snapshot(void **state)
     }
     assert_true(cached >= 3);
     sched_kv_snapshot_free(&k);
-    sched_destroy(s);
+    end_sched(s);
 }
 
 /* Constrained decoding: with an object grammar every choice (the first and its forks, which

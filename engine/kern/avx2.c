@@ -2,6 +2,7 @@
  * -mavx2 -mfma -mf16c) so a portable build carries them; kern_select runs them only on CPUs
  * whose CPUID (and OS) say so. Every operation gives the bits of ref.c (its top comment says
  * in what order). */
+#include "engine/kern/f16c.h"
 #include "engine/kern/kern.h"
 #include "engine/kern/panel_loop.h"
 #include "engine/kern/qdot.h"
@@ -207,16 +208,6 @@ static void avx2_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
         y[i] = fmaf(a, f16_at(xb, i), y[i]);
 }
 
-static void avx2_to_f16(uint16_t *dst, const float *x, size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(void *)(dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++)
-        dst[i] = dtype_f32_to_f16(x[i]);
-}
-
 static void avx2_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
 {
     float scale = 1.0f / sqrtf(avx2_dot(x, x, n) / (float)n + eps);
@@ -231,7 +222,7 @@ const kern_ops kern_avx2_ops = {
     .dot_f16 = avx2_dot_f16,
     .axpy = avx2_axpy,
     .axpy_f16 = avx2_axpy_f16,
-    .to_f16 = avx2_to_f16,
+    .to_f16 = kern__to_f16_f16c,
     .rmsnorm = avx2_rmsnorm,
     .qmatmul = kern__qmatmul_avx2,
 };

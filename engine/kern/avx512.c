@@ -5,6 +5,7 @@
  * rows at one input, and dot keeps ref's 16 partial sums in one zmm (ref's order is that of two
  * 8-lane AVX2 accumulators, so a second zmm accumulator would change the bits). */
 #include "engine/kern/avx512_isa.h"
+#include "engine/kern/f16c.h"
 #include "engine/kern/kern.h"
 #include "engine/kern/panel_loop.h"
 #include "engine/kern/qdot.h"
@@ -191,18 +192,6 @@ static void avx512_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
         y[i] = fmaf(a, f16_at((const uint8_t *)x, i), y[i]);
 }
 
-/* Two ymm conversions per 16 values (no 512-bit vcvtps2ph in simde 0.7.4); the store-bound
- * loop runs at the same speed either way. */
-static void avx512_to_f16(uint16_t *dst, const float *x, size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(void *)(dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++)
-        dst[i] = dtype_f32_to_f16(x[i]);
-}
-
 static void avx512_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
 {
     float scale = 1.0f / sqrtf(avx512_dot(x, x, n) / (float)n + eps);
@@ -227,7 +216,7 @@ const kern_ops kern_avx512_ops = {
     .dot_f16 = avx512_dot_f16,
     .axpy = avx512_axpy,
     .axpy_f16 = avx512_axpy_f16,
-    .to_f16 = avx512_to_f16,
+    .to_f16 = kern__to_f16_f16c, /* 8 at a time (kern/f16c.h) */
     .rmsnorm = avx512_rmsnorm,
     /* The integer path's product (kern/qdot.h): AVX2's, whose bits every table shares; an
      * AVX-512 VNNI version belongs here once a machine can run it. */
