@@ -9,12 +9,15 @@
  * 32 products goes to acc[b % 8] = acc[b % 8] + (d_w * d_x) * (float)S_b, so that AVX2 folds 8
  * blocks with one vector multiply and add; last the 8 are summed as kern__qx_hsum does.
  *
- * Q4_0 (KERN_QX_32) and the K-quants Q4_K, Q5_K, Q6_K (KERN_QX_256): one float accumulator from
- * 0, block by block: acc = acc + (d_w * d_x) * (float)S_b, S_b the block's exact integer sum
- * (sub-block scales times their raw values' products, less bias * sums of x), then for a type
- * with mins acc = acc + (dm_w * d_x) * (float)M_b, M_b its mins times the sums of x. So the
- * AVX2 kernels put 8 weight rows in the 8 lanes of a vector (one output each, no horizontal
- * sum) and add the products of a sub-block's 8 rows in int16 before one madd per sub-block. */
+ * Q4_0, Q4_1, Q5_0, Q5_1 (KERN_QX_32) and the K-quants Q2_K .. Q6_K (KERN_QX_256): one float
+ * accumulator from 0, block by block: acc = acc + (d_w * d_x) * (float)S_b, S_b the block's
+ * exact integer sum (sub-block scales times their raw values' products, less bias * sums of x:
+ * Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32), then for a type with mins
+ * acc = acc + (dm_w * d_x) * (float)M_b: each a product, then a sum, the min's term after the
+ * scale's. M_b is the K-quants' sub-block mins times the sums of x (dm_w = -dmin) and Q4_1's,
+ * Q5_1's block sum of x sx (dm_w = m, w = d q + m). So the AVX2 kernels put 8 weight rows in
+ * the 8 lanes of a vector (one output each, no horizontal sum) and add the products of a
+ * sub-block's 8 rows in int16 before one madd per sub-block. */
 #ifndef KVS_ENGINE_KERN_QDOT_H
 #define KVS_ENGINE_KERN_QDOT_H
 
@@ -23,14 +26,20 @@
 #include <stdint.h>
 
 #define KERN_GGML_Q4_0 2
+#define KERN_GGML_Q4_1 3
+#define KERN_GGML_Q5_0 6
+#define KERN_GGML_Q5_1 7
 #define KERN_GGML_Q8_0 8
+#define KERN_GGML_Q2_K 10
+#define KERN_GGML_Q3_K 11
 #define KERN_GGML_Q4_K 12
 #define KERN_GGML_Q5_K 13
 #define KERN_GGML_Q6_K 14
 
 /* A KERN_QX_32 row of nb blocks: the nb float scales d first, then the nb int16 sums of each
- * block's 32 q (Q4_0 takes its bias of 8 off through them), then the nb runs of 32 int8 q (38
- * bytes a block), so that 8 consecutive blocks' scales and sums are one vector load each. */
+ * block's 32 q (Q4_0, Q5_0 take their bias of 8, 16 off through them; Q4_1, Q5_1 their min), then
+ * the nb runs of 32 int8 q (38 bytes a block), so that 8 consecutive blocks' scales and sums are
+ * one vector load each. */
 #define KERN_QX32_S(nb) (4 * (nb))
 #define KERN_QX32_Q(nb) (6 * (nb))
 
