@@ -385,18 +385,18 @@ static void test_qdot(void **state)
                                   KERN_GGML_Q6_K};
     for (size_t i = 0; i < sizeof legacy / sizeof legacy[0]; i++) {
         check_qdot(legacy[i], 32);
-        check_qdot(legacy[i], 288); /* a full group of 8 blocks and one more */
+        check_qdot(legacy[i], 288); /* 9 blocks: an odd count past a power of 2 */
     }
     for (size_t i = 0; i < sizeof kq / sizeof kq[0]; i++) {
         check_qdot(kq[i], 256);
         check_qdot(kq[i], 512);
-        check_qdot(kq[i], 2304); /* a full group of 8 blocks and one more (kern/qdot.h) */
+        check_qdot(kq[i], 2304); /* 9 blocks */
     }
 }
 
 /* The integer path's oracle fails when it should: a weight changed by one step changes the
- * reference's result (Q4_K, Q4_0 and Q5_1 through their single accumulator, Q8_0 through its
- * 8), value 0 meeting the largest activation. */
+ * reference's result (Q4_K, Q4_0, Q8_0 and Q5_1 through their single accumulator), value 0
+ * meeting the largest activation. */
 static void test_qdot_is_sensitive(void **state)
 {
     (void)state;

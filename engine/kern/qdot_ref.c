@@ -93,11 +93,11 @@ void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t 
     }
 }
 
-/* One row of Q8_0 blocks times one quantized row (kern/qdot.h's KERN_QX_32 layout): each
- * block's whole integer sum in accumulator b % 8. */
+/* One row of Q8_0 blocks times one quantized row (kern/qdot.h's KERN_QX_32 layout): one
+ * accumulator, block by block. */
 static float dot_q8_0(const uint8_t *row, size_t nb, const uint8_t *xr)
 {
-    float acc[8] = {0};
+    float acc = 0.0f;
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * 34;
         const int8_t *xq = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
@@ -107,9 +107,9 @@ static float dot_q8_0(const uint8_t *row, size_t nb, const uint8_t *xr)
         float dx;
         memcpy(&dx, xr + 4 * b, 4);
         float p = (dtype_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * dx) * (float)sum;
-        acc[b % 8] = acc[b % 8] + p;
+        acc = acc + p;
     }
-    return kern__qx_hsum(acc);
+    return acc;
 }
 
 /* One row of Q4_0, Q4_1, Q5_0 or Q5_1 blocks times one quantized row: one accumulator, block by
