@@ -66,8 +66,8 @@ write_section() { # DONE-TYPES-COUNT
     echo "THREADS=$THREADS SHAPE=$SHAPE TYPES=\"$TYPES\" F32_TYPES=\"$F32_TYPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 bench/quant.sh"
     echo '```'
     echo
-    echo "kvserve runs with --activations q8 (the default: the integer path for Q4_0, Q8_0, Q4_K,"
-    echo "Q5_K, Q6_K) and, in the f32 columns, --activations f32 (exact F32 panels for every type)."
+    echo "kvserve runs with --activations q8 (the default: the integer path for Q8_0, Q4_0 .. Q5_1,"
+    echo "Q2_K .. Q6_K) and, in the f32 columns, --activations f32 (exact F32 panels for every type)."
     echo
     echo "| file type | kvserve 1 client tok/s | f32 | llama-server | ratio | batch 1 vs bandwidth / file bytes | kvserve 16 clients | f32 | llama-server | ratio | kvserve RSS MiB |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"

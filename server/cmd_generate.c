@@ -65,7 +65,8 @@ static void usage(FILE *out)
             "      --kernels K        auto|avx512|avx2|generic: the engine's kernels (auto: the\n"
             "                         best this CPU runs; every choice gives the same results)\n"
             "      --activations A    q8|f32: q8 (default) quantizes activations to int8 for the\n"
-            "                         Q4_0, Q8_0, Q4_K, Q5_K, Q6_K weights (faster); f32 exact\n"
+            "                         Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K weights (faster); f32\n"
+            "                         exact\n"
             "  -h, --help             this text\n");
 }
 

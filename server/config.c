@@ -37,7 +37,8 @@ static const opt k_opts[] = {
      "choice gives the same results)"},
     {"activations", 0, OPT_STR, OFF(activations), "q8",
      "q8|f32: q8 quantizes each row of activations to int8 blocks for the weight types with an "
-     "integer kernel (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K: faster, logits within a stated tolerance of "
+     "integer kernel (Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K: faster, logits within a stated tolerance "
+     "of "
      "f32); "
      "f32 multiplies every weight exactly as F32"},
     {"block-size", 0, OPT_U32, OFF(block_size), "16", "tokens per KV cache block"},

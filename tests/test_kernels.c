@@ -379,28 +379,30 @@ static void check_qdot(uint32_t id, size_t n_in)
 static void test_qdot(void **state)
 {
     (void)state;
-    static const uint32_t legacy[] = {KERN_GGML_Q8_0, KERN_GGML_Q4_0};
-    static const uint32_t kq[] = {KERN_GGML_Q4_K, KERN_GGML_Q5_K, KERN_GGML_Q6_K};
-    for (size_t i = 0; i < 2; i++) {
+    static const uint32_t legacy[] = {KERN_GGML_Q8_0, KERN_GGML_Q4_0, KERN_GGML_Q4_1,
+                                      KERN_GGML_Q5_0, KERN_GGML_Q5_1};
+    static const uint32_t kq[] = {KERN_GGML_Q2_K, KERN_GGML_Q3_K, KERN_GGML_Q4_K, KERN_GGML_Q5_K,
+                                  KERN_GGML_Q6_K};
+    for (size_t i = 0; i < sizeof legacy / sizeof legacy[0]; i++) {
         check_qdot(legacy[i], 32);
-        check_qdot(legacy[i], 288); /* a full group of 8 blocks and one more */
+        check_qdot(legacy[i], 288); /* 9 blocks: an odd count past a power of 2 */
     }
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < sizeof kq / sizeof kq[0]; i++) {
         check_qdot(kq[i], 256);
         check_qdot(kq[i], 512);
-        check_qdot(kq[i], 2304); /* a full group of 8 blocks and one more (kern/qdot.h) */
+        check_qdot(kq[i], 2304); /* 9 blocks */
     }
 }
 
 /* The integer path's oracle fails when it should: a weight changed by one step changes the
- * reference's result (Q4_K and Q4_0 through their single accumulator, Q8_0 through its 8),
- * value 0 meeting the largest activation. */
+ * reference's result (Q4_K, Q4_0, Q8_0 and Q5_1 through their single accumulator), value 0
+ * meeting the largest activation. */
 static void test_qdot_is_sensitive(void **state)
 {
     (void)state;
-    static const uint32_t ids[] = {KERN_GGML_Q4_K, KERN_GGML_Q4_0, KERN_GGML_Q8_0};
-    static const size_t byte0[] = {16, 2, 2}; /* the lowest bit of value 0's quant */
-    for (size_t i = 0; i < 3; i++) {
+    static const uint32_t ids[] = {KERN_GGML_Q4_K, KERN_GGML_Q4_0, KERN_GGML_Q8_0, KERN_GGML_Q5_1};
+    static const size_t byte0[] = {16, 2, 2, 8}; /* the lowest bit of value 0's quant */
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         size_t n_in = 256;
         float *wide = malloc(n_in * sizeof(float)), x[256];
         uint8_t *data = make_quant_rows(ids[i], 1, n_in, wide);

@@ -42,7 +42,8 @@ TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 2, "Q8_0": 1, "Q2_K": 1, "Q3_K
 # llama-server's top two within Q8_TIE nats. llama-server's own quantized path parts from its F32
 # run in the same way (bench/qfidelity.py: Q8_0 and kvserve q8 both leave it at token 4 of this
 # seed's 110m file, Q4_0 both at token 7; docs/BENCHMARKS.md, "Integer path fidelity").
-Q8_TYPES = ("Q4_0", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
+Q8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
+            "Q6_K")
 Q8_TIE = float(os.environ.get("Q8_TIE", "0.5"))
 
 

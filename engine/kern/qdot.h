@@ -5,16 +5,17 @@
  * A weight block's product with an activation block is exact integer arithmetic. Nothing depends
  * on other rows, columns or the batch; each product is rounded, then summed (never fused).
  *
- * Q8_0 (KERN_QX_32): 8 float accumulators acc[0..7] from 0; block b's whole integer sum S_b of
- * 32 products goes to acc[b % 8] = acc[b % 8] + (d_w * d_x) * (float)S_b, so that AVX2 folds 8
- * blocks with one vector multiply and add; last the 8 are summed as kern__qx_hsum does.
- *
- * Q4_0 (KERN_QX_32) and the K-quants Q4_K, Q5_K, Q6_K (KERN_QX_256): one float accumulator from
- * 0, block by block: acc = acc + (d_w * d_x) * (float)S_b, S_b the block's exact integer sum
- * (sub-block scales times their raw values' products, less bias * sums of x), then for a type
- * with mins acc = acc + (dm_w * d_x) * (float)M_b, M_b its mins times the sums of x. So the
- * AVX2 kernels put 8 weight rows in the 8 lanes of a vector (one output each, no horizontal
- * sum) and add the products of a sub-block's 8 rows in int16 before one madd per sub-block. */
+ * Every type, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (KERN_QX_32) and the K-quants Q2_K .. Q6_K
+ * (KERN_QX_256): one float accumulator from 0, block by block:
+ *     acc = acc + (d_w * d_x) * (float)S_b
+ * S_b the block's exact integer sum (sub-block scales times their raw values' products, less
+ * bias * sums of x: Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32), then for a type with mins
+ *     acc = acc + (dm_w * d_x) * (float)M_b
+ * each a product, then a sum, the min's term after the scale's. M_b is the K-quants' sub-block
+ * mins times the sums of x (dm_w = -dmin), and Q4_1's and Q5_1's block sum of x sx (dm_w = m,
+ * w = d q + m). So the AVX2 kernels put 8 weight rows in the 8 lanes of a vector (one output
+ * each, no horizontal sum) and add the products of a sub-block's 8 rows in int16 (not Q8_0's)
+ * before one madd per sub-block. */
 #ifndef KVS_ENGINE_KERN_QDOT_H
 #define KVS_ENGINE_KERN_QDOT_H
 
@@ -23,14 +24,20 @@
 #include <stdint.h>
 
 #define KERN_GGML_Q4_0 2
+#define KERN_GGML_Q4_1 3
+#define KERN_GGML_Q5_0 6
+#define KERN_GGML_Q5_1 7
 #define KERN_GGML_Q8_0 8
+#define KERN_GGML_Q2_K 10
+#define KERN_GGML_Q3_K 11
 #define KERN_GGML_Q4_K 12
 #define KERN_GGML_Q5_K 13
 #define KERN_GGML_Q6_K 14
 
 /* A KERN_QX_32 row of nb blocks: the nb float scales d first, then the nb int16 sums of each
- * block's 32 q (Q4_0 takes its bias of 8 off through them), then the nb runs of 32 int8 q (38
- * bytes a block), so that 8 consecutive blocks' scales and sums are one vector load each. */
+ * block's 32 q (Q4_0, Q5_0 take their bias of 8, 16 off through them; Q4_1, Q5_1 their min), then
+ * the nb runs of 32 int8 q (38 bytes a block), so that 8 consecutive blocks' scales and sums are
+ * one vector load each. */
 #define KERN_QX32_S(nb) (4 * (nb))
 #define KERN_QX32_Q(nb) (6 * (nb))
 
@@ -40,15 +47,6 @@ typedef struct kern__qx256 {
     int16_t bs[16];
     int8_t q[256];
 } kern__qx256;
-
-/* The 8 lanes summed: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), AVX2's fold of the
- * high half onto the low one, then of the high pair, then of the odd lane. */
-static inline float kern__qx_hsum(const float a[8])
-{
-    float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
-    float u0 = s0 + s2, u1 = s1 + s3;
-    return u0 + u1;
-}
 
 /* The AVX2 qmatmul (kern/qdot_avx2.c, built only where the compiler has AVX2 flags). */
 void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,

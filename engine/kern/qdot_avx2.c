@@ -1,18 +1,20 @@
 /* AVX2 integer products (kern/qdot.h) over the file's rows.
  *
- * Q4_0 and the K-quants take 8 weight rows at a time, one per 32-bit lane: per block, each row's
- * values are unpacked with shifts and masks and the 8 rows transposed (an 8 x 8 transpose of
- * 4-value groups), so that lane r of vector k holds values 4k .. 4k + 3 of row r. Four
- * activations broadcast to every lane then meet all 8 rows in one maddubs (u8 x s8 pairs into
- * s16), a sub-block's maddubs are added in int16 (no sum can overflow: |8 * 2 * 15 * 127|,
- * |4 * 2 * 31 * 127| and |2 * 2 * 63 * 127| are below 2^15 for the 4-, 5- and 6-bit values), and
- * one madd with the rows' sub-block scales gives each row's int32 sum in its lane. So nothing is
- * summed across lanes, a sub-block costs one madd instead of one per 32 values, and each lane's
- * float sum is the reference's single accumulator. A weight block is unpacked once per tile of
- * up to TT activation rows.
+ * Every type takes 8 weight rows at a time, one per 32-bit lane: per block, each row's values
+ * are unpacked with shifts and masks and the 8 rows transposed (an 8 x 8 transpose of 4-value
+ * groups), so that lane r of vector k holds values 4k .. 4k + 3 of row r. Four activations
+ * broadcast to every lane then meet all 8 rows in one maddubs (u8 x s8 pairs into s16), a
+ * sub-block's maddubs are added in int16 (no sum can overflow: |8 * 2 * 15 * 127|,
+ * |4 * 2 * 31 * 127| and |2 * 2 * 63 * 127| are below 2^15 for the 4-, 5- and 6-bit values; the
+ * 2- and 3-bit ones add a 16-value sub-block's 4), and one madd with the rows' sub-block scales
+ * gives each row's int32 sum in its lane. So nothing is summed across lanes, a sub-block costs
+ * one madd instead of one per 32 values, and each lane's float sum is the reference's single
+ * accumulator. A weight block is unpacked once per tile of up to TT activation rows.
  *
- * Q8_0 keeps one row at a time (its signed values are made unsigned with their signs moved onto
- * x, and products of 128 * 127 leave no room to add in int16), 8 blocks folded at once. */
+ * Q8_0's signed values are made unsigned with their signs moved onto x (per row and value: one
+ * sign_epi8 per maddubs), and its products of up to 128 * 127 leave no room to add in int16, so
+ * each maddubs is widened by its own madd; the transposed form still beats one row at a time
+ * with a horizontal sum per 8 blocks (measured 1.6x at 16 rows). */
 #include "engine/kern/qdot.h"
 
 #include <immintrin.h>
@@ -30,15 +32,6 @@ INLINE __m256i ld(const void *p)
     return _mm256_loadu_si256((const __m256i *)p);
 }
 
-/* kern__qx_hsum's order */
-INLINE float hsum(__m256 a)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
 /* The sum of each of v[0..8)'s 8 int32 lanes, v[i]'s in lane i (integers: any order is exact). */
 INLINE __m256i hsum8(const __m256i v[8])
 {
@@ -46,54 +39,6 @@ INLINE __m256i hsum8(const __m256i v[8])
     __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20),
                             _mm256_permute2x128_si256(a, c, 0x31));
-}
-
-/* Blocks b0 .. b0 + g (g <= 8) of row `row` of Q8_0 blocks times activation rows xs[0 .. tt):
- * the g blocks are unpacked once (their signs moved onto x), and each row's g whole-block sums
- * folded into acc lanes 0 .. g with one vector multiply and add (kern/qdot.h); lanes past g add
- * (0 * 0) * 0. Called with g = 8 as a constant for full groups. */
-INLINE void group_q8_0(const uint8_t *row, size_t b0, size_t g, size_t nb, const uint8_t *xq,
-                       size_t xrb, size_t tt, __m256 *acc)
-{
-    const __m256i one = _mm256_set1_epi16(1);
-    __m256i w[8], wa[8];
-    uint16_t h[8] = {0};
-    for (size_t i = 0; i < g; i++) {
-        const uint8_t *p = row + (b0 + i) * 34;
-        memcpy(&h[i], p, 2);
-        w[i] = ld(p + 2);
-        wa[i] = _mm256_sign_epi8(w[i], w[i]);
-    }
-    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
-    __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)g), lanes);
-    for (size_t t = 0; t < tt; t++) {
-        const uint8_t *xr = xq + t * xrb;
-        const uint8_t *q = xr + KERN_QX32_Q(nb) + 32 * b0;
-        __m256i sum[8];
-#pragma GCC unroll 8
-        for (size_t i = 0; i < 8; i++) {
-            __m256i x = i < g ? _mm256_sign_epi8(ld(q + 32 * i), w[i]) : _mm256_setzero_si256();
-            sum[i] = i < g ? _mm256_madd_epi16(_mm256_maddubs_epi16(wa[i], x), one)
-                           : _mm256_setzero_si256();
-        }
-        __m256i S = hsum8(sum);
-        const float *dp = (const float *)(const void *)(xr + 4 * b0);
-        __m256 dx = g == 8 ? _mm256_loadu_ps(dp) : _mm256_maskload_ps(dp, mask);
-        __m256 p = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(S));
-        acc[t] = _mm256_add_ps(acc[t], p);
-    }
-}
-
-/* Row `row` of Q8_0 blocks times activation rows xs[0 .. tt). */
-INLINE void row_q8_0(const uint8_t *row, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
-                     __m256 *acc)
-{
-    size_t b0 = 0;
-    for (; b0 + 8 <= nb; b0 += 8)
-        group_q8_0(row, b0, 8, nb, xq, xrb, tt, acc);
-    if (b0 < nb)
-        group_q8_0(row, b0, nb - b0, nb, xq, xrb, tt, acc);
 }
 
 /* v[k] := the vector whose lane r is lane k of v[r] (an 8 x 8 transpose of 32-bit lanes). */
@@ -150,6 +95,45 @@ INLINE __m256i mul8(const __m256i *w, const int8_t *x, int n)
     return s;
 }
 
+/* Q8_0 rows p[0..8) (34-byte blocks: d | 32 int8) times activation rows xq[0 .. tt): maddubs
+ * takes unsigned weights, so |w| meets x carrying w's sign (sign_epi8 of the broadcast quad by
+ * each row's values); products up to 128 * 127 leave no room to add two maddubs in int16, so
+ * each is widened by its own madd. Transposing still pays: the 8 rows' block sums land in their
+ * lanes with no horizontal sum. */
+INLINE void grp_q8_0t(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
+                      const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc)
+{
+    const __m256i one = _mm256_set1_epi16(1);
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, 34);
+        const uint8_t *p[8];
+        __m256i w[8], wa[8];
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + 34 * b;
+            w[r] = ld(p[r] + 2);
+        }
+        tr8(w);
+        for (int k = 0; k < 8; k++)
+            wa[k] = _mm256_sign_epi8(w[k], w[k]);
+        __m256 dw = f16x8(p, 0);
+        for (size_t t = 0; t < tt; t++) {
+            const uint8_t *xr = xq + t * xrb;
+            const int8_t *xs = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
+            __m256i S = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                S = _mm256_add_epi32(
+                    S, _mm256_madd_epi16(
+                           _mm256_maddubs_epi16(wa[k], _mm256_sign_epi8(bcast4(xs + 4 * k), w[k])),
+                           one));
+            float dx;
+            memcpy(&dx, xr + 4 * b, 4);
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx)),
+                                                         _mm256_cvtepi32_ps(S)));
+        }
+    }
+}
+
 /* Q4_0 rows p[0..8) (18-byte blocks: d | 16 bytes, value j in the low nibble of byte j, j + 16
  * in its high one) times activation rows xq[0 .. tt); Q = nibble - 8, the 8 taken off through
  * the block sums of x. */
@@ -179,6 +163,171 @@ INLINE void grp_q4_0(const uint8_t *const rows[8], const uint8_t *next, size_t n
             S = _mm256_sub_epi32(S, _mm256_set1_epi32(8 * sx));
             __m256 pr = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(S));
             acc[t] = _mm256_add_ps(acc[t], pr);
+        }
+    }
+}
+
+/* The fifth bits of a Q5_0 / Q5_1 block (qh: bit i for value i) as 0x10 in byte i, byte i of the
+ * unpacked row holding value i. */
+INLINE __m256i bits5(const uint8_t *qhp)
+{
+    uint32_t qh;
+    memcpy(&qh, qhp, 4);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                            2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
+/* A Q4_1 / Q5_0 / Q5_1 block's 32 raw values at p (block start), value i in byte i: the 16 qs
+ * bytes at qo (value j in the low nibble of byte j, j + 16 in its high one), the fifth bits' qh
+ * at ho (ho < 0: none). */
+INLINE __m256i raw32(const uint8_t *p, int qo, int ho)
+{
+    __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + qo));
+    __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    return ho < 0 ? w : _mm256_or_si256(w, bits5(p + ho));
+}
+
+/* Q4_1 (bb 20: d | m | qs; qo 4, no qh), Q5_0 (22: d | qh | qs; bias 16) and Q5_1 (24: d | m |
+ * qh | qs) rows p[0..8) times activation rows xq[0 .. tt), as grp_q4_0; mo: the offset of the
+ * min m (0: none), whose term (m * dx) * sx follows the scale's. The 5-bit values (0..31) add
+ * at most 4 maddubs in int16 (|4 * 2 * 31 * 127| = 31496 < 2^15; 8 would not fit), the 4-bit
+ * ones 8 (|8 * 2 * 15 * 127| = 30480). */
+INLINE void grp_leg(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int bb, int qo,
+                    int ho, int bias, int mo, const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc)
+{
+    const __m256i one = _mm256_set1_epi16(1);
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, (size_t)bb);
+        const uint8_t *p[8];
+        __m256i w[8];
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + (size_t)bb * b;
+            w[r] = raw32(p[r], qo, ho);
+        }
+        tr8(w);
+        __m256 dw = f16x8(p, 0), dm = mo ? f16x8(p, (size_t)mo) : _mm256_setzero_ps();
+        for (size_t t = 0; t < tt; t++) {
+            const uint8_t *xr = xq + t * xrb;
+            const int8_t *xs = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
+            __m256i S = ho < 0 ? _mm256_madd_epi16(mul8(w, xs, 8), one)
+                               : _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), one),
+                                                  _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), one));
+            int16_t sx;
+            float dx;
+            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+            memcpy(&dx, xr + 4 * b, 4);
+            if (bias)
+                S = _mm256_sub_epi32(S, _mm256_set1_epi32(bias * sx));
+            __m256 vdx = _mm256_set1_ps(dx);
+            acc[t] =
+                _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(dw, vdx), _mm256_cvtepi32_ps(S)));
+            if (mo)
+                acc[t] = _mm256_add_ps(
+                    acc[t], _mm256_mul_ps(_mm256_mul_ps(dm, vdx), _mm256_set1_ps((float)sx)));
+        }
+    }
+}
+
+/* Q2_K rows p[0..8) (q3 = 0): scales (16: sc low nibble, m high) | qs (64) | d (2) | dmin (2);
+ * Q3_K (q3 = 1): hmask (32) | qs (64) | scales (12) | d (2), Q = raw - 4, the 4 taken off
+ * through the sums of 16 activations. Value 128 h + 32 s + l: bits 2 s of qs[32 h + l] (and for
+ * Q3_K bit 4 h + s of hmask[l] as raw's bit 2). Sub-blocks of 16: the values (0..7) add 4
+ * maddubs in int16 (|4 * 2 * 7 * 127| = 7112). */
+INLINE __m128i scales_q3k(const uint8_t *s)
+{
+    uint32_t a0, a1, t;
+    memcpy(&a0, s, 4);
+    memcpy(&a1, s + 4, 4);
+    memcpy(&t, s + 8, 4);
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    uint32_t s0 = (a0 & m4) | (t & m2) << 4, s1 = (a1 & m4) | ((t >> 2) & m2) << 4;
+    uint32_t s2 = ((a0 >> 4) & m4) | ((t >> 4) & m2) << 4;
+    uint32_t s3 = ((a1 >> 4) & m4) | ((t >> 6) & m2) << 4;
+    return _mm_sub_epi8(_mm_set_epi32((int)s3, (int)s2, (int)s1, (int)s0), _mm_set1_epi8(32));
+}
+
+/* The 32 raw values 32 v .. 32 v + 31 of the Q2_K / Q3_K block at p, value 32 v + i in byte i. */
+INLINE __m256i raw_q23k(const uint8_t *p, int q3, int v)
+{
+    __m256i c =
+        _mm256_srl_epi16(ld(p + (q3 ? 32 : 16) + 32 * (v / 4)), _mm_cvtsi32_si128(2 * (v % 4)));
+    c = _mm256_and_si256(c, _mm256_set1_epi8(3));
+    if (q3) {
+        __m256i h = _mm256_srl_epi16(ld(p), _mm_cvtsi32_si128(v));
+        c = _mm256_or_si256(c, _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(1)), 2));
+    }
+    return c;
+}
+
+/* The 16 sub-block scales (and Q2_K's mins) of the block at p as int16. */
+INLINE void scales_q23k(const uint8_t *p, int q3, __m256i *sc, __m256i *mi)
+{
+    if (q3) {
+        *sc = _mm256_cvtepi8_epi16(scales_q3k(p + 96));
+        *mi = _mm256_setzero_si256();
+    } else {
+        __m128i s = _mm_loadu_si128((const __m128i *)(const void *)p);
+        *sc = _mm256_cvtepu8_epi16(_mm_and_si128(s, _mm_set1_epi8(0x0f)));
+        *mi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0f)));
+    }
+}
+
+INLINE void grp_q23k(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int q3,
+                     const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc, __m256i *si)
+{
+    const __m256i dup0 = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1,
+                                          0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+    const __m256i dup1 = _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2,
+                                          3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
+    size_t bb = q3 ? 110 : 84;
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, bb);
+        const uint8_t *p[8];
+        /* transposed: lane r of pr[k] is (sc[2 k], sc[2 k + 1]) of row r, of pm[k] its mins */
+        __m256i pr[8], pm[8];
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + b * bb;
+            scales_q23k(p[r], q3, &pr[r], &pm[r]);
+        }
+        tr8(pr);
+        if (!q3)
+            tr8(pm);
+        __m256 d = f16x8(p, q3 ? 108 : 80);
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm256_setzero_si256();
+        for (int v = 0; v < 8; v++) { /* values 32 v .. 32 v + 31: sub-blocks 2 v, 2 v + 1 */
+            __m256i w[8];
+            for (int r = 0; r < 8; r++)
+                w[r] = raw_q23k(p[r], q3, v);
+            tr8(w);
+            __m256i s0 = _mm256_shuffle_epi8(pr[v], dup0), s1 = _mm256_shuffle_epi8(pr[v], dup1);
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * v;
+                si[t] = _mm256_add_epi32(
+                    si[t], _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), s0),
+                                            _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), s1)));
+            }
+        }
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m256i B = _mm256_setzero_si256(); /* the bias's or the mins' sum through bs */
+            for (int k = 0; k < 8; k++) {
+                __m256i bs = bcast4((const int8_t *)(const void *)&x->bs[2 * k]);
+                B = _mm256_add_epi32(B, _mm256_madd_epi16(q3 ? pr[k] : pm[k], bs));
+            }
+            __m256i S = q3 ? _mm256_sub_epi32(si[t], _mm256_slli_epi32(B, 2)) : si[t];
+            __m256 dx = _mm256_set1_ps(x->d);
+            acc[t] =
+                _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(S)));
+            if (!q3) {
+                __m256 dm = _mm256_xor_ps(f16x8(p, 82), _mm256_set1_ps(-0.0f));
+                acc[t] = _mm256_add_ps(acc[t],
+                                       _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(B)));
+            }
         }
     }
 }
@@ -350,6 +499,27 @@ INLINE void grp_q6k(const uint8_t *const rows[8], const uint8_t *next, size_t nb
  * qs[32 c + l], 64 c + 32 + l in its high one. Q5_K (q5 = 1): d | dmin | scales | qh (32) |
  * qs (128), the fifth bit of value 32 v + l bit v of qh[l]. */
 
+INLINE void one_q8_0(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
+                     const uint8_t *xr, __m256 *acc)
+{
+    const __m256i one = _mm256_set1_epi16(1);
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, 34);
+        const uint8_t *p[8];
+        __m256i x = ld(xr + KERN_QX32_Q(nb) + 32 * b), s[8];
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + 34 * b;
+            __m256i w = ld(p[r] + 2);
+            s[r] = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), one);
+        }
+        float dx;
+        memcpy(&dx, xr + 4 * b, 4);
+        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(f16x8(p, 0), _mm256_set1_ps(dx)),
+                                                 _mm256_cvtepi32_ps(hsum8(s))));
+    }
+}
+
 INLINE void one_q4_0(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
                      const uint8_t *xr, __m256 *acc)
 {
@@ -482,6 +652,81 @@ INLINE void one_q6k(const uint8_t *const rows[8], const uint8_t *next, size_t nb
     }
 }
 
+/* grp_leg's types, one activation row. */
+INLINE void one_leg(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int bb, int qo,
+                    int ho, int bias, int mo, const uint8_t *xr, __m256 *acc)
+{
+    const __m256i one = _mm256_set1_epi16(1);
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, (size_t)bb);
+        const uint8_t *p[8];
+        __m256i x = ld(xr + KERN_QX32_Q(nb) + 32 * b), s[8];
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + (size_t)bb * b;
+            s[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(raw32(p[r], qo, ho), x), one);
+        }
+        int16_t sx;
+        float dx;
+        memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+        memcpy(&dx, xr + 4 * b, 4);
+        __m256i S = hsum8(s);
+        if (bias)
+            S = _mm256_sub_epi32(S, _mm256_set1_epi32(bias * sx));
+        __m256 vdx = _mm256_set1_ps(dx);
+        *acc = _mm256_add_ps(*acc,
+                             _mm256_mul_ps(_mm256_mul_ps(f16x8(p, 0), vdx), _mm256_cvtepi32_ps(S)));
+        if (mo)
+            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(f16x8(p, (size_t)mo), vdx),
+                                                     _mm256_set1_ps((float)sx)));
+    }
+}
+
+/* grp_q23k's types, one activation row: per row, values 128 h + 32 s + l in file order, the
+ * lower 16 lanes sub-block 8 h + 2 s, the upper 8 h + 2 s + 1. */
+INLINE void one_q23k(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int q3,
+                     const kern__qx256 *xb, __m256 *acc)
+{
+    size_t bb = q3 ? 110 : 84;
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, bb);
+        const kern__qx256 *x = xb + b;
+        const uint8_t *p[8];
+        __m256i s[8], mn[8];
+        __m256i bs = ld(x->bs);
+        for (int r = 0; r < 8; r++) {
+            p[r] = rows[r] + b * bb;
+            __m256i sc16, mi16;
+            scales_q23k(p[r], q3, &sc16, &mi16);
+            mn[r] = _mm256_madd_epi16(bs, mi16);
+            __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+            __m256i hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+            __m256i acc32 = q3 ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                  _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2))
+                               : _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) {
+                __m256i h = v < 4 ? lo : hi;
+                __m256i sc = v % 4 == 0   ? BCAST16(h, 0, 1)
+                             : v % 4 == 1 ? BCAST16(h, 2, 3)
+                             : v % 4 == 2 ? BCAST16(h, 4, 5)
+                                          : BCAST16(h, 6, 7);
+                acc32 = _mm256_add_epi32(
+                    acc32, _mm256_madd_epi16(
+                               _mm256_maddubs_epi16(raw_q23k(p[r], q3, v), ld(x->q + 32 * v)), sc));
+            }
+            s[r] = acc32;
+        }
+        __m256 dx = _mm256_set1_ps(x->d);
+        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(f16x8(p, q3 ? 108 : 80), dx),
+                                                 _mm256_cvtepi32_ps(hsum8(s))));
+        if (!q3) {
+            __m256 dm = _mm256_xor_ps(f16x8(p, 82), _mm256_set1_ps(-0.0f));
+            *acc = _mm256_add_ps(
+                *acc, _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(hsum8(mn))));
+        }
+    }
+}
+
 void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                         size_t n0, size_t n1)
 {
@@ -494,16 +739,6 @@ void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out,
     for (size_t t0 = 0; t0 < T; t0 += TT) {
         size_t tt = T - t0 < TT ? T - t0 : TT;
         const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
-        if (kind == 0) { /* Q8_0: one row at a time */
-            for (size_t n = n0; n < n1; n++) {
-                for (size_t t = 0; t < tt; t++)
-                    acc[t] = _mm256_setzero_ps();
-                row_q8_0(base + n * w->row_bytes, K / 32, x, xrb, tt, acc);
-                for (size_t t = 0; t < tt; t++)
-                    out[(t0 + t) * ldo + n] = hsum(acc[t]);
-            }
-            continue;
-        }
         for (size_t n = n0; n < n1; n += 8) {
             size_t nr = n1 - n < 8 ? n1 - n : 8;
             const uint8_t *rows[8];
@@ -514,7 +749,17 @@ void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out,
                 acc[t] = _mm256_setzero_ps();
             if (tt == 1)
                 switch (kind) {
+                case 0: one_q8_0(rows, next, K / 32, x, acc); break;
                 case KERN_GGML_Q4_0: one_q4_0(rows, next, K / 32, x, acc); break;
+                case KERN_GGML_Q4_1: one_leg(rows, next, K / 32, 20, 4, -1, 0, 2, x, acc); break;
+                case KERN_GGML_Q5_0: one_leg(rows, next, K / 32, 22, 6, 2, 16, 0, x, acc); break;
+                case KERN_GGML_Q5_1: one_leg(rows, next, K / 32, 24, 8, 4, 0, 2, x, acc); break;
+                case KERN_GGML_Q2_K:
+                    one_q23k(rows, next, K / 256, 0, (const kern__qx256 *)(const void *)x, acc);
+                    break;
+                case KERN_GGML_Q3_K:
+                    one_q23k(rows, next, K / 256, 1, (const kern__qx256 *)(const void *)x, acc);
+                    break;
                 case KERN_GGML_Q4_K:
                     one_q45k(rows, next, K / 256, 0, (const kern__qx256 *)(const void *)x, acc);
                     break;
@@ -527,7 +772,19 @@ void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out,
                 }
             else
                 switch (kind) {
+                case 0: grp_q8_0t(rows, next, K / 32, x, xrb, tt, acc); break;
                 case KERN_GGML_Q4_0: grp_q4_0(rows, next, K / 32, x, xrb, tt, acc); break;
+                case KERN_GGML_Q4_1:
+                    grp_leg(rows, next, K / 32, 20, 4, -1, 0, 2, x, xrb, tt, acc);
+                    break;
+                case KERN_GGML_Q5_0:
+                    grp_leg(rows, next, K / 32, 22, 6, 2, 16, 0, x, xrb, tt, acc);
+                    break;
+                case KERN_GGML_Q5_1:
+                    grp_leg(rows, next, K / 32, 24, 8, 4, 0, 2, x, xrb, tt, acc);
+                    break;
+                case KERN_GGML_Q2_K: grp_q23k(rows, next, K / 256, 0, x, xrb, tt, acc, si); break;
+                case KERN_GGML_Q3_K: grp_q23k(rows, next, K / 256, 1, x, xrb, tt, acc, si); break;
                 case KERN_GGML_Q4_K: grp_q45k(rows, next, K / 256, 0, x, xrb, tt, acc, si); break;
                 case KERN_GGML_Q5_K: grp_q45k(rows, next, K / 256, 1, x, xrb, tt, acc, si); break;
                 default: grp_q6k(rows, next, K / 256, x, xrb, tt, acc, si); break;

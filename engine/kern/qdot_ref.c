@@ -17,11 +17,16 @@ kern_qx kern_qdot_act(const kern_mat *w)
     if (w->type != KERN_QUANT)
         return KERN_QX_NONE;
     switch (w->qtype) {
-    case KERN_GGML_Q4_0: return KERN_QX_32;
+    case KERN_GGML_Q4_0:
+    case KERN_GGML_Q4_1:
+    case KERN_GGML_Q5_0:
+    case KERN_GGML_Q5_1: return KERN_QX_32;
+    case KERN_GGML_Q2_K:
+    case KERN_GGML_Q3_K:
     case KERN_GGML_Q4_K:
     case KERN_GGML_Q5_K:
     case KERN_GGML_Q6_K: return KERN_QX_256;
-    default: return KERN_QX_NONE; /* no AVX2 kernel yet: the exact F32 panels are faster */
+    default: return KERN_QX_NONE; /* IQ4_NL, IQ4_XS: no integer kernel yet, the exact F32 panels */
     }
 }
 
@@ -88,11 +93,11 @@ void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t 
     }
 }
 
-/* One row of Q8_0 blocks times one quantized row (kern/qdot.h's KERN_QX_32 layout): each
- * block's whole integer sum in accumulator b % 8. */
+/* One row of Q8_0 blocks times one quantized row (kern/qdot.h's KERN_QX_32 layout): one
+ * accumulator, block by block. */
 static float dot_q8_0(const uint8_t *row, size_t nb, const uint8_t *xr)
 {
-    float acc[8] = {0};
+    float acc = 0.0f;
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * 34;
         const int8_t *xq = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
@@ -102,27 +107,37 @@ static float dot_q8_0(const uint8_t *row, size_t nb, const uint8_t *xr)
         float dx;
         memcpy(&dx, xr + 4 * b, 4);
         float p = (dtype_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * dx) * (float)sum;
-        acc[b % 8] = acc[b % 8] + p;
+        acc = acc + p;
     }
-    return kern__qx_hsum(acc);
+    return acc;
 }
 
-/* One row of Q4_0 blocks times one quantized row: one accumulator, block by block. */
-static float dot_q4_0(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
+/* One row of Q4_0, Q4_1, Q5_0 or Q5_1 blocks times one quantized row: one accumulator, block by
+ * block; Q = raw - bias, the bias taken off through the block's sum of x, then for Q4_1 / Q5_1
+ * the min's term m * sx (kern/qdot.h). */
+static float dot32(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
 {
+    const kern_qfmt *f = kern__qfmt(w->qtype);
     size_t nb = w->n_in / 32;
     float acc = 0.0f;
     for (size_t b = 0; b < nb; b++) {
         const int8_t *xq = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
         kern_qblock qb;
-        kern__qfmt(w->qtype)->decode(row + b * 18, &qb);
+        f->decode(row + b * f->file_bytes, &qb);
         int32_t sum = 0;
         for (int k = 0; k < 32; k++)
-            sum += (qb.raw[k] - 8) * xq[k];
+            sum += qb.raw[k] * xq[k];
+        int16_t sx;
         float dx;
+        memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
         memcpy(&dx, xr + 4 * b, 4);
+        sum -= f->bias * sx;
         float p = (dtype_f16_to_f32(qb.d) * dx) * (float)sum;
         acc = acc + p;
+        if (f->has_min) {
+            float pm = (dtype_f16_to_f32(qb.dm) * dx) * (float)sx;
+            acc = acc + pm;
+        }
     }
     return acc;
 }
@@ -172,7 +187,7 @@ void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, s
             const uint8_t *row = (const uint8_t *)w->data + n * w->row_bytes;
             out[t * ldo + n] = fmt == KERN_QX_256     ? dot256(w, row, xr)
                                : w->type == KERN_Q8_0 ? dot_q8_0(row, w->n_in / 32, xr)
-                                                      : dot_q4_0(w, row, xr);
+                                                      : dot32(w, row, xr);
         }
     }
 }
