@@ -394,6 +394,34 @@ static void test_qdot(void **state)
     }
 }
 
+/* Activations the quantizer must not turn into an out-of-range float-to-int conversion: a NaN
+ * (q = 0, the rest of its block as usual) and a block of subnormals (127 / max|x| overflows:
+ * the block is all zero, d = 0). */
+static void test_qx_quantize_edges(void **state)
+{
+    (void)state;
+    float x[64];
+    for (int k = 0; k < 32; k++)
+        x[k] = (float)(k - 16) / 16.0f; /* max|x| 1: q = round(127 x) */
+    x[5] = NAN;
+    for (int k = 32; k < 64; k++)
+        x[k] = (k % 3 ? 1e-40f : -3e-41f) * (float)(k - 31);
+    uint8_t xq[2 * 38];
+    kern_qx_quantize(KERN_QX_32, x, 1, 64, 64, xq);
+    const int8_t *q = (const int8_t *)(xq + 6 * 2);
+    for (int k = 0; k < 32; k++) {
+        int want = k == 5 ? 0 : (int)nearbyintf(127.0f * (float)(k - 16) / 16.0f);
+        if (q[k] != want)
+            fail_msg("NaN block, value %d: q %d, want %d", k, q[k], want);
+    }
+    float d1;
+    memcpy(&d1, xq + 4, 4);
+    assert_true(d1 == 0.0f);
+    for (int k = 32; k < 64; k++)
+        if (q[k] != 0)
+            fail_msg("subnormal block, value %d: q %d, want 0", k, q[k]);
+}
+
 /* The integer path's oracle fails when it should: a weight changed by one step changes the
  * reference's result (Q4_K, Q4_0, Q8_0 and Q5_1 through their single accumulator), value 0
  * meeting the largest activation. */
@@ -641,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_quant_k),
         cmocka_unit_test(test_qdot),
         cmocka_unit_test(test_qdot_is_sensitive),
+        cmocka_unit_test(test_qx_quantize_edges),
         cmocka_unit_test(test_vector_helpers),
         cmocka_unit_test(test_reference_is_sensitive),
         cmocka_unit_test(test_select),

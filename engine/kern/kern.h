@@ -121,7 +121,8 @@ kern_qx kern_qdot_act(const kern_mat *w);
 /* Bytes of one quantized row of n_in inputs (n_in a multiple of the format's block). */
 size_t kern_qx_row_bytes(kern_qx fmt, size_t n_in);
 /* Quantizes rows t < T of x (ldx apart) into dst (T rows of kern_qx_row_bytes): per block,
- * d = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even (all zero if max|x| is 0). */
+ * d = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even (all zero if max|x| is 0 or
+ * below 127 / FLT_MAX, whose reciprocal would overflow); a NaN input gets q = 0. */
 void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in, void *dst);
 /* The portable integer product: the oracle of every table's qmatmul. */
 void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,

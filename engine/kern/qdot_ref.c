@@ -7,6 +7,7 @@
 #include "engine/dtype.h"
 #include "engine/kern/quant.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -51,10 +52,16 @@ static float quant_block(const float *x, size_t n, int8_t *q)
         float a = fabsf(x[i]);
         amax = a > amax ? a : amax;
     }
+    /* below 127 / FLT_MAX, 127 / amax would be inf and 0 * inf a NaN: such a block is all
+     * zero, as a block of zeros is */
+    if (!(amax >= 127.0f / FLT_MAX))
+        amax = 0.0f;
     float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     for (size_t i = 0; i < n; i++) {
         float v = (x[i] * id + 12582912.0f) - 12582912.0f;
-        /* x * id may round just past 127: clamp */
+        /* x * id may round just past 127: clamp; a NaN (x NaN, or inf times 0 when an inf
+         * made id 0) becomes 0, never a float-to-int conversion out of range */
+        v = v == v ? v : 0.0f;
         q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
     }
     return amax / 127.0f;
