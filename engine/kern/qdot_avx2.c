@@ -41,6 +41,12 @@ INLINE __m256i hsum8(const __m256i v[8])
                             _mm256_permute2x128_si256(a, c, 0x31));
 }
 
+/* acc + (w * dx) * s: the contract's one step (kern/qdot.h), two products then a sum */
+INLINE __m256 fold8(__m256 acc, __m256 w, __m256 dx, __m256 s)
+{
+    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(w, dx), s));
+}
+
 /* v[k] := the vector whose lane r is lane k of v[r] (an 8 x 8 transpose of 32-bit lanes). */
 INLINE void tr8(__m256i v[8])
 {
@@ -128,8 +134,7 @@ INLINE void grp_q8_0t(const uint8_t *const rows[8], const uint8_t *next, size_t 
                            one));
             float dx;
             memcpy(&dx, xr + 4 * b, 4);
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx)),
-                                                         _mm256_cvtepi32_ps(S)));
+            acc[t] = fold8(acc[t], dw, _mm256_set1_ps(dx), _mm256_cvtepi32_ps(S));
         }
     }
 }
@@ -161,8 +166,7 @@ INLINE void grp_q4_0(const uint8_t *const rows[8], const uint8_t *next, size_t n
             memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
             memcpy(&dx, xr + 4 * b, 4);
             S = _mm256_sub_epi32(S, _mm256_set1_epi32(8 * sx));
-            __m256 pr = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(S));
-            acc[t] = _mm256_add_ps(acc[t], pr);
+            acc[t] = fold8(acc[t], dw, _mm256_set1_ps(dx), _mm256_cvtepi32_ps(S));
         }
     }
 }
@@ -222,11 +226,9 @@ INLINE void grp_leg(const uint8_t *const rows[8], const uint8_t *next, size_t nb
             if (bias)
                 S = _mm256_sub_epi32(S, _mm256_set1_epi32(bias * sx));
             __m256 vdx = _mm256_set1_ps(dx);
-            acc[t] =
-                _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(dw, vdx), _mm256_cvtepi32_ps(S)));
+            acc[t] = fold8(acc[t], dw, vdx, _mm256_cvtepi32_ps(S));
             if (mo)
-                acc[t] = _mm256_add_ps(
-                    acc[t], _mm256_mul_ps(_mm256_mul_ps(dm, vdx), _mm256_set1_ps((float)sx)));
+                acc[t] = fold8(acc[t], dm, vdx, _mm256_set1_ps((float)sx));
         }
     }
 }
@@ -321,12 +323,10 @@ INLINE void grp_q23k(const uint8_t *const rows[8], const uint8_t *next, size_t n
             }
             __m256i S = q3 ? _mm256_sub_epi32(si[t], _mm256_slli_epi32(B, 2)) : si[t];
             __m256 dx = _mm256_set1_ps(x->d);
-            acc[t] =
-                _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(S)));
+            acc[t] = fold8(acc[t], d, dx, _mm256_cvtepi32_ps(S));
             if (!q3) {
                 __m256 dm = _mm256_xor_ps(f16x8(p, 82), _mm256_set1_ps(-0.0f));
-                acc[t] = _mm256_add_ps(acc[t],
-                                       _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(B)));
+                acc[t] = fold8(acc[t], dm, dx, _mm256_cvtepi32_ps(B));
             }
         }
     }
@@ -409,9 +409,8 @@ INLINE void grp_q45k(const uint8_t *const rows[8], const uint8_t *next, size_t n
                     M,
                     _mm256_madd_epi16(mi[j], bcast4((const int8_t *)(const void *)&x->bs[2 * j])));
             __m256 dx = _mm256_set1_ps(x->d);
-            __m256 s1 = _mm256_add_ps(
-                acc[t], _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(si[t])));
-            acc[t] = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(M)));
+            __m256 s1 = fold8(acc[t], d, dx, _mm256_cvtepi32_ps(si[t]));
+            acc[t] = fold8(s1, dm, dx, _mm256_cvtepi32_ps(M));
         }
     }
 }
@@ -473,8 +472,7 @@ INLINE void grp_q6k(const uint8_t *const rows[8], const uint8_t *next, size_t nb
                     B,
                     _mm256_madd_epi16(pr[k], bcast4((const int8_t *)(const void *)&x->bs[2 * k])));
             __m256i S = _mm256_sub_epi32(si[t], _mm256_slli_epi32(B, 5));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)),
-                                                         _mm256_cvtepi32_ps(S)));
+            acc[t] = fold8(acc[t], d, _mm256_set1_ps(x->d), _mm256_cvtepi32_ps(S));
         }
     }
 }
@@ -515,8 +513,7 @@ INLINE void one_q8_0(const uint8_t *const rows[8], const uint8_t *next, size_t n
         }
         float dx;
         memcpy(&dx, xr + 4 * b, 4);
-        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(f16x8(p, 0), _mm256_set1_ps(dx)),
-                                                 _mm256_cvtepi32_ps(hsum8(s))));
+        *acc = fold8(*acc, f16x8(p, 0), _mm256_set1_ps(dx), _mm256_cvtepi32_ps(hsum8(s)));
     }
 }
 
@@ -539,9 +536,7 @@ INLINE void one_q4_0(const uint8_t *const rows[8], const uint8_t *next, size_t n
         memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
         memcpy(&dx, xr + 4 * b, 4);
         __m256i S = _mm256_sub_epi32(hsum8(s), _mm256_set1_epi32(8 * sx));
-        __m256 pr =
-            _mm256_mul_ps(_mm256_mul_ps(f16x8(p, 0), _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(S));
-        *acc = _mm256_add_ps(*acc, pr);
+        *acc = fold8(*acc, f16x8(p, 0), _mm256_set1_ps(dx), _mm256_cvtepi32_ps(S));
     }
 }
 
@@ -594,10 +589,8 @@ INLINE void one_q45k(const uint8_t *const rows[8], const uint8_t *next, size_t n
         }
         __m256 dx = _mm256_set1_ps(x->d);
         __m256 dm = _mm256_xor_ps(f16x8(p, 2), _mm256_set1_ps(-0.0f));
-        __m256 a = _mm256_add_ps(
-            *acc, _mm256_mul_ps(_mm256_mul_ps(f16x8(p, 0), dx), _mm256_cvtepi32_ps(hsum8(s))));
-        *acc =
-            _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(hsum8(mn))));
+        __m256 a = fold8(*acc, f16x8(p, 0), dx, _mm256_cvtepi32_ps(hsum8(s)));
+        *acc = fold8(a, dm, dx, _mm256_cvtepi32_ps(hsum8(mn)));
     }
 }
 
@@ -646,9 +639,7 @@ INLINE void one_q6k(const uint8_t *const rows[8], const uint8_t *next, size_t nb
             }
             s[r] = acc32;
         }
-        __m256 pr = _mm256_mul_ps(_mm256_mul_ps(f16x8(p, 208), _mm256_set1_ps(x->d)),
-                                  _mm256_cvtepi32_ps(hsum8(s)));
-        *acc = _mm256_add_ps(*acc, pr);
+        *acc = fold8(*acc, f16x8(p, 208), _mm256_set1_ps(x->d), _mm256_cvtepi32_ps(hsum8(s)));
     }
 }
 
@@ -673,11 +664,9 @@ INLINE void one_leg(const uint8_t *const rows[8], const uint8_t *next, size_t nb
         if (bias)
             S = _mm256_sub_epi32(S, _mm256_set1_epi32(bias * sx));
         __m256 vdx = _mm256_set1_ps(dx);
-        *acc = _mm256_add_ps(*acc,
-                             _mm256_mul_ps(_mm256_mul_ps(f16x8(p, 0), vdx), _mm256_cvtepi32_ps(S)));
+        *acc = fold8(*acc, f16x8(p, 0), vdx, _mm256_cvtepi32_ps(S));
         if (mo)
-            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(f16x8(p, (size_t)mo), vdx),
-                                                     _mm256_set1_ps((float)sx)));
+            *acc = fold8(*acc, f16x8(p, (size_t)mo), vdx, _mm256_set1_ps((float)sx));
     }
 }
 
@@ -717,12 +706,10 @@ INLINE void one_q23k(const uint8_t *const rows[8], const uint8_t *next, size_t n
             s[r] = acc32;
         }
         __m256 dx = _mm256_set1_ps(x->d);
-        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(f16x8(p, q3 ? 108 : 80), dx),
-                                                 _mm256_cvtepi32_ps(hsum8(s))));
+        *acc = fold8(*acc, f16x8(p, q3 ? 108 : 80), dx, _mm256_cvtepi32_ps(hsum8(s)));
         if (!q3) {
             __m256 dm = _mm256_xor_ps(f16x8(p, 82), _mm256_set1_ps(-0.0f));
-            *acc = _mm256_add_ps(
-                *acc, _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(hsum8(mn))));
+            *acc = fold8(*acc, dm, dx, _mm256_cvtepi32_ps(hsum8(mn)));
         }
     }
 }
