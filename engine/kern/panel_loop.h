@@ -141,13 +141,14 @@ PANEL_INLINE void panel_widened_step(const panel_job *j, const panel_step *s, pa
 /* ---- one instantiation per row count ----
  * PANEL_SWITCH(R, PM, C, t): switch (R) with a case per row count 1 .. PM - 1 and PM as the
  * default, each calling C(t, r) with r a constant and returning, so every loop bound and unroll
- * in the tile t is resolved at compile time. PM is 6 (AVX2) or 16 (AVX-512). */
+ * in the tile t is resolved at compile time. PM is 6 (AVX2), 12 or 16 (AVX-512). */
 /* clang-format off */
 #define PANEL_C_(C, t, r) case r: C(t, r); return;
 #define PANEL_CASES_6(C, t) PANEL_C_(C, t, 1) PANEL_C_(C, t, 2) PANEL_C_(C, t, 3) \
     PANEL_C_(C, t, 4) PANEL_C_(C, t, 5)
-#define PANEL_CASES_16(C, t) PANEL_CASES_6(C, t) PANEL_C_(C, t, 6) PANEL_C_(C, t, 7) \
-    PANEL_C_(C, t, 8) PANEL_C_(C, t, 9) PANEL_C_(C, t, 10) PANEL_C_(C, t, 11) PANEL_C_(C, t, 12) \
+#define PANEL_CASES_12(C, t) PANEL_CASES_6(C, t) PANEL_C_(C, t, 6) PANEL_C_(C, t, 7) \
+    PANEL_C_(C, t, 8) PANEL_C_(C, t, 9) PANEL_C_(C, t, 10) PANEL_C_(C, t, 11)
+#define PANEL_CASES_16(C, t) PANEL_CASES_12(C, t) PANEL_C_(C, t, 12) \
     PANEL_C_(C, t, 13) PANEL_C_(C, t, 14) PANEL_C_(C, t, 15)
 #define PANEL_SWITCH_(R, pm, C, t) switch (R) { PANEL_CASES_##pm(C, t) default: C(t, pm); return; }
 /* clang-format on */
