@@ -5,23 +5,51 @@
 
 SECTION (standard input) is the new text, its markers included. The old section runs from
 "<!-- NAME begin" or "<!-- NAME:begin" to the matching "<!-- NAME end -->" or
-"<!-- NAME:end -->" and is replaced; a DOC without one gets SECTION appended."""
+"<!-- NAME:end -->" and is replaced; a DOC without one gets SECTION appended.
+
+With --per-cpu, NAME becomes NAME-intel or NAME-amd (from /proc/cpuinfo's vendor_id), in the
+markers SECTION holds too: figures from the two CPU families the project runs on stand side
+by side instead of the last run replacing the other family's."""
 import re
 import sys
 
 
+def cpu_family():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("vendor_id"):
+                v = line.split(":", 1)[1].strip()
+                return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(v, v.lower())
+    except OSError:
+        pass
+    return "cpu"
+
+
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    per_cpu = "--per-cpu" in args
+    args = [a for a in args if a != "--per-cpu"]
+    if len(args) != 2:
         sys.exit(__doc__)
-    path, name = sys.argv[1], re.escape(sys.argv[2])
+    path, raw = args
     section = sys.stdin.read().rstrip("\n")
+    if per_cpu:
+        tagged = "%s-%s" % (raw, cpu_family())
+        section = re.sub(r"<!-- %s([: ])(begin|end)" % re.escape(raw),
+                         lambda m: "<!-- %s%s%s" % (tagged, m.group(1), m.group(2)), section)
+        raw = tagged
+    name = re.escape(raw)
     try:
         doc = open(path).read()
     except FileNotFoundError:
         doc = "# Benchmarks\n"
     pat = re.compile(r"<!-- %s[: ]begin.*?<!-- %s[: ]end -->" % (name, name), re.S)
+    sibling = re.compile(r"<!-- %s-[a-z]+[: ]end -->" % re.escape(args[1])) if per_cpu else None
     if pat.search(doc):
         doc = pat.sub(lambda m: section, doc, count=1)
+    elif sibling and sibling.search(doc):  # after the other CPU family's section
+        m = sibling.search(doc)
+        doc = doc[:m.end()] + "\n\n" + section + doc[m.end():]
     else:
         doc = doc.rstrip("\n") + "\n\n" + section + "\n"
     open(path, "w").write(doc)

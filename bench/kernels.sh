@@ -160,5 +160,5 @@ SECTION="$TMP/section.md"
     fi
     echo "<!-- kernels.sh end -->"
 } >"$SECTION"
-python3 bench/doc_section.py docs/BENCHMARKS.md kernels.sh <"$SECTION"
+python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md kernels.sh <"$SECTION"
 cat "$SECTION"

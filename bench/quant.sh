@@ -75,7 +75,7 @@ write_section() { # DONE-TYPES-COUNT
     [ "$1" = "$N_TYPES" ] || echo "(Partial: the run stopped after $1 of $N_TYPES file types.)"
     echo "<!-- quant.sh end -->"
     } >"$SECTION"
-    python3 bench/doc_section.py docs/BENCHMARKS.md quant.sh <"$SECTION"
+    python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md quant.sh <"$SECTION"
 }
 rows=()
 for t in $TYPES; do
