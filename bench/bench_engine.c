@@ -8,7 +8,8 @@
  *             each sequence first prefills KVS_BENCH_PROMPT tokens (default 8), so the
  *             attention's share at longer contexts can be measured too.
  * KVS_BENCH_KV=f32 runs with an F32 KV cache instead of the server's default F16.
- *   prefill   one step of R prompt rows (R / 32 sequences of 32 tokens, logits for each
+ *   prefill   one step of R prompt rows (R / 32 sequences of 32 tokens, or of
+ *             KVS_BENCH_PREFILL_LEN, logits for each
  *             sequence's last row), for each R of a list: prompt-processing speed as CSV.
  * Block tables are laid out by hand (the engine's contract), as in tests/test_engine.c. */
 #include "common/status.h"
@@ -238,9 +239,13 @@ static int run_prefill(engine_model *m, const char *list, uint32_t threads)
     printf("rows,seqs,ms_per_step,rows_per_s\n");
     uint32_t sizes[32];
     size_t n_sizes = parse_list(list, 65536, sizes, 32);
+    /* KVS_BENCH_PREFILL_LEN: tokens per sequence (default 32); 512 is one 512-token prompt,
+     * whose causal attention a server's long-prompt prefill pays */
+    const char *pl = getenv("KVS_BENCH_PREFILL_LEN");
+    uint32_t plen = pl && atoi(pl) > 0 ? (uint32_t)atoi(pl) : 32;
     for (size_t k = 0; k < n_sizes; k++) {
         uint32_t R = sizes[k];
-        uint32_t len = R < 32 ? R : 32, S = (R + len - 1) / len;
+        uint32_t len = R < plen ? R : plen, S = (R + len - 1) / len;
         bench b;
         if (bench_init(&b, m, S, len, R, threads))
             return 1;

@@ -62,14 +62,32 @@ static void attend_span(const attn_job *j, uint32_t item, float *scores)
     float scale = c->m->attn_scale, cap = c->m->attn_softcap;
     const float *q = c->q + (size_t)t * n_head * hd;
     bool f16 = kv->type == ENGINE_KV_F16;
-    for (uint32_t i = skip; i < n; i++) {
-        uint32_t p = p0 + i;
-        const uint8_t *kp = j->kl + ((size_t)blocks[p / bs] * bs + p % bs) * row;
-        for (uint32_t h = 0; h < n_head; h++) {
-            const void *kh = kp + (size_t)(h / group) * head;
-            const float *qh = q + (size_t)h * hd;
-            float sc = (f16 ? c->kern->dot_f16(qh, kh, hd) : c->kern->dot(qh, kh, hd)) * scale;
-            scores[h * ATTN_SPAN + i] = cap > 0 ? cap * tanhf(sc / cap) : sc;
+    if (f16) {
+        /* a block's positions are rows `row` bytes apart: one call per head and run */
+        for (uint32_t i = skip; i < n;) {
+            uint32_t p = p0 + i, run = bs - p % bs < n - i ? bs - p % bs : n - i;
+            const uint8_t *kp = j->kl + ((size_t)blocks[p / bs] * bs + p % bs) * row;
+            for (uint32_t h = 0; h < n_head; h++)
+                kern_dot_f16_n(c->kern, q + (size_t)h * hd, kp + (size_t)(h / group) * head, row,
+                               run, hd, scores + h * ATTN_SPAN + i);
+            i += run;
+        }
+        for (uint32_t h = 0; h < n_head; h++)
+            for (uint32_t i = skip; i < n; i++) {
+                float sc = scores[h * ATTN_SPAN + i] * scale;
+                scores[h * ATTN_SPAN + i] = cap > 0 ? cap * tanhf(sc / cap) : sc;
+            }
+    } else {
+        for (uint32_t i = skip; i < n; i++) {
+            uint32_t p = p0 + i;
+            const uint8_t *kp = j->kl + ((size_t)blocks[p / bs] * bs + p % bs) * row;
+            for (uint32_t h = 0; h < n_head; h++) {
+                float sc = c->kern->dot(
+                               q + (size_t)h * hd,
+                               (const float *)(const void *)(kp + (size_t)(h / group) * head), hd) *
+                           scale;
+                scores[h * ATTN_SPAN + i] = cap > 0 ? cap * tanhf(sc / cap) : sc;
+            }
         }
     }
     float *part = c->attn_part + (size_t)(item - j->i0) * n_head * (hd + 2);
@@ -86,17 +104,21 @@ static void attend_span(const attn_job *j, uint32_t item, float *scores)
         ph[hd] = maxv;
         ph[hd + 1] = sum;
     }
-    for (uint32_t i = skip; i < n; i++) {
-        uint32_t p = p0 + i;
+    /* each head's o sums its positions in order, run after run (as one axpy per position) */
+    for (uint32_t i = skip; i < n;) {
+        uint32_t p = p0 + i, run = bs - p % bs < n - i ? bs - p % bs : n - i;
         const uint8_t *vp = j->vl + ((size_t)blocks[p / bs] * bs + p % bs) * row;
         for (uint32_t h = 0; h < n_head; h++) {
-            const void *vh = vp + (size_t)(h / group) * head;
-            float *oh = part + (size_t)h * (hd + 2), wgt = scores[h * ATTN_SPAN + i];
+            const uint8_t *vh = vp + (size_t)(h / group) * head;
+            float *oh = part + (size_t)h * (hd + 2);
             if (f16)
-                c->kern->axpy_f16(oh, wgt, vh, hd);
+                kern_axpy_f16_n(c->kern, oh, scores + h * ATTN_SPAN + i, vh, row, run, hd);
             else
-                c->kern->axpy(oh, wgt, vh, hd);
+                for (uint32_t r = 0; r < run; r++)
+                    c->kern->axpy(oh, scores[h * ATTN_SPAN + i + r],
+                                  (const float *)(const void *)(vh + (size_t)r * row), hd);
         }
+        i += run;
     }
 }
 

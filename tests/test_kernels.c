@@ -459,6 +459,51 @@ static void test_qdot_is_sensitive(void **state)
 /* dot, axpy (F32 and F16), to_f16 and rmsnorm: the reference near double precision, every
  * table equal to it bit for bit, at every length 0..77 (every tail of the 8- and 16-wide
  * loops). */
+/* Attention's runs of cache rows (kern_dot_f16_n, kern_axpy_f16_n): every table, with its
+ * batched forms or the loop over single calls, gives the bits of the reference's single calls;
+ * head sizes with and without a fast path, runs of 1 to 33 rows, rows with padding between. */
+static void test_row_runs(void **state)
+{
+    (void)state;
+    static const size_t sizes[] = {64, 128, 256, 72, 16};
+    enum { M = 33, STRIDE = 300 }; /* uint16 per row: 256 values and padding */
+    uint16_t *rows = malloc(M * STRIDE * sizeof(uint16_t));
+    float a[256], w[M], want[M], got[M + 1], y0[256], yr[256], y[256];
+    for (size_t i = 0; i < M * STRIDE; i++)
+        rows[i] = dtype_f32_to_f16(frand());
+    for (int i = 0; i < 256; i++) {
+        a[i] = frand();
+        y0[i] = frand();
+    }
+    for (int i = 0; i < M; i++)
+        w[i] = frand();
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t n = sizes[si];
+        for (size_t m = 1; m <= M; m += m < 18 ? 1 : 15) {
+            for (size_t i = 0; i < m; i++)
+                want[i] = kern_ref_ops.dot_f16(a, rows + i * STRIDE, n);
+            memcpy(yr, y0, sizeof y0);
+            for (size_t i = 0; i < m; i++)
+                kern_ref_ops.axpy_f16(yr, w[i], rows + i * STRIDE, n);
+            for (int k = 0; k < g_n_isas; k++) {
+                const kern_ops *ops = g_isas[k];
+                memset(got, 0xff, sizeof got);
+                kern_dot_f16_n(ops, a, rows, STRIDE * sizeof(uint16_t), m, n, got);
+                if (memcmp(got, want, m * sizeof(float)))
+                    fail_msg("%s dot_f16_n differs from the reference (n %zu, m %zu)", ops->name, n,
+                             m);
+                assert_true(got[m] != got[m]); /* nothing past m written (0xff..: a NaN) */
+                memcpy(y, y0, sizeof y0);
+                kern_axpy_f16_n(ops, y, w, rows, STRIDE * sizeof(uint16_t), m, n);
+                if (memcmp(y, yr, sizeof y))
+                    fail_msg("%s axpy_f16_n differs from the reference (n %zu, m %zu)", ops->name,
+                             n, m);
+            }
+        }
+    }
+    free(rows);
+}
+
 static void test_vector_helpers(void **state)
 {
     (void)state;
@@ -671,6 +716,7 @@ int main(void)
         cmocka_unit_test(test_qdot_is_sensitive),
         cmocka_unit_test(test_qx_quantize_edges),
         cmocka_unit_test(test_vector_helpers),
+        cmocka_unit_test(test_row_runs),
         cmocka_unit_test(test_reference_is_sensitive),
         cmocka_unit_test(test_select),
         cmocka_unit_test(test_dtype),

@@ -254,6 +254,103 @@ static void avx512_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
         y[i] = fmaf(a, f16_at((const uint8_t *)x, i), y[i]);
 }
 
+/* ---- attention's runs of cache rows ---- */
+
+/* Lane i: a[i]'s fold in dot_any's order, ((v0+v4)+(v2+v6))+((v1+v5)+(v3+v7)) with v[j] =
+ * a[i][j] + a[i][j + 8]. Each level adds the same pairs of partial sums as dot_any's halvings,
+ * for two to sixteen rows per instruction: 15 adds and 30 shuffles instead of 16 horizontal
+ * sums. The levels leave row c + 4 k in lane 4 c + k; the permutation puts row i in lane i. */
+INLINE __m512 fold16(const __m512 a[16])
+{
+    __m512 t[8], u[4], v[2];
+    for (int i = 0; i < 8; i++) /* lanes 0-7 row 2i's v, 8-15 row 2i + 1's */
+        t[i] = _mm512_add_ps(k512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             k512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++) /* 128-bit chunk c: row 4i + c's v[j] + v[j + 4], j < 4 */
+        u[i] = _mm512_add_ps(k512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             k512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++) { /* chunk c: rows 8i + c and 8i + 4 + c, (u0 + u2, u1 + u3) */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(u[2 * i]), _mm512_castps_pd(u[2 * i + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(u[2 * i]), _mm512_castps_pd(u[2 * i + 1]));
+        v[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    __m512 r = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(perm, r);
+}
+
+/* NC = n / 16 inputs of 16: the loops below unrolled, the accumulators in registers. */
+INLINE void dot_rows(const float *a, const uint8_t *b, size_t stride, size_t m, int NC, float *out)
+{
+    for (size_t i0 = 0; i0 < m; i0 += 16) {
+        size_t mm = m - i0 < 16 ? m - i0 : 16;
+        __m512 acc[16];
+        for (size_t r = 0; r < 16; r++) {
+            const uint8_t *row = b + (i0 + (r < mm ? r : 0)) * stride;
+            __m512 s = _mm512_setzero_ps();
+#pragma GCC unroll 16
+            for (int c = 0; c < NC; c++) /* dot_any's 16 partial sums over whole blocks */
+                s = _mm512_fmadd_ps(_mm512_loadu_ps(a + 16 * c), k512_cvtph(row + 32 * c), s);
+            acc[r] = s;
+        }
+        if (mm == 16) {
+            _mm512_storeu_ps(out + i0, fold16(acc));
+        } else { /* the rows past m repeat row i0: computed, not stored */
+            float tmp[16];
+            _mm512_storeu_ps(tmp, fold16(acc));
+            memcpy(out + i0, tmp, mm * sizeof(float));
+        }
+    }
+}
+
+static void avx512_dot_f16_n(const float *a, const void *b, size_t stride, size_t m, size_t n,
+                             float *out)
+{
+    const uint8_t *bp = b;
+    switch (n) { /* the head sizes of the families kvserve loads */
+    case 64: dot_rows(a, bp, stride, m, 4, out); return;
+    case 128: dot_rows(a, bp, stride, m, 8, out); return;
+    case 256: dot_rows(a, bp, stride, m, 16, out); return;
+    default:
+        for (size_t i = 0; i < m; i++)
+            out[i] = dot_any(a, bp + i * stride, 1, n);
+    }
+}
+
+/* y, NC vectors of it, stays in registers over the m rows. */
+INLINE void axpy_rows(float *y, const float *w, const uint8_t *b, size_t stride, size_t m, int NC)
+{
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int c = 0; c < NC; c++)
+        acc[c] = _mm512_loadu_ps(y + 16 * c);
+    for (size_t i = 0; i < m; i++) {
+        __m512 wv = _mm512_set1_ps(w[i]);
+        const uint8_t *row = b + i * stride;
+#pragma GCC unroll 16
+        for (int c = 0; c < NC; c++)
+            acc[c] = _mm512_fmadd_ps(wv, k512_cvtph(row + 32 * c), acc[c]);
+    }
+#pragma GCC unroll 16
+    for (int c = 0; c < NC; c++)
+        _mm512_storeu_ps(y + 16 * c, acc[c]);
+}
+
+static void avx512_axpy_f16_n(float *y, const float *w, const void *b, size_t stride, size_t m,
+                              size_t n)
+{
+    const uint8_t *bp = b;
+    switch (n) {
+    case 64: axpy_rows(y, w, bp, stride, m, 4); return;
+    case 128: axpy_rows(y, w, bp, stride, m, 8); return;
+    case 256: axpy_rows(y, w, bp, stride, m, 16); return;
+    default:
+        for (size_t i = 0; i < m; i++)
+            avx512_axpy_f16(y, w[i], (const uint16_t *)(const void *)(bp + i * stride), n);
+    }
+}
+
 static void avx512_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
 {
     float scale = 1.0f / sqrtf(avx512_dot(x, x, n) / (float)n + eps);
@@ -280,6 +377,8 @@ const kern_ops kern_avx512_ops = {
     .axpy_f16 = avx512_axpy_f16,
     .to_f16 = kern__to_f16_f16c, /* 8 at a time (kern/f16c.h) */
     .rmsnorm = avx512_rmsnorm,
+    .dot_f16_n = avx512_dot_f16_n,
+    .axpy_f16_n = avx512_axpy_f16_n,
     /* The integer path's product (kern/qdot.h): AVX2's, whose bits every table shares; an
      * AVX-512 VNNI version belongs here once a machine can run it. */
     .qmatmul = kern__qmatmul_avx2,

@@ -24,6 +24,8 @@
 #error "the emulated AVX-512 kernels need -mavx2 -mfma -mf16c (simde's fused ymm path)"
 #endif
 #define KERN512(name) name##_emu
+/* a macro in simde with no native alias: named here for both builds */
+#define k512_shuffle_f32x4 simde_mm512_shuffle_f32x4
 #else
 #include <immintrin.h>
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) ||                   \
@@ -31,6 +33,7 @@
 #error "kern/avx512.c needs -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c"
 #endif
 #define KERN512(name) name
+#define k512_shuffle_f32x4 _mm512_shuffle_f32x4
 #endif
 
 #define INLINE static inline __attribute__((always_inline))

@@ -100,7 +100,38 @@ typedef struct kern_ops {
      * NULL: kern_qmatmul_ref (the same bits). */
     void (*qmatmul)(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
                     size_t n1);
+    /* Attention's runs of cache rows, stride bytes apart (a KV block's positions), as one call:
+     * out[i] = dot_f16(a, b + i * stride, n) for i < m, and axpy_f16(y, w[i], b + i * stride,
+     * n) for i = 0, 1, ..., m - 1 in turn; the bits of those calls, without a call and a
+     * horizontal sum per row. NULL: kern_dot_f16_n / kern_axpy_f16_n below make the calls. */
+    void (*dot_f16_n)(const float *a, const void *b, size_t stride, size_t m, size_t n, float *out);
+    void (*axpy_f16_n)(float *y, const float *w, const void *b, size_t stride, size_t m, size_t n);
 } kern_ops;
+
+/* k's dot_f16_n, or its dot_f16 m times (the same bits). */
+static inline void kern_dot_f16_n(const kern_ops *k, const float *a, const void *b, size_t stride,
+                                  size_t m, size_t n, float *out)
+{
+    if (k->dot_f16_n) {
+        k->dot_f16_n(a, b, stride, m, n, out);
+        return;
+    }
+    for (size_t i = 0; i < m; i++)
+        out[i] =
+            k->dot_f16(a, (const uint16_t *)(const void *)((const uint8_t *)b + i * stride), n);
+}
+
+/* k's axpy_f16_n, or its axpy_f16 m times in order (the same bits). */
+static inline void kern_axpy_f16_n(const kern_ops *k, float *y, const float *w, const void *b,
+                                   size_t stride, size_t m, size_t n)
+{
+    if (k->axpy_f16_n) {
+        k->axpy_f16_n(y, w, b, stride, m, n);
+        return;
+    }
+    for (size_t i = 0; i < m; i++)
+        k->axpy_f16(y, w[i], (const uint16_t *)(const void *)((const uint8_t *)b + i * stride), n);
+}
 
 /* ---- kern/qdot_ref.c: the integer path (activations quantized per row) ----
  * Each row of x (one token) is quantized alone to int8 blocks with a float scale, so a row's
