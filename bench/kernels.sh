@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/kernels.sh: the portable build (-Dnative=false, kernels chosen at run time) against a
 # -Dnative=true build on the same machine, in one run: 110m-shape decode tok/s at batch 1 and
-# 16 and prompt rows/s, F16 and Q8_0 weights, with the portable build's --kernels avx2 (what
-# auto picks on an AVX2 CPU) and --kernels generic (the portable C fallback and oracle). Runs
+# 16 and prompt rows/s, F16 and Q8_0 weights, both builds with --kernels auto (what each picks
+# on this CPU, named in the table) and the portable build's --kernels generic (the portable C
+# fallback and oracle). Runs
 # alternate between the builds so load from other processes falls on both alike; each figure is
 # the median of REPEATS runs and the ratios are taken between medians of this run. Writes the
 # "kernels.sh" section of docs/BENCHMARKS.md. On shared cores wall-clock figures swing by 3x from
@@ -72,19 +73,20 @@ for t in $TYPES; do
     for i in $(seq "$REPEATS"); do
         echo "kernels.sh: $t run $i/$REPEATS" >&2
         if [ $((i % 2)) = 1 ]; then
-            run "$t-portable" "$PORTABLE" avx2 "$f"
+            run "$t-portable" "$PORTABLE" auto "$f"
             run "$t-native" "$NATIVE" auto "$f"
         else
             run "$t-native" "$NATIVE" auto "$f"
-            run "$t-portable" "$PORTABLE" avx2 "$f"
+            run "$t-portable" "$PORTABLE" auto "$f"
         fi
     done
     # CPU seconds of one thread for the same work (load, prefill, 64 decode steps at batch 1
     # and at 16), alternating builds
     for i in $(seq "$REPEATS"); do
         for b in portable native; do
-            d=$PORTABLE k=avx2
-            [ "$b" = native ] && d=$NATIVE k=auto
+            d=$PORTABLE
+            [ "$b" = native ] && d=$NATIVE
+            k=auto
             KVS_BENCH_SGEMM=0 KVS_BENCH_KERNELS=$k /usr/bin/time -f '%U %S' -o "$TMP/time" \
                 "$d/bench/kvs-bench-engine" batch "$f" 64 1,16 1 >/dev/null 2>&1
             awk '{print $1 + $2}' "$TMP/time" >>"$TMP/$t-$b.cpu"
@@ -120,6 +122,8 @@ for t in $TYPES; do
     rm -f "$f"
 done
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+PICK=$(cat "$TMP"/*-portable.log 2>/dev/null | grep -m1 -o 'kernels: [a-z0-9]*' | cut -d' ' -f2 || true)
+PICK=${PICK:-?}
 
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f|avx512bw|avx512vl|avx512dq)$' | tr '\n' ' ')
@@ -131,7 +135,7 @@ SECTION="$TMP/section.md"
     echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU} (${FLAGS% }), $THREADS engine threads,"
     echo "kvserve $(git rev-parse --short HEAD); random-weight 110m models from kvs-mkmodel. \`portable\`"
     echo "is the default build (\`-Dnative=false\`: every kernel table compiled with its own flags, one"
-    echo "chosen at start; here \`--kernels avx2\`, what auto picks on this CPU), \`native\` a"
+    echo "chosen at start by \`--kernels auto\`: here \`$PICK\`), \`native\` a"
     echo "\`-Dnative=true\` build (everything compiled with \`-march=native\`, auto's choice). Runs"
     echo "alternate between the two builds; median of $REPEATS runs each ($STEPS decode steps after"
     echo "8-token prompts; prefill: best of 3 steps of 128 rows). \`generic\` is the portable build's"
