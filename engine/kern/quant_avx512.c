@@ -253,12 +253,69 @@ INLINE void ftile(int R, const float *x, size_t ldx, const float *w, size_t n, f
 /* ftile once per R */
 PANEL_DEFINE_FTILE_R(ftile_r, ftile, PM)
 
+/* ftile over two whole adjacent panels' widened chunks w0, w1: two weight vectors meet each
+ * broadcast x (half the broadcast loads per FMA; avx512.c's pair tiles), up to PM2 rows. */
+#define PM2 12
+INLINE void ftile2(int R, const float *x, size_t ldx, const float *w0, const float *w1, size_t n,
+                   float *out, size_t ldo, bool first)
+{
+    __m512 a0[PM2], a1[PM2];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        a0[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo);
+        a1[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo + KERN_PANEL);
+    }
+    for (size_t k = 0; k < n; k++) {
+        __m512 v0 = _mm512_load_ps(w0 + k * KERN_PANEL), v1 = _mm512_load_ps(w1 + k * KERN_PANEL);
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            __m512 xb = _mm512_set1_ps(x[(size_t)r * ldx + k]);
+            a0[r] = _mm512_fmadd_ps(xb, v0, a0[r]);
+            a1[r] = _mm512_fmadd_ps(xb, v1, a1[r]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(out + (size_t)r * ldo, a0[r]);
+        _mm512_storeu_ps(out + (size_t)r * ldo + KERN_PANEL, a1[r]);
+    }
+}
+
+#define FTILE2_(t, r) t(r, x, ldx, w0, w1, n, out, ldo, first)
+static void ftile2_r(int R, const float *x, size_t ldx, const float *w0, const float *w1, size_t n,
+                     float *out, size_t ldo, bool first)
+{
+    PANEL_SWITCH(R, 12, FTILE2_, ftile2)
+}
+
+/* panel_widened_step over two whole panels: both chunks widened (2 x 16 KiB of L1), then every
+ * tile of the pass continues its chains over the pair. */
+static void widened_pair(const panel_job *j, const panel_step *s)
+{
+    float w0[PANEL_WCHUNK * KERN_PANEL] __attribute__((aligned(64)));
+    float w1[PANEL_WCHUNK * KERN_PANEL] __attribute__((aligned(64)));
+    size_t K = j->m->n_in;
+    size_t chunk = PANEL_WCHUNK < K ? PANEL_WCHUNK : K;
+    for (size_t k0 = 0; k0 < K; k0 += chunk) {
+        size_t n = K - k0 < chunk ? K - k0 : chunk;
+        widen_chunk(j->f, &j->o, s->wp, k0 / j->f->sb, n, w0);
+        widen_chunk(j->f, &j->o, s->wp + s->pbytes, k0 / j->f->sb, n, w1);
+        for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R)
+            ftile2_r(panel_rows(s, t), j->x + t * j->ldx + k0, j->ldx, w0, w1, n,
+                     j->out + t * j->ldo + s->base, j->ldo, k0 == 0);
+    }
+}
+
 /* From 3 rows on, chunks widened into L1 and tiles of up to 16 rows; one or two rows read the
  * blocks in place, two whole panels at once where the columns allow (2 R independent chains in
  * flight instead of R). */
 static size_t qpanel(const panel_job *j, const panel_step *s)
 {
     if (s->tc > 2) {
+        if (panel_pair_whole(s)) {
+            widened_pair(j, s);
+            return 2;
+        }
         panel_widened_step(j, s, widen_chunk, ftile_r);
         return 1;
     }
@@ -276,5 +333,5 @@ void KERN512(kern__quant_matmul_avx512)(const kern_mat *m, const float *x, size_
     (void)scratch;
     panel_job j = {.m = m, .x = x, .ldx = ldx, .out = out, .ldo = ldo, .f = kern__qfmt(m->qtype)};
     j.o = kern__qoff(j.f);
-    panel_loop(&j, T, n0, n1, PM, qpanel);
+    panel_loop(&j, T, n0, n1, PM2, qpanel); /* tiles of at most PM2 rows, for the pairs */
 }
