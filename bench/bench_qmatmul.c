@@ -6,8 +6,8 @@
  * client decoding); MATS matrices of random valid blocks multiplied in turn (8 of 5632 x 2048
  * exceed a 32 MiB L3, so the panels stream from memory; 1 small matrix stays in the caches: the
  * kernel's own speed); the best and the mean of REPS passes (the first one not counted); ISA
- * avx2 (default where the CPU has it) or generic; ACT f32 (default: the exact panels) or q8 (the
- * integer path: the file's rows, x quantized per row inside the timed pass, as the engine does
+ * avx2 (default where the CPU has it), avx512 or generic; ACT f32 (default: the exact panels) or
+ * q8 (the integer path: the file's rows, x quantized per row inside the timed pass, as the engine does
  * once per product; Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K). Prints one CSV line:
  *   type,n_out,n_in,rows,mats,isa,act,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,gb_per_s
  * (per matrix; the rates from the best CPU time). */
@@ -87,6 +87,10 @@ int main(int argc, char **argv)
 #ifdef KERN_HAVE_AVX2
     if (!isa || !strcmp(isa, "avx2"))
         k = &kern_avx2_ops;
+#endif
+#ifdef KERN_HAVE_AVX512
+    if (isa && !strcmp(isa, "avx512"))
+        k = &kern_avx512_ops;
 #endif
     if (isa && strcmp(isa, k->name)) {
         fprintf(stderr, "kvs-bench-qmatmul: no kernel table %s here\n", isa);

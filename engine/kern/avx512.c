@@ -218,7 +218,7 @@ const kern_ops kern_avx512_ops = {
     .axpy_f16 = avx512_axpy_f16,
     .to_f16 = kern__to_f16_f16c, /* 8 at a time (kern/f16c.h) */
     .rmsnorm = avx512_rmsnorm,
-    /* The integer path's product (kern/qdot.h): AVX2's, whose bits every table shares; an
-     * AVX-512 VNNI version belongs here once a machine can run it. */
-    .qmatmul = kern__qmatmul_avx2,
+    /* The integer path's product (kern/qdot.h): batches on 16 rows a zmm (kern/qdot_avx512.c),
+     * one activation row on AVX2's kernels; every table's bits are the reference's. */
+    .qmatmul = KERN512(kern__qmatmul_avx512),
 };
