@@ -122,6 +122,28 @@ INLINE __m512i mul16(const __m512i *w, const int8_t *x, int n)
     return s;
 }
 
+/* Block b of the 16 rows: p[r] its start in row r, w[k] lane r values 4k .. 4k + 3 of row r. */
+INLINE void unpack_q8_0(const uint8_t *const rows[16], size_t b, const uint8_t *p[16], __m512i w[8])
+{
+    __m256i y[16];
+    for (int r = 0; r < 16; r++) {
+        p[r] = rows[r] + 34 * b;
+        y[r] = ld(p[r] + 2);
+    }
+    tr16y(y, w);
+}
+
+INLINE void unpack_q4_0(const uint8_t *const rows[16], size_t b, const uint8_t *p[16], __m512i w[8])
+{
+    __m256i y[16];
+    for (int r = 0; r < 16; r++) {
+        p[r] = rows[r] + 18 * b;
+        __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p[r] + 2));
+        y[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    }
+    tr16y(y, w);
+}
+
 /* Q8_0 (34-byte blocks: d | 32 int8): maddubs takes unsigned weights, so |w| meets x negated
  * where w < 0 (AVX-512 has no vpsignb: a masked subtraction from 0; |x| <= 127, so it is exact;
  * where w = 0 the product is 0 either way); each maddubs is widened by its own madd, as in
@@ -133,14 +155,9 @@ INLINE void grp_q8_0t(const uint8_t *const rows[16], const uint8_t *next, size_t
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, 34);
         const uint8_t *p[16];
-        __m256i y[16];
-        for (int r = 0; r < 16; r++) {
-            p[r] = rows[r] + 34 * b;
-            y[r] = ld(p[r] + 2);
-        }
         __m512i w[8], wa[8];
         __mmask64 neg[8];
-        tr16y(y, w);
+        unpack_q8_0(rows, b, p, w);
         for (int k = 0; k < 8; k++) {
             wa[k] = _mm512_abs_epi8(w[k]);
             neg[k] = _mm512_movepi8_mask(w[k]);
@@ -168,19 +185,12 @@ INLINE void grp_q8_0t(const uint8_t *const rows[16], const uint8_t *next, size_t
 INLINE void grp_q4_0(const uint8_t *const rows[16], const uint8_t *next, size_t nb,
                      const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m512i one = _mm512_set1_epi16(1);
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, 18);
         const uint8_t *p[16];
-        __m256i y[16];
-        for (int r = 0; r < 16; r++) {
-            p[r] = rows[r] + 18 * b;
-            __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p[r] + 2));
-            y[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
-        }
         __m512i w[8];
-        tr16y(y, w);
+        unpack_q4_0(rows, b, p, w);
         __m512 dw = f16x16(p, 0);
         for (size_t t = 0; t < tt; t++) {
             const uint8_t *xr = xq + t * xrb;
@@ -216,6 +226,17 @@ INLINE __m256i raw32(const uint8_t *p, int qo, int ho)
     return ho < 0 ? w : _mm256_or_si256(w, bits5(p + ho));
 }
 
+INLINE void unpack_leg(const uint8_t *const rows[16], size_t b, int bb, int qo, int ho,
+                       const uint8_t *p[16], __m512i w[8])
+{
+    __m256i y[16];
+    for (int r = 0; r < 16; r++) {
+        p[r] = rows[r] + (size_t)bb * b;
+        y[r] = raw32(p[r], qo, ho);
+    }
+    tr16y(y, w);
+}
+
 /* Q4_1 (bb 20, qo 4, no qh, min at 2), Q5_0 (22: qh at 2, qs at 6; bias 16) and Q5_1 (24: min at
  * 2, qh at 4, qs at 8), as grp_q4_0; the 5-bit values add 4 maddubs in int16, the 4-bit ones 8
  * (qdot_avx2.c's grp_leg). */
@@ -226,13 +247,8 @@ INLINE void grp_leg(const uint8_t *const rows[16], const uint8_t *next, size_t n
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, (size_t)bb);
         const uint8_t *p[16];
-        __m256i y[16];
-        for (int r = 0; r < 16; r++) {
-            p[r] = rows[r] + (size_t)bb * b;
-            y[r] = raw32(p[r], qo, ho);
-        }
         __m512i w[8];
-        tr16y(y, w);
+        unpack_leg(rows, b, bb, qo, ho, p, w);
         __m512 dw = f16x16(p, 0), dm = mo ? f16x16(p, (size_t)mo) : _mm512_setzero_ps();
         for (size_t t = 0; t < tt; t++) {
             const uint8_t *xr = xq + t * xrb;
@@ -367,47 +383,65 @@ INLINE __m128i scales_k4(const uint8_t *s)
     return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
 }
 
+/* Block b's scales: p[r] its start in row r; per row sc[0..7] | m[0..7] as int16, each doubled
+ * into a 32-bit lane, transposed so that lane r of sc[j], mi[j] holds sub-block j's scale and
+ * min of row r. */
+INLINE void scales_q45k(const uint8_t *const rows[16], size_t b, size_t bb, const uint8_t *p[16],
+                        __m512i sc[8], __m512i mi[8])
+{
+    __m256i ya[16], yc[16];
+    for (int r = 0; r < 16; r++) {
+        p[r] = rows[r] + b * bb;
+        __m256i e = _mm256_cvtepu8_epi16(scales_k4(p[r] + 4));
+        ya[r] = _mm256_unpacklo_epi16(e, e);
+        yc[r] = _mm256_unpackhi_epi16(e, e);
+    }
+    __m512i a[8], c[8];
+    tr16y(ya, a);
+    tr16y(yc, c);
+    for (int j = 0; j < 4; j++) {
+        sc[j] = a[j];
+        sc[4 + j] = c[j];
+        mi[j] = a[4 + j];
+        mi[4 + j] = c[4 + j];
+    }
+}
+
+/* Sub-block j's 32 values (0..15, Q5_K's 0..31) of the 16 blocks at p, transposed. */
+INLINE void unpack_q45k(const uint8_t *const p[16], int q5, int j, __m512i w[8])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1);
+    size_t qs = q5 ? 48 : 16;
+    __m256i y[16];
+    for (int r = 0; r < 16; r++) {
+        __m256i q = ld(p[r] + qs + 32 * (j / 2));
+        y[r] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
+        if (q5) {
+            __m256i h = _mm256_srl_epi16(ld(p[r] + 16), _mm_cvtsi32_si128(j));
+            y[r] = _mm256_or_si256(y[r], _mm256_slli_epi16(_mm256_and_si256(h, m1), 4));
+        }
+    }
+    tr16y(y, w);
+}
+
 /* Q4_K (q5 = 0: d | dmin | scales (12) | qs (128)) and Q5_K (q5 = 1: d | dmin | scales | qh (32) |
  * qs), as qdot_avx2.c's grp_q45k. si: tt int32 vectors of scratch. */
 INLINE void grp_q45k(const uint8_t *const rows[16], const uint8_t *next, size_t nb, int q5,
                      const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc, __m512i *si)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1);
-    size_t bb = q5 ? 176 : 144, qs = q5 ? 48 : 16;
+    size_t bb = q5 ? 176 : 144;
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, bb);
         const uint8_t *p[16];
-        /* per row sc[0..7] | m[0..7] as int16, each doubled into a 32-bit lane; transposed,
-         * a[j] (j < 4) and c[j - 4] hold sub-block j's scale of each row, a[4 + j] and c[j] its
-         * min */
-        __m256i ya[16], yc[16];
-        for (int r = 0; r < 16; r++) {
-            p[r] = rows[r] + b * bb;
-            __m256i e = _mm256_cvtepu8_epi16(scales_k4(p[r] + 4));
-            ya[r] = _mm256_unpacklo_epi16(e, e);
-            yc[r] = _mm256_unpackhi_epi16(e, e);
-        }
-        __m512i a[8], c[8];
-        tr16y(ya, a);
-        tr16y(yc, c);
-        __m512i sc[8] = {a[0], a[1], a[2], a[3], c[0], c[1], c[2], c[3]};
-        __m512i mi[8] = {a[4], a[5], a[6], a[7], c[4], c[5], c[6], c[7]};
+        __m512i sc[8], mi[8];
+        scales_q45k(rows, b, bb, p, sc, mi);
         __m512 d = f16x16(p, 0), dm = f16x16(p, 2);
         dm = _mm512_xor_ps(dm, _mm512_set1_ps(-0.0f)); /* the min is subtracted */
         for (size_t t = 0; t < tt; t++)
             si[t] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
-            __m256i y[16];
-            for (int r = 0; r < 16; r++) {
-                __m256i q = ld(p[r] + qs + 32 * (j / 2));
-                y[r] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
-                if (q5) {
-                    __m256i h = _mm256_srl_epi16(ld(p[r] + 16), _mm_cvtsi32_si128(j));
-                    y[r] = _mm256_or_si256(y[r], _mm256_slli_epi16(_mm256_and_si256(h, m1), 4));
-                }
-            }
             __m512i w[8];
-            tr16y(y, w);
+            unpack_q45k(p, q5, j, w);
             for (size_t t = 0; t < tt; t++) {
                 const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
                 const int8_t *xs = x->q + 32 * j;
@@ -488,6 +522,94 @@ INLINE void grp_q6k(const uint8_t *const rows[16], const uint8_t *next, size_t n
     }
 }
 
+/* ---- VNNI (vpdpbusd: u8 x s8 quads summed into each int32 lane, exact, no saturation) ----
+ * Only the native build has them: the avx512 table requires F/BW/VL/DQ alone, so these are
+ * compiled for VNNI by attribute and chosen per call where the CPU has it; the emulated copy
+ * runs the BW kernels above, so both forms are held to the reference on this machine. */
+#ifndef KERN_AVX512_EMULATED
+#define VNNI static __attribute__((target("avx512vnni")))
+
+/* sum over k < n of the quads w[k] . x[4k .. 4k + 3], added to s */
+INLINE __attribute__((target("avx512vnni"))) __m512i dot16(__m512i s, const __m512i *w,
+                                                           const int8_t *x, int n)
+{
+    for (int k = 0; k < n; k++)
+        s = _mm512_dpbusd_epi32(s, w[k], bcast4(x + 4 * k));
+    return s;
+}
+
+/* Q8_0: w + 128 (w ^ 0x80) is unsigned, and sum (w + 128) x = S + 128 sx. */
+VNNI void grpv_q8_0(const uint8_t *const rows[16], const uint8_t *next, size_t nb,
+                    const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, 34);
+        const uint8_t *p[16];
+        __m512i w[8];
+        unpack_q8_0(rows, b, p, w);
+        for (int k = 0; k < 8; k++)
+            w[k] = _mm512_xor_si512(w[k], flip);
+        __m512 dw = f16x16(p, 0);
+        for (size_t t = 0; t < tt; t++) {
+            const uint8_t *xr = xq + t * xrb;
+            __m512i S = dot16(_mm512_setzero_si512(), w,
+                              (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8);
+            int16_t sx;
+            float dx;
+            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+            memcpy(&dx, xr + 4 * b, 4);
+            S = _mm512_sub_epi32(S, _mm512_set1_epi32(128 * sx));
+            acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
+        }
+    }
+}
+
+/* Q4_0 (bb 18, qo 2, bias 8), Q4_1, Q5_0, Q5_1 as grp_leg (ho < 0, no qh; mo 0, no min). */
+VNNI void grpv_leg(const uint8_t *const rows[16], const uint8_t *next, size_t nb, int bb, int qo,
+                   int ho, int bias, int mo, const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
+{
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, (size_t)bb);
+        const uint8_t *p[16];
+        __m512i w[8];
+        unpack_leg(rows, b, bb, qo, ho, p, w);
+        __m512 dw = f16x16(p, 0), dm = mo ? f16x16(p, (size_t)mo) : _mm512_setzero_ps();
+        for (size_t t = 0; t < tt; t++) {
+            const uint8_t *xr = xq + t * xrb;
+            __m512i S = dot16(_mm512_setzero_si512(), w,
+                              (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8);
+            int16_t sx;
+            float dx;
+            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+            memcpy(&dx, xr + 4 * b, 4);
+            if (bias)
+                S = _mm512_sub_epi32(S, _mm512_set1_epi32(bias * sx));
+            __m512 vdx = _mm512_set1_ps(dx);
+            acc[t] = fold16(acc[t], dw, vdx, cvt_ps(S));
+            if (mo)
+                acc[t] = fold16(acc[t], dm, vdx, _mm512_set1_ps((float)sx));
+        }
+    }
+}
+
+/* The VNNI tile kernel for kind (kern__qmatmul_avx512's), if there is one: 0 if not. The K-quants
+ * have none: their sub-block scales would cost a vpmulld per sub-block and row of x after the
+ * vpdpbusd, which measured slower than maddubs, int16 sums and one madd. */
+VNNI int grpv(int kind, const uint8_t *const rows[16], const uint8_t *next, size_t K,
+              const uint8_t *x, size_t xrb, size_t tt, __m512 *acc)
+{
+    switch (kind) {
+    case 0: grpv_q8_0(rows, next, K / 32, x, xrb, tt, acc); return 1;
+    case KERN_GGML_Q4_0: grpv_leg(rows, next, K / 32, 18, 2, -1, 8, 0, x, xrb, tt, acc); return 1;
+    case KERN_GGML_Q4_1: grpv_leg(rows, next, K / 32, 20, 4, -1, 0, 2, x, xrb, tt, acc); return 1;
+    case KERN_GGML_Q5_0: grpv_leg(rows, next, K / 32, 22, 6, 2, 16, 0, x, xrb, tt, acc); return 1;
+    case KERN_GGML_Q5_1: grpv_leg(rows, next, K / 32, 24, 8, 4, 0, 2, x, xrb, tt, acc); return 1;
+    default: return 0;
+    }
+}
+#endif
+
 void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, float *out,
                                    size_t ldo, size_t n0, size_t n1)
 {
@@ -497,6 +619,9 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     const uint8_t *base = (const uint8_t *)w->data;
     __m512 acc[TT];
     __m512i si[TT];
+#ifndef KERN_AVX512_EMULATED
+    int vnni = __builtin_cpu_supports("avx512vnni");
+#endif
     for (size_t t0 = 0; t0 < T; t0 += TT) {
         size_t tt = T - t0 < TT ? T - t0 : TT;
         const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
@@ -512,24 +637,30 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
             const uint8_t *next = n + 32 <= w->n_out ? base + (n + 16) * w->row_bytes : rows[0];
             for (size_t t = 0; t < tt; t++)
                 acc[t] = _mm512_setzero_ps();
-            switch (kind) {
-            case 0: grp_q8_0t(rows, next, K / 32, x, xrb, tt, acc); break;
-            case KERN_GGML_Q4_0: grp_q4_0(rows, next, K / 32, x, xrb, tt, acc); break;
-            case KERN_GGML_Q4_1:
-                grp_leg(rows, next, K / 32, 20, 4, -1, 0, 2, x, xrb, tt, acc);
-                break;
-            case KERN_GGML_Q5_0:
-                grp_leg(rows, next, K / 32, 22, 6, 2, 16, 0, x, xrb, tt, acc);
-                break;
-            case KERN_GGML_Q5_1:
-                grp_leg(rows, next, K / 32, 24, 8, 4, 0, 2, x, xrb, tt, acc);
-                break;
-            case KERN_GGML_Q2_K: grp_q23k(rows, next, K / 256, 0, x, xrb, tt, acc, si); break;
-            case KERN_GGML_Q3_K: grp_q23k(rows, next, K / 256, 1, x, xrb, tt, acc, si); break;
-            case KERN_GGML_Q4_K: grp_q45k(rows, next, K / 256, 0, x, xrb, tt, acc, si); break;
-            case KERN_GGML_Q5_K: grp_q45k(rows, next, K / 256, 1, x, xrb, tt, acc, si); break;
-            default: grp_q6k(rows, next, K / 256, x, xrb, tt, acc, si); break;
-            }
+            int done = 0;
+#ifndef KERN_AVX512_EMULATED
+            if (vnni)
+                done = grpv(kind, rows, next, K, x, xrb, tt, acc);
+#endif
+            if (!done)
+                switch (kind) {
+                case 0: grp_q8_0t(rows, next, K / 32, x, xrb, tt, acc); break;
+                case KERN_GGML_Q4_0: grp_q4_0(rows, next, K / 32, x, xrb, tt, acc); break;
+                case KERN_GGML_Q4_1:
+                    grp_leg(rows, next, K / 32, 20, 4, -1, 0, 2, x, xrb, tt, acc);
+                    break;
+                case KERN_GGML_Q5_0:
+                    grp_leg(rows, next, K / 32, 22, 6, 2, 16, 0, x, xrb, tt, acc);
+                    break;
+                case KERN_GGML_Q5_1:
+                    grp_leg(rows, next, K / 32, 24, 8, 4, 0, 2, x, xrb, tt, acc);
+                    break;
+                case KERN_GGML_Q2_K: grp_q23k(rows, next, K / 256, 0, x, xrb, tt, acc, si); break;
+                case KERN_GGML_Q3_K: grp_q23k(rows, next, K / 256, 1, x, xrb, tt, acc, si); break;
+                case KERN_GGML_Q4_K: grp_q45k(rows, next, K / 256, 0, x, xrb, tt, acc, si); break;
+                case KERN_GGML_Q5_K: grp_q45k(rows, next, K / 256, 1, x, xrb, tt, acc, si); break;
+                default: grp_q6k(rows, next, K / 256, x, xrb, tt, acc, si); break;
+                }
             for (size_t t = 0; t < tt; t++) {
                 float *o = out + (t0 + t) * ldo + n;
                 if (nr == 16) {
