@@ -7,8 +7,8 @@
  * exceed a 32 MiB L3, so the panels stream from memory; 1 small matrix stays in the caches: the
  * kernel's own speed); the best and the mean of REPS passes (the first one not counted); ISA
  * avx2 (default where the CPU has it), avx512 or generic; ACT f32 (default: the exact panels) or
- * q8 (the integer path: the file's rows, x quantized per row inside the timed pass, as the engine does
- * once per product; Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K). Prints one CSV line:
+ * q8 (the integer path: the file's rows, x quantized per row inside the timed pass, as the engine
+ * does once per product; Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K). Prints one CSV line:
  *   type,n_out,n_in,rows,mats,isa,act,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,gb_per_s
  * (per matrix; the rates from the best CPU time). */
 #define _POSIX_C_SOURCE 200809L

@@ -5,8 +5,9 @@
  * r + 8 are paired in one zmm, and a 16 x 8 transpose of 32-bit lanes (tr16) leaves lane r of
  * vector k holding values 4k .. 4k + 3 of row r. The maddubs / int16 sums / one madd per
  * sub-block are AVX2's on twice the rows, so the integer bounds qdot_avx2.c states hold as they
- * are. One activation row (a decode step) and any tile this file does not cover go to
- * kern__qmatmul_avx2, which follows the same contract, so the bits do not change. */
+ * are; where the CPU has VNNI, Q8_0 .. Q5_1 (no sub-block scales) sum each row's quads with
+ * vpdpbusd instead. A tile of one activation row (a decode step) goes to kern__qmatmul_avx2,
+ * which follows the same contract, so the bits do not change. */
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/qdot.h"
 
