@@ -605,11 +605,50 @@ VNNI void grpv_leg(const uint8_t *const rows[16], const uint8_t *next, size_t nb
     }
 }
 
+/* Q4_K: each half sub-block's 16 products in int32 by vpdpbusd, |sum| <= 16 * 15 * 127 = 30480,
+ * so its low 16 bits are it as an int16 and vpdpwssd against (scale, 0) pairs adds scale * sum:
+ * 10 multiplies per 32 values and row of x, no int16 adds (Q5_K's 31s would not fit). */
+VNNI void grpv_q4k(const uint8_t *const rows[16], const uint8_t *next, size_t nb, const uint8_t *xq,
+                   size_t xrb, size_t tt, __m512 *acc, __m512i *si)
+{
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, 144);
+        const uint8_t *p[16];
+        __m512i sc[8], mi[8];
+        scales_q45k(rows, b, 144, p, sc, mi);
+        __m512 d = f16x16(p, 0), dm = f16x16(p, 2);
+        dm = _mm512_xor_ps(dm, _mm512_set1_ps(-0.0f)); /* the min is subtracted */
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            __m512i w[8];
+            unpack_q45k(p, 0, j, w);
+            __m512i s0 = _mm512_and_si512(sc[j], _mm512_set1_epi32(0xffff));
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * j;
+                __m512i lo = dot16(_mm512_setzero_si512(), w, xs, 4);
+                __m512i hi = dot16(_mm512_setzero_si512(), w + 4, xs + 16, 4);
+                si[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(si[t], lo, s0), hi, s0);
+            }
+        }
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m512i M = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++) /* m[j] times bs[2 j] + bs[2 j + 1] */
+                M = _mm512_add_epi32(M, madd16(mi[j], bcast4(&x->bs[2 * j])));
+            __m512 dx = _mm512_set1_ps(x->d);
+            __m512 s1 = fold16(acc[t], d, dx, cvt_ps(si[t]));
+            acc[t] = fold16(s1, dm, dx, cvt_ps(M));
+        }
+    }
+}
+
 /* The VNNI tile kernel for kind (kern__qmatmul_avx512's), if there is one: 0 if not. The K-quants
  * have none: their sub-block scales would cost a vpmulld per sub-block and row of x after the
  * vpdpbusd, which measured slower than maddubs, int16 sums and one madd. */
 VNNI int grpv(int kind, const uint8_t *const rows[16], const uint8_t *next, size_t K,
-              const uint8_t *x, size_t xrb, size_t tt, __m512 *acc)
+              const uint8_t *x, size_t xrb, size_t tt, __m512 *acc, __m512i *si)
 {
     switch (kind) {
     case 0: grpv_q8_0(rows, next, K / 32, x, xrb, tt, acc); return 1;
@@ -617,6 +656,7 @@ VNNI int grpv(int kind, const uint8_t *const rows[16], const uint8_t *next, size
     case KERN_GGML_Q4_1: grpv_leg(rows, next, K / 32, 20, 4, -1, 0, 2, x, xrb, tt, acc); return 1;
     case KERN_GGML_Q5_0: grpv_leg(rows, next, K / 32, 22, 6, 2, 16, 0, x, xrb, tt, acc); return 1;
     case KERN_GGML_Q5_1: grpv_leg(rows, next, K / 32, 24, 8, 4, 0, 2, x, xrb, tt, acc); return 1;
+    case KERN_GGML_Q4_K: grpv_q4k(rows, next, K / 256, x, xrb, tt, acc, si); return 1;
     default: return 0;
     }
 }
@@ -656,7 +696,7 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
             int done = 0;
 #ifndef KERN_AVX512_EMULATED
             if (vnni)
-                done = grpv(kind, rows, next, K, x, xrb, tt, acc);
+                done = grpv(kind, rows, next, K, x, xrb, tt, acc, si);
 #endif
             if (!done)
                 switch (kind) {
