@@ -5,8 +5,8 @@
  * r + 8 are paired in one zmm, and a 16 x 8 transpose of 32-bit lanes (tr16) leaves lane r of
  * vector k holding values 4k .. 4k + 3 of row r. The maddubs / int16 sums / one madd per
  * sub-block are AVX2's on twice the rows, so the integer bounds qdot_avx2.c states hold as they
- * are; where the CPU has VNNI, Q8_0 .. Q5_1 (no sub-block scales) sum each row's quads with
- * vpdpbusd instead. A tile of one activation row (a decode step) goes to kern__qmatmul_avx2,
+ * are; where the CPU has VNNI, Q8_0 .. Q5_1 (no sub-block scales) and Q4_K sum each row's quads
+ * with vpdpbusd instead. A tile of one activation row (a decode step) goes to kern__qmatmul_avx2,
  * which follows the same contract, so the bits do not change. */
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/qdot.h"
@@ -644,9 +644,10 @@ VNNI void grpv_q4k(const uint8_t *const rows[16], const uint8_t *next, size_t nb
     }
 }
 
-/* The VNNI tile kernel for kind (kern__qmatmul_avx512's), if there is one: 0 if not. The K-quants
- * have none: their sub-block scales would cost a vpmulld per sub-block and row of x after the
- * vpdpbusd, which measured slower than maddubs, int16 sums and one madd. */
+/* The VNNI tile kernel for kind (kern__qmatmul_avx512's), if there is one: 0 if not. Q4_K's only
+ * among the K-quants: a vpmulld per sub-block for the scale measured slower than maddubs, int16
+ * sums and one madd, and the other K-quants' partial sums do not fit grpv_q4k's int16 at a
+ * cost of fewer multiplies than maddubs + madd. */
 VNNI int grpv(int kind, const uint8_t *const rows[16], const uint8_t *next, size_t K,
               const uint8_t *x, size_t xrb, size_t tt, __m512 *acc, __m512i *si)
 {
