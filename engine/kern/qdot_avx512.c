@@ -97,8 +97,8 @@ INLINE short h16(const uint8_t *q)
 }
 
 /* The f16 at p[r] + off of each of the 16 rows, as floats in lanes 0..15: built in registers,
- * since 16 two-byte stores read back as one vector cannot be forwarded and stall the load
- * (measured: rows 16, Q4_K 58 -> 74 Gweights/s). */
+ * since 16 two-byte stores read back as one vector cannot be forwarded, and the load would wait
+ * for them to retire. */
 INLINE __m512 f16x16(const uint8_t *const p[16], size_t off)
 {
     __m128i a = _mm_setr_epi16(h16(p[0] + off), h16(p[1] + off), h16(p[2] + off), h16(p[3] + off),
@@ -145,17 +145,6 @@ INLINE void unpack_q8_0(const uint8_t *const rows[16], size_t b, const uint8_t *
     tr16y(y, w);
 }
 
-INLINE void unpack_q4_0(const uint8_t *const rows[16], size_t b, const uint8_t *p[16], __m512i w[8])
-{
-    __m256i y[16];
-    for (int r = 0; r < 16; r++) {
-        p[r] = rows[r] + 18 * b;
-        __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p[r] + 2));
-        y[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
-    }
-    tr16y(y, w);
-}
-
 /* Q8_0 (34-byte blocks: d | 32 int8): maddubs takes unsigned weights, so |w| meets x negated
  * where w < 0 (AVX-512 has no vpsignb: a masked subtraction from 0; |x| <= 127, so it is exact;
  * where w = 0 the product is 0 either way); each maddubs is widened by its own madd, as in
@@ -192,31 +181,6 @@ INLINE void grp_q8_0t(const uint8_t *const rows[16], const uint8_t *next, size_t
     }
 }
 
-/* Q4_0 (18-byte blocks: d | 16 bytes, value j in the low nibble of byte j, j + 16 in its high
- * one); Q = nibble - 8, the 8 taken off through the block sums of x. */
-INLINE void grp_q4_0(const uint8_t *const rows[16], const uint8_t *next, size_t nb,
-                     const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
-{
-    const __m512i one = _mm512_set1_epi16(1);
-    for (size_t b = 0; b < nb; b++) {
-        prefetch_next(next, b, 18);
-        const uint8_t *p[16];
-        __m512i w[8];
-        unpack_q4_0(rows, b, p, w);
-        __m512 dw = f16x16(p, 0);
-        for (size_t t = 0; t < tt; t++) {
-            const uint8_t *xr = xq + t * xrb;
-            __m512i S = madd16(mul16(w, (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8), one);
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            S = _mm512_sub_epi32(S, _mm512_set1_epi32(8 * sx));
-            acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
-        }
-    }
-}
-
 /* The fifth bits of a Q5_0 / Q5_1 block (qh: bit i for value i) as 0x10 in byte i. */
 INLINE __m256i bits5(const uint8_t *qhp)
 {
@@ -229,8 +193,8 @@ INLINE __m256i bits5(const uint8_t *qhp)
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
 }
 
-/* A Q4_1 / Q5_0 / Q5_1 block's 32 raw values at p, value i in byte i: qs at qo, qh at ho (ho < 0:
- * none), as qdot_avx2.c's raw32. */
+/* A Q4_0 / Q4_1 / Q5_0 / Q5_1 block's 32 raw values at p, value i in byte i: qs at qo, qh at ho (ho
+ * < 0: none), as qdot_avx2.c's raw32. */
 INLINE __m256i raw32(const uint8_t *p, int qo, int ho)
 {
     __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + qo));
@@ -249,9 +213,11 @@ INLINE void unpack_leg(const uint8_t *const rows[16], size_t b, int bb, int qo, 
     tr16y(y, w);
 }
 
-/* Q4_1 (bb 20, qo 4, no qh, min at 2), Q5_0 (22: qh at 2, qs at 6; bias 16) and Q5_1 (24: min at
- * 2, qh at 4, qs at 8), as grp_q4_0; the 5-bit values add 4 maddubs in int16, the 4-bit ones 8
- * (qdot_avx2.c's grp_leg). */
+/* Q4_0 (bb 18: d | qs (16), value j in the low nibble of qs[j], j + 16 in its high one; qo 2, no
+ * qh, bias 8), Q4_1 (20: qo 4, min at 2), Q5_0 (22: qh at 2, qs at 6; bias 16) and Q5_1 (24: min
+ * at 2, qh at 4, qs at 8); the bias comes off through the block sums of x, the min's term
+ * (m * dx) * sx follows the scale's. The 5-bit values add 4 maddubs in int16, the 4-bit ones 8
+ * (qdot_avx2.c's grp_q4_0 and grp_leg). */
 INLINE void grp_leg(const uint8_t *const rows[16], const uint8_t *next, size_t nb, int bb, int qo,
                     int ho, int bias, int mo, const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
 {
@@ -577,7 +543,7 @@ VNNI void grpv_q8_0(const uint8_t *const rows[16], const uint8_t *next, size_t n
     }
 }
 
-/* Q4_0 (bb 18, qo 2, bias 8), Q4_1, Q5_0, Q5_1 as grp_leg (ho < 0, no qh; mo 0, no min). */
+/* Q4_0, Q4_1, Q5_0, Q5_1 as grp_leg, the 32 values' products in one int32 sum per row. */
 VNNI void grpv_leg(const uint8_t *const rows[16], const uint8_t *next, size_t nb, int bb, int qo,
                    int ho, int bias, int mo, const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
 {
@@ -680,8 +646,9 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
         const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
         /* One row of x (a decode step): AVX2's one-row kernels, the same bits. zmm forms of them
          * (64 values a vector against x as it lies, the 16 rows' lanes reduced after; BW for
-         * the K-quants, vpdpbusd for Q8_0 and Q4_0) measured no faster: with zmm operations
-         * only ports 0 and 5 take vector work, and the scales and inserts crowd port 5. */
+         * the K-quants, vpdpbusd for Q8_0 and Q4_0) measured no faster, in the caches or not;
+         * likely because zmm work issues on ports 0 and 5 only, where the scales' and inserts'
+         * shuffles crowd port 5. */
         if (tt == 1) {
             kern__qmatmul_avx2(w, x, 1, out + t0 * ldo, ldo, n0, n1);
             continue;
@@ -702,7 +669,9 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
             if (!done)
                 switch (kind) {
                 case 0: grp_q8_0t(rows, next, K / 32, x, xrb, tt, acc); break;
-                case KERN_GGML_Q4_0: grp_q4_0(rows, next, K / 32, x, xrb, tt, acc); break;
+                case KERN_GGML_Q4_0:
+                    grp_leg(rows, next, K / 32, 18, 2, -1, 8, 0, x, xrb, tt, acc);
+                    break;
                 case KERN_GGML_Q4_1:
                     grp_leg(rows, next, K / 32, 20, 4, -1, 0, 2, x, xrb, tt, acc);
                     break;
