@@ -16,7 +16,7 @@
  * w = d q + m). So the AVX2 kernels put 8 weight rows in the 8 lanes of a vector (one output
  * each, no horizontal sum) and add the products of a sub-block's 8 rows in int16 (not Q8_0's)
  * before one madd per sub-block; the AVX-512 ones do the same with 16 rows a zmm (vpdpbusd's
- * exact int32 sums instead for Q8_0 .. Q5_1 and Q4_K where the CPU has VNNI), and hand one row of x
+ * exact int32 sums instead for all but Q5_K and Q6_K where the CPU has VNNI), and hand one row of x
  * to the AVX2 kernels. */
 #ifndef KVS_ENGINE_KERN_QDOT_H
 #define KVS_ENGINE_KERN_QDOT_H

@@ -5,9 +5,9 @@
  * r + 8 are paired in one zmm, and a 16 x 8 transpose of 32-bit lanes (tr16) leaves lane r of
  * vector k holding values 4k .. 4k + 3 of row r. The maddubs / int16 sums / one madd per
  * sub-block are AVX2's on twice the rows, so the integer bounds qdot_avx2.c states hold as they
- * are; where the CPU has VNNI, Q8_0 .. Q5_1 (no sub-block scales) and Q4_K sum each row's quads
- * with vpdpbusd instead. A tile of one activation row (a decode step) goes to kern__qmatmul_avx2,
- * which follows the same contract, so the bits do not change. */
+ * are; where the CPU has VNNI, all but Q5_K and Q6_K sum each row's quads with vpdpbusd instead
+ * (and the K-quants' scales come in by vpdpwssd). A tile of one activation row (a decode step) goes
+ * to kern__qmatmul_avx2, which follows the same contract, so the bits do not change. */
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/qdot.h"
 
@@ -610,10 +610,64 @@ VNNI void grpv_q4k(const uint8_t *const rows[16], const uint8_t *next, size_t nb
     }
 }
 
-/* The VNNI tile kernel for kind (kern__qmatmul_avx512's), if there is one: 0 if not. Q4_K's only
- * among the K-quants: a vpmulld per sub-block for the scale measured slower than maddubs, int16
- * sums and one madd, and the other K-quants' partial sums do not fit grpv_q4k's int16 at a
- * cost of fewer multiplies than maddubs + madd. */
+/* Q2_K / Q3_K as grp_q23k: a 16-value sub-block's products sum to at most 16 * 7 * 127 = 14224
+ * in magnitude, so vpdpbusd's int32 is its own low int16 and vpdpwssd against (scale, 0) pairs
+ * adds scale * sum exactly (grpv_q4k's form). */
+VNNI void grpv_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t nb, int q3,
+                    const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc, __m512i *si)
+{
+    const __m512i low = _mm512_set1_epi32(0xffff);
+    size_t bb = q3 ? 110 : 84;
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, bb);
+        const uint8_t *p[16];
+        /* transposed: lane r of pr[k] is (sc[2 k], sc[2 k + 1]) of row r, of pm[k] its mins */
+        __m256i ys[16], ym[16];
+        __m512i pr[8], pm[8];
+        for (int r = 0; r < 16; r++) {
+            p[r] = rows[r] + b * bb;
+            scales_q23k(p[r], q3, &ys[r], &ym[r]);
+        }
+        tr16y(ys, pr);
+        if (!q3)
+            tr16y(ym, pm);
+        __m512 d = f16x16(p, q3 ? 108 : 80);
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm512_setzero_si512();
+        for (int v = 0; v < 8; v++) { /* values 32 v .. 32 v + 31: sub-blocks 2 v, 2 v + 1 */
+            __m256i y[16];
+            for (int r = 0; r < 16; r++)
+                y[r] = raw_q23k(p[r], q3, v);
+            __m512i w[8];
+            tr16y(y, w);
+            /* (sc[2 v], 0) and (sc[2 v + 1], 0) pairs */
+            __m512i s0 = _mm512_and_si512(pr[v], low), s1 = _mm512_srli_epi32(pr[v], 16);
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * v;
+                __m512i lo = dot16(_mm512_setzero_si512(), w, xs, 4);
+                __m512i hi = dot16(_mm512_setzero_si512(), w + 4, xs + 16, 4);
+                si[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(si[t], lo, s0), hi, s1);
+            }
+        }
+        __m512 dm = q3 ? _mm512_setzero_ps() : _mm512_xor_ps(f16x16(p, 82), _mm512_set1_ps(-0.0f));
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m512i B = _mm512_setzero_si512(); /* the bias's or the mins' sum through bs */
+            for (int k = 0; k < 8; k++)
+                B = _mm512_add_epi32(B, madd16(q3 ? pr[k] : pm[k], bcast4(&x->bs[2 * k])));
+            __m512i S = q3 ? _mm512_sub_epi32(si[t], _mm512_slli_epi32(B, 2)) : si[t];
+            __m512 dx = _mm512_set1_ps(x->d);
+            acc[t] = fold16(acc[t], d, dx, cvt_ps(S));
+            if (!q3)
+                acc[t] = fold16(acc[t], dm, dx, cvt_ps(B));
+        }
+    }
+}
+
+/* The VNNI tile kernel for kind (kern__qmatmul_avx512's), if there is one: 0 if not. Q5_K and
+ * Q6_K have none: their sub-block sums do not fit an int16, and the scale by vpmulld after
+ * vpdpbusd measured slower than maddubs, int16 sums and one madd. */
 VNNI int grpv(int kind, const uint8_t *const rows[16], const uint8_t *next, size_t K,
               const uint8_t *x, size_t xrb, size_t tt, __m512 *acc, __m512i *si)
 {
@@ -623,6 +677,8 @@ VNNI int grpv(int kind, const uint8_t *const rows[16], const uint8_t *next, size
     case KERN_GGML_Q4_1: grpv_leg(rows, next, K / 32, 20, 4, -1, 0, 2, x, xrb, tt, acc); return 1;
     case KERN_GGML_Q5_0: grpv_leg(rows, next, K / 32, 22, 6, 2, 16, 0, x, xrb, tt, acc); return 1;
     case KERN_GGML_Q5_1: grpv_leg(rows, next, K / 32, 24, 8, 4, 0, 2, x, xrb, tt, acc); return 1;
+    case KERN_GGML_Q2_K: grpv_q23k(rows, next, K / 256, 0, x, xrb, tt, acc, si); return 1;
+    case KERN_GGML_Q3_K: grpv_q23k(rows, next, K / 256, 1, x, xrb, tt, acc, si); return 1;
     case KERN_GGML_Q4_K: grpv_q4k(rows, next, K / 256, x, xrb, tt, acc, si); return 1;
     default: return 0;
     }
