@@ -275,7 +275,10 @@ static void test_quant_k(void **state)
 /* The integer path (kern/qdot_ref.c): each row's quantized activations are within half a step
  * of x; the reference product is the exact product of the widened weights (to_f32) with the
  * dequantized activations, up to float rounding; every table's qmatmul gives its bits for batches
- * 1..70 and an odd column range, and a row alone has the bits it has inside a batch. */
+ * 1..70 and an odd column range, and a row alone has the bits it has inside a batch. The shapes
+ * reach every path of the AVX2 and AVX-512 kernels: 37 rows end in a part group after 8- and
+ * 16-row ones, columns 3..35 start off a group boundary; batch 1 takes the one-row kernels, 33 and
+ * 70 end in tiles of 1 and 6 after 32-row ones. */
 static void check_qdot(uint32_t id, size_t n_in)
 {
     size_t n_out = 37, T = 70;

@@ -379,7 +379,7 @@ const kern_ops kern_avx512_ops = {
     .rmsnorm = avx512_rmsnorm,
     .dot_f16_n = avx512_dot_f16_n,
     .axpy_f16_n = avx512_axpy_f16_n,
-    /* The integer path's product (kern/qdot.h): AVX2's, whose bits every table shares; an
-     * AVX-512 VNNI version belongs here once a machine can run it. */
-    .qmatmul = kern__qmatmul_avx2,
+    /* The integer path's product (kern/qdot.h): batches on 16 rows a zmm (kern/qdot_avx512.c),
+     * one activation row on AVX2's kernels; every table's bits are the reference's. */
+    .qmatmul = KERN512(kern__qmatmul_avx512),
 };

@@ -1,7 +1,7 @@
-/* The AVX-512 intrinsics kern/avx512.c and kern/quant_avx512.c are written in: the compiler's
- * own (built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c), or, with
- * KERN_AVX512_EMULATED, SIMD Everywhere's portable versions of the same names over AVX2 + FMA
- * (libsimde-dev), so the tests run these very sources on a CPU without AVX-512. Not a public
+/* The AVX-512 intrinsics kern/avx512.c, kern/quant_avx512.c and kern/qdot_avx512.c are written
+ * in: the compiler's own (built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c),
+ * or, with KERN_AVX512_EMULATED, SIMD Everywhere's portable versions of the same names over AVX2 +
+ * FMA (libsimde-dev), so the tests run these very sources on a CPU without AVX-512. Not a public
  * header: the emulated copy exists for tests/test_kernels.c only and is never linked into kvserve.
  *
  * simde 0.7.4 lacks the 512-bit vcvtph2ps, vcvtps2ph, vpmovsxbd / vpmovzxbd, vcvtdq2ps, vpsrad,

@@ -1,6 +1,6 @@
-/* The integer path's shared definitions (kern/qdot_ref.c, kern/qdot_avx2.c): the quantized
- * activation blocks and the fixed float order both files follow. Not a public header: names
- * carry the kern__ prefix.
+/* The integer path's shared definitions (kern/qdot_ref.c, kern/qdot_avx2.c, kern/qdot_avx512.c):
+ * the quantized activation blocks and the fixed float order all three follow. Not a public header:
+ * names carry the kern__ prefix.
  *
  * A weight block's product with an activation block is exact integer arithmetic. Nothing depends
  * on other rows, columns or the batch; each product is rounded, then summed (never fused).
@@ -15,7 +15,9 @@
  * mins times the sums of x (dm_w = -dmin), and Q4_1's and Q5_1's block sum of x sx (dm_w = m,
  * w = d q + m). So the AVX2 kernels put 8 weight rows in the 8 lanes of a vector (one output
  * each, no horizontal sum) and add the products of a sub-block's 8 rows in int16 (not Q8_0's)
- * before one madd per sub-block. */
+ * before one madd per sub-block; the AVX-512 ones do the same with 16 rows a zmm (vpdpbusd's
+ * exact int32 sums instead for all but Q5_K and Q6_K where the CPU has VNNI), and hand one row of x
+ * to the AVX2 kernels. */
 #ifndef KVS_ENGINE_KERN_QDOT_H
 #define KVS_ENGINE_KERN_QDOT_H
 
@@ -51,5 +53,12 @@ typedef struct kern__qx256 {
 /* The AVX2 qmatmul (kern/qdot_avx2.c, built only where the compiler has AVX2 flags). */
 void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                         size_t n0, size_t n1);
+
+/* The AVX-512 qmatmul (kern/qdot_avx512.c, AVX-512 F/BW/VL/DQ), and its copy over simde for the
+ * tests (kern/avx512_isa.h); both hand the tiles they do not cover to kern__qmatmul_avx2. */
+void kern__qmatmul_avx512(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                          size_t n0, size_t n1);
+void kern__qmatmul_avx512_emu(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                              size_t n0, size_t n1);
 
 #endif
