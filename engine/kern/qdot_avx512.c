@@ -294,6 +294,43 @@ INLINE __m512i dup16(int hi)
     return _mm512_broadcast_i32x4(hi ? d1 : d0);
 }
 
+/* Block b of the 16 rows of a Q2_K (q3 = 0) / Q3_K (q3 = 1) group: p[r] its start in row r,
+ * the scales transposed (lane r of pr[k] is (sc[2 k], sc[2 k + 1]) of row r, of pm[k] its
+ * mins, Q2_K only); returns the rows' d. Shared by the BW and the VNNI tile kernels. */
+INLINE __m512 prep_q23k(const uint8_t *const rows[16], size_t b, size_t bb, int q3,
+                        const uint8_t *p[16], __m512i pr[8], __m512i pm[8])
+{
+    __m256i ys[16], ym[16];
+    for (int r = 0; r < 16; r++) {
+        p[r] = rows[r] + b * bb;
+        scales_q23k(p[r], q3, &ys[r], &ym[r]);
+    }
+    tr16y(ys, pr);
+    if (!q3)
+        tr16y(ym, pm);
+    return f16x16(p, q3 ? 108 : 80);
+}
+
+/* The contract's fold of block b for activation rows t < tt, from their scaled sums si[t]:
+ * Q3_K's bias of 4 (or Q2_K's mins) through the sums of x, then d's term and the mins' term. */
+INLINE void fold_q23k(const uint8_t *const p[16], int q3, const __m512i pr[8], const __m512i pm[8],
+                      __m512 d, const uint8_t *xq, size_t xrb, size_t b, size_t tt, __m512 *acc,
+                      const __m512i *si)
+{
+    __m512 dm = q3 ? _mm512_setzero_ps() : _mm512_xor_ps(f16x16(p, 82), _mm512_set1_ps(-0.0f));
+    for (size_t t = 0; t < tt; t++) {
+        const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+        __m512i B = _mm512_setzero_si512(); /* the bias's or the mins' sum through bs */
+        for (int k = 0; k < 8; k++)
+            B = _mm512_add_epi32(B, madd16(q3 ? pr[k] : pm[k], bcast4(&x->bs[2 * k])));
+        __m512i S = q3 ? _mm512_sub_epi32(si[t], _mm512_slli_epi32(B, 2)) : si[t];
+        __m512 dx = _mm512_set1_ps(x->d);
+        acc[t] = fold16(acc[t], d, dx, cvt_ps(S));
+        if (!q3)
+            acc[t] = fold16(acc[t], dm, dx, cvt_ps(B));
+    }
+}
+
 /* Q2_K (q3 = 0) / Q3_K (q3 = 1) as qdot_avx2.c's grp_q23k: sub-blocks of 16, values 0..7 add 4
  * maddubs in int16. */
 INLINE void grp_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t nb, int q3,
@@ -304,17 +341,8 @@ INLINE void grp_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t 
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, bb);
         const uint8_t *p[16];
-        /* transposed: lane r of pr[k] is (sc[2 k], sc[2 k + 1]) of row r, of pm[k] its mins */
-        __m256i ys[16], ym[16];
         __m512i pr[8], pm[8];
-        for (int r = 0; r < 16; r++) {
-            p[r] = rows[r] + b * bb;
-            scales_q23k(p[r], q3, &ys[r], &ym[r]);
-        }
-        tr16y(ys, pr);
-        if (!q3)
-            tr16y(ym, pm);
-        __m512 d = f16x16(p, q3 ? 108 : 80);
+        __m512 d = prep_q23k(rows, b, bb, q3, p, pr, pm);
         for (size_t t = 0; t < tt; t++)
             si[t] = _mm512_setzero_si512();
         for (int v = 0; v < 8; v++) { /* values 32 v .. 32 v + 31: sub-blocks 2 v, 2 v + 1 */
@@ -332,18 +360,7 @@ INLINE void grp_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t 
                                                              madd16(mul16(w + 4, xs + 16, 4), s1)));
             }
         }
-        __m512 dm = q3 ? _mm512_setzero_ps() : _mm512_xor_ps(f16x16(p, 82), _mm512_set1_ps(-0.0f));
-        for (size_t t = 0; t < tt; t++) {
-            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
-            __m512i B = _mm512_setzero_si512(); /* the bias's or the mins' sum through bs */
-            for (int k = 0; k < 8; k++)
-                B = _mm512_add_epi32(B, madd16(q3 ? pr[k] : pm[k], bcast4(&x->bs[2 * k])));
-            __m512i S = q3 ? _mm512_sub_epi32(si[t], _mm512_slli_epi32(B, 2)) : si[t];
-            __m512 dx = _mm512_set1_ps(x->d);
-            acc[t] = fold16(acc[t], d, dx, cvt_ps(S));
-            if (!q3)
-                acc[t] = fold16(acc[t], dm, dx, cvt_ps(B));
-        }
+        fold_q23k(p, q3, pr, pm, d, xq, xrb, b, tt, acc, si);
     }
 }
 
@@ -621,17 +638,8 @@ VNNI void grpv_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t n
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, bb);
         const uint8_t *p[16];
-        /* transposed: lane r of pr[k] is (sc[2 k], sc[2 k + 1]) of row r, of pm[k] its mins */
-        __m256i ys[16], ym[16];
         __m512i pr[8], pm[8];
-        for (int r = 0; r < 16; r++) {
-            p[r] = rows[r] + b * bb;
-            scales_q23k(p[r], q3, &ys[r], &ym[r]);
-        }
-        tr16y(ys, pr);
-        if (!q3)
-            tr16y(ym, pm);
-        __m512 d = f16x16(p, q3 ? 108 : 80);
+        __m512 d = prep_q23k(rows, b, bb, q3, p, pr, pm);
         for (size_t t = 0; t < tt; t++)
             si[t] = _mm512_setzero_si512();
         for (int v = 0; v < 8; v++) { /* values 32 v .. 32 v + 31: sub-blocks 2 v, 2 v + 1 */
@@ -650,18 +658,7 @@ VNNI void grpv_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t n
                 si[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(si[t], lo, s0), hi, s1);
             }
         }
-        __m512 dm = q3 ? _mm512_setzero_ps() : _mm512_xor_ps(f16x16(p, 82), _mm512_set1_ps(-0.0f));
-        for (size_t t = 0; t < tt; t++) {
-            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
-            __m512i B = _mm512_setzero_si512(); /* the bias's or the mins' sum through bs */
-            for (int k = 0; k < 8; k++)
-                B = _mm512_add_epi32(B, madd16(q3 ? pr[k] : pm[k], bcast4(&x->bs[2 * k])));
-            __m512i S = q3 ? _mm512_sub_epi32(si[t], _mm512_slli_epi32(B, 2)) : si[t];
-            __m512 dx = _mm512_set1_ps(x->d);
-            acc[t] = fold16(acc[t], d, dx, cvt_ps(S));
-            if (!q3)
-                acc[t] = fold16(acc[t], dm, dx, cvt_ps(B));
-        }
+        fold_q23k(p, q3, pr, pm, d, xq, xrb, b, tt, acc, si);
     }
 }
 
