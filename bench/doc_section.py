@@ -7,22 +7,30 @@ SECTION (standard input) is the new text, its markers included. The old section 
 "<!-- NAME begin" or "<!-- NAME:begin" to the matching "<!-- NAME end -->" or
 "<!-- NAME:end -->" and is replaced; a DOC without one gets SECTION appended.
 
-With --per-cpu, NAME becomes NAME-intel or NAME-amd (from /proc/cpuinfo's vendor_id), in the
-markers SECTION holds too: figures from the two CPU families the project runs on stand side
-by side instead of the last run replacing the other family's."""
+With --per-cpu, NAME becomes NAME-intel, NAME-amd (AMD without AVX-512: Zen 3 and older) or
+NAME-amd-avx512 (Zen 4 and later), from /proc/cpuinfo's vendor_id and flags, in the markers
+SECTION holds too: figures from the CPU kinds the project runs on stand side by side instead of
+the last run replacing another kind's."""
 import re
 import sys
 
 
 def cpu_family():
+    vendor, flags = "cpu", set()
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("vendor_id"):
                 v = line.split(":", 1)[1].strip()
-                return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(v, v.lower())
+                vendor = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(v, v.lower())
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
     except OSError:
         pass
-    return "cpu"
+    # AMD's AVX-512 (Zen 4 on) runs 512-bit work on 256-bit units: a kind of its own
+    if vendor == "amd" and "avx512f" in flags:
+        return "amd-avx512"
+    return vendor
 
 
 def main():
@@ -44,11 +52,11 @@ def main():
     except FileNotFoundError:
         doc = "# Benchmarks\n"
     pat = re.compile(r"<!-- %s[: ]begin.*?<!-- %s[: ]end -->" % (name, name), re.S)
-    sibling = re.compile(r"<!-- %s-[a-z]+[: ]end -->" % re.escape(args[1])) if per_cpu else None
+    sibling = re.compile(r"<!-- %s-[a-z0-9-]+[: ]end -->" % re.escape(args[1])) if per_cpu else None
     if pat.search(doc):
         doc = pat.sub(lambda m: section, doc, count=1)
-    elif sibling and sibling.search(doc):  # after the other CPU family's section
-        m = sibling.search(doc)
+    elif sibling and sibling.search(doc):  # after the other CPU kinds' sections
+        m = list(sibling.finditer(doc))[-1]
         doc = doc[:m.end()] + "\n\n" + section + doc[m.end():]
     else:
         doc = doc.rstrip("\n") + "\n\n" + section + "\n"
