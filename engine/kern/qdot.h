@@ -54,6 +54,11 @@ typedef struct kern__qx256 {
 void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                         size_t n0, size_t n1);
 
+/* kern/qdot_avx2.c built with AVX-512 VL and VNNI (KERN_HAVE_QDOT_VNNI): kern__qmatmul_avx512's
+ * one-row products on CPUs with VNNI. */
+void kern__qmatmul_avx2_vnni(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                             size_t n0, size_t n1);
+
 /* The AVX-512 qmatmul (kern/qdot_avx512.c, AVX-512 F/BW/VL/DQ), and its copy over simde for the
  * tests (kern/avx512_isa.h); both hand the tiles they do not cover to kern__qmatmul_avx2. */
 void kern__qmatmul_avx512(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,

@@ -368,14 +368,17 @@ INLINE void grp_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t 
  * qdot_avx2.c's scales_k4. */
 INLINE __m128i scales_k4(const uint8_t *s)
 {
-    uint32_t w0, w1, w2;
-    memcpy(&w0, s, 4);
-    memcpy(&w1, s + 4, 4);
-    memcpy(&w2, s + 8, 4);
-    uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
-    uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
-    uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
-    return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
+    /* on vectors (7 operations, not 20 scalar ones and the inserts): 16 bytes from s, the 12
+     * scale bytes and 4 of the block's next field, as words w0 w1 w2 (w3 unused) */
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)s);
+    __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* w0 w2 w1 w2 */
+    __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* w0 w0 w1 w1 */
+    a = _mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4));
+    __m128i lo = _mm_and_si128(a, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    /* the top 2 bits of each byte of w0 (w1) to bits 4..5 of the same byte */
+    __m128i hi =
+        _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
 }
 
 /* Block b's scales: p[r] its start in row r; per row sc[0..7] | m[0..7] as int16, each doubled
@@ -697,12 +700,19 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     for (size_t t0 = 0; t0 < T; t0 += TT) {
         size_t tt = T - t0 < TT ? T - t0 : TT;
         const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
-        /* One row of x (a decode step): AVX2's one-row kernels, the same bits. zmm forms of them
-         * (64 values a vector against x as it lies, the 16 rows' lanes reduced after; BW for
-         * the K-quants, vpdpbusd for Q8_0 and Q4_0) measured no faster, in the caches or not;
+        /* One row of x (a decode step): AVX2's one-row kernels, the same bits, built again with
+         * VL + VNNI where the CPU has VNNI (kern/qdot_avx2.c). zmm forms of them (64 values a
+         * vector against x as it lies, the 16 rows' lanes reduced after; BW for the K-quants,
+         * vpdpbusd for Q8_0 and Q4_0) measured no faster on the Intel Xeon, in the caches or not;
          * likely because zmm work issues on ports 0 and 5 only, where the scales' and inserts'
          * shuffles crowd port 5. */
         if (tt == 1) {
+#if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
+            if (vnni) {
+                kern__qmatmul_avx2_vnni(w, x, 1, out + t0 * ldo, ldo, n0, n1);
+                continue;
+            }
+#endif
             kern__qmatmul_avx2(w, x, 1, out + t0 * ldo, ldo, n0, n1);
             continue;
         }
