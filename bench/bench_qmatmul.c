@@ -7,8 +7,10 @@
  * exceed a 32 MiB L3, so the panels stream from memory; 1 small matrix stays in the caches: the
  * kernel's own speed); the best and the mean of REPS passes (the first one not counted); ISA
  * avx2 (default where the CPU has it), avx512 or generic; ACT f32 (default: the exact panels) or
- * q8 (the integer path: the file's rows, x quantized per row inside the timed pass, as the engine
- * does once per product; Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K). Prints one CSV line:
+ * q8 (the integer path: the weights laid out as the engine does, the file's rows or, for Q4_K
+ * with a table's own kernels, kern/qdot_pack.c's interleaved groups; x quantized per row inside
+ * the timed pass, as the engine does once per product; Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K) or
+ * q8rows (the file's rows whatever the type). Prints one CSV line:
  *   type,n_out,n_in,rows,mats,isa,act,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,gb_per_s
  * (per matrix; the rates from the best CPU time). */
 #define _POSIX_C_SOURCE 200809L
@@ -35,7 +37,7 @@ static uint32_t g_rng = 12345;
 
 /* Rows of random valid blocks (tools/quant_rows.h, as tests/test_kernels.c draws them), packed
  * into panels (or, q8, kept as rows). */
-static void *make_panels(uint32_t id, size_t n_out, size_t n_in, kern_mat *pm, bool q8)
+static void *make_panels(uint32_t id, size_t n_out, size_t n_in, kern_mat *pm, bool q8, bool x8)
 {
     uint8_t *data = quant_rows_random(id, n_out, n_in, &g_rng, NULL);
     if (!data)
@@ -45,6 +47,13 @@ static void *make_panels(uint32_t id, size_t n_out, size_t n_in, kern_mat *pm, b
         kern_mat_init(&m, KERN_Q8_0, data, n_out, n_in);
     else
         kern_mat_init_quant(&m, KERN_QUANT, id, data, n_out, n_in);
+    if (q8 && x8 && kern_qdot_x8_bytes(&m)) { /* as engine/model.c lays them out */
+        void *xd = aligned_alloc(64, (kern_qdot_x8_bytes(&m) + 63) / 64 * 64);
+        if (xd)
+            kern_qdot_to_x8(&m, xd, pm);
+        free(data);
+        return xd;
+    }
     if (q8) {
         *pm = m;
         return data;
@@ -70,9 +79,10 @@ int main(int argc, char **argv)
     size_t rows = argc > 4 ? strtoul(argv[4], NULL, 10) : 1;
     int mats = argc > 5 ? atoi(argv[5]) : 8, reps = argc > 6 ? atoi(argv[6]) : 20;
     const char *isa = argc > 7 ? argv[7] : NULL;
-    bool q8 = argc > 8 && !strcmp(argv[8], "q8");
+    bool rows_only = argc > 8 && !strcmp(argv[8], "q8rows");
+    bool q8 = argc > 8 && (!strcmp(argv[8], "q8") || rows_only);
     if (argc > 8 && !q8 && strcmp(argv[8], "f32")) {
-        fprintf(stderr, "kvs-bench-qmatmul: ACT is f32 or q8\n");
+        fprintf(stderr, "kvs-bench-qmatmul: ACT is f32, q8 or q8rows\n");
         return 2;
     }
     if (id == 8 && q8) {
@@ -99,7 +109,7 @@ int main(int argc, char **argv)
     kern_mat pm[64];
     void *pd[64];
     for (int i = 0; i < mats; i++)
-        if (!(pd[i] = make_panels(id, n_out, n_in, &pm[i], q8))) {
+        if (!(pd[i] = make_panels(id, n_out, n_in, &pm[i], q8, !rows_only && k->qmatmul))) {
             fprintf(stderr, "kvs-bench-qmatmul: out of memory\n");
             return 1;
         }

@@ -400,16 +400,21 @@ static int repack_weights(engine_model *m, load_progress *lp, const void **relea
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
             mat = mats[(i - 1) % 7];
         }
-        /* The integer path reads the file's rows in place (no copy); the embedding table keeps
-         * its panels, which a lookup widens exactly. */
-        if (m->qdot && mat != &m->tok_embd && kern_qdot_act(mat) != KERN_QX_NONE) {
+        /* The integer path reads the file's rows in place (no copy), except Q4_K where the table
+         * has kernels of its own: the interleaved copy they read (kern/qdot_pack.c, the same
+         * bytes in another order, 2.8% more), the file's pages released as for panels. The
+         * embedding table keeps its panels, which a lookup widens exactly. */
+        bool qdot = m->qdot && mat != &m->tok_embd && kern_qdot_act(mat) != KERN_QX_NONE;
+        size_t bytes = !qdot            ? kern_panel_bytes(mat)
+                       : m->kern->qmatmul ? kern_qdot_x8_bytes(mat)
+                                          : 0;
+        if (qdot) {
             m->n_qdot++;
-            continue;
+            m->n_x8 += bytes > 0;
         }
-        size_t bytes = kern_panel_bytes(mat);
         if (!bytes)
             continue;
-        void *dst = malloc(bytes);
+        void *dst = aligned_alloc(64, (bytes + 63) / 64 * 64);
         void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
         if (!dst || !owned) {
             free(dst);
@@ -421,7 +426,10 @@ static int repack_weights(engine_model *m, load_progress *lp, const void **relea
         m->owned[m->n_owned++] = dst;
         const void *src = mat->data;
         size_t src_bytes = mat->n_out * mat->row_bytes;
-        kern_mat_to_panels(mat, dst, mat);
+        if (qdot)
+            kern_qdot_to_x8(mat, dst, mat);
+        else
+            kern_mat_to_panels(mat, dst, mat);
         gguf_release(m->file, src, src_bytes);
         released[(*n_released)++] = src;
         progress_add(lp, src_bytes);
@@ -538,9 +546,9 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
                      ? "forced by --kernels"
                      : "chosen from CPUID",
                  kern_cpu_features());
-        log_info("activations: %s (%zu weight matrices on the integer path, the others on "
-                 "exact F32 panels)",
-                 m->qdot ? "q8" : "f32", m->n_qdot);
+        log_info("activations: %s (%zu weight matrices on the integer path, %zu of them "
+                 "interleaved; the others on exact F32 panels)",
+                 m->qdot ? "q8" : "f32", m->n_qdot, m->n_x8);
     }
     *out = m;
     return 0;

@@ -71,6 +71,7 @@ struct engine_model {
     const kern_ops *kern; /* the kernel table every product and vector helper goes through */
     bool qdot;            /* --activations q8: types with an integer kernel keep the file's rows */
     size_t n_qdot;        /* matrices on the integer path */
+    size_t n_x8;          /* of which interleaved (kern/qdot_pack.c) */
 };
 
 struct engine_kv {

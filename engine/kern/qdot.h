@@ -50,6 +50,23 @@ typedef struct kern__qx256 {
     int8_t q[256];
 } kern__qx256;
 
+/* KERN_QUANT_X8 Q4_K (kern/qdot_pack.c): block b of a group of 8 rows (rows 8 g .. 8 g + 7),
+ * the groups' nb blocks one after another. qs[c][k] holds, in bytes 4 r .. 4 r + 3, row r's file
+ * bytes qs[32 c + 4 k .. 32 c + 4 k + 3] (so the low nibbles of qs[c][0 .. 8) are sub-block 2 c
+ * of all 8 rows, the high ones sub-block 2 c + 1, a row's quad per 32-bit lane); sc[j][r],
+ * mn[j][r] row r's 6-bit scale and min of sub-block j. 1184 bytes for the file's 8 x 144. */
+#define KERN_X8_MAX_IN 65536 /* inputs of the widest matrix given the layout */
+
+typedef struct kern__q4kx8 {
+    uint16_t d[8], dmin[8];
+    uint8_t sc[8][8], mn[8][8];
+    uint8_t qs[4][8][32];
+} kern__q4kx8;
+
+/* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 144 bytes at row), bit for
+ * bit: what the portable product reads. */
+void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row);
+
 /* The AVX2 qmatmul (kern/qdot_avx2.c, built only where the compiler has AVX2 flags). */
 void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                         size_t n0, size_t n1);

@@ -636,7 +636,7 @@ INLINE void one_q45k(const uint8_t *const rows[8], const uint8_t *next, size_t n
 INLINE void one_q6k(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
                     const kern__qx256 *xb, __m256 *acc)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, 210);
         const kern__qx256 *x = xb + b;
@@ -657,17 +657,16 @@ INLINE void one_q6k(const uint8_t *const rows[8], const uint8_t *next, size_t nb
                 __m256i l0 = ld(p[r] + 64 * h), l1 = ld(p[r] + 64 * h + 32);
                 __m256i qh = ld(p[r] + 128 + 32 * h);
                 __m256i u[4];
+                /* each 2-bit field of qh moved straight to bits 4..5 of its byte (a 16-bit
+                 * shift, then the mask drops what crossed from the neighbouring byte) */
                 u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-                u[1] = _mm256_or_si256(
-                    _mm256_and_si256(l1, m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-                u[2] = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-                u[3] = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+                u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                       _mm256_and_si256(qh, m30));
+                u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
                 __m256i v = h ? hi : lo;
                 __m256i sc[4] = {BCAST16(v, 0, 1), BCAST16(v, 2, 3), BCAST16(v, 4, 5),
                                  BCAST16(v, 6, 7)};
@@ -750,9 +749,105 @@ INLINE void one_q23k(const uint8_t *const rows[8], const uint8_t *next, size_t n
     }
 }
 
+/* KERN_QUANT_X8 Q4_K (kern/qdot.h's kern__q4kx8): a group of 8 rows' nb blocks g[0 .. nb)
+ * times activation rows xq[0 .. tt), grp_q45k's integers on vectors the layout holds ready: per
+ * sub-block j, w[k] (the low or high nibbles of qs[j / 2][k]) has row r's values 4k .. 4k + 3 in
+ * lane r, and the scales and mins are 8 bytes a load; no transposes, no horizontal sums, one
+ * stream. The int16 form sums 8 maddubs (|8 * 2 * 15 * 127| < 2^15) and one madd with (scale,
+ * scale) pairs; with VNNI vpdpbusd sums the quads in int32 and one vpmulld scales them (|32 * 15
+ * * 127 * 63| < 2^31). Either way each row's S and M are the reference's integers, folded in
+ * its order: the same bits. */
+INLINE void grp_q4kx8(const kern__q4kx8 *g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
+                      __m256 *acc, __m256i *si)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (size_t b = 0; b < nb; b++) {
+        const kern__q4kx8 *q = g + b;
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
+        __m256 dm = _mm256_xor_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->dmin)),
+            _mm256_set1_ps(-0.0f)); /* the min is subtracted */
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i w[8];
+            for (int k = 0; k < 8; k++) {
+                __m256i v = ld(q->qs[j / 2][k]);
+                w[k] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+            }
+            __m256i sc =
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->sc[j]));
+#ifndef KERN_QDOT_VNNI
+            sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)); /* (scale, scale) */
+#endif
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * j;
+#ifdef KERN_QDOT_VNNI
+                __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
+                for (int k = 1; k < 8; k++)
+                    s = _mm256_dpbusd_epi32(s, w[k], bcast4(xs + 4 * k));
+                si[t] = _mm256_add_epi32(si[t], _mm256_mullo_epi32(s, sc));
+#else
+                si[t] = _mm256_add_epi32(si[t], _mm256_madd_epi16(mul8(w, xs, 8), sc));
+#endif
+            }
+        }
+        __m256i mi[8]; /* (min, min) pairs of sub-block j, row r in lane r */
+        for (int j = 0; j < 8; j++) {
+            mi[j] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->mn[j]));
+            mi[j] = _mm256_or_si256(mi[j], _mm256_slli_epi32(mi[j], 16));
+        }
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m256i M = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) /* m[j] times bs[2 j] + bs[2 j + 1] */
+                M = _mm256_add_epi32(
+                    M,
+                    _mm256_madd_epi16(mi[j], bcast4((const int8_t *)(const void *)&x->bs[2 * j])));
+            __m256 dx = _mm256_set1_ps(x->d);
+            __m256 s1 = fold8(acc[t], d, dx, _mm256_cvtepi32_ps(si[t]));
+            acc[t] = fold8(s1, dm, dx, _mm256_cvtepi32_ps(M));
+        }
+    }
+}
+
+/* qmatmul over KERN_QUANT_X8: every batch size, 8 outputs a group (the wanted ones stored). */
+static void qmatmul_x8(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                       size_t n0, size_t n1)
+{
+    size_t xrb = kern_qx_row_bytes(KERN_QX_256, w->n_in), nb = w->n_in / 256;
+    __m256 acc[TT];
+    __m256i si[TT];
+    for (size_t t0 = 0; t0 < T; t0 += TT) {
+        size_t tt = T - t0 < TT ? T - t0 : TT;
+        const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
+        for (size_t g = n0 / 8; 8 * g < n1; g++) {
+            for (size_t t = 0; t < tt; t++)
+                acc[t] = _mm256_setzero_ps();
+            grp_q4kx8((const kern__q4kx8 *)w->data + g * nb, nb, x, xrb, tt, acc, si);
+            size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
+            for (size_t t = 0; t < tt; t++) {
+                float *o = out + (t0 + t) * ldo + 8 * g;
+                if (c0 == 0 && c1 == 8) {
+                    _mm256_storeu_ps(o, acc[t]);
+                } else {
+                    float l[8];
+                    _mm256_storeu_ps(l, acc[t]);
+                    memcpy(o + c0, l + c0, (c1 - c0) * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
 void QMATMUL(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
              size_t n1)
 {
+    if (w->type == KERN_QUANT_X8) {
+        qmatmul_x8(w, xq, T, out, ldo, n0, n1);
+        return;
+    }
     kern_qx fmt = kern_qdot_act(w);
     size_t xrb = kern_qx_row_bytes(fmt, w->n_in), K = w->n_in;
     int kind = w->type == KERN_Q8_0 ? 0 : (int)w->qtype;

@@ -697,6 +697,19 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
 #ifndef KERN_AVX512_EMULATED
     int vnni = __builtin_cpu_supports("avx512vnni");
 #endif
+    /* The interleaved layout (kern/qdot_pack.c) has ymm kernels only, at every batch size: 8
+     * rows a group need no transposes, which is what the 16-row zmm tiles spend their shuffles
+     * on. */
+    if (w->type == KERN_QUANT_X8) {
+#if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
+        if (vnni) {
+            kern__qmatmul_avx2_vnni(w, xq, T, out, ldo, n0, n1);
+            return;
+        }
+#endif
+        kern__qmatmul_avx2(w, xq, T, out, ldo, n0, n1);
+        return;
+    }
     for (size_t t0 = 0; t0 < T; t0 += TT) {
         size_t tt = T - t0 < TT ? T - t0 : TT;
         const uint8_t *x = (const uint8_t *)xq + t0 * xrb;

@@ -15,6 +15,8 @@ kern_qx kern_qdot_act(const kern_mat *w)
 {
     if (w->type == KERN_Q8_0)
         return KERN_QX_32;
+    if (w->type == KERN_QUANT_X8)
+        return KERN_QX_256;
     if (w->type != KERN_QUANT)
         return KERN_QX_NONE;
     switch (w->qtype) {
@@ -188,6 +190,16 @@ void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, s
 {
     kern_qx fmt = kern_qdot_act(w);
     size_t xb = kern_qx_row_bytes(fmt, w->n_in);
+    if (w->type == KERN_QUANT_X8) { /* the file's rows back, one at a time, then as below */
+        uint8_t row[KERN_X8_MAX_IN / 256 * 144]; /* 36 KiB at most (kern_qdot_x8_bytes) */
+        for (size_t n = n0; n < n1; n++) {
+            kern__x8_row(w, n, row);
+            for (size_t t = 0; t < T; t++)
+                out[t * ldo + n] = dot256(w, row, (const kern__qx256 *)(const void *)((
+                                                      const uint8_t *)xq + t * xb));
+        }
+        return;
+    }
     for (size_t t = 0; t < T; t++) {
         const void *xr = (const uint8_t *)xq + t * xb;
         for (size_t n = n0; n < n1; n++) {

@@ -1,0 +1,69 @@
+/* The integer path's interleaved weight layout, KERN_QUANT_X8 (kern/qdot.h's kern__q4kx8): a
+ * Q4_K matrix's rows in groups of 8, each block of the 8 rows stored together, their 4-bit values
+ * in 4-byte quads transposed so that lane r of a 32-byte vector is row r's quad, their scales and
+ * mins unpacked to bytes. A kernel then loads its operands as they are needed: the tile kernels
+ * lose their per-block transposes, one activation row its horizontal sums, scale shuffles and
+ * per-row streams (a group is one contiguous stream). Made once at load from the file's rows
+ * (engine/model.c) when the kernel table has an integer product of its own; kern__x8_row gives
+ * the file's bytes back exactly, so the portable product (and the tests) read the same values. */
+#include "engine/kern/qdot.h"
+
+#include <string.h>
+
+#define Q4K_BYTES 144 /* d | dmin | scales (12) | qs (128) */
+
+size_t kern_qdot_x8_bytes(const kern_mat *src)
+{
+    if (src->type != KERN_QUANT || src->qtype != KERN_GGML_Q4_K || src->n_out % 8 ||
+        src->n_in % 256 || src->n_in > KERN_X8_MAX_IN || !src->n_out)
+        return 0;
+    return src->n_out / 8 * (src->n_in / 256) * sizeof(kern__q4kx8);
+}
+
+void kern_qdot_to_x8(const kern_mat *src, void *dst, kern_mat *out)
+{
+    size_t nb = src->n_in / 256, groups = src->n_out / 8;
+    kern__q4kx8 *o = dst;
+    for (size_t g = 0; g < groups; g++)
+        for (size_t b = 0; b < nb; b++, o++)
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *p =
+                    (const uint8_t *)src->data + (8 * g + r) * src->row_bytes + Q4K_BYTES * b;
+                const uint8_t *s = p + 4;
+                memcpy(&o->d[r], p, 2);
+                memcpy(&o->dmin[r], p + 2, 2);
+                for (int j = 0; j < 4; j++) { /* ggml's get_scale_min_k4 */
+                    o->sc[j][r] = s[j] & 63;
+                    o->mn[j][r] = s[j + 4] & 63;
+                    o->sc[j + 4][r] = (uint8_t)((s[j + 8] & 15) | (s[j] >> 6) << 4);
+                    o->mn[j + 4][r] = (uint8_t)((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
+                }
+                for (int c = 0; c < 4; c++)
+                    for (int k = 0; k < 8; k++)
+                        memcpy(&o->qs[c][k][4 * r], p + 16 + 32 * c + 4 * k, 4);
+            }
+    kern_mat m = *src;
+    m.type = KERN_QUANT_X8;
+    m.data = dst;
+    *out = m;
+}
+
+void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
+{
+    size_t nb = w->n_in / 256;
+    int r = (int)(n % 8);
+    const kern__q4kx8 *q = (const kern__q4kx8 *)w->data + n / 8 * nb;
+    for (size_t b = 0; b < nb; b++, q++) {
+        uint8_t *p = row + Q4K_BYTES * b;
+        memcpy(p, &q->d[r], 2);
+        memcpy(p + 2, &q->dmin[r], 2);
+        for (int j = 0; j < 4; j++) { /* every bit of the 12 scale bytes comes back */
+            p[4 + j] = (uint8_t)(q->sc[j][r] | (q->sc[j + 4][r] >> 4) << 6);
+            p[8 + j] = (uint8_t)(q->mn[j][r] | (q->mn[j + 4][r] >> 4) << 6);
+            p[12 + j] = (uint8_t)((q->sc[j + 4][r] & 15) | (q->mn[j + 4][r] & 15) << 4);
+        }
+        for (int c = 0; c < 4; c++)
+            for (int k = 0; k < 8; k++)
+                memcpy(p + 16 + 32 * c + 4 * k, &q->qs[c][k][4 * r], 4);
+    }
+}
