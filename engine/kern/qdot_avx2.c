@@ -749,6 +749,15 @@ INLINE void one_q23k(const uint8_t *const rows[8], const uint8_t *next, size_t n
     }
 }
 
+/* A group's blocks are one stream, but the kernels jump about inside a block (Q6_K reads qh
+ * once per quarter), which the hardware prefetchers follow too late: the block two ahead is
+ * fetched while this one is multiplied (past a matrix's end, a prefetch is only a hint). */
+INLINE void prefetch_x8(const void *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
 /* KERN_QUANT_X8 Q4_K (kern/qdot.h's kern__q4kx8): a group of 8 rows' nb blocks g[0 .. nb)
  * times activation rows xq[0 .. tt), grp_q45k's integers on vectors the layout holds ready: per
  * sub-block j, w[k] (the low or high nibbles of qs[j / 2][k]) has row r's values 4k .. 4k + 3 in
@@ -763,6 +772,7 @@ INLINE void grp_q4kx8(const kern__q4kx8 *g, size_t nb, const uint8_t *xq, size_t
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (size_t b = 0; b < nb; b++) {
         const kern__q4kx8 *q = g + b;
+        prefetch_x8(q + 2, sizeof *q);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
         __m256 dm = _mm256_xor_ps(
             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->dmin)),
@@ -812,6 +822,93 @@ INLINE void grp_q4kx8(const kern__q4kx8 *g, size_t nb, const uint8_t *xq, size_t
     }
 }
 
+/* (v, v) int16 pairs, row r in lane r, of 8 int8 at p: a sub-block's scales for madd */
+INLINE __m256i pairs8(const int8_t *p)
+{
+    __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    return _mm256_blend_epi16(v, _mm256_slli_epi32(v, 16), 0xaa);
+}
+
+/* KERN_QUANT_X8 Q6_K: grp_q6k's integers on the interleaved layout. Values 128 h + 32 s + l of
+ * a block: the low (s < 2) or high nibble of ql[2 h + s % 2], bits 2 s, 2 s + 1 of qh[h] above
+ * them; w[0..4) sub-block 8 h + 2 s, w[4..8) the next. The int16 form adds only 2 maddubs
+ * (|2 * 2 * 63 * 127| < 2^15) before each madd; with VNNI vpdpbusd sums a sub-block's 4 quads in
+ * int32 and one vpmulld scales them. Q = raw - 32, the 32 taken off through the sums of 16
+ * activations, as there. */
+INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
+                      __m256 *acc, __m256i *si)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (size_t b = 0; b < nb; b++) {
+        const kern__q6kx8 *q = g + b;
+        prefetch_x8(q + 2, sizeof *q);
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            int h = v / 4, sv = v % 4;
+            __m256i w[8];
+            for (int k = 0; k < 8; k++) {
+                __m256i l = ld(q->ql[2 * h + sv % 2][k]), hb = ld(q->qh[h][k]);
+                if (sv >= 2)
+                    l = _mm256_srli_epi16(l, 4);
+                /* bits 2 s, 2 s + 1 of each byte to bits 4, 5 (what crosses bytes is masked) */
+                hb = sv == 0   ? _mm256_slli_epi16(hb, 4)
+                     : sv == 1 ? _mm256_slli_epi16(hb, 2)
+                     : sv == 3 ? _mm256_srli_epi16(hb, 2)
+                               : hb;
+                w[k] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30));
+            }
+            const int8_t *s0p = q->sc[2 * v], *s1p = q->sc[2 * v + 1];
+#ifdef KERN_QDOT_VNNI
+            __m256i s0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)s0p));
+            __m256i s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)s1p));
+#else
+            __m256i s0 = pairs8(s0p), s1 = pairs8(s1p);
+#endif
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * v;
+#ifdef KERN_QDOT_VNNI
+                __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
+                __m256i c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[4], bcast4(xs + 16));
+                for (int k = 1; k < 4; k++) {
+                    a = _mm256_dpbusd_epi32(a, w[k], bcast4(xs + 4 * k));
+                    c = _mm256_dpbusd_epi32(c, w[4 + k], bcast4(xs + 16 + 4 * k));
+                }
+                si[t] = _mm256_add_epi32(
+                    si[t], _mm256_add_epi32(_mm256_mullo_epi32(a, s0), _mm256_mullo_epi32(c, s1)));
+#else
+                __m256i u = _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 2), s0),
+                                             _mm256_madd_epi16(mul8(w + 2, xs + 8, 2), s0));
+                __m256i z = _mm256_add_epi32(_mm256_madd_epi16(mul8(w + 4, xs + 16, 2), s1),
+                                             _mm256_madd_epi16(mul8(w + 6, xs + 24, 2), s1));
+                si[t] = _mm256_add_epi32(si[t], _mm256_add_epi32(u, z));
+#endif
+            }
+        }
+        __m256i pr[8]; /* lane r: (sc[2 k], sc[2 k + 1]) of row r, for the bias through bs */
+        for (int k = 0; k < 8; k++) {
+            __m256i lo = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(const void *)q->sc[2 * k]));
+            __m256i hi = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(const void *)q->sc[2 * k + 1]));
+            pr[k] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xaa);
+        }
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m256i B = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) /* sc[2 k] bs[2 k] + sc[2 k + 1] bs[2 k + 1] */
+                B = _mm256_add_epi32(
+                    B,
+                    _mm256_madd_epi16(pr[k], bcast4((const int8_t *)(const void *)&x->bs[2 * k])));
+            __m256i S = _mm256_sub_epi32(si[t], _mm256_slli_epi32(B, 5));
+            acc[t] = fold8(acc[t], d, _mm256_set1_ps(x->d), _mm256_cvtepi32_ps(S));
+        }
+    }
+}
+
 /* qmatmul over KERN_QUANT_X8: every batch size, 8 outputs a group (the wanted ones stored). */
 static void qmatmul_x8(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                        size_t n0, size_t n1)
@@ -825,7 +922,10 @@ static void qmatmul_x8(const kern_mat *w, const void *xq, size_t T, float *out, 
         for (size_t g = n0 / 8; 8 * g < n1; g++) {
             for (size_t t = 0; t < tt; t++)
                 acc[t] = _mm256_setzero_ps();
-            grp_q4kx8((const kern__q4kx8 *)w->data + g * nb, nb, x, xrb, tt, acc, si);
+            if (w->qtype == KERN_GGML_Q6_K)
+                grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, x, xrb, tt, acc, si);
+            else
+                grp_q4kx8((const kern__q4kx8 *)w->data + g * nb, nb, x, xrb, tt, acc, si);
             size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
             for (size_t t = 0; t < tt; t++) {
                 float *o = out + (t0 + t) * ldo + 8 * g;

@@ -1,5 +1,5 @@
 /* The integer path's interleaved weight layout, KERN_QUANT_X8 (kern/qdot.h's kern__q4kx8): a
- * Q4_K matrix's rows in groups of 8, each block of the 8 rows stored together, their 4-bit values
+ * Q4_K or Q6_K matrix's rows in groups of 8, each block of the 8 rows stored together, their 4-bit values
  * in 4-byte quads transposed so that lane r of a 32-byte vector is row r's quad, their scales and
  * mins unpacked to bytes. A kernel then loads its operands as they are needed: the tile kernels
  * lose their per-block transposes, one activation row its horizontal sums, scale shuffles and
@@ -11,17 +11,60 @@
 #include <string.h>
 
 #define Q4K_BYTES 144 /* d | dmin | scales (12) | qs (128) */
+#define Q6K_BYTES 210 /* ql (128) | qh (64) | scales (16) | d */
 
 size_t kern_qdot_x8_bytes(const kern_mat *src)
 {
-    if (src->type != KERN_QUANT || src->qtype != KERN_GGML_Q4_K || src->n_out % 8 ||
-        src->n_in % 256 || src->n_in > KERN_X8_MAX_IN || !src->n_out)
+    if (src->type != KERN_QUANT || src->n_out % 8 || src->n_in % 256 ||
+        src->n_in > KERN_X8_MAX_IN || !src->n_out)
         return 0;
-    return src->n_out / 8 * (src->n_in / 256) * sizeof(kern__q4kx8);
+    size_t n = src->n_out / 8 * (src->n_in / 256);
+    return src->qtype == KERN_GGML_Q4_K   ? n * sizeof(kern__q4kx8)
+           : src->qtype == KERN_GGML_Q6_K ? n * sizeof(kern__q6kx8)
+                                          : 0;
+}
+
+/* the 32-byte runs of a block (at p, n of them) as quads of the 8 rows: lane r of t[c][k] */
+static void quads(uint8_t (*t)[8][32], const uint8_t *p, int n, int r)
+{
+    for (int c = 0; c < n; c++)
+        for (int k = 0; k < 8; k++)
+            memcpy(&t[c][k][4 * r], p + 32 * c + 4 * k, 4);
+}
+
+static void unquads(uint8_t *p, const uint8_t (*t)[8][32], int n, int r)
+{
+    for (int c = 0; c < n; c++)
+        for (int k = 0; k < 8; k++)
+            memcpy(p + 32 * c + 4 * k, &t[c][k][4 * r], 4);
+}
+
+static void to_x8_q6k(const kern_mat *src, kern__q6kx8 *o)
+{
+    size_t nb = src->n_in / 256, groups = src->n_out / 8;
+    for (size_t g = 0; g < groups; g++)
+        for (size_t b = 0; b < nb; b++, o++)
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *p =
+                    (const uint8_t *)src->data + (8 * g + r) * src->row_bytes + Q6K_BYTES * b;
+                quads(o->ql, p, 4, r);
+                quads(o->qh, p + 128, 2, r);
+                for (int j = 0; j < 16; j++)
+                    o->sc[j][r] = (int8_t)p[192 + j];
+                memcpy(&o->d[r], p + 208, 2);
+            }
 }
 
 void kern_qdot_to_x8(const kern_mat *src, void *dst, kern_mat *out)
 {
+    kern_mat m = *src;
+    m.type = KERN_QUANT_X8;
+    m.data = dst;
+    if (src->qtype == KERN_GGML_Q6_K) {
+        to_x8_q6k(src, dst);
+        *out = m;
+        return;
+    }
     size_t nb = src->n_in / 256, groups = src->n_out / 8;
     kern__q4kx8 *o = dst;
     for (size_t g = 0; g < groups; g++)
@@ -38,13 +81,8 @@ void kern_qdot_to_x8(const kern_mat *src, void *dst, kern_mat *out)
                     o->sc[j + 4][r] = (uint8_t)((s[j + 8] & 15) | (s[j] >> 6) << 4);
                     o->mn[j + 4][r] = (uint8_t)((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
                 }
-                for (int c = 0; c < 4; c++)
-                    for (int k = 0; k < 8; k++)
-                        memcpy(&o->qs[c][k][4 * r], p + 16 + 32 * c + 4 * k, 4);
+                quads(o->qs, p + 16, 4, r);
             }
-    kern_mat m = *src;
-    m.type = KERN_QUANT_X8;
-    m.data = dst;
     *out = m;
 }
 
@@ -52,6 +90,18 @@ void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
 {
     size_t nb = w->n_in / 256;
     int r = (int)(n % 8);
+    if (w->qtype == KERN_GGML_Q6_K) {
+        const kern__q6kx8 *q = (const kern__q6kx8 *)w->data + n / 8 * nb;
+        for (size_t b = 0; b < nb; b++, q++) {
+            uint8_t *p = row + Q6K_BYTES * b;
+            unquads(p, q->ql, 4, r);
+            unquads(p + 128, q->qh, 2, r);
+            for (int j = 0; j < 16; j++)
+                p[192 + j] = (uint8_t)q->sc[j][r];
+            memcpy(p + 208, &q->d[r], 2);
+        }
+        return;
+    }
     const kern__q4kx8 *q = (const kern__q4kx8 *)w->data + n / 8 * nb;
     for (size_t b = 0; b < nb; b++, q++) {
         uint8_t *p = row + Q4K_BYTES * b;
@@ -62,8 +112,6 @@ void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
             p[8 + j] = (uint8_t)(q->mn[j][r] | (q->mn[j + 4][r] >> 4) << 6);
             p[12 + j] = (uint8_t)((q->sc[j + 4][r] & 15) | (q->mn[j + 4][r] & 15) << 4);
         }
-        for (int c = 0; c < 4; c++)
-            for (int k = 0; k < 8; k++)
-                memcpy(p + 16 + 32 * c + 4 * k, &q->qs[c][k][4 * r], 4);
+        unquads(p + 16, q->qs, 4, r);
     }
 }

@@ -191,7 +191,7 @@ void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, s
     kern_qx fmt = kern_qdot_act(w);
     size_t xb = kern_qx_row_bytes(fmt, w->n_in);
     if (w->type == KERN_QUANT_X8) { /* the file's rows back, one at a time, then as below */
-        uint8_t row[KERN_X8_MAX_IN / 256 * 144]; /* 36 KiB at most (kern_qdot_x8_bytes) */
+        uint8_t row[KERN_X8_MAX_IN / 256 * 210]; /* 53 KiB at most (kern_qdot_x8_bytes) */
         for (size_t n = n0; n < n1; n++) {
             kern__x8_row(w, n, row);
             for (size_t t = 0; t < T; t++)
