@@ -63,6 +63,15 @@ typedef struct kern__q4kx8 {
     uint8_t qs[4][8][32];
 } kern__q4kx8;
 
+/* KERN_QUANT_X8 Q5_K: Q4_K's groups, with qh (one run of 32 bytes: bit j of byte l the fifth bit
+ * of value 32 j + l) grouped by quads the same way. 1440 bytes for the file's 8 x 176. */
+typedef struct kern__q5kx8 {
+    uint16_t d[8], dmin[8];
+    uint8_t sc[8][8], mn[8][8];
+    uint8_t qh[1][8][32];
+    uint8_t qs[4][8][32];
+} kern__q5kx8;
+
 /* KERN_QUANT_X8 Q6_K: the same grouping of ql (4 runs of 32 bytes) and qh (2 runs) by quads,
  * sc[j][r] row r's int8 scale of 16-value sub-block j. 1680 bytes for the file's 8 x 210. */
 typedef struct kern__q6kx8 {
@@ -71,7 +80,7 @@ typedef struct kern__q6kx8 {
     uint8_t ql[4][8][32], qh[2][8][32];
 } kern__q6kx8;
 
-/* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 144 or 210 bytes at row),
+/* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 144, 176 or 210 bytes at row),
  * bit for bit: what the portable product reads. */
 void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row);
 

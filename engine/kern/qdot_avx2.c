@@ -18,6 +18,7 @@
 #include "engine/kern/qdot.h"
 
 #include <immintrin.h>
+#include <stddef.h>
 #include <string.h>
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
@@ -758,21 +759,28 @@ INLINE void prefetch_x8(const void *p, size_t bytes)
         _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
-/* KERN_QUANT_X8 Q4_K (kern/qdot.h's kern__q4kx8): a group of 8 rows' nb blocks g[0 .. nb)
- * times activation rows xq[0 .. tt), grp_q45k's integers on vectors the layout holds ready: per
- * sub-block j, w[k] (the low or high nibbles of qs[j / 2][k]) has row r's values 4k .. 4k + 3 in
- * lane r, and the scales and mins are 8 bytes a load; no transposes, no horizontal sums, one
- * stream. The int16 form sums 8 maddubs (|8 * 2 * 15 * 127| < 2^15) and one madd with (scale,
- * scale) pairs; with VNNI vpdpbusd sums the quads in int32 and one vpmulld scales them (|32 * 15
- * * 127 * 63| < 2^31). Either way each row's S and M are the reference's integers, folded in
- * its order: the same bits. */
-INLINE void grp_q4kx8(const kern__q4kx8 *g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
-                      __m256 *acc, __m256i *si)
+/* KERN_QUANT_X8 Q4_K and Q5_K (kern/qdot.h's kern__q4kx8, kern__q5kx8, alike up to qh): a group
+ * of 8 rows' nb blocks at g times activation rows xq[0 .. tt), grp_q45k's integers on vectors
+ * the layout holds ready: per sub-block j, w[k] (the low or high nibbles of qs[j / 2][k], for
+ * Q5_K bit j of qh[0][k] above them) has row r's values 4k .. 4k + 3 in lane r, and the scales
+ * and mins are 8 bytes a load; no transposes, no horizontal sums, one stream. The int16 form
+ * sums 8 maddubs of 4-bit values (|8 * 2 * 15 * 127| < 2^15; 4 of 5-bit ones) and one madd with
+ * (scale, scale) pairs; with VNNI vpdpbusd sums the quads in int32 and one vpmulld scales them
+ * (|32 * 31 * 127 * 63| < 2^31). Either way each row's S and M are the reference's integers,
+ * folded in its order: the same bits. */
+_Static_assert(offsetof(kern__q5kx8, sc) == offsetof(kern__q4kx8, sc) &&
+                   offsetof(kern__q5kx8, mn) == offsetof(kern__q4kx8, mn),
+               "Q4_K and Q5_K groups share their head");
+INLINE void grp_q45kx8(const uint8_t *g, size_t nb, int q5, const uint8_t *xq, size_t xrb,
+                       size_t tt, __m256 *acc, __m256i *si)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+    size_t bb = q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8);
+    size_t qs = q5 ? offsetof(kern__q5kx8, qs) : offsetof(kern__q4kx8, qs);
     for (size_t b = 0; b < nb; b++) {
-        const kern__q4kx8 *q = g + b;
-        prefetch_x8(q + 2, sizeof *q);
+        const kern__q4kx8 *q = (const kern__q4kx8 *)(const void *)(g + b * bb); /* the head */
+        const uint8_t *qsp = g + b * bb + qs, *qhp = g + b * bb + offsetof(kern__q5kx8, qh);
+        prefetch_x8(g + (b + 2) * bb, bb);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
         __m256 dm = _mm256_xor_ps(
             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->dmin)),
@@ -782,8 +790,13 @@ INLINE void grp_q4kx8(const kern__q4kx8 *g, size_t nb, const uint8_t *xq, size_t
         for (int j = 0; j < 8; j++) {
             __m256i w[8];
             for (int k = 0; k < 8; k++) {
-                __m256i v = ld(q->qs[j / 2][k]);
+                __m256i v = ld(qsp + 256 * (j / 2) + 32 * k);
                 w[k] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+                if (q5) { /* bit j of each byte to bit 4 (what crosses bytes is masked) */
+                    __m256i h = ld(qhp + 32 * k);
+                    h = j < 4 ? _mm256_slli_epi16(h, 4 - j) : _mm256_srli_epi16(h, j - 4);
+                    w[k] = _mm256_or_si256(w[k], _mm256_and_si256(h, m10));
+                }
             }
             __m256i sc =
                 _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->sc[j]));
@@ -799,7 +812,10 @@ INLINE void grp_q4kx8(const kern__q4kx8 *g, size_t nb, const uint8_t *xq, size_t
                     s = _mm256_dpbusd_epi32(s, w[k], bcast4(xs + 4 * k));
                 si[t] = _mm256_add_epi32(si[t], _mm256_mullo_epi32(s, sc));
 #else
-                si[t] = _mm256_add_epi32(si[t], _mm256_madd_epi16(mul8(w, xs, 8), sc));
+                __m256i v = q5 ? _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), sc),
+                                                  _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), sc))
+                               : _mm256_madd_epi16(mul8(w, xs, 8), sc);
+                si[t] = _mm256_add_epi32(si[t], v);
 #endif
             }
         }
@@ -924,8 +940,12 @@ static void qmatmul_x8(const kern_mat *w, const void *xq, size_t T, float *out, 
                 acc[t] = _mm256_setzero_ps();
             if (w->qtype == KERN_GGML_Q6_K)
                 grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, x, xrb, tt, acc, si);
+            else if (w->qtype == KERN_GGML_Q5_K)
+                grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q5kx8), nb, 1, x, xrb,
+                           tt, acc, si);
             else
-                grp_q4kx8((const kern__q4kx8 *)w->data + g * nb, nb, x, xrb, tt, acc, si);
+                grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q4kx8), nb, 0, x, xrb,
+                           tt, acc, si);
             size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
             for (size_t t = 0; t < tt; t++) {
                 float *o = out + (t0 + t) * ldo + 8 * g;

@@ -1,5 +1,5 @@
 /* The integer path's interleaved weight layout, KERN_QUANT_X8 (kern/qdot.h's kern__q4kx8): a
- * Q4_K or Q6_K matrix's rows in groups of 8, each block of the 8 rows stored together, their 4-bit values
+ * Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each block of the 8 rows stored together, their 4-bit values
  * in 4-byte quads transposed so that lane r of a 32-byte vector is row r's quad, their scales and
  * mins unpacked to bytes. A kernel then loads its operands as they are needed: the tile kernels
  * lose their per-block transposes, one activation row its horizontal sums, scale shuffles and
@@ -8,9 +8,11 @@
  * the file's bytes back exactly, so the portable product (and the tests) read the same values. */
 #include "engine/kern/qdot.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #define Q4K_BYTES 144 /* d | dmin | scales (12) | qs (128) */
+#define Q5K_BYTES 176 /* d | dmin | scales (12) | qh (32) | qs (128) */
 #define Q6K_BYTES 210 /* ql (128) | qh (64) | scales (16) | d */
 
 size_t kern_qdot_x8_bytes(const kern_mat *src)
@@ -20,6 +22,7 @@ size_t kern_qdot_x8_bytes(const kern_mat *src)
         return 0;
     size_t n = src->n_out / 8 * (src->n_in / 256);
     return src->qtype == KERN_GGML_Q4_K   ? n * sizeof(kern__q4kx8)
+           : src->qtype == KERN_GGML_Q5_K ? n * sizeof(kern__q5kx8)
            : src->qtype == KERN_GGML_Q6_K ? n * sizeof(kern__q6kx8)
                                           : 0;
 }
@@ -55,35 +58,62 @@ static void to_x8_q6k(const kern_mat *src, kern__q6kx8 *o)
             }
 }
 
+/* Q4_K's or Q5_K's d, dmin, scales and mins of row r at p into the group's fields */
+static void head_q45k(uint16_t *d, uint16_t *dmin, uint8_t (*sc)[8], uint8_t (*mn)[8],
+                      const uint8_t *p, int r)
+{
+    const uint8_t *s = p + 4;
+    memcpy(&d[r], p, 2);
+    memcpy(&dmin[r], p + 2, 2);
+    for (int j = 0; j < 4; j++) { /* ggml's get_scale_min_k4 */
+        sc[j][r] = s[j] & 63;
+        mn[j][r] = s[j + 4] & 63;
+        sc[j + 4][r] = (uint8_t)((s[j + 8] & 15) | (s[j] >> 6) << 4);
+        mn[j + 4][r] = (uint8_t)((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
+    }
+}
+
+/* and back: every bit of the 12 scale bytes */
+static void unhead_q45k(uint8_t *p, const uint16_t *d, const uint16_t *dmin,
+                        const uint8_t (*sc)[8], const uint8_t (*mn)[8], int r)
+{
+    memcpy(p, &d[r], 2);
+    memcpy(p + 2, &dmin[r], 2);
+    for (int j = 0; j < 4; j++) {
+        p[4 + j] = (uint8_t)(sc[j][r] | (sc[j + 4][r] >> 4) << 6);
+        p[8 + j] = (uint8_t)(mn[j][r] | (mn[j + 4][r] >> 4) << 6);
+        p[12 + j] = (uint8_t)((sc[j + 4][r] & 15) | (mn[j + 4][r] & 15) << 4);
+    }
+}
+
 void kern_qdot_to_x8(const kern_mat *src, void *dst, kern_mat *out)
 {
     kern_mat m = *src;
     m.type = KERN_QUANT_X8;
     m.data = dst;
+    *out = m;
+    size_t nb = src->n_in / 256, groups = src->n_out / 8;
     if (src->qtype == KERN_GGML_Q6_K) {
         to_x8_q6k(src, dst);
-        *out = m;
         return;
     }
-    size_t nb = src->n_in / 256, groups = src->n_out / 8;
-    kern__q4kx8 *o = dst;
+    kern__q4kx8 *o4 = dst;
+    kern__q5kx8 *o5 = dst;
+    bool q5 = src->qtype == KERN_GGML_Q5_K;
     for (size_t g = 0; g < groups; g++)
-        for (size_t b = 0; b < nb; b++, o++)
+        for (size_t b = 0; b < nb; b++, o4++, o5++)
             for (int r = 0; r < 8; r++) {
-                const uint8_t *p =
-                    (const uint8_t *)src->data + (8 * g + r) * src->row_bytes + Q4K_BYTES * b;
-                const uint8_t *s = p + 4;
-                memcpy(&o->d[r], p, 2);
-                memcpy(&o->dmin[r], p + 2, 2);
-                for (int j = 0; j < 4; j++) { /* ggml's get_scale_min_k4 */
-                    o->sc[j][r] = s[j] & 63;
-                    o->mn[j][r] = s[j + 4] & 63;
-                    o->sc[j + 4][r] = (uint8_t)((s[j + 8] & 15) | (s[j] >> 6) << 4);
-                    o->mn[j + 4][r] = (uint8_t)((s[j + 8] >> 4) | (s[j + 4] >> 6) << 4);
+                const uint8_t *p = (const uint8_t *)src->data + (8 * g + r) * src->row_bytes +
+                                   (q5 ? Q5K_BYTES : Q4K_BYTES) * b;
+                if (q5) {
+                    head_q45k(o5->d, o5->dmin, o5->sc, o5->mn, p, r);
+                    quads(o5->qh, p + 16, 1, r);
+                    quads(o5->qs, p + 48, 4, r);
+                } else {
+                    head_q45k(o4->d, o4->dmin, o4->sc, o4->mn, p, r);
+                    quads(o4->qs, p + 16, 4, r);
                 }
-                quads(o->qs, p + 16, 4, r);
             }
-    *out = m;
 }
 
 void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
@@ -100,18 +130,20 @@ void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
                 p[192 + j] = (uint8_t)q->sc[j][r];
             memcpy(p + 208, &q->d[r], 2);
         }
-        return;
-    }
-    const kern__q4kx8 *q = (const kern__q4kx8 *)w->data + n / 8 * nb;
-    for (size_t b = 0; b < nb; b++, q++) {
-        uint8_t *p = row + Q4K_BYTES * b;
-        memcpy(p, &q->d[r], 2);
-        memcpy(p + 2, &q->dmin[r], 2);
-        for (int j = 0; j < 4; j++) { /* every bit of the 12 scale bytes comes back */
-            p[4 + j] = (uint8_t)(q->sc[j][r] | (q->sc[j + 4][r] >> 4) << 6);
-            p[8 + j] = (uint8_t)(q->mn[j][r] | (q->mn[j + 4][r] >> 4) << 6);
-            p[12 + j] = (uint8_t)((q->sc[j + 4][r] & 15) | (q->mn[j + 4][r] & 15) << 4);
+    } else if (w->qtype == KERN_GGML_Q5_K) {
+        const kern__q5kx8 *q = (const kern__q5kx8 *)w->data + n / 8 * nb;
+        for (size_t b = 0; b < nb; b++, q++) {
+            uint8_t *p = row + Q5K_BYTES * b;
+            unhead_q45k(p, q->d, q->dmin, q->sc, q->mn, r);
+            unquads(p + 16, q->qh, 1, r);
+            unquads(p + 48, q->qs, 4, r);
         }
-        unquads(p + 16, q->qs, 4, r);
+    } else {
+        const kern__q4kx8 *q = (const kern__q4kx8 *)w->data + n / 8 * nb;
+        for (size_t b = 0; b < nb; b++, q++) {
+            uint8_t *p = row + Q4K_BYTES * b;
+            unhead_q45k(p, q->d, q->dmin, q->sc, q->mn, r);
+            unquads(p + 16, q->qs, 4, r);
+        }
     }
 }
