@@ -393,6 +393,13 @@ static void check_qdot(uint32_t id, size_t n_in)
         kern_mat m8;
         kern_qdot_to_x8(&m32, x8, &m8);
         assert_int_equal(m8.type, KERN_QUANT_X8);
+        kern_mat same = m32; /* in place, as engine/model.c converts */
+        void *x8b = aligned_alloc(64, (x8_bytes + 63) / 64 * 64);
+        kern_qdot_to_x8(&same, x8b, &same);
+        assert_true(same.type == m8.type && same.data == x8b && same.n_out == m8.n_out &&
+                    same.n_in == m8.n_in && same.qtype == m8.qtype);
+        assert_memory_equal(x8b, x8, x8_bytes);
+        free(x8b);
         assert_int_equal(kern_qdot_act(&m8), fmt);
         for (size_t n = 0; n < 32; n++) {
             kern__x8_row(&m8, n, row);

@@ -160,8 +160,8 @@ void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t 
 /* Bytes kern_qdot_to_x8 writes for src: KERN_QUANT rows of Q4_K, Q5_K or Q6_K with n_out a
  * multiple of 8 (the integer path's interleaved layout, kern/qdot_pack.c); 0 for any other matrix. */
 size_t kern_qdot_x8_bytes(const kern_mat *src);
-/* Copies src (kern_qdot_x8_bytes(src) > 0) into dst (that many bytes, 32-byte aligned) as
- * KERN_QUANT_X8, described in out: the same values, every table's qmatmul the same bits. */
+/* Copies src (kern_qdot_x8_bytes(src) > 0) into dst (that many bytes) as KERN_QUANT_X8, described
+ * in out (which may be src): the same values, every table's qmatmul the same bits. */
 void kern_qdot_to_x8(const kern_mat *src, void *dst, kern_mat *out);
 
 /* The portable integer product: the oracle of every table's qmatmul. */

@@ -86,12 +86,15 @@ static void unhead_q45k(uint8_t *p, const uint16_t *d, const uint16_t *dmin,
     }
 }
 
-void kern_qdot_to_x8(const kern_mat *src, void *dst, kern_mat *out)
+void kern_qdot_to_x8(const kern_mat *src_in, void *dst, kern_mat *out)
 {
-    kern_mat m = *src;
-    m.type = KERN_QUANT_X8;
-    m.data = dst;
-    *out = m;
+    const kern_mat s = *src_in, *src = &s; /* out may be src_in */
+    out->type = KERN_QUANT_X8;
+    out->data = dst;
+    out->n_out = s.n_out;
+    out->n_in = s.n_in;
+    out->row_bytes = s.row_bytes;
+    out->qtype = s.qtype;
     size_t nb = src->n_in / 256, groups = src->n_out / 8;
     if (src->qtype == KERN_GGML_Q6_K) {
         to_x8_q6k(src, dst);
