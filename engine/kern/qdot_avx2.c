@@ -925,6 +925,20 @@ INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t
     }
 }
 
+/* Group g of w (KERN_QUANT_X8) times activation rows xq[0 .. tt). */
+INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb,
+                   size_t tt, __m256 *acc, __m256i *si)
+{
+    if (w->qtype == KERN_GGML_Q6_K)
+        grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
+    else if (w->qtype == KERN_GGML_Q5_K)
+        grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q5kx8), nb, 1, xq, xrb, tt,
+                   acc, si);
+    else
+        grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q4kx8), nb, 0, xq, xrb, tt,
+                   acc, si);
+}
+
 /* qmatmul over KERN_QUANT_X8: every batch size, 8 outputs a group (the wanted ones stored). */
 static void qmatmul_x8(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                        size_t n0, size_t n1)
@@ -938,14 +952,11 @@ static void qmatmul_x8(const kern_mat *w, const void *xq, size_t T, float *out, 
         for (size_t g = n0 / 8; 8 * g < n1; g++) {
             for (size_t t = 0; t < tt; t++)
                 acc[t] = _mm256_setzero_ps();
-            if (w->qtype == KERN_GGML_Q6_K)
-                grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, x, xrb, tt, acc, si);
-            else if (w->qtype == KERN_GGML_Q5_K)
-                grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q5kx8), nb, 1, x, xrb,
-                           tt, acc, si);
+            /* one row of x (a decode step) as a constant, so that its sums stay in registers */
+            if (tt == 1)
+                grp_x8(w, g, nb, x, xrb, 1, acc, si);
             else
-                grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q4kx8), nb, 0, x, xrb,
-                           tt, acc, si);
+                grp_x8(w, g, nb, x, xrb, tt, acc, si);
             size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
             for (size_t t = 0; t < tt; t++) {
                 float *o = out + (t0 + t) * ldo + 8 * g;
