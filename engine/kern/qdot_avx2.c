@@ -16,6 +16,7 @@
  * each maddubs is widened by its own madd; the transposed form still beats one row at a time
  * with a horizontal sum per 8 blocks (measured 1.6x at 16 rows). */
 #include "engine/kern/qdot.h"
+#include "engine/kern/qdot_x86.h"
 
 #include <immintrin.h>
 #include <stddef.h>
@@ -350,24 +351,35 @@ INLINE void grp_q23k(const uint8_t *const rows[8], const uint8_t *next, size_t n
     }
 }
 
-/* The 12 scale bytes of a Q4_K block as sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15), four
- * at a time: sc[j], m[j] (j < 4) are the low 6 bits of s[j], s[j + 4]; sc[j + 4] is the low
- * nibble of s[j + 8] over the top 2 bits of s[j], m[j + 4] the high nibble over those of
- * s[j + 4]. */
-INLINE __m128i scales_k4(const uint8_t *s)
+/* The sum over k < 8 of the int16 pairs p[k] (lane r: row r's) times (bs[2 k], bs[2 k + 1]) of x:
+ * a K-quant block's mins, or its bias's scales, through the sums of 16 activations. */
+INLINE __m256i bs_sum8(const __m256i p[8], const kern__qx256 *x)
 {
-    /* on vectors (7 operations, not 20 scalar ones and the inserts): 16 bytes from s, the 12
-     * scale bytes and 4 of the block's next field, as words w0 w1 w2 (w3 unused) */
-    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)s);
-    __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* w0 w2 w1 w2 */
-    __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* w0 w0 w1 w1 */
-    a = _mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4));
-    __m128i lo = _mm_and_si128(a, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    /* the top 2 bits of each byte of w0 (w1) to bits 4..5 of the same byte */
-    __m128i hi =
-        _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    return _mm_or_si128(lo, hi);
+    __m256i B = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++)
+        B = _mm256_add_epi32(
+            B, _mm256_madd_epi16(p[k], bcast4((const int8_t *)(const void *)&x->bs[2 * k])));
+    return B;
 }
+
+/* A Q4_K / Q5_K block's fold for one activation row: the scales' sum si, then the mins' (mi[j]:
+ * (min, min) pairs of sub-block j), dm already negated */
+INLINE __m256 fold_q45k(__m256 acc, __m256 d, __m256 dm, __m256i si, const __m256i mi[8],
+                        const kern__qx256 *x)
+{
+    __m256 dx = _mm256_set1_ps(x->d);
+    __m256 s1 = fold8(acc, d, dx, _mm256_cvtepi32_ps(si));
+    return fold8(s1, dm, dx, _mm256_cvtepi32_ps(bs_sum8(mi, x)));
+}
+
+/* A Q6_K block's fold: Q = raw - 32, the 32 taken off through the sums of 16 activations (pr[k]:
+ * (sc[2 k], sc[2 k + 1]) pairs) */
+INLINE __m256 fold_q6k(__m256 acc, __m256 d, __m256i si, const __m256i pr[8], const kern__qx256 *x)
+{
+    __m256i S = _mm256_sub_epi32(si, _mm256_slli_epi32(bs_sum8(pr, x), 5));
+    return fold8(acc, d, _mm256_set1_ps(x->d), _mm256_cvtepi32_ps(S));
+}
+
 
 /* Q4_K rows p[0..8): d (2) | dmin (2) | scales (12) | qs (128): value 64 c + l in the low
  * nibble of qs[32 c + l], 64 c + 32 + l in its high one. Q5_K (q5 = 1): d | dmin | scales |
@@ -422,17 +434,9 @@ INLINE void grp_q45k(const uint8_t *const rows[8], const uint8_t *next, size_t n
                 si[t] = _mm256_add_epi32(si[t], v);
             }
         }
-        for (size_t t = 0; t < tt; t++) {
-            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
-            __m256i M = _mm256_setzero_si256();
-            for (int j = 0; j < 8; j++) /* m[j] times bs[2 j] + bs[2 j + 1] */
-                M = _mm256_add_epi32(
-                    M,
-                    _mm256_madd_epi16(mi[j], bcast4((const int8_t *)(const void *)&x->bs[2 * j])));
-            __m256 dx = _mm256_set1_ps(x->d);
-            __m256 s1 = fold8(acc[t], d, dx, _mm256_cvtepi32_ps(si[t]));
-            acc[t] = fold8(s1, dm, dx, _mm256_cvtepi32_ps(M));
-        }
+        for (size_t t = 0; t < tt; t++) /* m[j] times bs[2 j] + bs[2 j + 1] */
+            acc[t] = fold_q45k(acc[t], d, dm, si[t], mi,
+                               (const kern__qx256 *)(const void *)(xq + t * xrb) + b);
     }
 }
 
@@ -485,16 +489,9 @@ INLINE void grp_q6k(const uint8_t *const rows[8], const uint8_t *next, size_t nb
                 si[t] = _mm256_add_epi32(si[t], _mm256_add_epi32(u, z));
             }
         }
-        for (size_t t = 0; t < tt; t++) {
-            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
-            __m256i B = _mm256_setzero_si256();
-            for (int k = 0; k < 8; k++) /* sc[2 k] bs[2 k] + sc[2 k + 1] bs[2 k + 1] */
-                B = _mm256_add_epi32(
-                    B,
-                    _mm256_madd_epi16(pr[k], bcast4((const int8_t *)(const void *)&x->bs[2 * k])));
-            __m256i S = _mm256_sub_epi32(si[t], _mm256_slli_epi32(B, 5));
-            acc[t] = fold8(acc[t], d, _mm256_set1_ps(x->d), _mm256_cvtepi32_ps(S));
-        }
+        for (size_t t = 0; t < tt; t++) /* sc[2 k] bs[2 k] + sc[2 k + 1] bs[2 k + 1] */
+            acc[t] = fold_q6k(acc[t], d, si[t], pr,
+                              (const kern__qx256 *)(const void *)(xq + t * xrb) + b);
     }
 }
 
@@ -824,17 +821,9 @@ INLINE void grp_q45kx8(const uint8_t *g, size_t nb, int q5, const uint8_t *xq, s
             mi[j] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->mn[j]));
             mi[j] = _mm256_or_si256(mi[j], _mm256_slli_epi32(mi[j], 16));
         }
-        for (size_t t = 0; t < tt; t++) {
-            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
-            __m256i M = _mm256_setzero_si256();
-            for (int j = 0; j < 8; j++) /* m[j] times bs[2 j] + bs[2 j + 1] */
-                M = _mm256_add_epi32(
-                    M,
-                    _mm256_madd_epi16(mi[j], bcast4((const int8_t *)(const void *)&x->bs[2 * j])));
-            __m256 dx = _mm256_set1_ps(x->d);
-            __m256 s1 = fold8(acc[t], d, dx, _mm256_cvtepi32_ps(si[t]));
-            acc[t] = fold8(s1, dm, dx, _mm256_cvtepi32_ps(M));
-        }
+        for (size_t t = 0; t < tt; t++) /* m[j] times bs[2 j] + bs[2 j + 1] */
+            acc[t] = fold_q45k(acc[t], d, dm, si[t], mi,
+                               (const kern__qx256 *)(const void *)(xq + t * xrb) + b);
     }
 }
 
@@ -912,16 +901,9 @@ INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t
                 _mm_loadl_epi64((const __m128i *)(const void *)q->sc[2 * k + 1]));
             pr[k] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xaa);
         }
-        for (size_t t = 0; t < tt; t++) {
-            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
-            __m256i B = _mm256_setzero_si256();
-            for (int k = 0; k < 8; k++) /* sc[2 k] bs[2 k] + sc[2 k + 1] bs[2 k + 1] */
-                B = _mm256_add_epi32(
-                    B,
-                    _mm256_madd_epi16(pr[k], bcast4((const int8_t *)(const void *)&x->bs[2 * k])));
-            __m256i S = _mm256_sub_epi32(si[t], _mm256_slli_epi32(B, 5));
-            acc[t] = fold8(acc[t], d, _mm256_set1_ps(x->d), _mm256_cvtepi32_ps(S));
-        }
+        for (size_t t = 0; t < tt; t++) /* sc[2 k] bs[2 k] + sc[2 k + 1] bs[2 k + 1] */
+            acc[t] = fold_q6k(acc[t], d, si[t], pr,
+                              (const kern__qx256 *)(const void *)(xq + t * xrb) + b);
     }
 }
 

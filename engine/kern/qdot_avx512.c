@@ -10,6 +10,7 @@
  * to kern__qmatmul_avx2, which follows the same contract, so the bits do not change. */
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/qdot.h"
+#include "engine/kern/qdot_x86.h"
 
 #include <string.h>
 
@@ -364,22 +365,6 @@ INLINE void grp_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t 
     }
 }
 
-/* The 12 scale bytes of a Q4_K block as sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15), as
- * qdot_avx2.c's scales_k4. */
-INLINE __m128i scales_k4(const uint8_t *s)
-{
-    /* on vectors (7 operations, not 20 scalar ones and the inserts): 16 bytes from s, the 12
-     * scale bytes and 4 of the block's next field, as words w0 w1 w2 (w3 unused) */
-    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)s);
-    __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* w0 w2 w1 w2 */
-    __m128i b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* w0 w0 w1 w1 */
-    a = _mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4));
-    __m128i lo = _mm_and_si128(a, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    /* the top 2 bits of each byte of w0 (w1) to bits 4..5 of the same byte */
-    __m128i hi =
-        _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    return _mm_or_si128(lo, hi);
-}
 
 /* Block b's scales: p[r] its start in row r; per row sc[0..7] | m[0..7] as int16, each doubled
  * into a 32-bit lane, transposed so that lane r of sc[j], mi[j] holds sub-block j's scale and
