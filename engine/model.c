@@ -405,7 +405,7 @@ static int repack_weights(engine_model *m, load_progress *lp, const void **relea
          * bytes in another order, 2.8% more), the file's pages released as for panels. The
          * embedding table keeps its panels, which a lookup widens exactly. */
         bool qdot = m->qdot && mat != &m->tok_embd && kern_qdot_act(mat) != KERN_QX_NONE;
-        size_t bytes = !qdot            ? kern_panel_bytes(mat)
+        size_t bytes = !qdot              ? kern_panel_bytes(mat)
                        : m->kern->qmatmul ? kern_qdot_x8_bytes(mat)
                                           : 0;
         if (qdot) {

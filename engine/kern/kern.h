@@ -158,7 +158,8 @@ size_t kern_qx_row_bytes(kern_qx fmt, size_t n_in);
  * below 127 / FLT_MAX, whose reciprocal would overflow); a NaN input gets q = 0. */
 void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in, void *dst);
 /* Bytes kern_qdot_to_x8 writes for src: KERN_QUANT rows of Q4_K, Q5_K or Q6_K with n_out a
- * multiple of 8 (the integer path's interleaved layout, kern/qdot_pack.c); 0 for any other matrix. */
+ * multiple of 8 (the integer path's interleaved layout, kern/qdot_pack.c); 0 for any other matrix.
+ */
 size_t kern_qdot_x8_bytes(const kern_mat *src);
 /* Copies src (kern_qdot_x8_bytes(src) > 0) into dst (that many bytes) as KERN_QUANT_X8, described
  * in out (which may be src): the same values, every table's qmatmul the same bits. */

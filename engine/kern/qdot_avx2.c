@@ -380,7 +380,6 @@ INLINE __m256 fold_q6k(__m256 acc, __m256 d, __m256i si, const __m256i pr[8], co
     return fold8(acc, d, _mm256_set1_ps(x->d), _mm256_cvtepi32_ps(S));
 }
 
-
 /* Q4_K rows p[0..8): d (2) | dmin (2) | scales (12) | qs (128): value 64 c + l in the low
  * nibble of qs[32 c + l], 64 c + 32 + l in its high one. Q5_K (q5 = 1): d | dmin | scales |
  * qh (32) | qs (128), the fifth bit of value 32 v + l bit v of qh[l]. si: tt int32 vectors of
@@ -733,8 +732,8 @@ INLINE void one_q23k(const uint8_t *const rows[8], const uint8_t *next, size_t n
                              : v % 4 == 1 ? BCAST16(h, 2, 3)
                              : v % 4 == 2 ? BCAST16(h, 4, 5)
                                           : BCAST16(h, 6, 7);
-                acc32 = madd_add(acc32, _mm256_maddubs_epi16(raw_q23k(p[r], q3, v), ld(x->q + 32 * v)),
-                                 sc);
+                acc32 = madd_add(
+                    acc32, _mm256_maddubs_epi16(raw_q23k(p[r], q3, v), ld(x->q + 32 * v)), sc);
             }
             s[r] = acc32;
         }
@@ -779,9 +778,9 @@ INLINE void grp_q45kx8(const uint8_t *g, size_t nb, int q5, const uint8_t *xq, s
         const uint8_t *qsp = g + b * bb + qs, *qhp = g + b * bb + offsetof(kern__q5kx8, qh);
         prefetch_x8(g + (b + 2) * bb, bb);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
-        __m256 dm = _mm256_xor_ps(
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->dmin)),
-            _mm256_set1_ps(-0.0f)); /* the min is subtracted */
+        __m256 dm =
+            _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->dmin)),
+                          _mm256_set1_ps(-0.0f)); /* the min is subtracted */
         for (size_t t = 0; t < tt; t++)
             si[t] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -827,12 +826,14 @@ INLINE void grp_q45kx8(const uint8_t *g, size_t nb, int q5, const uint8_t *xq, s
     }
 }
 
+#ifndef KERN_QDOT_VNNI
 /* (v, v) int16 pairs, row r in lane r, of 8 int8 at p: a sub-block's scales for madd */
 INLINE __m256i pairs8(const int8_t *p)
 {
     __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
     return _mm256_blend_epi16(v, _mm256_slli_epi32(v, 16), 0xaa);
 }
+#endif
 
 /* KERN_QUANT_X8 Q6_K: grp_q6k's integers on the interleaved layout. Values 128 h + 32 s + l of
  * a block: the low (s < 2) or high nibble of ql[2 h + s % 2], bits 2 s, 2 s + 1 of qh[h] above
@@ -895,8 +896,8 @@ INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t
         }
         __m256i pr[8]; /* lane r: (sc[2 k], sc[2 k + 1]) of row r, for the bias through bs */
         for (int k = 0; k < 8; k++) {
-            __m256i lo = _mm256_cvtepi8_epi32(
-                _mm_loadl_epi64((const __m128i *)(const void *)q->sc[2 * k]));
+            __m256i lo =
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->sc[2 * k]));
             __m256i hi = _mm256_cvtepi8_epi32(
                 _mm_loadl_epi64((const __m128i *)(const void *)q->sc[2 * k + 1]));
             pr[k] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xaa);
@@ -908,17 +909,17 @@ INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t
 }
 
 /* Group g of w (KERN_QUANT_X8) times activation rows xq[0 .. tt). */
-INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb,
-                   size_t tt, __m256 *acc, __m256i *si)
+INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
+                   __m256 *acc, __m256i *si)
 {
     if (w->qtype == KERN_GGML_Q6_K)
         grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
     else if (w->qtype == KERN_GGML_Q5_K)
-        grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q5kx8), nb, 1, xq, xrb, tt,
-                   acc, si);
+        grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q5kx8), nb, 1, xq, xrb, tt, acc,
+                   si);
     else
-        grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q4kx8), nb, 0, xq, xrb, tt,
-                   acc, si);
+        grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q4kx8), nb, 0, xq, xrb, tt, acc,
+                   si);
 }
 
 /* qmatmul over KERN_QUANT_X8: every batch size, 8 outputs a group (the wanted ones stored). */

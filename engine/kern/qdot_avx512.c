@@ -365,7 +365,6 @@ INLINE void grp_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t 
     }
 }
 
-
 /* Block b's scales: p[r] its start in row r; per row sc[0..7] | m[0..7] as int16, each doubled
  * into a 32-bit lane, transposed so that lane r of sc[j], mi[j] holds sub-block j's scale and
  * min of row r. */

@@ -195,8 +195,8 @@ void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, s
         for (size_t n = n0; n < n1; n++) {
             kern__x8_row(w, n, row);
             for (size_t t = 0; t < T; t++)
-                out[t * ldo + n] = dot256(w, row, (const kern__qx256 *)(const void *)((
-                                                      const uint8_t *)xq + t * xb));
+                out[t * ldo + n] = dot256(
+                    w, row, (const kern__qx256 *)(const void *)((const uint8_t *)xq + t * xb));
         }
         return;
     }

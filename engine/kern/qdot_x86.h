@@ -21,8 +21,7 @@ static inline __attribute__((always_inline)) __m128i scales_k4(const uint8_t *s)
     a = _mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4));
     __m128i lo = _mm_and_si128(a, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
     /* the top 2 bits of each byte of w0 (w1) to bits 4..5 of the same byte */
-    __m128i hi =
-        _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
     return _mm_or_si128(lo, hi);
 }
 
