@@ -1,6 +1,6 @@
-/* The integer path's shared definitions (kern/qdot_ref.c, kern/qdot_avx2.c, kern/qdot_avx512.c):
- * the quantized activation blocks and the fixed float order all three follow. Not a public header:
- * names carry the kern__ prefix.
+/* The integer path's shared definitions (kern/qdot_ref.c, kern/qdot_avx2.c, kern/qdot_x8_avx2.c,
+ * kern/qdot_avx512.c): the quantized activation blocks and the fixed float order they all
+ * follow. Not a public header: names carry the kern__ prefix.
  *
  * A weight block's product with an activation block is exact integer arithmetic. Nothing depends
  * on other rows, columns or the batch; each product is rounded, then summed (never fused).
@@ -92,6 +92,14 @@ void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out,
  * one-row products on CPUs with VNNI. */
 void kern__qmatmul_avx2_vnni(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                              size_t n0, size_t n1);
+
+/* KERN_QUANT_X8's AVX2 products (kern/qdot_x8_avx2.c), and the same file built with AVX-512 VL
+ * and VNNI (KERN_HAVE_QDOT_VNNI); kern__qmatmul_avx2 and kern__qmatmul_avx512 hand them every
+ * interleaved matrix. */
+void kern__qmatmul_x8_avx2(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                           size_t n0, size_t n1);
+void kern__qmatmul_x8_avx2_vnni(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                                size_t n0, size_t n1);
 
 /* The AVX-512 qmatmul (kern/qdot_avx512.c, AVX-512 F/BW/VL/DQ), and its copy over simde for the
  * tests (kern/avx512_isa.h); both hand the tiles they do not cover to kern__qmatmul_avx2. */

@@ -17,17 +17,11 @@
  * with a horizontal sum per 8 blocks (measured 1.6x at 16 rows). */
 #include "engine/kern/qdot.h"
 #include "engine/kern/qdot_x86.h"
+#include "engine/kern/qdot_ymm.h"
 
 #include <immintrin.h>
 #include <stddef.h>
 #include <string.h>
-
-#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "kern/qdot_avx2.c needs -mavx2 -mfma -mf16c"
-#endif
-
-#define INLINE static inline __attribute__((always_inline))
-#define TT 32 /* activation rows of a tile: a weight block is unpacked once for all of them */
 
 /* Built twice (engine/meson.build): for the avx2 table, and with AVX-512 VL and VNNI flags for
  * the avx512 table's one-row products on CPUs with VNNI, where 32 vector registers hold a row
@@ -35,18 +29,12 @@
  * 7% (Q4_K) and 12% (Q6_K) faster at one row from the caches on Zen 4, kvs-bench-qmatmul pinned
  * to one core). Same integers, same float order: the same bits. */
 #ifdef KERN_QDOT_VNNI
-#if !defined(__AVX512VNNI__) || !defined(__AVX512VL__)
-#error "kern/qdot_avx2.c with KERN_QDOT_VNNI needs -mavx512vnni -mavx512vl"
-#endif
 #define QMATMUL kern__qmatmul_avx2_vnni
+#define QMATMUL_X8 kern__qmatmul_x8_avx2_vnni
 #else
 #define QMATMUL kern__qmatmul_avx2
+#define QMATMUL_X8 kern__qmatmul_x8_avx2
 #endif
-
-INLINE __m256i ld(const void *p)
-{
-    return _mm256_loadu_si256((const __m256i *)p);
-}
 
 /* The sum of each of v[0..8)'s 8 int32 lanes, v[i]'s in lane i (integers: any order is exact). */
 INLINE __m256i hsum8(const __m256i v[8])
@@ -55,12 +43,6 @@ INLINE __m256i hsum8(const __m256i v[8])
     __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20),
                             _mm256_permute2x128_si256(a, c, 0x31));
-}
-
-/* acc + (w * dx) * s: the contract's one step (kern/qdot.h), two products then a sum */
-INLINE __m256 fold8(__m256 acc, __m256 w, __m256 dx, __m256 s)
-{
-    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(w, dx), s));
 }
 
 /* v[k] := the vector whose lane r is lane k of v[r] (an 8 x 8 transpose of 32-bit lanes). */
@@ -95,13 +77,6 @@ INLINE __m256 f16x8(const uint8_t *const p[8], size_t off)
                                           (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
 }
 
-INLINE __m256i bcast4(const int8_t *q)
-{
-    int32_t v;
-    memcpy(&v, q, 4);
-    return _mm256_set1_epi32(v);
-}
-
 /* The 8 rows of a group are 8 short streams the hardware prefetchers learn too late (each
  * group starts 8 new ones): while block b of a group is read, the next group's bytes of block b
  * (the same share of its contiguous 8 rows) are fetched. */
@@ -109,15 +84,6 @@ INLINE void prefetch_next(const uint8_t *next, size_t b, size_t bb)
 {
     for (size_t o = 8 * bb * b; o < 8 * bb * (b + 1); o += 64)
         _mm_prefetch((const char *)(next + o), _MM_HINT_T0);
-}
-
-/* sum over k < n of maddubs(w[k], x[4k .. 4k + 3] in every lane), in int16 */
-INLINE __m256i mul8(const __m256i *w, const int8_t *x, int n)
-{
-    __m256i s = _mm256_maddubs_epi16(w[0], bcast4(x));
-    for (int k = 1; k < n; k++)
-        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], bcast4(x + 4 * k)));
-    return s;
 }
 
 /* Q8_0 rows p[0..8) (34-byte blocks: d | 32 int8) times activation rows xq[0 .. tt): maddubs
@@ -349,35 +315,6 @@ INLINE void grp_q23k(const uint8_t *const rows[8], const uint8_t *next, size_t n
             }
         }
     }
-}
-
-/* The sum over k < 8 of the int16 pairs p[k] (lane r: row r's) times (bs[2 k], bs[2 k + 1]) of x:
- * a K-quant block's mins, or its bias's scales, through the sums of 16 activations. */
-INLINE __m256i bs_sum8(const __m256i p[8], const kern__qx256 *x)
-{
-    __m256i B = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++)
-        B = _mm256_add_epi32(
-            B, _mm256_madd_epi16(p[k], bcast4((const int8_t *)(const void *)&x->bs[2 * k])));
-    return B;
-}
-
-/* A Q4_K / Q5_K block's fold for one activation row: the scales' sum si, then the mins' (mi[j]:
- * (min, min) pairs of sub-block j), dm already negated */
-INLINE __m256 fold_q45k(__m256 acc, __m256 d, __m256 dm, __m256i si, const __m256i mi[8],
-                        const kern__qx256 *x)
-{
-    __m256 dx = _mm256_set1_ps(x->d);
-    __m256 s1 = fold8(acc, d, dx, _mm256_cvtepi32_ps(si));
-    return fold8(s1, dm, dx, _mm256_cvtepi32_ps(bs_sum8(mi, x)));
-}
-
-/* A Q6_K block's fold: Q = raw - 32, the 32 taken off through the sums of 16 activations (pr[k]:
- * (sc[2 k], sc[2 k + 1]) pairs) */
-INLINE __m256 fold_q6k(__m256 acc, __m256 d, __m256i si, const __m256i pr[8], const kern__qx256 *x)
-{
-    __m256i S = _mm256_sub_epi32(si, _mm256_slli_epi32(bs_sum8(pr, x), 5));
-    return fold8(acc, d, _mm256_set1_ps(x->d), _mm256_cvtepi32_ps(S));
 }
 
 /* Q4_K rows p[0..8): d (2) | dmin (2) | scales (12) | qs (128): value 64 c + l in the low
@@ -746,220 +683,11 @@ INLINE void one_q23k(const uint8_t *const rows[8], const uint8_t *next, size_t n
     }
 }
 
-/* A group's blocks are one stream, but the kernels jump about inside a block (Q6_K reads qh
- * once per quarter), which the hardware prefetchers follow too late: the block two ahead is
- * fetched while this one is multiplied (past a matrix's end, a prefetch is only a hint). */
-INLINE void prefetch_x8(const void *p, size_t bytes)
-{
-    for (size_t o = 0; o < bytes; o += 64)
-        _mm_prefetch((const char *)p + o, _MM_HINT_T0);
-}
-
-/* KERN_QUANT_X8 Q4_K and Q5_K (kern/qdot.h's kern__q4kx8, kern__q5kx8, alike up to qh): a group
- * of 8 rows' nb blocks at g times activation rows xq[0 .. tt), grp_q45k's integers on vectors
- * the layout holds ready: per sub-block j, w[k] (the low or high nibbles of qs[j / 2][k], for
- * Q5_K bit j of qh[0][k] above them) has row r's values 4k .. 4k + 3 in lane r, and the scales
- * and mins are 8 bytes a load; no transposes, no horizontal sums, one stream. The int16 form
- * sums 8 maddubs of 4-bit values (|8 * 2 * 15 * 127| < 2^15; 4 of 5-bit ones) and one madd with
- * (scale, scale) pairs; with VNNI vpdpbusd sums the quads in int32 and one vpmulld scales them
- * (|32 * 31 * 127 * 63| < 2^31). Either way each row's S and M are the reference's integers,
- * folded in its order: the same bits. */
-_Static_assert(offsetof(kern__q5kx8, sc) == offsetof(kern__q4kx8, sc) &&
-                   offsetof(kern__q5kx8, mn) == offsetof(kern__q4kx8, mn),
-               "Q4_K and Q5_K groups share their head");
-INLINE void grp_q45kx8(const uint8_t *g, size_t nb, int q5, const uint8_t *xq, size_t xrb,
-                       size_t tt, __m256 *acc, __m256i *si)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
-    size_t bb = q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8);
-    size_t qs = q5 ? offsetof(kern__q5kx8, qs) : offsetof(kern__q4kx8, qs);
-    for (size_t b = 0; b < nb; b++) {
-        const kern__q4kx8 *q = (const kern__q4kx8 *)(const void *)(g + b * bb); /* the head */
-        const uint8_t *qsp = g + b * bb + qs, *qhp = g + b * bb + offsetof(kern__q5kx8, qh);
-        prefetch_x8(g + (b + 2) * bb, bb);
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
-        __m256 dm =
-            _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->dmin)),
-                          _mm256_set1_ps(-0.0f)); /* the min is subtracted */
-        for (size_t t = 0; t < tt; t++)
-            si[t] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            __m256i w[8];
-            for (int k = 0; k < 8; k++) {
-                __m256i v = ld(qsp + 256 * (j / 2) + 32 * k);
-                w[k] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
-                if (q5) { /* bit j of each byte to bit 4 (what crosses bytes is masked) */
-                    __m256i h = ld(qhp + 32 * k);
-                    h = j < 4 ? _mm256_slli_epi16(h, 4 - j) : _mm256_srli_epi16(h, j - 4);
-                    w[k] = _mm256_or_si256(w[k], _mm256_and_si256(h, m10));
-                }
-            }
-            __m256i sc =
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->sc[j]));
-#ifndef KERN_QDOT_VNNI
-            sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)); /* (scale, scale) */
-#endif
-            for (size_t t = 0; t < tt; t++) {
-                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
-                const int8_t *xs = x->q + 32 * j;
-#ifdef KERN_QDOT_VNNI
-                __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
-                for (int k = 1; k < 8; k++)
-                    s = _mm256_dpbusd_epi32(s, w[k], bcast4(xs + 4 * k));
-                si[t] = _mm256_add_epi32(si[t], _mm256_mullo_epi32(s, sc));
-#else
-                __m256i v = q5 ? _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), sc),
-                                                  _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), sc))
-                               : _mm256_madd_epi16(mul8(w, xs, 8), sc);
-                si[t] = _mm256_add_epi32(si[t], v);
-#endif
-            }
-        }
-        __m256i mi[8]; /* (min, min) pairs of sub-block j, row r in lane r */
-        for (int j = 0; j < 8; j++) {
-            mi[j] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->mn[j]));
-            mi[j] = _mm256_or_si256(mi[j], _mm256_slli_epi32(mi[j], 16));
-        }
-        for (size_t t = 0; t < tt; t++) /* m[j] times bs[2 j] + bs[2 j + 1] */
-            acc[t] = fold_q45k(acc[t], d, dm, si[t], mi,
-                               (const kern__qx256 *)(const void *)(xq + t * xrb) + b);
-    }
-}
-
-#ifndef KERN_QDOT_VNNI
-/* (v, v) int16 pairs, row r in lane r, of 8 int8 at p: a sub-block's scales for madd */
-INLINE __m256i pairs8(const int8_t *p)
-{
-    __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
-    return _mm256_blend_epi16(v, _mm256_slli_epi32(v, 16), 0xaa);
-}
-#endif
-
-/* KERN_QUANT_X8 Q6_K: grp_q6k's integers on the interleaved layout. Values 128 h + 32 s + l of
- * a block: the low (s < 2) or high nibble of ql[2 h + s % 2], bits 2 s, 2 s + 1 of qh[h] above
- * them; w[0..4) sub-block 8 h + 2 s, w[4..8) the next. The int16 form adds only 2 maddubs
- * (|2 * 2 * 63 * 127| < 2^15) before each madd; with VNNI vpdpbusd sums a sub-block's 4 quads in
- * int32 and one vpmulld scales them. Q = raw - 32, the 32 taken off through the sums of 16
- * activations, as there. */
-INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
-                      __m256 *acc, __m256i *si)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    for (size_t b = 0; b < nb; b++) {
-        const kern__q6kx8 *q = g + b;
-        prefetch_x8(q + 2, sizeof *q);
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
-        for (size_t t = 0; t < tt; t++)
-            si[t] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int v = 0; v < 8; v++) {
-            int h = v / 4, sv = v % 4;
-            __m256i w[8];
-            for (int k = 0; k < 8; k++) {
-                __m256i l = ld(q->ql[2 * h + sv % 2][k]), hb = ld(q->qh[h][k]);
-                if (sv >= 2)
-                    l = _mm256_srli_epi16(l, 4);
-                /* bits 2 s, 2 s + 1 of each byte to bits 4, 5 (what crosses bytes is masked) */
-                hb = sv == 0   ? _mm256_slli_epi16(hb, 4)
-                     : sv == 1 ? _mm256_slli_epi16(hb, 2)
-                     : sv == 3 ? _mm256_srli_epi16(hb, 2)
-                               : hb;
-                w[k] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30));
-            }
-            const int8_t *s0p = q->sc[2 * v], *s1p = q->sc[2 * v + 1];
-#ifdef KERN_QDOT_VNNI
-            __m256i s0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)s0p));
-            __m256i s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)s1p));
-#else
-            __m256i s0 = pairs8(s0p), s1 = pairs8(s1p);
-#endif
-            for (size_t t = 0; t < tt; t++) {
-                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
-                const int8_t *xs = x->q + 32 * v;
-#ifdef KERN_QDOT_VNNI
-                __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
-                __m256i c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[4], bcast4(xs + 16));
-                for (int k = 1; k < 4; k++) {
-                    a = _mm256_dpbusd_epi32(a, w[k], bcast4(xs + 4 * k));
-                    c = _mm256_dpbusd_epi32(c, w[4 + k], bcast4(xs + 16 + 4 * k));
-                }
-                si[t] = _mm256_add_epi32(
-                    si[t], _mm256_add_epi32(_mm256_mullo_epi32(a, s0), _mm256_mullo_epi32(c, s1)));
-#else
-                __m256i u = _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 2), s0),
-                                             _mm256_madd_epi16(mul8(w + 2, xs + 8, 2), s0));
-                __m256i z = _mm256_add_epi32(_mm256_madd_epi16(mul8(w + 4, xs + 16, 2), s1),
-                                             _mm256_madd_epi16(mul8(w + 6, xs + 24, 2), s1));
-                si[t] = _mm256_add_epi32(si[t], _mm256_add_epi32(u, z));
-#endif
-            }
-        }
-        __m256i pr[8]; /* lane r: (sc[2 k], sc[2 k + 1]) of row r, for the bias through bs */
-        for (int k = 0; k < 8; k++) {
-            __m256i lo =
-                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->sc[2 * k]));
-            __m256i hi = _mm256_cvtepi8_epi32(
-                _mm_loadl_epi64((const __m128i *)(const void *)q->sc[2 * k + 1]));
-            pr[k] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xaa);
-        }
-        for (size_t t = 0; t < tt; t++) /* sc[2 k] bs[2 k] + sc[2 k + 1] bs[2 k + 1] */
-            acc[t] = fold_q6k(acc[t], d, si[t], pr,
-                              (const kern__qx256 *)(const void *)(xq + t * xrb) + b);
-    }
-}
-
-/* Group g of w (KERN_QUANT_X8) times activation rows xq[0 .. tt). */
-INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
-                   __m256 *acc, __m256i *si)
-{
-    if (w->qtype == KERN_GGML_Q6_K)
-        grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
-    else if (w->qtype == KERN_GGML_Q5_K)
-        grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q5kx8), nb, 1, xq, xrb, tt, acc,
-                   si);
-    else
-        grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q4kx8), nb, 0, xq, xrb, tt, acc,
-                   si);
-}
-
-/* qmatmul over KERN_QUANT_X8: every batch size, 8 outputs a group (the wanted ones stored). */
-static void qmatmul_x8(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
-                       size_t n0, size_t n1)
-{
-    size_t xrb = kern_qx_row_bytes(KERN_QX_256, w->n_in), nb = w->n_in / 256;
-    __m256 acc[TT];
-    __m256i si[TT];
-    for (size_t t0 = 0; t0 < T; t0 += TT) {
-        size_t tt = T - t0 < TT ? T - t0 : TT;
-        const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
-        for (size_t g = n0 / 8; 8 * g < n1; g++) {
-            for (size_t t = 0; t < tt; t++)
-                acc[t] = _mm256_setzero_ps();
-            /* one row of x (a decode step) as a constant, so that its sums stay in registers */
-            if (tt == 1)
-                grp_x8(w, g, nb, x, xrb, 1, acc, si);
-            else
-                grp_x8(w, g, nb, x, xrb, tt, acc, si);
-            size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
-            for (size_t t = 0; t < tt; t++) {
-                float *o = out + (t0 + t) * ldo + 8 * g;
-                if (c0 == 0 && c1 == 8) {
-                    _mm256_storeu_ps(o, acc[t]);
-                } else {
-                    float l[8];
-                    _mm256_storeu_ps(l, acc[t]);
-                    memcpy(o + c0, l + c0, (c1 - c0) * sizeof(float));
-                }
-            }
-        }
-    }
-}
-
 void QMATMUL(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
              size_t n1)
 {
     if (w->type == KERN_QUANT_X8) {
-        qmatmul_x8(w, xq, T, out, ldo, n0, n1);
+        QMATMUL_X8(w, xq, T, out, ldo, n0, n1);
         return;
     }
     kern_qx fmt = kern_qdot_act(w);

@@ -687,11 +687,11 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     if (w->type == KERN_QUANT_X8) {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
         if (vnni) {
-            kern__qmatmul_avx2_vnni(w, xq, T, out, ldo, n0, n1);
+            kern__qmatmul_x8_avx2_vnni(w, xq, T, out, ldo, n0, n1);
             return;
         }
 #endif
-        kern__qmatmul_avx2(w, xq, T, out, ldo, n0, n1);
+        kern__qmatmul_x8_avx2(w, xq, T, out, ldo, n0, n1);
         return;
     }
     for (size_t t0 = 0; t0 < T; t0 += TT) {

@@ -1,0 +1,230 @@
+/* AVX2 integer products over KERN_QUANT_X8, the interleaved K-quant groups of
+ * kern/qdot_pack.c (kern/qdot.h's kern__q4kx8, kern__q5kx8, kern__q6kx8): each group's vectors
+ * hold one value quad of each of its 8 rows, lane r for row r, so the integer sums land in their
+ * rows' lanes with no transpose and no horizontal sum, at every batch size. The same integers
+ * and the same float order as the portable product: the same bits.
+ *
+ * Built twice (engine/meson.build): for the avx2 table, and with AVX-512 VL and VNNI for the
+ * avx512 table on CPUs with VNNI, where vpdpbusd sums a sub-block's quads in int32 and 32
+ * vector registers hold a group's operands without spilling. */
+#include "engine/kern/qdot.h"
+#include "engine/kern/qdot_ymm.h"
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#ifdef KERN_QDOT_VNNI
+#define QMATMUL_X8 kern__qmatmul_x8_avx2_vnni
+#else
+#define QMATMUL_X8 kern__qmatmul_x8_avx2
+#endif
+
+/* A group's blocks are one stream, but the kernels jump about inside a block (Q6_K reads qh
+ * once per quarter), which the hardware prefetchers follow too late: the block two ahead is
+ * fetched while this one is multiplied (past a matrix's end, a prefetch is only a hint). */
+INLINE void prefetch_x8(const void *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+/* KERN_QUANT_X8 Q4_K and Q5_K (kern/qdot.h's kern__q4kx8, kern__q5kx8, alike up to qh): a group
+ * of 8 rows' nb blocks at g times activation rows xq[0 .. tt), grp_q45k's integers on vectors
+ * the layout holds ready: per sub-block j, w[k] (the low or high nibbles of qs[j / 2][k], for
+ * Q5_K bit j of qh[0][k] above them) has row r's values 4k .. 4k + 3 in lane r, and the scales
+ * and mins are 8 bytes a load; no transposes, no horizontal sums, one stream. The int16 form
+ * sums 8 maddubs of 4-bit values (|8 * 2 * 15 * 127| < 2^15; 4 of 5-bit ones) and one madd with
+ * (scale, scale) pairs; with VNNI vpdpbusd sums the quads in int32 and one vpmulld scales them
+ * (|32 * 31 * 127 * 63| < 2^31). Either way each row's S and M are the reference's integers,
+ * folded in its order: the same bits. */
+_Static_assert(offsetof(kern__q5kx8, sc) == offsetof(kern__q4kx8, sc) &&
+                   offsetof(kern__q5kx8, mn) == offsetof(kern__q4kx8, mn),
+               "Q4_K and Q5_K groups share their head");
+INLINE void grp_q45kx8(const uint8_t *g, size_t nb, int q5, const uint8_t *xq, size_t xrb,
+                       size_t tt, __m256 *acc, __m256i *si)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+    size_t bb = q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8);
+    size_t qs = q5 ? offsetof(kern__q5kx8, qs) : offsetof(kern__q4kx8, qs);
+    for (size_t b = 0; b < nb; b++) {
+        const kern__q4kx8 *q = (const kern__q4kx8 *)(const void *)(g + b * bb); /* the head */
+        const uint8_t *qsp = g + b * bb + qs, *qhp = g + b * bb + offsetof(kern__q5kx8, qh);
+        prefetch_x8(g + (b + 2) * bb, bb);
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
+        __m256 dm =
+            _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->dmin)),
+                          _mm256_set1_ps(-0.0f)); /* the min is subtracted */
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i w[8];
+            for (int k = 0; k < 8; k++) {
+                __m256i v = ld(qsp + 256 * (j / 2) + 32 * k);
+                w[k] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+                if (q5) { /* bit j of each byte to bit 4 (what crosses bytes is masked) */
+                    __m256i h = ld(qhp + 32 * k);
+                    h = j < 4 ? _mm256_slli_epi16(h, 4 - j) : _mm256_srli_epi16(h, j - 4);
+                    w[k] = _mm256_or_si256(w[k], _mm256_and_si256(h, m10));
+                }
+            }
+            __m256i sc =
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->sc[j]));
+#ifndef KERN_QDOT_VNNI
+            sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)); /* (scale, scale) */
+#endif
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * j;
+#ifdef KERN_QDOT_VNNI
+                __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
+                for (int k = 1; k < 8; k++)
+                    s = _mm256_dpbusd_epi32(s, w[k], bcast4(xs + 4 * k));
+                si[t] = _mm256_add_epi32(si[t], _mm256_mullo_epi32(s, sc));
+#else
+                __m256i v = q5 ? _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), sc),
+                                                  _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), sc))
+                               : _mm256_madd_epi16(mul8(w, xs, 8), sc);
+                si[t] = _mm256_add_epi32(si[t], v);
+#endif
+            }
+        }
+        __m256i mi[8]; /* (min, min) pairs of sub-block j, row r in lane r */
+        for (int j = 0; j < 8; j++) {
+            mi[j] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->mn[j]));
+            mi[j] = _mm256_or_si256(mi[j], _mm256_slli_epi32(mi[j], 16));
+        }
+        for (size_t t = 0; t < tt; t++) /* m[j] times bs[2 j] + bs[2 j + 1] */
+            acc[t] = fold_q45k(acc[t], d, dm, si[t], mi,
+                               (const kern__qx256 *)(const void *)(xq + t * xrb) + b);
+    }
+}
+
+#ifndef KERN_QDOT_VNNI
+/* (v, v) int16 pairs, row r in lane r, of 8 int8 at p: a sub-block's scales for madd */
+INLINE __m256i pairs8(const int8_t *p)
+{
+    __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    return _mm256_blend_epi16(v, _mm256_slli_epi32(v, 16), 0xaa);
+}
+#endif
+
+/* KERN_QUANT_X8 Q6_K: grp_q6k's integers on the interleaved layout. Values 128 h + 32 s + l of
+ * a block: the low (s < 2) or high nibble of ql[2 h + s % 2], bits 2 s, 2 s + 1 of qh[h] above
+ * them; w[0..4) sub-block 8 h + 2 s, w[4..8) the next. The int16 form adds only 2 maddubs
+ * (|2 * 2 * 63 * 127| < 2^15) before each madd; with VNNI vpdpbusd sums a sub-block's 4 quads in
+ * int32 and one vpmulld scales them. Q = raw - 32, the 32 taken off through the sums of 16
+ * activations, as there. */
+INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
+                      __m256 *acc, __m256i *si)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (size_t b = 0; b < nb; b++) {
+        const kern__q6kx8 *q = g + b;
+        prefetch_x8(q + 2, sizeof *q);
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            int h = v / 4, sv = v % 4;
+            __m256i w[8];
+            for (int k = 0; k < 8; k++) {
+                __m256i l = ld(q->ql[2 * h + sv % 2][k]), hb = ld(q->qh[h][k]);
+                if (sv >= 2)
+                    l = _mm256_srli_epi16(l, 4);
+                /* bits 2 s, 2 s + 1 of each byte to bits 4, 5 (what crosses bytes is masked) */
+                hb = sv == 0   ? _mm256_slli_epi16(hb, 4)
+                     : sv == 1 ? _mm256_slli_epi16(hb, 2)
+                     : sv == 3 ? _mm256_srli_epi16(hb, 2)
+                               : hb;
+                w[k] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(hb, m30));
+            }
+            const int8_t *s0p = q->sc[2 * v], *s1p = q->sc[2 * v + 1];
+#ifdef KERN_QDOT_VNNI
+            __m256i s0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)s0p));
+            __m256i s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)s1p));
+#else
+            __m256i s0 = pairs8(s0p), s1 = pairs8(s1p);
+#endif
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * v;
+#ifdef KERN_QDOT_VNNI
+                __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
+                __m256i c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[4], bcast4(xs + 16));
+                for (int k = 1; k < 4; k++) {
+                    a = _mm256_dpbusd_epi32(a, w[k], bcast4(xs + 4 * k));
+                    c = _mm256_dpbusd_epi32(c, w[4 + k], bcast4(xs + 16 + 4 * k));
+                }
+                si[t] = _mm256_add_epi32(
+                    si[t], _mm256_add_epi32(_mm256_mullo_epi32(a, s0), _mm256_mullo_epi32(c, s1)));
+#else
+                __m256i u = _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 2), s0),
+                                             _mm256_madd_epi16(mul8(w + 2, xs + 8, 2), s0));
+                __m256i z = _mm256_add_epi32(_mm256_madd_epi16(mul8(w + 4, xs + 16, 2), s1),
+                                             _mm256_madd_epi16(mul8(w + 6, xs + 24, 2), s1));
+                si[t] = _mm256_add_epi32(si[t], _mm256_add_epi32(u, z));
+#endif
+            }
+        }
+        __m256i pr[8]; /* lane r: (sc[2 k], sc[2 k + 1]) of row r, for the bias through bs */
+        for (int k = 0; k < 8; k++) {
+            __m256i lo =
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->sc[2 * k]));
+            __m256i hi = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(const void *)q->sc[2 * k + 1]));
+            pr[k] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xaa);
+        }
+        for (size_t t = 0; t < tt; t++) /* sc[2 k] bs[2 k] + sc[2 k + 1] bs[2 k + 1] */
+            acc[t] = fold_q6k(acc[t], d, si[t], pr,
+                              (const kern__qx256 *)(const void *)(xq + t * xrb) + b);
+    }
+}
+
+/* Group g of w (KERN_QUANT_X8) times activation rows xq[0 .. tt). */
+INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
+                   __m256 *acc, __m256i *si)
+{
+    if (w->qtype == KERN_GGML_Q6_K)
+        grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
+    else if (w->qtype == KERN_GGML_Q5_K)
+        grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q5kx8), nb, 1, xq, xrb, tt, acc,
+                   si);
+    else
+        grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q4kx8), nb, 0, xq, xrb, tt, acc,
+                   si);
+}
+
+/* qmatmul over KERN_QUANT_X8: every batch size, 8 outputs a group (the wanted ones stored). */
+void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
+                size_t n1)
+{
+    size_t xrb = kern_qx_row_bytes(KERN_QX_256, w->n_in), nb = w->n_in / 256;
+    __m256 acc[TT];
+    __m256i si[TT];
+    for (size_t t0 = 0; t0 < T; t0 += TT) {
+        size_t tt = T - t0 < TT ? T - t0 : TT;
+        const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
+        for (size_t g = n0 / 8; 8 * g < n1; g++) {
+            for (size_t t = 0; t < tt; t++)
+                acc[t] = _mm256_setzero_ps();
+            /* one row of x (a decode step) as a constant, so that its sums stay in registers */
+            if (tt == 1)
+                grp_x8(w, g, nb, x, xrb, 1, acc, si);
+            else
+                grp_x8(w, g, nb, x, xrb, tt, acc, si);
+            size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
+            for (size_t t = 0; t < tt; t++) {
+                float *o = out + (t0 + t) * ldo + 8 * g;
+                if (c0 == 0 && c1 == 8) {
+                    _mm256_storeu_ps(o, acc[t]);
+                } else {
+                    float l[8];
+                    _mm256_storeu_ps(l, acc[t]);
+                    memcpy(o + c0, l + c0, (c1 - c0) * sizeof(float));
+                }
+            }
+        }
+    }
+}
