@@ -27,7 +27,8 @@ typedef struct attn_job {
     bool windowed_table;    /* read the rows' windowed-group tables (a split arena) */
     uint32_t window;        /* the layer's window, 0: every position */
     uint32_t i0, i1;        /* this wave's items */
-    atomic_uint next;       /* next item to take */
+    uint32_t n_tasks;       /* c->attn_tasks of this wave */
+    atomic_uint next;       /* next task to take */
 } attn_job;
 
 /* Row of item i: the last row whose first item is <= i. */
@@ -44,82 +45,147 @@ static uint32_t attn_row(const engine_ctx *c, uint32_t n_rows, uint32_t i)
     return lo;
 }
 
-static void attend_span(const attn_job *j, uint32_t item, float *scores)
+/* The first span of row t (its window's first position's), from which its items count. */
+static uint32_t first_span(const engine_batch *b, uint32_t window, uint32_t t)
+{
+    uint32_t n_pos = (uint32_t)b->pos[t] + 1;
+    return (window && n_pos > window ? n_pos - window : 0) / ATTN_SPAN;
+}
+
+/* One item as a task sees it: a row's span of positions and where its result goes. */
+typedef struct attn_item {
+    const float *q;        /* the row's queries, every head */
+    const int32_t *blocks; /* its sequence's block table (the layer's group) */
+    float *part;           /* the item's (n_head, head_dim + 2) result */
+    uint32_t p0, skip, n;  /* the span's first position; positions before the window; count */
+} attn_item;
+
+static void item_init(const attn_job *j, uint32_t t, uint32_t span, uint32_t item, attn_item *it)
 {
     const engine_ctx *c = j->c;
-    const engine_kv *kv = j->kv;
     const engine_hparams *hp = &c->m->hp;
-    uint32_t t = attn_row(c, j->b->n_tokens, item);
     const engine_seq_view *s = &j->b->seqs[j->b->seq[t]];
-    uint32_t n_pos = (uint32_t)j->b->pos[t] + 1, bs = kv->block_size;
+    uint32_t n_pos = (uint32_t)j->b->pos[t] + 1;
     uint32_t lo = j->window && n_pos > j->window ? n_pos - j->window : 0;
-    uint32_t p0 = (lo / ATTN_SPAN + item - c->attn_first[t]) * ATTN_SPAN;
-    const int32_t *blocks = j->windowed_table ? s->wblocks : s->blocks;
-    uint32_t skip = lo > p0 ? lo - p0 : 0; /* the first span's positions before the window */
-    uint32_t n = n_pos - p0 < ATTN_SPAN ? n_pos - p0 : ATTN_SPAN;
-    uint32_t hd = hp->head_dim, n_head = hp->n_head, group = n_head / hp->n_head_kv;
-    size_t row = (size_t)hp->n_head_kv * hd * kv->esz, head = hd * kv->esz; /* bytes */
-    float scale = c->m->attn_scale, cap = c->m->attn_softcap;
-    const float *q = c->q + (size_t)t * n_head * hd;
-    bool f16 = kv->type == ENGINE_KV_F16;
-    if (f16) {
-        /* a block's positions are rows `row` bytes apart: one call per head and run */
-        for (uint32_t i = skip; i < n;) {
-            uint32_t p = p0 + i, run = bs - p % bs < n - i ? bs - p % bs : n - i;
-            const uint8_t *kp = j->kl + ((size_t)blocks[p / bs] * bs + p % bs) * row;
-            for (uint32_t h = 0; h < n_head; h++)
-                kern_dot_f16_n(c->kern, q + (size_t)h * hd, kp + (size_t)(h / group) * head, row,
-                               run, hd, scores + h * ATTN_SPAN + i);
+    it->q = c->q + (size_t)t * hp->n_head * hp->head_dim;
+    it->blocks = j->windowed_table ? s->wblocks : s->blocks;
+    it->part = c->attn_part + (size_t)(item - j->i0) * hp->n_head * (hp->head_dim + 2);
+    it->p0 = span * ATTN_SPAN;
+    it->skip = lo > it->p0 ? lo - it->p0 : 0; /* the first span's positions before the window */
+    it->n = n_pos - it->p0 < ATTN_SPAN ? n_pos - it->p0 : ATTN_SPAN;
+}
+
+/* Head h's scores of item it's positions into sc[skip .. n) (scaled, soft-capped). */
+static void head_scores(const attn_job *j, const attn_item *it, uint32_t h, float *sc)
+{
+    const engine_ctx *c = j->c;
+    const engine_hparams *hp = &c->m->hp;
+    uint32_t hd = hp->head_dim, bs = j->kv->block_size, group = hp->n_head / hp->n_head_kv;
+    size_t row = (size_t)hp->n_head_kv * hd * j->kv->esz,
+           koff = (size_t)(h / group) * hd * j->kv->esz;
+    const float *q = it->q + (size_t)h * hd;
+    if (j->kv->type == ENGINE_KV_F16) {
+        /* a block's positions are rows `row` bytes apart: one call per run */
+        for (uint32_t i = it->skip; i < it->n;) {
+            uint32_t p = it->p0 + i, run = bs - p % bs < it->n - i ? bs - p % bs : it->n - i;
+            const uint8_t *kp = j->kl + ((size_t)it->blocks[p / bs] * bs + p % bs) * row;
+            kern_dot_f16_n(c->kern, q, kp + koff, row, run, hd, sc + i);
             i += run;
         }
-        for (uint32_t h = 0; h < n_head; h++)
-            for (uint32_t i = skip; i < n; i++) {
-                float sc = scores[h * ATTN_SPAN + i] * scale;
-                scores[h * ATTN_SPAN + i] = cap > 0 ? cap * tanhf(sc / cap) : sc;
-            }
     } else {
-        for (uint32_t i = skip; i < n; i++) {
-            uint32_t p = p0 + i;
-            const uint8_t *kp = j->kl + ((size_t)blocks[p / bs] * bs + p % bs) * row;
-            for (uint32_t h = 0; h < n_head; h++) {
-                float sc = c->kern->dot(
-                               q + (size_t)h * hd,
-                               (const float *)(const void *)(kp + (size_t)(h / group) * head), hd) *
-                           scale;
-                scores[h * ATTN_SPAN + i] = cap > 0 ? cap * tanhf(sc / cap) : sc;
-            }
+        for (uint32_t i = it->skip; i < it->n; i++) {
+            uint32_t p = it->p0 + i;
+            const uint8_t *kp = j->kl + ((size_t)it->blocks[p / bs] * bs + p % bs) * row;
+            sc[i] = c->kern->dot(q, (const float *)(const void *)(kp + koff), hd);
         }
     }
-    float *part = c->attn_part + (size_t)(item - j->i0) * n_head * (hd + 2);
-    for (uint32_t h = 0; h < n_head; h++) {
-        float *sc = scores + h * ATTN_SPAN, *ph = part + (size_t)h * (hd + 2);
-        float maxv = -INFINITY, sum = 0.0f;
-        for (uint32_t i = skip; i < n; i++)
-            maxv = sc[i] > maxv ? sc[i] : maxv;
-        for (uint32_t i = skip; i < n; i++) {
-            sc[i] = expf(sc[i] - maxv);
-            sum += sc[i];
-        }
-        memset(ph, 0, hd * sizeof(float));
-        ph[hd] = maxv;
-        ph[hd + 1] = sum;
+    float scale = c->m->attn_scale, cap = c->m->attn_softcap;
+    for (uint32_t i = it->skip; i < it->n; i++) {
+        float s = sc[i] * scale;
+        sc[i] = cap > 0 ? cap * tanhf(s / cap) : s;
     }
-    /* each head's o sums its positions in order, run after run (as one axpy per position) */
-    for (uint32_t i = skip; i < n;) {
-        uint32_t p = p0 + i, run = bs - p % bs < n - i ? bs - p % bs : n - i;
-        const uint8_t *vp = j->vl + ((size_t)blocks[p / bs] * bs + p % bs) * row;
-        for (uint32_t h = 0; h < n_head; h++) {
-            const uint8_t *vh = vp + (size_t)(h / group) * head;
-            float *oh = part + (size_t)h * (hd + 2);
-            if (f16)
-                kern_axpy_f16_n(c->kern, oh, scores + h * ATTN_SPAN + i, vh, row, run, hd);
-            else
-                for (uint32_t r = 0; r < run; r++)
-                    c->kern->axpy(oh, scores[h * ATTN_SPAN + i + r],
-                                  (const float *)(const void *)(vh + (size_t)r * row), hd);
-        }
+}
+
+/* Head h's softmax of sc in place (the table's, kern/kexp.h): its max and sum go to the head's
+ * result, whose o is zeroed. */
+static void head_softmax(const attn_job *j, const attn_item *it, uint32_t h, float *sc)
+{
+    uint32_t hd = j->c->m->hp.head_dim;
+    float *ph = it->part + (size_t)h * (hd + 2), maxv;
+    float sum = j->c->kern->softmax(sc + it->skip, it->n - it->skip, &maxv);
+    memset(ph, 0, hd * sizeof(float));
+    ph[hd] = maxv;
+    ph[hd + 1] = sum;
+}
+
+/* Head h's o += the values of positions [i0, i1) of the span, weighted by sc, in order. */
+static void head_values(const attn_job *j, const attn_item *it, uint32_t h, const float *sc,
+                        uint32_t i0, uint32_t i1)
+{
+    const engine_ctx *c = j->c;
+    const engine_hparams *hp = &c->m->hp;
+    uint32_t hd = hp->head_dim, bs = j->kv->block_size, group = hp->n_head / hp->n_head_kv;
+    size_t row = (size_t)hp->n_head_kv * hd * j->kv->esz,
+           voff = (size_t)(h / group) * hd * j->kv->esz;
+    float *oh = it->part + (size_t)h * (hd + 2);
+    for (uint32_t i = i0; i < i1;) {
+        uint32_t p = it->p0 + i, run = bs - p % bs < i1 - i ? bs - p % bs : i1 - i;
+        const uint8_t *vh = j->vl + ((size_t)it->blocks[p / bs] * bs + p % bs) * row + voff;
+        if (j->kv->type == ENGINE_KV_F16)
+            kern_axpy_f16_n(c->kern, oh, sc + i, vh, row, run, hd);
+        else
+            for (uint32_t r = 0; r < run; r++)
+                c->kern->axpy(oh, sc[i + r], (const float *)(const void *)(vh + (size_t)r * row),
+                              hd);
         i += run;
     }
+}
+
+/* One task: a span of positions for up to ATTN_GROUP rows of one sequence. Each (row, head)
+ * is computed alike whatever the order (its scores, softmax and value sums each in position
+ * order), so the order only decides what stays in the caches. A lone row (decoding) goes
+ * through its span block by block with every head, its K rows once, then its V rows once;
+ * several rows go head by head, so one head's keys and values of the span (2 x 128 positions x
+ * head_dim) stay in L1 while every row of the group reads them. */
+static void attend_task(const attn_job *j, const attn_task *tk, float *scores)
+{
+    const engine_hparams *hp = &j->c->m->hp;
+    attn_item its[ATTN_GROUP];
+    uint32_t n_it = 0;
+    for (uint32_t t = tk->t0; t < tk->t1; t++) {
+        uint32_t f = first_span(j->b, j->window, t), item = j->c->attn_first[t] + tk->span - f;
+        if (tk->span < f || item >= j->c->attn_first[t + 1] || item < j->i0 || item >= j->i1)
+            continue;
+        item_init(j, t, tk->span, item, &its[n_it++]);
+    }
+    if (n_it == 1) {
+        const attn_item *it = &its[0];
+        uint32_t bs = j->kv->block_size;
+        for (uint32_t i = it->skip; i < it->n;) {
+            uint32_t p = it->p0 + i, run = bs - p % bs < it->n - i ? bs - p % bs : it->n - i;
+            attn_item r = *it; /* one block's run of the span */
+            r.skip = i;
+            r.n = i + run;
+            for (uint32_t h = 0; h < hp->n_head; h++)
+                head_scores(j, &r, h, scores + h * ATTN_SPAN);
+            i += run;
+        }
+        for (uint32_t h = 0; h < hp->n_head; h++)
+            head_softmax(j, it, h, scores + h * ATTN_SPAN);
+        for (uint32_t i = it->skip; i < it->n;) {
+            uint32_t p = it->p0 + i, run = bs - p % bs < it->n - i ? bs - p % bs : it->n - i;
+            for (uint32_t h = 0; h < hp->n_head; h++)
+                head_values(j, it, h, scores + h * ATTN_SPAN, i, i + run);
+            i += run;
+        }
+        return;
+    }
+    for (uint32_t h = 0; h < hp->n_head; h++)
+        for (uint32_t r = 0; r < n_it; r++) {
+            head_scores(j, &its[r], h, scores);
+            head_softmax(j, &its[r], h, scores);
+            head_values(j, &its[r], h, scores, its[r].skip, its[r].n);
+        }
 }
 
 static void attn_worker(void *arg, uint32_t ith, uint32_t nth)
@@ -128,11 +194,46 @@ static void attn_worker(void *arg, uint32_t ith, uint32_t nth)
     attn_job *j = arg;
     float *scores = j->c->scores + (size_t)ith * j->c->m->hp.n_head * ATTN_SPAN;
     for (;;) {
-        uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (i >= j->i1)
+        uint32_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (k >= j->n_tasks)
             return;
-        attend_span(j, i, scores);
+        attend_task(j, &j->c->attn_tasks[k], scores);
     }
+}
+
+/* The tasks of wave [i0, i1): its rows cut into groups of consecutive rows of one sequence
+ * (at most ATTN_GROUP), each group's spans one task, every task holding at least one of the
+ * wave's items (so there are at most ATTN_WAVE). */
+static uint32_t wave_tasks(attn_job *j)
+{
+    engine_ctx *c = j->c;
+    const engine_batch *b = j->b;
+    uint32_t T = b->n_tokens, n = 0;
+    uint32_t ta = attn_row(c, T, j->i0), tb = attn_row(c, T, j->i1 - 1);
+    for (uint32_t g0 = ta, g1; g0 <= tb; g0 = g1) {
+        for (g1 = g0 + 1; g1 <= tb && g1 - g0 < ATTN_GROUP && b->seq[g1] == b->seq[g0]; g1++)
+            ;
+        uint32_t smin = UINT32_MAX, smax = 0; /* the spans of the group's items in the wave */
+        for (uint32_t t = g0; t < g1; t++) {
+            uint32_t f = first_span(b, j->window, t);
+            uint32_t a = c->attn_first[t] > j->i0 ? c->attn_first[t] : j->i0;
+            uint32_t e = c->attn_first[t + 1] < j->i1 ? c->attn_first[t + 1] : j->i1;
+            if (a >= e)
+                continue;
+            smin = f + a - c->attn_first[t] < smin ? f + a - c->attn_first[t] : smin;
+            smax = f + e - 1 - c->attn_first[t] > smax ? f + e - 1 - c->attn_first[t] : smax;
+        }
+        for (uint32_t s = smin; smin != UINT32_MAX && s <= smax; s++) {
+            bool any = false;
+            for (uint32_t t = g0; t < g1 && !any; t++) {
+                uint32_t f = first_span(b, j->window, t), item = c->attn_first[t] + s - f;
+                any = s >= f && item < c->attn_first[t + 1] && item >= j->i0 && item < j->i1;
+            }
+            if (any)
+                c->attn_tasks[n++] = (attn_task){g0, g1, s};
+        }
+    }
+    return n;
 }
 
 /* Attention of every row of the batch into c->att, in waves of items; after each wave its span
@@ -161,7 +262,8 @@ void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b
     for (uint32_t i0 = 0; i0 < n_items; i0 += ATTN_WAVE) {
         j.i0 = i0;
         j.i1 = n_items - i0 < ATTN_WAVE ? n_items : i0 + ATTN_WAVE;
-        atomic_init(&j.next, i0);
+        j.n_tasks = wave_tasks(&j);
+        atomic_init(&j.next, 0);
         engine__run_job(c, attn_worker, &j, macs);
         for (uint32_t i = j.i0; i < j.i1; i++) {
             uint32_t t = attn_row(c, T, i);

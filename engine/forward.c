@@ -46,6 +46,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->attn_part = malloc(ATTN_WAVE * part * sizeof(float));
     c->attn_state = malloc(T * part * sizeof(float));
     c->attn_first = malloc((T + 1) * sizeof(uint32_t));
+    c->attn_tasks = malloc(ATTN_WAVE * sizeof(attn_task));
     c->rope_inv_freq = malloc(m->n_rope * (hp->n_rot / 2) * sizeof(float));
     c->rope_cs = malloc(m->n_rope * T * hp->n_rot * sizeof(float));
     c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
@@ -54,8 +55,8 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
             c->xq[f] = malloc(T * (max_in / 32 + 1) * 40);
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up || !c->slot ||
         !c->wslot || !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->scores || !c->attn_part ||
-        !c->attn_state || !c->attn_first || (m->n_qdot && (!c->xq[0] || !c->xq[1])) ||
-        tpool_create(c->n_threads, &c->pool)) {
+        !c->attn_state || !c->attn_first || !c->attn_tasks ||
+        (m->n_qdot && (!c->xq[0] || !c->xq[1])) || tpool_create(c->n_threads, &c->pool)) {
         engine_ctx_destroy(c);
         return KVS_ENOMEM;
     }
@@ -87,6 +88,7 @@ void engine_ctx_destroy(engine_ctx *c)
     free(c->attn_part);
     free(c->attn_state);
     free(c->attn_first);
+    free(c->attn_tasks);
     free(c->tile);
     free(c->xq[0]);
     free(c->xq[1]);
@@ -171,7 +173,7 @@ static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
         size_t N = j->w[0]->n_out, cnt = N - n0 < j->chunk[0] ? N - n0 : j->chunk[0];
         for (size_t t = 0; t < j->rows; t++) {
             if (j->glu == ENGINE_GLU_SILU)
-                kern_silu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
+                j->c->kern->silu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
             else
                 gelu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
         }

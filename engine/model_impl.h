@@ -88,32 +88,40 @@ struct engine_kv {
 /* Attention work units: positions per item and items per pool job (see attention()). */
 #define ATTN_SPAN 128
 #define ATTN_WAVE 256
+#define ATTN_GROUP 16 /* rows of one sequence that one task takes through a span together */
+
+/* A task of attention: one span for the rows [t0, t1) of one sequence (those with an item of
+ * that span in the wave). */
+typedef struct attn_task {
+    uint32_t t0, t1, span;
+} attn_task;
 
 struct engine_ctx {
     const engine_model *m;
     uint32_t max_tokens;
     uint32_t n_threads;
     tpool *pool;
-    const kern_ops *kern; /* the model's kernel table */
-    float *x;             /* (max_tokens, n_embd) residual stream */
-    float *xn;            /* (max_tokens, n_embd) normed input of a sublayer */
-    float *q;             /* (max_tokens, n_head * head_dim) */
-    float *k;             /* (max_tokens, kv_dim) */
-    float *v;             /* (max_tokens, kv_dim) */
-    float *att;           /* (max_tokens, n_head * head_dim) attention output before wo */
-    float *gate;          /* (max_tokens, n_ff) */
-    float *up;            /* (max_tokens, n_ff) */
-    float *scores;        /* (n_threads, n_head, ATTN_SPAN) each thread's attention weights */
-    float *attn_part;     /* (ATTN_WAVE, n_head, head_dim + 2) a wave's span results */
-    float *attn_state;    /* (max_tokens, n_head, head_dim + 2) each row's spans folded so far */
-    uint32_t *attn_first; /* (max_tokens + 1) first attention item of each row */
-    float *tile;          /* (n_threads, tile_floats) a Q8_0 panel widened for several row tiles */
-    size_t tile_floats;   /* KERN_PANEL * max(n_embd, n_ff) */
-    void *xq[2];          /* the step's rows quantized for the integer path: KERN_QX_32, _256 */
-    int32_t *slot;        /* (max_tokens) arena slot of each row (global layers) */
-    int32_t *wslot;       /* (max_tokens) the same in a split arena's windowed group */
-    float *rope_inv_freq; /* (n_rope, n_rot / 2) each RoPE set's scale * base^(-2j/n_rot) */
-    float *rope_cs;       /* (n_rope, max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
+    const kern_ops *kern;  /* the model's kernel table */
+    float *x;              /* (max_tokens, n_embd) residual stream */
+    float *xn;             /* (max_tokens, n_embd) normed input of a sublayer */
+    float *q;              /* (max_tokens, n_head * head_dim) */
+    float *k;              /* (max_tokens, kv_dim) */
+    float *v;              /* (max_tokens, kv_dim) */
+    float *att;            /* (max_tokens, n_head * head_dim) attention output before wo */
+    float *gate;           /* (max_tokens, n_ff) */
+    float *up;             /* (max_tokens, n_ff) */
+    float *scores;         /* (n_threads, n_head, ATTN_SPAN) each thread's attention weights */
+    float *attn_part;      /* (ATTN_WAVE, n_head, head_dim + 2) a wave's span results */
+    float *attn_state;     /* (max_tokens, n_head, head_dim + 2) each row's spans folded so far */
+    uint32_t *attn_first;  /* (max_tokens + 1) first attention item of each row */
+    attn_task *attn_tasks; /* (ATTN_WAVE) the tasks of a wave */
+    float *tile;           /* (n_threads, tile_floats) a Q8_0 panel widened for several row tiles */
+    size_t tile_floats;    /* KERN_PANEL * max(n_embd, n_ff) */
+    void *xq[2];           /* the step's rows quantized for the integer path: KERN_QX_32, _256 */
+    int32_t *slot;         /* (max_tokens) arena slot of each row (global layers) */
+    int32_t *wslot;        /* (max_tokens) the same in a split arena's windowed group */
+    float *rope_inv_freq;  /* (n_rope, n_rot / 2) each RoPE set's scale * base^(-2j/n_rot) */
+    float *rope_cs;        /* (n_rope, max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
 };
 
 /* Runs fn on the ctx's pool (every thread, fn(arg, ith, nth)), or on the calling thread alone

@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "engine/dtype.h"
 #include "engine/kern/kern.h"
+#include "engine/kern/kexp.h"
 #include "engine/kern/qdot.h"
 #include "engine/threadpool.h"
 #include "tools/quant_rows.h"
@@ -627,6 +628,116 @@ static void test_vector_helpers(void **state)
     }
 }
 
+/* a and b bit for bit, except that any NaN equals any NaN (their sign and payload are not part of
+ * the kernels' contract: which operand's NaN an instruction passes on is the compiler's pick). */
+static bool same_floats(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(a + i, b + i, sizeof(float)) && !(isnan(a[i]) && isnan(b[i])))
+            return false;
+    return true;
+}
+
+/* kern_exp (kern/kexp.h) is e^x within 2 ulp on [-87, 0], and 0 below, NaN for NaN: attention's
+ * weights as close as libm's expf makes them. */
+static void test_exp(void **state)
+{
+    (void)state;
+    double worst = 0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f * (float)i / 2000000.0f;
+        double want = exp((double)x), got = kern_exp(x);
+        double ulp = nextafterf((float)want, INFINITY) - (float)want;
+        double e = fabs(got - want) / ulp;
+        worst = e > worst ? e : worst;
+    }
+    fprintf(stderr, "kern_exp: worst error %.2f ulp on [-87, 0]\n", worst);
+    assert_true(worst <= 2.0);
+    assert_true(kern_exp(0.0f) == 1.0f && kern_exp(-0.0f) == 1.0f);
+    assert_true(kern_exp(-87.5f) == 0.0f && kern_exp(-INFINITY) == 0.0f);
+    assert_true(isnan(kern_exp(NAN)));
+}
+
+/* Attention's softmax: every table the reference's bits (the values, the max, the sum) at every
+ * length 0..140 with skips into the lanes, scores of a wide range, -inf (a masked score), NaN
+ * and zeros of both signs; the reference near a double-precision softmax. */
+static void test_softmax(void **state)
+{
+    (void)state;
+    enum { N = 140 };
+    float s0[N], want[N], got[N];
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < N; i++)
+            s0[i] = frand() * (round == 0 ? 4.0f : 60.0f);
+        if (round >= 2) {
+            s0[3] = -INFINITY;
+            s0[17] = -0.0f;
+            s0[40] = 0.0f;
+            s0[77] = -200.0f;
+        }
+        if (round == 3)
+            s0[50] = NAN;
+        for (size_t off = 0; off < 3; off++)
+            for (size_t n = 0; n + off <= N; n++) {
+                memcpy(want, s0 + off, n * sizeof(float));
+                float mr, sr = kern_ref_ops.softmax(want, n, &mr);
+                if (round < 3 && n > 0) { /* near the double softmax */
+                    double m = -INFINITY, sum = 0;
+                    for (size_t i = 0; i < n; i++)
+                        m = s0[off + i] > m ? s0[off + i] : m;
+                    assert_true(mr == (float)m);
+                    for (size_t i = 0; i < n; i++)
+                        sum += exp((double)s0[off + i] - m);
+                    assert_true(fabs(sr - sum) <= 1e-6 * sum);
+                    for (size_t i = 0; i < n; i++)
+                        assert_true(fabs(want[i] - exp((double)s0[off + i] - m)) <= 3e-7);
+                }
+                for (int k = 0; k < g_n_isas; k++) {
+                    memcpy(got, s0 + off, n * sizeof(float));
+                    float mg, sg = g_isas[k]->softmax(got, n, &mg);
+                    if (!same_floats(&sg, &sr, 1) || memcmp(&mg, &mr, 4) ||
+                        !same_floats(got, want, n))
+                        fail_msg("%s softmax differs from the reference (round %d, n %zu)",
+                                 g_isas[k]->name, round, n);
+                }
+            }
+    }
+}
+
+/* The MLP's SiLU: every table the reference's bits at every length 0..77 (vector bodies and
+ * tails), on values of both signs, large ones, zeros, infinities and NaN; the reference near
+ * x / (1 + e^-x) in double precision. */
+static void test_silu(void **state)
+{
+    (void)state;
+    enum { N = 77 };
+    float g0[N], u[N], want[N], got[N];
+    for (int i = 0; i < N; i++) {
+        g0[i] = frand() * (i % 3 ? 8.0f : 120.0f);
+        u[i] = frand();
+    }
+    g0[5] = -0.0f;
+    g0[6] = 0.0f;
+    g0[20] = INFINITY;
+    g0[33] = NAN;
+    for (size_t n = 0; n <= N; n++) {
+        memcpy(want, g0, sizeof want);
+        kern_ref_ops.silu_mul(want, u, n);
+        for (size_t i = 0; i < n; i++) {
+            if (i == 20 || i == 33 || n > N)
+                continue;
+            double x = g0[i], s = x / (1.0 + exp(-x)) * u[i];
+            assert_true(fabs(want[i] - s) <= 1e-6 * fabs(s) + 1e-30);
+        }
+        for (int k = 0; k < g_n_isas; k++) {
+            memcpy(got, g0, sizeof got);
+            g_isas[k]->silu_mul(got, u, n);
+            if (!same_floats(got, want, N))
+                fail_msg("%s silu_mul differs from the reference at n = %zu", g_isas[k]->name, n);
+        }
+    }
+}
+
 /* The bit-for-bit comparisons above can fail: an unfused, sequential dot (what a plain C loop
  * computes) differs from the reference's on these inputs at some length. */
 static void test_reference_is_sensitive(void **state)
@@ -777,6 +888,9 @@ int main(void)
         cmocka_unit_test(test_qdot_is_sensitive),
         cmocka_unit_test(test_qx_quantize_edges),
         cmocka_unit_test(test_vector_helpers),
+        cmocka_unit_test(test_exp),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_silu),
         cmocka_unit_test(test_row_runs),
         cmocka_unit_test(test_reference_is_sensitive),
         cmocka_unit_test(test_select),

@@ -3,6 +3,7 @@
  * whose CPUID (and OS) say so. Every operation gives the bits of ref.c (its top comment says
  * in what order). */
 #include "engine/kern/f16c.h"
+#include "engine/kern/kexp.h"
 #include "engine/kern/kern.h"
 #include "engine/kern/panel_loop.h"
 #include "engine/kern/qdot.h"
@@ -208,6 +209,72 @@ static void avx2_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
         y[i] = fmaf(a, f16_at(xb, i), y[i]);
 }
 
+/* ---- attention's softmax (kern/kexp.h: kern_exp in every lane, two ymm of sums) ---- */
+
+INLINE __m256 exp8(__m256 x)
+{
+    const __m256 shift = _mm256_set1_ps(KEXP_SHIFT);
+    __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(KEXP_LOG2E), shift);
+    __m256 k = _mm256_sub_ps(t, shift);
+    __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-KEXP_LN2_HI), x);
+    r = _mm256_fmadd_ps(k, _mm256_set1_ps(-KEXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(KEXP_C7), r, _mm256_set1_ps(KEXP_C6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KEXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KEXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KEXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KEXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(shift));
+    e = _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    y = _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(KEXP_MIN), _CMP_GE_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+static float avx2_softmax(float *sc, size_t n, float *max)
+{
+    size_t n16 = n / 16 * 16;
+    float lanes[16];
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+    for (size_t i = 0; i < n16; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(sc + i), v1 = _mm256_loadu_ps(sc + i + 8);
+        m0 = _mm256_blendv_ps(m0, v0, _mm256_cmp_ps(v0, m0, _CMP_GT_OQ));
+        m1 = _mm256_blendv_ps(m1, v1, _mm256_cmp_ps(v1, m1, _CMP_GT_OQ));
+    }
+    _mm256_storeu_ps(lanes, m0);
+    _mm256_storeu_ps(lanes + 8, m1);
+    float mx = kexp_max_tail(lanes, sc, n16, n);
+    __m256 mv = _mm256_set1_ps(mx), s0 = _mm256_setzero_ps(), s1 = s0;
+    for (size_t i = 0; i < n16; i += 16) {
+        __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), mv));
+        __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i + 8), mv));
+        _mm256_storeu_ps(sc + i, e0);
+        _mm256_storeu_ps(sc + i + 8, e1);
+        s0 = _mm256_add_ps(s0, e0);
+        s1 = _mm256_add_ps(s1, e1);
+    }
+    _mm256_storeu_ps(lanes, s0);
+    _mm256_storeu_ps(lanes + 8, s1);
+    *max = mx;
+    return kexp_sum_tail(lanes, sc, n16, n, mx);
+}
+
+static void avx2_silu_mul(float *g, const float *u, size_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i), e = exp8(_mm256_or_ps(x, sign)); /* -|x| */
+        __m256 num = _mm256_blendv_ps(_mm256_mul_ps(x, e), x,
+                                      _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, e)),
+                                              _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++)
+        g[i] = kern_silu(g[i]) * u[i];
+}
+
 static void avx2_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
 {
     float scale = 1.0f / sqrtf(avx2_dot(x, x, n) / (float)n + eps);
@@ -225,4 +292,6 @@ const kern_ops kern_avx2_ops = {
     .to_f16 = kern__to_f16_f16c,
     .rmsnorm = avx2_rmsnorm,
     .qmatmul = kern__qmatmul_avx2,
+    .softmax = avx2_softmax,
+    .silu_mul = avx2_silu_mul,
 };

@@ -6,6 +6,7 @@
  * 8-lane AVX2 accumulators, so a second zmm accumulator would change the bits). */
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/f16c.h"
+#include "engine/kern/kexp.h"
 #include "engine/kern/kern.h"
 #include "engine/kern/panel_loop.h"
 #include "engine/kern/qdot.h"
@@ -351,6 +352,67 @@ static void avx512_axpy_f16_n(float *y, const float *w, const void *b, size_t st
     }
 }
 
+/* ---- attention's softmax (kern/kexp.h: kern_exp in every lane, 16 lanes of sums) ---- */
+
+INLINE __m512 k512_exp(__m512 x)
+{
+    const __m512 shift = _mm512_set1_ps(KEXP_SHIFT);
+    __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(KEXP_LOG2E), shift);
+    __m512 k = _mm512_sub_ps(t, shift);
+    __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-KEXP_LN2_HI), x);
+    r = _mm512_fmadd_ps(k, _mm512_set1_ps(-KEXP_LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(KEXP_C7), r, _mm512_set1_ps(KEXP_C6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KEXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KEXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KEXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KEXP_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    /* t's bits are shift's plus k (no integer conversion in simde 0.7.4): 2^k's exponent */
+    __m512i e = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(shift));
+    e = _mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23);
+    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(KEXP_MIN), _CMP_GE_OQ), y);
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+static float avx512_softmax(float *sc, size_t n, float *max)
+{
+    size_t n16 = n / 16 * 16;
+    float lanes[16];
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (size_t i = 0; i < n16; i += 16) {
+        __m512 v = _mm512_loadu_ps(sc + i);
+        m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ), v);
+    }
+    _mm512_storeu_ps(lanes, m);
+    float mx = kexp_max_tail(lanes, sc, n16, n);
+    __m512 mv = _mm512_set1_ps(mx), s = _mm512_setzero_ps();
+    for (size_t i = 0; i < n16; i += 16) {
+        __m512 e = k512_exp(_mm512_sub_ps(_mm512_loadu_ps(sc + i), mv));
+        _mm512_storeu_ps(sc + i, e);
+        s = _mm512_add_ps(s, e);
+    }
+    _mm512_storeu_ps(lanes, s);
+    *max = mx;
+    return kexp_sum_tail(lanes, sc, n16, n, mx);
+}
+
+static void avx512_silu_mul(float *g, const float *u, size_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i), e = k512_exp(_mm512_or_ps(x, sign)); /* -|x| */
+        __m512 num = _mm512_mask_mov_ps(_mm512_mul_ps(x, e),
+                                        _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), x);
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(num, _mm512_add_ps(one, e)),
+                                              _mm512_loadu_ps(u + i)));
+    }
+    for (; i < n; i++)
+        g[i] = kern_silu(g[i]) * u[i];
+}
+
 static void avx512_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
 {
     float scale = 1.0f / sqrtf(avx512_dot(x, x, n) / (float)n + eps);
@@ -379,6 +441,8 @@ const kern_ops kern_avx512_ops = {
     .rmsnorm = avx512_rmsnorm,
     .dot_f16_n = avx512_dot_f16_n,
     .axpy_f16_n = avx512_axpy_f16_n,
+    .softmax = avx512_softmax,
+    .silu_mul = avx512_silu_mul,
     /* The integer path's product (kern/qdot.h): batches on 16 rows a zmm (kern/qdot_avx512.c),
      * one activation row on AVX2's kernels; every table's bits are the reference's. */
     .qmatmul = KERN512(kern__qmatmul_avx512),

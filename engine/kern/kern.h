@@ -108,6 +108,11 @@ typedef struct kern_ops {
      * horizontal sum per row. NULL: kern_dot_f16_n / kern_axpy_f16_n below make the calls. */
     void (*dot_f16_n)(const float *a, const void *b, size_t stride, size_t m, size_t n, float *out);
     void (*axpy_f16_n)(float *y, const float *w, const void *b, size_t stride, size_t m, size_t n);
+    /* Attention's softmax of sc[0 .. n) in place (kern/kexp.h: the order and the exp): each
+     * value becomes kern_exp(value - max); returns their sum, the max in *max. */
+    float (*softmax)(float *sc, size_t n, float *max);
+    /* g[i] = kern_silu(g[i]) * u[i] (kern/kexp.h), the gated MLP's activation */
+    void (*silu_mul)(float *g, const float *u, size_t n);
 } kern_ops;
 
 /* k's dot_f16_n, or its dot_f16 m times (the same bits). */
@@ -185,10 +190,8 @@ extern const kern_ops kern_avx512_ops;
 extern const kern_ops kern_avx512_emu_ops;
 #endif
 
-/* y += x and g = silu(g) * u: plain loops whose bits do not depend on the instruction set
- * (an add is exact either way; silu uses libm's expf), shared by every table. */
+/* y += x: a plain loop whose bits do not depend on the instruction set, shared by every table. */
 void kern_add(float *y, const float *x, size_t n);
-void kern_silu_mul(float *g, const float *u, size_t n);
 
 /* ---- kern.c: the choice ---- */
 

@@ -23,6 +23,7 @@
 #include "engine/kern/kern.h"
 
 #include "engine/dtype.h"
+#include "engine/kern/kexp.h"
 #include "engine/kern/quant.h"
 
 #include <math.h>
@@ -171,6 +172,24 @@ static void ref_rmsnorm(float *out, const float *x, const float *w, size_t n, fl
         out[i] = x[i] * scale * w[i];
 }
 
+REF_FMA_CLONE static float ref_softmax(float *sc, size_t n, float *max)
+{
+    float lanes[16];
+    for (int j = 0; j < 16; j++)
+        lanes[j] = -INFINITY;
+    float m = kexp_max_tail(lanes, sc, 0, n);
+    for (int j = 0; j < 16; j++)
+        lanes[j] = 0.0f;
+    *max = m;
+    return kexp_sum_tail(lanes, sc, 0, n, m);
+}
+
+REF_FMA_CLONE static void ref_silu_mul(float *g, const float *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        g[i] = kern_silu(g[i]) * u[i];
+}
+
 const kern_ops kern_ref_ops = {
     .name = "generic",
     .matmul = ref_matmul,
@@ -181,16 +200,12 @@ const kern_ops kern_ref_ops = {
     .to_f16 = ref_to_f16,
     .rmsnorm = ref_rmsnorm,
     .qmatmul = kern_qmatmul_ref,
+    .softmax = ref_softmax,
+    .silu_mul = ref_silu_mul,
 };
 
 void kern_add(float *y, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         y[i] += x[i];
-}
-
-void kern_silu_mul(float *g, const float *u, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
