@@ -7,8 +7,9 @@ SECTION (standard input) is the new text, its markers included. The old section 
 "<!-- NAME begin" or "<!-- NAME:begin" to the matching "<!-- NAME end -->" or
 "<!-- NAME:end -->" and is replaced; a DOC without one gets SECTION appended.
 
-With --per-cpu, NAME becomes NAME-intel, NAME-amd (AMD without AVX-512: Zen 3 and older) or
-NAME-amd-avx512 (Zen 4 and later), from /proc/cpuinfo's vendor_id and flags, in the markers
+With --per-cpu, NAME becomes NAME-intel, NAME-amd (AMD without AVX-512: Zen 3 and older),
+NAME-amd-avx512 (Zen 4: AVX-512 on 256-bit units) or NAME-amd-zen5 (CPU family 26 on: full-width
+AVX-512 units), from /proc/cpuinfo's vendor_id, cpu family and flags, in the markers
 SECTION holds too: figures from the CPU kinds the project runs on stand side by side instead of
 the last run replacing another kind's."""
 import re
@@ -16,10 +17,12 @@ import sys
 
 
 def cpu_family():
-    vendor, flags = "cpu", set()
+    vendor, flags, family = "cpu", set(), 0
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("vendor_id"):
+            if line.startswith("cpu family"):
+                family = int(line.split(":", 1)[1])
+            elif line.startswith("vendor_id"):
                 v = line.split(":", 1)[1].strip()
                 vendor = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(v, v.lower())
             elif line.startswith("flags"):
@@ -27,9 +30,10 @@ def cpu_family():
                 break
     except OSError:
         pass
-    # AMD's AVX-512 (Zen 4 on) runs 512-bit work on 256-bit units: a kind of its own
+    # Zen 4's AVX-512 runs 512-bit work on 256-bit units: a kind of its own; Zen 5 (family 26)
+    # has full-width units, twice Zen 4's FMA peak per core: another
     if vendor == "amd" and "avx512f" in flags:
-        return "amd-avx512"
+        return "amd-zen5" if family >= 26 else "amd-avx512"
     return vendor
 
 

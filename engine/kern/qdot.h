@@ -80,8 +80,16 @@ typedef struct kern__q6kx8 {
     uint8_t ql[4][8][32], qh[2][8][32];
 } kern__q6kx8;
 
-/* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 144, 176 or 210 bytes at row),
- * bit for bit: what the portable product reads. */
+/* KERN_QUANT_X8 Q4_0: block b of a group of 8 rows, their f16 scales, then qs[k] holding in
+ * bytes 4 r .. 4 r + 3 row r's file bytes qs[4 k .. 4 k + 3] (the low nibbles values 4 k .. 4 k + 3
+ * of all 8 rows, the high ones values 16 + 4 k ..). 144 bytes, the file's 8 x 18. */
+typedef struct kern__q40x8 {
+    uint16_t d[8];
+    uint8_t qs[4][32];
+} kern__q40x8;
+
+/* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 144, 176 or 210 bytes, or
+ * n_in / 32 * 18 at row), bit for bit: what the portable product reads. */
 void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row);
 
 /* The AVX2 qmatmul (kern/qdot_avx2.c, built only where the compiler has AVX2 flags). */

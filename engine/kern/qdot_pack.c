@@ -1,11 +1,12 @@
 /* The integer path's interleaved weight layout, KERN_QUANT_X8 (kern/qdot.h's kern__q4kx8): a
- * Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each block of the 8 rows stored together, their
- * 4-bit values in 4-byte quads transposed so that lane r of a 32-byte vector is row r's quad, their
- * scales and mins unpacked to bytes. A kernel then loads its operands as they are needed: the tile
- * kernels lose their per-block transposes, one activation row its horizontal sums, scale shuffles
- * and per-row streams (a group is one contiguous stream). Made once at load from the file's rows
- * (engine/model.c) when the kernel table has an integer product of its own; kern__x8_row gives
- * the file's bytes back exactly, so the portable product (and the tests) read the same values. */
+ * Q4_0, Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each block of the 8 rows stored together,
+ * their 4-bit values in 4-byte quads transposed so that lane r of a 32-byte vector is row r's quad,
+ * their scales and mins unpacked to bytes. A kernel then loads its operands as they are needed: the
+ * tile kernels lose their per-block transposes, one activation row its horizontal sums, scale
+ * shuffles and per-row streams (a group is one contiguous stream). Made once at load from the
+ * file's rows (engine/model.c) when the kernel table has an integer product of its own;
+ * kern__x8_row gives the file's bytes back exactly, so the portable product (and the tests) read
+ * the same values. */
 #include "engine/kern/qdot.h"
 
 #include <stdbool.h>
@@ -14,11 +15,15 @@
 #define Q4K_BYTES 144 /* d | dmin | scales (12) | qs (128) */
 #define Q5K_BYTES 176 /* d | dmin | scales (12) | qh (32) | qs (128) */
 #define Q6K_BYTES 210 /* ql (128) | qh (64) | scales (16) | d */
+#define Q40_BYTES 18  /* d | qs (16) */
 
 size_t kern_qdot_x8_bytes(const kern_mat *src)
 {
-    if (src->type != KERN_QUANT || src->n_out % 8 || src->n_in % 256 ||
-        src->n_in > KERN_X8_MAX_IN || !src->n_out)
+    if (src->type != KERN_QUANT || src->n_out % 8 || src->n_in > KERN_X8_MAX_IN || !src->n_out)
+        return 0;
+    if (src->qtype == KERN_GGML_Q4_0)
+        return src->n_in % 32 ? 0 : src->n_out / 8 * (src->n_in / 32) * sizeof(kern__q40x8);
+    if (src->n_in % 256)
         return 0;
     size_t n = src->n_out / 8 * (src->n_in / 256);
     return src->qtype == KERN_GGML_Q4_K   ? n * sizeof(kern__q4kx8)
@@ -40,6 +45,26 @@ static void unquads(uint8_t *p, const uint8_t (*t)[8][32], int n, int r)
     for (int c = 0; c < n; c++)
         for (int k = 0; k < 8; k++)
             memcpy(p + 32 * c + 4 * k, &t[c][k][4 * r], 4);
+}
+
+/* a block's 16 bytes at p as row r's quads: lane r of t[k] */
+static void quads16(uint8_t (*t)[32], const uint8_t *p, int r)
+{
+    for (int k = 0; k < 4; k++)
+        memcpy(&t[k][4 * r], p + 4 * k, 4);
+}
+
+static void to_x8_q40(const kern_mat *src, kern__q40x8 *o)
+{
+    size_t nb = src->n_in / 32, groups = src->n_out / 8;
+    for (size_t g = 0; g < groups; g++)
+        for (size_t b = 0; b < nb; b++, o++)
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *p =
+                    (const uint8_t *)src->data + (8 * g + r) * src->row_bytes + Q40_BYTES * b;
+                memcpy(&o->d[r], p, 2);
+                quads16(o->qs, p + 2, r);
+            }
 }
 
 static void to_x8_q6k(const kern_mat *src, kern__q6kx8 *o)
@@ -96,6 +121,10 @@ void kern_qdot_to_x8(const kern_mat *src_in, void *dst, kern_mat *out)
     out->row_bytes = s.row_bytes;
     out->qtype = s.qtype;
     size_t nb = src->n_in / 256, groups = src->n_out / 8;
+    if (src->qtype == KERN_GGML_Q4_0) {
+        to_x8_q40(src, dst);
+        return;
+    }
     if (src->qtype == KERN_GGML_Q6_K) {
         to_x8_q6k(src, dst);
         return;
@@ -123,7 +152,15 @@ void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
 {
     size_t nb = w->n_in / 256;
     int r = (int)(n % 8);
-    if (w->qtype == KERN_GGML_Q6_K) {
+    if (w->qtype == KERN_GGML_Q4_0) {
+        const kern__q40x8 *q = (const kern__q40x8 *)w->data + n / 8 * (w->n_in / 32);
+        for (size_t b = 0; b < w->n_in / 32; b++, q++) {
+            uint8_t *p = row + Q40_BYTES * b;
+            memcpy(p, &q->d[r], 2);
+            for (int k = 0; k < 4; k++)
+                memcpy(p + 2 + 4 * k, &q->qs[k][4 * r], 4);
+        }
+    } else if (w->qtype == KERN_GGML_Q6_K) {
         const kern__q6kx8 *q = (const kern__q6kx8 *)w->data + n / 8 * nb;
         for (size_t b = 0; b < nb; b++, q++) {
             uint8_t *p = row + Q6K_BYTES * b;

@@ -16,7 +16,7 @@ kern_qx kern_qdot_act(const kern_mat *w)
     if (w->type == KERN_Q8_0)
         return KERN_QX_32;
     if (w->type == KERN_QUANT_X8)
-        return KERN_QX_256;
+        return w->qtype == KERN_GGML_Q4_0 ? KERN_QX_32 : KERN_QX_256;
     if (w->type != KERN_QUANT)
         return KERN_QX_NONE;
     switch (w->qtype) {
@@ -194,9 +194,12 @@ void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, s
         uint8_t row[KERN_X8_MAX_IN / 256 * 210]; /* 53 KiB at most (kern_qdot_x8_bytes) */
         for (size_t n = n0; n < n1; n++) {
             kern__x8_row(w, n, row);
-            for (size_t t = 0; t < T; t++)
-                out[t * ldo + n] = dot256(
-                    w, row, (const kern__qx256 *)(const void *)((const uint8_t *)xq + t * xb));
+            for (size_t t = 0; t < T; t++) {
+                const uint8_t *xr = (const uint8_t *)xq + t * xb;
+                out[t * ldo + n] = fmt == KERN_QX_32
+                                       ? dot32(w, row, xr)
+                                       : dot256(w, row, (const kern__qx256 *)(const void *)xr);
+            }
         }
         return;
     }

@@ -1,5 +1,5 @@
-/* AVX2 integer products over KERN_QUANT_X8, the interleaved K-quant groups of
- * kern/qdot_pack.c (kern/qdot.h's kern__q4kx8, kern__q5kx8, kern__q6kx8): each group's vectors
+/* AVX2 integer products over KERN_QUANT_X8, the interleaved groups of kern/qdot_pack.c
+ * (kern/qdot.h's kern__q40x8, kern__q4kx8, kern__q5kx8, kern__q6kx8): each group's vectors
  * hold one value quad of each of its 8 rows, lane r for row r, so the integer sums land in their
  * rows' lanes with no transpose and no horizontal sum, at every batch size. The same integers
  * and the same float order as the portable product: the same bits.
@@ -182,11 +182,53 @@ INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t
     }
 }
 
+/* KERN_QUANT_X8 Q4_0: per block, qs[k]'s low nibbles are values 4 k .. 4 k + 3 of the 8 rows (row r
+ * in lane r), the high ones values 16 + 4 k ..: w[0 .. 8) meet the activation quads in order. The
+ * int16 form sums 8 maddubs (|8 * 2 * 15 * 127| < 2^15) and one madd by ones; with VNNI 8
+ * vpdpbusd. S = that - 8 sx (Q = raw - 8, through the block's activation sum), folded as
+ * (d_w d_x) S: the reference's integers and order. */
+INLINE void grp_q40x8(const kern__q40x8 *g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
+                      __m256 *acc)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (size_t b = 0; b < nb; b++) {
+        const kern__q40x8 *q = g + b;
+        prefetch_x8(
+            q + 4, sizeof *q); /* 144-byte blocks: four ahead is about as far as two K-quant ones */
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
+        __m256i w[8];
+        for (int k = 0; k < 4; k++) {
+            __m256i v = ld(q->qs[k]);
+            w[k] = _mm256_and_si256(v, m4);
+            w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        for (size_t t = 0; t < tt; t++) {
+            const uint8_t *xr = xq + t * xrb;
+            const int8_t *xs = (const int8_t *)(const void *)(xr + KERN_QX32_Q(nb) + 32 * b);
+#ifdef KERN_QDOT_VNNI
+            __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
+            for (int k = 1; k < 8; k++)
+                s = _mm256_dpbusd_epi32(s, w[k], bcast4(xs + 4 * k));
+#else
+            __m256i s = _mm256_madd_epi16(mul8(w, xs, 8), _mm256_set1_epi16(1));
+#endif
+            int16_t sx;
+            float dx;
+            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+            memcpy(&dx, xr + 4 * b, 4);
+            __m256i S = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * sx));
+            acc[t] = fold8(acc[t], d, _mm256_set1_ps(dx), _mm256_cvtepi32_ps(S));
+        }
+    }
+}
+
 /* Group g of w (KERN_QUANT_X8) times activation rows xq[0 .. tt). */
 INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
                    __m256 *acc, __m256i *si)
 {
-    if (w->qtype == KERN_GGML_Q6_K)
+    if (w->qtype == KERN_GGML_Q4_0)
+        grp_q40x8((const kern__q40x8 *)w->data + g * nb, nb, xq, xrb, tt, acc);
+    else if (w->qtype == KERN_GGML_Q6_K)
         grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
     else if (w->qtype == KERN_GGML_Q5_K)
         grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q5kx8), nb, 1, xq, xrb, tt, acc,
@@ -200,7 +242,8 @@ INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, si
 void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
                 size_t n1)
 {
-    size_t xrb = kern_qx_row_bytes(KERN_QX_256, w->n_in), nb = w->n_in / 256;
+    kern_qx fmt = kern_qdot_act(w);
+    size_t xrb = kern_qx_row_bytes(fmt, w->n_in), nb = w->n_in / (fmt == KERN_QX_32 ? 32 : 256);
     __m256 acc[TT];
     __m256i si[TT];
     for (size_t t0 = 0; t0 < T; t0 += TT) {
