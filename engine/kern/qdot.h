@@ -109,6 +109,16 @@ void kern__qmatmul_x8_avx2(const kern_mat *w, const void *xq, size_t T, float *o
 void kern__qmatmul_x8_avx2_vnni(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                                 size_t n0, size_t n1);
 
+/* KERN_QUANT_X8's AVX-512 products from two rows of x on (kern/qdot_x8_avx512.c: two groups a
+ * zmm), built with VNNI too (KERN_HAVE_QDOT_VNNI), and over simde for the tests;
+ * kern__qmatmul_avx512 hands them every interleaved matrix with T > 1. */
+void kern__qmatmul_x8_avx512(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                             size_t n0, size_t n1);
+void kern__qmatmul_x8_avx512_vnni(const kern_mat *w, const void *xq, size_t T, float *out,
+                                  size_t ldo, size_t n0, size_t n1);
+void kern__qmatmul_x8_avx512_emu(const kern_mat *w, const void *xq, size_t T, float *out,
+                                 size_t ldo, size_t n0, size_t n1);
+
 /* The AVX-512 qmatmul (kern/qdot_avx512.c, AVX-512 F/BW/VL/DQ), and its copy over simde for the
  * tests (kern/avx512_isa.h); both hand the tiles they do not cover to kern__qmatmul_avx2. */
 void kern__qmatmul_avx512(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,

@@ -11,21 +11,9 @@
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/qdot.h"
 #include "engine/kern/qdot_x86.h"
+#include "engine/kern/qdot_zmm.h"
 
 #include <string.h>
-
-#define TT 32 /* activation rows of a tile: a weight block is unpacked once for all of them */
-
-INLINE __m256i ld(const void *p)
-{
-    return _mm256_loadu_si256((const __m256i *)p);
-}
-
-/* rows r (low half) and r + 8 (high half) of a group in one zmm */
-INLINE __m512i pair(__m256i lo, __m256i hi)
-{
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
 
 /* v[i] = pair(row i, row i + 8) of 8 int32 each  :=  v[k] whose lane r is int32 k of row r: the
  * 8 x 8 transpose of qdot_avx2.c's tr8 in each 256-bit half (its in-lane unpacks are the same
@@ -60,36 +48,6 @@ INLINE void tr16y(const __m256i w[16], __m512i v[8])
     tr16(v);
 }
 
-/* int32 to float, rounded to nearest as vcvtdq2ps does: simde 0.7.4 has no 512-bit form, so the
- * emulated build converts the two halves (the same rounding of the same integers). */
-INLINE __m512 cvt_ps(__m512i v)
-{
-#ifdef KERN_AVX512_EMULATED
-    __m256 lo = _mm256_cvtepi32_ps(_mm512_castsi512_si256(v));
-    __m256 hi = _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1));
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-#else
-    return _mm512_cvtepi32_ps(v);
-#endif
-}
-
-/* vpmaddwd: simde 0.7.4's native alias of _mm512_madd_epi16 takes the masked form's 4 arguments,
- * so the emulated build names simde's function */
-INLINE __m512i madd16(__m512i a, __m512i b)
-{
-#ifdef KERN_AVX512_EMULATED
-    return simde_mm512_madd_epi16(a, b);
-#else
-    return _mm512_madd_epi16(a, b);
-#endif
-}
-
-/* acc + (w * dx) * s: the contract's one step (kern/qdot.h), two products then a sum */
-INLINE __m512 fold16(__m512 acc, __m512 w, __m512 dx, __m512 s)
-{
-    return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(w, dx), s));
-}
-
 INLINE short h16(const uint8_t *q)
 {
     uint16_t h;
@@ -110,13 +68,6 @@ INLINE __m512 f16x16(const uint8_t *const p[16], size_t off)
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(a)), _mm256_cvtph_ps(c), 1);
 }
 
-INLINE __m512i bcast4(const void *q)
-{
-    int32_t v;
-    memcpy(&v, q, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* While block b of a group of 16 rows is read, the next group's bytes of block b (the same share
  * of its contiguous 16 rows) are fetched: 16 short streams start each group, which the hardware
  * prefetchers learn too late (qdot_avx2.c's prefetch_next). */
@@ -124,15 +75,6 @@ INLINE void prefetch_next(const uint8_t *next, size_t b, size_t bb)
 {
     for (size_t o = 16 * bb * b; o < 16 * bb * (b + 1); o += 64)
         _mm_prefetch((const char *)(next + o), _MM_HINT_T0);
-}
-
-/* sum over k < n of maddubs(w[k], x[4k .. 4k + 3] in every lane), in int16 */
-INLINE __m512i mul16(const __m512i *w, const int8_t *x, int n)
-{
-    __m512i s = _mm512_maddubs_epi16(w[0], bcast4(x));
-    for (int k = 1; k < n; k++)
-        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(w[k], bcast4(x + 4 * k)));
-    return s;
 }
 
 /* Block b of the 16 rows: p[r] its start in row r, w[k] lane r values 4k .. 4k + 3 of row r. */
@@ -177,49 +119,6 @@ INLINE void grp_q8_0t(const uint8_t *const rows[16], const uint8_t *next, size_t
             }
             float dx;
             memcpy(&dx, xr + 4 * b, 4);
-            acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
-        }
-    }
-}
-
-/* KERN_QUANT_X8 Q4_0 (kern/qdot.h's kern__q40x8), groups a and c in the two halves of each zmm
- * (rows 8 g .. 8 g + 15): the layout's quads are already one row a lane, so a block is 4 loads, 4
- * inserts and 8 masks, no transposes. w[0 .. 4) the low nibbles (values 4 k ..), w[4 .. 8) the
- * high ones (values 16 + 4 k ..), as qdot_x8_avx2.c's grp_q40x8 on twice the rows. */
-INLINE __m512 unpack_q40x8(const kern__q40x8 *a, const kern__q40x8 *c, __m512i w[8])
-{
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    for (int k = 0; k < 4; k++) {
-        __m512i v = pair(ld(a->qs[k]), ld(c->qs[k]));
-        w[k] = _mm512_and_si512(v, m4);
-        w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-    }
-    __m256 da = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)a->d));
-    __m256 dc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)c->d));
-    return _mm512_insertf32x8(_mm512_castps256_ps512(da), dc, 1);
-}
-
-/* the int16 form: 8 maddubs of 4-bit values summed in int16 (|8 * 2 * 15 * 127| < 2^15), one madd
- * by ones; S = that - 8 sx, folded as (d_w d_x) S */
-INLINE void grpx_q40(const kern__q40x8 *a, const kern__q40x8 *c, size_t nb, const uint8_t *xq,
-                     size_t xrb, size_t tt, __m512 *acc)
-{
-    const __m512i one = _mm512_set1_epi16(1);
-    for (size_t b = 0; b < nb; b++) {
-        _mm_prefetch((const char *)(a + b + 4), _MM_HINT_T0);
-        _mm_prefetch((const char *)(a + b + 4) + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)(c + b + 4), _MM_HINT_T0);
-        _mm_prefetch((const char *)(c + b + 4) + 64, _MM_HINT_T0);
-        __m512i w[8];
-        __m512 dw = unpack_q40x8(a + b, c + b, w);
-        for (size_t t = 0; t < tt; t++) {
-            const uint8_t *xr = xq + t * xrb;
-            __m512i S = madd16(mul16(w, (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8), one);
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            S = _mm512_sub_epi32(S, _mm512_set1_epi32(8 * sx));
             acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
         }
     }
@@ -692,31 +591,6 @@ VNNI void grpv_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t n
     }
 }
 
-/* KERN_QUANT_X8 Q4_0 as grpx_q40, the 32 values' products in one int32 sum per row. */
-VNNI void grpxv_q40(const kern__q40x8 *a, const kern__q40x8 *c, size_t nb, const uint8_t *xq,
-                    size_t xrb, size_t tt, __m512 *acc)
-{
-    for (size_t b = 0; b < nb; b++) {
-        _mm_prefetch((const char *)(a + b + 4), _MM_HINT_T0);
-        _mm_prefetch((const char *)(a + b + 4) + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)(c + b + 4), _MM_HINT_T0);
-        _mm_prefetch((const char *)(c + b + 4) + 64, _MM_HINT_T0);
-        __m512i w[8];
-        __m512 dw = unpack_q40x8(a + b, c + b, w);
-        for (size_t t = 0; t < tt; t++) {
-            const uint8_t *xr = xq + t * xrb;
-            __m512i S = dot16(_mm512_setzero_si512(), w,
-                              (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8);
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            S = _mm512_sub_epi32(S, _mm512_set1_epi32(8 * sx));
-            acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
-        }
-    }
-}
-
 /* The VNNI tile kernel for kind (kern__qmatmul_avx512's), if there is one: 0 if not. Q5_K and
  * Q6_K have none: their sub-block sums do not fit an int16, and the scale by vpmulld after
  * vpdpbusd measured slower than maddubs, int16 sums and one madd. */
@@ -750,38 +624,16 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     int vnni = __builtin_cpu_supports("avx512vnni");
 #endif
     /* The interleaved layout (kern/qdot_pack.c) needs no transposes, which is what the 16-row
-     * zmm tiles spend their shuffles on: the K-quants' groups take the ymm kernels at every batch
-     * size, Q4_0's two groups a zmm from two rows of x on (on Zen 5 the ymm kernel did 150
-     * Gweights/s at 16 rows, the transposing zmm tile 178) and the ymm kernel for one. */
-    if (w->type == KERN_QUANT_X8 && w->qtype == KERN_GGML_Q4_0 && T > 1) {
-        size_t nb = K / 32, groups = w->n_out / 8;
-        const kern__q40x8 *g0 = (const kern__q40x8 *)w->data;
-        for (size_t t0 = 0; t0 < T; t0 += TT) {
-            size_t tt = T - t0 < TT ? T - t0 : TT;
-            const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
-            for (size_t g = n0 / 8; 8 * g < n1; g += 2) {
-                const kern__q40x8 *a = g0 + g * nb, *c = g + 1 < groups ? a + nb : a;
-                for (size_t t = 0; t < tt; t++)
-                    acc[t] = _mm512_setzero_ps();
-#ifndef KERN_AVX512_EMULATED
-                if (vnni)
-                    grpxv_q40(a, c, nb, x, xrb, tt, acc);
-                else
-#endif
-                    grpx_q40(a, c, nb, x, xrb, tt, acc);
-                size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 16 ? n1 - 8 * g : 16;
-                for (size_t t = 0; t < tt; t++) {
-                    float *o = out + (t0 + t) * ldo + 8 * g;
-                    if (c0 == 0 && c1 == 16) {
-                        _mm512_storeu_ps(o, acc[t]);
-                    } else {
-                        float l[16];
-                        _mm512_storeu_ps(l, acc[t]);
-                        memcpy(o + c0, l + c0, (c1 - c0) * sizeof(float));
-                    }
-                }
-            }
+     * tiles below spend their shuffles on: two of its groups a zmm from two rows of x on
+     * (kern/qdot_x8_avx512.c), the ymm kernels for one row (kern/qdot_x8_avx2.c). */
+    if (w->type == KERN_QUANT_X8 && T > 1) {
+#if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
+        if (vnni) {
+            kern__qmatmul_x8_avx512_vnni(w, xq, T, out, ldo, n0, n1);
+            return;
         }
+#endif
+        KERN512(kern__qmatmul_x8_avx512)(w, xq, T, out, ldo, n0, n1);
         return;
     }
     if (w->type == KERN_QUANT_X8) {

@@ -1,0 +1,306 @@
+/* AVX-512 integer products over KERN_QUANT_X8, the interleaved groups of kern/qdot_pack.c, two
+ * groups of 8 rows a zmm (group a in the low half, the next one, c, in the high half): the
+ * layout's quads are one row a 32-bit lane already, so a block is loads, inserts and masks, with
+ * none of the transposes kern/qdot_avx512.c's 16-row tiles spend their shuffles on. These are
+ * kern/qdot_x8_avx2.c's kernels on twice the rows: the same integers, the same float order, the
+ * same bits.
+ *
+ * Built three times (engine/meson.build): for the avx512 table (maddubs, int16 sums), again with
+ * VNNI (KERN_QDOT_VNNI: vpdpbusd sums quads in int32, the sub-block scales by vpmulld) chosen per
+ * call where the CPU has it, and over simde for the tests (kern/avx512_isa.h). One row of x (a
+ * decode step) stays on the ymm kernels; from two rows on, on one Zen 5 core (5632 x 2048,
+ * kvs-bench-qmatmul ... avx512 q8), the ymm kernels ran at about 145 Gweights/s where the
+ * transposing zmm tiles ran 150-250: these run at (docs/ARCHITECTURE.md). */
+#include "engine/kern/avx512_isa.h"
+#include "engine/kern/qdot.h"
+#include "engine/kern/qdot_zmm.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#ifdef KERN_QDOT_VNNI
+#if !defined(__AVX512VNNI__)
+#error "KERN_QDOT_VNNI needs -mavx512vnni"
+#endif
+#define QMATMUL_X8 kern__qmatmul_x8_avx512_vnni
+#else
+#define QMATMUL_X8 KERN512(kern__qmatmul_x8_avx512)
+#endif
+
+/* The next blocks of both groups fetched while these are multiplied (a group is one stream, but
+ * the kernels jump about inside a block, which the hardware prefetchers follow too late). */
+INLINE void prefetch2(const uint8_t *a, const uint8_t *c, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64) {
+        _mm_prefetch((const char *)a + o, _MM_HINT_T0);
+        _mm_prefetch((const char *)c + o, _MM_HINT_T0);
+    }
+}
+
+/* 32 bytes at offset off of both groups' blocks */
+INLINE __m512i ld2(const uint8_t *a, const uint8_t *c, size_t off)
+{
+    return pair(ld(a + off), ld(c + off));
+}
+
+/* 8 halves at a and 8 at c as floats, lanes 0..15 */
+INLINE __m512 f16x16(const uint16_t *a, const uint16_t *c)
+{
+    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)a));
+    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)c));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+/* 8 unsigned (u8x16) or signed (i8x16) bytes at a and 8 at c as int32 lanes 0..15 */
+INLINE __m512i u8x16(const uint8_t *a, const uint8_t *c)
+{
+    return pair(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)a)),
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)c)));
+}
+
+INLINE __m512i i8x16(const int8_t *a, const int8_t *c)
+{
+    return pair(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)a)),
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)c)));
+}
+
+/* int32 lanes v (|v| < 2^15) as (v, v) int16 pairs: madd's operand for a sub-block's scale */
+INLINE __m512i pairs16(__m512i v)
+{
+    return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xffff)),
+                           _mm512_slli_epi32(v, 16));
+}
+
+/* The sum over k < 8 of the int16 pairs p[k] (lane r: row r's) times (bs[2 k], bs[2 k + 1]) of x:
+ * a K-quant block's mins, or Q6_K's bias's scales, through the sums of 16 activations. */
+INLINE __m512i bs_sum16(const __m512i p[8], const kern__qx256 *x)
+{
+    __m512i B = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k++)
+        B = _mm512_add_epi32(B, madd16(p[k], bcast4((const int8_t *)(const void *)&x->bs[2 * k])));
+    return B;
+}
+
+#ifdef KERN_QDOT_VNNI
+/* sum over k < n of the quads w[k] . x[4k .. 4k + 3], from zero */
+INLINE __m512i dot16(const __m512i *w, const int8_t *x, int n)
+{
+    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(x));
+    for (int k = 1; k < n; k++)
+        s = _mm512_dpbusd_epi32(s, w[k], bcast4(x + 4 * k));
+    return s;
+}
+#endif
+
+/* Q4_0 (kern__q40x8): w[0 .. 4) the low nibbles of qs[k] (values 4 k .. 4 k + 3 of each row),
+ * w[4 .. 8) the high ones (values 16 + 4 k ..). The int16 form sums 8 maddubs (|8 * 2 * 15 * 127|
+ * < 2^15) and one madd by ones; with VNNI 8 vpdpbusd. S = that - 8 sx (Q = raw - 8, through the
+ * block's activation sum), folded as (d_w d_x) S. */
+INLINE void grp_q40(const kern__q40x8 *a, const kern__q40x8 *c, size_t nb, const uint8_t *xq,
+                    size_t xrb, size_t tt, __m512 *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (size_t b = 0; b < nb; b++) {
+        prefetch2((const uint8_t *)(a + b + 4), (const uint8_t *)(c + b + 4), sizeof *a);
+        __m512i w[8];
+        for (int k = 0; k < 4; k++) {
+            __m512i v = pair(ld(a[b].qs[k]), ld(c[b].qs[k]));
+            w[k] = _mm512_and_si512(v, m4);
+            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        __m512 dw = f16x16(a[b].d, c[b].d);
+        for (size_t t = 0; t < tt; t++) {
+            const uint8_t *xr = xq + t * xrb;
+            const int8_t *xs = (const int8_t *)(const void *)(xr + KERN_QX32_Q(nb) + 32 * b);
+#ifdef KERN_QDOT_VNNI
+            __m512i S = dot16(w, xs, 8);
+#else
+            __m512i S = madd16(mul16(w, xs, 8), _mm512_set1_epi16(1));
+#endif
+            int16_t sx;
+            float dx;
+            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+            memcpy(&dx, xr + 4 * b, 4);
+            S = _mm512_sub_epi32(S, _mm512_set1_epi32(8 * sx));
+            acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
+        }
+    }
+}
+
+/* Q4_K and Q5_K (kern__q4kx8, kern__q5kx8: alike up to qh): per sub-block j, w[k] the low or high
+ * nibbles of qs[j / 2][k] (for Q5_K bit j of qh[0][k] above them), the scales and mins 8 bytes a
+ * group. The int16 form sums 8 maddubs of 4-bit values (4 of 5-bit ones) and one madd with
+ * (scale, scale) pairs; with VNNI vpdpbusd sums the quads and vpmulld scales them (|32 * 31 *
+ * 127 * 63| < 2^31). Then the block's fold: (d d_x) S, then (-dmin d_x) M, M the mins through the
+ * sums of 16 activations. */
+INLINE void grp_q45k(const uint8_t *a, const uint8_t *c, size_t nb, int q5, const uint8_t *xq,
+                     size_t xrb, size_t tt, __m512 *acc, __m512i *si)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+    size_t bb = q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8);
+    size_t qs = q5 ? offsetof(kern__q5kx8, qs) : offsetof(kern__q4kx8, qs);
+    size_t qh = offsetof(kern__q5kx8, qh);
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *pa = a + b * bb, *pc = c + b * bb;
+        const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)pa; /* the heads */
+        const kern__q4kx8 *hc = (const kern__q4kx8 *)(const void *)pc;
+        prefetch2(pa + 2 * bb, pc + 2 * bb, bb);
+        __m512 d = f16x16(ha->d, hc->d);
+        __m512 dm = _mm512_xor_ps(f16x16(ha->dmin, hc->dmin), _mm512_set1_ps(-0.0f));
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            __m512i w[8];
+            for (int k = 0; k < 8; k++) {
+                __m512i v = ld2(pa, pc, qs + 256 * (j / 2) + 32 * k);
+                w[k] = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
+                if (q5) { /* bit j of each byte to bit 4 (what crosses bytes is masked) */
+                    __m512i h = ld2(pa, pc, qh + 32 * k);
+                    h = j < 4 ? _mm512_slli_epi16(h, 4 - j) : _mm512_srli_epi16(h, j - 4);
+                    w[k] = _mm512_or_si512(w[k], _mm512_and_si512(h, m10));
+                }
+            }
+            __m512i sc = u8x16(ha->sc[j], hc->sc[j]);
+#ifndef KERN_QDOT_VNNI
+            sc = pairs16(sc);
+#endif
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * j;
+#ifdef KERN_QDOT_VNNI
+                si[t] = _mm512_add_epi32(si[t], _mm512_mullo_epi32(dot16(w, xs, 8), sc));
+#else
+                __m512i v = q5 ? _mm512_add_epi32(madd16(mul16(w, xs, 4), sc),
+                                                  madd16(mul16(w + 4, xs + 16, 4), sc))
+                               : madd16(mul16(w, xs, 8), sc);
+                si[t] = _mm512_add_epi32(si[t], v);
+#endif
+            }
+        }
+        __m512i mi[8]; /* (min, min) pairs of sub-block j, row r in lane r */
+        for (int j = 0; j < 8; j++)
+            mi[j] = pairs16(u8x16(ha->mn[j], hc->mn[j]));
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m512 dx = _mm512_set1_ps(x->d);
+            __m512 s1 = fold16(acc[t], d, dx, cvt_ps(si[t]));
+            acc[t] = fold16(s1, dm, dx, cvt_ps(bs_sum16(mi, x)));
+        }
+    }
+}
+
+/* Q6_K (kern__q6kx8): values 128 h + 32 s + l of a block are the low (s < 2) or high nibble of
+ * ql[2 h + s % 2], bits 2 s, 2 s + 1 of qh[h] above them; w[0..4) sub-block 8 h + 2 s, w[4..8) the
+ * next. The int16 form adds 2 maddubs (|2 * 2 * 63 * 127| < 2^15) before each madd; with VNNI
+ * vpdpbusd sums a sub-block's 4 quads and vpmulld scales them. Q = raw - 32, the 32 taken off
+ * through the sums of 16 activations. */
+INLINE void grp_q6k(const kern__q6kx8 *a, const kern__q6kx8 *c, size_t nb, const uint8_t *xq,
+                    size_t xrb, size_t tt, __m512 *acc, __m512i *si)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    for (size_t b = 0; b < nb; b++) {
+        const kern__q6kx8 *qa = a + b, *qc = c + b;
+        prefetch2((const uint8_t *)(qa + 2), (const uint8_t *)(qc + 2), sizeof *qa);
+        __m512 d = f16x16(qa->d, qc->d);
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            int h = v / 4, sv = v % 4;
+            __m512i w[8];
+            for (int k = 0; k < 8; k++) {
+                __m512i l = pair(ld(qa->ql[2 * h + sv % 2][k]), ld(qc->ql[2 * h + sv % 2][k]));
+                __m512i hb = pair(ld(qa->qh[h][k]), ld(qc->qh[h][k]));
+                if (sv >= 2)
+                    l = _mm512_srli_epi16(l, 4);
+                /* bits 2 s, 2 s + 1 of each byte to bits 4, 5 (what crosses bytes is masked) */
+                hb = sv == 0   ? _mm512_slli_epi16(hb, 4)
+                     : sv == 1 ? _mm512_slli_epi16(hb, 2)
+                     : sv == 3 ? _mm512_srli_epi16(hb, 2)
+                               : hb;
+                w[k] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(hb, m30));
+            }
+            __m512i s0 = i8x16(qa->sc[2 * v], qc->sc[2 * v]);
+            __m512i s1 = i8x16(qa->sc[2 * v + 1], qc->sc[2 * v + 1]);
+#ifndef KERN_QDOT_VNNI
+            s0 = pairs16(s0);
+            s1 = pairs16(s1);
+#endif
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * v;
+#ifdef KERN_QDOT_VNNI
+                __m512i u = _mm512_mullo_epi32(dot16(w, xs, 4), s0);
+                __m512i z = _mm512_mullo_epi32(dot16(w + 4, xs + 16, 4), s1);
+#else
+                __m512i u = _mm512_add_epi32(madd16(mul16(w, xs, 2), s0),
+                                             madd16(mul16(w + 2, xs + 8, 2), s0));
+                __m512i z = _mm512_add_epi32(madd16(mul16(w + 4, xs + 16, 2), s1),
+                                             madd16(mul16(w + 6, xs + 24, 2), s1));
+#endif
+                si[t] = _mm512_add_epi32(si[t], _mm512_add_epi32(u, z));
+            }
+        }
+        __m512i pr[8]; /* lane r: (sc[2 k], sc[2 k + 1]) of row r, for the bias through bs */
+        for (int k = 0; k < 8; k++) {
+            __m512i lo = i8x16(qa->sc[2 * k], qc->sc[2 * k]);
+            __m512i hi = i8x16(qa->sc[2 * k + 1], qc->sc[2 * k + 1]);
+            pr[k] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)),
+                                    _mm512_slli_epi32(hi, 16));
+        }
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m512i S = _mm512_sub_epi32(si[t], _mm512_slli_epi32(bs_sum16(pr, x), 5));
+            acc[t] = fold16(acc[t], d, _mm512_set1_ps(x->d), cvt_ps(S));
+        }
+    }
+}
+
+/* Groups g and g + 1 of w (the last group twice where their count is odd) times xq[0 .. tt). */
+INLINE void grp2(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
+                 __m512 *acc, __m512i *si)
+{
+    size_t g2 = 8 * (g + 1) < w->n_out ? g + 1 : g;
+    if (w->qtype == KERN_GGML_Q4_0) {
+        const kern__q40x8 *q = w->data;
+        grp_q40(q + g * nb, q + g2 * nb, nb, xq, xrb, tt, acc);
+    } else if (w->qtype == KERN_GGML_Q6_K) {
+        const kern__q6kx8 *q = w->data;
+        grp_q6k(q + g * nb, q + g2 * nb, nb, xq, xrb, tt, acc, si);
+    } else {
+        int q5 = w->qtype == KERN_GGML_Q5_K;
+        size_t gb = nb * (q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8));
+        const uint8_t *q = w->data;
+        grp_q45k(q + g * gb, q + g2 * gb, nb, q5, xq, xrb, tt, acc, si);
+    }
+}
+
+/* qmatmul over KERN_QUANT_X8, 16 outputs (two groups) at a time, the wanted ones stored. */
+void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
+                size_t n1)
+{
+    kern_qx fmt = kern_qdot_act(w);
+    size_t xrb = kern_qx_row_bytes(fmt, w->n_in), nb = w->n_in / (fmt == KERN_QX_32 ? 32 : 256);
+    __m512 acc[TT];
+    __m512i si[TT];
+    for (size_t t0 = 0; t0 < T; t0 += TT) {
+        size_t tt = T - t0 < TT ? T - t0 : TT;
+        const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
+        for (size_t g = n0 / 8; 8 * g < n1; g += 2) {
+            for (size_t t = 0; t < tt; t++)
+                acc[t] = _mm512_setzero_ps();
+            grp2(w, g, nb, x, xrb, tt, acc, si);
+            size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 16 ? n1 - 8 * g : 16;
+            for (size_t t = 0; t < tt; t++) {
+                float *o = out + (t0 + t) * ldo + 8 * g;
+                if (c0 == 0 && c1 == 16) {
+                    _mm512_storeu_ps(o, acc[t]);
+                } else {
+                    float l[16];
+                    _mm512_storeu_ps(l, acc[t]);
+                    memcpy(o + c0, l + c0, (c1 - c0) * sizeof(float));
+                }
+            }
+        }
+    }
+}
