@@ -8,9 +8,10 @@
  * Built three times (engine/meson.build): for the avx512 table (maddubs, int16 sums), again with
  * VNNI (KERN_QDOT_VNNI: vpdpbusd sums quads in int32, the sub-block scales by vpmulld) chosen per
  * call where the CPU has it, and over simde for the tests (kern/avx512_isa.h). One row of x (a
- * decode step) stays on the ymm kernels; from two rows on, on one Zen 5 core (5632 x 2048,
- * kvs-bench-qmatmul ... avx512 q8), the ymm kernels ran at about 145 Gweights/s where the
- * transposing zmm tiles ran 150-250: these run at (docs/ARCHITECTURE.md). */
+ * decode step) stays on the ymm kernels: these, streaming two groups far apart, were slower
+ * there. From two rows on, on one Zen 5 core (5632 x 2048, kvs-bench-qmatmul ... avx512 q8), the
+ * ymm kernels ran at about 140 Gweights/s, the transposing 16-row tiles over the file's rows
+ * 150-250, these 200-280 (docs/ARCHITECTURE.md, "The integer path"). */
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/qdot.h"
 #include "engine/kern/qdot_zmm.h"
