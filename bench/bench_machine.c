@@ -2,6 +2,8 @@
  *   kvs-bench-machine read-bw THREADS [MiB]   memory read bandwidth (GB/s): THREADS threads
  *                                            each sum their share of a buffer far larger than
  *                                            the caches (default 1024 MiB), best of 5 passes
+ *                                            of an SSE2 and 5 of an AVX2 loop (where the CPU
+ *                                            has it), alternating; the line names the loop
  *   kvs-bench-machine fma THREADS             the FMA peak (GFLOP/s) of each instruction set the
  *                                            CPU has (AVX2+FMA, AVX-512F): independent FMA
  *                                            chains on registers, no memory traffic
@@ -44,11 +46,31 @@ static uint64_t read_sum(const uint64_t *p, size_t n)
     return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
 }
 
+/* The same with 32-byte loads, four 4-lane accumulators: on Zen 5 the SSE2 loop above left a
+ * third of the bandwidth unread (38.6 GB/s where a decode step streamed its weights at 51). */
+__attribute__((target("avx2"))) static uint64_t read_sum_avx2(const uint64_t *p, size_t n)
+{
+    __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                    _mm256_setzero_si256()};
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        _mm_prefetch((const char *)(p + i) + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + i) + 4096 + 64, _MM_HINT_T0);
+        for (int k = 0; k < 4; k++)
+            a[k] = _mm256_add_epi64(a[k], _mm256_loadu_si256((const __m256i *)(p + i + 4 * k)));
+    }
+    uint64_t l[4], s = 0;
+    for (int k = 0; k < 4; k++) {
+        _mm256_storeu_si256((__m256i *)l, a[k]);
+        s += l[0] + l[1] + l[2] + l[3];
+    }
+    return s;
+}
+
 static void *read_main(void *arg)
 {
     job *j = arg;
     pthread_barrier_wait(j->bar);
-    j->sink = read_sum(j->p, j->n);
+    j->sink = j->isa ? read_sum_avx2(j->p, j->n) : read_sum(j->p, j->n);
     pthread_barrier_wait(j->bar);
     return NULL;
 }
@@ -127,20 +149,24 @@ static int read_bw(int threads, size_t mib)
     job *jobs = calloc((size_t)threads, sizeof *jobs);
     size_t per = n / (size_t)threads;
     double best = 0;
+    int best_isa = 0, isas = __builtin_cpu_supports("avx2") ? 2 : 1;
     uint64_t sink = 0;
-    for (int pass = 0; pass < 5; pass++) {
+    for (int pass = 0; pass < 5 * isas; pass++) { /* the loops alternate: the best of either */
         for (int i = 0; i < threads; i++) {
             jobs[i].p = buf + (size_t)i * per;
             jobs[i].n = per;
+            jobs[i].isa = pass % isas;
         }
         double dt = run_threads(threads, jobs, read_main);
         double gbs = (double)per * threads * sizeof(uint64_t) / dt / 1e9;
-        if (gbs > best)
+        if (gbs > best) {
             best = gbs;
+            best_isa = pass % isas;
+        }
         for (int i = 0; i < threads; i++)
             sink += jobs[i].sink;
     }
-    printf("read_bw_gbs,scalar,%d,%.2f\n", threads, best);
+    printf("read_bw_gbs,%s,%d,%.2f\n", best_isa ? "avx2" : "scalar", threads, best);
     fprintf(stderr, "(checksum %llu)\n", (unsigned long long)sink);
     free(jobs);
     free(buf);
