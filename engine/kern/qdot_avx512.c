@@ -625,7 +625,8 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
 #endif
     /* The interleaved layout (kern/qdot_pack.c) needs no transposes, which is what the 16-row
      * tiles below spend their shuffles on: two of its groups a zmm from two rows of x on
-     * (kern/qdot_x8_avx512.c), the ymm kernels for one row (kern/qdot_x8_avx2.c). */
+     * (kern/qdot_x8_avx512.c), for one row Q4_K's group as one stream on zmm where the CPU has
+     * VNNI (the same file) and the ymm kernels otherwise (kern/qdot_x8_avx2.c). */
     if (w->type == KERN_QUANT_X8 && T > 1) {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
         if (vnni) {
@@ -638,6 +639,10 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     }
     if (w->type == KERN_QUANT_X8) {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
+        if (vnni && w->qtype == KERN_GGML_Q4_K) { /* one group's stream, zmm (one_q4k) */
+            kern__qmatmul_x8_avx512_vnni(w, xq, T, out, ldo, n0, n1);
+            return;
+        }
         if (vnni) {
             kern__qmatmul_x8_avx2_vnni(w, xq, T, out, ldo, n0, n1);
             return;

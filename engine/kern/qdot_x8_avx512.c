@@ -8,10 +8,13 @@
  * Built three times (engine/meson.build): for the avx512 table (maddubs, int16 sums), again with
  * VNNI (KERN_QDOT_VNNI: vpdpbusd sums quads in int32, the sub-block scales by vpmulld) chosen per
  * call where the CPU has it, and over simde for the tests (kern/avx512_isa.h). One row of x (a
- * decode step) stays on the ymm kernels: these, streaming two groups far apart, were slower
- * there. From two rows on, on one Zen 5 core (5632 x 2048, kvs-bench-qmatmul ... avx512 q8), the
- * ymm kernels ran at about 140 Gweights/s, the transposing 16-row tiles over the file's rows
- * 150-250, these 200-280 (docs/ARCHITECTURE.md, "The integer path"). */
+ * decode step) stays on the ymm kernels (these pairs, streaming two groups far apart, were
+ * slower there), except Q4_K with VNNI: one_q4k below reads one group as one stream, a whole
+ * 64-byte run a zmm (Zen 5 core: 74 -> 103 Gweights/s in the caches, the same 57 streaming;
+ * TinyLlama Q4_K_M decode 2 threads +5-10 %; the same for Q6_K gained 4 %, so it has none). From
+ * two rows on, on one Zen 5 core (5632 x 2048, kvs-bench-qmatmul ... avx512 q8), the ymm kernels
+ * ran at about 140 Gweights/s, the transposing 16-row tiles over the file's rows 150-250, these
+ * 200-280 (docs/ARCHITECTURE.md, "The integer path"). */
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/qdot.h"
 #include "engine/kern/qdot_zmm.h"
@@ -257,6 +260,64 @@ INLINE void grp_q6k(const kern__q6kx8 *a, const kern__q6kx8 *c, size_t nb, const
     }
 }
 
+#ifdef KERN_QDOT_VNNI
+/* 8 activation bytes at p: the quad at p in lanes 0..7, the one at p + 4 in lanes 8..15 */
+INLINE __m512i quads2(const int8_t *p)
+{
+    const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_epi32(
+        idx, _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(const void *)p)));
+}
+
+/* One activation row of Q4_K (a decode step), one group at a time as it lies: the 64 bytes
+ * qs[c][2 kp], qs[c][2 kp + 1] are one zmm, quad 2 kp of the 8 rows in lanes 0..7 and quad 2 kp + 1
+ * in lanes 8..15; their low nibbles meet sub-block 2 c's activations, the high ones sub-block
+ * 2 c + 1's, by vpdpbusd, scaled by vpmulld in both halves. The halves' int32 sums are added at
+ * the block's end (integers: exact in any order), which leaves each row's S of the ymm kernel,
+ * folded as there: the same bits, one stream, half the instructions. */
+INLINE void one_q4k(const kern__q4kx8 *g, size_t nb, const kern__qx256 *x, __m256 *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (size_t b = 0; b < nb; b++) {
+        const kern__q4kx8 *q = g + b;
+        for (size_t o = 0; o < sizeof *q; o += 64)
+            _mm_prefetch((const char *)(q + 2) + o, _MM_HINT_T0);
+        __m512i si = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i slo = _mm512_setzero_si512(), shi = _mm512_setzero_si512();
+            for (int kp = 0; kp < 4; kp++) {
+                __m512i v = _mm512_loadu_si512((const void *)q->qs[c][2 * kp]);
+                slo = _mm512_dpbusd_epi32(slo, _mm512_and_si512(v, m4),
+                                          quads2(x[b].q + 64 * c + 8 * kp));
+                shi = _mm512_dpbusd_epi32(shi, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                                          quads2(x[b].q + 64 * c + 32 + 8 * kp));
+            }
+            __m256i s0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q->sc[2 * c]));
+            __m256i s1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q->sc[2 * c + 1]));
+            si = _mm512_add_epi32(si, _mm512_add_epi32(_mm512_mullo_epi32(slo, pair(s0, s0)),
+                                                       _mm512_mullo_epi32(shi, pair(s1, s1))));
+        }
+        __m256i S = _mm256_add_epi32(_mm512_castsi512_si256(si), _mm512_extracti64x4_epi64(si, 1));
+        __m256i B = _mm256_setzero_si256(); /* the mins through the sums of 16 activations */
+        for (int j = 0; j < 8; j++) {
+            __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q->mn[j]));
+            int32_t bs;
+            memcpy(&bs, &x[b].bs[2 * j], 4);
+            B = _mm256_add_epi32(B, _mm256_madd_epi16(_mm256_or_si256(m, _mm256_slli_epi32(m, 16)),
+                                                      _mm256_set1_epi32(bs)));
+        }
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
+        __m256 dm =
+            _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->dmin)),
+                          _mm256_set1_ps(-0.0f));
+        __m256 dx = _mm256_set1_ps(x[b].d);
+        __m256 a = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(S)));
+        *acc = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(B)));
+    }
+}
+
+#endif
+
 /* Groups g and g + 1 of w (the last group twice where their count is odd) times xq[0 .. tt). */
 INLINE void grp2(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
                  __m512 *acc, __m512i *si)
@@ -284,6 +345,19 @@ void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t 
     size_t xrb = kern_qx_row_bytes(fmt, w->n_in), nb = w->n_in / (fmt == KERN_QX_32 ? 32 : 256);
     __m512 acc[TT];
     __m512i si[TT];
+#ifdef KERN_QDOT_VNNI
+    if (T == 1 && w->qtype == KERN_GGML_Q4_K) { /* kern__qmatmul_avx512 sends no other one-row */
+        for (size_t g = n0 / 8; 8 * g < n1; g++) {
+            __m256 a = _mm256_setzero_ps();
+            one_q4k((const kern__q4kx8 *)w->data + g * nb, nb, xq, &a);
+            size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
+            float l[8];
+            _mm256_storeu_ps(l, a);
+            memcpy(out + 8 * g + c0, l + c0, (c1 - c0) * sizeof(float));
+        }
+        return;
+    }
+#endif
     for (size_t t0 = 0; t0 < T; t0 += TT) {
         size_t tt = T - t0 < TT ? T - t0 : TT;
         const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
