@@ -131,6 +131,22 @@ INLINE void grp_q40(const kern__q40x8 *a, const kern__q40x8 *c, size_t nb, const
     }
 }
 
+/* Bit j of each byte of h moved to bit 4, by a constant shift per case: simde's emulated shifts
+ * (the tests' copy) take immediates only; j is a constant wherever this is inlined. */
+INLINE __m512i bit_to4(__m512i h, int j)
+{
+    switch (j) {
+    case 0: return _mm512_slli_epi16(h, 4);
+    case 1: return _mm512_slli_epi16(h, 3);
+    case 2: return _mm512_slli_epi16(h, 2);
+    case 3: return _mm512_slli_epi16(h, 1);
+    case 4: return h;
+    case 5: return _mm512_srli_epi16(h, 1);
+    case 6: return _mm512_srli_epi16(h, 2);
+    default: return _mm512_srli_epi16(h, 3);
+    }
+}
+
 /* Q4_K and Q5_K (kern__q4kx8, kern__q5kx8: alike up to qh): per sub-block j, w[k] the low or high
  * nibbles of qs[j / 2][k] (for Q5_K bit j of qh[0][k] above them), the scales and mins 8 bytes a
  * group. The int16 form sums 8 maddubs of 4-bit values (4 of 5-bit ones) and one madd with
@@ -158,11 +174,9 @@ INLINE void grp_q45k(const uint8_t *a, const uint8_t *c, size_t nb, int q5, cons
             for (int k = 0; k < 8; k++) {
                 __m512i v = ld2(pa, pc, qs + 256 * (j / 2) + 32 * k);
                 w[k] = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, m4);
-                if (q5) { /* bit j of each byte to bit 4 (what crosses bytes is masked) */
-                    __m512i h = ld2(pa, pc, qh + 32 * k);
-                    h = j < 4 ? _mm512_slli_epi16(h, 4 - j) : _mm512_srli_epi16(h, j - 4);
-                    w[k] = _mm512_or_si512(w[k], _mm512_and_si512(h, m10));
-                }
+                if (q5) /* bit j of each byte to bit 4 (what crosses bytes is masked) */
+                    w[k] = _mm512_or_si512(
+                        w[k], _mm512_and_si512(bit_to4(ld2(pa, pc, qh + 32 * k), j), m10));
             }
             __m512i sc = u8x16(ha->sc[j], hc->sc[j]);
 #ifndef KERN_QDOT_VNNI
