@@ -244,8 +244,12 @@ class Shutdown(unittest.TestCase):
         and new requests get 503 (with Retry-After); after --shutdown-timeout the server exits
         0 anyway."""
         srv = e2e.Server("--shutdown-timeout", "1")
+        # ~400 bytes an event: 48 x 500 of them (9.6 MB) cannot all sit in the server's socket
+        # send buffer (loopback's tcp_wmem grows to 4 MiB), however fast they are generated;
+        # with n = 8 (1.6 MB) a fast enough engine finished the whole stream into the buffers
+        # within the test's 0.5 s, and the drain ended before /health was asked
         stuck = raw_stream_request(srv.port, {"prompt": "Once upon a time", "max_tokens": 500,
-                                              "ignore_eos": True, "logprobs": 5, "n": 8,
+                                              "ignore_eos": True, "logprobs": 5, "n": 48,
                                               "stream": True})
         time.sleep(0.3)
         srv.proc.send_signal(signal.SIGTERM)
