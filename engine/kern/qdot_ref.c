@@ -110,9 +110,13 @@ static float dot_q8_0(const uint8_t *row, size_t nb, const uint8_t *xr)
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * 34;
         const int8_t *xq = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
+        /* read as int8_t, not cast from uint8_t per value: Debian's GCC 12 with VNNI enabled
+         * (-march=native on Zen 4/5, Sapphire Rapids) vectorizes sum += (int8_t)u8 * s8 into
+         * vpdpbusd, which takes the weights as unsigned (wrong sums; meson.build probes for it) */
+        const int8_t *wq = (const int8_t *)(blk + 2);
         int32_t sum = 0;
         for (int k = 0; k < 32; k++)
-            sum += (int8_t)blk[2 + k] * xq[k];
+            sum += wq[k] * xq[k];
         float dx;
         memcpy(&dx, xr + 4 * b, 4);
         float p = (dtype_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * dx) * (float)sum;
