@@ -446,9 +446,9 @@ static void test_qdot(void **state)
 {
     (void)state;
     static const uint32_t legacy[] = {KERN_GGML_Q8_0, KERN_GGML_Q4_0, KERN_GGML_Q4_1,
-                                      KERN_GGML_Q5_0, KERN_GGML_Q5_1};
-    static const uint32_t kq[] = {KERN_GGML_Q2_K, KERN_GGML_Q3_K, KERN_GGML_Q4_K, KERN_GGML_Q5_K,
-                                  KERN_GGML_Q6_K};
+                                      KERN_GGML_Q5_0, KERN_GGML_Q5_1, KERN_GGML_IQ4_NL};
+    static const uint32_t kq[] = {KERN_GGML_Q2_K, KERN_GGML_Q3_K, KERN_GGML_Q4_K,
+                                  KERN_GGML_Q5_K, KERN_GGML_Q6_K, KERN_GGML_IQ4_XS};
     for (size_t i = 0; i < sizeof legacy / sizeof legacy[0]; i++) {
         check_qdot(legacy[i], 32);
         check_qdot(legacy[i], 288); /* 9 blocks: an odd count past a power of 2 */
@@ -489,19 +489,23 @@ static void test_qx_quantize_edges(void **state)
 }
 
 /* The integer path's oracle fails when it should: a weight changed by one step changes the
- * reference's result (Q4_K, Q4_0, Q8_0 and Q5_1 through their single accumulator), value 0
- * meeting the largest activation. */
+ * reference's result (Q4_K, Q4_0, Q8_0, Q5_1 and the IQ4 types through their single
+ * accumulator), value 0 meeting the only activation. */
 static void test_qdot_is_sensitive(void **state)
 {
     (void)state;
-    static const uint32_t ids[] = {KERN_GGML_Q4_K, KERN_GGML_Q4_0, KERN_GGML_Q8_0, KERN_GGML_Q5_1};
-    static const size_t byte0[] = {16, 2, 2, 8}; /* the lowest bit of value 0's quant */
+    static const uint32_t ids[] = {KERN_GGML_Q4_K, KERN_GGML_Q4_0,   KERN_GGML_Q8_0,
+                                   KERN_GGML_Q5_1, KERN_GGML_IQ4_NL, KERN_GGML_IQ4_XS};
+    static const size_t byte0[] = {16, 2, 2, 8, 2, 8}; /* the lowest bit of value 0's quant */
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         size_t n_in = 256;
         float *wide = malloc(n_in * sizeof(float)), x[256];
         uint8_t *data = make_quant_rows(ids[i], 1, n_in, wide);
+        /* x is value 0's activation alone: with random others the sum can be large enough
+         * that a small block scale's step is below its rounding (seen for Q8_0 once the random
+         * sequence shifted) */
         for (size_t k = 0; k < n_in; k++)
-            x[k] = frand();
+            x[k] = 0.0f;
         x[0] = 4.0f;
         kern_mat m;
         if (ids[i] == KERN_GGML_Q8_0)

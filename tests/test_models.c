@@ -36,8 +36,9 @@
 /* The same with --activations q8: each row of activations rounded to int8 blocks (an error of up
  * to 1/254 of a block's largest value per input), compounded over the layers of these random
  * models; measured up to 0.075 (Q8_0), 0.079 (Q4_0), 0.074 (Q4_1), 0.067 (Q5_0), 0.081 (Q5_1),
- * 0.085 (Q4_K_M), 0.10 (Q3_K_M, Q5_K_M, Q6_K), 0.11 (Q2_K), against at most 1.1e-5 with f32. A
- * wrong scale, sum or activation buffer moves logits by O(1). */
+ * 0.085 (Q4_K_M), 0.10 (Q3_K_M, Q5_K_M, Q6_K), 0.11 (Q2_K), 0.04 (IQ4_NL), 0.13 (IQ4_XS),
+ * against at most 1.1e-5 with f32. A wrong scale, sum or activation buffer moves logits by
+ * O(1). */
 #define TOL_Q8 0.15
 
 static const char *tool;
@@ -639,13 +640,12 @@ static void check_model_act(const char *path, const char *arch, const char *wtyp
 }
 
 /* Both modes; q8 only where it changes something: a file whose projections have an integer
- * kernel (Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K; IQ4_NL, IQ4_XS and a mixture's other types stay
- * on F32 panels). */
+ * kernel (Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS). */
 static void check_model(const char *path, const char *arch, const char *wtype)
 {
     check_model_act(path, arch, wtype, "f32");
-    static const char *const qdot[] = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                                       "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
+    static const char *const qdot[] = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",   "Q2_K",
+                                       "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"};
     for (size_t i = 0; i < sizeof qdot / sizeof qdot[0]; i++)
         if (!strcmp(wtype, qdot[i]))
             check_model_act(path, arch, wtype, "q8");

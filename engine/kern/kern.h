@@ -148,13 +148,15 @@ static inline void kern_axpy_f16_n(const kern_ops *k, float *y, const float *w, 
  * activations are rounded to 8 bits), hence the --activations switch (engine_load_params). */
 typedef enum kern_qx {
     KERN_QX_NONE, /* no integer kernel for this weight type: it keeps its F32 panels */
-    KERN_QX_32,   /* per 32 inputs a float d, the int16 sum and int8 q[32] (Q8_0, Q4_0 .. Q5_1) */
-    KERN_QX_256   /* per 256: float d, int16 sums of each 16 q, int8 q[256] (Q2_K .. Q6_K) */
+    KERN_QX_32,   /* per 32 inputs a float d, the int16 sum and int8 q[32] (Q8_0, Q4_0 .. Q5_1,
+                     IQ4_NL) */
+    KERN_QX_256   /* per 256: float d, int16 sums of each 16 q, int8 q[256] (Q2_K .. Q6_K,
+                     IQ4_XS) */
 } kern_qx;
 
 /* The activation format the integer product of rows w takes (w of row type KERN_Q8_0 or
- * KERN_QUANT): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K have one; IQ4_NL, IQ4_XS (and the
- * unquantized types) KERN_QX_NONE. */
+ * KERN_QUANT): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS have one; the
+ * unquantized types KERN_QX_NONE. */
 kern_qx kern_qdot_act(const kern_mat *w);
 /* Bytes of one quantized row of n_in inputs (n_in a multiple of the format's block). */
 size_t kern_qx_row_bytes(kern_qx fmt, size_t n_in);

@@ -5,11 +5,12 @@
  * A weight block's product with an activation block is exact integer arithmetic. Nothing depends
  * on other rows, columns or the batch; each product is rounded, then summed (never fused).
  *
- * Every type, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (KERN_QX_32) and the K-quants Q2_K .. Q6_K
- * (KERN_QX_256): one float accumulator from 0, block by block:
+ * Every type, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (KERN_QX_32) and the K-quants Q2_K .. Q6_K,
+ * IQ4_XS (KERN_QX_256): one float accumulator from 0, block by block:
  *     acc = acc + (d_w * d_x) * (float)S_b
  * S_b the block's exact integer sum (sub-block scales times their raw values' products, less
- * bias * sums of x: Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32), then for a type with mins
+ * bias * sums of x: Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32; the IQ4 types' values are their
+ * levels, lut[raw], with no bias), then for a type with mins
  *     acc = acc + (dm_w * d_x) * (float)M_b
  * each a product, then a sum, the min's term after the scale's. M_b is the K-quants' sub-block
  * mins times the sums of x (dm_w = -dmin), and Q4_1's and Q5_1's block sum of x sx (dm_w = m,
@@ -35,6 +36,8 @@
 #define KERN_GGML_Q4_K 12
 #define KERN_GGML_Q5_K 13
 #define KERN_GGML_Q6_K 14
+#define KERN_GGML_IQ4_NL 20
+#define KERN_GGML_IQ4_XS 23
 
 /* A KERN_QX_32 row of nb blocks: the nb float scales d first, then the nb int16 sums of each
  * block's 32 q (Q4_0, Q5_0 take their bias of 8, 16 off through them; Q4_1, Q5_1 their min), then

@@ -651,6 +651,18 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
         kern__qmatmul_x8_avx2(w, xq, T, out, ldo, n0, n1);
         return;
     }
+    /* The IQ4 types: the AVX2 kernels at any batch (their levels are a ymm pshufb; no zmm form
+     * yet) */
+    if (kind == KERN_GGML_IQ4_NL || kind == KERN_GGML_IQ4_XS) {
+#if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
+        if (vnni) {
+            kern__qmatmul_avx2_vnni(w, xq, T, out, ldo, n0, n1);
+            return;
+        }
+#endif
+        kern__qmatmul_avx2(w, xq, T, out, ldo, n0, n1);
+        return;
+    }
     for (size_t t0 = 0; t0 < T; t0 += TT) {
         size_t tt = T - t0 < TT ? T - t0 : TT;
         const uint8_t *x = (const uint8_t *)xq + t0 * xrb;

@@ -23,13 +23,15 @@ kern_qx kern_qdot_act(const kern_mat *w)
     case KERN_GGML_Q4_0:
     case KERN_GGML_Q4_1:
     case KERN_GGML_Q5_0:
-    case KERN_GGML_Q5_1: return KERN_QX_32;
+    case KERN_GGML_Q5_1:
+    case KERN_GGML_IQ4_NL: return KERN_QX_32;
     case KERN_GGML_Q2_K:
     case KERN_GGML_Q3_K:
     case KERN_GGML_Q4_K:
     case KERN_GGML_Q5_K:
-    case KERN_GGML_Q6_K: return KERN_QX_256;
-    default: return KERN_QX_NONE; /* IQ4_NL, IQ4_XS: no integer kernel yet, the exact F32 panels */
+    case KERN_GGML_Q6_K:
+    case KERN_GGML_IQ4_XS: return KERN_QX_256;
+    default: return KERN_QX_NONE;
     }
 }
 
@@ -125,9 +127,9 @@ static float dot_q8_0(const uint8_t *row, size_t nb, const uint8_t *xr)
     return acc;
 }
 
-/* One row of Q4_0, Q4_1, Q5_0 or Q5_1 blocks times one quantized row: one accumulator, block by
- * block; Q = raw - bias, the bias taken off through the block's sum of x, then for Q4_1 / Q5_1
- * the min's term m * sx (kern/qdot.h). */
+/* One row of Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL blocks times one quantized row: one accumulator,
+ * block by block; Q = raw - bias, the bias taken off through the block's sum of x (IQ4_NL: Q =
+ * lut[raw]), then for Q4_1 / Q5_1 the min's term m * sx (kern/qdot.h). */
 static float dot32(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
 {
     const kern_qfmt *f = kern__qfmt(w->qtype);
@@ -139,7 +141,7 @@ static float dot32(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
         f->decode(row + b * f->file_bytes, &qb);
         int32_t sum = 0;
         for (int k = 0; k < 32; k++)
-            sum += qb.raw[k] * xq[k];
+            sum += (f->lut ? f->lut[qb.raw[k]] : qb.raw[k]) * xq[k];
         int16_t sx;
         float dx;
         memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
@@ -155,10 +157,10 @@ static float dot32(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
     return acc;
 }
 
-/* One row of a K-quant (raw without a lut, sub-blocks of 16 or 32) times one quantized row, one
- * accumulator, block by block: the block's exact integer sum of the raw values' products times
- * their sub-block scales, less the bias (Q = raw - bias) through the sums of 16 activations bs,
- * then the mins' sum through bs (kern/qdot.h). */
+/* One row of a K-quant or IQ4_XS (sub-blocks of 16 or 32) times one quantized row, one
+ * accumulator, block by block: the block's exact integer sum of the values' products (raw, or
+ * IQ4_XS's lut[raw]) times their sub-block scales, less the bias (Q = raw - bias) through the
+ * sums of 16 activations bs, then the mins' sum through bs (kern/qdot.h). */
 static float dot256(const kern_mat *w, const uint8_t *row, const kern__qx256 *xq)
 {
     const kern_qfmt *f = kern__qfmt(w->qtype);
@@ -172,7 +174,7 @@ static float dot256(const kern_mat *w, const uint8_t *row, const kern__qx256 *xq
         for (int j = 0; j < 256 / f->sub; j++) {
             int32_t s = 0;
             for (int i = f->sub * j; i < f->sub * (j + 1); i++)
-                s += qb.raw[i] * x->q[i];
+                s += (f->lut ? f->lut[qb.raw[i]] : qb.raw[i]) * x->q[i];
             S += qb.sc[j] * s;
         }
         for (int g = 0; g < 16; g++) {
