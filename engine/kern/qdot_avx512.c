@@ -591,6 +591,82 @@ VNNI void grpv_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t n
     }
 }
 
+/* The IQ4 types: the raw nibbles as the legacy types unpack them, then their levels plus 128
+ * (unsigned, 1 .. 241) by one vpshufb; sum (lut + 128) x = S + 128 sx, as for Q8_0. */
+INLINE __m512i iq4_lut_u(void)
+{
+    return _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, (char)118, (char)129,
+                                                (char)141, (char)153, (char)166, (char)181,
+                                                (char)197, (char)217, (char)241));
+}
+
+VNNI void grpv_iq4nl(const uint8_t *const rows[16], const uint8_t *next, size_t nb,
+                     const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
+{
+    const __m512i lut = iq4_lut_u();
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, 18);
+        const uint8_t *p[16];
+        __m512i w[8];
+        unpack_leg(rows, b, 18, 2, -1, p, w);
+        for (int k = 0; k < 8; k++)
+            w[k] = _mm512_shuffle_epi8(lut, w[k]);
+        __m512 dw = f16x16(p, 0);
+        for (size_t t = 0; t < tt; t++) {
+            const uint8_t *xr = xq + t * xrb;
+            __m512i S = dot16(_mm512_setzero_si512(), w,
+                              (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8);
+            int16_t sx;
+            float dx;
+            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+            memcpy(&dx, xr + 4 * b, 4);
+            S = _mm512_sub_epi32(S, _mm512_set1_epi32(128 * sx));
+            acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
+        }
+    }
+}
+
+/* IQ4_XS (qdot_avx2.c's grp_iq4xs layout): sub-block j's 32 values are a legacy block's nibbles
+ * at 8 + 16 j; its sum less 128 times its 32 activations' sum, times its scale (vpmulld: the
+ * sums need all 32 bits), added in int32. */
+VNNI void grpv_iq4xs(const uint8_t *const rows[16], const uint8_t *next, size_t nb,
+                     const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc, __m512i *si)
+{
+    const __m512i lut = iq4_lut_u();
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, 136);
+        const uint8_t *p[16];
+        int32_t sc[8][16];
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *q = rows[r] + 136 * b;
+            unsigned sh = (unsigned)(q[2] | q[3] << 8);
+            for (int j = 0; j < 8; j++)
+                sc[j][r] =
+                    (((q[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | ((sh >> (2 * j)) & 3) << 4) - 32;
+        }
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            __m512i w[8];
+            unpack_leg(rows, b, 136, 8 + 16 * j, -1, p, w);
+            for (int k = 0; k < 8; k++)
+                w[k] = _mm512_shuffle_epi8(lut, w[k]);
+            __m512i scj = _mm512_loadu_si512((const void *)sc[j]);
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                __m512i s = dot16(_mm512_setzero_si512(), w, x->q + 32 * j, 8);
+                s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * (x->bs[2 * j] + x->bs[2 * j + 1])));
+                si[t] = _mm512_add_epi32(si[t], _mm512_mullo_epi32(s, scj));
+            }
+        }
+        __m512 d = f16x16(p, 0);
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            acc[t] = fold16(acc[t], d, _mm512_set1_ps(x->d), cvt_ps(si[t]));
+        }
+    }
+}
+
 /* The VNNI tile kernel for kind (kern__qmatmul_avx512's), if there is one: 0 if not. Q5_K and
  * Q6_K have none: their sub-block sums do not fit an int16, and the scale by vpmulld after
  * vpdpbusd measured slower than maddubs, int16 sums and one madd. */
@@ -606,6 +682,8 @@ VNNI int grpv(int kind, const uint8_t *const rows[16], const uint8_t *next, size
     case KERN_GGML_Q2_K: grpv_q23k(rows, next, K / 256, 0, x, xrb, tt, acc, si); return 1;
     case KERN_GGML_Q3_K: grpv_q23k(rows, next, K / 256, 1, x, xrb, tt, acc, si); return 1;
     case KERN_GGML_Q4_K: grpv_q4k(rows, next, K / 256, x, xrb, tt, acc, si); return 1;
+    case KERN_GGML_IQ4_NL: grpv_iq4nl(rows, next, K / 32, x, xrb, tt, acc); return 1;
+    case KERN_GGML_IQ4_XS: grpv_iq4xs(rows, next, K / 256, x, xrb, tt, acc, si); return 1;
     default: return 0;
     }
 }
@@ -651,17 +729,22 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
         kern__qmatmul_x8_avx2(w, xq, T, out, ldo, n0, n1);
         return;
     }
-    /* The IQ4 types: the AVX2 kernels at any batch (their levels are a ymm pshufb; no zmm form
-     * yet) */
+    /* The IQ4 types have 16-row tiles with VNNI only (grpv_iq4nl, grpv_iq4xs): otherwise, and
+     * for one row, the AVX2 kernels */
     if (kind == KERN_GGML_IQ4_NL || kind == KERN_GGML_IQ4_XS) {
+#ifndef KERN_AVX512_EMULATED
+        if (!vnni || T == 1)
+#endif
+        {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
-        if (vnni) {
-            kern__qmatmul_avx2_vnni(w, xq, T, out, ldo, n0, n1);
+            if (vnni) {
+                kern__qmatmul_avx2_vnni(w, xq, T, out, ldo, n0, n1);
+                return;
+            }
+#endif
+            kern__qmatmul_avx2(w, xq, T, out, ldo, n0, n1);
             return;
         }
-#endif
-        kern__qmatmul_avx2(w, xq, T, out, ldo, n0, n1);
-        return;
     }
     for (size_t t0 = 0; t0 < T; t0 += TT) {
         size_t tt = T - t0 < TT ? T - t0 : TT;
