@@ -638,7 +638,7 @@ INLINE __m128i iq4xs_scales(const uint8_t *s)
  * plus 128 by one vpshufb against x by vpdpbusd, which starts from -128 times the sub-blocks'
  * sums of x (in lanes 0 and 8), then each half times its scale (vpmulld); the 8 rows' int32
  * lanes are summed as the ymm kernels' (measured on a Zen 5 core, 5632 x 2048 in the caches:
- * 35 -> ~60 Gweights/s). */
+ * 35 -> 40 Gweights/s). */
 INLINE void one_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
                       const kern__qx256 *xb, __m256 *acc)
 {
