@@ -10,7 +10,7 @@ run.
 Exits 77 (meson's skip) with the reason when llama-server or llama-quantize
 (KVS_PEER/llama.cpp/bin) or the vocabulary is absent, and under a sanitizer build (KVS_SANITIZE
 other than none): kvserve's 40 positions of a 110m file took 55 s there (Q4_0, against 4 s in the
-release build), some 15 minutes for the ten types with llama-quantize and llama-server.
+release build), some 15 minutes for ten types with llama-quantize and llama-server.
 Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER, KVS_VOCAB, KVS_SANITIZE; by hand:
 test_peer_quants.py [TYPE ...]."""
 import os
@@ -26,13 +26,13 @@ import peer_util
 WEIGHT_STD = os.environ.get("WSTD", "0.05")
 VOCAB = os.environ.get("KVS_VOCAB", os.path.join(peer_util.HERE, "..", "..", "shared", "models",
                                                  "vocab", "ggml-vocab-llama-spm.gguf"))
-# llama-quantize's type names, as the issue lists them (the _M mixtures put some attn_v and
+# llama-quantize's type names, as the issue lists them, and the IQ4 types (the _M mixtures put some attn_v and
 # ffn_down one step up, and output.weight in Q6_K), each with the base file's kvs-mkmodel seed.
-# Q5_1 seed 2: at seed 1 its 32 tokens are not valid UTF-8 (a lone byte token), which
-# llama-server answers with a 500 ("does not match the expected Content-only format"), as qwen3's
-# in test_peer_families.py.
+# Q5_1 and IQ4_XS seed 2: at seed 1 their 32 tokens are not valid UTF-8 (a lone byte token),
+# which llama-server answers with a 500 ("does not match the expected Content-only format"), as
+# qwen3's in test_peer_families.py.
 TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 2, "Q8_0": 1, "Q2_K": 1, "Q3_K_M": 1,
-         "Q4_K_M": 1, "Q5_K_M": 1, "Q6_K": 1}
+         "Q4_K_M": 1, "Q5_K_M": 1, "Q6_K": 1, "IQ4_NL": 1, "IQ4_XS": 2}
 
 
 # The types with an integer kernel (--activations q8, the default): their activations are
@@ -43,7 +43,7 @@ TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 2, "Q8_0": 1, "Q2_K": 1, "Q3_K
 # run in the same way (bench/qfidelity.py: Q8_0 and kvserve q8 both leave it at token 4 of this
 # seed's 110m file, Q4_0 both at token 7; docs/BENCHMARKS.md, "Integer path fidelity").
 Q8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
-            "Q6_K")
+            "Q6_K", "IQ4_NL", "IQ4_XS")
 Q8_TIE = float(os.environ.get("Q8_TIE", "0.5"))
 
 
