@@ -634,11 +634,13 @@ INLINE __m128i iq4xs_scales(const uint8_t *s)
     return _mm_sub_epi16(_mm_or_si128(lo, hi), _mm_set1_epi16(32));
 }
 
-/* IQ4_XS, one row of x, with VNNI: two sub-blocks (64 values, in x's order) a zmm, their levels
- * plus 128 by one vpshufb against x by vpdpbusd, which starts from -128 times the sub-blocks'
- * sums of x (in lanes 0 and 8), then each half times its scale (vpmulld); the 8 rows' int32
- * lanes are summed as the ymm kernels' (measured on a Zen 5 core, 5632 x 2048 in the caches:
- * 35 -> 40 Gweights/s). */
+/* IQ4_XS, one row of x, with VNNI: half a block (4 sub-blocks, 64 bytes) a zmm load, whose low
+ * nibbles are the first 16 values of each sub-block (one per 128-bit lane) and whose high ones
+ * the last 16; x is reordered to match once per block for all 8 rows. The levels plus 128 (one
+ * vpshufb each) meet x in two vpdpbusd into the same lanes, which start from -128 times each
+ * sub-block's sum of x (lane 4 i), then each 128-bit lane times its sub-block's scale (vpmulld);
+ * the 8 rows' int32 lanes are summed as the ymm kernels' (measured on a Zen 5 core, 5632 x 2048
+ * in the caches: 35 Gweights/s for the ymm kernel below, 40 for two sub-blocks a zmm, ~50 so). */
 INLINE void one_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
                       const kern__qx256 *xb, __m256 *acc)
 {
@@ -646,30 +648,36 @@ INLINE void one_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t 
         _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
                       (char)181, (char)197, (char)217, (char)241));
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    /* per half h: sub-block 4 h + i's value in 128-bit lane i (its scale, and its sum in lane 4 i)
+     */
+    const __m512i idx[2] = {_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                            _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7)};
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, 136);
         const kern__qx256 *x = xb + b;
-        const uint8_t *p[8];
-        __m512i xv[4], corr[4], idx[4];
-        for (int h = 0; h < 4; h++) {
-            xv[h] = _mm512_loadu_si512((const void *)(x->q + 64 * h));
-            int32_t c[16] = {0};
-            c[0] = -128 * (x->bs[4 * h] + x->bs[4 * h + 1]);
-            c[8] = -128 * (x->bs[4 * h + 2] + x->bs[4 * h + 3]);
-            corr[h] = _mm512_loadu_si512((const void *)c);
-            idx[h] = _mm512_inserti64x4(_mm512_set1_epi32(2 * h), _mm256_set1_epi32(2 * h + 1), 1);
+        /* -128 times the sum of each sub-block's 32 x: (bs[2 j] + bs[2 j + 1]) * -128, lane j */
+        __m512i X = _mm512_castsi256_si512(_mm256_madd_epi16(ld(x->bs), _mm256_set1_epi16(-128)));
+        __m512i xlo[2], xhi[2], corr[2];
+        for (int h = 0; h < 2; h++) {
+            __m512i a = _mm512_loadu_si512((const void *)(x->q + 128 * h));
+            __m512i c = _mm512_loadu_si512((const void *)(x->q + 128 * h + 64));
+            xlo[h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+            xhi[h] = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+            corr[h] = _mm512_maskz_permutexvar_epi32(0x1111, idx[h], X);
         }
+        const uint8_t *p[8];
         __m256i s[8];
         for (int r = 0; r < 8; r++) {
             p[r] = rows[r] + 136 * b;
             __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi16_epi32(iq4xs_scales(p[r] + 2)));
             __m512i a = _mm512_setzero_si512();
-            for (int h = 0; h < 4; h++) {
-                __m256i v = ld(p[r] + 8 + 32 * h);
-                __m512i t =
-                    _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
-                t = _mm512_and_si512(_mm512_shuffle_i64x2(t, t, _MM_SHUFFLE(3, 1, 2, 0)), m4);
-                __m512i u = _mm512_dpbusd_epi32(corr[h], _mm512_shuffle_epi8(lutu, t), xv[h]);
+            for (int h = 0; h < 2; h++) {
+                __m512i v = _mm512_loadu_si512((const void *)(p[r] + 8 + 64 * h));
+                __m512i lo = _mm512_shuffle_epi8(lutu, _mm512_and_si512(v, m4));
+                __m512i hi =
+                    _mm512_shuffle_epi8(lutu, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                __m512i u =
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr[h], lo, xlo[h]), hi, xhi[h]);
                 a = _mm512_add_epi32(a,
                                      _mm512_mullo_epi32(u, _mm512_permutexvar_epi32(idx[h], sc)));
             }
