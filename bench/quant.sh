@@ -67,7 +67,8 @@ write_section() { # DONE-TYPES-COUNT
     echo '```'
     echo
     echo "kvserve runs with --activations q8 (the default: the integer path for Q8_0, Q4_0 .. Q5_1,"
-    echo "Q2_K .. Q6_K) and, in the f32 columns, --activations f32 (exact F32 panels for every type)."
+    echo "Q2_K .. Q6_K, IQ4_NL, IQ4_XS) and, in the f32 columns, --activations f32 (exact F32 panels"
+    echo "for every type)."
     echo
     echo "| file type | kvserve 1 client tok/s | f32 | llama-server | ratio | batch 1 vs bandwidth / file bytes | kvserve 16 clients | f32 | llama-server | ratio | kvserve RSS MiB |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
