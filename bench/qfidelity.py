@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """bench/qfidelity.py: how far each path's logprobs are from llama.cpp's on the same weights
 dequantized to F32 (llama-quantize --allow-requantize Q F32), the reference the issue names.
-A 110m-shape file (kvs-mkmodel, seed 1, weight std 0.05, llama-spm vocabulary, as
+A 110m-shape file (kvs-mkmodel, seed SEED, weight std 0.05, llama-spm vocabulary, as
 tests/test_peer_quants.py) quantized to each TYPE; llama-server on the F32 file gives 32 greedy
 tokens after tests/peer_util.py's PROMPT and the logprob of each; then llama-server on the
 quantized file (llama.cpp's own quantized path, Q8_K / Q8_0 activations), kvserve --activations
 q8 and --activations f32 on it decode the same prompt greedily. Prints, per path, the max
 |logprob - reference logprob| of the chosen token over the positions before its first token
 differing from the reference, and that position. Usage: bench/qfidelity.py [TYPE ...]
-(default Q8_0 Q4_0 Q4_K_M Q5_K_M Q6_K); BUILD (build)."""
+(default Q8_0 Q4_0 Q4_K_M Q5_K_M Q6_K); BUILD (build), SEED (1: kvs-mkmodel's seed; the
+IQ4_XS file of seed 1 decodes to invalid UTF-8, which llama-server refuses with a 500, as
+tests/test_peer_quants.py says: use 2 there)."""
 import json
 import os
 import subprocess
@@ -93,7 +95,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="kvs-qfid-") as tmp:
         base = os.path.join(tmp, "f16.gguf")
         subprocess.run([MKMODEL, "--shape", "110m", "--type", "f16", "--vocab", VOCAB,
-                        "--weight-std", "0.05", "--seed", "1", "-o", base], check=True,
+                        "--weight-std", "0.05", "--seed", os.environ.get("SEED", "1"), "-o", base], check=True,
                        capture_output=True)
         log = open(os.path.join(tmp, "log"), "w")
         for t in types:
