@@ -196,6 +196,7 @@ void engine__run_job(engine_ctx *c, void (*fn)(void *, uint32_t, uint32_t), void
 }
 
 typedef struct quantize_job {
+    const kern_ops *kern;
     kern_qx fmt;
     const float *in;
     size_t rows, n_in;
@@ -209,8 +210,9 @@ static void quantize_worker(void *arg, uint32_t ith, uint32_t nth)
     const quantize_job *j = arg;
     size_t r0 = j->rows * ith / nth, r1 = j->rows * (ith + 1) / nth;
     if (r1 > r0)
-        kern_qx_quantize(j->fmt, j->in + r0 * j->n_in, r1 - r0, j->n_in, j->n_in,
-                         j->dst + r0 * kern_qx_row_bytes(j->fmt, j->n_in));
+        (j->kern->qx_quantize ? j->kern->qx_quantize : kern_qx_quantize)(
+            j->fmt, j->in + r0 * j->n_in, r1 - r0, j->n_in, j->n_in,
+            j->dst + r0 * kern_qx_row_bytes(j->fmt, j->n_in));
 }
 
 /* A batch's rows are quantized on the pool: on one thread, 16 rows took ~6 % of a
@@ -220,7 +222,7 @@ static void quantize_worker(void *arg, uint32_t ith, uint32_t nth)
 static void quantize_rows(engine_ctx *c, kern_qx fmt, const float *in, size_t rows, size_t n_in,
                           void *dst)
 {
-    quantize_job j = {fmt, in, rows, n_in, dst};
+    quantize_job j = {c->kern, fmt, in, rows, n_in, dst};
     if (rows < 2)
         quantize_worker(&j, 0, 1);
     else

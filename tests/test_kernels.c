@@ -488,6 +488,48 @@ static void test_qx_quantize_edges(void **state)
             fail_msg("subnormal block, value %d: q %d, want 0", k, q[k]);
 }
 
+/* Every table's qx_quantize writes kern_qx_quantize's bytes, both formats, on rows with
+ * outliers, a NaN, an inf, a subnormal block and a zero block (each hits a branch of the
+ * contract), and on rows of random values. */
+static void test_qx_quantize_tables(void **state)
+{
+    (void)state;
+    enum { T = 5, N = 768 };
+    float *x = malloc(T * N * sizeof(float));
+    size_t cap = T * kern_qx_row_bytes(KERN_QX_32, N); /* the larger format at this width */
+    assert_true(cap >= T * kern_qx_row_bytes(KERN_QX_256, N));
+    uint8_t *want = malloc(cap), *got = malloc(cap);
+    assert_true(x && want && got);
+    for (size_t i = 0; i < T * N; i++)
+        x[i] = frand() * (i % 61 == 0 ? 50.0f : 1.0f);
+    x[N + 7] = NAN;
+    x[2 * N + 300] = INFINITY;
+    x[2 * N + 301] = -INFINITY;
+    for (size_t k = 0; k < 256; k++) {
+        x[3 * N + k] = (k % 3 ? 1e-40f : -3e-41f) * (float)(k % 7);
+        x[4 * N + 256 + k] = 0.0f;
+    }
+    for (int f = 0; f < 2; f++) {
+        kern_qx fmt = f ? KERN_QX_256 : KERN_QX_32;
+        size_t rb = kern_qx_row_bytes(fmt, N);
+        memset(want, 0xa5, T * rb);
+        kern_qx_quantize(fmt, x, T, N, N, want);
+        for (int i = 0; i < g_n_isas; i++) {
+            if (!g_isas[i]->qx_quantize)
+                continue;
+            memset(got, 0x5a, T * rb);
+            g_isas[i]->qx_quantize(fmt, x, T, N, N, got);
+            for (size_t b = 0; b < T * rb; b++)
+                if (got[b] != want[b])
+                    fail_msg("%s qx_quantize (format %d): byte %zu is %u, the reference's %u",
+                             g_isas[i]->name, (int)fmt, b, got[b], want[b]);
+        }
+    }
+    free(x);
+    free(want);
+    free(got);
+}
+
 /* The integer path's oracle fails when it should: a weight changed by one step changes the
  * reference's result (Q4_K, Q4_0, Q8_0, Q5_1 and the IQ4 types through their single
  * accumulator), value 0 meeting the only activation. */
@@ -895,6 +937,7 @@ int main(void)
         cmocka_unit_test(test_qdot),
         cmocka_unit_test(test_qdot_is_sensitive),
         cmocka_unit_test(test_qx_quantize_edges),
+        cmocka_unit_test(test_qx_quantize_tables),
         cmocka_unit_test(test_vector_helpers),
         cmocka_unit_test(test_exp),
         cmocka_unit_test(test_softmax),

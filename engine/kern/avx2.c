@@ -7,6 +7,7 @@
 #include "engine/kern/kern.h"
 #include "engine/kern/panel_loop.h"
 #include "engine/kern/qdot.h"
+#include "engine/kern/qx_quant.h"
 
 #include "engine/dtype.h"
 #include "engine/kern/quant.h"
@@ -282,6 +283,25 @@ static void avx2_rmsnorm(float *out, const float *x, const float *w, size_t n, f
         out[i] = x[i] * scale * w[i];
 }
 
+/* max |x| of n (a multiple of 8) values, a NaN skipped: _mm256_max_ps(a, m) is a > m ? a : m */
+static inline __attribute__((always_inline)) float avx2_qx_amax(const float *x, size_t n)
+{
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (size_t i = 0; i < n; i += 8)
+        m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), abs), m);
+    float l[8];
+    _mm256_storeu_ps(l, m);
+    return kern__qx_amax(l, 8);
+}
+
+/* kern/qx_quant.h's quantizer under this file's flags (the compiler's vectors, the same bytes) */
+static void avx2_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in,
+                             void *dst)
+{
+    kern__qx_quantize(fmt, x, T, ldx, n_in, dst, avx2_qx_amax);
+}
+
 const kern_ops kern_avx2_ops = {
     .name = "avx2",
     .matmul = avx2_matmul,
@@ -294,4 +314,5 @@ const kern_ops kern_avx2_ops = {
     .qmatmul = kern__qmatmul_avx2,
     .softmax = avx2_softmax,
     .silu_mul = avx2_silu_mul,
+    .qx_quantize = avx2_qx_quantize,
 };

@@ -10,6 +10,7 @@
 #include "engine/kern/kern.h"
 #include "engine/kern/panel_loop.h"
 #include "engine/kern/qdot.h"
+#include "engine/kern/qx_quant.h"
 
 #include "engine/dtype.h"
 #include "engine/kern/quant.h"
@@ -426,6 +427,25 @@ static void avx512_rmsnorm(float *out, const float *x, const float *w, size_t n,
         out[i] = x[i] * scale * w[i];
 }
 
+/* max |x| of n (a multiple of 16) values, a NaN skipped: _mm512_max_ps(a, m) is a > m ? a : m */
+INLINE float avx512_qx_amax(const float *x, size_t n)
+{
+    const __m512 abs = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 m = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += 16)
+        m = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(x + i), abs), m);
+    float l[16];
+    _mm512_storeu_ps(l, m);
+    return kern__qx_amax(l, 16);
+}
+
+/* kern/qx_quant.h's quantizer under this file's flags (the compiler's vectors, the same bytes) */
+static void avx512_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in,
+                               void *dst)
+{
+    kern__qx_quantize(fmt, x, T, ldx, n_in, dst, avx512_qx_amax);
+}
+
 #ifdef KERN_AVX512_EMULATED
 const kern_ops kern_avx512_emu_ops = {
     .name = "avx512-emulated",
@@ -444,6 +464,7 @@ const kern_ops kern_avx512_ops = {
     .axpy_f16_n = avx512_axpy_f16_n,
     .softmax = avx512_softmax,
     .silu_mul = avx512_silu_mul,
+    .qx_quantize = avx512_qx_quantize,
     /* The integer path's product (kern/qdot.h): batches on 16 rows a zmm (kern/qdot_avx512.c),
      * one activation row on AVX2's kernels; every table's bits are the reference's. */
     .qmatmul = KERN512(kern__qmatmul_avx512),

@@ -80,6 +80,15 @@ void kern_rows_to_f32(const kern_mat *w, size_t r0, size_t nr, float *dst);
 
 /* ---- the operations ---- */
 
+/* The integer path's activation formats (kern/qdot_ref.c, below) */
+typedef enum kern_qx {
+    KERN_QX_NONE, /* no integer kernel for this weight type: it keeps its F32 panels */
+    KERN_QX_32,   /* per 32 inputs a float d, the int16 sum and int8 q[32] (Q8_0, Q4_0 .. Q5_1,
+                     IQ4_NL) */
+    KERN_QX_256   /* per 256: float d, int16 sums of each 16 q, int8 q[256] (Q2_K .. Q6_K,
+                     IQ4_XS) */
+} kern_qx;
+
 typedef struct kern_ops {
     const char *name; /* "generic", "avx2", "avx512": what --kernels takes and /metrics shows */
     /* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1, W of a panel
@@ -113,6 +122,9 @@ typedef struct kern_ops {
     float (*softmax)(float *sc, size_t n, float *max);
     /* g[i] = kern_silu(g[i]) * u[i] (kern/kexp.h), the gated MLP's activation */
     void (*silu_mul)(float *g, const float *u, size_t n);
+    /* kern_qx_quantize's bytes (kern/qx_quant.h, vectorized by the table's flags). NULL:
+     * kern_qx_quantize. */
+    void (*qx_quantize)(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in, void *dst);
 } kern_ops;
 
 /* k's dot_f16_n, or its dot_f16 m times (the same bits). */
@@ -146,13 +158,6 @@ static inline void kern_axpy_f16_n(const kern_ops *k, float *y, const float *w, 
  * integer sums are exact; the float combination is one fixed order, written out in qdot_ref.c,
  * which every table's qmatmul equals bit for bit. Results differ from the F32 panels' (the
  * activations are rounded to 8 bits), hence the --activations switch (engine_load_params). */
-typedef enum kern_qx {
-    KERN_QX_NONE, /* no integer kernel for this weight type: it keeps its F32 panels */
-    KERN_QX_32,   /* per 32 inputs a float d, the int16 sum and int8 q[32] (Q8_0, Q4_0 .. Q5_1,
-                     IQ4_NL) */
-    KERN_QX_256   /* per 256: float d, int16 sums of each 16 q, int8 q[256] (Q2_K .. Q6_K,
-                     IQ4_XS) */
-} kern_qx;
 
 /* The activation format the integer product of rows w takes (w of row type KERN_Q8_0 or
  * KERN_QUANT): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS have one; the

@@ -202,6 +202,7 @@ const kern_ops kern_ref_ops = {
     .qmatmul = kern_qmatmul_ref,
     .softmax = ref_softmax,
     .silu_mul = ref_silu_mul,
+    .qx_quantize = kern_qx_quantize,
 };
 
 void kern_add(float *y, const float *x, size_t n)
