@@ -86,22 +86,56 @@ INLINE void prefetch_next(const uint8_t *next, size_t b, size_t bb)
         _mm_prefetch((const char *)(next + o), _MM_HINT_T0);
 }
 
-/* Q8_0 rows p[0..8) (34-byte blocks: d | 32 int8) times activation rows xq[0 .. tt): maddubs
- * takes unsigned weights, so |w| meets x carrying w's sign (sign_epi8 of the broadcast quad by
- * each row's values); products up to 128 * 127 leave no room to add two maddubs in int16, so
- * each is widened by its own madd. Transposing still pays: the 8 rows' block sums land in their
- * lanes with no horizontal sum. */
-INLINE void grp_q8_0t(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
-                      const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc)
+/* The IQ4 types' values are the signed levels lut[raw] (-127 .. 113): as for Q8_0, |w| meets x
+ * carrying w's sign, and each maddubs (pairs of at most 2 * 127 * 127) is widened by its own
+ * madd, here with the rows' sub-block scales as the int16 pairs where IQ4_XS has them. */
+
+/* The level table in both 128-bit halves */
+INLINE __m256i iq4_lut(void)
 {
-    const __m256i one = _mm256_set1_epi16(1);
+    return _mm256_broadcastsi128_si256(kern__iq4_levels(0));
+}
+
+/* The 32 values of the 16 nibble bytes at q (value j in the low nibble of byte j, j + 16 in its
+ * high one), value i in byte i. */
+INLINE __m256i iq4_vals(const uint8_t *q, __m256i lut)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
+    return _mm256_shuffle_epi8(
+        lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f)));
+}
+
+/* The sum over k < 8 of (w[k] . x[4k .. 4k + 3]) * sc in int32, lane r row r's (w transposed, wa
+ * its magnitudes, sc int16 pairs) */
+INLINE __m256i mul8s(const __m256i w[8], const __m256i wa[8], const int8_t *x, __m256i sc)
+{
+    __m256i S = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++)
+        S = _mm256_add_epi32(
+            S, _mm256_madd_epi16(
+                   _mm256_maddubs_epi16(wa[k], _mm256_sign_epi8(bcast4(x + 4 * k), w[k])), sc));
+    return S;
+}
+
+/* Q8_0 rows p[0..8) (34-byte blocks: d | 32 int8; iq4 0) or IQ4_NL ones (18: d | 16 nibble
+ * bytes, Q4_0's order; iq4 1) times activation rows xq[0 .. tt): maddubs takes unsigned weights,
+ * so |w| meets x carrying w's sign (sign_epi8 of the broadcast quad by each row's values);
+ * products up to 128 * 127 leave no room to add two maddubs in int16, so each is widened by its
+ * own madd. Transposing still pays: the 8 rows' block sums land in their lanes with no
+ * horizontal sum. */
+INLINE void grp_s8(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int iq4,
+                   const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc)
+{
+    const __m256i one = _mm256_set1_epi16(1), lut = iq4_lut();
+    size_t bb = iq4 ? 18 : 34;
     for (size_t b = 0; b < nb; b++) {
-        prefetch_next(next, b, 34);
+        prefetch_next(next, b, bb);
         const uint8_t *p[8];
         __m256i w[8], wa[8];
         for (int r = 0; r < 8; r++) {
-            p[r] = rows[r] + 34 * b;
-            w[r] = ld(p[r] + 2);
+            p[r] = rows[r] + bb * b;
+            w[r] = iq4 ? iq4_vals(p[r] + 2, lut) : ld(p[r] + 2);
         }
         tr8(w);
         for (int k = 0; k < 8; k++)
@@ -109,14 +143,7 @@ INLINE void grp_q8_0t(const uint8_t *const rows[8], const uint8_t *next, size_t 
         __m256 dw = f16x8(p, 0);
         for (size_t t = 0; t < tt; t++) {
             const uint8_t *xr = xq + t * xrb;
-            const int8_t *xs = (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b);
-            __m256i S = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++)
-                S = _mm256_add_epi32(
-                    S, _mm256_madd_epi16(
-                           _mm256_maddubs_epi16(wa[k], _mm256_sign_epi8(bcast4(xs + 4 * k), w[k])),
-                           one));
+            __m256i S = mul8s(w, wa, (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), one);
             float dx;
             memcpy(&dx, xr + 4 * b, 4);
             acc[t] = fold8(acc[t], dw, _mm256_set1_ps(dx), _mm256_cvtepi32_ps(S));
@@ -431,67 +458,6 @@ INLINE void grp_q6k(const uint8_t *const rows[8], const uint8_t *next, size_t nb
     }
 }
 
-/* The IQ4 types' values are the signed levels lut[raw] (-127 .. 113): as for Q8_0, |w| meets x
- * carrying w's sign, and each maddubs (pairs of at most 2 * 127 * 127) is widened by its own
- * madd, here with the rows' sub-block scales as the int16 pairs where IQ4_XS has them. */
-
-/* The level table in both 128-bit halves (kern/quant_pack.c's IQ4_LEVELS, ggml's kvalues_iq4nl) */
-INLINE __m256i iq4_lut(void)
-{
-    return _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
-                            113, -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
-                            89, 113);
-}
-
-/* The 32 values of the 16 nibble bytes at q (value j in the low nibble of byte j, j + 16 in its
- * high one), value i in byte i. */
-INLINE __m256i iq4_vals(const uint8_t *q, __m256i lut)
-{
-    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
-    return _mm256_shuffle_epi8(
-        lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f)));
-}
-
-/* The sum over k < 8 of (w[k] . x[4k .. 4k + 3]) * sc in int32, lane r row r's (w transposed, wa
- * its magnitudes, sc int16 pairs) */
-INLINE __m256i mul8s(const __m256i w[8], const __m256i wa[8], const int8_t *x, __m256i sc)
-{
-    __m256i S = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++)
-        S = _mm256_add_epi32(
-            S, _mm256_madd_epi16(
-                   _mm256_maddubs_epi16(wa[k], _mm256_sign_epi8(bcast4(x + 4 * k), w[k])), sc));
-    return S;
-}
-
-/* IQ4_NL rows p[0..8) (18-byte blocks: d | 16 nibble bytes, Q4_0's order) times activation rows
- * xq[0 .. tt) */
-INLINE void grp_iq4nl(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
-                      const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc)
-{
-    const __m256i one = _mm256_set1_epi16(1), lut = iq4_lut();
-    for (size_t b = 0; b < nb; b++) {
-        prefetch_next(next, b, 18);
-        const uint8_t *p[8];
-        __m256i w[8], wa[8];
-        for (int r = 0; r < 8; r++) {
-            p[r] = rows[r] + 18 * b;
-            w[r] = iq4_vals(p[r] + 2, lut);
-        }
-        tr8(w);
-        for (int k = 0; k < 8; k++)
-            wa[k] = _mm256_sign_epi8(w[k], w[k]);
-        __m256 dw = f16x8(p, 0);
-        for (size_t t = 0; t < tt; t++) {
-            const uint8_t *xr = xq + t * xrb;
-            __m256i S = mul8s(w, wa, (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), one);
-            float dx;
-            memcpy(&dx, xr + 4 * b, 4);
-            acc[t] = fold8(acc[t], dw, _mm256_set1_ps(dx), _mm256_cvtepi32_ps(S));
-        }
-    }
-}
-
 /* IQ4_XS rows p[0..8) (136-byte blocks: d | scales_h (2) | scales_l (4) | qs (128)): sub-block j
  * (values 32 j .. 32 j + 31, qs[16 j .. 16 j + 15] in Q4_0's order) has the 6-bit scale
  * (low nibble j of scales_l) | (bits 2 j, 2 j + 1 of scales_h) << 4, less 32. */
@@ -505,12 +471,8 @@ INLINE void grp_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t 
         int32_t sc[8][8]; /* sc[j][r]: (scale, scale) as int16 pairs */
         for (int r = 0; r < 8; r++) {
             p[r] = rows[r] + 136 * b;
-            unsigned sh = (unsigned)(p[r][2] | p[r][3] << 8);
-            for (int j = 0; j < 8; j++) {
-                int v =
-                    (((p[r][4 + j / 2] >> (4 * (j % 2))) & 0x0f) | ((sh >> (2 * j)) & 3) << 4) - 32;
-                sc[j][r] = (int32_t)((uint32_t)(uint16_t)v * 0x10001u);
-            }
+            for (int j = 0; j < 8; j++)
+                sc[j][r] = (int32_t)((uint32_t)(uint16_t)kern__iq4xs_scale(p[r], j) * 0x10001u);
         }
         __m256 d = f16x8(p, 0);
         for (size_t t = 0; t < tt; t++)
@@ -578,36 +540,19 @@ INLINE __m256i dot_quads(__m256i w, __m256i x)
 #endif
 }
 
-INLINE void one_q8_0(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
-                     const uint8_t *xr, __m256 *acc)
-{
-    for (size_t b = 0; b < nb; b++) {
-        prefetch_next(next, b, 34);
-        const uint8_t *p[8];
-        __m256i x = ld(xr + KERN_QX32_Q(nb) + 32 * b), s[8];
-        for (int r = 0; r < 8; r++) {
-            p[r] = rows[r] + 34 * b;
-            __m256i w = ld(p[r] + 2);
-            s[r] = dot_quads(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-        }
-        float dx;
-        memcpy(&dx, xr + 4 * b, 4);
-        *acc = fold8(*acc, f16x8(p, 0), _mm256_set1_ps(dx), _mm256_cvtepi32_ps(hsum8(s)));
-    }
-}
-
-/* IQ4_NL: one_q8_0 with the 32 levels of the block's nibbles for its int8 values */
-INLINE void one_iq4nl(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
-                      const uint8_t *xr, __m256 *acc)
+/* Q8_0 (iq4 0) or IQ4_NL (iq4 1: the 32 levels of the block's nibbles for its int8 values) */
+INLINE void one_s8(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int iq4,
+                   const uint8_t *xr, __m256 *acc)
 {
     const __m256i lut = iq4_lut();
+    size_t bb = iq4 ? 18 : 34;
     for (size_t b = 0; b < nb; b++) {
-        prefetch_next(next, b, 18);
+        prefetch_next(next, b, bb);
         const uint8_t *p[8];
         __m256i x = ld(xr + KERN_QX32_Q(nb) + 32 * b), s[8];
         for (int r = 0; r < 8; r++) {
-            p[r] = rows[r] + 18 * b;
-            __m256i w = iq4_vals(p[r] + 2, lut);
+            p[r] = rows[r] + bb * b;
+            __m256i w = iq4 ? iq4_vals(p[r] + 2, lut) : ld(p[r] + 2);
             s[r] = dot_quads(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
         }
         float dx;
@@ -644,9 +589,7 @@ INLINE __m128i iq4xs_scales(const uint8_t *s)
 INLINE void one_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
                       const kern__qx256 *xb, __m256 *acc)
 {
-    const __m512i lutu = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
-                      (char)181, (char)197, (char)217, (char)241));
+    const __m512i lutu = _mm512_broadcast_i32x4(kern__iq4_levels(1));
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     /* per half h: sub-block 4 h + i's value in 128-bit lane i (its scale, and its sum in lane 4 i)
      */
@@ -700,11 +643,9 @@ INLINE void one_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t 
         __m256i s[8];
         for (int r = 0; r < 8; r++) {
             p[r] = rows[r] + 136 * b;
-            unsigned sh = (unsigned)(p[r][2] | p[r][3] << 8);
             __m256i sr = _mm256_setzero_si256();
             for (int j = 0; j < 8; j++) {
-                int sc =
-                    (((p[r][4 + j / 2] >> (4 * (j % 2))) & 0x0f) | ((sh >> (2 * j)) & 3) << 4) - 32;
+                int sc = kern__iq4xs_scale(p[r], j);
                 __m256i w = iq4_vals(p[r] + 8 + 16 * j, lut), xj = ld(x->q + 32 * j);
                 sr = _mm256_add_epi32(
                     sr, _mm256_madd_epi16(
@@ -935,7 +876,7 @@ void QMATMUL(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo
                 acc[t] = _mm256_setzero_ps();
             if (tt == 1)
                 switch (kind) {
-                case 0: one_q8_0(rows, next, K / 32, x, acc); break;
+                case 0: one_s8(rows, next, K / 32, 0, x, acc); break;
                 case KERN_GGML_Q4_0: one_q4_0(rows, next, K / 32, x, acc); break;
                 case KERN_GGML_Q4_1: one_leg(rows, next, K / 32, 20, 4, -1, 0, 2, x, acc); break;
                 case KERN_GGML_Q5_0: one_leg(rows, next, K / 32, 22, 6, 2, 16, 0, x, acc); break;
@@ -952,7 +893,7 @@ void QMATMUL(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo
                 case KERN_GGML_Q5_K:
                     one_q45k(rows, next, K / 256, 1, (const kern__qx256 *)(const void *)x, acc);
                     break;
-                case KERN_GGML_IQ4_NL: one_iq4nl(rows, next, K / 32, x, acc); break;
+                case KERN_GGML_IQ4_NL: one_s8(rows, next, K / 32, 1, x, acc); break;
                 case KERN_GGML_IQ4_XS:
                     one_iq4xs(rows, next, K / 256, (const kern__qx256 *)(const void *)x, acc);
                     break;
@@ -962,7 +903,7 @@ void QMATMUL(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo
                 }
             else
                 switch (kind) {
-                case 0: grp_q8_0t(rows, next, K / 32, x, xrb, tt, acc); break;
+                case 0: grp_s8(rows, next, K / 32, 0, x, xrb, tt, acc); break;
                 case KERN_GGML_Q4_0: grp_q4_0(rows, next, K / 32, x, xrb, tt, acc); break;
                 case KERN_GGML_Q4_1:
                     grp_leg(rows, next, K / 32, 20, 4, -1, 0, 2, x, xrb, tt, acc);
@@ -977,7 +918,7 @@ void QMATMUL(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo
                 case KERN_GGML_Q3_K: grp_q23k(rows, next, K / 256, 1, x, xrb, tt, acc, si); break;
                 case KERN_GGML_Q4_K: grp_q45k(rows, next, K / 256, 0, x, xrb, tt, acc, si); break;
                 case KERN_GGML_Q5_K: grp_q45k(rows, next, K / 256, 1, x, xrb, tt, acc, si); break;
-                case KERN_GGML_IQ4_NL: grp_iq4nl(rows, next, K / 32, x, xrb, tt, acc); break;
+                case KERN_GGML_IQ4_NL: grp_s8(rows, next, K / 32, 1, x, xrb, tt, acc); break;
                 case KERN_GGML_IQ4_XS: grp_iq4xs(rows, next, K / 256, x, xrb, tt, acc, si); break;
                 default: grp_q6k(rows, next, K / 256, x, xrb, tt, acc, si); break;
                 }

@@ -462,6 +462,27 @@ INLINE __attribute__((target("avx512vnni"))) __m512i dot16(__m512i s, const __m5
     return s;
 }
 
+/* Block b of 16 rows whose 32 values w (transposed quads) are the weights plus 128, unsigned,
+ * times activation rows xq[0 .. tt) (KERN_QX_32): S = the vpdpbusd sum less 128 sx, folded with
+ * the rows' scales dw (Q8_0 and IQ4_NL) */
+INLINE __attribute__((target("avx512vnni"))) void fold_u128(const __m512i w[8], __m512 dw,
+                                                            const uint8_t *xq, size_t xrb,
+                                                            size_t tt, size_t nb, size_t b,
+                                                            __m512 *acc)
+{
+    for (size_t t = 0; t < tt; t++) {
+        const uint8_t *xr = xq + t * xrb;
+        __m512i S =
+            dot16(_mm512_setzero_si512(), w, (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8);
+        int16_t sx;
+        float dx;
+        memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+        memcpy(&dx, xr + 4 * b, 4);
+        S = _mm512_sub_epi32(S, _mm512_set1_epi32(128 * sx));
+        acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
+    }
+}
+
 /* Q8_0: w + 128 (w ^ 0x80) is unsigned, and sum (w + 128) x = S + 128 sx. */
 VNNI void grpv_q8_0(const uint8_t *const rows[16], const uint8_t *next, size_t nb,
                     const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
@@ -474,18 +495,7 @@ VNNI void grpv_q8_0(const uint8_t *const rows[16], const uint8_t *next, size_t n
         unpack_q8_0(rows, b, p, w);
         for (int k = 0; k < 8; k++)
             w[k] = _mm512_xor_si512(w[k], flip);
-        __m512 dw = f16x16(p, 0);
-        for (size_t t = 0; t < tt; t++) {
-            const uint8_t *xr = xq + t * xrb;
-            __m512i S = dot16(_mm512_setzero_si512(), w,
-                              (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8);
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            S = _mm512_sub_epi32(S, _mm512_set1_epi32(128 * sx));
-            acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
-        }
+        fold_u128(w, f16x16(p, 0), xq, xrb, tt, nb, b, acc);
     }
 }
 
@@ -595,9 +605,7 @@ VNNI void grpv_q23k(const uint8_t *const rows[16], const uint8_t *next, size_t n
  * (unsigned, 1 .. 241) by one vpshufb; sum (lut + 128) x = S + 128 sx, as for Q8_0. */
 INLINE __m512i iq4_lut_u(void)
 {
-    return _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, (char)118, (char)129,
-                                                (char)141, (char)153, (char)166, (char)181,
-                                                (char)197, (char)217, (char)241));
+    return _mm512_broadcast_i32x4(kern__iq4_levels(1));
 }
 
 VNNI void grpv_iq4nl(const uint8_t *const rows[16], const uint8_t *next, size_t nb,
@@ -611,18 +619,7 @@ VNNI void grpv_iq4nl(const uint8_t *const rows[16], const uint8_t *next, size_t 
         unpack_leg(rows, b, 18, 2, -1, p, w);
         for (int k = 0; k < 8; k++)
             w[k] = _mm512_shuffle_epi8(lut, w[k]);
-        __m512 dw = f16x16(p, 0);
-        for (size_t t = 0; t < tt; t++) {
-            const uint8_t *xr = xq + t * xrb;
-            __m512i S = dot16(_mm512_setzero_si512(), w,
-                              (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8);
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            S = _mm512_sub_epi32(S, _mm512_set1_epi32(128 * sx));
-            acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
-        }
+        fold_u128(w, f16x16(p, 0), xq, xrb, tt, nb, b, acc);
     }
 }
 
@@ -638,11 +635,8 @@ VNNI void grpv_iq4xs(const uint8_t *const rows[16], const uint8_t *next, size_t 
         const uint8_t *p[16];
         int32_t sc[8][16];
         for (int r = 0; r < 16; r++) {
-            const uint8_t *q = rows[r] + 136 * b;
-            unsigned sh = (unsigned)(q[2] | q[3] << 8);
             for (int j = 0; j < 8; j++)
-                sc[j][r] =
-                    (((q[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | ((sh >> (2 * j)) & 3) << 4) - 32;
+                sc[j][r] = kern__iq4xs_scale(rows[r] + 136 * b, j);
         }
         for (size_t t = 0; t < tt; t++)
             si[t] = _mm512_setzero_si512();

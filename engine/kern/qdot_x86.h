@@ -25,4 +25,21 @@ static inline __attribute__((always_inline)) __m128i scales_k4(const uint8_t *s)
     return _mm_or_si128(lo, hi);
 }
 
+/* The IQ4 types' 16 levels (ggml's kvalues_iq4nl, kern/quant_pack.c's IQ4_LEVELS), as signed
+ * bytes, or plus 128 as unsigned ones (vpdpbusd's operand): a vpshufb looks nibbles up in them. */
+static inline __attribute__((always_inline)) __m128i kern__iq4_levels(int plus128)
+{
+    __m128i v =
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    return plus128 ? _mm_xor_si128(v, _mm_set1_epi8((char)0x80)) : v;
+}
+
+/* Sub-block j's scale of the IQ4_XS block at p (d | scales_h | scales_l[4] | qs): nibble j of
+ * scales_l over bits 2 j, 2 j + 1 of scales_h, less 32. */
+static inline __attribute__((always_inline)) int kern__iq4xs_scale(const uint8_t *p, int j)
+{
+    unsigned sh = (unsigned)(p[2] | p[3] << 8);
+    return (((p[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | ((sh >> (2 * j)) & 3) << 4) - 32;
+}
+
 #endif
