@@ -468,12 +468,14 @@ INLINE void grp_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t 
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, 136);
         const uint8_t *p[8];
-        int32_t sc[8][8]; /* sc[j][r]: (scale, scale) as int16 pairs */
+        __m256i sc[8]; /* lane r of sc[j]: row r's (scale j, scale j) int16 pair */
         for (int r = 0; r < 8; r++) {
             p[r] = rows[r] + 136 * b;
-            for (int j = 0; j < 8; j++)
-                sc[j][r] = (int32_t)((uint32_t)(uint16_t)kern__iq4xs_scale(p[r], j) * 0x10001u);
+            __m128i s16 = kern__iq4xs_scales(p[r]);
+            sc[r] = _mm256_cvtepu16_epi32(s16);
+            sc[r] = _mm256_or_si256(sc[r], _mm256_slli_epi32(sc[r], 16));
         }
+        tr8(sc);
         __m256 d = f16x8(p, 0);
         for (size_t t = 0; t < tt; t++)
             si[t] = _mm256_setzero_si256();
@@ -484,7 +486,7 @@ INLINE void grp_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t 
             tr8(w);
             for (int k = 0; k < 8; k++)
                 wa[k] = _mm256_sign_epi8(w[k], w[k]);
-            __m256i scj = ld(sc[j]);
+            __m256i scj = sc[j];
             for (size_t t = 0; t < tt; t++) {
                 const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
                 si[t] = _mm256_add_epi32(si[t], mul8s(w, wa, x->q + 32 * j, scj));
@@ -562,23 +564,6 @@ INLINE void one_s8(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
 }
 
 #ifdef KERN_QDOT_VNNI
-/* The 8 sub-block scales of the IQ4_XS block whose scales_h is at s (scales_l follows) as int16:
- * (nibble j of scales_l | bits 2 j, 2 j + 1 of scales_h << 4) - 32 */
-INLINE __m128i iq4xs_scales(const uint8_t *s)
-{
-    uint32_t sl;
-    memcpy(&sl, s + 2, 4);
-    __m128i lo =
-        _mm_shuffle_epi8(_mm_cvtsi32_si128((int)sl),
-                         _mm_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1));
-    lo = _mm_and_si128(_mm_srlv_epi16(lo, _mm_setr_epi16(0, 4, 0, 4, 0, 4, 0, 4)),
-                       _mm_set1_epi16(0x0f));
-    __m128i hi = _mm_srlv_epi16(_mm_set1_epi16((short)(s[0] | s[1] << 8)),
-                                _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14));
-    hi = _mm_slli_epi16(_mm_and_si128(hi, _mm_set1_epi16(3)), 4);
-    return _mm_sub_epi16(_mm_or_si128(lo, hi), _mm_set1_epi16(32));
-}
-
 /* IQ4_XS, one row of x, with VNNI: half a block (4 sub-blocks, 64 bytes) a zmm load, whose low
  * nibbles are the first 16 values of each sub-block (one per 128-bit lane) and whose high ones
  * the last 16; x is reordered to match once per block for all 8 rows. The levels plus 128 (one
@@ -612,7 +597,7 @@ INLINE void one_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t 
         __m256i s[8];
         for (int r = 0; r < 8; r++) {
             p[r] = rows[r] + 136 * b;
-            __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi16_epi32(iq4xs_scales(p[r] + 2)));
+            __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi16_epi32(kern__iq4xs_scales(p[r])));
             __m512i a = _mm512_setzero_si512();
             for (int h = 0; h < 2; h++) {
                 __m512i v = _mm512_loadu_si512((const void *)(p[r] + 8 + 64 * h));
@@ -644,13 +629,16 @@ INLINE void one_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t 
         for (int r = 0; r < 8; r++) {
             p[r] = rows[r] + 136 * b;
             __m256i sr = _mm256_setzero_si256();
+            __m128i s16 = kern__iq4xs_scales(p[r]);
             for (int j = 0; j < 8; j++) {
-                int sc = kern__iq4xs_scale(p[r], j);
+                /* scale j in every word: a pshufb of its two bytes */
+                __m256i sc = _mm256_broadcastsi128_si256(
+                    _mm_shuffle_epi8(s16, _mm_set1_epi16((short)(2 * j | (2 * j + 1) << 8))));
                 __m256i w = iq4_vals(p[r] + 8 + 16 * j, lut), xj = ld(x->q + 32 * j);
                 sr = _mm256_add_epi32(
-                    sr, _mm256_madd_epi16(
-                            _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xj, w)),
-                            _mm256_set1_epi16((short)sc)));
+                    sr,
+                    _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xj, w)), sc));
             }
             s[r] = sr;
         }

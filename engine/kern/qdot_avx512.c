@@ -633,11 +633,13 @@ VNNI void grpv_iq4xs(const uint8_t *const rows[16], const uint8_t *next, size_t 
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, 136);
         const uint8_t *p[16];
-        int32_t sc[8][16];
-        for (int r = 0; r < 16; r++) {
-            for (int j = 0; j < 8; j++)
-                sc[j][r] = kern__iq4xs_scale(rows[r] + 136 * b, j);
-        }
+        /* the 16 rows' 8 scales (int16, row r at 8 r) in 4 zmm; scj gathers scale j of each */
+        int16_t s16[16][8];
+        for (int r = 0; r < 16; r++)
+            _mm_storeu_si128((__m128i *)(void *)s16[r], kern__iq4xs_scales(rows[r] + 136 * b));
+        __m512i z[4];
+        for (int i = 0; i < 4; i++)
+            z[i] = _mm512_loadu_si512((const void *)s16[4 * i]);
         for (size_t t = 0; t < tt; t++)
             si[t] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
@@ -645,7 +647,13 @@ VNNI void grpv_iq4xs(const uint8_t *const rows[16], const uint8_t *next, size_t 
             unpack_leg(rows, b, 136, 8 + 16 * j, -1, p, w);
             for (int k = 0; k < 8; k++)
                 w[k] = _mm512_shuffle_epi8(lut, w[k]);
-            __m512i scj = _mm512_loadu_si512((const void *)sc[j]);
+            const __m512i idx = _mm512_add_epi16(
+                _mm512_set1_epi16((short)j),
+                _mm512_zextsi128_si512(_mm_setr_epi16(0, 8, 16, 24, 32, 40, 48, 56)));
+            __m512i lo = _mm512_permutex2var_epi16(z[0], idx, z[1]); /* rows 0-7, words 0-7 */
+            __m512i hi = _mm512_permutex2var_epi16(z[2], idx, z[3]); /* rows 8-15 */
+            __m512i scj = _mm512_cvtepi16_epi32(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm512_castsi512_si128(lo)), _mm512_castsi512_si128(hi), 1));
             for (size_t t = 0; t < tt; t++) {
                 const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
                 __m512i s = dot16(_mm512_setzero_si512(), w, x->q + 32 * j, 8);

@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 /* The 12 scale bytes of a Q4_K block as sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15), four
  * at a time: sc[j], m[j] (j < 4) are the low 6 bits of s[j], s[j + 4]; sc[j + 4] is the low
@@ -34,12 +35,25 @@ static inline __attribute__((always_inline)) __m128i kern__iq4_levels(int plus12
     return plus128 ? _mm_xor_si128(v, _mm_set1_epi8((char)0x80)) : v;
 }
 
-/* Sub-block j's scale of the IQ4_XS block at p (d | scales_h | scales_l[4] | qs): nibble j of
- * scales_l over bits 2 j, 2 j + 1 of scales_h, less 32. */
-static inline __attribute__((always_inline)) int kern__iq4xs_scale(const uint8_t *p, int j)
+/* The 8 sub-block scales of the IQ4_XS block at p (d | scales_h | scales_l[4] | qs) as int16:
+ * nibble j of scales_l over bits 2 j, 2 j + 1 of scales_h, less 32. Shifts by a lane's own count
+ * as multiplies (SSE2 has no variable 16-bit shift): the nibbles as (w * 16) >> 4 or w >> 4 of the
+ * byte doubled into a word, the 2-bit fields as (sh << (14 - 2 j)) >> 14 in 16 bits. */
+static inline __attribute__((always_inline)) __m128i kern__iq4xs_scales(const uint8_t *p)
 {
-    unsigned sh = (unsigned)(p[2] | p[3] << 8);
-    return (((p[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | ((sh >> (2 * j)) & 3) << 4) - 32;
+    int32_t sl;
+    memcpy(&sl, p + 4, 4);
+    __m128i w = _mm_shuffle_epi8(_mm_cvtsi32_si128(sl), _mm_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2,
+                                                                      -1, 2, -1, 3, -1, 3, -1));
+    __m128i lo = _mm_and_si128(
+        _mm_srli_epi16(_mm_mullo_epi16(w, _mm_setr_epi16(16, 1, 16, 1, 16, 1, 16, 1)), 4),
+        _mm_set1_epi16(0x0f));
+    __m128i sh = _mm_set1_epi16((short)(p[2] | p[3] << 8));
+    __m128i hi =
+        _mm_srli_epi16(_mm_mullo_epi16(sh, _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6,
+                                                          1 << 4, 1 << 2, 1)),
+                       14);
+    return _mm_sub_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32));
 }
 
 #endif
