@@ -75,34 +75,71 @@ static void item_init(const attn_job *j, uint32_t t, uint32_t span, uint32_t ite
     it->n = n_pos - it->p0 < ATTN_SPAN ? n_pos - it->p0 : ATTN_SPAN;
 }
 
-/* Head h's scores of item it's positions into sc[skip .. n) (scaled, soft-capped). */
-static void head_scores(const attn_job *j, const attn_item *it, uint32_t h, float *sc)
+/* The heads one call of the run kernels takes: with grouped-query attention the query heads of
+ * one kv head, which read the same cache rows (each row widened once for them all); without (one
+ * query head per kv head), a lone row's every head, at bh bytes from the previous one's rows
+ * (independent FMA chains), and for several rows one head, whose span of keys and values (2 x
+ * 128 positions x head_dim) then stays in L1 while each row of the group reads it. */
+static uint32_t heads_at_once(const engine_hparams *hp, bool lone_row)
+{
+    uint32_t group = hp->n_head / hp->n_head_kv;
+    return group > 1 ? group : lone_row ? hp->n_head : 1;
+}
+
+/* The run kernels' view of heads [h0, h0 + g) over positions [i, i + run) of the item's span
+ * (within one block): arena holds the layer's K or V. */
+static kern_run head_run(const attn_job *j, const attn_item *it, const uint8_t *arena, uint32_t h0,
+                         uint32_t g, uint32_t i, uint32_t run)
+{
+    const engine_hparams *hp = &j->c->m->hp;
+    uint32_t hd = hp->head_dim, bs = j->kv->block_size, group = hp->n_head / hp->n_head_kv;
+    size_t row = (size_t)hp->n_head_kv * hd * j->kv->esz, hsz = (size_t)hd * j->kv->esz;
+    uint32_t p = it->p0 + i;
+    const uint8_t *base = arena + ((size_t)it->blocks[p / bs] * bs + p % bs) * row;
+    return (kern_run){.b = base + (size_t)(h0 / group) * hsz,
+                      .bh = group > 1 ? 0 : hsz,
+                      .stride = row,
+                      .g = g,
+                      .m = run,
+                      .n = hd};
+}
+
+/* Heads [h0, h0 + g)'s scores of item it's positions [i0, i1) into sc + (h - h0) * ATTN_SPAN
+ * (scaled, soft-capped). */
+static void heads_scores(const attn_job *j, const attn_item *it, uint32_t h0, uint32_t g, float *sc,
+                         uint32_t i0, uint32_t i1)
 {
     const engine_ctx *c = j->c;
     const engine_hparams *hp = &c->m->hp;
     uint32_t hd = hp->head_dim, bs = j->kv->block_size, group = hp->n_head / hp->n_head_kv;
-    size_t row = (size_t)hp->n_head_kv * hd * j->kv->esz,
-           koff = (size_t)(h / group) * hd * j->kv->esz;
-    const float *q = it->q + (size_t)h * hd;
+    size_t row = (size_t)hp->n_head_kv * hd * j->kv->esz;
     if (j->kv->type == ENGINE_KV_F16) {
         /* a block's positions are rows `row` bytes apart: one call per run */
-        for (uint32_t i = it->skip; i < it->n;) {
-            uint32_t p = it->p0 + i, run = bs - p % bs < it->n - i ? bs - p % bs : it->n - i;
-            const uint8_t *kp = j->kl + ((size_t)it->blocks[p / bs] * bs + p % bs) * row;
-            kern_dot_f16_n(c->kern, q, kp + koff, row, run, hd, sc + i);
+        for (uint32_t i = i0; i < i1;) {
+            uint32_t p = it->p0 + i, run = bs - p % bs < i1 - i ? bs - p % bs : i1 - i;
+            kern_run r = head_run(j, it, j->kl, h0, g, i, run);
+            kern_dot_f16_n(c->kern, &r, it->q + (size_t)h0 * hd, hd, sc + i, ATTN_SPAN);
             i += run;
         }
     } else {
-        for (uint32_t i = it->skip; i < it->n; i++) {
-            uint32_t p = it->p0 + i;
-            const uint8_t *kp = j->kl + ((size_t)it->blocks[p / bs] * bs + p % bs) * row;
-            sc[i] = c->kern->dot(q, (const float *)(const void *)(kp + koff), hd);
-        }
+        for (uint32_t h = h0; h < h0 + g; h++)
+            for (uint32_t i = i0; i < i1; i++) {
+                uint32_t p = it->p0 + i;
+                const uint8_t *kp = j->kl + ((size_t)it->blocks[p / bs] * bs + p % bs) * row +
+                                    (size_t)(h / group) * hd * j->kv->esz;
+                sc[(h - h0) * ATTN_SPAN + i] =
+                    c->kern->dot(it->q + (size_t)h * hd, (const float *)(const void *)kp, hd);
+            }
     }
     float scale = c->m->attn_scale, cap = c->m->attn_softcap;
-    for (uint32_t i = it->skip; i < it->n; i++) {
-        float s = sc[i] * scale;
-        sc[i] = cap > 0 ? cap * tanhf(s / cap) : s;
+    for (uint32_t h = 0; h < g; h++) {
+        float *s = sc + h * ATTN_SPAN;
+        if (cap > 0)
+            for (uint32_t i = i0; i < i1; i++)
+                s[i] = cap * tanhf(s[i] * scale / cap);
+        else /* a loop the compiler vectorizes */
+            for (uint32_t i = i0; i < i1; i++)
+                s[i] *= scale;
     }
 }
 
@@ -118,35 +155,56 @@ static void head_softmax(const attn_job *j, const attn_item *it, uint32_t h, flo
     ph[hd + 1] = sum;
 }
 
-/* Head h's o += the values of positions [i0, i1) of the span, weighted by sc, in order. */
-static void head_values(const attn_job *j, const attn_item *it, uint32_t h, const float *sc,
-                        uint32_t i0, uint32_t i1)
+/* Heads [h0, h0 + g)'s o += the values of positions [i0, i1) of the span, weighted by sc + (h -
+ * h0) * ATTN_SPAN, in order. */
+static void heads_values(const attn_job *j, const attn_item *it, uint32_t h0, uint32_t g,
+                         const float *sc, uint32_t i0, uint32_t i1)
 {
     const engine_ctx *c = j->c;
     const engine_hparams *hp = &c->m->hp;
     uint32_t hd = hp->head_dim, bs = j->kv->block_size, group = hp->n_head / hp->n_head_kv;
-    size_t row = (size_t)hp->n_head_kv * hd * j->kv->esz,
-           voff = (size_t)(h / group) * hd * j->kv->esz;
-    float *oh = it->part + (size_t)h * (hd + 2);
+    size_t row = (size_t)hp->n_head_kv * hd * j->kv->esz;
+    float *oh = it->part + (size_t)h0 * (hd + 2);
     for (uint32_t i = i0; i < i1;) {
         uint32_t p = it->p0 + i, run = bs - p % bs < i1 - i ? bs - p % bs : i1 - i;
-        const uint8_t *vh = j->vl + ((size_t)it->blocks[p / bs] * bs + p % bs) * row + voff;
-        if (j->kv->type == ENGINE_KV_F16)
-            kern_axpy_f16_n(c->kern, oh, sc + i, vh, row, run, hd);
-        else
-            for (uint32_t r = 0; r < run; r++)
-                c->kern->axpy(oh, sc[i + r], (const float *)(const void *)(vh + (size_t)r * row),
-                              hd);
+        if (j->kv->type == ENGINE_KV_F16) {
+            kern_run r = head_run(j, it, j->vl, h0, g, i, run);
+            kern_axpy_f16_n(c->kern, &r, oh, hd + 2, sc + i, ATTN_SPAN);
+        } else {
+            const uint8_t *vb = j->vl + ((size_t)it->blocks[p / bs] * bs + p % bs) * row;
+            for (uint32_t h = h0; h < h0 + g; h++)
+                for (uint32_t r = 0; r < run; r++)
+                    c->kern->axpy(
+                        oh + (size_t)(h - h0) * (hd + 2), sc[(h - h0) * ATTN_SPAN + i + r],
+                        (const float *)(const void *)(vb + (size_t)r * row +
+                                                      (size_t)(h / group) * hd * j->kv->esz),
+                        hd);
+        }
         i += run;
     }
 }
 
+/* The cache rows of the block run at position i of the span (arena: K or V), asked for ahead
+ * of their use: a lone row's attention reads each block once, mostly from memory past a few
+ * thousand positions, and the hardware prefetchers do not follow the jumps between blocks. */
+static void prefetch_run(const attn_job *j, const attn_item *it, const uint8_t *arena, uint32_t i)
+{
+    const engine_hparams *hp = &j->c->m->hp;
+    uint32_t bs = j->kv->block_size, p = it->p0 + i;
+    uint32_t run = bs - p % bs < it->n - i ? bs - p % bs : it->n - i;
+    size_t row = (size_t)hp->n_head_kv * hp->head_dim * j->kv->esz;
+    const uint8_t *b = arena + ((size_t)it->blocks[p / bs] * bs + p % bs) * row;
+    for (size_t o = 0; o < run * row; o += 64)
+        __builtin_prefetch(b + o, 0, 3);
+}
+
 /* One task: a span of positions for up to ATTN_GROUP rows of one sequence. Each (row, head)
  * is computed alike whatever the order (its scores, softmax and value sums each in position
- * order), so the order only decides what stays in the caches. A lone row (decoding) goes
- * through its span block by block with every head, its K rows once, then its V rows once;
- * several rows go head by head, so one head's keys and values of the span (2 x 128 positions x
- * head_dim) stay in L1 while every row of the group reads them. */
+ * order), so the order only decides what stays in the caches and what is shared. A lone row
+ * (decoding) goes through its span block by block, its K rows once for every head, then its V
+ * rows once, the next block's rows asked for ahead; several rows go kv head by kv head
+ * (heads_at_once), so that head's keys and values of the span stay in L1 while every row of the
+ * group reads them. */
 static void attend_task(const attn_job *j, const attn_task *tk, float *scores)
 {
     const engine_hparams *hp = &j->c->m->hp;
@@ -158,33 +216,37 @@ static void attend_task(const attn_job *j, const attn_task *tk, float *scores)
             continue;
         item_init(j, t, tk->span, item, &its[n_it++]);
     }
+    uint32_t g = heads_at_once(hp, n_it == 1);
     if (n_it == 1) {
         const attn_item *it = &its[0];
         uint32_t bs = j->kv->block_size;
+        prefetch_run(j, it, j->kl, it->skip);
         for (uint32_t i = it->skip; i < it->n;) {
             uint32_t p = it->p0 + i, run = bs - p % bs < it->n - i ? bs - p % bs : it->n - i;
-            attn_item r = *it; /* one block's run of the span */
-            r.skip = i;
-            r.n = i + run;
-            for (uint32_t h = 0; h < hp->n_head; h++)
-                head_scores(j, &r, h, scores + h * ATTN_SPAN);
+            prefetch_run(j, it, i + run < it->n ? j->kl : j->vl,
+                         i + run < it->n ? i + run : it->skip);
+            for (uint32_t h = 0; h < hp->n_head; h += g)
+                heads_scores(j, it, h, g, scores + h * ATTN_SPAN, i, i + run);
             i += run;
         }
         for (uint32_t h = 0; h < hp->n_head; h++)
             head_softmax(j, it, h, scores + h * ATTN_SPAN);
         for (uint32_t i = it->skip; i < it->n;) {
             uint32_t p = it->p0 + i, run = bs - p % bs < it->n - i ? bs - p % bs : it->n - i;
-            for (uint32_t h = 0; h < hp->n_head; h++)
-                head_values(j, it, h, scores + h * ATTN_SPAN, i, i + run);
+            if (i + run < it->n)
+                prefetch_run(j, it, j->vl, i + run);
+            for (uint32_t h = 0; h < hp->n_head; h += g)
+                heads_values(j, it, h, g, scores + h * ATTN_SPAN, i, i + run);
             i += run;
         }
         return;
     }
-    for (uint32_t h = 0; h < hp->n_head; h++)
+    for (uint32_t h = 0; h < hp->n_head; h += g)
         for (uint32_t r = 0; r < n_it; r++) {
-            head_scores(j, &its[r], h, scores);
-            head_softmax(j, &its[r], h, scores);
-            head_values(j, &its[r], h, scores, its[r].skip, its[r].n);
+            heads_scores(j, &its[r], h, g, scores, its[r].skip, its[r].n);
+            for (uint32_t k = 0; k < g; k++)
+                head_softmax(j, &its[r], h + k, scores + k * ATTN_SPAN);
+            heads_values(j, &its[r], h, g, scores, its[r].skip, its[r].n);
         }
 }
 

@@ -573,47 +573,74 @@ static void test_qdot_is_sensitive(void **state)
  * loops). */
 /* Attention's runs of cache rows (kern_dot_f16_n, kern_axpy_f16_n): every table, with its
  * batched forms or the loop over single calls, gives the bits of the reference's single calls;
- * head sizes with and without a fast path, runs of 1 to 33 rows, rows with padding between. */
+ * head sizes with and without a fast path, runs of 1 to 33 rows, rows with padding between, 1 to
+ * 9 heads at once, sharing their rows (GQA) or each at its own offset in them (one kv head per
+ * query head). */
 static void test_row_runs(void **state)
 {
     (void)state;
-    static const size_t sizes[] = {64, 128, 256, 72, 16};
-    enum { M = 33, STRIDE = 300 }; /* uint16 per row: 256 values and padding */
+    static const size_t sizes[] = {64, 128, 256, 192, 96, 72, 16};
+    static const size_t heads[] = {1, 2, 3, 4, 5, 8, 9};
+    enum { M = 33, G = 9, STRIDE = 2400 }; /* uint16 per row: 9 heads of 256 values and padding */
     uint16_t *rows = malloc(M * STRIDE * sizeof(uint16_t));
-    float a[256], w[M], want[M], got[M + 1], y0[256], yr[256], y[256];
+    float *a = malloc(G * 256 * sizeof(float)), *y0 = malloc(G * 260 * sizeof(float));
+    float *yr = malloc(G * 260 * sizeof(float)), *y = malloc(G * 260 * sizeof(float));
+    float w[G][M + 3], want[G][M + 1], got[G][M + 1];
     for (size_t i = 0; i < M * STRIDE; i++)
         rows[i] = dtype_f32_to_f16(frand());
-    for (int i = 0; i < 256; i++) {
+    for (int i = 0; i < G * 256; i++)
         a[i] = frand();
+    for (int i = 0; i < G * 260; i++)
         y0[i] = frand();
-    }
-    for (int i = 0; i < M; i++)
-        w[i] = frand();
-    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-        size_t n = sizes[si];
-        for (size_t m = 1; m <= M; m += m < 18 ? 1 : 15) {
-            for (size_t i = 0; i < m; i++)
-                want[i] = kern_ref_ops.dot_f16(a, rows + i * STRIDE, n);
-            memcpy(yr, y0, sizeof y0);
-            for (size_t i = 0; i < m; i++)
-                kern_ref_ops.axpy_f16(yr, w[i], rows + i * STRIDE, n);
-            for (int k = 0; k < g_n_isas; k++) {
-                const kern_ops *ops = g_isas[k];
-                memset(got, 0xff, sizeof got);
-                kern_dot_f16_n(ops, a, rows, STRIDE * sizeof(uint16_t), m, n, got);
-                if (memcmp(got, want, m * sizeof(float)))
-                    fail_msg("%s dot_f16_n differs from the reference (n %zu, m %zu)", ops->name, n,
-                             m);
-                assert_true(got[m] != got[m]); /* nothing past m written (0xff..: a NaN) */
-                memcpy(y, y0, sizeof y0);
-                kern_axpy_f16_n(ops, y, w, rows, STRIDE * sizeof(uint16_t), m, n);
-                if (memcmp(y, yr, sizeof y))
-                    fail_msg("%s axpy_f16_n differs from the reference (n %zu, m %zu)", ops->name,
-                             n, m);
+    for (int h = 0; h < G; h++)
+        for (int i = 0; i < M + 3; i++)
+            w[h][i] = frand();
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+        for (size_t gi = 0; gi < sizeof heads / sizeof heads[0]; gi++)
+            for (int shared = 0; shared < 2; shared++) {
+                size_t n = sizes[si], g = heads[gi], bh = shared ? 0 : n * sizeof(uint16_t);
+                for (size_t m = 1; m <= M; m += m < 18 ? 1 : 15) {
+                    kern_run r = {.b = rows + 7, /* rows need not be aligned */
+                                  .bh = bh,
+                                  .stride = STRIDE * sizeof(uint16_t),
+                                  .g = g,
+                                  .m = m,
+                                  .n = n};
+                    memcpy(yr, y0, G * 260 * sizeof(float));
+                    for (size_t h = 0; h < g; h++)
+                        for (size_t i = 0; i < m; i++) {
+                            want[h][i] =
+                                kern_ref_ops.dot_f16(a + h * 256, kern_run_row(&r, h, i), n);
+                            kern_ref_ops.axpy_f16(yr + h * 260, w[h][i], kern_run_row(&r, h, i), n);
+                        }
+                    for (int k = 0; k < g_n_isas; k++) {
+                        const kern_ops *ops = g_isas[k];
+                        memset(got, 0xff, sizeof got);
+                        kern_dot_f16_n(ops, &r, a, 256, &got[0][0], M + 1);
+                        for (size_t h = 0; h < g; h++) {
+                            if (memcmp(got[h], want[h], m * sizeof(float)))
+                                fail_msg("%s dot_f16_n differs from the reference (n %zu, m %zu, "
+                                         "head %zu of %zu, %s)",
+                                         ops->name, n, m, h, g, shared ? "shared" : "own rows");
+                            if (got[h][m] == got[h][m])
+                                fail_msg(
+                                    "%s dot_f16_n wrote past m (n %zu, m %zu, head %zu of %zu)",
+                                    ops->name, n, m, h, g); /* nothing past m written */
+                        }
+                        memcpy(y, y0, G * 260 * sizeof(float));
+                        kern_axpy_f16_n(ops, &r, y, 260, &w[0][0], M + 3);
+                        if (memcmp(y, yr, G * 260 * sizeof(float)))
+                            fail_msg("%s axpy_f16_n differs from the reference (n %zu, m %zu, %zu "
+                                     "heads, %s)",
+                                     ops->name, n, m, g, shared ? "shared" : "own rows");
+                    }
+                }
             }
-        }
-    }
     free(rows);
+    free(a);
+    free(y0);
+    free(yr);
+    free(y);
 }
 
 static void test_vector_helpers(void **state)

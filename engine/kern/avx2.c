@@ -210,6 +210,129 @@ static void avx2_axpy_f16(float *y, float a, const uint16_t *x, size_t n)
         y[i] = fmaf(a, f16_at(xb, i), y[i]);
 }
 
+/* ---- attention's runs of cache rows ---- */
+
+/* Lane r: v[r]'s fold in dot_any's (hsum8's) order, ((v0+v4)+(v2+v6))+((v1+v5)+(v3+v7)), for 8
+ * rows at once: each level adds the same pairs as the single fold, 7 adds and 14 shuffles
+ * instead of 8 horizontal sums. The levels leave row 2 k + h in lane 4 h + k. */
+INLINE __m256 fold8(const __m256 v[8])
+{
+    __m256 t[4], u[2];
+    for (int i = 0; i < 4; i++) /* lanes 0-3: row 2i's v[j] + v[j + 4], 4-7: row 2i + 1's */
+        t[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++) /* (t0 + t2, t1 + t3) of rows 4i, 4i + 2 | 4i + 1, 4i + 3 */
+        u[i] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 z = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* Rows r0 .. r0 + 4 of wide (n floats each, n a multiple of 16) against a: dot_any's two
+ * accumulators per row, added, into v[r0 ..]. */
+INLINE void dot4_f32(const float *a, const float *wide, size_t n, int r0, __m256 v[8])
+{
+    __m256 s0[4], s1[4];
+    for (int r = 0; r < 4; r++)
+        s0[r] = s1[r] = _mm256_setzero_ps();
+    for (size_t c = 0; c < n; c += 16) {
+        __m256 a0 = _mm256_loadu_ps(a + c), a1 = _mm256_loadu_ps(a + c + 8);
+        for (int r = 0; r < 4; r++) {
+            const float *w = wide + (size_t)(r0 + r) * n + c;
+            s0[r] = _mm256_fmadd_ps(a0, _mm256_load_ps(w), s0[r]);
+            s1[r] = _mm256_fmadd_ps(a1, _mm256_load_ps(w + 8), s1[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        v[r0 + r] = _mm256_add_ps(s0[r], s1[r]);
+}
+
+/* 8 rows at a time widened into wide (once for every head where the heads share their rows, as
+ * under GQA), then each head's 8 dots from there and one fold. */
+static void avx2_dot_f16_n(const kern_run *rn, const float *a, size_t lda, float *out, size_t ldo)
+{
+    size_t n = rn->n, m = rn->m;
+    if (n % 16 || n > 256) {
+        for (size_t h = 0; h < rn->g; h++)
+            for (size_t i = 0; i < m; i++)
+                out[h * ldo + i] =
+                    dot_any(a + h * lda, (const uint8_t *)kern_run_row(rn, h, i), KERN_F16, n);
+        return;
+    }
+    _Alignas(32) float wide[8 * 256];
+    for (size_t i0 = 0; i0 < m; i0 += 8) {
+        size_t mm = m - i0 < 8 ? m - i0 : 8;
+        for (size_t h = 0; h < rn->g; h++) {
+            if (h == 0 || rn->bh) /* the rows past m repeat row i0: not stored below */
+                for (size_t r = 0; r < 8; r++) {
+                    const uint8_t *row =
+                        (const uint8_t *)kern_run_row(rn, h, i0 + (r < mm ? r : 0));
+                    for (size_t c = 0; c < n; c += 8)
+                        _mm256_store_ps(wide + r * n + c, load8(KERN_F16, row, c));
+                }
+            __m256 v[8];
+            dot4_f32(a + h * lda, wide, n, 0, v);
+            dot4_f32(a + h * lda, wide, n, 4, v);
+            __m256 f = fold8(v);
+            if (mm == 8) {
+                _mm256_storeu_ps(out + h * ldo + i0, f);
+            } else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, f);
+                memcpy(out + h * ldo + i0, tmp, mm * sizeof(float));
+            }
+        }
+    }
+}
+
+/* HG heads' y over 32 of their values, y in registers over the m rows: 4 HG independent FMA
+ * chains; where the heads share their rows (bh = 0), a row's values widened once. */
+INLINE void axpy_heads(const kern_run *rn, size_t d, float *y, size_t ldy, const float *w,
+                       size_t ldw, int HG, int shared)
+{
+    __m256 acc[2][4];
+    for (int h = 0; h < HG; h++)
+        for (int c = 0; c < 4; c++)
+            acc[h][c] = _mm256_loadu_ps(y + h * ldy + d + 8 * c);
+    for (size_t i = 0; i < rn->m; i++) {
+        const uint8_t *row = (const uint8_t *)rn->b + i * rn->stride + 2 * d;
+        __m256 v[4];
+        for (int c = 0; c < 4 && shared; c++)
+            v[c] = load8(KERN_F16, row, 8 * c);
+        for (int h = 0; h < HG; h++) {
+            __m256 wv = _mm256_set1_ps(w[h * ldw + i]);
+            for (int c = 0; c < 4; c++)
+                acc[h][c] = _mm256_fmadd_ps(
+                    wv, shared ? v[c] : load8(KERN_F16, row + h * rn->bh, 8 * c), acc[h][c]);
+        }
+    }
+    for (int h = 0; h < HG; h++)
+        for (int c = 0; c < 4; c++)
+            _mm256_storeu_ps(y + h * ldy + d + 8 * c, acc[h][c]);
+}
+
+static void avx2_axpy_f16_n(const kern_run *rn, float *y, size_t ldy, const float *w, size_t ldw)
+{
+    if (rn->n % 32) {
+        for (size_t h = 0; h < rn->g; h++)
+            for (size_t i = 0; i < rn->m; i++)
+                avx2_axpy_f16(y + h * ldy, w[h * ldw + i], kern_run_row(rn, h, i), rn->n);
+        return;
+    }
+    for (size_t d = 0; d < rn->n; d += 32)
+        for (size_t h = 0; h < rn->g; h += 2) {
+            kern_run r = *rn;
+            r.b = (const uint8_t *)rn->b + h * rn->bh;
+            if (rn->g - h == 1)
+                axpy_heads(&r, d, y + h * ldy, ldy, w + h * ldw, ldw, 1, 0);
+            else if (rn->bh == 0)
+                axpy_heads(&r, d, y + h * ldy, ldy, w + h * ldw, ldw, 2, 1);
+            else
+                axpy_heads(&r, d, y + h * ldy, ldy, w + h * ldw, ldw, 2, 0);
+        }
+}
+
 /* ---- attention's softmax (kern/kexp.h: kern_exp in every lane, two ymm of sums) ---- */
 
 INLINE __m256 exp8(__m256 x)
@@ -315,4 +438,6 @@ const kern_ops kern_avx2_ops = {
     .softmax = avx2_softmax,
     .silu_mul = avx2_silu_mul,
     .qx_quantize = avx2_qx_quantize,
+    .dot_f16_n = avx2_dot_f16_n,
+    .axpy_f16_n = avx2_axpy_f16_n,
 };

@@ -307,51 +307,129 @@ INLINE void dot_rows(const float *a, const uint8_t *b, size_t stride, size_t m, 
     }
 }
 
-static void avx512_dot_f16_n(const float *a, const void *b, size_t stride, size_t m, size_t n,
-                             float *out)
-{
-    const uint8_t *bp = b;
-    switch (n) { /* the head sizes of the families kvserve loads */
-    case 64: dot_rows(a, bp, stride, m, 4, out); return;
-    case 128: dot_rows(a, bp, stride, m, 8, out); return;
-    case 256: dot_rows(a, bp, stride, m, 16, out); return;
-    default:
-        for (size_t i = 0; i < m; i++)
-            out[i] = dot_any(a, bp + i * stride, 1, n);
-    }
-}
-
-/* y, NC vectors of it, stays in registers over the m rows. */
-INLINE void axpy_rows(float *y, const float *w, const uint8_t *b, size_t stride, size_t m, int NC)
+/* The 16 rows of wide (n floats each, n a multiple of 16) against a: dot_any's 16 partial sums
+ * of each row, folded; a's block c is loaded once for the 16 rows. */
+INLINE __m512 dot16_f32(const float *a, const float *wide, size_t n)
 {
     __m512 acc[16];
 #pragma GCC unroll 16
-    for (int c = 0; c < NC; c++)
-        acc[c] = _mm512_loadu_ps(y + 16 * c);
-    for (size_t i = 0; i < m; i++) {
-        __m512 wv = _mm512_set1_ps(w[i]);
-        const uint8_t *row = b + i * stride;
+    for (int r = 0; r < 16; r++)
+        acc[r] = _mm512_setzero_ps();
+    for (size_t c = 0; c < n; c += 16) {
+        __m512 av = _mm512_loadu_ps(a + c);
 #pragma GCC unroll 16
-        for (int c = 0; c < NC; c++)
-            acc[c] = _mm512_fmadd_ps(wv, k512_cvtph(row + 32 * c), acc[c]);
+        for (int r = 0; r < 16; r++)
+            acc[r] = _mm512_fmadd_ps(av, _mm512_load_ps(wide + r * n + c), acc[r]);
     }
-#pragma GCC unroll 16
-    for (int c = 0; c < NC; c++)
-        _mm512_storeu_ps(y + 16 * c, acc[c]);
+    return fold16(acc);
 }
 
-static void avx512_axpy_f16_n(float *y, const float *w, const void *b, size_t stride, size_t m,
-                              size_t n)
+/* Heads sharing their rows (GQA): each 16 rows widened once into wide, then every head's dots
+ * from there (the conversions were most of a head's work). Other heads: dot_rows per head. */
+static void avx512_dot_f16_n(const kern_run *rn, const float *a, size_t lda, float *out, size_t ldo)
 {
-    const uint8_t *bp = b;
-    switch (n) {
-    case 64: axpy_rows(y, w, bp, stride, m, 4); return;
-    case 128: axpy_rows(y, w, bp, stride, m, 8); return;
-    case 256: axpy_rows(y, w, bp, stride, m, 16); return;
-    default:
-        for (size_t i = 0; i < m; i++)
-            avx512_axpy_f16(y, w[i], (const uint16_t *)(const void *)(bp + i * stride), n);
+    size_t n = rn->n, m = rn->m;
+    bool unrolled = n == 64 || n == 128 || n == 256;
+    if (n % 16 || n > 256 || (rn->bh && !unrolled)) {
+        for (size_t h = 0; h < rn->g; h++)
+            for (size_t i = 0; i < m; i++)
+                out[h * ldo + i] =
+                    dot_any(a + h * lda, (const uint8_t *)kern_run_row(rn, h, i), 1, n);
+        return;
     }
+    if (unrolled && (rn->bh || rn->g == 1)) {
+        for (size_t h = 0; h < rn->g; h++) {
+            const uint8_t *bp = (const uint8_t *)rn->b + h * rn->bh;
+            switch (n) {
+            case 64: dot_rows(a + h * lda, bp, rn->stride, m, 4, out + h * ldo); break;
+            case 128: dot_rows(a + h * lda, bp, rn->stride, m, 8, out + h * ldo); break;
+            default: dot_rows(a + h * lda, bp, rn->stride, m, 16, out + h * ldo); break;
+            }
+        }
+        return;
+    }
+    _Alignas(64) float wide[16 * 256];
+    for (size_t i0 = 0; i0 < m; i0 += 16) {
+        size_t mm = m - i0 < 16 ? m - i0 : 16;
+        for (size_t r = 0; r < 16; r++) { /* the rows past m repeat row i0: not stored below */
+            const uint8_t *row = (const uint8_t *)kern_run_row(rn, 0, i0 + (r < mm ? r : 0));
+            for (size_t c = 0; c < n; c += 16)
+                _mm512_store_ps(wide + r * n + c, k512_cvtph(row + 2 * c));
+        }
+        for (size_t h = 0; h < rn->g; h++) {
+            __m512 v = dot16_f32(a + h * lda, wide, n);
+            if (mm == 16) {
+                _mm512_storeu_ps(out + h * ldo + i0, v);
+            } else {
+                float tmp[16];
+                _mm512_storeu_ps(tmp, v);
+                memcpy(out + h * ldo + i0, tmp, mm * sizeof(float));
+            }
+        }
+    }
+}
+
+/* HG heads' y over 64 of their values, y in registers over the m rows: 4 HG independent FMA
+ * chains (one head alone, 4, waited on the FMA latency every row). Where the heads share their
+ * rows (bh = 0) a row's 64 values are widened once for all of them. */
+INLINE void axpy_heads(const kern_run *rn, size_t d, float *y, size_t ldy, const float *w,
+                       size_t ldw, int HG, int shared)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < HG; h++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            acc[h][c] = _mm512_loadu_ps(y + h * ldy + d + 16 * c);
+    for (size_t i = 0; i < rn->m; i++) {
+        const uint8_t *row = (const uint8_t *)rn->b + i * rn->stride + 2 * d;
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4 && shared; c++)
+            v[c] = k512_cvtph(row + 32 * c);
+#pragma GCC unroll 4
+        for (int h = 0; h < HG; h++) {
+            __m512 wv = _mm512_set1_ps(w[h * ldw + i]);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[h][c] = _mm512_fmadd_ps(
+                    wv, shared ? v[c] : k512_cvtph(row + h * rn->bh + 32 * c), acc[h][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < HG; h++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            _mm512_storeu_ps(y + h * ldy + d + 16 * c, acc[h][c]);
+}
+
+static void avx512_axpy_f16_n(const kern_run *rn, float *y, size_t ldy, const float *w, size_t ldw)
+{
+    if (rn->n % 64) {
+        for (size_t h = 0; h < rn->g; h++)
+            for (size_t i = 0; i < rn->m; i++)
+                avx512_axpy_f16(y + h * ldy, w[h * ldw + i], kern_run_row(rn, h, i), rn->n);
+        return;
+    }
+    for (size_t d = 0; d < rn->n; d += 64)
+        for (size_t h = 0; h < rn->g; h += 4) {
+            kern_run r = *rn;
+            r.b = (const uint8_t *)rn->b + h * rn->bh;
+            float *yh = y + h * ldy;
+            const float *wh = w + h * ldw;
+            size_t hg = rn->g - h < 4 ? rn->g - h : 4;
+            if (rn->bh == 0 && hg == 4)
+                axpy_heads(&r, d, yh, ldy, wh, ldw, 4, 1);
+            else if (rn->bh == 0 && hg == 2)
+                axpy_heads(&r, d, yh, ldy, wh, ldw, 2, 1);
+            else if (hg == 4)
+                axpy_heads(&r, d, yh, ldy, wh, ldw, 4, 0);
+            else /* the rest one head at a time */
+                for (size_t k = 0; k < hg; k++) {
+                    r.b = (const uint8_t *)rn->b + (h + k) * rn->bh;
+                    axpy_heads(&r, d, yh + k * ldy, ldy, wh + k * ldw, ldw, 1, 0);
+                }
+        }
 }
 
 /* ---- attention's softmax (kern/kexp.h: kern_exp in every lane, 16 lanes of sums) ---- */

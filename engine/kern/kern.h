@@ -89,6 +89,15 @@ typedef enum kern_qx {
                      IQ4_XS) */
 } kern_qx;
 
+/* A run of F16 cache rows as attention reads it: m rows (a KV block's positions) stride bytes
+ * apart, n values each, for g heads; head h's rows start at b + h * bh (bh = 0: every head reads
+ * the same rows, the query heads of one kv head under grouped-query attention). */
+typedef struct kern_run {
+    const void *b;
+    size_t bh, stride;
+    size_t g, m, n;
+} kern_run;
+
 typedef struct kern_ops {
     const char *name; /* "generic", "avx2", "avx512": what --kernels takes and /metrics shows */
     /* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1, W of a panel
@@ -111,12 +120,14 @@ typedef struct kern_ops {
      * NULL: kern_qmatmul_ref (the same bits). */
     void (*qmatmul)(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
                     size_t n1);
-    /* Attention's runs of cache rows, stride bytes apart (a KV block's positions), as one call:
-     * out[i] = dot_f16(a, b + i * stride, n) for i < m, and axpy_f16(y, w[i], b + i * stride,
-     * n) for i = 0, 1, ..., m - 1 in turn; the bits of those calls, without a call and a
-     * horizontal sum per row. NULL: kern_dot_f16_n / kern_axpy_f16_n below make the calls. */
-    void (*dot_f16_n)(const float *a, const void *b, size_t stride, size_t m, size_t n, float *out);
-    void (*axpy_f16_n)(float *y, const float *w, const void *b, size_t stride, size_t m, size_t n);
+    /* Attention's runs of cache rows (kern_run) for r->g heads at once: for h < g,
+     * out[h * ldo + i] = dot_f16(a + h * lda, row i of head h, n) for i < m, and
+     * axpy_f16(y + h * ldy, w[h * ldw + i], row i of head h, n) for i = 0, 1, ..., m - 1 in
+     * turn; the bits of those calls, without a call and a horizontal sum per row, and where the
+     * heads share their rows (GQA: bh = 0) each row widened once for all of them. NULL:
+     * kern_dot_f16_n / kern_axpy_f16_n below make the calls. */
+    void (*dot_f16_n)(const kern_run *r, const float *a, size_t lda, float *out, size_t ldo);
+    void (*axpy_f16_n)(const kern_run *r, float *y, size_t ldy, const float *w, size_t ldw);
     /* Attention's softmax of sc[0 .. n) in place (kern/kexp.h: the order and the exp): each
      * value becomes kern_exp(value - max); returns their sum, the max in *max. */
     float (*softmax)(float *sc, size_t n, float *max);
@@ -127,29 +138,36 @@ typedef struct kern_ops {
     void (*qx_quantize)(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in, void *dst);
 } kern_ops;
 
-/* k's dot_f16_n, or its dot_f16 m times (the same bits). */
-static inline void kern_dot_f16_n(const kern_ops *k, const float *a, const void *b, size_t stride,
-                                  size_t m, size_t n, float *out)
+/* Row i of head h of a run. */
+static inline const uint16_t *kern_run_row(const kern_run *r, size_t h, size_t i)
 {
-    if (k->dot_f16_n) {
-        k->dot_f16_n(a, b, stride, m, n, out);
-        return;
-    }
-    for (size_t i = 0; i < m; i++)
-        out[i] =
-            k->dot_f16(a, (const uint16_t *)(const void *)((const uint8_t *)b + i * stride), n);
+    return (const uint16_t *)(const void *)((const uint8_t *)r->b + h * r->bh + i * r->stride);
 }
 
-/* k's axpy_f16_n, or its axpy_f16 m times in order (the same bits). */
-static inline void kern_axpy_f16_n(const kern_ops *k, float *y, const float *w, const void *b,
-                                   size_t stride, size_t m, size_t n)
+/* k's dot_f16_n, or its dot_f16 g x m times (the same bits). */
+static inline void kern_dot_f16_n(const kern_ops *k, const kern_run *r, const float *a, size_t lda,
+                                  float *out, size_t ldo)
 {
-    if (k->axpy_f16_n) {
-        k->axpy_f16_n(y, w, b, stride, m, n);
+    if (k->dot_f16_n) {
+        k->dot_f16_n(r, a, lda, out, ldo);
         return;
     }
-    for (size_t i = 0; i < m; i++)
-        k->axpy_f16(y, w[i], (const uint16_t *)(const void *)((const uint8_t *)b + i * stride), n);
+    for (size_t h = 0; h < r->g; h++)
+        for (size_t i = 0; i < r->m; i++)
+            out[h * ldo + i] = k->dot_f16(a + h * lda, kern_run_row(r, h, i), r->n);
+}
+
+/* k's axpy_f16_n, or its axpy_f16 m times in order for each head (the same bits). */
+static inline void kern_axpy_f16_n(const kern_ops *k, const kern_run *r, float *y, size_t ldy,
+                                   const float *w, size_t ldw)
+{
+    if (k->axpy_f16_n) {
+        k->axpy_f16_n(r, y, ldy, w, ldw);
+        return;
+    }
+    for (size_t h = 0; h < r->g; h++)
+        for (size_t i = 0; i < r->m; i++)
+            k->axpy_f16(y + h * ldy, w[h * ldw + i], kern_run_row(r, h, i), r->n);
 }
 
 /* ---- kern/qdot_ref.c: the integer path (activations quantized per row) ----
