@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# bench/depth.sh: decode speed against the context already in the cache, kvserve's engine next
+# to llama.cpp's in one run: "cost per token flat as the sequence grows" measured. kvs-mkmodel
+# writes the SHAPE in F16 (random weights, llama-spm vocabulary), ../shared/peer's llama-quantize
+# makes TYPE from it, then for each depth D of DEPTHS, alternating, REPEATS times:
+#   kvserve      kvs-bench-engine batch (KVS_BENCH_PROMPT=D: D positions cached first, untimed),
+#                STEPS decode steps of one sequence
+#   OLD          the same with another kvs-bench-engine binary (optional: a before/after)
+#   llama.cpp    llama-bench -p 0 -n STEPS -d D (its depth is untimed too)
+# and, for the depths of B16_DEPTHS, 16 sequences at once: kvs-bench-engine batch 16 against
+# llama-batched-bench -npl 16 -npp D -ntg STEPS (its S_TG). Medians; the ratio of the same run.
+# Writes the "depth.sh" section of docs/BENCHMARKS.md (one per CPU kind).
+# Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), TYPE (Q4_K_M; F16 serves
+# the F16 file itself), DEPTHS ("0 512 2048 4096"), B16_DEPTHS ("512"; "" for none), STEPS (32),
+# REPEATS (3), OLD (unset), PEER (../shared/peer/llama.cpp/bin).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+# shellcheck source=bench/peer_lib.sh
+. bench/peer_lib.sh
+SHAPE=${SHAPE:-tinyllama-1.1b}
+TYPE=${TYPE:-Q4_K_M}
+DEPTHS=${DEPTHS:-0 512 2048 4096}
+B16_DEPTHS=${B16_DEPTHS-512}
+STEPS=${STEPS:-32}
+REPEATS=${REPEATS:-3}
+OLD=${OLD:-}
+peer_setup "$ENGINE" "$MKMODEL" --peer llama-bench llama-batched-bench llama-quantize --vocab
+[ -z "$OLD" ] || [ -x "$OLD" ] || { echo "$WHO: OLD=$OLD is not executable" >&2; exit 1; }
+
+model="$TMP/$SHAPE-f16.gguf"
+"$MKMODEL" --shape "$SHAPE" --type f16 --vocab "$VOCAB" -o "$model" >&2
+if [ "$TYPE" != F16 ]; then
+    "$PEER/llama-quantize" "$model" "$TMP/$SHAPE-$TYPE.gguf" "$TYPE" "$THREADS" >/dev/null 2>&1
+    rm -f "$model"
+    model="$TMP/$SHAPE-$TYPE.gguf"
+fi
+
+# engine BINARY ROWS DEPTH -> decode tok/s of kvs-bench-engine batch (which prefills at least
+# one position: depth 0 is 1 there)
+engine() {
+    KVS_BENCH_SGEMM=0 KVS_BENCH_PROMPT=$(($3 > 0 ? $3 : 1)) "$1" batch "$model" "$STEPS" "$2" "$THREADS" 2>/dev/null |
+        tail -1 | cut -d, -f3
+}
+# llama DEPTH -> llama-bench's generation tok/s after DEPTH cached positions
+llama() {
+    "$PEER/llama-bench" -m "$model" -p 0 -n "$STEPS" -d "$1" -t "$THREADS" -r 1 -o csv 2>/dev/null |
+        python3 -c 'import csv,sys; print(list(csv.DictReader(sys.stdin))[-1]["avg_ts"])'
+}
+# llama16 DEPTH -> llama-batched-bench's S_TG with 16 sequences of DEPTH prompt tokens
+llama16() {
+    "$PEER/llama-batched-bench" -m "$model" -c $((16 * ($1 + STEPS + 16))) -b 2048 -ub 512 \
+        -npp "$1" -ntg "$STEPS" -npl 16 -t "$THREADS" 2>/dev/null |
+        awk -F'|' '$2 ~ /^ *[0-9]+ *$/ {gsub(/ /, "", $9); v = $9} END {print v}'
+}
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)]}'; }
+
+CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+rows=()
+measure() { # ROWS DEPTH
+    local k="" o="" l=""
+    for _ in $(seq "$REPEATS"); do
+        k+=" $(engine "$ENGINE" "$1" "$2")"
+        [ -z "$OLD" ] || o+=" $(engine "$OLD" "$1" "$2")"
+        if [ "$1" = 1 ]; then l+=" $(llama "$2")"; else l+=" $(llama16 "$2")"; fi
+    done
+    local km lm om="-"
+    km=$(median <<<"$k")
+    lm=$(median <<<"$l")
+    [ -z "$OLD" ] || om=$(median <<<"$o")
+    rows+=("| $1 | $2 | $km | $om | $lm | $(ratio "$km" "$lm")x |")
+    echo "$WHO: ${rows[-1]} (kvserve:$k; old:${o:- -}; llama.cpp:$l)" >&2
+}
+for d in $DEPTHS; do measure 1 "$d"; done
+for d in $B16_DEPTHS; do measure 16 "$d"; done
+
+SECTION="$TMP/section.md"
+{
+    echo "<!-- depth.sh begin -->"
+    echo "## Decode against context depth (bench/depth.sh)"
+    echo
+    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU}, $THREADS threads for both, kvserve"
+    echo "$(git rev-parse --short HEAD), llama.cpp from ../shared/peer. The $SHAPE shape (random weights) as"
+    echo "$TYPE; decode tok/s over $STEPS steps after the depth's positions are cached (untimed on both"
+    echo "sides): kvs-bench-engine batch (the engine, no HTTP) against llama-bench -d (1 sequence) and"
+    echo "llama-batched-bench -npl 16 (S_TG, 16 sequences); medians of $REPEATS alternating runs. Load average"
+    echo "before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg). Command:"
+    echo
+    echo '```'
+    echo "THREADS=$THREADS SHAPE=$SHAPE TYPE=$TYPE DEPTHS=\"$DEPTHS\" B16_DEPTHS=\"$B16_DEPTHS\" STEPS=$STEPS REPEATS=$REPEATS${OLD:+ OLD=$OLD} bench/depth.sh"
+    echo '```'
+    echo
+    echo "| sequences | depth | kvserve tok/s | before (OLD) | llama.cpp tok/s | kvserve / llama.cpp |"
+    echo "|---:|---:|---:|---:|---:|---:|"
+    printf '%s\n' "${rows[@]}"
+    echo "<!-- depth.sh end -->"
+} >"$SECTION"
+python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md depth.sh <"$SECTION"
+cat "$SECTION"
