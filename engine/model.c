@@ -7,6 +7,7 @@
  * step forward.c and attention.c. */
 #include "engine/model.h"
 
+#include "common/hugemem.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/timeutil.h"
@@ -97,10 +98,10 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
         return status_set_err(err, err_len, KVS_EUNSUPPORTED,
                               "tensor %s has type %s; supported: %s", name, dtype_name(t->type),
                               dtype_supported_list());
-    float *dst = malloc(t->n_elements * sizeof *dst);
+    float *dst = kvs_huge_alloc(t->n_elements * sizeof *dst, false);
     void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
     if (!dst || !owned) {
-        free(dst);
+        kvs_huge_free(dst);
         if (owned)
             m->owned = owned;
         return status_set_err(err, err_len, KVS_ENOMEM, "out of memory widening %s", name);
@@ -415,10 +416,10 @@ static int repack_weights(engine_model *m, load_progress *lp, const void **relea
         }
         if (!bytes)
             continue;
-        void *dst = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        void *dst = kvs_huge_alloc(bytes, false); /* written right away */
         void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
         if (!dst || !owned) {
-            free(dst);
+            kvs_huge_free(dst);
             if (owned)
                 m->owned = owned;
             return status_set_err(err, err_len, KVS_ENOMEM, "out of memory repacking weights");
@@ -563,7 +564,7 @@ void engine_model_destroy(engine_model *m)
     if (!m)
         return;
     for (size_t i = 0; i < m->n_owned; i++)
-        free(m->owned[i]);
+        kvs_huge_free(m->owned[i]);
     free(m->owned);
     free(m->layers);
     free(m->name);
