@@ -183,6 +183,38 @@ static void select_top_k(int32_t *ids, int32_t n, int32_t k, const float *keys)
     }
 }
 
+/* The largest of x[0 .. n) (NaNs skipped; -inf if none): 16 running maxima, each `a > m ? a : m`
+ * (maxps' own rule), which the compiler keeps in vector registers; one running maximum waited
+ * on every compare, and greedy sampling over a 32k vocabulary was 5 % of a 16-client 110m
+ * server's time (perf). */
+static float max_of(const float *x, int32_t n)
+{
+    float m[16];
+    for (int j = 0; j < 16; j++)
+        m[j] = -INFINITY;
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++)
+            m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+    float best = -INFINITY;
+    for (int j = 0; j < 16; j++)
+        best = m[j] > best ? m[j] : best;
+    for (; i < n; i++)
+        best = x[i] > best ? x[i] : best;
+    return best;
+}
+
+/* The first index of the largest of x[0 .. n) (NaNs never chosen; 0 where nothing is larger
+ * than -inf). */
+static int32_t argmax(const float *x, int32_t n)
+{
+    float best = max_of(x, n);
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] == best)
+            return i;
+    return 0;
+}
+
 /* Log-softmax value of logits[id] over all of logits. */
 static float log_softmax_at(const float *logits, int32_t n, int32_t id, float maxv)
 {
@@ -199,10 +231,7 @@ int32_t sampler_sample(sampler *s, float *logits, float *logprob, int n_top, int
     int32_t V = s->n_vocab;
     /* Logprobs are reported over the raw distribution (before penalties and filters), as
      * OpenAI and vLLM report them. */
-    float raw_max = logits[0];
-    for (int32_t i = 1; i < V; i++)
-        if (logits[i] > raw_max)
-            raw_max = logits[i];
+    float raw_max = n_top > 0 || logprob ? max_of(logits, V) : 0.0f;
     if (n_top > 0) {
         double sum = 0.0;
         for (int32_t i = 0; i < V; i++)
@@ -233,15 +262,9 @@ int32_t sampler_sample(sampler *s, float *logits, float *logprob, int n_top, int
     apply_penalties(s, logits);
     int32_t chosen;
     if (p->temperature == 0.0f) {
-        chosen = 0;
-        for (int32_t i = 1; i < V; i++)
-            if (logits[i] > logits[chosen])
-                chosen = i;
+        chosen = argmax(logits, V);
     } else {
-        float maxv = -INFINITY;
-        for (int32_t i = 0; i < V; i++)
-            if (logits[i] > maxv)
-                maxv = logits[i];
+        float maxv = max_of(logits, V);
         /* probabilities at temperature, in logits[] */
         double sum = 0.0;
         for (int32_t i = 0; i < V; i++) {
