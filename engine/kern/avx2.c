@@ -298,8 +298,9 @@ INLINE void axpy_heads(const kern_run *rn, size_t d, float *y, size_t ldy, const
     for (size_t i = 0; i < rn->m; i++) {
         const uint8_t *row = (const uint8_t *)rn->b + i * rn->stride + 2 * d;
         __m256 v[4];
-        for (int c = 0; c < 4 && shared; c++)
-            v[c] = load8(KERN_F16, row, 8 * c);
+        if (shared)
+            for (int c = 0; c < 4; c++)
+                v[c] = load8(KERN_F16, row, 8 * c);
         for (int h = 0; h < HG; h++) {
             __m256 wv = _mm256_set1_ps(w[h * ldw + i]);
             for (int c = 0; c < 4; c++)

@@ -384,9 +384,10 @@ INLINE void axpy_heads(const kern_run *rn, size_t d, float *y, size_t ldy, const
     for (size_t i = 0; i < rn->m; i++) {
         const uint8_t *row = (const uint8_t *)rn->b + i * rn->stride + 2 * d;
         __m512 v[4];
+        if (shared)
 #pragma GCC unroll 4
-        for (int c = 0; c < 4 && shared; c++)
-            v[c] = k512_cvtph(row + 32 * c);
+            for (int c = 0; c < 4; c++)
+                v[c] = k512_cvtph(row + 32 * c);
 #pragma GCC unroll 4
         for (int h = 0; h < HG; h++) {
             __m512 wv = _mm512_set1_ps(w[h * ldw + i]);
