@@ -28,7 +28,9 @@ typedef struct attn_job {
     uint32_t window;        /* the layer's window, 0: every position */
     uint32_t i0, i1;        /* this wave's items */
     uint32_t n_tasks;       /* c->attn_tasks of this wave */
-    atomic_uint next;       /* next task to take */
+    /* The next task to take, alone in its cache line (as matmul_job's, engine/forward.c) */
+    _Alignas(64) atomic_uint next;
+    char pad[64 - sizeof(atomic_uint)];
 } attn_job;
 
 /* Row of item i: the last row whose first item is <= i. */

@@ -126,9 +126,12 @@ typedef struct matmul_job {
     float *out[MM_MAX];
     size_t chunk[MM_MAX];            /* output columns per work item */
     uint32_t first_item[MM_MAX + 1]; /* items of matrix m: [first_item[m], first_item[m+1]) */
-    engine_glu glu;   /* an item covers the same columns of w[0] and w[1] (gate and up), then
-                         out[0] = act(out[0]) * out[1] on them */
-    atomic_uint next; /* next work item */
+    engine_glu glu; /* an item covers the same columns of w[0] and w[1] (gate and up), then
+                       out[0] = act(out[0]) * out[1] on them */
+    /* The next work item, alone in its cache line: each take moves the line to the taking
+     * core, and the fields above, read for every item, must not move with it. */
+    _Alignas(64) atomic_uint next;
+    char pad[64 - sizeof(atomic_uint)];
 } matmul_job;
 
 /* Columns [n0, n0 + chunk) of matrix m. */
