@@ -10,7 +10,9 @@
 #   prefill: 512-token prompts, 1 generated token, 1 client (prompt tokens per second)
 # Environment: BUILD (build), THREADS (nproc), SHAPES ("110m tinyllama-1.1b"), OUT (64),
 # PROMPT (32), N1 (4 requests at 1 client), N16 (32 requests at 16 clients), NPP (4),
-# PEER (../shared/peer/llama.cpp/bin).
+# REPEATS (1: rounds per shape, kvserve then llama-server in each, so that both see the same
+# minutes of a shared machine; the table gives each figure's median over the rounds and every
+# round's ratios below it), PEER (../shared/peer/llama.cpp/bin).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -22,6 +24,7 @@ PROMPT=${PROMPT:-32}
 N1=${N1:-4}
 N16=${N16:-32}
 NPP=${NPP:-4}
+REPEATS=${REPEATS:-1}
 peer_setup "$KVSERVE" "$MKMODEL" "$MACHINE" "$ENGINE" --peer llama-server --vocab
 PORT=18610
 
@@ -37,31 +40,46 @@ serve() {
     echo "$one $sixteen $pp"
 }
 
-bw=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)]}'; }
+bws=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
 peaks=$("$MACHINE" fma "$THREADS" 2>/dev/null)
 peak_avx2=$(grep ',avx2,' <<<"$peaks" | cut -d, -f4 || true)
 peak_avx512=$(grep ',avx512,' <<<"$peaks" | cut -d, -f4 || true)
 
 rows=()
 erows=()
+rounds=()
 for shape in $SHAPES; do
     f="$TMP/$shape-f16.gguf"
     "$MKMODEL" --shape "$shape" --type f16 --vocab "$VOCAB" -o "$f" >&2
     bytes=$(stat -c %s "$f")
-    echo "peer.sh: $shape kvserve" >&2
-    # a port each (incremented here: $((PORT++)) inside $(...) would not reach this shell)
-    read -r k1 k16 kpp <<<"$(serve kvserve "$f" "$PORT")"
-    PORT=$((PORT + 1))
-    echo "peer.sh: $shape llama-server" >&2
-    read -r l1 l16 lpp <<<"$(serve llama "$f" "$PORT")"
-    PORT=$((PORT + 1))
+    K1=() K16=() KPP=() L1=() L16=() LPP=()
+    for r in $(seq "$REPEATS"); do
+        echo "peer.sh: $shape kvserve (round $r of $REPEATS)" >&2
+        # a port each (incremented here: $((PORT++)) inside $(...) would not reach this shell)
+        read -r k1 k16 kpp <<<"$(serve kvserve "$f" "$PORT")"
+        PORT=$((PORT + 1))
+        echo "peer.sh: $shape llama-server (round $r of $REPEATS)" >&2
+        read -r l1 l16 lpp <<<"$(serve llama "$f" "$PORT")"
+        PORT=$((PORT + 1))
+        K1+=("$k1") K16+=("$k16") KPP+=("$kpp") L1+=("$l1") L16+=("$l16") LPP+=("$lpp")
+        rounds+=("| $shape F16 | $r | $(ratio "$k1" "$l1")x | $(ratio "$k16" "$l16")x | $(ratio "$kpp" "$lpp")x |")
+        bws+=" $("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)"
+    done
+    k1=$(median <<<"${K1[*]}") k16=$(median <<<"${K16[*]}") kpp=$(median <<<"${KPP[*]}")
+    l1=$(median <<<"${L1[*]}") l16=$(median <<<"${L16[*]}") lpp=$(median <<<"${LPP[*]}")
+    bw=$(median <<<"$bws")
     bound=$(awk -v b="$bw" -v s="$bytes" 'BEGIN{printf "%.1f", b * 1e9 / s}')
     rows+=("| $shape F16 ($((bytes / 1048576)) MiB) | 1 client | $k1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound |")
     rows+=("| | 16 clients | $k16 | $l16 | $(ratio "$k16" "$l16")x | |")
     rows+=("| | prefill, 512-token prompts (prompt tok/s) | $kpp | $lpp | $(ratio "$kpp" "$lpp")x | |")
     # kvserve's engine at 64 rows: GFLOP/s of the products against the FMA peak
-    "$ENGINE" batch "$f" 8 64 "$THREADS" >"$TMP/eng.csv" 2>"$TMP/eng.log" || true
-    tps=$(awk -F, '$1 == 64 {print $3}' "$TMP/eng.csv" | head -1)
+    E64=()
+    for r in $(seq "$REPEATS"); do
+        "$ENGINE" batch "$f" 8 64 "$THREADS" >"$TMP/eng.csv" 2>"$TMP/eng.log" || true
+        E64+=("$(awk -F, '$1 == 64 {print $3}' "$TMP/eng.csv" | head -1)")
+    done
+    tps=$(median <<<"${E64[*]}")
     kern=$(grep -o 'kernels: [^ ,;]*' "$TMP/eng.log" | head -1 | cut -d' ' -f2 || true)
     # multiply-adds per token: every parameter but the embedding table (a lookup)
     params=$(grep -o '[0-9.]*M params' "$TMP/eng.log" | head -1 | sed 's/M params//')
@@ -91,19 +109,32 @@ SECTION="$TMP/section.md"
     echo "servers, kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer (its CPU variant chosen at"
     echo "run time). Closed-loop clients of bench/serve_bench.py, non-streaming completions,"
     echo "$PROMPT-token prompts, $OUT output tokens (ignore_eos); prefill: 512-token prompts, 1 output token."
-    echo "One run of each; load average before: $LOAD_BEFORE. Machine, same run: memory read"
-    echo "bandwidth $bw GB/s ($THREADS threads), FMA peak AVX2 ${peak_avx2:-n/a} / AVX-512 ${peak_avx512:-n/a} GFLOP/s"
+    if [ "$REPEATS" -gt 1 ]; then
+        echo "Medians of $REPEATS rounds (kvserve then llama-server in each; every round's ratios below);"
+    else
+        echo "One run of each;"
+    fi
+    echo "load average before: $LOAD_BEFORE. Machine, same run: memory read"
+    echo "bandwidth $bw GB/s ($THREADS threads; median of its readings: $bws), FMA peak AVX2 ${peak_avx2:-n/a} / AVX-512 ${peak_avx512:-n/a} GFLOP/s"
     echo "(kvs-bench-machine). Command:"
     echo
     echo '```'
-    echo "THREADS=$THREADS SHAPES=\"$SHAPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 NPP=$NPP bench/peer.sh"
+    echo "THREADS=$THREADS SHAPES=\"$SHAPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 NPP=$NPP REPEATS=$REPEATS bench/peer.sh"
     echo '```'
     echo
     echo "| model | load | kvserve tok/s | llama-server tok/s | kvserve / llama-server | batch 1 vs bandwidth / file bytes |"
     echo "|---|---|---:|---:|---:|---:|"
     printf '%s\n' "${rows[@]}"
     echo
-    echo "kvserve's engine alone at 64 rows (kvs-bench-engine batch, 8 steps):"
+    if [ "$REPEATS" -gt 1 ]; then
+        echo "Each round's kvserve / llama-server:"
+        echo
+        echo "| model | round | 1 client | 16 clients | prefill |"
+        echo "|---|---:|---:|---:|---:|"
+        printf '%s\n' "${rounds[@]}"
+        echo
+    fi
+    echo "kvserve's engine alone at 64 rows (kvs-bench-engine batch, 8 steps; median of $REPEATS):"
     echo
     echo "| model | kernels | tok/s | GFLOP/s (2 x non-embedding params x tok/s) | of the FMA peak |"
     echo "|---|---|---:|---:|---:|"
