@@ -1,4 +1,4 @@
-/* The AVX-512 intrinsics kern/avx512.c, kern/quant_avx512.c and kern/qdot_avx512.c are written
+/* The AVX-512 intrinsics kern/avx512.c, kern/quant_avx512.c and kern/qdot_avx512*.c are written
  * in: the compiler's own (built with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c),
  * or, with KERN_AVX512_EMULATED, SIMD Everywhere's portable versions of the same names over AVX2 +
  * FMA (libsimde-dev), so the tests run these very sources on a CPU without AVX-512. Not a public

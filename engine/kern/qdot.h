@@ -1,5 +1,5 @@
-/* The integer path's shared definitions (kern/qdot_ref.c, kern/qdot_avx2.c, kern/qdot_x8_avx2.c,
- * kern/qdot_avx512.c): the quantized activation blocks and the fixed float order they all
+/* The integer path's shared definitions (kern/qdot_ref.c, kern/qdot_avx2*.c, kern/qdot_x8_avx2.c,
+ * kern/qdot_avx512*.c): the quantized activation blocks and the fixed float order they all
  * follow. Not a public header: names carry the kern__ prefix.
  *
  * A weight block's product with an activation block is exact integer arithmetic. Nothing depends
@@ -95,11 +95,12 @@ typedef struct kern__q40x8 {
  * n_in / 32 * 18 at row), bit for bit: what the portable product reads. */
 void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row);
 
-/* The AVX2 qmatmul (kern/qdot_avx2.c, built only where the compiler has AVX2 flags). */
+/* The AVX2 qmatmul (kern/qdot_avx2.c and its types' files, built only where the compiler has AVX2
+ * flags). */
 void kern__qmatmul_avx2(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                         size_t n0, size_t n1);
 
-/* kern/qdot_avx2.c built with AVX-512 VL and VNNI (KERN_HAVE_QDOT_VNNI): kern__qmatmul_avx512's
+/* The same built with AVX-512 VL and VNNI (KERN_HAVE_QDOT_VNNI): kern__qmatmul_avx512's
  * one-row products on CPUs with VNNI. */
 void kern__qmatmul_avx2_vnni(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                              size_t n0, size_t n1);
@@ -122,8 +123,9 @@ void kern__qmatmul_x8_avx512_vnni(const kern_mat *w, const void *xq, size_t T, f
 void kern__qmatmul_x8_avx512_emu(const kern_mat *w, const void *xq, size_t T, float *out,
                                  size_t ldo, size_t n0, size_t n1);
 
-/* The AVX-512 qmatmul (kern/qdot_avx512.c, AVX-512 F/BW/VL/DQ), and its copy over simde for the
- * tests (kern/avx512_isa.h); both hand the tiles they do not cover to kern__qmatmul_avx2. */
+/* The AVX-512 qmatmul (kern/qdot_avx512.c and its types' files, AVX-512 F/BW/VL/DQ), and its copy
+ * over simde for the tests (kern/avx512_isa.h); both hand the tiles they do not cover to
+ * kern__qmatmul_avx2. */
 void kern__qmatmul_avx512(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                           size_t n0, size_t n1);
 void kern__qmatmul_avx512_emu(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,

@@ -1,4 +1,4 @@
-/* Helpers the x86 integer-product files share (kern/qdot_avx2.c, kern/qdot_avx512.c):
+/* Helpers the x86 integer-product files share (kern/qdot_rows8.h, kern/qdot_tiles16.h):
  * header-only, always inlined, so that each compiles them with its own target flags (and the
  * emulated AVX-512 copy with its own). SSE / AVX2 operations only. Not a public header. */
 #ifndef KVS_ENGINE_KERN_QDOT_X86_H
@@ -54,6 +54,76 @@ static inline __attribute__((always_inline)) __m128i kern__iq4xs_scales(const ui
                                                           1 << 4, 1 << 2, 1)),
                        14);
     return _mm_sub_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32));
+}
+
+/* ---- the legacy types' and Q2_K / Q3_K's unpacking, which the AVX2 and AVX-512 tiles share ----
+ */
+
+/* The fifth bits of a Q5_0 / Q5_1 block (qh: bit i for value i) as 0x10 in byte i, byte i of the
+ * unpacked row holding value i. */
+static inline __attribute__((always_inline)) __m256i bits5(const uint8_t *qhp)
+{
+    uint32_t qh;
+    memcpy(&qh, qhp, 4);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                            2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
+/* A Q4_1 / Q5_0 / Q5_1 block's 32 raw values at p (block start), value i in byte i: the 16 qs
+ * bytes at qo (value j in the low nibble of byte j, j + 16 in its high one), the fifth bits' qh
+ * at ho (ho < 0: none). */
+static inline __attribute__((always_inline)) __m256i raw32(const uint8_t *p, int qo, int ho)
+{
+    __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + qo));
+    __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    return ho < 0 ? w : _mm256_or_si256(w, bits5(p + ho));
+}
+
+/* The 16 6-bit scales of a Q3_K block (12 bytes at s: low nibbles, then 2 high bits
+ * each) as int8, less 32 */
+static inline __attribute__((always_inline)) __m128i scales_q3k(const uint8_t *s)
+{
+    uint32_t a0, a1, t;
+    memcpy(&a0, s, 4);
+    memcpy(&a1, s + 4, 4);
+    memcpy(&t, s + 8, 4);
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    uint32_t s0 = (a0 & m4) | (t & m2) << 4, s1 = (a1 & m4) | ((t >> 2) & m2) << 4;
+    uint32_t s2 = ((a0 >> 4) & m4) | ((t >> 4) & m2) << 4;
+    uint32_t s3 = ((a1 >> 4) & m4) | ((t >> 6) & m2) << 4;
+    return _mm_sub_epi8(_mm_set_epi32((int)s3, (int)s2, (int)s1, (int)s0), _mm_set1_epi8(32));
+}
+
+/* The 32 raw values 32 v .. 32 v + 31 of the Q2_K / Q3_K block at p, value 32 v + i in byte i. */
+static inline __attribute__((always_inline)) __m256i raw_q23k(const uint8_t *p, int q3, int v)
+{
+    __m256i c = _mm256_srl_epi16(
+        _mm256_loadu_si256((const __m256i *)(const void *)(p + (q3 ? 32 : 16) + 32 * (v / 4))),
+        _mm_cvtsi32_si128(2 * (v % 4)));
+    c = _mm256_and_si256(c, _mm256_set1_epi8(3));
+    if (q3) {
+        __m256i h = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(const void *)p),
+                                     _mm_cvtsi32_si128(v));
+        c = _mm256_or_si256(c, _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(1)), 2));
+    }
+    return c;
+}
+
+/* The 16 sub-block scales (and Q2_K's mins) of the block at p as int16. */
+static inline __attribute__((always_inline)) void scales_q23k(const uint8_t *p, int q3, __m256i *sc,
+                                                              __m256i *mi)
+{
+    if (q3) {
+        *sc = _mm256_cvtepi8_epi16(scales_q3k(p + 96));
+        *mi = _mm256_setzero_si256();
+    } else {
+        __m128i s = _mm_loadu_si128((const __m128i *)(const void *)p);
+        *sc = _mm256_cvtepu8_epi16(_mm_and_si128(s, _mm_set1_epi8(0x0f)));
+        *mi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0f)));
+    }
 }
 
 #endif

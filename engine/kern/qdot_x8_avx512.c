@@ -1,7 +1,7 @@
 /* AVX-512 integer products over KERN_QUANT_X8, the interleaved groups of kern/qdot_pack.c, two
  * groups of 8 rows a zmm (group a in the low half, the next one, c, in the high half): the
  * layout's quads are one row a 32-bit lane already, so a block is loads, inserts and masks, with
- * none of the transposes kern/qdot_avx512.c's 16-row tiles spend their shuffles on. These are
+ * none of the transposes kern/qdot_tiles16.h's 16-row tiles spend their shuffles on. These are
  * kern/qdot_x8_avx2.c's kernels on twice the rows: the same integers, the same float order, the
  * same bits.
  *

@@ -1,4 +1,4 @@
-/* The ymm helpers of the AVX2 integer products (kern/qdot_avx2.c over the file's rows,
+/* The ymm helpers of the AVX2 integer products (kern/qdot_rows8.h over the file's rows,
  * kern/qdot_x8_avx2.c over the interleaved groups): header-only, always inlined, so that each
  * file compiles them with its own flags (both are built a second time with AVX-512 VL + VNNI,
  * engine/meson.build). Not a public header. */

@@ -1,4 +1,4 @@
-/* The zmm helpers of the AVX-512 integer products (kern/qdot_avx512.c over the file's rows,
+/* The zmm helpers of the AVX-512 integer products (kern/qdot_tiles16.h over the file's rows,
  * kern/qdot_x8_avx512.c over the interleaved groups): header-only, always inlined, so each file
  * compiles them with its own flags (natively, with VNNI, or over simde: kern/avx512_isa.h). Not
  * a public header. */
