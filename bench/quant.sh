@@ -10,7 +10,10 @@
 # Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), TYPES ("Q4_K_M Q4_0
 # Q5_K_M Q6_K Q8_0"), OUT (64), PROMPT (32), N1 (3 requests at 1 client), N16 (16 requests at 16
 # clients), F32_TYPES (the types also served with --activations f32, default all of TYPES; the
-# others show "-" in the f32 columns), PEER (../shared/peer/llama.cpp/bin).
+# others show "-" in the f32 columns), REPEATS (1: rounds per type, kvserve then llama-server in
+# each, so both see the same minutes of a shared machine; the table gives each figure's median
+# and every round's ratios follow it; the f32 columns are measured in the first round only),
+# PEER (../shared/peer/llama.cpp/bin).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -24,6 +27,7 @@ PROMPT=${PROMPT:-32}
 N1=${N1:-3}
 N16=${N16:-16}
 KV_MB=${KV_MB:-128}
+REPEATS=${REPEATS:-1}
 peer_setup "$KVSERVE" "$MKMODEL" "$MACHINE" --peer llama-server llama-quantize --vocab
 PORT=18710
 
@@ -57,13 +61,18 @@ write_section() { # DONE-TYPES-COUNT
     echo "servers, kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer. The $SHAPE shape"
     echo "(random weights) in F16, quantized by llama-quantize to each type; closed-loop clients of"
     echo "bench/serve_bench.py, non-streaming completions, $PROMPT-token prompts, $OUT output tokens"
-    echo "(ignore_eos). One run of each; load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
+    if [ "$REPEATS" -gt 1 ]; then
+        echo "(ignore_eos). Medians of $REPEATS rounds (kvserve then llama-server in each; every round's ratios below"
+        echo "the table); load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
+    else
+        echo "(ignore_eos). One run of each; load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
+    fi
     echo "(the machine is shared)."
-    echo "Read bandwidth, same run: $bw GB/s ($THREADS threads, kvs-bench-machine). kvserve's resident"
+    echo "Read bandwidth, same run: $bw GB/s ($THREADS threads, kvs-bench-machine; the median of its readings: $bws). kvserve's resident"
     echo "size after the run includes its $KV_MB MiB KV cache (as touched). Command:"
     echo
     echo '```'
-    echo "THREADS=$THREADS SHAPE=$SHAPE TYPES=\"$TYPES\" F32_TYPES=\"$F32_TYPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 bench/quant.sh"
+    echo "THREADS=$THREADS SHAPE=$SHAPE TYPES=\"$TYPES\" F32_TYPES=\"$F32_TYPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 REPEATS=$REPEATS bench/quant.sh"
     echo '```'
     echo
     echo "kvserve runs with --activations q8 (the default: the integer path for Q8_0, Q4_0 .. Q5_1,"
@@ -74,28 +83,48 @@ write_section() { # DONE-TYPES-COUNT
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     printf '%s\n' "${rows[@]}"
     [ "$1" = "$N_TYPES" ] || echo "(Partial: the run stopped after $1 of $N_TYPES file types.)"
+    if [ "$REPEATS" -gt 1 ]; then
+        echo
+        echo "Each round's kvserve / llama-server:"
+        echo
+        echo "| file type | round | 1 client | 16 clients |"
+        echo "|---|---:|---:|---:|"
+        printf '%s\n' "${rounds[@]}"
+    fi
     echo "<!-- quant.sh end -->"
     } >"$SECTION"
     python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md quant.sh <"$SECTION"
 }
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)]}'; }
+bws=$bw
 rows=()
+rounds=()
 for t in $TYPES; do
     f="$TMP/$SHAPE-$t.gguf"
     "$PEER/llama-quantize" "$base" "$f" "$t" "$THREADS" >/dev/null 2>&1
     bytes=$(stat -c %s "$f")
     # a port each (incremented here: $((PORT++)) inside $(...) would not reach this shell)
-    echo "quant.sh: $t kvserve" >&2
-    read -r k1 k16 krss <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations q8)"
-    PORT=$((PORT + 1))
     e1=- e16=-
-    if [[ " $F32_TYPES " == *" $t "* ]]; then
-        echo "quant.sh: $t kvserve --activations f32" >&2
-        read -r e1 e16 _ <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations f32)"
+    K1=() K16=() L1=() L16=()
+    for r in $(seq "$REPEATS"); do
+        echo "quant.sh: $t kvserve (round $r of $REPEATS)" >&2
+        read -r k1 k16 krss <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations q8)"
         PORT=$((PORT + 1))
-    fi
-    echo "quant.sh: $t llama-server" >&2
-    read -r l1 l16 lrss <<<"$(serve llama "$f" "$PORT")"
-    PORT=$((PORT + 1))
+        if [ "$r" = 1 ] && [[ " $F32_TYPES " == *" $t "* ]]; then
+            echo "quant.sh: $t kvserve --activations f32" >&2
+            read -r e1 e16 _ <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations f32)"
+            PORT=$((PORT + 1))
+        fi
+        echo "quant.sh: $t llama-server (round $r of $REPEATS)" >&2
+        read -r l1 l16 lrss <<<"$(serve llama "$f" "$PORT")"
+        PORT=$((PORT + 1))
+        K1+=("$k1") K16+=("$k16") L1+=("$l1") L16+=("$l16")
+        rounds+=("| $t | $r | $(ratio "$k1" "$l1")x | $(ratio "$k16" "$l16")x |")
+        bws+=" $("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)"
+    done
+    k1=$(median <<<"${K1[*]}") k16=$(median <<<"${K16[*]}")
+    l1=$(median <<<"${L1[*]}") l16=$(median <<<"${L16[*]}")
+    bw=$(median <<<"$bws")
     bound=$(awk -v b="$bw" -v s="$bytes" 'BEGIN{printf "%.1f", b * 1e9 / s}')
     mib=$((bytes / 1048576))
     rows+=("| $t ($mib MiB) | $k1 | $e1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound | $k16 | $e16 | $l16 | $(ratio "$k16" "$l16")x | $krss ($(ratio "$krss" "$mib")x file) |")
