@@ -115,6 +115,8 @@ INLINE void prefetch_next(const uint8_t *next, size_t b, size_t bb)
         _mm_prefetch((const char *)(next + o), _MM_HINT_T0);
 }
 
+/* Block b (bb bytes) of the 16 rows of a legacy type or IQ4_NL: p[r] its start in row r, w[k]
+ * lane r raw values 4k .. 4k + 3 of row r (kern/qdot_x86.h's raw32: qs at qo, qh at ho). */
 INLINE void unpack_leg(const uint8_t *const rows[16], size_t b, int bb, int qo, int ho,
                        const uint8_t *p[16], __m512i w[8])
 {

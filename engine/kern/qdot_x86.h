@@ -72,9 +72,9 @@ static inline __attribute__((always_inline)) __m256i bits5(const uint8_t *qhp)
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
 }
 
-/* A Q4_1 / Q5_0 / Q5_1 block's 32 raw values at p (block start), value i in byte i: the 16 qs
- * bytes at qo (value j in the low nibble of byte j, j + 16 in its high one), the fifth bits' qh
- * at ho (ho < 0: none). */
+/* A Q4_0 / Q4_1 / Q5_0 / Q5_1 (or IQ4_NL) block's 32 raw values at p (block start), value i in
+ * byte i: the 16 qs bytes at qo (value j in the low nibble of byte j, j + 16 in its high one),
+ * the fifth bits' qh at ho (ho < 0: none). */
 static inline __attribute__((always_inline)) __m256i raw32(const uint8_t *p, int qo, int ho)
 {
     __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(p + qo));
