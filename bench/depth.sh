@@ -53,7 +53,6 @@ llama16() {
         -npp "$1" -ntg "$STEPS" -npl 16 -t "$THREADS" 2>/dev/null |
         awk -F'|' '$2 ~ /^ *[0-9]+ *$/ {gsub(/ /, "", $9); v = $9} END {print v}'
 }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)]}'; }
 
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 rows=()

@@ -40,7 +40,6 @@ serve() {
     echo "$one $sixteen $pp"
 }
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)]}'; }
 bws=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
 peaks=$("$MACHINE" fma "$THREADS" 2>/dev/null)
 peak_avx2=$(grep ',avx2,' <<<"$peaks" | cut -d, -f4 || true)

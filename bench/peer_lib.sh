@@ -97,5 +97,9 @@ bench() {
     python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print("%.1f %.1f" % (s["output_throughput"], s["total_token_throughput"] - s["output_throughput"]))' "$TMP/r.json"
 }
 
+# median <<<"WORDS" -> the median of the numbers in WORDS (the lower one of an even count),
+# one decimal: the figure of REPEATS rounds (peer.sh, quant.sh, depth.sh)
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)]}'; }
+
 # ratio A B -> A / B with two decimals (0 when B is 0)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}'; }

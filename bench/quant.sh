@@ -95,7 +95,6 @@ write_section() { # DONE-TYPES-COUNT
     } >"$SECTION"
     python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md quant.sh <"$SECTION"
 }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)]}'; }
 bws=$bw
 rows=()
 rounds=()
