@@ -29,6 +29,7 @@
 #ifndef KVS_ENGINE_KERN_QDOT_ROWS8_H
 #define KVS_ENGINE_KERN_QDOT_ROWS8_H
 
+#include "engine/kern/prefetch.h"
 #include "engine/kern/qdot.h"
 #include "engine/kern/qdot_x86.h"
 #include "engine/kern/qdot_ymm.h"
@@ -116,11 +117,10 @@ INLINE __m256 f16x8(const uint8_t *const p[8], size_t off)
 
 /* The 8 rows of a group are 8 short streams the hardware prefetchers learn too late (each
  * group starts 8 new ones): while block b of a group is read, the next group's bytes of block b
- * (the same share of its contiguous 8 rows) are fetched. */
+ * (the same share of its contiguous 8 rows) are fetched into L2 (kern/prefetch.h). */
 INLINE void prefetch_next(const uint8_t *next, size_t b, size_t bb)
 {
-    for (size_t o = 8 * bb * b; o < 8 * bb * (b + 1); o += 64)
-        _mm_prefetch((const char *)(next + o), _MM_HINT_T0);
+    kern_prefetch_l2(next + 8 * bb * b, 8 * bb);
 }
 
 /* The IQ4 types' values are the signed levels lut[raw] (-127 .. 113): as for Q8_0, |w| meets x

@@ -18,6 +18,7 @@
 #define KVS_ENGINE_KERN_QDOT_TILES16_H
 
 #include "engine/kern/avx512_isa.h"
+#include "engine/kern/prefetch.h"
 #include "engine/kern/qdot.h"
 #include "engine/kern/qdot_x86.h"
 #include "engine/kern/qdot_zmm.h"
@@ -111,8 +112,7 @@ INLINE __m512 f16x16(const uint8_t *const p[16], size_t off)
  * prefetchers learn too late (kern/qdot_rows8.h's prefetch_next). */
 INLINE void prefetch_next(const uint8_t *next, size_t b, size_t bb)
 {
-    for (size_t o = 16 * bb * b; o < 16 * bb * (b + 1); o += 64)
-        _mm_prefetch((const char *)(next + o), _MM_HINT_T0);
+    kern_prefetch_l2(next + 16 * bb * b, 16 * bb);
 }
 
 /* Block b (bb bytes) of the 16 rows of a legacy type or IQ4_NL: p[r] its start in row r, w[k]

@@ -7,6 +7,7 @@
  * Built twice (engine/meson.build): for the avx2 table, and with AVX-512 VL and VNNI for the
  * avx512 table on CPUs with VNNI, where vpdpbusd sums a sub-block's quads in int32 and 32
  * vector registers hold a group's operands without spilling. */
+#include "engine/kern/prefetch.h"
 #include "engine/kern/qdot.h"
 #include "engine/kern/qdot_ymm.h"
 
@@ -19,15 +20,6 @@
 #else
 #define QMATMUL_X8 kern__qmatmul_x8_avx2
 #endif
-
-/* A group's blocks are one stream, but the kernels jump about inside a block (Q6_K reads qh
- * once per quarter), which the hardware prefetchers follow too late: the block two ahead is
- * fetched while this one is multiplied (past a matrix's end, a prefetch is only a hint). */
-INLINE void prefetch_x8(const void *p, size_t bytes)
-{
-    for (size_t o = 0; o < bytes; o += 64)
-        _mm_prefetch((const char *)p + o, _MM_HINT_T0);
-}
 
 /* KERN_QUANT_X8 Q4_K and Q5_K (kern/qdot.h's kern__q4kx8, kern__q5kx8, alike up to qh): a group
  * of 8 rows' nb blocks at g times activation rows xq[0 .. tt), grp_q45k's integers on vectors
@@ -50,7 +42,7 @@ INLINE void grp_q45kx8(const uint8_t *g, size_t nb, int q5, const uint8_t *xq, s
     for (size_t b = 0; b < nb; b++) {
         const kern__q4kx8 *q = (const kern__q4kx8 *)(const void *)(g + b * bb); /* the head */
         const uint8_t *qsp = g + b * bb + qs, *qhp = g + b * bb + offsetof(kern__q5kx8, qh);
-        prefetch_x8(g + (b + 2) * bb, bb);
+        kern_prefetch_l2(g + b * bb + KERN_PF_AHEAD, bb);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
         __m256 dm =
             _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->dmin)),
@@ -121,7 +113,7 @@ INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     for (size_t b = 0; b < nb; b++) {
         const kern__q6kx8 *q = g + b;
-        prefetch_x8(q + 2, sizeof *q);
+        kern_prefetch_l2((const uint8_t *)q + KERN_PF_AHEAD, sizeof *q);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
         for (size_t t = 0; t < tt; t++)
             si[t] = _mm256_setzero_si256();
@@ -193,8 +185,7 @@ INLINE void grp_q40x8(const kern__q40x8 *g, size_t nb, const uint8_t *xq, size_t
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (size_t b = 0; b < nb; b++) {
         const kern__q40x8 *q = g + b;
-        prefetch_x8(
-            q + 4, sizeof *q); /* 144-byte blocks: four ahead is about as far as two K-quant ones */
+        kern_prefetch_l2((const uint8_t *)q + KERN_PF_AHEAD, sizeof *q);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
         __m256i w[8];
         for (int k = 0; k < 4; k++) {

@@ -16,6 +16,7 @@
  * ran at about 140 Gweights/s, the transposing 16-row tiles over the file's rows 150-250, these
  * 200-280 (docs/ARCHITECTURE.md, "The integer path"). */
 #include "engine/kern/avx512_isa.h"
+#include "engine/kern/prefetch.h"
 #include "engine/kern/qdot.h"
 #include "engine/kern/qdot_zmm.h"
 
@@ -31,14 +32,13 @@
 #define QMATMUL_X8 KERN512(kern__qmatmul_x8_avx512)
 #endif
 
-/* The next blocks of both groups fetched while these are multiplied (a group is one stream, but
- * the kernels jump about inside a block, which the hardware prefetchers follow too late). */
+/* Both groups' blocks KERN_PF_AHEAD bytes ahead into L2 (kern/prefetch.h): a group is one
+ * stream, but the kernels jump about inside a block, which the hardware prefetchers follow too
+ * late. */
 INLINE void prefetch2(const uint8_t *a, const uint8_t *c, size_t bytes)
 {
-    for (size_t o = 0; o < bytes; o += 64) {
-        _mm_prefetch((const char *)a + o, _MM_HINT_T0);
-        _mm_prefetch((const char *)c + o, _MM_HINT_T0);
-    }
+    kern_prefetch_l2(a + KERN_PF_AHEAD, bytes);
+    kern_prefetch_l2(c + KERN_PF_AHEAD, bytes);
 }
 
 /* 32 bytes at offset off of both groups' blocks */
@@ -105,7 +105,7 @@ INLINE void grp_q40(const kern__q40x8 *a, const kern__q40x8 *c, size_t nb, const
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (size_t b = 0; b < nb; b++) {
-        prefetch2((const uint8_t *)(a + b + 4), (const uint8_t *)(c + b + 4), sizeof *a);
+        prefetch2((const uint8_t *)(a + b), (const uint8_t *)(c + b), sizeof *a);
         __m512i w[8];
         for (int k = 0; k < 4; k++) {
             __m512i v = pair(ld(a[b].qs[k]), ld(c[b].qs[k]));
@@ -164,7 +164,7 @@ INLINE void grp_q45k(const uint8_t *a, const uint8_t *c, size_t nb, int q5, cons
         const uint8_t *pa = a + b * bb, *pc = c + b * bb;
         const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)pa; /* the heads */
         const kern__q4kx8 *hc = (const kern__q4kx8 *)(const void *)pc;
-        prefetch2(pa + 2 * bb, pc + 2 * bb, bb);
+        prefetch2(pa, pc, bb);
         __m512 d = f16x16(ha->d, hc->d);
         __m512 dm = _mm512_xor_ps(f16x16(ha->dmin, hc->dmin), _mm512_set1_ps(-0.0f));
         for (size_t t = 0; t < tt; t++)
@@ -218,7 +218,7 @@ INLINE void grp_q6k(const kern__q6kx8 *a, const kern__q6kx8 *c, size_t nb, const
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     for (size_t b = 0; b < nb; b++) {
         const kern__q6kx8 *qa = a + b, *qc = c + b;
-        prefetch2((const uint8_t *)(qa + 2), (const uint8_t *)(qc + 2), sizeof *qa);
+        prefetch2((const uint8_t *)qa, (const uint8_t *)qc, sizeof *qa);
         __m512 d = f16x16(qa->d, qc->d);
         for (size_t t = 0; t < tt; t++)
             si[t] = _mm512_setzero_si512();
@@ -294,8 +294,7 @@ INLINE void one_q4k(const kern__q4kx8 *g, size_t nb, const kern__qx256 *x, __m25
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (size_t b = 0; b < nb; b++) {
         const kern__q4kx8 *q = g + b;
-        for (size_t o = 0; o < sizeof *q; o += 64)
-            _mm_prefetch((const char *)(q + 2) + o, _MM_HINT_T0);
+        kern_prefetch_l2((const uint8_t *)q + KERN_PF_AHEAD, sizeof *q);
         __m512i si = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             __m512i slo = _mm512_setzero_si512(), shi = _mm512_setzero_si512();
