@@ -542,12 +542,12 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
                  hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_ctx_train, (double)m->n_params / 1e6,
                  ggml_type_name(m->weight_type), (double)m->weight_bytes / (1024.0 * 1024.0),
                  time_now_s() - t0);
-        log_info("kernels: %s (%s; CPU: %s)", m->kern->name,
-                 p && p->kern_table ? "the caller's table"
-                 : p && p->kernels && *p->kernels && strcmp(p->kernels, "auto")
-                     ? "forced by --kernels"
-                     : "chosen from CPUID",
-                 kern_cpu_features());
+        log_info(
+            "kernels: %s (%s%s%s; CPU: %s)", m->kern->name,
+            p && p->kern_table                                             ? "the caller's table"
+            : p && p->kernels && *p->kernels && strcmp(p->kernels, "auto") ? "forced by --kernels"
+                                                                           : "chosen from CPUID",
+            m->kern->note ? "; " : "", m->kern->note ? m->kern->note : "", kern_cpu_features());
         log_info("activations: %s (%zu weight matrices on the integer path, %zu of them "
                  "interleaved; the others on exact F32 panels)",
                  m->qdot ? "q8" : "f32", m->n_qdot, m->n_x8);

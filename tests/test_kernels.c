@@ -36,7 +36,7 @@ static float frand(void)
 /* The tables this CPU runs, the reference first; the emulated AVX-512 one (where simde was there
  * to build it) last, so test_select's "auto is the best this CPU runs" still reads the native
  * ones. */
-static const kern_ops *g_isas[5];
+static const kern_ops *g_isas[6];
 static int g_n_native;
 static int g_n_isas;
 
@@ -52,9 +52,11 @@ static int setup(void **state)
                 kern_cpu_features());
 #endif
 #ifdef KERN_HAVE_AVX512
-    if (kern_cpu_can("avx512") == 1)
+    if (kern_cpu_can("avx512") == 1) {
         g_isas[g_n_isas++] = &kern_avx512_ops;
-    else
+        if (kern_cpu_avx512_halves()) /* what auto picks here: last of the native ones */
+            g_isas[g_n_isas++] = &kern_avx512_halves_ops;
+    } else
         fprintf(stderr, "kernels: this CPU cannot run avx512 (%s): its emulation tested instead\n",
                 kern_cpu_features());
 #endif

@@ -142,8 +142,8 @@ static size_t avx2_panel(const panel_job *j, const panel_step *s)
 }
 
 /* kern/panel_loop.h's driver over 6-row tiles. */
-static void avx2_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
-                        size_t ldo, size_t n0, size_t n1, float *scratch)
+void kern__avx2_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
+                       size_t ldo, size_t n0, size_t n1, float *scratch)
 {
     if (m->type == KERN_QUANT_PANEL) {
         kern__quant_matmul_avx2(m, x, T, ldx, out, ldo, n0, n1, scratch);
@@ -428,7 +428,7 @@ static void avx2_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, 
 
 const kern_ops kern_avx2_ops = {
     .name = "avx2",
-    .matmul = avx2_matmul,
+    .matmul = kern__avx2_matmul,
     .dot = avx2_dot,
     .dot_f16 = avx2_dot_f16,
     .axpy = avx2_axpy,

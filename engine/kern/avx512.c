@@ -525,26 +525,38 @@ static void avx512_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx
     kern__qx_quantize(fmt, x, T, ldx, n_in, dst, avx512_qx_amax);
 }
 
+/* The table's operations but for its panel products. F16 conversion 8 at a time (kern/f16c.h);
+ * the integer path's product (kern/qdot.h) on 16 rows a zmm for batches (kern/qdot_avx512.c),
+ * one activation row on AVX2's kernels; every table's bits are the reference's. */
+/* clang-format off */
+#define AVX512_OPS                                                                                 \
+    .dot = avx512_dot,                                                                             \
+    .dot_f16 = avx512_dot_f16,                                                                     \
+    .axpy = avx512_axpy,                                                                           \
+    .axpy_f16 = avx512_axpy_f16,                                                                   \
+    .to_f16 = kern__to_f16_f16c,                                                                   \
+    .rmsnorm = avx512_rmsnorm,                                                                     \
+    .dot_f16_n = avx512_dot_f16_n,                                                                 \
+    .axpy_f16_n = avx512_axpy_f16_n,                                                               \
+    .softmax = avx512_softmax,                                                                     \
+    .silu_mul = avx512_silu_mul,                                                                   \
+    .qx_quantize = avx512_qx_quantize,                                                             \
+    .qmatmul = KERN512(kern__qmatmul_avx512)
+/* clang-format on */
+
 #ifdef KERN_AVX512_EMULATED
 const kern_ops kern_avx512_emu_ops = {
-    .name = "avx512-emulated",
+    .name = "avx512-emulated", .matmul = avx512_matmul, AVX512_OPS};
 #else
-const kern_ops kern_avx512_ops = {
+const kern_ops kern_avx512_ops = {.name = "avx512", .matmul = avx512_matmul, AVX512_OPS};
+
+/* For CPUs that run AVX-512 as two 256-bit halves (AMD Zen 4; kern_select's "auto"): the panel
+ * products on the AVX2 table's 256-bit tiles, which there beat the zmm ones (TinyLlama F16, two
+ * threads, kvs-bench-engine batch: 64 rows 98 / 84 tok/s, 512 rows 99 / 83; 16 rows and one
+ * row the same; docs/BENCHMARKS.md). The same bits: every table's matmul is the reference's. */
+const kern_ops kern_avx512_halves_ops = {
     .name = "avx512",
+    .note = "F16/F32/Q8_0 panels on AVX2's 256-bit tiles: this CPU runs AVX-512 in two halves",
+    .matmul = kern__avx2_matmul,
+    AVX512_OPS};
 #endif
-    .matmul = avx512_matmul,
-    .dot = avx512_dot,
-    .dot_f16 = avx512_dot_f16,
-    .axpy = avx512_axpy,
-    .axpy_f16 = avx512_axpy_f16,
-    .to_f16 = kern__to_f16_f16c, /* 8 at a time (kern/f16c.h) */
-    .rmsnorm = avx512_rmsnorm,
-    .dot_f16_n = avx512_dot_f16_n,
-    .axpy_f16_n = avx512_axpy_f16_n,
-    .softmax = avx512_softmax,
-    .silu_mul = avx512_silu_mul,
-    .qx_quantize = avx512_qx_quantize,
-    /* The integer path's product (kern/qdot.h): batches on 16 rows a zmm (kern/qdot_avx512.c),
-     * one activation row on AVX2's kernels; every table's bits are the reference's. */
-    .qmatmul = KERN512(kern__qmatmul_avx512),
-};

@@ -97,6 +97,31 @@ static const char *avx512_missing(void)
 #endif
 }
 
+bool kern_cpu_avx512_halves(void)
+{
+#ifdef KERN_X86
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d))
+        return false;
+    char vendor[13];
+    memcpy(vendor, &b, 4);
+    memcpy(vendor + 4, &d, 4);
+    memcpy(vendor + 8, &c, 4);
+    vendor[12] = '\0';
+    if (strcmp(vendor, "AuthenticAMD") || !__get_cpuid(1, &a, &b, &c, &d))
+        return false;
+    unsigned family = (a >> 8) & 0xf;
+    if (family == 0xf)
+        family += (a >> 20) & 0xff;
+    /* family 19h is Zen 3 (no AVX-512) and Zen 4; Zen 5 (1Ah) has full-width units */
+    unsigned a7, b7, c7;
+    cpuid7(0, &a7, &b7, &c7);
+    return family == 0x19 && (b7 & bit_AVX512F);
+#else
+    return false;
+#endif
+}
+
 #ifdef KERN_HAVE_AVX512
 static bool cpu_has_avx512(void)
 {
@@ -163,7 +188,7 @@ int kern_select(const char *name, const kern_ops **out, char *err, size_t err_le
     if (!name || !*name || !strcmp(name, "auto")) {
 #ifdef KERN_HAVE_AVX512
         if (cpu_has_avx512()) {
-            *out = &kern_avx512_ops;
+            *out = kern_cpu_avx512_halves() ? &kern_avx512_halves_ops : &kern_avx512_ops;
             return 0;
         }
 #endif

@@ -20,6 +20,7 @@
 #ifndef KVS_ENGINE_KERN_KERN_H
 #define KVS_ENGINE_KERN_KERN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -100,6 +101,9 @@ typedef struct kern_run {
 
 typedef struct kern_ops {
     const char *name; /* "generic", "avx2", "avx512": what --kernels takes and /metrics shows */
+    /* NULL, or how this copy of a table differs from the one --kernels NAME forces (the
+     * start-up log line prints it) */
+    const char *note;
     /* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1, W of a panel
      * type. scratch: KERN_PANEL * n_in floats or NULL, in which a Q8_0 panel read by several
      * row tiles may be widened once (also a quantized one); the bits are the same either way. */
@@ -208,6 +212,12 @@ extern const kern_ops kern_avx2_ops;
 #ifdef KERN_HAVE_AVX512
 /* AVX-512 F+BW+VL+DQ + FMA + F16C (kern/avx512.c, kern/quant_avx512.c). */
 extern const kern_ops kern_avx512_ops;
+/* The same with the AVX2 table's F16 / F32 / Q8_0 panel products (kern/avx512.c): what "auto"
+ * picks where kern_cpu_avx512_halves(). */
+extern const kern_ops kern_avx512_halves_ops;
+/* The AVX2 table's matmul (kern/avx2.c), for kern_avx512_halves_ops. */
+void kern__avx2_matmul(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out,
+                       size_t ldo, size_t n0, size_t n1, float *scratch);
 #endif
 #ifdef KERN_HAVE_AVX512_EMU
 /* The same sources over simde on AVX2 + FMA ("avx512-emulated"): linked into tests only, so the
@@ -227,10 +237,14 @@ void kern_add(float *y, const float *x, size_t n);
  * 1 yes, 0 no; -1 if kvserve has no such table (unknown name, or not built into this one). */
 int kern_cpu_can(const char *name);
 /* The table for name: NULL or "auto" picks the best this CPU runs (avx512 > avx2 > generic;
- * avx512 needs AVX512F+BW+VL+DQ, FMA, F16C and an OS saving the ZMM and opmask state);
+ * avx512 needs AVX512F+BW+VL+DQ, FMA, F16C and an OS saving the ZMM and opmask state; where
+ * kern_cpu_avx512_halves(), kern_avx512_halves_ops);
  * "avx512" / "avx2" / "generic" force one. Returns 0 and *out, or KVS_EINVAL (unknown name),
  * KVS_EUNSUPPORTED (not built into this kvserve, or the CPU lacks it) with one line in err. */
 int kern_select(const char *name, const kern_ops **out, char *err, size_t err_len);
+/* Whether this CPU runs AVX-512 as two 256-bit halves (AMD family 19h: Zen 4), where "auto"
+ * picks kern_avx512_halves_ops over kern_avx512_ops; false elsewhere and off x86. */
+bool kern_cpu_avx512_halves(void);
 /* The CPU's vector features as one short line ("avx2 fma f16c; no avx512f avx512bw ..."; the
  * AVX-512 ones: f, bw, vl, dq, vnni, bf16), for logs. */
 const char *kern_cpu_features(void);
