@@ -8,7 +8,6 @@
 #include "common/status.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,10 +127,6 @@ typedef struct matmul_job {
     uint32_t first_item[MM_MAX + 1]; /* items of matrix m: [first_item[m], first_item[m+1]) */
     engine_glu glu; /* an item covers the same columns of w[0] and w[1] (gate and up), then
                        out[0] = act(out[0]) * out[1] on them */
-    /* The next work item, alone in its cache line: each take moves the line to the taking
-     * core, and the fields above, read for every item, must not move with it. */
-    _Alignas(64) atomic_uint next;
-    char pad[64 - sizeof(atomic_uint)];
 } matmul_job;
 
 /* Columns [n0, n0 + chunk) of matrix m. */
@@ -152,34 +147,27 @@ static void matmul_chunk(const matmul_job *j, uint32_t m, size_t n0, float *tile
         kern_qmatmul_ref(w, xq, j->rows, j->out[m], N, n0, n0 + cnt);
 }
 
-/* Threads take chunks of output columns from a shared counter, so a thread the OS preempts
- * (the cores are shared) delays the step by one chunk, not by its whole share. Chunk
+/* Item i: a chunk of output columns (tpool_run_items says which thread takes which). Chunk
  * boundaries depend only on the matrix and the batch size, never on the thread count or on
  * which thread took a chunk, so a batch gives the same bits on every run. */
-static void matmul_worker(void *arg, uint32_t ith, uint32_t nth)
+static void matmul_item(void *arg, uint32_t i, uint32_t ith)
 {
-    (void)nth;
-    matmul_job *j = arg;
+    const matmul_job *j = arg;
     float *tile = j->c->tile + ith * j->c->tile_floats;
-    for (;;) {
-        uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (i >= j->first_item[j->n_mats])
-            return;
-        uint32_t m = 0;
-        while (i >= j->first_item[m + 1])
-            m++;
-        size_t n0 = (size_t)(i - j->first_item[m]) * j->chunk[m];
-        matmul_chunk(j, m, n0, tile);
-        if (j->glu == ENGINE_GLU_NONE)
-            continue;
-        matmul_chunk(j, 1, n0, tile);
-        size_t N = j->w[0]->n_out, cnt = N - n0 < j->chunk[0] ? N - n0 : j->chunk[0];
-        for (size_t t = 0; t < j->rows; t++) {
-            if (j->glu == ENGINE_GLU_SILU)
-                j->c->kern->silu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
-            else
-                gelu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
-        }
+    uint32_t m = 0;
+    while (i >= j->first_item[m + 1])
+        m++;
+    size_t n0 = (size_t)(i - j->first_item[m]) * j->chunk[m];
+    matmul_chunk(j, m, n0, tile);
+    if (j->glu == ENGINE_GLU_NONE)
+        return;
+    matmul_chunk(j, 1, n0, tile);
+    size_t N = j->w[0]->n_out, cnt = N - n0 < j->chunk[0] ? N - n0 : j->chunk[0];
+    for (size_t t = 0; t < j->rows; t++) {
+        if (j->glu == ENGINE_GLU_SILU)
+            j->c->kern->silu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
+        else
+            gelu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
     }
 }
 
@@ -196,6 +184,16 @@ void engine__run_job(engine_ctx *c, void (*fn)(void *, uint32_t, uint32_t), void
         fn(arg, 0, 1);
     else
         tpool_run(c->pool, fn, arg);
+}
+
+void engine__run_items(engine_ctx *c, uint32_t n_items, void (*fn)(void *, uint32_t, uint32_t),
+                       void *arg, uint64_t macs)
+{
+    if (macs < PARALLEL_MIN_MACS)
+        for (uint32_t i = 0; i < n_items; i++)
+            fn(arg, i, 0);
+    else
+        tpool_run_items(c->pool, n_items, fn, arg);
 }
 
 typedef struct quantize_job {
@@ -259,8 +257,7 @@ void engine__matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
             done[fmt == KERN_QX_256] = true;
         }
     }
-    atomic_init(&j.next, 0);
-    engine__run_job(c, matmul_worker, &j, macs);
+    engine__run_items(c, j.first_item[n], matmul_item, &j, macs);
 }
 
 void engine__matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows)

@@ -128,5 +128,9 @@ struct engine_ctx {
  * when the job has too few multiply-adds to be worth waking the pool (see forward.c). */
 void engine__run_job(engine_ctx *c, void (*fn)(void *, uint32_t, uint32_t), void *arg,
                      uint64_t macs);
+/* The same for items 0..n_items-1, fn(arg, item, ith): tpool_run_items on the pool, or every
+ * item in order on the calling thread (ith 0). */
+void engine__run_items(engine_ctx *c, uint32_t n_items, void (*fn)(void *, uint32_t, uint32_t),
+                       void *arg, uint64_t macs);
 
 #endif

@@ -1,6 +1,9 @@
 /* Persistent worker pool. Invariants: gen changes only under mu (so a sleeping worker cannot
  * miss a job), pending counts workers still inside the current job, and a new job is posted
- * only after pending reached 0. */
+ * only after pending reached 0. tpool_run_items: run t's span packs the next item its owner
+ * takes (low 32 bits) and the end of the items left in it (high 32); the owner takes from the
+ * front with one fetch_add, others from the back with a compare-exchange, so each item is taken
+ * exactly once and the two ends meet only when the run is nearly done. */
 #include "engine/threadpool.h"
 
 #include "common/status.h"
@@ -21,6 +24,11 @@
  * idle pool, or one sharing its cores with other processes, soon sleeps. */
 #define SPIN_ITERS 4096
 
+/* One thread's run of items, alone in its cache line: its owner updates it for every item. */
+typedef struct item_run {
+    _Alignas(64) _Atomic uint64_t span;
+} item_run;
+
 typedef struct worker {
     tpool *pool;
     uint32_t ith;
@@ -37,6 +45,9 @@ struct tpool {
     atomic_bool stop;
     tpool_fn fn;
     void *arg;
+    item_run *runs; /* n */
+    tpool_item_fn item_fn;
+    void *item_arg;
 };
 
 static void *worker_main(void *a)
@@ -85,6 +96,11 @@ int tpool_create(uint32_t n_threads, tpool **out)
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv_work, NULL);
     pthread_cond_init(&p->cv_done, NULL);
+    p->runs = aligned_alloc(_Alignof(item_run), n_threads * sizeof *p->runs);
+    if (!p->runs) {
+        tpool_destroy(p);
+        return KVS_ENOMEM;
+    }
     if (n_threads > 1) {
         p->workers = calloc(n_threads - 1, sizeof *p->workers);
         if (!p->workers) {
@@ -120,6 +136,7 @@ void tpool_destroy(tpool *p)
     pthread_cond_destroy(&p->cv_work);
     pthread_cond_destroy(&p->cv_done);
     free(p->workers);
+    free(p->runs);
     free(p);
 }
 
@@ -153,4 +170,45 @@ void tpool_run(tpool *p, tpool_fn fn, void *arg)
             pthread_cond_wait(&p->cv_done, &p->mu);
         pthread_mutex_unlock(&p->mu);
     }
+}
+
+#define SPAN(next, end) ((uint64_t)(end) << 32 | (next))
+
+static void items_worker(void *arg, uint32_t ith, uint32_t nth)
+{
+    tpool *p = arg;
+    /* Own run, front to back. A take past the end leaves next > end: the run stays empty. */
+    for (;;) {
+        uint64_t s = atomic_fetch_add_explicit(&p->runs[ith].span, 1, memory_order_relaxed);
+        if ((uint32_t)s >= (uint32_t)(s >> 32))
+            break;
+        p->item_fn(p->item_arg, (uint32_t)s, ith);
+    }
+    /* The others' runs, back to front. A run once empty stays empty, so one pass suffices. */
+    for (uint32_t k = 1; k < nth; k++) {
+        _Atomic uint64_t *span = &p->runs[(ith + k) % nth].span;
+        uint64_t s = atomic_load_explicit(span, memory_order_relaxed);
+        for (;;) {
+            uint32_t next = (uint32_t)s, end = (uint32_t)(s >> 32);
+            if (next >= end)
+                break;
+            if (atomic_compare_exchange_weak_explicit(span, &s, SPAN(next, end - 1),
+                                                      memory_order_relaxed, memory_order_relaxed)) {
+                p->item_fn(p->item_arg, end - 1, ith);
+                s = atomic_load_explicit(span, memory_order_relaxed);
+            }
+        }
+    }
+}
+
+void tpool_run_items(tpool *p, uint32_t n_items, tpool_item_fn fn, void *arg)
+{
+    /* Relaxed stores: tpool_run publishes them to the workers with the job (gen's release). */
+    for (uint32_t t = 0; t < p->n; t++) {
+        uint64_t lo = (uint64_t)n_items * t / p->n, hi = (uint64_t)n_items * (t + 1) / p->n;
+        atomic_store_explicit(&p->runs[t].span, SPAN(lo, hi), memory_order_relaxed);
+    }
+    p->item_fn = fn;
+    p->item_arg = arg;
+    tpool_run(p, items_worker, p);
 }

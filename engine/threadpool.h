@@ -11,6 +11,7 @@
 
 typedef struct tpool tpool;
 typedef void (*tpool_fn)(void *arg, uint32_t ith, uint32_t nth);
+typedef void (*tpool_item_fn)(void *arg, uint32_t item, uint32_t ith);
 
 /* n_threads >= 1 counting the caller; starts n_threads - 1 workers. KVS_ENOMEM, KVS_EINVAL. */
 int tpool_create(uint32_t n_threads, tpool **out);
@@ -19,5 +20,12 @@ void tpool_destroy(tpool *p);
 uint32_t tpool_n_threads(const tpool *p);
 /* Runs fn(arg, ith, nth) for ith = 0..nth-1, ith 0 on the calling thread; returns after all. */
 void tpool_run(tpool *p, tpool_fn fn, void *arg);
+/* Runs fn(arg, item, ith) once for each item in 0..n_items-1 and returns after all. Thread ith
+ * first takes, in order, its own contiguous run of the items (the ith of n equal runs), so that
+ * consecutive items (adjacent slices of one weight matrix) stream through one core and its
+ * prefetches; a thread done with its run then takes items from the far end of the others' runs,
+ * so a thread the OS preempts holds up at most the item it is in. Which thread runs an item
+ * varies from run to run: fn must give the same result whichever does. */
+void tpool_run_items(tpool *p, uint32_t n_items, tpool_item_fn fn, void *arg);
 
 #endif

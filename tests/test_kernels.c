@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/status.h"
 #include "engine/dtype.h"
@@ -955,6 +956,83 @@ static void test_pool(void **state)
     tpool_destroy(NULL);
 }
 
+typedef struct items_arg {
+    atomic_uint hits[1000];
+    atomic_uint by_thread[8];
+    uint32_t n;
+} items_arg;
+
+static void items_fn(void *arg, uint32_t item, uint32_t ith)
+{
+    items_arg *a = arg;
+    assert_true(ith < a->n);
+    atomic_fetch_add(&a->hits[item], 1);
+    atomic_fetch_add(&a->by_thread[ith], 1);
+}
+
+/* Every item exactly once, for counts below, at and above the thread count; with a thread
+ * held up (the items of thread 1 sleep), the others take its items from the back. */
+static void test_pool_items(void **state)
+{
+    (void)state;
+    static const uint32_t counts[] = {0, 1, 2, 3, 7, 64, 1000};
+    for (uint32_t n = 1; n <= 4; n++) {
+        tpool *tp;
+        assert_int_equal(tpool_create(n, &tp), 0);
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+            for (int rep = 0; rep < 50; rep++) {
+                items_arg *a = calloc(1, sizeof *a);
+                assert_non_null(a);
+                a->n = n;
+                tpool_run_items(tp, counts[c], items_fn, a);
+                uint32_t total = 0;
+                for (uint32_t i = 0; i < 1000; i++)
+                    assert_int_equal(atomic_load(&a->hits[i]), i < counts[c] ? 1 : 0);
+                for (uint32_t t = 0; t < n; t++)
+                    total += atomic_load(&a->by_thread[t]);
+                assert_int_equal(total, counts[c]);
+                free(a);
+            }
+        tpool_destroy(tp);
+    }
+}
+
+typedef struct slow_arg {
+    atomic_uint hits[64];
+    atomic_uint by_thread[2];
+} slow_arg;
+
+static void slow_fn(void *arg, uint32_t item, uint32_t ith)
+{
+    slow_arg *a = arg;
+    /* Thread 1 is held in its first item until thread 0 has run 63 items (or 10 s have
+     * passed): only taking the rest of thread 1's 32 from the back lets it get there. */
+    for (int ms = 0; ith == 1 && atomic_load(&a->by_thread[1]) == 0 &&
+                     atomic_load(&a->by_thread[0]) < 63 && ms < 10000;
+         ms++) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    atomic_fetch_add(&a->hits[item], 1);
+    atomic_fetch_add(&a->by_thread[ith], 1);
+}
+
+static void test_pool_items_steal(void **state)
+{
+    (void)state;
+    tpool *tp;
+    assert_int_equal(tpool_create(2, &tp), 0);
+    slow_arg a;
+    memset(&a, 0, sizeof a);
+    tpool_run_items(tp, 64, slow_fn, &a);
+    for (uint32_t i = 0; i < 64; i++)
+        assert_int_equal(atomic_load(&a.hits[i]), 1);
+    /* Thread 0 ran its 32 and then thread 1's from the back: all but the one thread 1 held
+     * (or all 64, if thread 1 woke after they were gone). */
+    assert_true(atomic_load(&a.by_thread[0]) >= 63);
+    tpool_destroy(tp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -976,6 +1054,8 @@ int main(void)
         cmocka_unit_test(test_select),
         cmocka_unit_test(test_dtype),
         cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_pool_items),
+        cmocka_unit_test(test_pool_items_steal),
     };
     return cmocka_run_group_tests_name("kernels", tests, setup, NULL);
 }
