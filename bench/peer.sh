@@ -69,9 +69,6 @@ for shape in $SHAPES; do
     l1=$(median <<<"${L1[*]}") l16=$(median <<<"${L16[*]}") lpp=$(median <<<"${LPP[*]}")
     bw=$(median <<<"$bws")
     bound=$(awk -v b="$bw" -v s="$bytes" 'BEGIN{printf "%.1f", b * 1e9 / s}')
-    rows+=("| $shape F16 ($((bytes / 1048576)) MiB) | 1 client | $k1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound |")
-    rows+=("| | 16 clients | $k16 | $l16 | $(ratio "$k16" "$l16")x | |")
-    rows+=("| | prefill, 512-token prompts (prompt tok/s) | $kpp | $lpp | $(ratio "$kpp" "$lpp")x | |")
     # kvserve's engine at 64 rows: GFLOP/s of the products against the FMA peak
     E64=()
     for r in $(seq "$REPEATS"); do
@@ -97,6 +94,26 @@ for shape in $SHAPES; do
             erows+=("| $shape F16 | ${kern:-?} | $tps | $gf | $(ratio "$gf" "$peak_avx2") of AVX2's $peak_avx2 |")
         fi
     fi
+    # The compute-bound loads against the machine's FMA peak (the better ISA's tight loop), for
+    # both servers: what a ratio between them can be at most. Multiply-adds of the products
+    # only (attention left out): a generated token's through every matrix, a prompt token's
+    # without the output projection (logits only at a prompt's last token).
+    f16c=() fpp=()
+    peak=$(awk -v a="${peak_avx2:-0}" -v b="${peak_avx512:-0}" 'BEGIN{print (a > b ? a : b)}')
+    if [ -n "$params" ] && [ -n "$dim" ] && [ -n "$vocab" ] && [ "$peak" != 0 ]; then
+        for t in "$k16" "$l16"; do
+            f16c+=("$(awk -v t="$t" -v p="$params" -v d="$dim" -v v="$vocab" -v pr="$PROMPT" \
+                -v o="$OUT" -v pk="$peak" 'BEGIN{g = 2 * (p * 1e6 - d * v); q = g - 2 * d * v
+                printf "%.2f", t * (g + pr / o * q) / 1e9 / pk}')")
+        done
+        for t in "$kpp" "$lpp"; do
+            fpp+=("$(awk -v t="$t" -v p="$params" -v d="$dim" -v v="$vocab" -v pk="$peak" \
+                'BEGIN{printf "%.2f", t * 2 * (p * 1e6 - 2 * d * v) / 1e9 / pk}')")
+        done
+    fi
+    rows+=("| $shape F16 ($((bytes / 1048576)) MiB) | 1 client | $k1 | $l1 | $(ratio "$k1" "$l1")x | $(ratio "$k1" "$bound") of $bound | |")
+    rows+=("| | 16 clients | $k16 | $l16 | $(ratio "$k16" "$l16")x | | ${f16c[0]:-?} / ${f16c[1]:-?} |")
+    rows+=("| | prefill, 512-token prompts (prompt tok/s) | $kpp | $lpp | $(ratio "$kpp" "$lpp")x | | ${fpp[0]:-?} / ${fpp[1]:-?} |")
     rm -f "$f"
 done
 
@@ -124,9 +141,14 @@ SECTION="$TMP/section.md"
     echo "THREADS=$THREADS SHAPES=\"$SHAPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 NPP=$NPP REPEATS=$REPEATS bench/peer.sh"
     echo '```'
     echo
-    echo "| model | load | kvserve tok/s | llama-server tok/s | kvserve / llama-server | batch 1 vs bandwidth / file bytes |"
-    echo "|---|---|---:|---:|---:|---:|"
+    echo "| model | load | kvserve tok/s | llama-server tok/s | kvserve / llama-server | batch 1 vs bandwidth / file bytes | of the FMA peak, kvserve / llama-server |"
+    echo "|---|---|---:|---:|---:|---:|---:|"
     printf '%s\n' "${rows[@]}"
+    echo
+    echo "The last column: each server's multiply-adds per second in the products (2 x parameters"
+    echo "but the embedding per generated token, less the output projection per prompt token;"
+    echo "attention left out) over the machine's FMA peak ($peak GFLOP/s, the better ISA's tight"
+    echo "loop): a ratio between the servers can be at most 1 over llama-server's figure."
     echo
     if [ "$REPEATS" -gt 1 ]; then
         echo "Each round's kvserve / llama-server:"
