@@ -4,7 +4,6 @@
 #include "engine/arch.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 /* Attention runs in items of one row and one span of ATTN_SPAN positions, with every head:
@@ -28,9 +27,6 @@ typedef struct attn_job {
     uint32_t window;        /* the layer's window, 0: every position */
     uint32_t i0, i1;        /* this wave's items */
     uint32_t n_tasks;       /* c->attn_tasks of this wave */
-    /* The next task to take, alone in its cache line (as matmul_job's, engine/forward.c) */
-    _Alignas(64) atomic_uint next;
-    char pad[64 - sizeof(atomic_uint)];
 } attn_job;
 
 /* Row of item i: the last row whose first item is <= i. */
@@ -252,17 +248,13 @@ static void attend_task(const attn_job *j, const attn_task *tk, float *scores)
         }
 }
 
-static void attn_worker(void *arg, uint32_t ith, uint32_t nth)
+/* Task k of the wave (engine__run_items hands them out: consecutive tasks, a group's next spans,
+ * mostly to one thread). */
+static void attn_run_task(void *arg, uint32_t k, uint32_t ith)
 {
-    (void)nth;
     attn_job *j = arg;
     float *scores = j->c->scores + (size_t)ith * j->c->m->hp.n_head * ATTN_SPAN;
-    for (;;) {
-        uint32_t k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (k >= j->n_tasks)
-            return;
-        attend_task(j, &j->c->attn_tasks[k], scores);
-    }
+    attend_task(j, &j->c->attn_tasks[k], scores);
 }
 
 /* The tasks of wave [i0, i1): its rows cut into groups of consecutive rows of one sequence
@@ -327,8 +319,7 @@ void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b
         j.i0 = i0;
         j.i1 = n_items - i0 < ATTN_WAVE ? n_items : i0 + ATTN_WAVE;
         j.n_tasks = wave_tasks(&j);
-        atomic_init(&j.next, 0);
-        engine__run_job(c, attn_worker, &j, macs);
+        engine__run_items(c, j.n_tasks, attn_run_task, &j, macs);
         for (uint32_t i = j.i0; i < j.i1; i++) {
             uint32_t t = attn_row(c, T, i);
             float *st = c->attn_state + t * per_row;
