@@ -283,27 +283,41 @@ INLINE __m512i quads2(const int8_t *p)
         idx, _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(const void *)p)));
 }
 
-/* One activation row of Q4_K (a decode step), one group at a time as it lies: the 64 bytes
- * qs[c][2 kp], qs[c][2 kp + 1] are one zmm, quad 2 kp of the 8 rows in lanes 0..7 and quad 2 kp + 1
- * in lanes 8..15; their low nibbles meet sub-block 2 c's activations, the high ones sub-block
- * 2 c + 1's, by vpdpbusd, scaled by vpmulld in both halves. The halves' int32 sums are added at
- * the block's end (integers: exact in any order), which leaves each row's S of the ymm kernel,
- * folded as there: the same bits, one stream, half the instructions. */
-INLINE void one_q4k(const kern__q4kx8 *g, size_t nb, const kern__qx256 *x, __m256 *acc)
+/* One activation row of Q4_K or Q5_K (a decode step), one group at a time as it lies: the 64
+ * bytes qs[c][2 kp], qs[c][2 kp + 1] are one zmm, quad 2 kp of the 8 rows in lanes 0..7 and quad
+ * 2 kp + 1 in lanes 8..15; their low nibbles meet sub-block 2 c's activations, the high ones
+ * sub-block 2 c + 1's, by vpdpbusd, scaled by vpmulld in both halves. For Q5_K, qh[0][2 kp],
+ * qh[0][2 kp + 1] lie the same way, a zmm each loaded once a block: bit j of each byte, moved to
+ * bit 4, is sub-block j's fifth bit (one vpternlogd puts it above the nibble). The halves' int32
+ * sums are added at the block's end (integers: exact in any order), which leaves each row's S of
+ * the ymm kernel, folded as there: the same bits, one stream, half the instructions. */
+INLINE void one_q45k(const uint8_t *g, size_t nb, int q5, const kern__qx256 *x, __m256 *acc)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+    size_t bb = q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8);
+    size_t qs = q5 ? offsetof(kern__q5kx8, qs) : offsetof(kern__q4kx8, qs);
     for (size_t b = 0; b < nb; b++) {
-        const kern__q4kx8 *q = g + b;
-        kern_prefetch_l2((const uint8_t *)q + KERN_PF_AHEAD, sizeof *q);
+        const uint8_t *p = g + b * bb;
+        const kern__q4kx8 *q = (const kern__q4kx8 *)(const void *)p; /* the head */
+        kern_prefetch_l2(p + KERN_PF_AHEAD, bb);
+        __m512i h[4];
+        if (q5)
+            for (int kp = 0; kp < 4; kp++)
+                h[kp] = _mm512_loadu_si512((const void *)(p + offsetof(kern__q5kx8, qh) + 64 * kp));
         __m512i si = _mm512_setzero_si512();
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
             __m512i slo = _mm512_setzero_si512(), shi = _mm512_setzero_si512();
             for (int kp = 0; kp < 4; kp++) {
-                __m512i v = _mm512_loadu_si512((const void *)q->qs[c][2 * kp]);
-                slo = _mm512_dpbusd_epi32(slo, _mm512_and_si512(v, m4),
-                                          quads2(x[b].q + 64 * c + 8 * kp));
-                shi = _mm512_dpbusd_epi32(shi, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-                                          quads2(x[b].q + 64 * c + 32 + 8 * kp));
+                __m512i v = _mm512_loadu_si512((const void *)(p + qs + 256 * c + 64 * kp));
+                __m512i lo = _mm512_and_si512(v, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (q5) { /* lo | bit 2 c at bit 4, hi | bit 2 c + 1's: 0xf8 = a | b & c */
+                    lo = _mm512_ternarylogic_epi32(lo, bit_to4(h[kp], 2 * c), m10, 0xf8);
+                    hi = _mm512_ternarylogic_epi32(hi, bit_to4(h[kp], 2 * c + 1), m10, 0xf8);
+                }
+                slo = _mm512_dpbusd_epi32(slo, lo, quads2(x[b].q + 64 * c + 8 * kp));
+                shi = _mm512_dpbusd_epi32(shi, hi, quads2(x[b].q + 64 * c + 32 + 8 * kp));
             }
             __m256i s0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q->sc[2 * c]));
             __m256i s1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q->sc[2 * c + 1]));
@@ -359,10 +373,16 @@ void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t 
     __m512 acc[TT];
     __m512i si[TT];
 #ifdef KERN_QDOT_VNNI
-    if (T == 1 && w->qtype == KERN_GGML_Q4_K) { /* kern__qmatmul_avx512 sends no other one-row */
+    /* kern__qmatmul_avx512 sends no other one-row product; q5 a constant in each call */
+    if (T == 1 && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K)) {
+        int q5 = w->qtype == KERN_GGML_Q5_K;
+        size_t gb = nb * (q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8));
         for (size_t g = n0 / 8; 8 * g < n1; g++) {
             __m256 a = _mm256_setzero_ps();
-            one_q4k((const kern__q4kx8 *)w->data + g * nb, nb, xq, &a);
+            if (q5)
+                one_q45k((const uint8_t *)w->data + g * gb, nb, 1, xq, &a);
+            else
+                one_q45k((const uint8_t *)w->data + g * gb, nb, 0, xq, &a);
             size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
             float l[8];
             _mm256_storeu_ps(l, a);
