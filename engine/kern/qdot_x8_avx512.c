@@ -9,9 +9,11 @@
  * VNNI (KERN_QDOT_VNNI: vpdpbusd sums quads in int32, the sub-block scales by vpmulld) chosen per
  * call where the CPU has it, and over simde for the tests (kern/avx512_isa.h). One row of x (a
  * decode step) stays on the ymm kernels (these pairs, streaming two groups far apart, were
- * slower there), except Q4_K with VNNI: one_q4k below reads one group as one stream, a whole
- * 64-byte run a zmm (Zen 5 core: 74 -> 103 Gweights/s in the caches, the same 57 streaming;
- * TinyLlama Q4_K_M decode 2 threads +5-10 %; the same for Q6_K gained 4 %, so it has none). From
+ * slower there), except Q4_K and Q5_K with VNNI: one_q45k below reads one group as one stream,
+ * a whole 64-byte run a zmm (Q4_K, Zen 5 core: 74 -> 103 Gweights/s in the caches, the same 57
+ * streaming; TinyLlama Q4_K_M decode 2 threads +5-10 %. Q5_K, Zen 4 core: 36.5 -> 54.3 in the
+ * caches, 25.2 -> 42.2 streaming; Q5_K_M decode +16 %. The same for Q6_K gained 4 % on Zen 5,
+ * so it has none). From
  * two rows on, on one Zen 5 core (5632 x 2048, kvs-bench-qmatmul ... avx512 q8), the ymm kernels
  * ran at about 140 Gweights/s, the transposing 16-row tiles over the file's rows 150-250, these
  * 200-280 (docs/ARCHITECTURE.md, "The integer path"). */
