@@ -70,7 +70,7 @@ INLINE void panel_fma(int R, __m256 acc[][2], const float *x, size_t ldx, size_t
 /* One R x 16 tile of panel type pt. A Q8_0 weight is widened as scale * int8 rounded to float,
  * the value a widened copy holds. */
 INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp, size_t K,
-                       float *out, size_t ldo, size_t c0, size_t c1)
+                       float *out, size_t ldo, size_t c0, size_t c1, panel_pf pf)
 {
     __m256 acc[PM][2];
 #pragma GCC unroll 6
@@ -84,6 +84,7 @@ INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const ui
             for (size_t i = 0; i < KERN_QK8_0; i++) {
                 const uint8_t *q = blk + Q8P_QUANTS + i * KERN_PANEL;
                 _mm_prefetch((const char *)(q + PANEL_PF), _MM_HINT_T0);
+                panel_pf_at(pf, b * KERN_QK8_0 + i);
                 __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
                 __m256 w0 = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
                 __m256 w1 = _mm256_mul_ps(
@@ -95,6 +96,7 @@ INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const ui
         size_t esz = pt == KERN_F32_PANEL ? 4 : 2;
         for (size_t k = 0; k < K; k++) {
             _mm_prefetch((const char *)(wp + k * KERN_PANEL * esz + PANEL_PF), _MM_HINT_T0);
+            panel_pf_at(pf, k);
             panel_fma(R, acc, x, ldx, k, load8(pt, wp, k * KERN_PANEL),
                       load8(pt, wp, k * KERN_PANEL + 8));
         }

@@ -55,7 +55,7 @@ INLINE void store_cols(float *o, __m512 acc, size_t c0, size_t c1)
 }
 
 INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp, size_t K,
-                       float *out, size_t ldo, size_t c0, size_t c1)
+                       float *out, size_t ldo, size_t c0, size_t c1, panel_pf pf)
 {
     __m512 acc[PM];
 #pragma GCC unroll 16
@@ -68,17 +68,20 @@ INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const ui
             for (size_t i = 0; i < KERN_QK8_0; i++) {
                 _mm_prefetch((const char *)(blk + Q8P_QUANTS + i * KERN_PANEL + PANEL_PF),
                              _MM_HINT_T0);
+                panel_pf_at(pf, b * KERN_QK8_0 + i);
                 panel_fma(R, acc, x, ldx, b * KERN_QK8_0 + i, q8_line(blk, d, i));
             }
         }
     } else if (pt == KERN_F16_PANEL) {
         for (size_t k = 0; k < K; k++) {
             _mm_prefetch((const char *)(wp + k * KERN_PANEL * 2 + PANEL_PF), _MM_HINT_T0);
+            panel_pf_at(pf, k);
             panel_fma(R, acc, x, ldx, k, k512_cvtph(wp + k * KERN_PANEL * 2));
         }
     } else {
         for (size_t k = 0; k < K; k++) {
             _mm_prefetch((const char *)(wp + k * KERN_PANEL * 4 + PANEL_PF), _MM_HINT_T0);
+            panel_pf_at(pf, k);
             panel_fma(R, acc, x, ldx, k,
                       _mm512_loadu_ps((const float *)(const void *)(wp + k * KERN_PANEL * 4)));
         }
@@ -111,7 +114,7 @@ static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
 #define PM2 12
 
 INLINE void panel_tile2(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp,
-                        size_t pbytes, size_t K, float *out, size_t ldo)
+                        size_t pbytes, size_t K, float *out, size_t ldo, panel_pf pf)
 {
     __m512 a0[PM2], a1[PM2];
     const uint8_t *wq = wp + pbytes;
@@ -122,6 +125,7 @@ INLINE void panel_tile2(kern_type pt, int R, const float *x, size_t ldx, const u
     for (size_t k = 0; k < K; k++) {
         _mm_prefetch((const char *)(wp + k * step + PANEL_PF), _MM_HINT_T0);
         _mm_prefetch((const char *)(wq + k * step + PANEL_PF), _MM_HINT_T0);
+        panel_pf_at(pf, k);
         __m512 w0, w1;
         if (pt == KERN_F16_PANEL) {
             w0 = k512_cvtph(wp + k * step);
@@ -145,10 +149,10 @@ INLINE void panel_tile2(kern_type pt, int R, const float *x, size_t ldx, const u
 }
 
 /* panel_tile2 once per (type, R) */
-#define PANEL_TILE2_F16_(t, r) t(KERN_F16_PANEL, r, x, ldx, wp, pbytes, K, out, ldo)
-#define PANEL_TILE2_F32_(t, r) t(KERN_F32_PANEL, r, x, ldx, wp, pbytes, K, out, ldo)
+#define PANEL_TILE2_F16_(t, r) t(KERN_F16_PANEL, r, x, ldx, wp, pbytes, K, out, ldo, pf)
+#define PANEL_TILE2_F32_(t, r) t(KERN_F32_PANEL, r, x, ldx, wp, pbytes, K, out, ldo, pf)
 static void panel_tile2_r(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp,
-                          size_t pbytes, size_t K, float *out, size_t ldo)
+                          size_t pbytes, size_t K, float *out, size_t ldo, panel_pf pf)
 {
     if (pt == KERN_F16_PANEL)
         PANEL_SWITCH(R, 12, PANEL_TILE2_F16_, panel_tile2)
@@ -161,9 +165,11 @@ static size_t avx512_panel(const panel_job *j, const panel_step *s)
 {
     kern_type pt = j->m->type;
     if (pt != KERN_Q8_0_PANEL && panel_pair_whole(s)) {
-        for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R)
+        size_t i = 0;
+        for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R, i++)
             panel_tile2_r(pt, panel_rows(s, t), j->x + t * j->ldx, j->ldx, s->wp, s->pbytes,
-                          j->m->n_in, j->out + t * j->ldo + s->base, j->ldo);
+                          j->m->n_in, j->out + t * j->ldo + s->base, j->ldo,
+                          panel_pf_share(s, i, 2 * s->pbytes, j->m->n_in));
         return 2;
     }
     return panel_float_step(j, s, panel_tile_r, panel_widen_q8);
