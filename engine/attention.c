@@ -102,6 +102,22 @@ static kern_run head_run(const attn_job *j, const attn_item *it, const uint8_t *
                       .n = hd};
 }
 
+/* The scores' scale (or soft-cap) on n heads' or rows' scores, ATTN_SPAN apart, positions
+ * [i0, i1). */
+static void scale_scores(const engine_ctx *c, float *sc, uint32_t n, uint32_t i0, uint32_t i1)
+{
+    float scale = c->m->attn_scale, cap = c->m->attn_softcap;
+    for (uint32_t h = 0; h < n; h++) {
+        float *s = sc + h * ATTN_SPAN;
+        if (cap > 0)
+            for (uint32_t i = i0; i < i1; i++)
+                s[i] = cap * tanhf(s[i] * scale / cap);
+        else /* a loop the compiler vectorizes */
+            for (uint32_t i = i0; i < i1; i++)
+                s[i] *= scale;
+    }
+}
+
 /* Heads [h0, h0 + g)'s scores of item it's positions [i0, i1) into sc + (h - h0) * ATTN_SPAN
  * (scaled, soft-capped). */
 static void heads_scores(const attn_job *j, const attn_item *it, uint32_t h0, uint32_t g, float *sc,
@@ -129,16 +145,7 @@ static void heads_scores(const attn_job *j, const attn_item *it, uint32_t h0, ui
                     c->kern->dot(it->q + (size_t)h * hd, (const float *)(const void *)kp, hd);
             }
     }
-    float scale = c->m->attn_scale, cap = c->m->attn_softcap;
-    for (uint32_t h = 0; h < g; h++) {
-        float *s = sc + h * ATTN_SPAN;
-        if (cap > 0)
-            for (uint32_t i = i0; i < i1; i++)
-                s[i] = cap * tanhf(s[i] * scale / cap);
-        else /* a loop the compiler vectorizes */
-            for (uint32_t i = i0; i < i1; i++)
-                s[i] *= scale;
-    }
+    scale_scores(c, sc, g, i0, i1);
 }
 
 /* Head h's softmax of sc in place (the table's, kern/kexp.h): its max and sum go to the head's
@@ -196,6 +203,57 @@ static void prefetch_run(const attn_job *j, const attn_item *it, const uint8_t *
         __builtin_prefetch(b + o, 0, 3);
 }
 
+#define ROWS_MAX_HD 256 /* rows_attend's value sums stay on the stack */
+
+/* Whether item b, nr rows after item a, sees the same positions of the span, its queries where
+ * a's rows would put them: rows_attend can take them together. */
+static bool same_positions(const engine_hparams *hp, const attn_item *a, const attn_item *b,
+                           uint32_t nr)
+{
+    return b->skip == a->skip && b->n == a->n &&
+           b->q == a->q + (size_t)nr * hp->n_head * hp->head_dim;
+}
+
+/* nr consecutive rows of one sequence that see the same positions of the span (every span of a
+ * prompt but each row's last), without GQA, F16 cache: head by head, each block run's keys then
+ * values meet all nr rows in one run-kernel call (the rows as the call's heads, bh = 0), so
+ * each key and value row is widened once for them all instead of once per row. Per row and
+ * head the same scores, softmax and in-order value sums as heads_scores / heads_values (the
+ * run kernels' contract), so the same bits. */
+static void rows_attend(const attn_job *j, const attn_item *its, uint32_t nr, float *sc)
+{
+    const engine_ctx *c = j->c;
+    const engine_hparams *hp = &c->m->hp;
+    uint32_t hd = hp->head_dim, bs = j->kv->block_size;
+    const attn_item *it = &its[0];
+    float y[ATTN_GROUP * ROWS_MAX_HD];
+    for (uint32_t h = 0; h < hp->n_head; h++) {
+        for (uint32_t i = it->skip; i < it->n;) {
+            uint32_t p = it->p0 + i, run = bs - p % bs < it->n - i ? bs - p % bs : it->n - i;
+            kern_run r = head_run(j, it, j->kl, h, 1, i, run);
+            r.g = nr;
+            r.bh = 0;
+            kern_dot_f16_n(c->kern, &r, it->q + (size_t)h * hd, (size_t)hp->n_head * hd, sc + i,
+                           ATTN_SPAN);
+            i += run;
+        }
+        scale_scores(c, sc, nr, it->skip, it->n);
+        for (uint32_t k = 0; k < nr; k++)
+            head_softmax(j, &its[k], h, sc + k * ATTN_SPAN);
+        memset(y, 0, (size_t)nr * hd * sizeof(float)); /* as head_softmax zeroes each o */
+        for (uint32_t i = it->skip; i < it->n;) {
+            uint32_t p = it->p0 + i, run = bs - p % bs < it->n - i ? bs - p % bs : it->n - i;
+            kern_run r = head_run(j, it, j->vl, h, 1, i, run);
+            r.g = nr;
+            r.bh = 0;
+            kern_axpy_f16_n(c->kern, &r, y, hd, sc + i, ATTN_SPAN);
+            i += run;
+        }
+        for (uint32_t k = 0; k < nr; k++)
+            memcpy(its[k].part + (size_t)h * (hd + 2), y + (size_t)k * hd, hd * sizeof(float));
+    }
+}
+
 /* One task: a span of positions for up to ATTN_GROUP rows of one sequence. Each (row, head)
  * is computed alike whatever the order (its scores, softmax and value sums each in position
  * order), so the order only decides what stays in the caches and what is shared. A lone row
@@ -239,6 +297,22 @@ static void attend_task(const attn_job *j, const attn_task *tk, float *scores)
         }
         return;
     }
+    if (g == 1 && j->kv->type == ENGINE_KV_F16 && hp->head_dim <= ROWS_MAX_HD) {
+        for (uint32_t r0 = 0, r1; r0 < n_it; r0 = r1) {
+            for (r1 = r0 + 1; r1 < n_it && same_positions(hp, &its[r0], &its[r1], r1 - r0); r1++)
+                ;
+            if (r1 - r0 > 1) {
+                rows_attend(j, its + r0, r1 - r0, scores);
+                continue;
+            }
+            for (uint32_t h = 0; h < hp->n_head; h++) {
+                heads_scores(j, &its[r0], h, 1, scores, its[r0].skip, its[r0].n);
+                head_softmax(j, &its[r0], h, scores);
+                heads_values(j, &its[r0], h, 1, scores, its[r0].skip, its[r0].n);
+            }
+        }
+        return;
+    }
     for (uint32_t h = 0; h < hp->n_head; h += g)
         for (uint32_t r = 0; r < n_it; r++) {
             heads_scores(j, &its[r], h, g, scores, its[r].skip, its[r].n);
@@ -253,7 +327,7 @@ static void attend_task(const attn_job *j, const attn_task *tk, float *scores)
 static void attn_run_task(void *arg, uint32_t k, uint32_t ith)
 {
     attn_job *j = arg;
-    float *scores = j->c->scores + (size_t)ith * j->c->m->hp.n_head * ATTN_SPAN;
+    float *scores = j->c->scores + (size_t)ith * ATTN_SCORES(j->c->m->hp.n_head);
     attend_task(j, &j->c->attn_tasks[k], scores);
 }
 

@@ -41,7 +41,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->slot = malloc(T * sizeof(int32_t));
     c->wslot = malloc(T * sizeof(int32_t));
     size_t part = (size_t)hp->n_head * (hp->head_dim + 2);
-    c->scores = malloc(c->n_threads * hp->n_head * ATTN_SPAN * sizeof(float));
+    c->scores = malloc(c->n_threads * ATTN_SCORES(hp->n_head) * sizeof(float));
     c->attn_part = malloc(ATTN_WAVE * part * sizeof(float));
     c->attn_state = malloc(T * part * sizeof(float));
     c->attn_first = malloc((T + 1) * sizeof(uint32_t));

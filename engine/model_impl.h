@@ -89,6 +89,8 @@ struct engine_kv {
 #define ATTN_SPAN 128
 #define ATTN_WAVE 256
 #define ATTN_GROUP 16 /* rows of one sequence that one task takes through a span together */
+/* floats of one thread's attention weights: a span's for every head, or for a group's rows */
+#define ATTN_SCORES(n_head) ((size_t)((n_head) > ATTN_GROUP ? (n_head) : ATTN_GROUP) * ATTN_SPAN)
 
 /* A task of attention: one span for the rows [t0, t1) of one sequence (those with an item of
  * that span in the wave). */
@@ -110,7 +112,7 @@ struct engine_ctx {
     float *att;            /* (max_tokens, n_head * head_dim) attention output before wo */
     float *gate;           /* (max_tokens, n_ff) */
     float *up;             /* (max_tokens, n_ff) */
-    float *scores;         /* (n_threads, n_head, ATTN_SPAN) each thread's attention weights */
+    float *scores;         /* (n_threads, ATTN_SCORES(n_head)) each thread's attention weights */
     float *attn_part;      /* (ATTN_WAVE, n_head, head_dim + 2) a wave's span results */
     float *attn_state;     /* (max_tokens, n_head, head_dim + 2) each row's spans folded so far */
     uint32_t *attn_first;  /* (max_tokens + 1) first attention item of each row */
