@@ -809,6 +809,89 @@ static void test_gemma3_long_window(void **st)
     free(got);
 }
 
+/* A prompt across attention spans without GQA, with the server's F16 cache (the mha shape: four
+ * heads of 64, one kv head each): a 300-token sequence prefilled in batches of 100 (296 rows)
+ * and decoded for 4 more rows through a scattered block table of 16-position blocks, on every
+ * kernel table this CPU runs. A prompt's rows of one sequence go through each whole span
+ * together, 16 at most (engine/attention.c's rows_attend), a decode row alone: the last decode
+ * row must equal a recomputation of the whole sequence in one batch (other groups of rows) bit
+ * for bit, and the table's logits those of the first table. Against the reference (F32 keys and
+ * values) the F16 cache's rounding is allowed KV16_TOL. */
+#define KV16_TOL 1e-2
+static void test_long_prompt_mha(void **st)
+{
+    (void)st;
+    char p[512];
+    const char *a[] = {"--type", "f16", NULL};
+    make_shape(p, sizeof p, "mha", "mha-long.gguf", a);
+    enum { N = 300, NP = 296, CHUNK = 100, BS = 16, NB = 19 };
+    int32_t tok[N], pos[N], seq[N] = {0}, blocks[NB];
+    bool wl[N];
+    window_sequence(N, NP - 1, 37, 11, tok, pos, wl, NB, 7, 3, blocks); /* 7 is prime to 19 */
+    ref_model r;
+    ref_load(&r, p);
+    uint32_t V = r.vocab;
+    float *want = malloc((size_t)N * V * sizeof(float)), *got = malloc(V * sizeof(float));
+    float *full = malloc(V * sizeof(float)), *first = malloc(V * sizeof(float));
+    assert_true(want && got && full && first);
+    ref_opts ro = {0};
+    ref_forward(&r, &ro, tok, N, want);
+    ref_free(&r);
+    static const char *const tables[] = {"generic", "avx2", "auto"};
+    const char *first_name = NULL;
+    double worst = 0;
+    for (size_t ti = 0; ti < sizeof tables / sizeof tables[0]; ti++) {
+        char err[256];
+        if (engine_kernels_check(tables[ti], err, sizeof err))
+            continue; /* this CPU (or build) lacks it */
+        engine_load_params lp = {.verbose = false, .kernels = tables[ti], .activations = "f32"};
+        engine_model *m = load_model(p, &lp);
+        assert_int_equal(engine_model_hparams(m)->n_head, engine_model_hparams(m)->n_head_kv);
+        engine_ctx *c = NULL;
+        engine_kv *kv = NULL, *kv2 = NULL;
+        assert_int_equal(engine_ctx_create(m, N, 2, &c), 0);
+        assert_int_equal(engine_kv_create(m, ENGINE_KV_F16, NB, BS, &kv), 0);
+        assert_int_equal(engine_kv_create(m, ENGINE_KV_F16, NB, BS, &kv2), 0);
+        engine_seq_view view = {.blocks = blocks, .n_blocks = NB};
+        for (int t0 = 0; t0 < NP; t0 += CHUNK) { /* the rows of a task differ from f's */
+            int n = NP - t0 < CHUNK ? NP - t0 : CHUNK;
+            engine_batch b = {(uint32_t)n, tok + t0, pos + t0, seq, wl + t0, 1, &view};
+            assert_int_equal(engine_forward(c, kv, &b, got), 0);
+        }
+        worst = fmax(worst, rel_err(got, want + (size_t)(NP - 1) * V, V));
+        for (int t = NP; t < N; t++) {
+            bool w1 = true;
+            engine_batch d = {1, &tok[t], &pos[t], seq, &w1, 1, &view};
+            assert_int_equal(engine_forward(c, kv, &d, got), 0);
+            worst = fmax(worst, rel_err(got, want + (size_t)t * V, V));
+        }
+        bool wf[N];
+        for (int i = 0; i < N; i++)
+            wf[i] = i == N - 1;
+        engine_batch f = {N, tok, pos, seq, wf, 1, &view};
+        assert_int_equal(engine_forward(c, kv2, &f, full), 0);
+        if (memcmp(full, got, V * sizeof(float)))
+            fail_msg("mha, %s kernels: cached decode and full recomputation differ", tables[ti]);
+        if (!first_name) {
+            first_name = tables[ti];
+            memcpy(first, full, V * sizeof(float));
+        } else if (memcmp(first, full, V * sizeof(float))) {
+            fail_msg("mha: %s and %s kernels give different logits", first_name, tables[ti]);
+        }
+        engine_kv_destroy(kv2);
+        engine_kv_destroy(kv);
+        engine_ctx_destroy(c);
+        engine_model_destroy(m);
+    }
+    fprintf(stderr, "models: mha, F16 cache, 300 tokens: relative error at most %.2g\n", worst);
+    if (worst > KV16_TOL)
+        fail_msg("mha: relative error %g against the reference", worst);
+    free(want);
+    free(got);
+    free(full);
+    free(first);
+}
+
 /* A split arena (window reclaim, engine_kv_create_split) against the reference forward: the
  * swa7 shape (layer 5 global, six windowed) with a window of 40 and blocks of 8; the windowed
  * table is a different permutation in a 12-block arena, and after each decode row every entry
@@ -1313,6 +1396,7 @@ int main(int argc, char **argv)
     static const struct CMUnitTest others[] = {
         cmocka_unit_test(test_reference_is_sensitive),
         cmocka_unit_test(test_gemma3_long_window),
+        cmocka_unit_test(test_long_prompt_mha),
         cmocka_unit_test(test_gemma3_split_arena),
         cmocka_unit_test(test_family_reference_is_sensitive),
         cmocka_unit_test(test_refuse_family_files),

@@ -31,6 +31,8 @@ static const shape SHAPES[] = {
     /* seven layers: gemma3's 5:1 pattern gives one global layer (5) among windowed ones, the
      * smallest hybrid (the scheduler's window-reclaim tests) */
     {"swa7", 64, 7, 4, 2, 128, 512},
+    /* one kv head per query head (as the 110m shape), 64 wide: attention's paths without GQA */
+    {"mha", 256, 2, 4, 4, 512, 512},
     /* Gemma 3 1B's KV structure (26 layers, 5:1, one KV head; pass --head-dim 256) on a
      * small width, for KV memory benchmarks on a loaded CPU */
     {"gemma3-1b-kv", 64, 26, 1, 1, 128, 512},
