@@ -260,7 +260,8 @@ static void rows_attend(const attn_job *j, const attn_item *its, uint32_t nr, fl
  * (decoding) goes through its span block by block, its K rows once for every head, then its V
  * rows once, the next block's rows asked for ahead; several rows go kv head by kv head
  * (heads_at_once), so that head's keys and values of the span stay in L1 while every row of the
- * group reads them. */
+ * group reads them; without GQA, rows that see the same positions also share the widening of
+ * each key and value row (rows_attend). */
 static void attend_task(const attn_job *j, const attn_task *tk, float *scores)
 {
     const engine_hparams *hp = &j->c->m->hp;
