@@ -134,7 +134,7 @@ PANEL_INLINE size_t panel_float_step(const panel_job *j, const panel_step *s, pa
         wp = (const uint8_t *)j->scratch;
         pt = KERN_F32_PANEL;
     }
-    size_t i = 0; /* a widened Q8_0 panel: the next one is pulled as it is widened */
+    size_t i = 0; /* the tiles of a Q8_0 panel widened into scratch take no share */
     for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R, i++)
         tile(pt, panel_rows(s, t), j->x + t * j->ldx, j->ldx, wp, K, j->out + t * j->ldo + s->base,
              j->ldo, s->c0, s->c1,
