@@ -439,8 +439,9 @@ void gguf_release(const gguf_file *f, const void *p, size_t n)
     if (!f->mapped || lo < base || hi > base + f->size)
         return;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    lo = (lo + page - 1) / page * page; /* whole pages inside the range only */
-    hi = hi / page * page;
+    lo = (lo + page - 1) / page * page; /* whole pages inside the range only, */
+    hi = hi == base + f->size ? (hi + page - 1) / page * page /* and the file's last one */
+                              : hi / page * page;
     if (hi > lo)
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }

@@ -70,8 +70,9 @@ typedef struct gguf_tensor {
 int gguf_open(const char *path, gguf_file **out, char *err, size_t err_len);
 
 /* Tells f that the caller no longer reads the bytes [p, p + n) of its tensor data (they were
- * copied elsewhere): for a mapped file their whole pages leave the process's memory (read
- * again, they come back from the page cache); for a caller's buffer nothing happens. */
+ * copied elsewhere): for a mapped file their whole pages leave the process's memory (and the
+ * file's last page, where the range ends with the file; read again, they come back from the
+ * page cache); for a caller's buffer nothing happens. */
 void gguf_release(const gguf_file *f, const void *p, size_t n);
 
 /* As gguf_open over a caller-owned buffer, which must outlive the gguf_file (fuzzing, tests). */

@@ -68,6 +68,8 @@ struct engine_model {
     uint64_t weight_bytes;
     void **owned; /* widened copies (norm vectors, BF16 matrices) and panel-layout weights */
     size_t n_owned;
+    const void **released; /* while loading: the file's tensors copied, no longer read there */
+    size_t n_released;
     const kern_ops *kern; /* the kernel table every product and vector helper goes through */
     bool qdot;            /* --activations q8: types with an integer kernel keep the file's rows */
     size_t n_qdot;        /* matrices on the integer path */

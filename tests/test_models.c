@@ -898,6 +898,61 @@ static void test_long_prompt_mha(void **st)
  * wholly before the next row's window is overwritten with -1 (released), as the scheduler does.
  * A wrong group, table or slot moves the logits beyond TOL; reading a released entry fails the
  * forward (KVS_EINVAL) or the bounds. */
+/* KiB of the process's mapping of path that are resident (/proc/self/smaps), or -1 if none is
+ * listed or smaps cannot be read. */
+static long mapped_kb(const char *path)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    char line[1024];
+    long kb = -1;
+    bool in = false;
+    size_t n = strlen(path);
+    while (fgets(line, sizeof line, f)) {
+        size_t l = strlen(line);
+        if (l > 0 && line[l - 1] == '\n')
+            line[--l] = '\0';
+        if (strchr("0123456789abcdef", line[0]) && line[0]) /* a mapping's (fields: "Rss:") */
+            in = l >= n && !strcmp(line + l - n, path);
+        else if (in && !strncmp(line, "Rss:", 4))
+            kb = (kb < 0 ? 0 : kb) + strtol(line + 4, NULL, 10);
+    }
+    fclose(f);
+    return kb;
+}
+
+/* Loading leaves none of the file's tensor pages mapped once every tensor is copied (an F16
+ * file with --activations f32: the matrices into panels, the norm vectors widened), so the
+ * resident size is that of the copies, not copies plus file: at most the metadata's pages before
+ * the first tensor. Before the loader copied its F32 vectors and released the copied tensors
+ * as runs, their pages (and, with the page cache's large folios, up to 2 MiB around each) stayed
+ * mapped. */
+static void test_load_releases_file_pages(void **st)
+{
+    (void)st;
+    char p[512], err[256];
+    const char *a[] = {"--type", "f16", NULL};
+    make_shape(p, sizeof p, "mha", "mha-release.gguf", a);
+    gguf_file *g = NULL;
+    assert_int_equal(gguf_open(p, &g, err, sizeof err), 0);
+    uint64_t data = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++)
+        data += gguf_tensor_at(g, i)->n_bytes;
+    long head_kb = (long)((gguf_file_size(g) - data + 4095) / 4096 * 4); /* no more than this */
+    gguf_close(g);
+    engine_load_params lp = {.verbose = false, .activations = "f32"};
+    engine_model *m = load_model(p, &lp);
+    long kb = mapped_kb(p);
+    if (kb < 0) {
+        engine_model_destroy(m);
+        skip(); /* no /proc/self/smaps here */
+    }
+    printf("resident of the file's mapping after load: %ld KiB (metadata: %ld KiB)\n", kb, head_kb);
+    assert_true(kb <= head_kb + 4);
+    engine_model_destroy(m);
+}
+
 static void test_gemma3_split_arena(void **st)
 {
     (void)st;
@@ -1398,6 +1453,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_gemma3_long_window),
         cmocka_unit_test(test_long_prompt_mha),
         cmocka_unit_test(test_gemma3_split_arena),
+        cmocka_unit_test(test_load_releases_file_pages),
         cmocka_unit_test(test_family_reference_is_sensitive),
         cmocka_unit_test(test_refuse_family_files),
         cmocka_unit_test(test_gemma2_strong_caps),
