@@ -36,7 +36,7 @@ typedef enum kern_type {
     KERN_Q8_0_PANEL,
     KERN_QUANT_PANEL, /* kern/quant.h */
     KERN_QUANT_X8     /* the integer path's rows of a K-quant 8 at a time, interleaved
-                         (kern/qdot_pack.c; Q4_K, Q5_K, Q6_K) */
+                         (kern/qdot_pack.c; Q4_0, Q2_K .. Q6_K) */
 } kern_type;
 
 #define KERN_PANEL 16

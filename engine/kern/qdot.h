@@ -83,6 +83,24 @@ typedef struct kern__q6kx8 {
     uint8_t ql[4][8][32], qh[2][8][32];
 } kern__q6kx8;
 
+/* KERN_QUANT_X8 Q3_K: qs (2 runs of 32 bytes: bits 2 s of byte l of run h the low bits of value
+ * 128 h + 32 s + l) and hmask (1 run: bit 4 h + s of byte l its high bit) grouped by quads as
+ * Q6_K's, sc[j][r] row r's 6-bit scale of 16-value sub-block j less 32. 912 bytes for the file's 8
+ * x 110. */
+typedef struct kern__q3kx8 {
+    uint16_t d[8];
+    int8_t sc[16][8];
+    uint8_t hm[1][8][32], qs[2][8][32];
+} kern__q3kx8;
+
+/* KERN_QUANT_X8 Q2_K: qs grouped by quads as Q3_K's, sc[j][r] row r's file byte of sub-block j
+ * (its scale in the low nibble, its min in the high one). The file's 8 x 84 bytes. */
+typedef struct kern__q2kx8 {
+    uint16_t d[8], dmin[8];
+    uint8_t sc[16][8];
+    uint8_t qs[2][8][32];
+} kern__q2kx8;
+
 /* KERN_QUANT_X8 Q4_0: block b of a group of 8 rows, their f16 scales, then qs[k] holding in
  * bytes 4 r .. 4 r + 3 row r's file bytes qs[4 k .. 4 k + 3] (the low nibbles values 4 k .. 4 k + 3
  * of all 8 rows, the high ones values 16 + 4 k ..). 144 bytes, the file's 8 x 18. */
@@ -91,8 +109,8 @@ typedef struct kern__q40x8 {
     uint8_t qs[4][32];
 } kern__q40x8;
 
-/* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 144, 176 or 210 bytes, or
- * n_in / 32 * 18 at row), bit for bit: what the portable product reads. */
+/* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 84, 110, 144, 176 or 210
+ * bytes, or n_in / 32 * 18 at row), bit for bit: what the portable product reads. */
 void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row);
 
 /* The AVX2 qmatmul (kern/qdot_avx2.c and its types' files, built only where the compiler has AVX2

@@ -1,17 +1,19 @@
 /* The integer path's interleaved weight layout, KERN_QUANT_X8 (kern/qdot.h's kern__q4kx8): a
- * Q4_0, Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each block of the 8 rows stored together,
- * their 4-bit values in 4-byte quads transposed so that lane r of a 32-byte vector is row r's quad,
- * their scales and mins unpacked to bytes. A kernel then loads its operands as they are needed: the
- * tile kernels lose their per-block transposes, one activation row its horizontal sums, scale
- * shuffles and per-row streams (a group is one contiguous stream). Made once at load from the
- * file's rows (engine/model.c) when the kernel table has an integer product of its own;
- * kern__x8_row gives the file's bytes back exactly, so the portable product (and the tests) read
- * the same values. */
+ * Q4_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each block of the 8 rows
+ * stored together, their 4-bit values in 4-byte quads transposed so that lane r of a 32-byte vector
+ * is row r's quad, their scales and mins unpacked to bytes. A kernel then loads its operands as
+ * they are needed: the tile kernels lose their per-block transposes, one activation row its
+ * horizontal sums, scale shuffles and per-row streams (a group is one contiguous stream). Made once
+ * at load from the file's rows (engine/model.c) when the kernel table has an integer product of its
+ * own; kern__x8_row gives the file's bytes back exactly, so the portable product (and the tests)
+ * read the same values. */
 #include "engine/kern/qdot.h"
 
 #include <stdbool.h>
 #include <string.h>
 
+#define Q2K_BYTES 84  /* scales (16) | qs (64) | d | dmin */
+#define Q3K_BYTES 110 /* hmask (32) | qs (64) | scales (12) | d */
 #define Q4K_BYTES 144 /* d | dmin | scales (12) | qs (128) */
 #define Q5K_BYTES 176 /* d | dmin | scales (12) | qh (32) | qs (128) */
 #define Q6K_BYTES 210 /* ql (128) | qh (64) | scales (16) | d */
@@ -26,7 +28,9 @@ size_t kern_qdot_x8_bytes(const kern_mat *src)
     if (src->n_in % 256)
         return 0;
     size_t n = src->n_out / 8 * (src->n_in / 256);
-    return src->qtype == KERN_GGML_Q4_K   ? n * sizeof(kern__q4kx8)
+    return src->qtype == KERN_GGML_Q2_K   ? n * sizeof(kern__q2kx8)
+           : src->qtype == KERN_GGML_Q3_K ? n * sizeof(kern__q3kx8)
+           : src->qtype == KERN_GGML_Q4_K ? n * sizeof(kern__q4kx8)
            : src->qtype == KERN_GGML_Q5_K ? n * sizeof(kern__q5kx8)
            : src->qtype == KERN_GGML_Q6_K ? n * sizeof(kern__q6kx8)
                                           : 0;
@@ -83,6 +87,42 @@ static void to_x8_q6k(const kern_mat *src, kern__q6kx8 *o)
             }
 }
 
+static void to_x8_q3k(const kern_mat *src, kern__q3kx8 *o)
+{
+    size_t nb = src->n_in / 256, groups = src->n_out / 8;
+    for (size_t g = 0; g < groups; g++)
+        for (size_t b = 0; b < nb; b++, o++)
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *p =
+                    (const uint8_t *)src->data + (8 * g + r) * src->row_bytes + Q3K_BYTES * b;
+                quads(o->hm, p, 1, r);
+                quads(o->qs, p + 32, 2, r);
+                const uint8_t *s = p + 96; /* ggml's 12-byte packing: low nibbles, 2 high bits */
+                for (int j = 0; j < 16; j++) {
+                    int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4,
+                        hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+                    o->sc[j][r] = (int8_t)((lo | hi << 4) - 32);
+                }
+                memcpy(&o->d[r], p + 108, 2);
+            }
+}
+
+static void to_x8_q2k(const kern_mat *src, kern__q2kx8 *o)
+{
+    size_t nb = src->n_in / 256, groups = src->n_out / 8;
+    for (size_t g = 0; g < groups; g++)
+        for (size_t b = 0; b < nb; b++, o++)
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *p =
+                    (const uint8_t *)src->data + (8 * g + r) * src->row_bytes + Q2K_BYTES * b;
+                for (int j = 0; j < 16; j++)
+                    o->sc[j][r] = p[j];
+                quads(o->qs, p + 16, 2, r);
+                memcpy(&o->d[r], p + 80, 2);
+                memcpy(&o->dmin[r], p + 82, 2);
+            }
+}
+
 /* Q4_K's or Q5_K's d, dmin, scales and mins of row r at p into the group's fields */
 static void head_q45k(uint16_t *d, uint16_t *dmin, uint8_t (*sc)[8], uint8_t (*mn)[8],
                       const uint8_t *p, int r)
@@ -129,6 +169,14 @@ void kern_qdot_to_x8(const kern_mat *src_in, void *dst, kern_mat *out)
         to_x8_q6k(src, dst);
         return;
     }
+    if (src->qtype == KERN_GGML_Q3_K) {
+        to_x8_q3k(src, dst);
+        return;
+    }
+    if (src->qtype == KERN_GGML_Q2_K) {
+        to_x8_q2k(src, dst);
+        return;
+    }
     kern__q4kx8 *o4 = dst;
     kern__q5kx8 *o5 = dst;
     bool q5 = src->qtype == KERN_GGML_Q5_K;
@@ -169,6 +217,31 @@ void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
             for (int j = 0; j < 16; j++)
                 p[192 + j] = (uint8_t)q->sc[j][r];
             memcpy(p + 208, &q->d[r], 2);
+        }
+    } else if (w->qtype == KERN_GGML_Q3_K) {
+        const kern__q3kx8 *q = (const kern__q3kx8 *)w->data + n / 8 * nb;
+        for (size_t b = 0; b < nb; b++, q++) {
+            uint8_t *p = row + Q3K_BYTES * b;
+            unquads(p, q->hm, 1, r);
+            unquads(p + 32, q->qs, 2, r);
+            uint8_t *s = p + 96;
+            memset(s, 0, 12);
+            for (int j = 0; j < 16; j++) {
+                int v = q->sc[j][r] + 32;
+                s[j % 8] |= (uint8_t)((v & 15) << (j < 8 ? 0 : 4));
+                s[8 + j % 4] |= (uint8_t)((v >> 4) << (2 * (j / 4)));
+            }
+            memcpy(p + 108, &q->d[r], 2);
+        }
+    } else if (w->qtype == KERN_GGML_Q2_K) {
+        const kern__q2kx8 *q = (const kern__q2kx8 *)w->data + n / 8 * nb;
+        for (size_t b = 0; b < nb; b++, q++) {
+            uint8_t *p = row + Q2K_BYTES * b;
+            for (int j = 0; j < 16; j++)
+                p[j] = q->sc[j][r];
+            unquads(p + 16, q->qs, 2, r);
+            memcpy(p + 80, &q->d[r], 2);
+            memcpy(p + 82, &q->dmin[r], 2);
         }
     } else if (w->qtype == KERN_GGML_Q5_K) {
         const kern__q5kx8 *q = (const kern__q5kx8 *)w->data + n / 8 * nb;

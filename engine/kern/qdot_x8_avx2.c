@@ -1,5 +1,5 @@
 /* AVX2 integer products over KERN_QUANT_X8, the interleaved groups of kern/qdot_pack.c
- * (kern/qdot.h's kern__q40x8, kern__q4kx8, kern__q5kx8, kern__q6kx8): each group's vectors
+ * (kern/qdot.h's kern__q40x8, kern__q2kx8 .. kern__q6kx8): each group's vectors
  * hold one value quad of each of its 8 rows, lane r for row r, so the integer sums land in their
  * rows' lanes with no transpose and no horizontal sum, at every batch size. The same integers
  * and the same float order as the portable product: the same bits.
@@ -174,6 +174,117 @@ INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t
     }
 }
 
+/* KERN_QUANT_X8 Q2_K (q3 = 0) and Q3_K (q3 = 1), as grp_q6kx8. Values 128 h + 32 s + l of a
+ * block (v = 4 h + s): bits 2 s of qs[h], for Q3_K bit v of hm[0] at bit 2 above them; w[0..4)
+ * sub-block 2 v, w[4..8) the next. The int16 form adds 4 maddubs of values below 8 (|4 * 2 * 7 *
+ * 127| < 2^15) before each madd; with VNNI vpdpbusd and one vpmulld, as there. Q3_K: Q = raw - 4,
+ * the 4 taken off through the sums of 16 activations, folded as (d_w d_x) S. Q2_K: its scales
+ * and mins are the low and high nibbles of sc[j]; S, then the mins' M through the same sums,
+ * folded with -dmin: one_q23k's integers and order, the same bits. */
+INLINE void grp_q23kx8(const uint8_t *g, size_t nb, int q3, const uint8_t *xq, size_t xrb,
+                       size_t tt, __m256 *acc, __m256i *si)
+{
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4), m0f = _mm256_set1_epi8(0x0f);
+    size_t bb = q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8);
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *p = g + b * bb;
+        const kern__q3kx8 *q3p = (const kern__q3kx8 *)(const void *)p;
+        const kern__q2kx8 *q2p = (const kern__q2kx8 *)(const void *)p;
+        const uint8_t(*qs)[8][32] = q3 ? q3p->qs : q2p->qs;
+        kern_prefetch_l2(p + KERN_PF_AHEAD, bb);
+        __m256 d =
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(q3 ? q3p->d : q2p->d)));
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            int h = v / 4, sv = v % 4;
+            __m256i w[8];
+            for (int k = 0; k < 8; k++) {
+                __m256i l = _mm256_and_si256(_mm256_srli_epi16(ld(qs[h][k]), 2 * sv), m3);
+                if (q3) { /* bit v of each byte to bit 2 (what crosses bytes is masked) */
+                    __m256i hb = ld(q3p->hm[0][k]);
+                    hb = v >= 2 ? _mm256_srli_epi16(hb, v - 2) : _mm256_slli_epi16(hb, 2 - v);
+                    l = _mm256_or_si256(l, _mm256_and_si256(hb, m4));
+                }
+                w[k] = l;
+            }
+            __m256i s0, s1;
+            if (q3) {
+                s0 = _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(const void *)q3p->sc[2 * v]));
+                s1 = _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(const void *)q3p->sc[2 * v + 1]));
+            } else {
+                s0 = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                          (const __m128i *)(const void *)q2p->sc[2 * v])),
+                                      m0f);
+                s1 = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                          (const __m128i *)(const void *)q2p->sc[2 * v + 1])),
+                                      m0f);
+            }
+#ifndef KERN_QDOT_VNNI
+            s0 = _mm256_blend_epi16(s0, _mm256_slli_epi32(s0, 16), 0xaa); /* (scale, scale) */
+            s1 = _mm256_blend_epi16(s1, _mm256_slli_epi32(s1, 16), 0xaa);
+#endif
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * v;
+#ifdef KERN_QDOT_VNNI
+                __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
+                __m256i c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[4], bcast4(xs + 16));
+                for (int k = 1; k < 4; k++) {
+                    a = _mm256_dpbusd_epi32(a, w[k], bcast4(xs + 4 * k));
+                    c = _mm256_dpbusd_epi32(c, w[4 + k], bcast4(xs + 16 + 4 * k));
+                }
+                si[t] = _mm256_add_epi32(
+                    si[t], _mm256_add_epi32(_mm256_mullo_epi32(a, s0), _mm256_mullo_epi32(c, s1)));
+#else
+                si[t] = _mm256_add_epi32(
+                    si[t], _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), s0),
+                                            _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), s1)));
+#endif
+            }
+        }
+        __m256i pr[8]; /* lane r: Q3_K's (sc[2 k], sc[2 k + 1]) of row r, or Q2_K's mins */
+        for (int k = 0; k < 8; k++) {
+            __m256i lo, hi;
+            if (q3) {
+                lo = _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(const void *)q3p->sc[2 * k]));
+                hi = _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(const void *)q3p->sc[2 * k + 1]));
+            } else {
+                lo = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                           (const __m128i *)(const void *)q2p->sc[2 * k])),
+                                       4);
+                hi = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                           (const __m128i *)(const void *)q2p->sc[2 * k + 1])),
+                                       4);
+            }
+            pr[k] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xaa);
+        }
+        __m256 dm =
+            q3 ? d
+               : _mm256_xor_ps(
+                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q2p->dmin)),
+                     _mm256_set1_ps(-0.0f)); /* the min is subtracted */
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m256 dx = _mm256_set1_ps(x->d);
+            __m256i B = bs_sum8(pr, x);
+            if (q3) { /* sc[2 k] bs[2 k] + sc[2 k + 1] bs[2 k + 1], times the bias 4 */
+                acc[t] =
+                    fold8(acc[t], d, dx,
+                          _mm256_cvtepi32_ps(_mm256_sub_epi32(si[t], _mm256_slli_epi32(B, 2))));
+            } else {
+                acc[t] = fold8(acc[t], d, dx, _mm256_cvtepi32_ps(si[t]));
+                acc[t] = fold8(acc[t], dm, dx, _mm256_cvtepi32_ps(B));
+            }
+        }
+    }
+}
+
 /* KERN_QUANT_X8 Q4_0: per block, qs[k]'s low nibbles are values 4 k .. 4 k + 3 of the 8 rows (row r
  * in lane r), the high ones values 16 + 4 k ..: w[0 .. 8) meet the activation quads in order. The
  * int16 form sums 8 maddubs (|8 * 2 * 15 * 127| < 2^15) and one madd by ones; with VNNI 8
@@ -221,6 +332,12 @@ INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, si
         grp_q40x8((const kern__q40x8 *)w->data + g * nb, nb, xq, xrb, tt, acc);
     else if (w->qtype == KERN_GGML_Q6_K)
         grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
+    else if (w->qtype == KERN_GGML_Q3_K)
+        grp_q23kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q3kx8), nb, 1, xq, xrb, tt, acc,
+                   si);
+    else if (w->qtype == KERN_GGML_Q2_K)
+        grp_q23kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q2kx8), nb, 0, xq, xrb, tt, acc,
+                   si);
     else if (w->qtype == KERN_GGML_Q5_K)
         grp_q45kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q5kx8), nb, 1, xq, xrb, tt, acc,
                    si);

@@ -209,6 +209,116 @@ INLINE void grp_q45k(const uint8_t *a, const uint8_t *c, size_t nb, int q5, cons
     }
 }
 
+/* Bits 2 s, 2 s + 1 of each byte of v at bits 0, 1 (constant shifts, as bit_to4) */
+INLINE __m512i bits2(__m512i v, int s)
+{
+    const __m512i m3 = _mm512_set1_epi8(3);
+    switch (s) {
+    case 0: return _mm512_and_si512(v, m3);
+    case 1: return _mm512_and_si512(_mm512_srli_epi16(v, 2), m3);
+    case 2: return _mm512_and_si512(_mm512_srli_epi16(v, 4), m3);
+    default: return _mm512_and_si512(_mm512_srli_epi16(v, 6), m3);
+    }
+}
+
+/* Bit j of each byte of h at bit 2 (constant shifts; what crosses bytes is masked) */
+INLINE __m512i bit_to2(__m512i h, int j)
+{
+    const __m512i m4 = _mm512_set1_epi8(4);
+    switch (j) {
+    case 0: return _mm512_and_si512(_mm512_slli_epi16(h, 2), m4);
+    case 1: return _mm512_and_si512(_mm512_slli_epi16(h, 1), m4);
+    case 2: return _mm512_and_si512(h, m4);
+    default: return _mm512_and_si512(_mm512_srli_epi16(bit_to4(h, j), 2), m4);
+    }
+}
+
+/* Q2_K (q3 = 0) and Q3_K (q3 = 1), kern/qdot_x8_avx2.c's grp_q23kx8 on two groups: values 128 h +
+ * 32 s + l (v = 4 h + s) are bits 2 s of qs[h], for Q3_K bit v of hm[0] at bit 2 above them;
+ * w[0..4) sub-block 2 v, w[4..8) the next. The int16 form adds 4 maddubs of values below 8 before
+ * each madd; with VNNI vpdpbusd and vpmulld. Q3_K: the bias of 4 through the sums of 16
+ * activations; Q2_K: scales and mins the nibbles of sc[j], the mins' M folded with -dmin. */
+INLINE void grp_q23k(const uint8_t *a, const uint8_t *c, size_t nb, int q3, const uint8_t *xq,
+                     size_t xrb, size_t tt, __m512 *acc, __m512i *si)
+{
+    const __m512i m0f = _mm512_set1_epi32(0x0f);
+    size_t bb = q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8);
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *pa = a + b * bb, *pc = c + b * bb;
+        const kern__q3kx8 *a3 = (const kern__q3kx8 *)(const void *)pa;
+        const kern__q3kx8 *c3 = (const kern__q3kx8 *)(const void *)pc;
+        const kern__q2kx8 *a2 = (const kern__q2kx8 *)(const void *)pa;
+        const kern__q2kx8 *c2 = (const kern__q2kx8 *)(const void *)pc;
+        prefetch2(pa, pc, bb);
+        __m512 d = q3 ? f16x16(a3->d, c3->d) : f16x16(a2->d, c2->d);
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            int h = v / 4, sv = v % 4;
+            __m512i w[8];
+            for (int k = 0; k < 8; k++) {
+                __m512i l = q3 ? pair(ld(a3->qs[h][k]), ld(c3->qs[h][k]))
+                               : pair(ld(a2->qs[h][k]), ld(c2->qs[h][k]));
+                w[k] = bits2(l, sv);
+                if (q3)
+                    w[k] =
+                        _mm512_or_si512(w[k], bit_to2(pair(ld(a3->hm[0][k]), ld(c3->hm[0][k])), v));
+            }
+            __m512i s0, s1;
+            if (q3) {
+                s0 = i8x16(a3->sc[2 * v], c3->sc[2 * v]);
+                s1 = i8x16(a3->sc[2 * v + 1], c3->sc[2 * v + 1]);
+            } else {
+                s0 = _mm512_and_si512(u8x16(a2->sc[2 * v], c2->sc[2 * v]), m0f);
+                s1 = _mm512_and_si512(u8x16(a2->sc[2 * v + 1], c2->sc[2 * v + 1]), m0f);
+            }
+#ifndef KERN_QDOT_VNNI
+            s0 = pairs16(s0);
+            s1 = pairs16(s1);
+#endif
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                const int8_t *xs = x->q + 32 * v;
+#ifdef KERN_QDOT_VNNI
+                __m512i u = _mm512_mullo_epi32(dot16(w, xs, 4), s0);
+                __m512i z = _mm512_mullo_epi32(dot16(w + 4, xs + 16, 4), s1);
+#else
+                __m512i u = madd16(mul16(w, xs, 4), s0);
+                __m512i z = madd16(mul16(w + 4, xs + 16, 4), s1);
+#endif
+                si[t] = _mm512_add_epi32(si[t], _mm512_add_epi32(u, z));
+            }
+        }
+        __m512i pr[8]; /* lane r: Q3_K's (sc[2 k], sc[2 k + 1]) of row r, or Q2_K's mins */
+        for (int k = 0; k < 8; k++) {
+            __m512i lo, hi;
+            if (q3) {
+                lo = i8x16(a3->sc[2 * k], c3->sc[2 * k]);
+                hi = i8x16(a3->sc[2 * k + 1], c3->sc[2 * k + 1]);
+            } else {
+                lo = _mm512_srli_epi32(u8x16(a2->sc[2 * k], c2->sc[2 * k]), 4);
+                hi = _mm512_srli_epi32(u8x16(a2->sc[2 * k + 1], c2->sc[2 * k + 1]), 4);
+            }
+            pr[k] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)),
+                                    _mm512_slli_epi32(hi, 16));
+        }
+        __m512 dm = q3 ? d : _mm512_xor_ps(f16x16(a2->dmin, c2->dmin), _mm512_set1_ps(-0.0f));
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            __m512 dx = _mm512_set1_ps(x->d);
+            __m512i B = bs_sum16(pr, x);
+            if (q3) {
+                acc[t] =
+                    fold16(acc[t], d, dx, cvt_ps(_mm512_sub_epi32(si[t], _mm512_slli_epi32(B, 2))));
+            } else {
+                acc[t] = fold16(acc[t], d, dx, cvt_ps(si[t]));
+                acc[t] = fold16(acc[t], dm, dx, cvt_ps(B));
+            }
+        }
+    }
+}
+
 /* Q6_K (kern__q6kx8): values 128 h + 32 s + l of a block are the low (s < 2) or high nibble of
  * ql[2 h + s % 2], bits 2 s, 2 s + 1 of qh[h] above them; w[0..4) sub-block 8 h + 2 s, w[4..8) the
  * next. The int16 form adds 2 maddubs (|2 * 2 * 63 * 127| < 2^15) before each madd; with VNNI
@@ -358,6 +468,11 @@ INLINE void grp2(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size
     } else if (w->qtype == KERN_GGML_Q6_K) {
         const kern__q6kx8 *q = w->data;
         grp_q6k(q + g * nb, q + g2 * nb, nb, xq, xrb, tt, acc, si);
+    } else if (w->qtype == KERN_GGML_Q2_K || w->qtype == KERN_GGML_Q3_K) {
+        int q3 = w->qtype == KERN_GGML_Q3_K;
+        size_t gb = nb * (q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8));
+        const uint8_t *q = w->data;
+        grp_q23k(q + g * gb, q + g2 * gb, nb, q3, xq, xrb, tt, acc, si);
     } else {
         int q5 = w->qtype == KERN_GGML_Q5_K;
         size_t gb = nb * (q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8));
