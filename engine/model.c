@@ -499,8 +499,8 @@ static int by_data(const void *a, const void *b)
 /* The file's pages under every released tensor, released again as runs of neighbours in the
  * file: gguf_release frees whole pages inside one range, so a page that two released tensors
  * share (or their padding) is freed only here; and with large folios in the page cache, a read
- * after a release (the next tensor's, a prefault) may have mapped the whole folio again, up to
- * 2 MiB around it. Without this pass, a TinyLlama Q4_K_M file kept 30 MiB of such pages
+ * after a release (the next tensor's) may have mapped the whole folio again, up to 2 MiB around
+ * it. Without this pass, a TinyLlama Q4_K_M file kept 30 MiB of such pages
  * resident. A hint: pages read again later only come back from the page cache. */
 static void release_runs(const engine_model *m)
 {

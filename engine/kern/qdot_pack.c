@@ -1,12 +1,12 @@
 /* The integer path's interleaved weight layout, KERN_QUANT_X8 (kern/qdot.h's kern__q4kx8): a
  * Q4_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each block of the 8 rows
- * stored together, their 4-bit values in 4-byte quads transposed so that lane r of a 32-byte vector
- * is row r's quad, their scales and mins unpacked to bytes. A kernel then loads its operands as
- * they are needed: the tile kernels lose their per-block transposes, one activation row its
- * horizontal sums, scale shuffles and per-row streams (a group is one contiguous stream). Made once
- * at load from the file's rows (engine/model.c) when the kernel table has an integer product of its
- * own; kern__x8_row gives the file's bytes back exactly, so the portable product (and the tests)
- * read the same values. */
+ * stored together, their packed values in 4-byte quads transposed so that lane r of a 32-byte
+ * vector is row r's quad, their scales and mins a byte each (Q2_K's byte holds both). A kernel then
+ * loads its operands as they are needed: the tile kernels lose their per-block transposes, one
+ * activation row its horizontal sums, scale shuffles and per-row streams (a group is one contiguous
+ * stream). Made once at load from the file's rows (engine/model.c) when the kernel table has an
+ * integer product of its own; kern__x8_row gives the file's bytes back exactly, so the portable
+ * product (and the tests) read the same values. */
 #include "engine/kern/qdot.h"
 
 #include <stdbool.h>
