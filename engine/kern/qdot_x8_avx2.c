@@ -101,6 +101,32 @@ INLINE __m256i pairs8(const int8_t *p)
 }
 #endif
 
+/* The scaled sums of two 16-value sub-blocks of 8 rows, w[0..4) times scale s0 and w[4..8) times
+ * s1, against the 32 activations at xs: with VNNI each sub-block's 4 quads by vpdpbusd, then one
+ * vpmulld; otherwise int16 sums of n maddubs (2 or 4: what the values' size leaves room for)
+ * before each madd by (scale, scale) pairs. Integers: the same sums either way. */
+INLINE __m256i sub_pair(const __m256i w[8], const int8_t *xs, __m256i s0, __m256i s1, int n)
+{
+#ifdef KERN_QDOT_VNNI
+    (void)n;
+    __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
+    __m256i c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[4], bcast4(xs + 16));
+    for (int k = 1; k < 4; k++) {
+        a = _mm256_dpbusd_epi32(a, w[k], bcast4(xs + 4 * k));
+        c = _mm256_dpbusd_epi32(c, w[4 + k], bcast4(xs + 16 + 4 * k));
+    }
+    return _mm256_add_epi32(_mm256_mullo_epi32(a, s0), _mm256_mullo_epi32(c, s1));
+#else
+    __m256i u = _mm256_madd_epi16(mul8(w, xs, n), s0);
+    __m256i z = _mm256_madd_epi16(mul8(w + 4, xs + 16, n), s1);
+    if (n == 2) {
+        u = _mm256_add_epi32(u, _mm256_madd_epi16(mul8(w + 2, xs + 8, 2), s0));
+        z = _mm256_add_epi32(z, _mm256_madd_epi16(mul8(w + 6, xs + 24, 2), s1));
+    }
+    return _mm256_add_epi32(u, z);
+#endif
+}
+
 /* KERN_QUANT_X8 Q6_K: grp_q6k's integers on the interleaved layout. Values 128 h + 32 s + l of
  * a block: the low (s < 2) or high nibble of ql[2 h + s % 2], bits 2 s, 2 s + 1 of qh[h] above
  * them; w[0..4) sub-block 8 h + 2 s, w[4..8) the next. The int16 form adds only 2 maddubs
@@ -142,22 +168,7 @@ INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t
             for (size_t t = 0; t < tt; t++) {
                 const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
                 const int8_t *xs = x->q + 32 * v;
-#ifdef KERN_QDOT_VNNI
-                __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
-                __m256i c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[4], bcast4(xs + 16));
-                for (int k = 1; k < 4; k++) {
-                    a = _mm256_dpbusd_epi32(a, w[k], bcast4(xs + 4 * k));
-                    c = _mm256_dpbusd_epi32(c, w[4 + k], bcast4(xs + 16 + 4 * k));
-                }
-                si[t] = _mm256_add_epi32(
-                    si[t], _mm256_add_epi32(_mm256_mullo_epi32(a, s0), _mm256_mullo_epi32(c, s1)));
-#else
-                __m256i u = _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 2), s0),
-                                             _mm256_madd_epi16(mul8(w + 2, xs + 8, 2), s0));
-                __m256i z = _mm256_add_epi32(_mm256_madd_epi16(mul8(w + 4, xs + 16, 2), s1),
-                                             _mm256_madd_epi16(mul8(w + 6, xs + 24, 2), s1));
-                si[t] = _mm256_add_epi32(si[t], _mm256_add_epi32(u, z));
-#endif
+                si[t] = _mm256_add_epi32(si[t], sub_pair(w, xs, s0, s1, 2));
             }
         }
         __m256i pr[8]; /* lane r: (sc[2 k], sc[2 k + 1]) of row r, for the bias through bs */
@@ -230,20 +241,7 @@ INLINE void grp_q23kx8(const uint8_t *g, size_t nb, int q3, const uint8_t *xq, s
             for (size_t t = 0; t < tt; t++) {
                 const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
                 const int8_t *xs = x->q + 32 * v;
-#ifdef KERN_QDOT_VNNI
-                __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
-                __m256i c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[4], bcast4(xs + 16));
-                for (int k = 1; k < 4; k++) {
-                    a = _mm256_dpbusd_epi32(a, w[k], bcast4(xs + 4 * k));
-                    c = _mm256_dpbusd_epi32(c, w[4 + k], bcast4(xs + 16 + 4 * k));
-                }
-                si[t] = _mm256_add_epi32(
-                    si[t], _mm256_add_epi32(_mm256_mullo_epi32(a, s0), _mm256_mullo_epi32(c, s1)));
-#else
-                si[t] = _mm256_add_epi32(
-                    si[t], _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), s0),
-                                            _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), s1)));
-#endif
+                si[t] = _mm256_add_epi32(si[t], sub_pair(w, xs, s0, s1, 4));
             }
         }
         __m256i pr[8]; /* lane r: Q3_K's (sc[2 k], sc[2 k + 1]) of row r, or Q2_K's mins */

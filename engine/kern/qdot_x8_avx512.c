@@ -209,6 +209,24 @@ INLINE void grp_q45k(const uint8_t *a, const uint8_t *c, size_t nb, int q5, cons
     }
 }
 
+/* kern/qdot_x8_avx2.c's sub_pair on two groups: the scaled sums of two 16-value sub-blocks,
+ * w[0..4) times s0 and w[4..8) times s1, n maddubs (2 or 4) a madd without VNNI */
+INLINE __m512i sub_pair(const __m512i w[8], const int8_t *xs, __m512i s0, __m512i s1, int n)
+{
+#ifdef KERN_QDOT_VNNI
+    (void)n;
+    return _mm512_add_epi32(_mm512_mullo_epi32(dot16(w, xs, 4), s0),
+                            _mm512_mullo_epi32(dot16(w + 4, xs + 16, 4), s1));
+#else
+    __m512i u = madd16(mul16(w, xs, n), s0), z = madd16(mul16(w + 4, xs + 16, n), s1);
+    if (n == 2) {
+        u = _mm512_add_epi32(u, madd16(mul16(w + 2, xs + 8, 2), s0));
+        z = _mm512_add_epi32(z, madd16(mul16(w + 6, xs + 24, 2), s1));
+    }
+    return _mm512_add_epi32(u, z);
+#endif
+}
+
 /* Bits 2 s, 2 s + 1 of each byte of v at bits 0, 1 (constant shifts, as bit_to4) */
 INLINE __m512i bits2(__m512i v, int s)
 {
@@ -280,14 +298,7 @@ INLINE void grp_q23k(const uint8_t *a, const uint8_t *c, size_t nb, int q3, cons
             for (size_t t = 0; t < tt; t++) {
                 const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
                 const int8_t *xs = x->q + 32 * v;
-#ifdef KERN_QDOT_VNNI
-                __m512i u = _mm512_mullo_epi32(dot16(w, xs, 4), s0);
-                __m512i z = _mm512_mullo_epi32(dot16(w + 4, xs + 16, 4), s1);
-#else
-                __m512i u = madd16(mul16(w, xs, 4), s0);
-                __m512i z = madd16(mul16(w + 4, xs + 16, 4), s1);
-#endif
-                si[t] = _mm512_add_epi32(si[t], _mm512_add_epi32(u, z));
+                si[t] = _mm512_add_epi32(si[t], sub_pair(w, xs, s0, s1, 4));
             }
         }
         __m512i pr[8]; /* lane r: Q3_K's (sc[2 k], sc[2 k + 1]) of row r, or Q2_K's mins */
@@ -359,16 +370,7 @@ INLINE void grp_q6k(const kern__q6kx8 *a, const kern__q6kx8 *c, size_t nb, const
             for (size_t t = 0; t < tt; t++) {
                 const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
                 const int8_t *xs = x->q + 32 * v;
-#ifdef KERN_QDOT_VNNI
-                __m512i u = _mm512_mullo_epi32(dot16(w, xs, 4), s0);
-                __m512i z = _mm512_mullo_epi32(dot16(w + 4, xs + 16, 4), s1);
-#else
-                __m512i u = _mm512_add_epi32(madd16(mul16(w, xs, 2), s0),
-                                             madd16(mul16(w + 2, xs + 8, 2), s0));
-                __m512i z = _mm512_add_epi32(madd16(mul16(w + 4, xs + 16, 2), s1),
-                                             madd16(mul16(w + 6, xs + 24, 2), s1));
-#endif
-                si[t] = _mm512_add_epi32(si[t], _mm512_add_epi32(u, z));
+                si[t] = _mm512_add_epi32(si[t], sub_pair(w, xs, s0, s1, 2));
             }
         }
         __m512i pr[8]; /* lane r: (sc[2 k], sc[2 k + 1]) of row r, for the bias through bs */
