@@ -185,6 +185,18 @@ INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t
     }
 }
 
+/* Sub-block j's scale of the 8 rows of a Q3_K group (int8, less 32), or of a Q2_K group the low
+ * nibble (mn = 0) or high nibble (mn = 1: its min) of sc[j], as int32 lanes */
+INLINE __m256i scale_q23k(const uint8_t *p, int q3, int j, int mn)
+{
+    const uint8_t *sc = p + (q3 ? offsetof(kern__q3kx8, sc) : offsetof(kern__q2kx8, sc)) + 8 * j;
+    __m128i v = _mm_loadl_epi64((const __m128i *)(const void *)sc);
+    if (q3)
+        return _mm256_cvtepi8_epi32(v);
+    __m256i u = _mm256_cvtepu8_epi32(v);
+    return mn ? _mm256_srli_epi32(u, 4) : _mm256_and_si256(u, _mm256_set1_epi32(0x0f));
+}
+
 /* KERN_QUANT_X8 Q2_K (q3 = 0) and Q3_K (q3 = 1), as grp_q6kx8. Values 128 h + 32 s + l of a
  * block (v = 4 h + s): bits 2 s of qs[h], for Q3_K bit v of hm[0] at bit 2 above them; w[0..4)
  * sub-block 2 v, w[4..8) the next. The int16 form adds 4 maddubs of values below 8 (|4 * 2 * 7 *
@@ -195,7 +207,7 @@ INLINE void grp_q6kx8(const kern__q6kx8 *g, size_t nb, const uint8_t *xq, size_t
 INLINE void grp_q23kx8(const uint8_t *g, size_t nb, int q3, const uint8_t *xq, size_t xrb,
                        size_t tt, __m256 *acc, __m256i *si)
 {
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4), m0f = _mm256_set1_epi8(0x0f);
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
     size_t bb = q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8);
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *p = g + b * bb;
@@ -220,20 +232,7 @@ INLINE void grp_q23kx8(const uint8_t *g, size_t nb, int q3, const uint8_t *xq, s
                 }
                 w[k] = l;
             }
-            __m256i s0, s1;
-            if (q3) {
-                s0 = _mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(const void *)q3p->sc[2 * v]));
-                s1 = _mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(const void *)q3p->sc[2 * v + 1]));
-            } else {
-                s0 = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                                          (const __m128i *)(const void *)q2p->sc[2 * v])),
-                                      m0f);
-                s1 = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                                          (const __m128i *)(const void *)q2p->sc[2 * v + 1])),
-                                      m0f);
-            }
+            __m256i s0 = scale_q23k(p, q3, 2 * v, 0), s1 = scale_q23k(p, q3, 2 * v + 1, 0);
 #ifndef KERN_QDOT_VNNI
             s0 = _mm256_blend_epi16(s0, _mm256_slli_epi32(s0, 16), 0xaa); /* (scale, scale) */
             s1 = _mm256_blend_epi16(s1, _mm256_slli_epi32(s1, 16), 0xaa);
@@ -246,20 +245,7 @@ INLINE void grp_q23kx8(const uint8_t *g, size_t nb, int q3, const uint8_t *xq, s
         }
         __m256i pr[8]; /* lane r: Q3_K's (sc[2 k], sc[2 k + 1]) of row r, or Q2_K's mins */
         for (int k = 0; k < 8; k++) {
-            __m256i lo, hi;
-            if (q3) {
-                lo = _mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(const void *)q3p->sc[2 * k]));
-                hi = _mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(const void *)q3p->sc[2 * k + 1]));
-            } else {
-                lo = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                                           (const __m128i *)(const void *)q2p->sc[2 * k])),
-                                       4);
-                hi = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                                           (const __m128i *)(const void *)q2p->sc[2 * k + 1])),
-                                       4);
-            }
+            __m256i lo = scale_q23k(p, q3, 2 * k, 1), hi = scale_q23k(p, q3, 2 * k + 1, 1);
             pr[k] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xaa);
         }
         __m256 dm =

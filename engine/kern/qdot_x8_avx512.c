@@ -251,6 +251,16 @@ INLINE __m512i bit_to2(__m512i h, int j)
     }
 }
 
+/* kern/qdot_x8_avx2.c's scale_q23k for groups a (lanes 0..7) and c (lanes 8..15) */
+INLINE __m512i scale_q23k(const uint8_t *a, const uint8_t *c, int q3, int j, int mn)
+{
+    size_t o = (q3 ? offsetof(kern__q3kx8, sc) : offsetof(kern__q2kx8, sc)) + 8 * (size_t)j;
+    if (q3)
+        return i8x16((const int8_t *)(a + o), (const int8_t *)(c + o));
+    __m512i u = u8x16(a + o, c + o);
+    return mn ? _mm512_srli_epi32(u, 4) : _mm512_and_si512(u, _mm512_set1_epi32(0x0f));
+}
+
 /* Q2_K (q3 = 0) and Q3_K (q3 = 1), kern/qdot_x8_avx2.c's grp_q23kx8 on two groups: values 128 h +
  * 32 s + l (v = 4 h + s) are bits 2 s of qs[h], for Q3_K bit v of hm[0] at bit 2 above them;
  * w[0..4) sub-block 2 v, w[4..8) the next. The int16 form adds 4 maddubs of values below 8 before
@@ -259,7 +269,6 @@ INLINE __m512i bit_to2(__m512i h, int j)
 INLINE void grp_q23k(const uint8_t *a, const uint8_t *c, size_t nb, int q3, const uint8_t *xq,
                      size_t xrb, size_t tt, __m512 *acc, __m512i *si)
 {
-    const __m512i m0f = _mm512_set1_epi32(0x0f);
     size_t bb = q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8);
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *pa = a + b * bb, *pc = c + b * bb;
@@ -283,14 +292,8 @@ INLINE void grp_q23k(const uint8_t *a, const uint8_t *c, size_t nb, int q3, cons
                     w[k] =
                         _mm512_or_si512(w[k], bit_to2(pair(ld(a3->hm[0][k]), ld(c3->hm[0][k])), v));
             }
-            __m512i s0, s1;
-            if (q3) {
-                s0 = i8x16(a3->sc[2 * v], c3->sc[2 * v]);
-                s1 = i8x16(a3->sc[2 * v + 1], c3->sc[2 * v + 1]);
-            } else {
-                s0 = _mm512_and_si512(u8x16(a2->sc[2 * v], c2->sc[2 * v]), m0f);
-                s1 = _mm512_and_si512(u8x16(a2->sc[2 * v + 1], c2->sc[2 * v + 1]), m0f);
-            }
+            __m512i s0 = scale_q23k(pa, pc, q3, 2 * v, 0);
+            __m512i s1 = scale_q23k(pa, pc, q3, 2 * v + 1, 0);
 #ifndef KERN_QDOT_VNNI
             s0 = pairs16(s0);
             s1 = pairs16(s1);
@@ -303,14 +306,8 @@ INLINE void grp_q23k(const uint8_t *a, const uint8_t *c, size_t nb, int q3, cons
         }
         __m512i pr[8]; /* lane r: Q3_K's (sc[2 k], sc[2 k + 1]) of row r, or Q2_K's mins */
         for (int k = 0; k < 8; k++) {
-            __m512i lo, hi;
-            if (q3) {
-                lo = i8x16(a3->sc[2 * k], c3->sc[2 * k]);
-                hi = i8x16(a3->sc[2 * k + 1], c3->sc[2 * k + 1]);
-            } else {
-                lo = _mm512_srli_epi32(u8x16(a2->sc[2 * k], c2->sc[2 * k]), 4);
-                hi = _mm512_srli_epi32(u8x16(a2->sc[2 * k + 1], c2->sc[2 * k + 1]), 4);
-            }
+            __m512i lo = scale_q23k(pa, pc, q3, 2 * k, 1);
+            __m512i hi = scale_q23k(pa, pc, q3, 2 * k + 1, 1);
             pr[k] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)),
                                     _mm512_slli_epi32(hi, 16));
         }
