@@ -419,8 +419,8 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
             mat = mats[(i - 1) % 7];
         }
-        /* The integer path reads the file's rows in place (no copy), except Q4_0 and Q2_K .. Q6_K
-         * where the table has kernels of its own: the interleaved copy they read
+        /* The integer path reads the file's rows in place (no copy), except Q4_0 .. Q5_1 and
+         * Q2_K .. Q6_K where the table has kernels of its own: the interleaved copy they read
          * (kern/qdot_pack.c, the same bytes in another order, at most 3.6% more), the file's
          * pages released as for panels. The embedding table keeps its panels, which a lookup
          * widens exactly. */

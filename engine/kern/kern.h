@@ -35,8 +35,8 @@ typedef enum kern_type {
     KERN_F16_PANEL,
     KERN_Q8_0_PANEL,
     KERN_QUANT_PANEL, /* kern/quant.h */
-    KERN_QUANT_X8     /* the integer path's rows of a K-quant 8 at a time, interleaved
-                         (kern/qdot_pack.c; Q4_0, Q2_K .. Q6_K) */
+    KERN_QUANT_X8     /* the integer path's rows 8 at a time, interleaved (kern/qdot_pack.c;
+                         Q4_0 .. Q5_1, Q2_K .. Q6_K) */
 } kern_type;
 
 #define KERN_PANEL 16
@@ -191,9 +191,9 @@ size_t kern_qx_row_bytes(kern_qx fmt, size_t n_in);
  * d = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even (all zero if max|x| is 0 or
  * below 127 / FLT_MAX, whose reciprocal would overflow); a NaN input gets q = 0. */
 void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in, void *dst);
-/* Bytes kern_qdot_to_x8 writes for src: KERN_QUANT rows of Q4_K, Q5_K or Q6_K with n_out a
- * multiple of 8 (the integer path's interleaved layout, kern/qdot_pack.c); 0 for any other matrix.
- */
+/* Bytes kern_qdot_to_x8 writes for src: KERN_QUANT rows of Q4_0, Q4_1, Q5_0, Q5_1 or Q2_K .. Q6_K
+ * with n_out a multiple of 8 (the integer path's interleaved layout, kern/qdot_pack.c); 0 for any
+ * other matrix. */
 size_t kern_qdot_x8_bytes(const kern_mat *src);
 /* Copies src (kern_qdot_x8_bytes(src) > 0) into dst (that many bytes) as KERN_QUANT_X8, described
  * in out (which may be src): the same values, every table's qmatmul the same bits. */

@@ -109,8 +109,30 @@ typedef struct kern__q40x8 {
     uint8_t qs[4][32];
 } kern__q40x8;
 
+/* KERN_QUANT_X8 Q4_1, Q5_0, Q5_1: Q4_0's groups, with the rows' f16 mins m after d (Q4_1, Q5_1)
+ * and their fifth bits qh before qs (Q5_0, Q5_1): bit k of byte 4 r + i is row r's fifth bit of
+ * the value whose low bits lane r's byte i of w[k] holds (value 4 k + i for k < 4, 16 + 4 (k - 4)
+ * + i for the high nibbles), so one shift per k puts it above its nibble. 160, 176 and 192 bytes,
+ * the file's 8 x 20, 22 and 24. */
+typedef struct kern__q41x8 {
+    uint16_t d[8], m[8];
+    uint8_t qs[4][32];
+} kern__q41x8;
+
+typedef struct kern__q50x8 {
+    uint16_t d[8];
+    uint8_t qh[32];
+    uint8_t qs[4][32];
+} kern__q50x8;
+
+typedef struct kern__q51x8 {
+    uint16_t d[8], m[8];
+    uint8_t qh[32];
+    uint8_t qs[4][32];
+} kern__q51x8;
+
 /* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 84, 110, 144, 176 or 210
- * bytes, or n_in / 32 * 18 at row), bit for bit: what the portable product reads. */
+ * bytes, or n_in / 32 * 18, 20, 22 or 24 at row), bit for bit: what the portable product reads. */
 void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row);
 
 /* The AVX2 qmatmul (kern/qdot_avx2.c and its types' files, built only where the compiler has AVX2

@@ -1,15 +1,16 @@
 /* The integer path's interleaved weight layout, KERN_QUANT_X8 (kern/qdot.h's kern__q4kx8): a
- * Q4_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each block of the 8 rows
- * stored together, their packed values in 4-byte quads transposed so that lane r of a 32-byte
- * vector is row r's quad, their scales and mins a byte each (Q2_K's byte holds both). A kernel then
- * loads its operands as they are needed: the tile kernels lose their per-block transposes, one
- * activation row its horizontal sums, scale shuffles and per-row streams (a group is one contiguous
- * stream). Made once at load from the file's rows (engine/model.c) when the kernel table has an
- * integer product of its own; kern__x8_row gives the file's bytes back exactly, so the portable
- * product (and the tests) read the same values. */
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each block
+ * of the 8 rows stored together, their packed values in 4-byte quads transposed so that lane r of a
+ * 32-byte vector is row r's quad, their scales and mins a byte each (Q2_K's byte holds both). A
+ * kernel then loads its operands as they are needed: the tile kernels lose their per-block
+ * transposes, one activation row its horizontal sums, scale shuffles and per-row streams (a group
+ * is one contiguous stream). Made once at load from the file's rows (engine/model.c) when the
+ * kernel table has an integer product of its own; kern__x8_row gives the file's bytes back exactly,
+ * so the portable product (and the tests) read the same values. */
 #include "engine/kern/qdot.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <string.h>
 
 #define Q2K_BYTES 84  /* scales (16) | qs (64) | d | dmin */
@@ -17,14 +18,45 @@
 #define Q4K_BYTES 144 /* d | dmin | scales (12) | qs (128) */
 #define Q5K_BYTES 176 /* d | dmin | scales (12) | qh (32) | qs (128) */
 #define Q6K_BYTES 210 /* ql (128) | qh (64) | scales (16) | d */
-#define Q40_BYTES 18  /* d | qs (16) */
+
+/* The legacy 32-value types: the file's block (d | m | qh (4) | qs (16)), the group's */
+typedef struct leg_fmt {
+    uint32_t id;
+    int file, mo, ho;         /* a file block's bytes, its m's and qh's offsets (0: none) */
+    size_t group, gm, gh, gq; /* the group block's bytes, its m's, qh's (0: none), qs's offsets */
+} leg_fmt;
+
+static const leg_fmt g_leg[] = {
+    {KERN_GGML_Q4_0, 18, 0, 0, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs)},
+    {KERN_GGML_Q4_1, 20, 2, 0, sizeof(kern__q41x8), offsetof(kern__q41x8, m), 0,
+     offsetof(kern__q41x8, qs)},
+    {KERN_GGML_Q5_0, 22, 0, 2, sizeof(kern__q50x8), 0, offsetof(kern__q50x8, qh),
+     offsetof(kern__q50x8, qs)},
+    {KERN_GGML_Q5_1, 24, 2, 4, sizeof(kern__q51x8), offsetof(kern__q51x8, m),
+     offsetof(kern__q51x8, qh), offsetof(kern__q51x8, qs)},
+};
+
+static const leg_fmt *leg_of(uint32_t qtype)
+{
+    for (size_t i = 0; i < sizeof g_leg / sizeof g_leg[0]; i++)
+        if (g_leg[i].id == qtype)
+            return &g_leg[i];
+    return NULL;
+}
+
+/* The value a group's w[k] holds in byte i of a lane (kern/qdot.h's kern__q50x8): its qh bit */
+static int leg_value(int k, int i)
+{
+    return k < 4 ? 4 * k + i : 16 + 4 * (k - 4) + i;
+}
 
 size_t kern_qdot_x8_bytes(const kern_mat *src)
 {
     if (src->type != KERN_QUANT || src->n_out % 8 || src->n_in > KERN_X8_MAX_IN || !src->n_out)
         return 0;
-    if (src->qtype == KERN_GGML_Q4_0)
-        return src->n_in % 32 ? 0 : src->n_out / 8 * (src->n_in / 32) * sizeof(kern__q40x8);
+    const leg_fmt *lf = leg_of(src->qtype);
+    if (lf)
+        return src->n_in % 32 ? 0 : src->n_out / 8 * (src->n_in / 32) * lf->group;
     if (src->n_in % 256)
         return 0;
     size_t n = src->n_out / 8 * (src->n_in / 256);
@@ -58,17 +90,29 @@ static void quads16(uint8_t (*t)[32], const uint8_t *p, int r)
         memcpy(&t[k][4 * r], p + 4 * k, 4);
 }
 
-static void to_x8_q40(const kern_mat *src, kern__q40x8 *o)
+static void to_x8_leg(const kern_mat *src, const leg_fmt *lf, uint8_t *o)
 {
     size_t nb = src->n_in / 32, groups = src->n_out / 8;
     for (size_t g = 0; g < groups; g++)
-        for (size_t b = 0; b < nb; b++, o++)
+        for (size_t b = 0; b < nb; b++, o += lf->group) {
+            if (lf->ho)
+                memset(o + lf->gh, 0, 32);
             for (int r = 0; r < 8; r++) {
                 const uint8_t *p =
-                    (const uint8_t *)src->data + (8 * g + r) * src->row_bytes + Q40_BYTES * b;
-                memcpy(&o->d[r], p, 2);
-                quads16(o->qs, p + 2, r);
+                    (const uint8_t *)src->data + (8 * g + r) * src->row_bytes + lf->file * b;
+                memcpy(o + 2 * r, p, 2);
+                if (lf->mo)
+                    memcpy(o + lf->gm + 2 * r, p + lf->mo, 2);
+                if (lf->ho) {
+                    uint32_t h = (uint32_t)p[lf->ho] | (uint32_t)p[lf->ho + 1] << 8 |
+                                 (uint32_t)p[lf->ho + 2] << 16 | (uint32_t)p[lf->ho + 3] << 24;
+                    for (int i = 0; i < 4; i++)
+                        for (int k = 0; k < 8; k++)
+                            o[lf->gh + 4 * r + i] |= (uint8_t)((h >> leg_value(k, i) & 1) << k);
+                }
+                quads16((uint8_t(*)[32])(o + lf->gq), p + lf->file - 16, r);
             }
+        }
 }
 
 static void to_x8_q6k(const kern_mat *src, kern__q6kx8 *o)
@@ -161,8 +205,9 @@ void kern_qdot_to_x8(const kern_mat *src_in, void *dst, kern_mat *out)
     out->row_bytes = s.row_bytes;
     out->qtype = s.qtype;
     size_t nb = src->n_in / 256, groups = src->n_out / 8;
-    if (src->qtype == KERN_GGML_Q4_0) {
-        to_x8_q40(src, dst);
+    const leg_fmt *lf = leg_of(src->qtype);
+    if (lf) {
+        to_x8_leg(src, lf, dst);
         return;
     }
     if (src->qtype == KERN_GGML_Q6_K) {
@@ -200,13 +245,24 @@ void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
 {
     size_t nb = w->n_in / 256;
     int r = (int)(n % 8);
-    if (w->qtype == KERN_GGML_Q4_0) {
-        const kern__q40x8 *q = (const kern__q40x8 *)w->data + n / 8 * (w->n_in / 32);
-        for (size_t b = 0; b < w->n_in / 32; b++, q++) {
-            uint8_t *p = row + Q40_BYTES * b;
-            memcpy(p, &q->d[r], 2);
+    const leg_fmt *lf = leg_of(w->qtype);
+    if (lf) {
+        const uint8_t *q = (const uint8_t *)w->data + n / 8 * (w->n_in / 32) * lf->group;
+        for (size_t b = 0; b < w->n_in / 32; b++, q += lf->group) {
+            uint8_t *p = row + lf->file * b;
+            memcpy(p, q + 2 * r, 2);
+            if (lf->mo)
+                memcpy(p + lf->mo, q + lf->gm + 2 * r, 2);
+            if (lf->ho) {
+                uint32_t h = 0;
+                for (int i = 0; i < 4; i++)
+                    for (int k = 0; k < 8; k++)
+                        h |= (uint32_t)(q[lf->gh + 4 * r + i] >> k & 1) << leg_value(k, i);
+                for (int i = 0; i < 4; i++)
+                    p[lf->ho + i] = (uint8_t)(h >> 8 * i);
+            }
             for (int k = 0; k < 4; k++)
-                memcpy(p + 2 + 4 * k, &q->qs[k][4 * r], 4);
+                memcpy(p + lf->file - 16 + 4 * k, q + lf->gq + 32 * k + 4 * r, 4);
         }
     } else if (w->qtype == KERN_GGML_Q6_K) {
         const kern__q6kx8 *q = (const kern__q6kx8 *)w->data + n / 8 * nb;

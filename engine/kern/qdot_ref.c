@@ -16,9 +16,7 @@ kern_qx kern_qdot_act(const kern_mat *w)
 {
     if (w->type == KERN_Q8_0)
         return KERN_QX_32;
-    if (w->type == KERN_QUANT_X8)
-        return w->qtype == KERN_GGML_Q4_0 ? KERN_QX_32 : KERN_QX_256;
-    if (w->type != KERN_QUANT)
+    if (w->type != KERN_QUANT && w->type != KERN_QUANT_X8)
         return KERN_QX_NONE;
     switch (w->qtype) {
     case KERN_GGML_Q4_0:

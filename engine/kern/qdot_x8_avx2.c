@@ -1,5 +1,5 @@
 /* AVX2 integer products over KERN_QUANT_X8, the interleaved groups of kern/qdot_pack.c
- * (kern/qdot.h's kern__q40x8, kern__q2kx8 .. kern__q6kx8): each group's vectors
+ * (kern/qdot.h's kern__q40x8 .. kern__q51x8, kern__q2kx8 .. kern__q6kx8): each group's vectors
  * hold one value quad of each of its 8 rows, lane r for row r, so the integer sums land in their
  * rows' lanes with no transpose and no horizontal sum, at every batch size. The same integers
  * and the same float order as the portable product: the same bits.
@@ -269,24 +269,34 @@ INLINE void grp_q23kx8(const uint8_t *g, size_t nb, int q3, const uint8_t *xq, s
     }
 }
 
-/* KERN_QUANT_X8 Q4_0: per block, qs[k]'s low nibbles are values 4 k .. 4 k + 3 of the 8 rows (row r
- * in lane r), the high ones values 16 + 4 k ..: w[0 .. 8) meet the activation quads in order. The
- * int16 form sums 8 maddubs (|8 * 2 * 15 * 127| < 2^15) and one madd by ones; with VNNI 8
- * vpdpbusd. S = that - 8 sx (Q = raw - 8, through the block's activation sum), folded as
- * (d_w d_x) S: the reference's integers and order. */
-INLINE void grp_q40x8(const kern__q40x8 *g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
-                      __m256 *acc)
+/* KERN_QUANT_X8 Q4_0, Q4_1, Q5_0 and Q5_1 (kern/qdot.h's kern__q40x8 .. kern__q51x8: bb bytes a
+ * block of the group, m at mo, qh at ho, qs at qo; 0: none): per block, qs[k]'s low nibbles are
+ * values 4 k .. 4 k + 3 of the 8 rows (row r in lane r), the high ones values 16 + 4 k ..: w[0 ..
+ * 8) meet the activation quads in order; bit k of qh, moved to bit 4, is w[k]'s fifth bit. The
+ * int16 form sums 8 maddubs of 4-bit values (|8 * 2 * 15 * 127| < 2^15), 4 of 5-bit ones
+ * (|4 * 2 * 31 * 127| < 2^15), then madd by ones; with VNNI 8 vpdpbusd. S = that - bias sx (Q =
+ * raw - bias through the block's activation sum), folded as (d_w d_x) S, then for a min
+ * (m d_x) sx: the reference's integers and order (grp_leg over the file's rows). */
+INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t ho, size_t qo,
+                      int bias, const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
     for (size_t b = 0; b < nb; b++) {
-        const kern__q40x8 *q = g + b;
-        kern_prefetch_l2((const uint8_t *)q + KERN_PF_AHEAD, sizeof *q);
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
+        const uint8_t *q = g + b * bb;
+        kern_prefetch_l2(q + KERN_PF_AHEAD, bb);
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q));
         __m256i w[8];
         for (int k = 0; k < 4; k++) {
-            __m256i v = ld(q->qs[k]);
+            __m256i v = ld(q + qo + 32 * k);
             w[k] = _mm256_and_si256(v, m4);
             w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        if (ho) { /* bit k of each byte to bit 4 (what crosses bytes is masked) */
+            __m256i h = ld(q + ho);
+            for (int k = 0; k < 8; k++) {
+                __m256i hk = k < 4 ? _mm256_slli_epi16(h, 4 - k) : _mm256_srli_epi16(h, k - 4);
+                w[k] = _mm256_or_si256(w[k], _mm256_and_si256(hk, m10));
+            }
         }
         for (size_t t = 0; t < tt; t++) {
             const uint8_t *xr = xq + t * xrb;
@@ -296,24 +306,46 @@ INLINE void grp_q40x8(const kern__q40x8 *g, size_t nb, const uint8_t *xq, size_t
             for (int k = 1; k < 8; k++)
                 s = _mm256_dpbusd_epi32(s, w[k], bcast4(xs + 4 * k));
 #else
-            __m256i s = _mm256_madd_epi16(mul8(w, xs, 8), _mm256_set1_epi16(1));
+            const __m256i one = _mm256_set1_epi16(1);
+            __m256i s = ho ? _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), one),
+                                              _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), one))
+                           : _mm256_madd_epi16(mul8(w, xs, 8), one);
 #endif
             int16_t sx;
             float dx;
             memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
             memcpy(&dx, xr + 4 * b, 4);
-            __m256i S = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * sx));
-            acc[t] = fold8(acc[t], d, _mm256_set1_ps(dx), _mm256_cvtepi32_ps(S));
+            if (bias)
+                s = _mm256_sub_epi32(s, _mm256_set1_epi32(bias * sx));
+            __m256 vdx = _mm256_set1_ps(dx);
+            acc[t] = fold8(acc[t], d, vdx, _mm256_cvtepi32_ps(s));
+            if (mo)
+                acc[t] =
+                    fold8(acc[t],
+                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(q + mo))),
+                          vdx, _mm256_set1_ps((float)sx));
         }
     }
 }
 
+/* group g of a legacy type's blocks (kern__q40x8 .. kern__q51x8), grp_legx8's layout arguments */
+#define LEGX8(w, g, nb, T, mo, ho, bias)                                                           \
+    (const uint8_t *)(w)->data + (g) * (nb) * sizeof(T), nb, sizeof(T), mo, ho, offsetof(T, qs),   \
+        bias
 /* Group g of w (KERN_QUANT_X8) times activation rows xq[0 .. tt). */
 INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
                    __m256 *acc, __m256i *si)
 {
     if (w->qtype == KERN_GGML_Q4_0)
-        grp_q40x8((const kern__q40x8 *)w->data + g * nb, nb, xq, xrb, tt, acc);
+        grp_legx8(LEGX8(w, g, nb, kern__q40x8, 0, 0, 8), xq, xrb, tt, acc);
+    else if (w->qtype == KERN_GGML_Q4_1)
+        grp_legx8(LEGX8(w, g, nb, kern__q41x8, offsetof(kern__q41x8, m), 0, 0), xq, xrb, tt, acc);
+    else if (w->qtype == KERN_GGML_Q5_0)
+        grp_legx8(LEGX8(w, g, nb, kern__q50x8, 0, offsetof(kern__q50x8, qh), 16), xq, xrb, tt, acc);
+    else if (w->qtype == KERN_GGML_Q5_1)
+        grp_legx8(
+            LEGX8(w, g, nb, kern__q51x8, offsetof(kern__q51x8, m), offsetof(kern__q51x8, qh), 0),
+            xq, xrb, tt, acc);
     else if (w->qtype == KERN_GGML_Q6_K)
         grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
     else if (w->qtype == KERN_GGML_Q3_K)

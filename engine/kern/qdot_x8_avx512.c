@@ -98,41 +98,6 @@ INLINE __m512i dot16(const __m512i *w, const int8_t *x, int n)
 }
 #endif
 
-/* Q4_0 (kern__q40x8): w[0 .. 4) the low nibbles of qs[k] (values 4 k .. 4 k + 3 of each row),
- * w[4 .. 8) the high ones (values 16 + 4 k ..). The int16 form sums 8 maddubs (|8 * 2 * 15 * 127|
- * < 2^15) and one madd by ones; with VNNI 8 vpdpbusd. S = that - 8 sx (Q = raw - 8, through the
- * block's activation sum), folded as (d_w d_x) S. */
-INLINE void grp_q40(const kern__q40x8 *a, const kern__q40x8 *c, size_t nb, const uint8_t *xq,
-                    size_t xrb, size_t tt, __m512 *acc)
-{
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    for (size_t b = 0; b < nb; b++) {
-        prefetch2((const uint8_t *)(a + b), (const uint8_t *)(c + b), sizeof *a);
-        __m512i w[8];
-        for (int k = 0; k < 4; k++) {
-            __m512i v = pair(ld(a[b].qs[k]), ld(c[b].qs[k]));
-            w[k] = _mm512_and_si512(v, m4);
-            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
-        __m512 dw = f16x16(a[b].d, c[b].d);
-        for (size_t t = 0; t < tt; t++) {
-            const uint8_t *xr = xq + t * xrb;
-            const int8_t *xs = (const int8_t *)(const void *)(xr + KERN_QX32_Q(nb) + 32 * b);
-#ifdef KERN_QDOT_VNNI
-            __m512i S = dot16(w, xs, 8);
-#else
-            __m512i S = madd16(mul16(w, xs, 8), _mm512_set1_epi16(1));
-#endif
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            S = _mm512_sub_epi32(S, _mm512_set1_epi32(8 * sx));
-            acc[t] = fold16(acc[t], dw, _mm512_set1_ps(dx), cvt_ps(S));
-        }
-    }
-}
-
 /* Bit j of each byte of h moved to bit 4, by a constant shift per case: simde's emulated shifts
  * (the tests' copy) take immediates only; j is a constant wherever this is inlined. */
 INLINE __m512i bit_to4(__m512i h, int j)
@@ -146,6 +111,59 @@ INLINE __m512i bit_to4(__m512i h, int j)
     case 5: return _mm512_srli_epi16(h, 1);
     case 6: return _mm512_srli_epi16(h, 2);
     default: return _mm512_srli_epi16(h, 3);
+    }
+}
+
+/* Q4_0, Q4_1, Q5_0 and Q5_1 (kern__q40x8 .. kern__q51x8: bb bytes a block of the group, m at mo,
+ * qh at ho, qs at qo; 0: none): w[0 .. 4) the low nibbles of qs[k] (values 4 k .. 4 k + 3 of
+ * each row), w[4 .. 8) the high ones (values 16 + 4 k ..), bit k of qh above w[k]'s nibbles. The
+ * int16 form sums 8 maddubs of 4-bit values (4 of 5-bit ones) and one madd by ones; with VNNI 8
+ * vpdpbusd. S = that - bias sx (Q = raw - bias, through the block's activation sum), folded as
+ * (d_w d_x) S, then for a min (m d_x) sx. */
+INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, size_t mo, size_t ho,
+                    size_t qo, int bias, const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *qa = a + b * bb, *qc = c + b * bb;
+        prefetch2(qa, qc, bb);
+        __m512i w[8];
+        for (int k = 0; k < 4; k++) {
+            __m512i v = ld2(qa, qc, qo + 32 * k);
+            w[k] = _mm512_and_si512(v, m4);
+            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        if (ho) {
+            __m512i h = ld2(qa, qc, ho);
+            for (int k = 0; k < 8; k++)
+                w[k] = _mm512_or_si512(w[k], _mm512_and_si512(bit_to4(h, k), m10));
+        }
+        __m512 dw = f16x16((const uint16_t *)(const void *)qa, (const uint16_t *)(const void *)qc);
+        __m512 dm = mo ? f16x16((const uint16_t *)(const void *)(qa + mo),
+                                (const uint16_t *)(const void *)(qc + mo))
+                       : _mm512_setzero_ps();
+        for (size_t t = 0; t < tt; t++) {
+            const uint8_t *xr = xq + t * xrb;
+            const int8_t *xs = (const int8_t *)(const void *)(xr + KERN_QX32_Q(nb) + 32 * b);
+#ifdef KERN_QDOT_VNNI
+            __m512i S = dot16(w, xs, 8);
+#else
+            const __m512i one = _mm512_set1_epi16(1);
+            __m512i S = ho ? _mm512_add_epi32(madd16(mul16(w, xs, 4), one),
+                                              madd16(mul16(w + 4, xs + 16, 4), one))
+                           : madd16(mul16(w, xs, 8), one);
+#endif
+            int16_t sx;
+            float dx;
+            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+            memcpy(&dx, xr + 4 * b, 4);
+            if (bias)
+                S = _mm512_sub_epi32(S, _mm512_set1_epi32(bias * sx));
+            __m512 vdx = _mm512_set1_ps(dx);
+            acc[t] = fold16(acc[t], dw, vdx, cvt_ps(S));
+            if (mo)
+                acc[t] = fold16(acc[t], dm, vdx, _mm512_set1_ps((float)sx));
+        }
     }
 }
 
@@ -461,21 +479,33 @@ INLINE void grp2(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size
                  __m512 *acc, __m512i *si)
 {
     size_t g2 = 8 * (g + 1) < w->n_out ? g + 1 : g;
+    const uint8_t *q = w->data;
     if (w->qtype == KERN_GGML_Q4_0) {
-        const kern__q40x8 *q = w->data;
-        grp_q40(q + g * nb, q + g2 * nb, nb, xq, xrb, tt, acc);
+        size_t gb = nb * sizeof(kern__q40x8);
+        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs),
+                8, xq, xrb, tt, acc);
+    } else if (w->qtype == KERN_GGML_Q4_1) {
+        size_t gb = nb * sizeof(kern__q41x8);
+        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q41x8), offsetof(kern__q41x8, m), 0,
+                offsetof(kern__q41x8, qs), 0, xq, xrb, tt, acc);
+    } else if (w->qtype == KERN_GGML_Q5_0) {
+        size_t gb = nb * sizeof(kern__q50x8);
+        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q50x8), 0, offsetof(kern__q50x8, qh),
+                offsetof(kern__q50x8, qs), 16, xq, xrb, tt, acc);
+    } else if (w->qtype == KERN_GGML_Q5_1) {
+        size_t gb = nb * sizeof(kern__q51x8);
+        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q51x8), offsetof(kern__q51x8, m),
+                offsetof(kern__q51x8, qh), offsetof(kern__q51x8, qs), 0, xq, xrb, tt, acc);
     } else if (w->qtype == KERN_GGML_Q6_K) {
-        const kern__q6kx8 *q = w->data;
-        grp_q6k(q + g * nb, q + g2 * nb, nb, xq, xrb, tt, acc, si);
+        const kern__q6kx8 *q6 = w->data;
+        grp_q6k(q6 + g * nb, q6 + g2 * nb, nb, xq, xrb, tt, acc, si);
     } else if (w->qtype == KERN_GGML_Q2_K || w->qtype == KERN_GGML_Q3_K) {
         int q3 = w->qtype == KERN_GGML_Q3_K;
         size_t gb = nb * (q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8));
-        const uint8_t *q = w->data;
         grp_q23k(q + g * gb, q + g2 * gb, nb, q3, xq, xrb, tt, acc, si);
     } else {
         int q5 = w->qtype == KERN_GGML_Q5_K;
         size_t gb = nb * (q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8));
-        const uint8_t *q = w->data;
         grp_q45k(q + g * gb, q + g2 * gb, nb, q5, xq, xrb, tt, acc, si);
     }
 }
