@@ -1,8 +1,8 @@
 /* The integer path's interleaved weight layout, KERN_QUANT_X8 (kern/qdot.h's kern__q4kx8): a
- * Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each block
- * of the 8 rows stored together, their packed values in 4-byte quads transposed so that lane r of a
- * 32-byte vector is row r's quad, their scales and mins a byte each (Q2_K's byte holds both). A
- * kernel then loads its operands as they are needed: the tile kernels lose their per-block
+ * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each
+ * block of the 8 rows stored together, their packed values in 4-byte quads transposed so that lane
+ * r of a 32-byte vector is row r's quad, their scales and mins a byte each (Q2_K's byte holds
+ * both). A kernel then loads its operands as they are needed: the tile kernels lose their per-block
  * transposes, one activation row its horizontal sums, scale shuffles and per-row streams (a group
  * is one contiguous stream). Made once at load from the file's rows (engine/model.c) when the
  * kernel table has an integer product of its own; kern__x8_row gives the file's bytes back exactly,
@@ -28,6 +28,7 @@ typedef struct leg_fmt {
 
 static const leg_fmt g_leg[] = {
     {KERN_GGML_Q4_0, 18, 0, 0, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs)},
+    {KERN_GGML_IQ4_NL, 18, 0, 0, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs)},
     {KERN_GGML_Q4_1, 20, 2, 0, sizeof(kern__q41x8), offsetof(kern__q41x8, m), 0,
      offsetof(kern__q41x8, qs)},
     {KERN_GGML_Q5_0, 22, 0, 2, sizeof(kern__q50x8), 0, offsetof(kern__q50x8, qh),

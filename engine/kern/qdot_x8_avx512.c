@@ -20,6 +20,7 @@
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/prefetch.h"
 #include "engine/kern/qdot.h"
+#include "engine/kern/qdot_x86.h"
 #include "engine/kern/qdot_zmm.h"
 
 #include <stddef.h>
@@ -114,16 +115,24 @@ INLINE __m512i bit_to4(__m512i h, int j)
     }
 }
 
-/* Q4_0, Q4_1, Q5_0 and Q5_1 (kern__q40x8 .. kern__q51x8: bb bytes a block of the group, m at mo,
- * qh at ho, qs at qo; 0: none): w[0 .. 4) the low nibbles of qs[k] (values 4 k .. 4 k + 3 of
- * each row), w[4 .. 8) the high ones (values 16 + 4 k ..), bit k of qh above w[k]'s nibbles. The
- * int16 form sums 8 maddubs of 4-bit values (4 of 5-bit ones) and one madd by ones; with VNNI 8
- * vpdpbusd. S = that - bias sx (Q = raw - bias, through the block's activation sum), folded as
- * (d_w d_x) S, then for a min (m d_x) sx. */
+/* Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (kern__q40x8 .. kern__q51x8: bb bytes a block of the group,
+ * m at mo, qh at ho, qs at qo; 0: none): w[0 .. 4) the low nibbles of qs[k] (values 4 k .. 4 k + 3
+ * of each row), w[4 .. 8) the high ones (values 16 + 4 k ..), bit k of qh above w[k]'s nibbles.
+ * The int16 form sums 8 maddubs of 4-bit values (4 of 5-bit ones) and one madd by ones; with VNNI
+ * 8 vpdpbusd, and only there IQ4_NL (lut: its levels plus 128 by one vpshufb, 128 sx taken off
+ * after; kern/qdot_avx512.c sends it to the ymm kernels otherwise). S = that - bias sx (Q = raw -
+ * bias, through the block's activation sum), folded as (d_w d_x) S, then for a min (m d_x) sx. */
 INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, size_t mo, size_t ho,
-                    size_t qo, int bias, const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
+                    size_t qo, int bias, int lut, const uint8_t *xq, size_t xrb, size_t tt,
+                    __m512 *acc)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+#ifdef KERN_QDOT_VNNI
+    const __m512i levels = _mm512_broadcast_i32x4(kern__iq4_levels(1));
+    bias += lut ? 128 : 0;
+#else
+    (void)lut; /* never sent here */
+#endif
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *qa = a + b * bb, *qc = c + b * bb;
         prefetch2(qa, qc, bb);
@@ -138,6 +147,11 @@ INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, si
             for (int k = 0; k < 8; k++)
                 w[k] = _mm512_or_si512(w[k], _mm512_and_si512(bit_to4(h, k), m10));
         }
+#ifdef KERN_QDOT_VNNI
+        if (lut)
+            for (int k = 0; k < 8; k++)
+                w[k] = _mm512_shuffle_epi8(levels, w[k]);
+#endif
         __m512 dw = f16x16((const uint16_t *)(const void *)qa, (const uint16_t *)(const void *)qc);
         __m512 dm = mo ? f16x16((const uint16_t *)(const void *)(qa + mo),
                                 (const uint16_t *)(const void *)(qc + mo))
@@ -483,19 +497,25 @@ INLINE void grp2(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size
     if (w->qtype == KERN_GGML_Q4_0) {
         size_t gb = nb * sizeof(kern__q40x8);
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs),
-                8, xq, xrb, tt, acc);
+                8, 0, xq, xrb, tt, acc);
+#ifdef KERN_QDOT_VNNI
+    } else if (w->qtype == KERN_GGML_IQ4_NL) {
+        size_t gb = nb * sizeof(kern__q40x8);
+        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs),
+                0, 1, xq, xrb, tt, acc);
+#endif
     } else if (w->qtype == KERN_GGML_Q4_1) {
         size_t gb = nb * sizeof(kern__q41x8);
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q41x8), offsetof(kern__q41x8, m), 0,
-                offsetof(kern__q41x8, qs), 0, xq, xrb, tt, acc);
+                offsetof(kern__q41x8, qs), 0, 0, xq, xrb, tt, acc);
     } else if (w->qtype == KERN_GGML_Q5_0) {
         size_t gb = nb * sizeof(kern__q50x8);
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q50x8), 0, offsetof(kern__q50x8, qh),
-                offsetof(kern__q50x8, qs), 16, xq, xrb, tt, acc);
+                offsetof(kern__q50x8, qs), 16, 0, xq, xrb, tt, acc);
     } else if (w->qtype == KERN_GGML_Q5_1) {
         size_t gb = nb * sizeof(kern__q51x8);
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q51x8), offsetof(kern__q51x8, m),
-                offsetof(kern__q51x8, qh), offsetof(kern__q51x8, qs), 0, xq, xrb, tt, acc);
+                offsetof(kern__q51x8, qh), offsetof(kern__q51x8, qs), 0, 0, xq, xrb, tt, acc);
     } else if (w->qtype == KERN_GGML_Q6_K) {
         const kern__q6kx8 *q6 = w->data;
         grp_q6k(q6 + g * nb, q6 + g2 * nb, nb, xq, xrb, tt, acc, si);
