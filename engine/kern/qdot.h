@@ -131,8 +131,17 @@ typedef struct kern__q51x8 {
     uint8_t qs[4][32];
 } kern__q51x8;
 
+/* KERN_QUANT_X8 Q8_0 (a KERN_Q8_0 matrix so packed takes qtype KERN_GGML_Q8_0): Q4_0's groups with
+ * 8 runs of quads, qs[k] holding in bytes 4 r .. 4 r + 3 row r's values 4 k .. 4 k + 3. 272 bytes,
+ * the file's 8 x 34. */
+typedef struct kern__q80x8 {
+    uint16_t d[8];
+    int8_t qs[8][32];
+} kern__q80x8;
+
 /* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 84, 110, 144, 176 or 210
- * bytes, or n_in / 32 * 18, 20, 22 or 24 at row), bit for bit: what the portable product reads. */
+ * bytes, or n_in / 32 * 18, 20, 22, 24 or 34 at row), bit for bit: what the portable product reads.
+ */
 void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row);
 
 /* The AVX2 qmatmul (kern/qdot_avx2.c and its types' files, built only where the compiler has AVX2

@@ -54,10 +54,6 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
             return;
         }
 #endif
-        if (w->qtype == KERN_GGML_IQ4_NL) { /* as its tiles below: zmm with VNNI only */
-            kern__qmatmul_x8_avx2(w, xq, T, out, ldo, n0, n1);
-            return;
-        }
         KERN512(kern__qmatmul_x8_avx512)(w, xq, T, out, ldo, n0, n1);
         return;
     }

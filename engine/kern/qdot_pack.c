@@ -1,12 +1,12 @@
 /* The integer path's interleaved weight layout, KERN_QUANT_X8 (kern/qdot.h's kern__q4kx8): a
- * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K matrix's rows in groups of 8, each
- * block of the 8 rows stored together, their packed values in 4-byte quads transposed so that lane
- * r of a 32-byte vector is row r's quad, their scales and mins a byte each (Q2_K's byte holds
- * both). A kernel then loads its operands as they are needed: the tile kernels lose their per-block
- * transposes, one activation row its horizontal sums, scale shuffles and per-row streams (a group
- * is one contiguous stream). Made once at load from the file's rows (engine/model.c) when the
- * kernel table has an integer product of its own; kern__x8_row gives the file's bytes back exactly,
- * so the portable product (and the tests) read the same values. */
+ * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K matrix's rows in groups of
+ * 8, each block of the 8 rows stored together, their packed values in 4-byte quads transposed so
+ * that lane r of a 32-byte vector is row r's quad, their scales and mins a byte each (Q2_K's byte
+ * holds both). A kernel then loads its operands as they are needed: the tile kernels lose their
+ * per-block transposes, one activation row its horizontal sums, scale shuffles and per-row streams
+ * (a group is one contiguous stream). Made once at load from the file's rows (engine/model.c) when
+ * the kernel table has an integer product of its own; kern__x8_row gives the file's bytes back
+ * exactly, so the portable product (and the tests) read the same values. */
 #include "engine/kern/qdot.h"
 
 #include <stdbool.h>
@@ -22,23 +22,27 @@
 /* The legacy 32-value types: the file's block (d | m | qh (4) | qs (16)), the group's */
 typedef struct leg_fmt {
     uint32_t id;
-    int file, mo, ho;         /* a file block's bytes, its m's and qh's offsets (0: none) */
+    int file, mo, ho, nq; /* a file block's bytes, its m's and qh's offsets (0: none), its quads */
     size_t group, gm, gh, gq; /* the group block's bytes, its m's, qh's (0: none), qs's offsets */
 } leg_fmt;
 
 static const leg_fmt g_leg[] = {
-    {KERN_GGML_Q4_0, 18, 0, 0, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs)},
-    {KERN_GGML_IQ4_NL, 18, 0, 0, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs)},
-    {KERN_GGML_Q4_1, 20, 2, 0, sizeof(kern__q41x8), offsetof(kern__q41x8, m), 0,
+    {KERN_GGML_Q4_0, 18, 0, 0, 4, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs)},
+    {KERN_GGML_IQ4_NL, 18, 0, 0, 4, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs)},
+    {KERN_GGML_Q4_1, 20, 2, 0, 4, sizeof(kern__q41x8), offsetof(kern__q41x8, m), 0,
      offsetof(kern__q41x8, qs)},
-    {KERN_GGML_Q5_0, 22, 0, 2, sizeof(kern__q50x8), 0, offsetof(kern__q50x8, qh),
+    {KERN_GGML_Q5_0, 22, 0, 2, 4, sizeof(kern__q50x8), 0, offsetof(kern__q50x8, qh),
      offsetof(kern__q50x8, qs)},
-    {KERN_GGML_Q5_1, 24, 2, 4, sizeof(kern__q51x8), offsetof(kern__q51x8, m),
+    {KERN_GGML_Q5_1, 24, 2, 4, 4, sizeof(kern__q51x8), offsetof(kern__q51x8, m),
      offsetof(kern__q51x8, qh), offsetof(kern__q51x8, qs)},
+    {KERN_GGML_Q8_0, 34, 0, 0, 8, sizeof(kern__q80x8), 0, 0, offsetof(kern__q80x8, qs)},
 };
 
-static const leg_fmt *leg_of(uint32_t qtype)
+/* m's legacy format: a KERN_QUANT matrix of one of those types, a KERN_Q8_0 one, or their
+ * KERN_QUANT_X8 copy (whose qtype says which) */
+static const leg_fmt *leg_of(const kern_mat *m)
 {
+    uint32_t qtype = m->type == KERN_Q8_0 ? KERN_GGML_Q8_0 : m->qtype;
     for (size_t i = 0; i < sizeof g_leg / sizeof g_leg[0]; i++)
         if (g_leg[i].id == qtype)
             return &g_leg[i];
@@ -53,9 +57,10 @@ static int leg_value(int k, int i)
 
 size_t kern_qdot_x8_bytes(const kern_mat *src)
 {
-    if (src->type != KERN_QUANT || src->n_out % 8 || src->n_in > KERN_X8_MAX_IN || !src->n_out)
+    if ((src->type != KERN_QUANT && src->type != KERN_Q8_0) || src->n_out % 8 ||
+        src->n_in > KERN_X8_MAX_IN || !src->n_out)
         return 0;
-    const leg_fmt *lf = leg_of(src->qtype);
+    const leg_fmt *lf = leg_of(src);
     if (lf)
         return src->n_in % 32 ? 0 : src->n_out / 8 * (src->n_in / 32) * lf->group;
     if (src->n_in % 256)
@@ -84,10 +89,10 @@ static void unquads(uint8_t *p, const uint8_t (*t)[8][32], int n, int r)
             memcpy(p + 32 * c + 4 * k, &t[c][k][4 * r], 4);
 }
 
-/* a block's 16 bytes at p as row r's quads: lane r of t[k] */
-static void quads16(uint8_t (*t)[32], const uint8_t *p, int r)
+/* a block's n quads at p as row r's: lane r of t[k] */
+static void quads_n(uint8_t (*t)[32], const uint8_t *p, int n, int r)
 {
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < n; k++)
         memcpy(&t[k][4 * r], p + 4 * k, 4);
 }
 
@@ -111,7 +116,7 @@ static void to_x8_leg(const kern_mat *src, const leg_fmt *lf, uint8_t *o)
                         for (int k = 0; k < 8; k++)
                             o[lf->gh + 4 * r + i] |= (uint8_t)((h >> leg_value(k, i) & 1) << k);
                 }
-                quads16((uint8_t(*)[32])(o + lf->gq), p + lf->file - 16, r);
+                quads_n((uint8_t(*)[32])(o + lf->gq), p + lf->file - 4 * lf->nq, lf->nq, r);
             }
         }
 }
@@ -204,9 +209,9 @@ void kern_qdot_to_x8(const kern_mat *src_in, void *dst, kern_mat *out)
     out->n_out = s.n_out;
     out->n_in = s.n_in;
     out->row_bytes = s.row_bytes;
-    out->qtype = s.qtype;
+    out->qtype = s.type == KERN_Q8_0 ? KERN_GGML_Q8_0 : s.qtype;
     size_t nb = src->n_in / 256, groups = src->n_out / 8;
-    const leg_fmt *lf = leg_of(src->qtype);
+    const leg_fmt *lf = leg_of(src);
     if (lf) {
         to_x8_leg(src, lf, dst);
         return;
@@ -246,7 +251,7 @@ void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
 {
     size_t nb = w->n_in / 256;
     int r = (int)(n % 8);
-    const leg_fmt *lf = leg_of(w->qtype);
+    const leg_fmt *lf = leg_of(w);
     if (lf) {
         const uint8_t *q = (const uint8_t *)w->data + n / 8 * (w->n_in / 32) * lf->group;
         for (size_t b = 0; b < w->n_in / 32; b++, q += lf->group) {
@@ -262,8 +267,8 @@ void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
                 for (int i = 0; i < 4; i++)
                     p[lf->ho + i] = (uint8_t)(h >> 8 * i);
             }
-            for (int k = 0; k < 4; k++)
-                memcpy(p + lf->file - 16 + 4 * k, q + lf->gq + 32 * k + 4 * r, 4);
+            for (int k = 0; k < lf->nq; k++)
+                memcpy(p + lf->file - 4 * lf->nq + 4 * k, q + lf->gq + 32 * k + 4 * r, 4);
         }
     } else if (w->qtype == KERN_GGML_Q6_K) {
         const kern__q6kx8 *q = (const kern__q6kx8 *)w->data + n / 8 * nb;

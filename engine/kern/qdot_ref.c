@@ -19,6 +19,7 @@ kern_qx kern_qdot_act(const kern_mat *w)
     if (w->type != KERN_QUANT && w->type != KERN_QUANT_X8)
         return KERN_QX_NONE;
     switch (w->qtype) {
+    case KERN_GGML_Q8_0: /* a KERN_QUANT_X8 copy of KERN_Q8_0 rows */
     case KERN_GGML_Q4_0:
     case KERN_GGML_Q4_1:
     case KERN_GGML_Q5_0:
@@ -141,12 +142,13 @@ void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, s
     kern_qx fmt = kern_qdot_act(w);
     size_t xb = kern_qx_row_bytes(fmt, w->n_in);
     if (w->type == KERN_QUANT_X8) { /* the file's rows back, one at a time, then as below */
-        uint8_t row[KERN_X8_MAX_IN / 256 * 210]; /* 53 KiB at most (kern_qdot_x8_bytes) */
+        uint8_t row[KERN_X8_MAX_IN / 32 * 34]; /* 68 KiB at most (kern_qdot_x8_bytes): Q8_0's */
         for (size_t n = n0; n < n1; n++) {
             kern__x8_row(w, n, row);
             for (size_t t = 0; t < T; t++) {
                 const uint8_t *xr = (const uint8_t *)xq + t * xb;
-                out[t * ldo + n] = fmt == KERN_QX_32
+                out[t * ldo + n] = w->qtype == KERN_GGML_Q8_0 ? dot_q8_0(row, w->n_in / 32, xr)
+                                   : fmt == KERN_QX_32
                                        ? dot32(w, row, xr)
                                        : dot256(w, row, (const kern__qx256 *)(const void *)xr);
             }

@@ -270,24 +270,26 @@ INLINE void grp_q23kx8(const uint8_t *g, size_t nb, int q3, const uint8_t *xq, s
     }
 }
 
-/* KERN_QUANT_X8 Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (kern/qdot.h's kern__q40x8 .. kern__q51x8: bb
- * bytes a block of the group, m at mo, qh at ho, qs at qo; 0: none): per block, qs[k]'s low
+/* KERN_QUANT_X8 Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 (kern/qdot.h's kern__q40x8 .. kern__q80x8:
+ * bb bytes a block of the group, m at mo, qh at ho, qs at qo; 0: none): per block, qs[k]'s low
  * nibbles are values 4 k .. 4 k + 3 of the 8 rows (row r in lane r), the high ones values 16 + 4 k
  * ..: w[0 .. 8) meet the activation quads in order; bit k of qh, moved to bit 4, is w[k]'s fifth
- * bit; IQ4_NL's (lut) values are the levels its nibbles look up. The int16 form sums 8 maddubs of
- * 4-bit values (|8 * 2 * 15 * 127| < 2^15), 4 of 5-bit ones (|4 * 2 * 31 * 127| < 2^15), then
- * madd by ones; IQ4_NL's signed levels meet x by the sign trick, each maddubs madd'ed alone (|2 *
- * 127 * 127| leaves no room for two). With VNNI 8 vpdpbusd, IQ4_NL's levels plus 128 (unsigned)
- * with 128 sx taken off after. S = that - bias sx (Q = raw - bias through the block's activation
- * sum), folded as (d_w d_x) S, then for a min (m d_x) sx: the reference's integers and order
- * (grp_leg and grp_s8 over the file's rows). */
+ * bit; IQ4_NL's (lut) values are the levels its nibbles look up; Q8_0's (s8) are qs[k] whole. The
+ * int16 form sums 8 maddubs of 4-bit values (|8 * 2 * 15 * 127| < 2^15), 4 of 5-bit ones (|4 * 2 *
+ * 31 * 127| < 2^15), then madd by ones; signed values (IQ4_NL, Q8_0) meet x by the sign trick,
+ * each maddubs madd'ed alone (|2 * 128 * 127| leaves no room for two). With VNNI 8 vpdpbusd, the
+ * signed values plus 128 (unsigned: IQ4_NL's levels so looked up, Q8_0's w ^ 0x80) with 128 sx
+ * taken off after. S = that - bias sx (Q = raw - bias through the block's activation sum), folded
+ * as (d_w d_x) S, then for a min (m d_x) sx: the reference's integers and order (grp_leg and
+ * grp_s8 over the file's rows). */
 INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t ho, size_t qo,
-                      int bias, int lut, const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc)
+                      int bias, int lut, int s8, const uint8_t *xq, size_t xrb, size_t tt,
+                      __m256 *acc)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
 #ifdef KERN_QDOT_VNNI
     const __m256i levels = _mm256_broadcastsi128_si256(kern__iq4_levels(1));
-    bias += lut ? 128 : 0;
+    bias += lut || s8 ? 128 : 0;
 #else
     const __m256i levels = _mm256_broadcastsi128_si256(kern__iq4_levels(0));
 #endif
@@ -296,10 +298,19 @@ INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t 
         kern_prefetch_l2(q + KERN_PF_AHEAD, bb);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q));
         __m256i w[8];
-        for (int k = 0; k < 4; k++) {
-            __m256i v = ld(q + qo + 32 * k);
-            w[k] = _mm256_and_si256(v, m4);
-            w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (s8) {
+            for (int k = 0; k < 8; k++) {
+                w[k] = ld(q + qo + 32 * k);
+#ifdef KERN_QDOT_VNNI
+                w[k] = _mm256_xor_si256(w[k], _mm256_set1_epi8((char)0x80));
+#endif
+            }
+        } else {
+            for (int k = 0; k < 4; k++) {
+                __m256i v = ld(q + qo + 32 * k);
+                w[k] = _mm256_and_si256(v, m4);
+                w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
         }
         if (ho) { /* bit k of each byte to bit 4 (what crosses bytes is masked) */
             __m256i h = ld(q + ho);
@@ -311,6 +322,11 @@ INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t 
         if (lut)
             for (int k = 0; k < 8; k++)
                 w[k] = _mm256_shuffle_epi8(levels, w[k]);
+#ifndef KERN_QDOT_VNNI
+        __m256i wa[8]; /* signed values: |w|, for the sign trick */
+        for (int k = 0; k < 8; k++)
+            wa[k] = lut || s8 ? _mm256_abs_epi8(w[k]) : w[k];
+#endif
         for (size_t t = 0; t < tt; t++) {
             const uint8_t *xr = xq + t * xrb;
             const int8_t *xs = (const int8_t *)(const void *)(xr + KERN_QX32_Q(nb) + 32 * b);
@@ -321,14 +337,13 @@ INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t 
 #else
             const __m256i one = _mm256_set1_epi16(1);
             __m256i s;
-            if (lut) {
+            if (lut || s8) {
                 s = _mm256_setzero_si256();
                 for (int k = 0; k < 8; k++)
                     s = _mm256_add_epi32(
-                        s, _mm256_madd_epi16(
-                               _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]),
-                                                    _mm256_sign_epi8(bcast4(xs + 4 * k), w[k])),
-                               one));
+                        s, _mm256_madd_epi16(_mm256_maddubs_epi16(
+                                                 wa[k], _mm256_sign_epi8(bcast4(xs + 4 * k), w[k])),
+                                             one));
             } else if (ho) {
                 s = _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), one),
                                      _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), one));
@@ -353,29 +368,31 @@ INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t 
     }
 }
 
-/* group g of a legacy type's blocks (kern__q40x8 .. kern__q51x8), grp_legx8's layout arguments */
-#define LEGX8(w, g, nb, T, mo, ho, bias, lut)                                                      \
+/* group g of a legacy type's blocks (kern__q40x8 .. kern__q80x8), grp_legx8's layout arguments */
+#define LEGX8(w, g, nb, T, mo, ho, bias, lut, s8)                                                  \
     (const uint8_t *)(w)->data + (g) * (nb) * sizeof(T), nb, sizeof(T), mo, ho, offsetof(T, qs),   \
-        bias, lut
+        bias, lut, s8
 
 /* Group g of w (KERN_QUANT_X8) times activation rows xq[0 .. tt). */
 INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
                    __m256 *acc, __m256i *si)
 {
     if (w->qtype == KERN_GGML_Q4_0)
-        grp_legx8(LEGX8(w, g, nb, kern__q40x8, 0, 0, 8, 0), xq, xrb, tt, acc);
+        grp_legx8(LEGX8(w, g, nb, kern__q40x8, 0, 0, 8, 0, 0), xq, xrb, tt, acc);
+    else if (w->qtype == KERN_GGML_Q8_0)
+        grp_legx8(LEGX8(w, g, nb, kern__q80x8, 0, 0, 0, 0, 1), xq, xrb, tt, acc);
     else if (w->qtype == KERN_GGML_IQ4_NL)
-        grp_legx8(LEGX8(w, g, nb, kern__q40x8, 0, 0, 0, 1), xq, xrb, tt, acc);
+        grp_legx8(LEGX8(w, g, nb, kern__q40x8, 0, 0, 0, 1, 0), xq, xrb, tt, acc);
     else if (w->qtype == KERN_GGML_Q4_1)
-        grp_legx8(LEGX8(w, g, nb, kern__q41x8, offsetof(kern__q41x8, m), 0, 0, 0), xq, xrb, tt,
+        grp_legx8(LEGX8(w, g, nb, kern__q41x8, offsetof(kern__q41x8, m), 0, 0, 0, 0), xq, xrb, tt,
                   acc);
     else if (w->qtype == KERN_GGML_Q5_0)
-        grp_legx8(LEGX8(w, g, nb, kern__q50x8, 0, offsetof(kern__q50x8, qh), 16, 0), xq, xrb, tt,
+        grp_legx8(LEGX8(w, g, nb, kern__q50x8, 0, offsetof(kern__q50x8, qh), 16, 0, 0), xq, xrb, tt,
                   acc);
     else if (w->qtype == KERN_GGML_Q5_1)
-        grp_legx8(
-            LEGX8(w, g, nb, kern__q51x8, offsetof(kern__q51x8, m), offsetof(kern__q51x8, qh), 0, 0),
-            xq, xrb, tt, acc);
+        grp_legx8(LEGX8(w, g, nb, kern__q51x8, offsetof(kern__q51x8, m), offsetof(kern__q51x8, qh),
+                        0, 0, 0),
+                  xq, xrb, tt, acc);
     else if (w->qtype == KERN_GGML_Q6_K)
         grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
     else if (w->qtype == KERN_GGML_Q3_K)

@@ -115,42 +115,61 @@ INLINE __m512i bit_to4(__m512i h, int j)
     }
 }
 
-/* Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (kern__q40x8 .. kern__q51x8: bb bytes a block of the group,
- * m at mo, qh at ho, qs at qo; 0: none): w[0 .. 4) the low nibbles of qs[k] (values 4 k .. 4 k + 3
- * of each row), w[4 .. 8) the high ones (values 16 + 4 k ..), bit k of qh above w[k]'s nibbles.
- * The int16 form sums 8 maddubs of 4-bit values (4 of 5-bit ones) and one madd by ones; with VNNI
- * 8 vpdpbusd, and only there IQ4_NL (lut: its levels plus 128 by one vpshufb, 128 sx taken off
- * after; kern/qdot_avx512.c sends it to the ymm kernels otherwise). S = that - bias sx (Q = raw -
- * bias, through the block's activation sum), folded as (d_w d_x) S, then for a min (m d_x) sx. */
+/* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 (kern__q40x8 .. kern__q80x8: bb bytes a block of the
+ * group, m at mo, qh at ho, qs at qo; 0: none): w[0 .. 4) the low nibbles of qs[k] (values 4 k ..
+ * 4 k + 3 of each row), w[4 .. 8) the high ones (values 16 + 4 k ..), bit k of qh above w[k]'s
+ * nibbles; IQ4_NL's (lut) the levels the nibbles look up, Q8_0's (s8) qs[k] whole. The int16 form
+ * sums 8 maddubs of 4-bit values (4 of 5-bit ones) and one madd by ones; signed values |w| against
+ * x negated where w < 0 (AVX-512 has no vpsignb: a masked subtraction from 0, exact as |x| <=
+ * 127), each maddubs madd'ed alone. With VNNI 8 vpdpbusd, the signed values plus 128 (IQ4_NL's
+ * levels so looked up, Q8_0's w ^ 0x80) with 128 sx taken off after. S = that - bias sx (Q = raw
+ * - bias, through the block's activation sum), folded as (d_w d_x) S, then for a min (m d_x) sx.
+ */
 INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, size_t mo, size_t ho,
-                    size_t qo, int bias, int lut, const uint8_t *xq, size_t xrb, size_t tt,
+                    size_t qo, int bias, int lut, int s8, const uint8_t *xq, size_t xrb, size_t tt,
                     __m512 *acc)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
 #ifdef KERN_QDOT_VNNI
     const __m512i levels = _mm512_broadcast_i32x4(kern__iq4_levels(1));
-    bias += lut ? 128 : 0;
+    bias += lut || s8 ? 128 : 0;
 #else
-    (void)lut; /* never sent here */
+    const __m512i levels = _mm512_broadcast_i32x4(kern__iq4_levels(0));
+    const __m512i zero = _mm512_setzero_si512();
 #endif
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *qa = a + b * bb, *qc = c + b * bb;
         prefetch2(qa, qc, bb);
         __m512i w[8];
-        for (int k = 0; k < 4; k++) {
-            __m512i v = ld2(qa, qc, qo + 32 * k);
-            w[k] = _mm512_and_si512(v, m4);
-            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        if (s8) {
+            for (int k = 0; k < 8; k++) {
+                w[k] = ld2(qa, qc, qo + 32 * k);
+#ifdef KERN_QDOT_VNNI
+                w[k] = _mm512_xor_si512(w[k], _mm512_set1_epi8((char)0x80));
+#endif
+            }
+        } else {
+            for (int k = 0; k < 4; k++) {
+                __m512i v = ld2(qa, qc, qo + 32 * k);
+                w[k] = _mm512_and_si512(v, m4);
+                w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
         }
         if (ho) {
             __m512i h = ld2(qa, qc, ho);
             for (int k = 0; k < 8; k++)
                 w[k] = _mm512_or_si512(w[k], _mm512_and_si512(bit_to4(h, k), m10));
         }
-#ifdef KERN_QDOT_VNNI
         if (lut)
             for (int k = 0; k < 8; k++)
                 w[k] = _mm512_shuffle_epi8(levels, w[k]);
+#ifndef KERN_QDOT_VNNI
+        __mmask64 neg[8]; /* signed values: |w| in w, and where w < 0 */
+        if (lut || s8)
+            for (int k = 0; k < 8; k++) {
+                neg[k] = _mm512_movepi8_mask(w[k]);
+                w[k] = _mm512_abs_epi8(w[k]);
+            }
 #endif
         __m512 dw = f16x16((const uint16_t *)(const void *)qa, (const uint16_t *)(const void *)qc);
         __m512 dm = mo ? f16x16((const uint16_t *)(const void *)(qa + mo),
@@ -163,9 +182,20 @@ INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, si
             __m512i S = dot16(w, xs, 8);
 #else
             const __m512i one = _mm512_set1_epi16(1);
-            __m512i S = ho ? _mm512_add_epi32(madd16(mul16(w, xs, 4), one),
-                                              madd16(mul16(w + 4, xs + 16, 4), one))
-                           : madd16(mul16(w, xs, 8), one);
+            __m512i S;
+            if (lut || s8) {
+                S = _mm512_setzero_si512();
+                for (int k = 0; k < 8; k++) {
+                    __m512i xb = bcast4(xs + 4 * k);
+                    xb = _mm512_mask_sub_epi8(xb, neg[k], zero, xb);
+                    S = _mm512_add_epi32(S, madd16(_mm512_maddubs_epi16(w[k], xb), one));
+                }
+            } else if (ho) {
+                S = _mm512_add_epi32(madd16(mul16(w, xs, 4), one),
+                                     madd16(mul16(w + 4, xs + 16, 4), one));
+            } else {
+                S = madd16(mul16(w, xs, 8), one);
+            }
 #endif
             int16_t sx;
             float dx;
@@ -497,25 +527,27 @@ INLINE void grp2(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size
     if (w->qtype == KERN_GGML_Q4_0) {
         size_t gb = nb * sizeof(kern__q40x8);
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs),
-                8, 0, xq, xrb, tt, acc);
-#ifdef KERN_QDOT_VNNI
+                8, 0, 0, xq, xrb, tt, acc);
     } else if (w->qtype == KERN_GGML_IQ4_NL) {
         size_t gb = nb * sizeof(kern__q40x8);
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs),
-                0, 1, xq, xrb, tt, acc);
-#endif
+                0, 1, 0, xq, xrb, tt, acc);
+    } else if (w->qtype == KERN_GGML_Q8_0) {
+        size_t gb = nb * sizeof(kern__q80x8);
+        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q80x8), 0, 0, offsetof(kern__q80x8, qs),
+                0, 0, 1, xq, xrb, tt, acc);
     } else if (w->qtype == KERN_GGML_Q4_1) {
         size_t gb = nb * sizeof(kern__q41x8);
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q41x8), offsetof(kern__q41x8, m), 0,
-                offsetof(kern__q41x8, qs), 0, 0, xq, xrb, tt, acc);
+                offsetof(kern__q41x8, qs), 0, 0, 0, xq, xrb, tt, acc);
     } else if (w->qtype == KERN_GGML_Q5_0) {
         size_t gb = nb * sizeof(kern__q50x8);
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q50x8), 0, offsetof(kern__q50x8, qh),
-                offsetof(kern__q50x8, qs), 16, 0, xq, xrb, tt, acc);
+                offsetof(kern__q50x8, qs), 16, 0, 0, xq, xrb, tt, acc);
     } else if (w->qtype == KERN_GGML_Q5_1) {
         size_t gb = nb * sizeof(kern__q51x8);
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q51x8), offsetof(kern__q51x8, m),
-                offsetof(kern__q51x8, qh), offsetof(kern__q51x8, qs), 0, 0, xq, xrb, tt, acc);
+                offsetof(kern__q51x8, qh), offsetof(kern__q51x8, qs), 0, 0, 0, xq, xrb, tt, acc);
     } else if (w->qtype == KERN_GGML_Q6_K) {
         const kern__q6kx8 *q6 = w->data;
         grp_q6k(q6 + g * nb, q6 + g2 * nb, nb, xq, xrb, tt, acc, si);
