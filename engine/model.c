@@ -419,10 +419,10 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
             mat = mats[(i - 1) % 7];
         }
-        /* The integer path reads an interleaved copy of every type but IQ4_XS where the table
-         * has kernels of its own (kern/qdot_pack.c: the same bytes in another order, at most 3.6%
-         * more), the file's pages released as for panels; IQ4_XS, and matrices the layout does
-         * not take (rows not a multiple of 8), it reads in place. The embedding table keeps its
+        /* The integer path reads an interleaved copy where the table has kernels of its own
+         * (kern/qdot_pack.c: the same bytes in another order, at most 3.6% more), the file's
+         * pages released as for panels; matrices the layout does not take (rows not a multiple
+         * of 8, more than KERN_X8_MAX_IN inputs) it reads in place. The embedding table keeps its
          * panels, which a lookup widens exactly. */
         bool qdot = m->qdot && mat != &m->tok_embd && kern_qdot_act(mat) != KERN_QX_NONE;
         size_t bytes = !qdot              ? kern_panel_bytes(mat)

@@ -391,7 +391,7 @@ static void check_qdot(uint32_t id, size_t n_in)
         kern_mat m32;
         first_rows(&m, nr, &m32);
         size_t x8_bytes = kern_qdot_x8_bytes(&m32);
-        assert_int_equal(x8_bytes > 0, id != KERN_GGML_IQ4_XS); /* every type but IQ4_XS */
+        assert_true(x8_bytes > 0); /* every type */
         if (x8_bytes) {
             void *x8 = aligned_alloc(64, (x8_bytes + 63) / 64 * 64);
             uint8_t *row = malloc(m.row_bytes);

@@ -139,7 +139,17 @@ typedef struct kern__q80x8 {
     int8_t qs[8][32];
 } kern__q80x8;
 
-/* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 84, 110, 144, 176 or 210
+/* KERN_QUANT_X8 IQ4_XS: the rows' f16 d, sc[j][r] row r's scale of 32-value sub-block j (its 6
+ * bits less 32), then each sub-block as a Q4_0 block of the group: qs[j][k] holding in bytes
+ * 4 r .. 4 r + 3 row r's file bytes qs[16 j + 4 k .. 16 j + 4 k + 3] (the low nibbles values 4 k ..
+ * of the sub-block, the high ones 16 + 4 k ..). 1104 bytes for the file's 8 x 136. */
+typedef struct kern__iq4xsx8 {
+    uint16_t d[8];
+    int8_t sc[8][8];
+    uint8_t qs[8][4][32];
+} kern__iq4xsx8;
+
+/* Row n of a KERN_QUANT_X8 matrix as the file's blocks (n_in / 256 * 84, 110, 136, 144, 176 or 210
  * bytes, or n_in / 32 * 18, 20, 22, 24 or 34 at row), bit for bit: what the portable product reads.
  */
 void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row);

@@ -13,11 +13,12 @@
 #include <stddef.h>
 #include <string.h>
 
-#define Q2K_BYTES 84  /* scales (16) | qs (64) | d | dmin */
-#define Q3K_BYTES 110 /* hmask (32) | qs (64) | scales (12) | d */
-#define Q4K_BYTES 144 /* d | dmin | scales (12) | qs (128) */
-#define Q5K_BYTES 176 /* d | dmin | scales (12) | qh (32) | qs (128) */
-#define Q6K_BYTES 210 /* ql (128) | qh (64) | scales (16) | d */
+#define Q2K_BYTES 84    /* scales (16) | qs (64) | d | dmin */
+#define Q3K_BYTES 110   /* hmask (32) | qs (64) | scales (12) | d */
+#define Q4K_BYTES 144   /* d | dmin | scales (12) | qs (128) */
+#define Q5K_BYTES 176   /* d | dmin | scales (12) | qh (32) | qs (128) */
+#define Q6K_BYTES 210   /* ql (128) | qh (64) | scales (16) | d */
+#define IQ4XS_BYTES 136 /* d | scales_h (2) | scales_l (4) | qs (128) */
 
 /* The legacy 32-value types: the file's block (d | m | qh (4) | qs (16)), the group's */
 typedef struct leg_fmt {
@@ -66,12 +67,13 @@ size_t kern_qdot_x8_bytes(const kern_mat *src)
     if (src->n_in % 256)
         return 0;
     size_t n = src->n_out / 8 * (src->n_in / 256);
-    return src->qtype == KERN_GGML_Q2_K   ? n * sizeof(kern__q2kx8)
-           : src->qtype == KERN_GGML_Q3_K ? n * sizeof(kern__q3kx8)
-           : src->qtype == KERN_GGML_Q4_K ? n * sizeof(kern__q4kx8)
-           : src->qtype == KERN_GGML_Q5_K ? n * sizeof(kern__q5kx8)
-           : src->qtype == KERN_GGML_Q6_K ? n * sizeof(kern__q6kx8)
-                                          : 0;
+    return src->qtype == KERN_GGML_Q2_K     ? n * sizeof(kern__q2kx8)
+           : src->qtype == KERN_GGML_Q3_K   ? n * sizeof(kern__q3kx8)
+           : src->qtype == KERN_GGML_Q4_K   ? n * sizeof(kern__q4kx8)
+           : src->qtype == KERN_GGML_Q5_K   ? n * sizeof(kern__q5kx8)
+           : src->qtype == KERN_GGML_Q6_K   ? n * sizeof(kern__q6kx8)
+           : src->qtype == KERN_GGML_IQ4_XS ? n * sizeof(kern__iq4xsx8)
+                                            : 0;
 }
 
 /* the 32-byte runs of a block (at p, n of them) as quads of the 8 rows: lane r of t[c][k] */
@@ -134,6 +136,24 @@ static void to_x8_q6k(const kern_mat *src, kern__q6kx8 *o)
                 for (int j = 0; j < 16; j++)
                     o->sc[j][r] = (int8_t)p[192 + j];
                 memcpy(&o->d[r], p + 208, 2);
+            }
+}
+
+static void to_x8_iq4xs(const kern_mat *src, kern__iq4xsx8 *o)
+{
+    size_t nb = src->n_in / 256, groups = src->n_out / 8;
+    for (size_t g = 0; g < groups; g++)
+        for (size_t b = 0; b < nb; b++, o++)
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *p =
+                    (const uint8_t *)src->data + (8 * g + r) * src->row_bytes + IQ4XS_BYTES * b;
+                memcpy(&o->d[r], p, 2);
+                unsigned sh = (unsigned)p[2] | (unsigned)p[3] << 8;
+                for (int j = 0; j < 8; j++) {
+                    int lo = p[4 + j / 2] >> (4 * (j % 2)) & 15, hi = sh >> (2 * j) & 3;
+                    o->sc[j][r] = (int8_t)((lo | hi << 4) - 32);
+                    quads_n(o->qs[j], p + 8 + 16 * j, 4, r);
+                }
             }
 }
 
@@ -224,6 +244,10 @@ void kern_qdot_to_x8(const kern_mat *src_in, void *dst, kern_mat *out)
         to_x8_q3k(src, dst);
         return;
     }
+    if (src->qtype == KERN_GGML_IQ4_XS) {
+        to_x8_iq4xs(src, dst);
+        return;
+    }
     if (src->qtype == KERN_GGML_Q2_K) {
         to_x8_q2k(src, dst);
         return;
@@ -279,6 +303,20 @@ void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
             for (int j = 0; j < 16; j++)
                 p[192 + j] = (uint8_t)q->sc[j][r];
             memcpy(p + 208, &q->d[r], 2);
+        }
+    } else if (w->qtype == KERN_GGML_IQ4_XS) {
+        const kern__iq4xsx8 *q = (const kern__iq4xsx8 *)w->data + n / 8 * nb;
+        for (size_t b = 0; b < nb; b++, q++) {
+            uint8_t *p = row + IQ4XS_BYTES * b;
+            memcpy(p, &q->d[r], 2);
+            memset(p + 2, 0, 6);
+            for (int j = 0; j < 8; j++) {
+                int v = q->sc[j][r] + 32;
+                p[4 + j / 2] |= (uint8_t)((v & 15) << (4 * (j % 2)));
+                p[2 + j / 4] |= (uint8_t)((v >> 4) << (2 * (j % 4)));
+                for (int k = 0; k < 4; k++)
+                    memcpy(p + 8 + 16 * j + 4 * k, &q->qs[j][k][4 * r], 4);
+            }
         }
     } else if (w->qtype == KERN_GGML_Q3_K) {
         const kern__q3kx8 *q = (const kern__q3kx8 *)w->data + n / 8 * nb;

@@ -270,6 +270,81 @@ INLINE void grp_q23kx8(const uint8_t *g, size_t nb, int q3, const uint8_t *xq, s
     }
 }
 
+/* The sum over k < 8 of signed values w[k] (row r in lane r) times the activation quads at xs:
+ * with VNNI w holds the values plus 128 (unsigned) and the caller takes 128 sx off; otherwise wa[k]
+ * = |w[k]| meets x with w's signs (the sign trick), each maddubs widened by its own madd (|2 * 128
+ * * 127| leaves no room to add two in int16). Exact int32 sums either way. */
+INLINE __m256i sdot8(const __m256i w[8], const __m256i wa[8], const int8_t *xs)
+{
+#ifdef KERN_QDOT_VNNI
+    (void)wa;
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[0], bcast4(xs));
+    for (int k = 1; k < 8; k++)
+        s = _mm256_dpbusd_epi32(s, w[k], bcast4(xs + 4 * k));
+    return s;
+#else
+    __m256i s = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++)
+        s = _mm256_add_epi32(
+            s, _mm256_madd_epi16(
+                   _mm256_maddubs_epi16(wa[k], _mm256_sign_epi8(bcast4(xs + 4 * k), w[k])),
+                   _mm256_set1_epi16(1)));
+    return s;
+#endif
+}
+
+/* IQ4_XS's and IQ4_NL's levels for sdot8: plus 128 with VNNI, signed otherwise */
+INLINE __m256i iq4_levels8(void)
+{
+#ifdef KERN_QDOT_VNNI
+    return _mm256_broadcastsi128_si256(kern__iq4_levels(1));
+#else
+    return _mm256_broadcastsi128_si256(kern__iq4_levels(0));
+#endif
+}
+
+/* KERN_QUANT_X8 IQ4_XS (kern/qdot.h's kern__iq4xsx8): sub-block j as a Q4_0 block of the group,
+ * its nibbles' levels by one vpshufb, sdot8's exact sum (less 128 times its 32 activations' sum
+ * with VNNI) times the sub-block's scales (vpmulld: the sums need all 32 bits), added in int32;
+ * the block's S folded as (d_w d_x) S: the reference's integers and order. */
+INLINE void grp_iq4xsx8(const kern__iq4xsx8 *g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
+                        __m256 *acc, __m256i *si)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), levels = iq4_levels8();
+    for (size_t b = 0; b < nb; b++) {
+        const kern__iq4xsx8 *q = g + b;
+        kern_prefetch_l2((const uint8_t *)q + KERN_PF_AHEAD, sizeof *q);
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i w[8], wa[8];
+            for (int k = 0; k < 4; k++) {
+                __m256i v = ld(q->qs[j][k]);
+                w[k] = _mm256_shuffle_epi8(levels, _mm256_and_si256(v, m4));
+                w[4 + k] =
+                    _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+            for (int k = 0; k < 8; k++)
+                wa[k] = _mm256_abs_epi8(w[k]); /* unused with VNNI */
+            __m256i sc =
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)q->sc[j]));
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                __m256i s = sdot8(w, wa, x->q + 32 * j);
+#ifdef KERN_QDOT_VNNI
+                s = _mm256_sub_epi32(s, _mm256_set1_epi32(128 * (x->bs[2 * j] + x->bs[2 * j + 1])));
+#endif
+                si[t] = _mm256_add_epi32(si[t], _mm256_mullo_epi32(s, sc));
+            }
+        }
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            acc[t] = fold8(acc[t], d, _mm256_set1_ps(x->d), _mm256_cvtepi32_ps(si[t]));
+        }
+    }
+}
+
 /* KERN_QUANT_X8 Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 (kern/qdot.h's kern__q40x8 .. kern__q80x8:
  * bb bytes a block of the group, m at mo, qh at ho, qs at qo; 0: none): per block, qs[k]'s low
  * nibbles are values 4 k .. 4 k + 3 of the 8 rows (row r in lane r), the high ones values 16 + 4 k
@@ -287,11 +362,9 @@ INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t 
                       __m256 *acc)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+    const __m256i levels = iq4_levels8();
 #ifdef KERN_QDOT_VNNI
-    const __m256i levels = _mm256_broadcastsi128_si256(kern__iq4_levels(1));
     bias += lut || s8 ? 128 : 0;
-#else
-    const __m256i levels = _mm256_broadcastsi128_si256(kern__iq4_levels(0));
 #endif
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *q = g + b * bb;
@@ -338,12 +411,7 @@ INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t 
             const __m256i one = _mm256_set1_epi16(1);
             __m256i s;
             if (lut || s8) {
-                s = _mm256_setzero_si256();
-                for (int k = 0; k < 8; k++)
-                    s = _mm256_add_epi32(
-                        s, _mm256_madd_epi16(_mm256_maddubs_epi16(
-                                                 wa[k], _mm256_sign_epi8(bcast4(xs + 4 * k), w[k])),
-                                             one));
+                s = sdot8(w, wa, xs);
             } else if (ho) {
                 s = _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), one),
                                      _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), one));
@@ -395,6 +463,8 @@ INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, si
                   xq, xrb, tt, acc);
     else if (w->qtype == KERN_GGML_Q6_K)
         grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
+    else if (w->qtype == KERN_GGML_IQ4_XS)
+        grp_iq4xsx8((const kern__iq4xsx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
     else if (w->qtype == KERN_GGML_Q3_K)
         grp_q23kx8((const uint8_t *)w->data + g * nb * sizeof(kern__q3kx8), nb, 1, xq, xrb, tt, acc,
                    si);

@@ -115,6 +115,90 @@ INLINE __m512i bit_to4(__m512i h, int j)
     }
 }
 
+/* The sum over k < 8 of signed values w[k] (two groups' rows, lane r) times the activation quads
+ * at xs: with VNNI w holds the values plus 128 (unsigned) and the caller takes 128 sx off;
+ * otherwise w holds |w| and neg[k] where w < 0, and x is negated there (AVX-512 has no vpsignb: a
+ * masked subtraction from 0, exact as |x| <= 127), each maddubs widened by its own madd (|2 * 128
+ * * 127| leaves no room to add two in int16). Exact int32 sums either way. */
+INLINE __m512i sdot16(const __m512i w[8], const __mmask64 neg[8], const int8_t *xs)
+{
+#ifdef KERN_QDOT_VNNI
+    (void)neg;
+    return dot16(w, xs, 8);
+#else
+    __m512i s = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k++) {
+        __m512i xb = bcast4(xs + 4 * k);
+        xb = _mm512_mask_sub_epi8(xb, neg[k], _mm512_setzero_si512(), xb);
+        s = _mm512_add_epi32(s, madd16(_mm512_maddubs_epi16(w[k], xb), _mm512_set1_epi16(1)));
+    }
+    return s;
+#endif
+}
+
+/* The IQ4 levels for sdot16 (plus 128 with VNNI, signed otherwise), and w[k] made its operand:
+ * without VNNI |w| with neg[k] where w < 0 */
+INLINE __m512i iq4_levels16(void)
+{
+#ifdef KERN_QDOT_VNNI
+    return _mm512_broadcast_i32x4(kern__iq4_levels(1));
+#else
+    return _mm512_broadcast_i32x4(kern__iq4_levels(0));
+#endif
+}
+
+INLINE void signs16(__m512i w[8], __mmask64 neg[8])
+{
+#ifdef KERN_QDOT_VNNI
+    (void)w;
+    (void)neg;
+#else
+    for (int k = 0; k < 8; k++) {
+        neg[k] = _mm512_movepi8_mask(w[k]);
+        w[k] = _mm512_abs_epi8(w[k]);
+    }
+#endif
+}
+
+/* IQ4_XS (kern__iq4xsx8): sub-block j of both groups as a Q4_0 block, its nibbles' levels by one
+ * vpshufb, sdot16's exact sum (less 128 times its 32 activations' sum with VNNI) times the
+ * sub-block's scales (vpmulld), added in int32; the block's S folded as (d_w d_x) S. */
+INLINE void grp_iq4xs(const kern__iq4xsx8 *a, const kern__iq4xsx8 *c, size_t nb, const uint8_t *xq,
+                      size_t xrb, size_t tt, __m512 *acc, __m512i *si)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), levels = iq4_levels16();
+    for (size_t b = 0; b < nb; b++) {
+        prefetch2((const uint8_t *)(a + b), (const uint8_t *)(c + b), sizeof *a);
+        for (size_t t = 0; t < tt; t++)
+            si[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            __m512i w[8];
+            __mmask64 neg[8];
+            for (int k = 0; k < 4; k++) {
+                __m512i v = pair(ld(a[b].qs[j][k]), ld(c[b].qs[j][k]));
+                w[k] = _mm512_shuffle_epi8(levels, _mm512_and_si512(v, m4));
+                w[4 + k] =
+                    _mm512_shuffle_epi8(levels, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            }
+            signs16(w, neg);
+            __m512i sc = i8x16(a[b].sc[j], c[b].sc[j]);
+            for (size_t t = 0; t < tt; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+                __m512i s = sdot16(w, neg, x->q + 32 * j);
+#ifdef KERN_QDOT_VNNI
+                s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * (x->bs[2 * j] + x->bs[2 * j + 1])));
+#endif
+                si[t] = _mm512_add_epi32(si[t], _mm512_mullo_epi32(s, sc));
+            }
+        }
+        __m512 dw = f16x16(a[b].d, c[b].d);
+        for (size_t t = 0; t < tt; t++) {
+            const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
+            acc[t] = fold16(acc[t], dw, _mm512_set1_ps(x->d), cvt_ps(si[t]));
+        }
+    }
+}
+
 /* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 (kern__q40x8 .. kern__q80x8: bb bytes a block of the
  * group, m at mo, qh at ho, qs at qo; 0: none): w[0 .. 4) the low nibbles of qs[k] (values 4 k ..
  * 4 k + 3 of each row), w[4 .. 8) the high ones (values 16 + 4 k ..), bit k of qh above w[k]'s
@@ -130,12 +214,9 @@ INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, si
                     __m512 *acc)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+    const __m512i levels = iq4_levels16();
 #ifdef KERN_QDOT_VNNI
-    const __m512i levels = _mm512_broadcast_i32x4(kern__iq4_levels(1));
     bias += lut || s8 ? 128 : 0;
-#else
-    const __m512i levels = _mm512_broadcast_i32x4(kern__iq4_levels(0));
-    const __m512i zero = _mm512_setzero_si512();
 #endif
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *qa = a + b * bb, *qc = c + b * bb;
@@ -163,14 +244,9 @@ INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, si
         if (lut)
             for (int k = 0; k < 8; k++)
                 w[k] = _mm512_shuffle_epi8(levels, w[k]);
-#ifndef KERN_QDOT_VNNI
-        __mmask64 neg[8]; /* signed values: |w| in w, and where w < 0 */
+        __mmask64 neg[8]; /* signed values (sdot16) */
         if (lut || s8)
-            for (int k = 0; k < 8; k++) {
-                neg[k] = _mm512_movepi8_mask(w[k]);
-                w[k] = _mm512_abs_epi8(w[k]);
-            }
-#endif
+            signs16(w, neg);
         __m512 dw = f16x16((const uint16_t *)(const void *)qa, (const uint16_t *)(const void *)qc);
         __m512 dm = mo ? f16x16((const uint16_t *)(const void *)(qa + mo),
                                 (const uint16_t *)(const void *)(qc + mo))
@@ -184,12 +260,7 @@ INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, si
             const __m512i one = _mm512_set1_epi16(1);
             __m512i S;
             if (lut || s8) {
-                S = _mm512_setzero_si512();
-                for (int k = 0; k < 8; k++) {
-                    __m512i xb = bcast4(xs + 4 * k);
-                    xb = _mm512_mask_sub_epi8(xb, neg[k], zero, xb);
-                    S = _mm512_add_epi32(S, madd16(_mm512_maddubs_epi16(w[k], xb), one));
-                }
+                S = sdot16(w, neg, xs);
             } else if (ho) {
                 S = _mm512_add_epi32(madd16(mul16(w, xs, 4), one),
                                      madd16(mul16(w + 4, xs + 16, 4), one));
@@ -548,6 +619,9 @@ INLINE void grp2(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size
         size_t gb = nb * sizeof(kern__q51x8);
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q51x8), offsetof(kern__q51x8, m),
                 offsetof(kern__q51x8, qh), offsetof(kern__q51x8, qs), 0, 0, 0, xq, xrb, tt, acc);
+    } else if (w->qtype == KERN_GGML_IQ4_XS) {
+        const kern__iq4xsx8 *qx = w->data;
+        grp_iq4xs(qx + g * nb, qx + g2 * nb, nb, xq, xrb, tt, acc, si);
     } else if (w->qtype == KERN_GGML_Q6_K) {
         const kern__q6kx8 *q6 = w->data;
         grp_q6k(q6 + g * nb, q6 + g2 * nb, nb, xq, xrb, tt, acc, si);
