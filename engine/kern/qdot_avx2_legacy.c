@@ -60,16 +60,7 @@ INLINE void grp_leg(const uint8_t *const rows[8], const uint8_t *next, size_t nb
             __m256i S = ho < 0 ? _mm256_madd_epi16(mul8(w, xs, 8), one)
                                : _mm256_add_epi32(_mm256_madd_epi16(mul8(w, xs, 4), one),
                                                   _mm256_madd_epi16(mul8(w + 4, xs + 16, 4), one));
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            if (bias)
-                S = _mm256_sub_epi32(S, _mm256_set1_epi32(bias * sx));
-            __m256 vdx = _mm256_set1_ps(dx);
-            acc[t] = fold8(acc[t], dw, vdx, _mm256_cvtepi32_ps(S));
-            if (mo)
-                acc[t] = fold8(acc[t], dm, vdx, _mm256_set1_ps((float)sx));
+            acc[t] = fold_leg8(acc[t], S, dw, dm, bias, mo, xr, nb, b);
         }
     }
 }

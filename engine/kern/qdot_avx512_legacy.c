@@ -71,16 +71,7 @@ INLINE void grp_leg(const uint8_t *const rows[16], const uint8_t *next, size_t n
             __m512i S = ho < 0 ? madd16(mul16(w, xs, 8), one)
                                : _mm512_add_epi32(madd16(mul16(w, xs, 4), one),
                                                   madd16(mul16(w + 4, xs + 16, 4), one));
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            if (bias)
-                S = _mm512_sub_epi32(S, _mm512_set1_epi32(bias * sx));
-            __m512 vdx = _mm512_set1_ps(dx);
-            acc[t] = fold16(acc[t], dw, vdx, cvt_ps(S));
-            if (mo)
-                acc[t] = fold16(acc[t], dm, vdx, _mm512_set1_ps((float)sx));
+            acc[t] = fold_leg16(acc[t], S, dw, dm, bias, mo, xr, nb, b);
         }
     }
 }

@@ -370,6 +370,8 @@ INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t 
         const uint8_t *q = g + b * bb;
         kern_prefetch_l2(q + KERN_PF_AHEAD, bb);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q));
+        __m256 dm = mo ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(q + mo)))
+                       : _mm256_setzero_ps();
         __m256i w[8];
         if (s8) {
             for (int k = 0; k < 8; k++) {
@@ -419,19 +421,7 @@ INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t 
                 s = _mm256_madd_epi16(mul8(w, xs, 8), one);
             }
 #endif
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            if (bias)
-                s = _mm256_sub_epi32(s, _mm256_set1_epi32(bias * sx));
-            __m256 vdx = _mm256_set1_ps(dx);
-            acc[t] = fold8(acc[t], d, vdx, _mm256_cvtepi32_ps(s));
-            if (mo)
-                acc[t] =
-                    fold8(acc[t],
-                          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(q + mo))),
-                          vdx, _mm256_set1_ps((float)sx));
+            acc[t] = fold_leg8(acc[t], s, d, dm, bias, mo != 0, xr, nb, b);
         }
     }
 }

@@ -268,16 +268,7 @@ INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, si
                 S = madd16(mul16(w, xs, 8), one);
             }
 #endif
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            if (bias)
-                S = _mm512_sub_epi32(S, _mm512_set1_epi32(bias * sx));
-            __m512 vdx = _mm512_set1_ps(dx);
-            acc[t] = fold16(acc[t], dw, vdx, cvt_ps(S));
-            if (mo)
-                acc[t] = fold16(acc[t], dm, vdx, _mm512_set1_ps((float)sx));
+            acc[t] = fold_leg16(acc[t], S, dw, dm, (int)bias, mo != 0, xr, nb, b);
         }
     }
 }

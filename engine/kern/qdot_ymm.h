@@ -32,6 +32,22 @@ INLINE __m256 fold8(__m256 acc, __m256 w, __m256 dx, __m256 s)
     return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(w, dx), s));
 }
 
+/* A 32-value block's fold (kern/qdot.h) for activation row xr (nb blocks, this one b): its exact
+ * sum S less bias sx, then (d_w d_x) S, then for a min (mo) (m d_x) sx */
+INLINE __m256 fold_leg8(__m256 acc, __m256i S, __m256 dw, __m256 dm, int bias, int mo,
+                        const uint8_t *xr, size_t nb, size_t b)
+{
+    int16_t sx;
+    float dx;
+    memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+    memcpy(&dx, xr + 4 * b, 4);
+    if (bias)
+        S = _mm256_sub_epi32(S, _mm256_set1_epi32(bias * sx));
+    __m256 vdx = _mm256_set1_ps(dx);
+    acc = fold8(acc, dw, vdx, _mm256_cvtepi32_ps(S));
+    return mo ? fold8(acc, dm, vdx, _mm256_set1_ps((float)sx)) : acc;
+}
+
 INLINE __m256i bcast4(const int8_t *q)
 {
     int32_t v;

@@ -6,6 +6,7 @@
 #define KVS_ENGINE_KERN_QDOT_ZMM_H
 
 #include "engine/kern/avx512_isa.h"
+#include "engine/kern/qdot.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -51,6 +52,22 @@ INLINE __m512i madd16(__m512i a, __m512i b)
 INLINE __m512 fold16(__m512 acc, __m512 w, __m512 dx, __m512 s)
 {
     return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(w, dx), s));
+}
+
+/* A 32-value block's fold (kern/qdot.h) for activation row xr (nb blocks, this one b): its exact
+ * sum S less bias sx, then (d_w d_x) S, then for a min (mo) (m d_x) sx */
+INLINE __m512 fold_leg16(__m512 acc, __m512i S, __m512 dw, __m512 dm, int bias, int mo,
+                         const uint8_t *xr, size_t nb, size_t b)
+{
+    int16_t sx;
+    float dx;
+    memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+    memcpy(&dx, xr + 4 * b, 4);
+    if (bias)
+        S = _mm512_sub_epi32(S, _mm512_set1_epi32(bias * sx));
+    __m512 vdx = _mm512_set1_ps(dx);
+    acc = fold16(acc, dw, vdx, cvt_ps(S));
+    return mo ? fold16(acc, dm, vdx, _mm512_set1_ps((float)sx)) : acc;
 }
 
 INLINE __m512i bcast4(const void *q)
