@@ -397,9 +397,9 @@ static void progress_add(load_progress *lp, uint64_t bytes)
 /* Every weight matrix (F32, F16, Q8_0 or quantized) is copied once into the panel layout of
  * kern/kern.h, the only layout the products take, and its file pages released at once (so loading
  * never holds a matrix twice for long): a batched product converts each weight once per tile of 6
- * rows, and its results do not depend on the batch. The embedding table too, so that a tied
+ * rows, and its results do not depend on the batch. A tied embedding table too, so that the
  * output projection (which is that table) is batch-invariant like the rest; a lookup gathers
- * one row from it. Sources of the copies go to m->released. */
+ * one row from it. An untied one stays in the file. Sources of the copies go to m->released. */
 static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t err_len)
 {
     bool tied = m->output.data == m->tok_embd.data;
@@ -407,6 +407,11 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
     for (size_t i = 0; i < n_mats; i++) {
         kern_mat *mat;
         if (i == 0) {
+            /* An untied table is only looked up, a row per token: it stays the file's rows
+             * (kern_rows_to_f32 widens a row with the panels' bits), so only the rows the
+             * prompts use become resident, as page cache (prefault_weights skips it). */
+            if (!tied)
+                continue;
             mat = &m->tok_embd;
         } else if (i + 1 == n_mats) {
             if (tied) {
@@ -468,9 +473,9 @@ static char *dup_str(const char *s, size_t n)
     return d;
 }
 
-/* Reads one byte of every page of every tensor not copied by repack_weights, so the first
- * request does not pay for page faults (from disk, for a file not in the page cache) in the
- * middle of a step. */
+/* Reads one byte of every page of every tensor not copied by repack_weights (but an untied
+ * embedding table, of which a request reads a few rows), so the first request does not pay for
+ * page faults (from disk, for a file not in the page cache) in the middle of a step. */
 static void prefault_weights(const engine_model *m, load_progress *lp)
 {
     volatile uint8_t sink = 0;
@@ -478,6 +483,10 @@ static void prefault_weights(const engine_model *m, load_progress *lp)
         const gguf_tensor *t = gguf_tensor_at(m->file, i);
         if (is_released(m, t->data))
             continue;
+        if (t->data == m->tok_embd.data) { /* an untied embedding: faulted in row by row */
+            progress_add(lp, t->n_bytes);
+            continue;
+        }
         const uint8_t *p = t->data;
         for (uint64_t off = 0; off < t->n_bytes; off += 4096) {
             sink ^= p[off];
@@ -513,7 +522,8 @@ static void release_runs(const engine_model *m)
     qsort(ts, (size_t)n, sizeof *ts, by_data);
     const uint8_t *lo = NULL, *hi = NULL;
     for (int64_t i = 0; i <= n; i++) {
-        if (i < n && is_released(m, ts[i]->data)) {
+        /* and an untied embedding table, read in place: a lookup maps its rows' pages again */
+        if (i < n && (is_released(m, ts[i]->data) || ts[i]->data == m->tok_embd.data)) {
             if (!lo)
                 lo = ts[i]->data;
             hi = (const uint8_t *)ts[i]->data + ts[i]->n_bytes;

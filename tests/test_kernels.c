@@ -179,6 +179,8 @@ static void check_type(kern_type type, size_t n_in)
     float *rows = malloc(n_out * n_in * sizeof(float));
     kern_rows_to_f32(&pm, 3, n_out - 3, rows);
     assert_memory_equal(rows, wide + 3 * n_in, (n_out - 3) * n_in * sizeof(float));
+    kern_rows_to_f32(&m, 3, n_out - 3, rows); /* the file's rows (an embedding read in place) */
+    assert_memory_equal(rows, wide + 3 * n_in, (n_out - 3) * n_in * sizeof(float));
     free(rows);
     free(pdata);
     free(data);
@@ -248,6 +250,9 @@ static void check_quant(uint32_t id, size_t n_in)
         fail_msg("%s panel rows differ from to_f32 (n_in %zu)", dtype_name(id), n_in);
     kern_rows_to_f32(&pm, 5, 3, rows);
     assert_memory_equal(rows, wide + 5 * n_in, 3 * n_in * sizeof(float));
+    kern_rows_to_f32(&m, 4, 5, rows); /* the file's rows (an embedding read in place) */
+    if (memcmp(rows, wide + 4 * n_in, 5 * n_in * sizeof(float)))
+        fail_msg("%s file rows differ from to_f32 (n_in %zu)", dtype_name(id), n_in);
     check_panels(&pm, wide);
     free(rows);
     free(pdata);

@@ -923,7 +923,8 @@ static long mapped_kb(const char *path)
 }
 
 /* Loading leaves none of the file's tensor pages mapped once every tensor is copied (an F16
- * file with --activations f32: the matrices into panels, the norm vectors widened), so the
+ * file with --activations f32: the matrices into panels, the norm vectors widened; the untied
+ * embedding table is read in place, and not prefaulted), so the
  * resident size is that of the copies, not copies plus file: at most the metadata's pages before
  * the first tensor. Before the loader copied its F32 vectors and released the copied tensors
  * as runs, their pages (and, with the page cache's large folios, up to 2 MiB around each) stayed
@@ -950,6 +951,25 @@ static void test_load_releases_file_pages(void **st)
     }
     printf("resident of the file's mapping after load: %ld KiB (metadata: %ld KiB)\n", kb, head_kb);
     assert_true(kb <= head_kb + 4);
+    /* The untied embedding table stays the file's rows, read in place (not prefaulted): a step's
+     * lookup maps its row's page (and what the kernel maps around it). Copied at load, as before,
+     * the mapping would not grow. */
+    engine_ctx *c = NULL;
+    engine_kv *kv = NULL;
+    small_ctx(m, &c, &kv);
+    int32_t blocks[] = {0}, tok[] = {300}, pos[] = {0}, seq[] = {0};
+    bool wl[] = {true};
+    engine_seq_view view = {.blocks = blocks, .n_blocks = 1};
+    engine_batch b = {1, tok, pos, seq, wl, 1, &view};
+    float *logits = malloc(512 * sizeof(float));
+    assert_non_null(logits);
+    assert_int_equal(engine_forward(c, kv, &b, logits), 0);
+    long after = mapped_kb(p);
+    printf("after one token: %ld KiB\n", after);
+    assert_true(after >= kb + 4);
+    free(logits);
+    engine_kv_destroy(kv);
+    engine_ctx_destroy(c);
     engine_model_destroy(m);
 }
 

@@ -76,7 +76,8 @@ size_t kern_panel_bytes(const kern_mat *src);
 /* Copies F32 / F16 / Q8_0 / KERN_QUANT rows src into dst (kern_panel_bytes(src), any alignment)
  * as the matching panel type, described in out. Values are kept bit for bit. */
 void kern_mat_to_panels(const kern_mat *src, void *dst, kern_mat *out);
-/* Widens rows r0..r0+nr-1 of a panel matrix to F32 into dst ([nr][n_in]): exact values. */
+/* Widens rows r0..r0+nr-1 of a panel matrix, or of F32 / F16 / Q8_0 / KERN_QUANT rows, to F32
+ * into dst ([nr][n_in]): exact values (llama.cpp's dequantizer's). */
 void kern_rows_to_f32(const kern_mat *w, size_t r0, size_t nr, float *dst);
 
 /* ---- the operations ---- */

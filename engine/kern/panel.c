@@ -138,6 +138,16 @@ void kern_rows_to_f32(const kern_mat *m, size_t r0, size_t nr, float *dst)
         kern__quant_rows(m, r0, nr, dst);
         return;
     }
+    if (m->type == KERN_F32 || m->type == KERN_F16 || m->type == KERN_Q8_0 ||
+        m->type == KERN_QUANT) { /* the file's rows: its dequantizer, the panels' bits */
+        const dtype_info *dt = dtype_get(m->type == KERN_F32    ? 0
+                                         : m->type == KERN_F16  ? 1
+                                         : m->type == KERN_Q8_0 ? 8
+                                                                : m->qtype);
+        for (size_t r = r0; r < r0 + nr; r++, dst += m->n_in)
+            dt->to_f32((const uint8_t *)m->data + r * m->row_bytes, dst, m->n_in);
+        return;
+    }
     size_t K = m->n_in, pbytes = KERN_PANEL * m->row_bytes;
     for (size_t r = r0; r < r0 + nr; r++, dst += K) {
         /* one row (an embedding lookup): its values sit KERN_PANEL apart */
