@@ -1153,25 +1153,27 @@ static void last_logits(const char *path, const char *kernels, float *out)
     engine_model_destroy(m);
 }
 
-/* A kquant-shape model (every row whole 256-value blocks) quantized by llama-quantize to ftype,
- * whose first matrix is of type wtype (mixtures as llama-quantize writes them: output.weight in
- * Q6_K, some attn_v / ffn_down one step up): it loads, its logits are near the naive reference
+/* A model of kvs-mkmodel's shape (kquant: every row whole 256-value blocks; tiny: rows of 64 and
+ * 128, for which llama-quantize falls back from the K-quants to Q4_0 .. Q5_1 and Q8_0, as it does
+ * for Gemma 3 1B's 1152 or Qwen2.5 0.5B's 896) quantized by llama-quantize to ftype, whose first
+ * matrix is of type wtype (mixtures as llama-quantize writes them: output.weight in Q6_K, some
+ * attn_v / ffn_down one step up): it loads, its logits are near the naive reference
  * and cached = recomputed bit for bit on every table (check_model); and they equal bit for bit
  * the engine's on the same file requantized to F32 by llama.cpp (llama-quantize
  * --allow-requantize ... F32: llama.cpp's own dequantizer), with --activations f32, because the
  * panels multiply exactly those F32 values in the same order. With q8 (check_model) the logits
  * are within TOL_Q8 of the reference instead. */
-static void check_quantized(const char *ftype, const char *wtype)
+static void check_quantized(const char *shape, const char *ftype, const char *wtype)
 {
     if (!quantize) {
         fprintf(stderr, "models: no llama-quantize in ../shared/peer: %s skipped\n", ftype);
         skip();
     }
-    char base[512], q[512], f32[512];
-    make_shape(base, sizeof base, "kquant", "kquant-f16.gguf",
-               (const char *const[]){"--type", "f16", NULL});
-    snprintf(q, sizeof q, "%s/kquant-%s.gguf", dir, ftype);
-    snprintf(f32, sizeof f32, "%s/kquant-%s-f32.gguf", dir, ftype);
+    char base[512], name[128], q[512], f32[512];
+    snprintf(name, sizeof name, "%s-f16.gguf", shape);
+    make_shape(base, sizeof base, shape, name, (const char *const[]){"--type", "f16", NULL});
+    snprintf(q, sizeof q, "%s/%s-%s.gguf", dir, shape, ftype);
+    snprintf(f32, sizeof f32, "%s/%s-%s-f32.gguf", dir, shape, ftype);
     run_quantize(base, q, ftype, false);
     run_quantize(q, f32, "F32", true);
     check_model(q, "llama", wtype);
@@ -1189,26 +1191,35 @@ static void check_quantized(const char *ftype, const char *wtype)
     free(b);
 }
 
-/* llama-quantize's file types (check_quantized): the ftype, the type its first matrix gets, and
- * the test's name in cmocka's output. */
+/* llama-quantize's file types (check_quantized): the ftype, the type its first matrix gets, the
+ * test's name in cmocka's output, and the shape (NULL: kquant). */
 typedef struct quant_case {
-    const char *name, *ftype, *wtype;
+    const char *name, *ftype, *wtype, *shape;
 } quant_case;
 
 static const quant_case QUANT_CASES[] = {
-    {"test_q4_0", "Q4_0", "Q4_0"},       {"test_q4_1", "Q4_1", "Q4_1"},
-    {"test_q5_0", "Q5_0", "Q5_0"},       {"test_q5_1", "Q5_1", "Q5_1"},
-    {"test_q8_0_peer", "Q8_0", "Q8_0"},  {"test_q2_k", "Q2_K", "Q2_K"},
-    {"test_q3_k_m", "Q3_K_M", "Q3_K"},   {"test_q4_k_m", "Q4_K_M", "Q4_K"},
-    {"test_q5_k_m", "Q5_K_M", "Q5_K"},   {"test_q6_k", "Q6_K", "Q6_K"},
-    {"test_iq4_nl", "IQ4_NL", "IQ4_NL"}, {"test_iq4_xs", "IQ4_XS", "IQ4_XS"},
+    {"test_q4_0", "Q4_0", "Q4_0", NULL},
+    {"test_q4_1", "Q4_1", "Q4_1", NULL},
+    {"test_q5_0", "Q5_0", "Q5_0", NULL},
+    {"test_q5_1", "Q5_1", "Q5_1", NULL},
+    {"test_q8_0_peer", "Q8_0", "Q8_0", NULL},
+    {"test_q2_k", "Q2_K", "Q2_K", NULL},
+    {"test_q3_k_m", "Q3_K_M", "Q3_K", NULL},
+    {"test_q4_k_m", "Q4_K_M", "Q4_K", NULL},
+    {"test_q5_k_m", "Q5_K_M", "Q5_K", NULL},
+    {"test_q6_k", "Q6_K", "Q6_K", NULL},
+    {"test_iq4_nl", "IQ4_NL", "IQ4_NL", NULL},
+    {"test_iq4_xs", "IQ4_XS", "IQ4_XS", NULL},
+    /* the K-quants' fallbacks: Q5_0 and Q8_0; Q4_0, Q5_0, Q5_1 and Q8_0 */
+    {"test_q4_k_m_narrow", "Q4_K_M", "Q5_0", "tiny"},
+    {"test_q3_k_m_narrow", "Q3_K_M", "Q4_0", "tiny"},
 };
 
 /* One row of QUANT_CASES (cmocka's initial state). */
 static void test_quantized(void **st)
 {
     const quant_case *c = *st;
-    check_quantized(c->ftype, c->wtype);
+    check_quantized(c->shape ? c->shape : "kquant", c->ftype, c->wtype);
 }
 
 /* ------------------------------------------------------------ refusals */
