@@ -446,6 +446,16 @@ void gguf_release(const gguf_file *f, const void *p, size_t n)
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+void gguf_willneed(const gguf_file *f, const void *p, size_t n)
+{
+    uintptr_t lo = (uintptr_t)p, hi = lo + n, base = (uintptr_t)f->base;
+    if (!f->mapped || lo < base || hi > base + f->size || !n)
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    lo = lo / page * page; /* madvise wants a page-aligned start */
+    madvise((void *)lo, hi - lo, MADV_WILLNEED);
+}
+
 void gguf_close(gguf_file *f)
 {
     if (!f)

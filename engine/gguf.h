@@ -75,6 +75,11 @@ int gguf_open(const char *path, gguf_file **out, char *err, size_t err_len);
  * page cache); for a caller's buffer nothing happens. */
 void gguf_release(const gguf_file *f, const void *p, size_t n);
 
+/* Asks the kernel to read [p, p + n) of f's tensor data into the page cache ahead of its use,
+ * without mapping it into the process (a mapped file; nothing otherwise): bytes read in place
+ * later, a few at a time, then do not wait on the disk. */
+void gguf_willneed(const gguf_file *f, const void *p, size_t n);
+
 /* As gguf_open over a caller-owned buffer, which must outlive the gguf_file (fuzzing, tests). */
 int gguf_open_memory(const void *data, size_t size, gguf_file **out, char *err, size_t err_len);
 

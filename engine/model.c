@@ -483,7 +483,8 @@ static void prefault_weights(const engine_model *m, load_progress *lp)
         const gguf_tensor *t = gguf_tensor_at(m->file, i);
         if (is_released(m, t->data))
             continue;
-        if (t->data == m->tok_embd.data) { /* an untied embedding: faulted in row by row */
+        if (t->data == m->tok_embd.data) { /* an untied embedding: mapped row by row */
+            gguf_willneed(m->file, t->data, t->n_bytes); /* into the page cache, not mapped */
             progress_add(lp, t->n_bytes);
             continue;
         }
