@@ -107,16 +107,7 @@ VNNI void grpv_leg(const uint8_t *const rows[16], const uint8_t *next, size_t nb
             const uint8_t *xr = xq + t * xrb;
             __m512i S = dot16(_mm512_setzero_si512(), w,
                               (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), 8);
-            int16_t sx;
-            float dx;
-            memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
-            memcpy(&dx, xr + 4 * b, 4);
-            if (bias)
-                S = _mm512_sub_epi32(S, _mm512_set1_epi32(bias * sx));
-            __m512 vdx = _mm512_set1_ps(dx);
-            acc[t] = fold16(acc[t], dw, vdx, cvt_ps(S));
-            if (mo)
-                acc[t] = fold16(acc[t], dm, vdx, _mm512_set1_ps((float)sx));
+            acc[t] = fold_leg16(acc[t], S, dw, dm, bias, mo, xr, nb, b);
         }
     }
 }
