@@ -1,8 +1,8 @@
 /* AVX2 integer products over KERN_QUANT_X8, the interleaved groups of kern/qdot_pack.c
- * (kern/qdot.h's kern__q40x8 .. kern__q51x8, kern__q2kx8 .. kern__q6kx8): each group's vectors
- * hold one value quad of each of its 8 rows, lane r for row r, so the integer sums land in their
- * rows' lanes with no transpose and no horizontal sum, at every batch size. The same integers
- * and the same float order as the portable product: the same bits.
+ * (kern/qdot.h's kern__q40x8 .. kern__q80x8, kern__q2kx8 .. kern__q6kx8, kern__iq4xsx8): each
+ * group's vectors hold one value quad of each of its 8 rows, lane r for row r, so the integer sums
+ * land in their rows' lanes with no transpose and no horizontal sum, at every batch size. The
+ * same integers and the same float order as the portable product: the same bits.
  *
  * Built twice (engine/meson.build): for the avx2 table, and with AVX-512 VL and VNNI for the
  * avx512 table on CPUs with VNNI, where vpdpbusd sums a sub-block's quads in int32 and 32
