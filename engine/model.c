@@ -427,8 +427,8 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
         /* The integer path reads an interleaved copy where the table has kernels of its own
          * (kern/qdot_pack.c: the same bytes in another order, at most 3.6% more), the file's
          * pages released as for panels; matrices the layout does not take (rows not a multiple
-         * of 8, more than KERN_X8_MAX_IN inputs) it reads in place. The embedding table keeps its
-         * panels, which a lookup widens exactly. */
+         * of 8, more than KERN_X8_MAX_IN inputs) it reads in place. A tied embedding table keeps
+         * its panels (the output projection's), which a lookup widens exactly. */
         bool qdot = m->qdot && mat != &m->tok_embd && kern_qdot_act(mat) != KERN_QX_NONE;
         size_t bytes = !qdot              ? kern_panel_bytes(mat)
                        : m->kern->qmatmul ? kern_qdot_x8_bytes(mat)
