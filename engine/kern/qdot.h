@@ -24,6 +24,7 @@
 
 #include "engine/kern/kern.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define KERN_GGML_Q4_0 2
@@ -138,6 +139,19 @@ typedef struct kern__q80x8 {
     uint16_t d[8];
     int8_t qs[8][32];
 } kern__q80x8;
+
+/* The 32-value types' group layouts, spelled once for the packer (kern/qdot_pack.c) and the two
+ * kernel files: X(qtype, group struct, the file block's bytes, its m's and qh's offsets (0: none),
+ * its quads; the group's m's and qh's offsets (0: none); the value bias (Q = nibble - bias), levels
+ * looked up (IQ4_NL), signed bytes (Q8_0)). IQ4_NL's nibbles sit in Q4_0's layout. */
+#define KERN_LEG_X8_TYPES(X)                                                                       \
+    X(KERN_GGML_Q4_0, kern__q40x8, 18, 0, 0, 4, 0, 0, 8, 0, 0)                                     \
+    X(KERN_GGML_IQ4_NL, kern__q40x8, 18, 0, 0, 4, 0, 0, 0, 1, 0)                                   \
+    X(KERN_GGML_Q4_1, kern__q41x8, 20, 2, 0, 4, offsetof(kern__q41x8, m), 0, 0, 0, 0)              \
+    X(KERN_GGML_Q5_0, kern__q50x8, 22, 0, 2, 4, 0, offsetof(kern__q50x8, qh), 16, 0, 0)            \
+    X(KERN_GGML_Q5_1, kern__q51x8, 24, 2, 4, 4, offsetof(kern__q51x8, m),                          \
+      offsetof(kern__q51x8, qh), 0, 0, 0)                                                          \
+    X(KERN_GGML_Q8_0, kern__q80x8, 34, 0, 0, 8, 0, 0, 0, 0, 1)
 
 /* KERN_QUANT_X8 IQ4_XS: the rows' f16 d, sc[j][r] row r's scale of 32-value sub-block j (its 6
  * bits less 32), then each sub-block as a Q4_0 block of the group: qs[j][k] holding in bytes

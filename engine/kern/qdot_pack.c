@@ -27,17 +27,10 @@ typedef struct leg_fmt {
     size_t group, gm, gh, gq; /* the group block's bytes, its m's, qh's (0: none), qs's offsets */
 } leg_fmt;
 
-static const leg_fmt g_leg[] = {
-    {KERN_GGML_Q4_0, 18, 0, 0, 4, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs)},
-    {KERN_GGML_IQ4_NL, 18, 0, 0, 4, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs)},
-    {KERN_GGML_Q4_1, 20, 2, 0, 4, sizeof(kern__q41x8), offsetof(kern__q41x8, m), 0,
-     offsetof(kern__q41x8, qs)},
-    {KERN_GGML_Q5_0, 22, 0, 2, 4, sizeof(kern__q50x8), 0, offsetof(kern__q50x8, qh),
-     offsetof(kern__q50x8, qs)},
-    {KERN_GGML_Q5_1, 24, 2, 4, 4, sizeof(kern__q51x8), offsetof(kern__q51x8, m),
-     offsetof(kern__q51x8, qh), offsetof(kern__q51x8, qs)},
-    {KERN_GGML_Q8_0, 34, 0, 0, 8, sizeof(kern__q80x8), 0, 0, offsetof(kern__q80x8, qs)},
-};
+#define LEG_ROW(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8)                                    \
+    {id, file, mo, ho, nq, sizeof(T), gm, gh, offsetof(T, qs)},
+static const leg_fmt g_leg[] = {KERN_LEG_X8_TYPES(LEG_ROW)};
+#undef LEG_ROW
 
 /* m's legacy format: a KERN_QUANT matrix of one of those types, a KERN_Q8_0 one, or their
  * KERN_QUANT_X8 copy (whose qtype says which) */

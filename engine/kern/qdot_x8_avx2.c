@@ -426,32 +426,18 @@ INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t 
     }
 }
 
-/* group g of a legacy type's blocks (kern__q40x8 .. kern__q80x8), grp_legx8's layout arguments */
-#define LEGX8(w, g, nb, T, mo, ho, bias, lut, s8)                                                  \
-    (const uint8_t *)(w)->data + (g) * (nb) * sizeof(T), nb, sizeof(T), mo, ho, offsetof(T, qs),   \
-        bias, lut, s8
-
 /* Group g of w (KERN_QUANT_X8) times activation rows xq[0 .. tt). */
 INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
                    __m256 *acc, __m256i *si)
 {
-    if (w->qtype == KERN_GGML_Q4_0)
-        grp_legx8(LEGX8(w, g, nb, kern__q40x8, 0, 0, 8, 0, 0), xq, xrb, tt, acc);
-    else if (w->qtype == KERN_GGML_Q8_0)
-        grp_legx8(LEGX8(w, g, nb, kern__q80x8, 0, 0, 0, 0, 1), xq, xrb, tt, acc);
-    else if (w->qtype == KERN_GGML_IQ4_NL)
-        grp_legx8(LEGX8(w, g, nb, kern__q40x8, 0, 0, 0, 1, 0), xq, xrb, tt, acc);
-    else if (w->qtype == KERN_GGML_Q4_1)
-        grp_legx8(LEGX8(w, g, nb, kern__q41x8, offsetof(kern__q41x8, m), 0, 0, 0, 0), xq, xrb, tt,
-                  acc);
-    else if (w->qtype == KERN_GGML_Q5_0)
-        grp_legx8(LEGX8(w, g, nb, kern__q50x8, 0, offsetof(kern__q50x8, qh), 16, 0, 0), xq, xrb, tt,
-                  acc);
-    else if (w->qtype == KERN_GGML_Q5_1)
-        grp_legx8(LEGX8(w, g, nb, kern__q51x8, offsetof(kern__q51x8, m), offsetof(kern__q51x8, qh),
-                        0, 0, 0),
-                  xq, xrb, tt, acc);
-    else if (w->qtype == KERN_GGML_Q6_K)
+#define LEG(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8)                                        \
+    if (w->qtype == id)                                                                            \
+        grp_legx8((const uint8_t *)w->data + g * nb * sizeof(T), nb, sizeof(T), gm, gh,            \
+                  offsetof(T, qs), bias, lut, s8, xq, xrb, tt, acc);                               \
+    else
+    KERN_LEG_X8_TYPES(LEG)
+#undef LEG
+    if (w->qtype == KERN_GGML_Q6_K)
         grp_q6kx8((const kern__q6kx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);
     else if (w->qtype == KERN_GGML_IQ4_XS)
         grp_iq4xsx8((const kern__iq4xsx8 *)w->data + g * nb, nb, xq, xrb, tt, acc, si);

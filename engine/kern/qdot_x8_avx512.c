@@ -588,31 +588,15 @@ INLINE void grp2(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size
 {
     size_t g2 = 8 * (g + 1) < w->n_out ? g + 1 : g;
     const uint8_t *q = w->data;
-    if (w->qtype == KERN_GGML_Q4_0) {
-        size_t gb = nb * sizeof(kern__q40x8);
-        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs),
-                8, 0, 0, xq, xrb, tt, acc);
-    } else if (w->qtype == KERN_GGML_IQ4_NL) {
-        size_t gb = nb * sizeof(kern__q40x8);
-        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q40x8), 0, 0, offsetof(kern__q40x8, qs),
-                0, 1, 0, xq, xrb, tt, acc);
-    } else if (w->qtype == KERN_GGML_Q8_0) {
-        size_t gb = nb * sizeof(kern__q80x8);
-        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q80x8), 0, 0, offsetof(kern__q80x8, qs),
-                0, 0, 1, xq, xrb, tt, acc);
-    } else if (w->qtype == KERN_GGML_Q4_1) {
-        size_t gb = nb * sizeof(kern__q41x8);
-        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q41x8), offsetof(kern__q41x8, m), 0,
-                offsetof(kern__q41x8, qs), 0, 0, 0, xq, xrb, tt, acc);
-    } else if (w->qtype == KERN_GGML_Q5_0) {
-        size_t gb = nb * sizeof(kern__q50x8);
-        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q50x8), 0, offsetof(kern__q50x8, qh),
-                offsetof(kern__q50x8, qs), 16, 0, 0, xq, xrb, tt, acc);
-    } else if (w->qtype == KERN_GGML_Q5_1) {
-        size_t gb = nb * sizeof(kern__q51x8);
-        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(kern__q51x8), offsetof(kern__q51x8, m),
-                offsetof(kern__q51x8, qh), offsetof(kern__q51x8, qs), 0, 0, 0, xq, xrb, tt, acc);
-    } else if (w->qtype == KERN_GGML_IQ4_XS) {
+#define LEG(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8)                                        \
+    if (w->qtype == id) {                                                                          \
+        size_t gb = nb * sizeof(T);                                                                \
+        grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(T), gm, gh, offsetof(T, qs), bias, lut, s8,    \
+                xq, xrb, tt, acc);                                                                 \
+    } else
+    KERN_LEG_X8_TYPES(LEG)
+#undef LEG
+    if (w->qtype == KERN_GGML_IQ4_XS) {
         const kern__iq4xsx8 *qx = w->data;
         grp_iq4xs(qx + g * nb, qx + g2 * nb, nb, xq, xrb, tt, acc, si);
     } else if (w->qtype == KERN_GGML_Q6_K) {
