@@ -166,8 +166,13 @@ void *sched__engine_main(void *arg)
             sched__update_gauges(s);
             break;
         }
-        if (s->running.n || s->waiting.n)
+        if (s->running.n || s->waiting.n) {
             run_step(s);
+            if (s->p.step_observer) {
+                sched__fill_snapshot(s, &s->obs);
+                s->p.step_observer(s->p.step_observer_ud, &s->obs);
+            }
+        }
         sched__update_gauges(s);
     }
     return NULL;

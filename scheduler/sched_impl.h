@@ -154,6 +154,7 @@ struct sched {
     pthread_mutex_t snap_mu;
 
     /* engine thread only */
+    sched_kv_snapshot obs; /* p.step_observer's picture, buffers allocated at create */
     seq_list waiting;
     seq_list running;
     uint64_t admit_counter;

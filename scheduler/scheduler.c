@@ -161,6 +161,18 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
         sched_destroy(s);
         return KVS_ENOMEM;
     }
+    if (p.step_observer) {
+        s->obs.n_blocks = s->n_blocks;
+        s->obs.block_size = p.block_size;
+        s->obs.state = malloc(s->n_blocks);
+        s->obs.refs = malloc(s->n_blocks * sizeof *s->obs.refs);
+        s->obs.owner = malloc(s->n_blocks * sizeof *s->obs.owner);
+        s->obs.seqs = malloc(S * sizeof *s->obs.seqs);
+        if (!s->obs.state || !s->obs.refs || !s->obs.owner || !s->obs.seqs) {
+            sched_destroy(s);
+            return KVS_ENOMEM;
+        }
+    }
     sched__update_gauges(s);
     if (pthread_create(&s->thread, NULL, sched__engine_main, s) != 0) {
         sched_destroy(s);
@@ -208,6 +220,7 @@ void sched_destroy(sched *s)
     free(s->b_seqs);
     free(s->copies);
     free(s->copy_group);
+    sched_kv_snapshot_free(&s->obs);
     pthread_mutex_destroy(&s->inbox_mu);
     pthread_cond_destroy(&s->inbox_cv);
     pthread_mutex_destroy(&s->snap_mu);

@@ -27,6 +27,8 @@
 typedef struct sched sched;
 typedef struct sched_req sched_req;
 
+struct sched_kv_snapshot; /* below */
+
 typedef struct sched_params {
     uint32_t max_num_seqs;       /* running sequences at most (default 64) */
     uint32_t max_queue;          /* waiting requests at most; beyond: KVS_ENOSPC -> 429 (256) */
@@ -43,6 +45,12 @@ typedef struct sched_params {
     uint32_t n_ctx;              /* context length; 0 = the model's */
     uint64_t fail_step;          /* tests only: if > 0, step number fail_step fails as if the
                                     forward pass had (KVS_EIO), to exercise error paths */
+    /* tests only: if set, called on the engine thread after every step with a picture of the
+     * pool as that step left it (what sched_kv_snapshot_take gives, valid during the call), so a
+     * test sees every step however the threads are scheduled. The callback must not call back
+     * into the scheduler. */
+    void (*step_observer)(void *ud, const struct sched_kv_snapshot *snap);
+    void *step_observer_ud;
 } sched_params;
 
 sched_params sched_default_params(void);
