@@ -522,18 +522,6 @@ INLINE __m512i quads2(const int8_t *p)
         idx, _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(const void *)p)));
 }
 
-/* bsp[b][jp]: the int16 pair (32-sum of sub-block 2 jp, of 2 jp + 1) of activation block b, a
- * sub-block's 32 values' sum the sum of its two 16-sums bs (|sum| <= 32 * 128 fits) */
-static void bs_pairs(const kern__qx256 *x, size_t nb, int32_t (*bsp)[4])
-{
-    for (size_t b = 0; b < nb; b++)
-        for (int jp = 0; jp < 4; jp++) {
-            const int16_t *bs = x[b].bs + 4 * jp;
-            uint16_t lo = (uint16_t)(bs[0] + bs[1]), hi = (uint16_t)(bs[2] + bs[3]);
-            bsp[b][jp] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
-        }
-}
-
 /* One activation row of Q4_K or Q5_K (a decode step), one group at a time as it lies: the 64
  * bytes qs[c][2 kp], qs[c][2 kp + 1] are one zmm, quad 2 kp of the 8 rows in lanes 0..7 and quad
  * 2 kp + 1 in lanes 8..15; their low nibbles meet sub-block 2 c's activations, the high ones
@@ -541,10 +529,8 @@ static void bs_pairs(const kern__qx256 *x, size_t nb, int32_t (*bsp)[4])
  * qh[0][2 kp + 1] lie the same way, a zmm each loaded once a block: bit j of each byte, moved to
  * bit 4, is sub-block j's fifth bit (one vpternlogd puts it above the nibble). The halves' int32
  * sums are added at the block's end (integers: exact in any order), which leaves each row's S of
- * the ymm kernel, folded as there: the same bits, one stream, half the instructions. The mins'
- * sum takes two sub-blocks a vpdpwssd, against the activations' 32-sums paired by bs_pairs. */
-INLINE void one_q45k(const uint8_t *g, size_t nb, int q5, const kern__qx256 *x, int32_t (*bsp)[4],
-                     __m256 *acc)
+ * the ymm kernel, folded as there: the same bits, one stream, half the instructions. */
+INLINE void one_q45k(const uint8_t *g, size_t nb, int q5, const kern__qx256 *x, __m256 *acc)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
     size_t bb = q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8);
@@ -578,13 +564,13 @@ INLINE void one_q45k(const uint8_t *g, size_t nb, int q5, const kern__qx256 *x, 
                                                        _mm512_mullo_epi32(shi, pair(s1, s1))));
         }
         __m256i S = _mm256_add_epi32(_mm512_castsi512_si256(si), _mm512_extracti64x4_epi64(si, 1));
-        /* the mins through the activations' sums: lane r's int16 pairs (mn[2 jp][r],
-         * mn[2 jp + 1][r]) times bsp[b][jp], sub-blocks 2 jp and 2 jp + 1's 32-sums */
-        __m256i B = _mm256_setzero_si256();
-        for (int jp = 0; jp < 4; jp++) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q->mn[2 * jp]);
-            __m256i mp = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v, _mm_srli_si128(v, 8)));
-            B = _mm256_dpwssd_epi32(B, mp, _mm256_set1_epi32(bsp[b][jp]));
+        __m256i B = _mm256_setzero_si256(); /* the mins through the sums of 16 activations */
+        for (int j = 0; j < 8; j++) {
+            __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q->mn[j]));
+            int32_t bs;
+            memcpy(&bs, &x[b].bs[2 * j], 4);
+            B = _mm256_add_epi32(B, _mm256_madd_epi16(_mm256_or_si256(m, _mm256_slli_epi32(m, 16)),
+                                                      _mm256_set1_epi32(bs)));
         }
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
         __m256 dm =
@@ -706,17 +692,14 @@ void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t 
         (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K || w->qtype == KERN_GGML_Q6_K)) {
         int q5 = w->qtype == KERN_GGML_Q5_K, q6 = w->qtype == KERN_GGML_Q6_K;
         size_t gb = nb * (q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8));
-        int32_t bsp[KERN_X8_MAX_IN / 256][4];
-        if (!q6)
-            bs_pairs(xq, nb, bsp);
         for (size_t g = n0 / 8; 8 * g < n1; g++) {
             __m256 a = _mm256_setzero_ps();
             if (q6)
                 one_q6k((const kern__q6kx8 *)w->data + g * nb, nb, xq, &a);
             else if (q5)
-                one_q45k((const uint8_t *)w->data + g * gb, nb, 1, xq, bsp, &a);
+                one_q45k((const uint8_t *)w->data + g * gb, nb, 1, xq, &a);
             else
-                one_q45k((const uint8_t *)w->data + g * gb, nb, 0, xq, bsp, &a);
+                one_q45k((const uint8_t *)w->data + g * gb, nb, 0, xq, &a);
             size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
             float l[8];
             _mm256_storeu_ps(l, a);
