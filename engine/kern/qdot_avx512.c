@@ -59,9 +59,8 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     }
     if (w->type == KERN_QUANT_X8) {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
-        /* one group's stream, zmm (one_q45k, one_q6k) */
-        if (vnni && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K ||
-                     w->qtype == KERN_GGML_Q6_K)) {
+        /* one group's stream, zmm (one_q45k) */
+        if (vnni && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K)) {
             kern__qmatmul_x8_avx512_vnni(w, xq, T, out, ldo, n0, n1);
             return;
         }

@@ -12,10 +12,8 @@
  * slower there), except Q4_K and Q5_K with VNNI: one_q45k below reads one group as one stream,
  * a whole 64-byte run a zmm (Q4_K, Zen 5 core: 74 -> 103 Gweights/s in the caches, the same 57
  * streaming; TinyLlama Q4_K_M decode 2 threads +5-10 %. Q5_K, Zen 4 core: 36.5 -> 54.3 in the
- * caches, 25.2 -> 42.2 streaming; Q5_K_M decode +16 %) and Q6_K with VNNI: one_q6k (Zen 4 core
- * 33 -> 43 in the caches, streaming the same, one core being bound by its reads; TinyLlama Q6_K
- * decode 2 threads +6 %, Q4_K_M +3 %, at a 37 GB/s hour. An earlier form, its bias through the
- * sums after the block as the ymm kernel has it, gained 4 % on Zen 5). From
+ * caches, 25.2 -> 42.2 streaming; Q5_K_M decode +16 %. The same for Q6_K gained 4 % on Zen 5,
+ * so it has none). From
  * two rows on, on one Zen 5 core (5632 x 2048, kvs-bench-qmatmul ... avx512 q8), the ymm kernels
  * ran at about 140 Gweights/s, the transposing 16-row tiles over the file's rows 150-250, these
  * 200-280 (docs/ARCHITECTURE.md, "The integer path"). The 32-value types and IQ4_XS joined the
@@ -582,69 +580,6 @@ INLINE void one_q45k(const uint8_t *g, size_t nb, int q5, const kern__qx256 *x, 
     }
 }
 
-/* One activation row of Q6_K, one group as it lies, as one_q45k: the 64 bytes ql[j][2 kp],
- * ql[j][2 kp + 1] and qh[h][2 kp], qh[h][2 kp + 1] are one zmm each, loaded once a block; value
- * 128 h + 32 s + l is ql[2 h + s % 2]'s low (s < 2) or high nibble with bits 2 s, 2 s + 1 of
- * qh[h] above it, so each load gives two of the four s. kp < 2 are sub-block 8 h + 2 s's values,
- * kp >= 2 the next one's. The bias of 32 is each sub-block's -32 bs (its 16 activations' sum),
- * half of it the start of either half's vpdpbusd sum; vpmulld scales them and the halves are
- * added at the block's end: grp_q6kx8's S exactly (integers), folded as there, the same bits. */
-INLINE void one_q6k(const kern__q6kx8 *g, size_t nb, const kern__qx256 *x, __m256 *acc)
-{
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    for (size_t b = 0; b < nb; b++) {
-        const kern__q6kx8 *q = g + b;
-        kern_prefetch_l2((const uint8_t *)q + KERN_PF_AHEAD, sizeof *q);
-        __m512i si = _mm512_setzero_si512();
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            __m512i sa[4], sb[4]; /* sub-blocks 8 h + 2 s and 8 h + 2 s + 1 */
-            for (int s = 0; s < 4; s++) {
-                sa[s] = _mm512_set1_epi32(-16 * x[b].bs[8 * h + 2 * s]);
-                sb[s] = _mm512_set1_epi32(-16 * x[b].bs[8 * h + 2 * s + 1]);
-            }
-#pragma GCC unroll 4
-            for (int kp = 0; kp < 4; kp++) {
-                __m512i hb = _mm512_loadu_si512((const void *)q->qh[h][2 * kp]);
-                __m512i l0 = _mm512_loadu_si512((const void *)q->ql[2 * h][2 * kp]);
-                __m512i l1 = _mm512_loadu_si512((const void *)q->ql[2 * h + 1][2 * kp]);
-#pragma GCC unroll 4
-                for (int s = 0; s < 4; s++) {
-                    __m512i l = s % 2 ? l1 : l0;
-                    if (s >= 2)
-                        l = _mm512_srli_epi16(l, 4);
-                    /* bits 2 s, 2 s + 1 of each byte to bits 4, 5 (what crosses bytes is masked) */
-                    __m512i hs = s == 0   ? _mm512_slli_epi16(hb, 4)
-                                 : s == 1 ? _mm512_slli_epi16(hb, 2)
-                                 : s == 3 ? _mm512_srli_epi16(hb, 2)
-                                          : hb;
-                    /* (l & m4) | (hs & m30): 0xea = a & b | c */
-                    __m512i w = _mm512_ternarylogic_epi32(l, m4, _mm512_and_si512(hs, m30), 0xea);
-                    __m512i xv = quads2(x[b].q + 128 * h + 32 * s + 8 * kp);
-                    if (kp < 2)
-                        sa[s] = _mm512_dpbusd_epi32(sa[s], w, xv);
-                    else
-                        sb[s] = _mm512_dpbusd_epi32(sb[s], w, xv);
-                }
-            }
-            for (int s = 0; s < 4; s++) {
-                const int8_t *s0p = q->sc[8 * h + 2 * s], *s1p = q->sc[8 * h + 2 * s + 1];
-                __m256i s0 =
-                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)s0p));
-                __m256i s1 =
-                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)s1p));
-                si =
-                    _mm512_add_epi32(si, _mm512_add_epi32(_mm512_mullo_epi32(sa[s], pair(s0, s0)),
-                                                          _mm512_mullo_epi32(sb[s], pair(s1, s1))));
-            }
-        }
-        __m256i S = _mm256_add_epi32(_mm512_castsi512_si256(si), _mm512_extracti64x4_epi64(si, 1));
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
-        *acc = _mm256_add_ps(
-            *acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(S)));
-    }
-}
-
 #endif
 
 /* Groups g and g + 1 of w (the last group twice where their count is odd) times xq[0 .. tt). */
@@ -688,15 +623,12 @@ void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t 
     __m512i si[TT];
 #ifdef KERN_QDOT_VNNI
     /* kern__qmatmul_avx512 sends no other one-row product; q5 a constant in each call */
-    if (T == 1 &&
-        (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K || w->qtype == KERN_GGML_Q6_K)) {
-        int q5 = w->qtype == KERN_GGML_Q5_K, q6 = w->qtype == KERN_GGML_Q6_K;
+    if (T == 1 && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K)) {
+        int q5 = w->qtype == KERN_GGML_Q5_K;
         size_t gb = nb * (q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8));
         for (size_t g = n0 / 8; 8 * g < n1; g++) {
             __m256 a = _mm256_setzero_ps();
-            if (q6)
-                one_q6k((const kern__q6kx8 *)w->data + g * nb, nb, xq, &a);
-            else if (q5)
+            if (q5)
                 one_q45k((const uint8_t *)w->data + g * gb, nb, 1, xq, &a);
             else
                 one_q45k((const uint8_t *)w->data + g * gb, nb, 0, xq, &a);
