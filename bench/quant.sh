@@ -4,15 +4,16 @@
 # vocabulary), ../shared/peer's llama-quantize makes each file type of TYPES from it, and both
 # servers serve the same file with the same threads to the same closed-loop client
 # (bench/serve_bench.py, non-streaming completions, token-id prompts, ignore_eos), at 1 and 16
-# clients. Also: the machine's read bandwidth (kvs-bench-machine, same run) and the batch-1 bound
+# clients; in each round both servers are up at once and each load level is measured on both
+# back to back, in alternating order. Also: the machine's read bandwidth (kvs-bench-machine, same run) and the batch-1 bound
 # it gives (bandwidth / file bytes per token), and kvserve's resident size after the run against
 # the file's size. Writes the "quant.sh" section of docs/BENCHMARKS.md.
 # Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), TYPES ("Q4_K_M Q4_0
 # Q5_K_M Q6_K Q8_0"), OUT (64), PROMPT (32), N1 (3 requests at 1 client), N16 (16 requests at 16
 # clients), F32_TYPES (the types also served with --activations f32, default all of TYPES; the
-# others show "-" in the f32 columns), REPEATS (1: rounds per type, kvserve then llama-server in
-# each, so both see the same minutes of a shared machine; the table gives each figure's median
-# and every round's ratios follow it; the f32 columns are measured in the first round only),
+# others show "-" in the f32 columns), REPEATS (1: rounds per type, both servers in each, so both
+# see the same minutes of a shared machine; the table gives each figure's median and every
+# round's ratios follow it; the f32 columns are measured in the first round only),
 # PEER (../shared/peer/llama.cpp/bin).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,6 +46,36 @@ serve() {
     echo "$one $sixteen $rss"
 }
 
+# round MODEL KPORT LPORT R -> "k1 k16 krss l1 l16": kvserve (--activations q8) and llama-server
+# up at once on MODEL, then each load level measured on both back to back, kvserve first in odd
+# rounds and llama-server first in even ones: the two figures of a ratio are seconds apart, not
+# a server's whole run apart (this machine's read bandwidth moves by 2x within minutes)
+round() {
+    local model=$1 kport=$2 lport=$3 r=$4 kpid lpid k1 k16 l1 l16 rss
+    start_server kvserve "$model" "$kport" "$TMP/kvserve-$kport.log" --kv-cache-mb "$KV_MB" \
+        --activations q8
+    kpid=$SERVER_PID
+    start_server llama "$model" "$lport" "$TMP/llama-$lport.log"
+    lpid=$SERVER_PID
+    bench "$kport" 1 1 "$PROMPT" "$OUT" >/dev/null # warm-ups
+    bench "$lport" 1 1 "$PROMPT" "$OUT" >/dev/null
+    if [ $((r % 2)) = 1 ]; then
+        k1=$(bench "$kport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        l1=$(bench "$lport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        k16=$(bench "$kport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        l16=$(bench "$lport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    else
+        l1=$(bench "$lport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        k1=$(bench "$kport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        l16=$(bench "$lport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        k16=$(bench "$kport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    fi
+    rss=$(awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$kpid/status")
+    kill "$kpid" "$lpid"
+    wait "$kpid" "$lpid" 2>/dev/null || true
+    echo "$k1 $k16 $rss $l1 $l16"
+}
+
 bw=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
 base="$TMP/$SHAPE-f16.gguf"
 "$MKMODEL" --shape "$SHAPE" --type f16 --vocab "$VOCAB" -o "$base" >&2
@@ -62,8 +93,9 @@ write_section() { # DONE-TYPES-COUNT
     echo "(random weights) in F16, quantized by llama-quantize to each type; closed-loop clients of"
     echo "bench/serve_bench.py, non-streaming completions, $PROMPT-token prompts, $OUT output tokens"
     if [ "$REPEATS" -gt 1 ]; then
-        echo "(ignore_eos). Medians of $REPEATS rounds (kvserve then llama-server in each; every round's ratios below"
-        echo "the table); load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
+        echo "(ignore_eos). Medians of $REPEATS rounds (both servers up at once in each, every load level measured on"
+        echo "both back to back, kvserve first in odd rounds, llama-server first in even ones; every round's ratios"
+        echo "below the table); load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
     else
         echo "(ignore_eos). One run of each; load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
     fi
@@ -106,17 +138,14 @@ for t in $TYPES; do
     e1=- e16=-
     K1=() K16=() L1=() L16=()
     for r in $(seq "$REPEATS"); do
-        echo "quant.sh: $t kvserve (round $r of $REPEATS)" >&2
-        read -r k1 k16 krss <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations q8)"
-        PORT=$((PORT + 1))
+        echo "quant.sh: $t kvserve and llama-server (round $r of $REPEATS)" >&2
+        read -r k1 k16 krss l1 l16 <<<"$(round "$f" "$PORT" $((PORT + 1)) "$r")"
+        PORT=$((PORT + 2))
         if [ "$r" = 1 ] && [[ " $F32_TYPES " == *" $t "* ]]; then
             echo "quant.sh: $t kvserve --activations f32" >&2
             read -r e1 e16 _ <<<"$(serve kvserve "$f" "$PORT" --kv-cache-mb "$KV_MB" --activations f32)"
             PORT=$((PORT + 1))
         fi
-        echo "quant.sh: $t llama-server (round $r of $REPEATS)" >&2
-        read -r l1 l16 lrss <<<"$(serve llama "$f" "$PORT")"
-        PORT=$((PORT + 1))
         K1+=("$k1") K16+=("$k16") L1+=("$l1") L16+=("$l16")
         rounds+=("| $t | $r | $(ratio "$k1" "$l1")x | $(ratio "$k16" "$l16")x |")
         bws+=" $("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)"
