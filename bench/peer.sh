@@ -5,14 +5,15 @@
 # same run (kvs-bench-machine: memory read bandwidth, FMA peak per ISA) and kvserve's engine
 # alone at 64 rows (kvs-bench-engine). Models: kvs-mkmodel's 110m shape and TinyLlama-1.1B's
 # shape, F16 (random weights, llama-spm vocabulary). Writes the "peer.sh" section of
-# docs/BENCHMARKS.md.
+# docs/BENCHMARKS.md. In each round both servers are up at once and each load level is measured
+# on both back to back, in alternating order.
 #   decode: 1 client and 16 clients, PROMPT-token prompts, OUT generated tokens each
 #   prefill: 512-token prompts, 1 generated token, 1 client (prompt tokens per second)
 # Environment: BUILD (build), THREADS (nproc), SHAPES ("110m tinyllama-1.1b"), OUT (64),
 # PROMPT (32), N1 (4 requests at 1 client), N16 (32 requests at 16 clients), NPP (4),
-# REPEATS (1: rounds per shape, kvserve then llama-server in each, so that both see the same
-# minutes of a shared machine; the table gives each figure's median over the rounds and every
-# round's ratios below it), PEER (../shared/peer/llama.cpp/bin).
+# REPEATS (1: rounds per shape, both servers in each, so that both see the same minutes of a
+# shared machine; the table gives each figure's median over the rounds and every round's ratios
+# below it), PEER (../shared/peer/llama.cpp/bin).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -28,16 +29,37 @@ REPEATS=${REPEATS:-1}
 peer_setup "$KVSERVE" "$MKMODEL" "$MACHINE" "$ENGINE" --peer llama-server --vocab
 PORT=18610
 
-# serve kvserve|llama MODEL PORT -> "tok/s@1 tok/s@16 prefill-tok/s"
-serve() {
-    start_server "$1" "$2" "$3" "$TMP/$1-$3.log"
-    bench "$3" 1 1 8 4 >/dev/null # warm-up
-    local one sixteen pp
-    one=$(bench "$3" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    sixteen=$(bench "$3" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    pp=$(bench "$3" 1 "$NPP" 512 1 | cut -d' ' -f2)
-    stop_server
-    echo "$one $sixteen $pp"
+# round MODEL KPORT LPORT R -> "k1 k16 kpp l1 l16 lpp" (tok/s at 1 and 16 clients, prefill
+# prompt tok/s): kvserve and llama-server up at once on MODEL, then each load level measured on
+# both back to back, kvserve first in odd rounds and llama-server first in even ones: the two
+# figures of a ratio are seconds apart, not a server's whole run apart (this machine's read
+# bandwidth moves by 2x within minutes), and neither server always goes first
+round() {
+    local model=$1 kport=$2 lport=$3 r=$4 kpid lpid k1 k16 kpp l1 l16 lpp
+    start_server kvserve "$model" "$kport" "$TMP/kvserve-$kport.log"
+    kpid=$SERVER_PID
+    start_server llama "$model" "$lport" "$TMP/llama-$lport.log"
+    lpid=$SERVER_PID
+    bench "$kport" 1 1 8 4 >/dev/null # warm-ups
+    bench "$lport" 1 1 8 4 >/dev/null
+    if [ $((r % 2)) = 1 ]; then
+        k1=$(bench "$kport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        l1=$(bench "$lport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        k16=$(bench "$kport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        l16=$(bench "$lport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        kpp=$(bench "$kport" 1 "$NPP" 512 1 | cut -d' ' -f2)
+        lpp=$(bench "$lport" 1 "$NPP" 512 1 | cut -d' ' -f2)
+    else
+        l1=$(bench "$lport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        k1=$(bench "$kport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        l16=$(bench "$lport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        k16=$(bench "$kport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+        lpp=$(bench "$lport" 1 "$NPP" 512 1 | cut -d' ' -f2)
+        kpp=$(bench "$kport" 1 "$NPP" 512 1 | cut -d' ' -f2)
+    fi
+    kill "$kpid" "$lpid"
+    wait "$kpid" "$lpid" 2>/dev/null || true
+    echo "$k1 $k16 $kpp $l1 $l16 $lpp"
 }
 
 bws=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
@@ -54,13 +76,10 @@ for shape in $SHAPES; do
     bytes=$(stat -c %s "$f")
     K1=() K16=() KPP=() L1=() L16=() LPP=()
     for r in $(seq "$REPEATS"); do
-        echo "peer.sh: $shape kvserve (round $r of $REPEATS)" >&2
-        # a port each (incremented here: $((PORT++)) inside $(...) would not reach this shell)
-        read -r k1 k16 kpp <<<"$(serve kvserve "$f" "$PORT")"
-        PORT=$((PORT + 1))
-        echo "peer.sh: $shape llama-server (round $r of $REPEATS)" >&2
-        read -r l1 l16 lpp <<<"$(serve llama "$f" "$PORT")"
-        PORT=$((PORT + 1))
+        echo "peer.sh: $shape kvserve and llama-server (round $r of $REPEATS)" >&2
+        # two ports (incremented here: $((PORT++)) inside $(...) would not reach this shell)
+        read -r k1 k16 kpp l1 l16 lpp <<<"$(round "$f" "$PORT" $((PORT + 1)) "$r")"
+        PORT=$((PORT + 2))
         K1+=("$k1") K16+=("$k16") KPP+=("$kpp") L1+=("$l1") L16+=("$l16") LPP+=("$lpp")
         rounds+=("| $shape F16 | $r | $(ratio "$k1" "$l1")x | $(ratio "$k16" "$l16")x | $(ratio "$kpp" "$lpp")x |")
         bws+=" $("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)"
@@ -129,7 +148,8 @@ SECTION="$TMP/section.md"
     echo "run time). Closed-loop clients of bench/serve_bench.py, non-streaming completions,"
     echo "$PROMPT-token prompts, $OUT output tokens (ignore_eos); prefill: 512-token prompts, 1 output token."
     if [ "$REPEATS" -gt 1 ]; then
-        echo "Medians of $REPEATS rounds (kvserve then llama-server in each; every round's ratios below);"
+        echo "Medians of $REPEATS rounds (both servers up at once in each, every load level measured on both back"
+        echo "to back, kvserve first in odd rounds, llama-server first in even ones; every round's ratios below);"
     else
         echo "One run of each;"
     fi
