@@ -7,7 +7,8 @@
  * one client decoding); MATS matrices of random valid blocks multiplied in turn (8 of 5632 x 2048
  * exceed a 32 MiB L3, so the panels stream from memory; 1 small matrix stays in the caches: the
  * kernel's own speed); the best and the mean of REPS passes (the first one not counted); ISA
- * avx2 (default where the CPU has it), avx512 or generic; ACT f32 (default: the exact panels) or
+ * avx2 (default where the CPU has it), avx512 or generic; ACT f32 (default: the exact panels;
+ * for F16 / F32 x laid out by the table's pack_x inside the timed pass, where the engine would) or
  * q8 (the integer path: the weights laid out as the engine does, the file's rows or, for Q4_K
  * with a table's own kernels, kern/qdot_pack.c's interleaved groups; x quantized per row inside
  * the timed pass, as the engine does once per product; Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K) or
@@ -132,7 +133,8 @@ int main(int argc, char **argv)
     }
     float *x = malloc(rows * n_in * sizeof(float)), *out = malloc(rows * n_out * sizeof(float));
     void *xq = malloc(rows * (n_in / 32 + 1) * 40);
-    if (!x || !out || !xq)
+    float *xp = k->pack_x ? malloc(rows * n_in * sizeof(float)) : NULL;
+    if (!x || !out || !xq || (k->pack_x && !xp))
         return 1;
     for (size_t i = 0; i < rows * n_in; i++)
         x[i] = (float)(i % 7) * 0.1f - 0.3f;
@@ -140,8 +142,13 @@ int main(int argc, char **argv)
     for (int r = 0; r < reps; r++) {
         double c0 = now_s(CLOCK_THREAD_CPUTIME_ID), w0 = now_s(CLOCK_MONOTONIC);
         for (int i = 0; i < mats; i++) {
-            if (!q8) {
-                k->matmul(&pm[i], x, rows, n_in, out, n_out, 0, n_out, NULL);
+            if (!q8) { /* x packed where the engine packs it, here once per product (the
+                          engine: once per step's input, for Q, K and V together) */
+                bool px = xp && rows >= k->pack_min_rows &&
+                          (pm[i].type == KERN_F16_PANEL || pm[i].type == KERN_F32_PANEL);
+                if (px)
+                    k->pack_x(x, rows, n_in, n_in, 0, n_in, xp);
+                k->matmul(&pm[i], x, rows, n_in, px ? xp : NULL, out, n_out, 0, n_out, NULL);
                 continue;
             }
             kern_qx_quantize(fmt, x, rows, n_in, n_in, xq);
@@ -171,6 +178,7 @@ int main(int argc, char **argv)
         free(pd[i]);
     free(x);
     free(xq);
+    free(xp);
     free(out);
     return 0;
 }

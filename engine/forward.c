@@ -49,12 +49,14 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->rope_inv_freq = malloc(m->n_rope * (hp->n_rot / 2) * sizeof(float));
     c->rope_cs = malloc(m->n_rope * T * hp->n_rot * sizeof(float));
     c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
+    if (c->kern->pack_x)
+        c->xp = malloc(T * max_in * sizeof(float));
     if (m->n_qdot) /* bytes per input of either format < 40 / 32 (kern_qx_row_bytes) */
         for (int f = 0; f < 2; f++)
             c->xq[f] = malloc(T * (max_in / 32 + 1) * 40);
     if (!c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate || !c->up || !c->slot ||
         !c->wslot || !c->rope_inv_freq || !c->rope_cs || !c->tile || !c->scores || !c->attn_part ||
-        !c->attn_state || !c->attn_first || !c->attn_tasks ||
+        !c->attn_state || !c->attn_first || !c->attn_tasks || (c->kern->pack_x && !c->xp) ||
         (m->n_qdot && (!c->xq[0] || !c->xq[1])) || tpool_create(c->n_threads, &c->pool)) {
         engine_ctx_destroy(c);
         return KVS_ENOMEM;
@@ -91,6 +93,7 @@ void engine_ctx_destroy(engine_ctx *c)
     free(c->tile);
     free(c->xq[0]);
     free(c->xq[1]);
+    free(c->xp);
     free(c->slot);
     free(c->wslot);
     free(c->rope_inv_freq);
@@ -119,6 +122,7 @@ static void gelu_mul(float *g, const float *u, size_t n)
 typedef struct matmul_job {
     engine_ctx *c;
     const float *in;
+    const float *xp; /* NULL, or in as kern->pack_x laid it out */
     size_t rows;
     uint32_t n_mats;
     const kern_mat *w[MM_MAX];
@@ -137,7 +141,7 @@ static void matmul_chunk(const matmul_job *j, uint32_t m, size_t n0, float *tile
     size_t cnt = N - n0 < j->chunk[m] ? N - n0 : j->chunk[m];
     kern_qx fmt = kern_qdot_act(w);
     if (fmt == KERN_QX_NONE) {
-        j->c->kern->matmul(w, j->in, j->rows, K, j->out[m], N, n0, n0 + cnt, tile);
+        j->c->kern->matmul(w, j->in, j->rows, K, j->xp, j->out[m], N, n0, n0 + cnt, tile);
         return;
     }
     const void *xq = j->c->xq[fmt == KERN_QX_256];
@@ -216,6 +220,22 @@ static void quantize_worker(void *arg, uint32_t ith, uint32_t nth)
             j->dst + r0 * kern_qx_row_bytes(j->fmt, j->n_in));
 }
 
+typedef struct pack_job {
+    const kern_ops *kern;
+    const float *in;
+    size_t rows, n_in;
+    float *dst;
+} pack_job;
+
+/* Each thread lays out a range of the inputs of every row (kern_ops.pack_x). */
+static void pack_worker(void *arg, uint32_t ith, uint32_t nth)
+{
+    const pack_job *j = arg;
+    size_t k0 = j->n_in * ith / nth, k1 = j->n_in * (ith + 1) / nth;
+    if (k1 > k0)
+        j->kern->pack_x(j->in, j->rows, j->n_in, j->n_in, k0, k1, j->dst);
+}
+
 /* A batch's rows are quantized on the pool: on one thread, 16 rows took ~6 % of a
  * TinyLlama-shape Q4_K_M step while the other core waited (perf, docs/BENCHMARKS.md). One row
  * (a decode step) stays on this thread: the hand-off would cost more than the pass; the job
@@ -248,8 +268,17 @@ void engine__matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
         macs += (uint64_t)rows * wm->n_out * wm->n_in;
     }
     /* Matrices on the integer path share the input: each row quantized once per format (a
-     * pass over the input, against n_out passes in the products). */
+     * pass over the input, against n_out passes in the products); F16 / F32 panels likewise
+     * read one copy laid out for the table's row tiles, where it has a layout of its own. */
     bool done[2] = {false, false};
+    for (uint32_t m = 0; m < n && c->kern->pack_x && rows >= c->kern->pack_min_rows && !j.xp; m++)
+        if (w[m]->type == KERN_F16_PANEL || w[m]->type == KERN_F32_PANEL) {
+            /* a value counted as 2 multiply-adds (a load and a store): 64 rows of 768 stay on
+             * this thread, a 512-token prompt's go to the pool */
+            pack_job pj = {c->kern, in, rows, w[m]->n_in, c->xp};
+            engine__run_job(c, pack_worker, &pj, (uint64_t)rows * w[m]->n_in * 2);
+            j.xp = c->xp;
+        }
     for (uint32_t m = 0; m < n; m++) {
         kern_qx fmt = kern_qdot_act(w[m]);
         if (fmt != KERN_QX_NONE && !done[fmt == KERN_QX_256]) {

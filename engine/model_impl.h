@@ -122,6 +122,8 @@ struct engine_ctx {
     float *tile;           /* (n_threads, tile_floats) a Q8_0 panel widened for several row tiles */
     size_t tile_floats;    /* KERN_PANEL * max(n_embd, n_ff) */
     void *xq[2];           /* the step's rows quantized for the integer path: KERN_QX_32, _256 */
+    float *xp;             /* (max_tokens, max_in) the step's rows as kern->pack_x lays them out,
+                              when it has one */
     int32_t *slot;         /* (max_tokens) arena slot of each row (global layers) */
     int32_t *wslot;        /* (max_tokens) the same in a split arena's windowed group */
     float *rope_inv_freq;  /* (n_rope, n_rot / 2) each RoPE set's scale * base^(-2j/n_rot) */

@@ -120,38 +120,57 @@ static void expect_near_naive(const float *out, const float *x, const float *wid
         }
 }
 
-/* Every table against the reference on one panel matrix, batch sizes 1..70. */
+/* Every table against the reference on one panel matrix, batch sizes 1..69 and 200 (two passes
+ * of the panel loop, kern/panel_loop.h's PANEL_TC). */
 static void check_panels(const kern_mat *m, const float *wide)
 {
-    size_t n_out = m->n_out, n_in = m->n_in, T_max = 70;
+    size_t n_out = m->n_out, n_in = m->n_in, T_max = 200;
     float *x = malloc(T_max * n_in * sizeof(float));
     for (size_t i = 0; i < T_max * n_in; i++)
         x[i] = frand();
     float *want = malloc(T_max * n_out * sizeof(float)), *got = malloc(T_max * n_out * 4);
     float *scratch = malloc(KERN_PANEL * n_in * sizeof(float));
-    for (size_t T = 1; T <= T_max; T += T < 20 ? 1 : 7) {
-        kern_ref_ops.matmul(m, x, T, n_in, want, n_out, 0, n_out, NULL);
+    float *xp = malloc(T_max * n_in * sizeof(float));
+    for (size_t T = 1; T <= T_max; T += T < 20 ? 1 : T < 69 ? 7 : 131) {
+        kern_ref_ops.matmul(m, x, T, n_in, NULL, want, n_out, 0, n_out, NULL);
         expect_near_naive(want, x, wide, T, n_out, n_in);
         for (int i = 0; i < g_n_isas; i++) {
             const kern_ops *k = g_isas[i];
             /* in two column ranges, the second starting off the panel grid */
             memset(got, 0xff, T * n_out * sizeof(float));
-            k->matmul(m, x, T, n_in, got, n_out, 0, 5, NULL);
-            k->matmul(m, x, T, n_in, got, n_out, 5, n_out, NULL);
+            k->matmul(m, x, T, n_in, NULL, got, n_out, 0, 5, NULL);
+            k->matmul(m, x, T, n_in, NULL, got, n_out, 5, n_out, NULL);
             if (memcmp(want, got, T * n_out * sizeof(float)))
                 fail_msg("%s matmul differs from the reference (T %zu, %zu x %zu, type %d)",
                          k->name, T, n_out, n_in, (int)m->type);
             /* with a scratch (Q8_0 panels widened once for several row tiles): the same bits */
-            k->matmul(m, x, T, n_in, got, n_out, 0, n_out, scratch);
+            k->matmul(m, x, T, n_in, NULL, got, n_out, 0, n_out, scratch);
             assert_memory_equal(want, got, T * n_out * sizeof(float));
+            /* from x packed for the table's row tiles: the same bits, also in column ranges */
+            if (k->pack_x) {
+                memset(xp, 0xff, T * n_in * sizeof(float));
+                k->pack_x(x, T, n_in, n_in, 0, n_in / 3, xp); /* in two ranges, as threads */
+                k->pack_x(x, T, n_in, n_in, n_in / 3, n_in, xp);
+                for (int split = 0; split < 2; split++) { /* the pair tiles need whole panels */
+                    memset(got, 0xff, T * n_out * sizeof(float));
+                    k->matmul(m, x, T, n_in, xp, got, n_out, 0, split ? 5 : n_out, NULL);
+                    if (split)
+                        k->matmul(m, x, T, n_in, xp, got, n_out, 5, n_out, scratch);
+                    if (memcmp(want, got, T * n_out * sizeof(float)))
+                        fail_msg("%s matmul from packed x differs from the reference (T %zu, %zu "
+                                 "x %zu, type %d)",
+                                 k->name, T, n_out, n_in, (int)m->type);
+                }
+            }
             /* batch-invariant: each row alone gives the bits it had in the batch */
             for (size_t t = 0; t<T; t += T> 8 ? 5 : 1) {
-                k->matmul(m, x + t * n_in, 1, n_in, got, n_out, 0, n_out, NULL);
+                k->matmul(m, x + t * n_in, 1, n_in, NULL, got, n_out, 0, n_out, NULL);
                 assert_memory_equal(want + t * n_out, got, n_out * sizeof(float));
             }
         }
     }
     free(scratch);
+    free(xp);
     free(want);
     free(got);
     free(x);

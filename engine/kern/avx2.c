@@ -144,9 +144,10 @@ static size_t avx2_panel(const panel_job *j, const panel_step *s)
 }
 
 /* kern/panel_loop.h's driver over 6-row tiles. */
-void kern__avx2_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
-                       size_t ldo, size_t n0, size_t n1, float *scratch)
+void kern__avx2_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, const float *xp,
+                       float *out, size_t ldo, size_t n0, size_t n1, float *scratch)
 {
+    (void)xp; /* no pack_x in the tables that use it: always NULL */
     if (m->type == KERN_QUANT_PANEL) {
         kern__quant_matmul_avx2(m, x, T, ldx, out, ldo, n0, n1, scratch);
         return;

@@ -108,12 +108,15 @@ static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
 /* An R x 32 tile over two adjacent F16 or F32 panels (wp, wp + pbytes): per k two weight vectors
  * meet each broadcast x, so per FMA the tile issues half the broadcast loads of the R x 16 one,
  * whose 16 x rows are also 16 streams from L2 where the panel is the one from L1. Each output
- * is still one in-order FMA chain over k. PM2 rows: 24 accumulators, 2 weights, spare registers
- * for the row pointers; measured on a Sapphire Rapids core at 64 rows of a 2048 x 2048 F16
- * matrix: 12 x 32 ~101 GFLOP/s, 16 x 16 ~65, 8 x 32 ~100 (the core's FMA peak ~135). */
+ * is still one in-order FMA chain over k. PM2 rows: 24 accumulators, 2 weights; measured on a
+ * Sapphire Rapids core at 64 rows of a 2048 x 2048 F16 matrix: 12 x 32 ~101 GFLOP/s, 16 x 16
+ * ~65, 8 x 32 ~100 (the core's FMA peak ~135). px: x packed (panel_pack_x: value k of the R
+ * rows at x + k * R), one pointer for all rows; else R row pointers, more than the general
+ * registers hold at 12 rows, so the loop spills and reloads three of them per k (through
+ * vmovq on port 0, beside the FMAs). */
 #define PM2 12
 
-INLINE void panel_tile2(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp,
+INLINE void panel_tile2(kern_type pt, bool px, int R, const float *x, size_t ldx, const uint8_t *wp,
                         size_t pbytes, size_t K, float *out, size_t ldo, panel_pf pf)
 {
     __m512 a0[PM2], a1[PM2];
@@ -136,7 +139,7 @@ INLINE void panel_tile2(kern_type pt, int R, const float *x, size_t ldx, const u
         }
 #pragma GCC unroll 12
         for (int r = 0; r < R; r++) {
-            __m512 xb = _mm512_set1_ps(x[(size_t)r * ldx + k]);
+            __m512 xb = _mm512_set1_ps(px ? x[k * (size_t)R + (size_t)r] : x[(size_t)r * ldx + k]);
             a0[r] = _mm512_fmadd_ps(xb, w0, a0[r]);
             a1[r] = _mm512_fmadd_ps(xb, w1, a1[r]);
         }
@@ -148,43 +151,63 @@ INLINE void panel_tile2(kern_type pt, int R, const float *x, size_t ldx, const u
     }
 }
 
-/* panel_tile2 once per (type, R) */
-#define PANEL_TILE2_F16_(t, r) t(KERN_F16_PANEL, r, x, ldx, wp, pbytes, K, out, ldo, pf)
-#define PANEL_TILE2_F32_(t, r) t(KERN_F32_PANEL, r, x, ldx, wp, pbytes, K, out, ldo, pf)
-static void panel_tile2_r(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp,
-                          size_t pbytes, size_t K, float *out, size_t ldo, panel_pf pf)
+/* panel_tile2 once per (type, packed x or not, R) */
+#define PANEL_TILE2_F16_PX_(t, r) t(KERN_F16_PANEL, true, r, x, ldx, wp, pbytes, K, out, ldo, pf)
+#define PANEL_TILE2_F16_(t, r) t(KERN_F16_PANEL, false, r, x, ldx, wp, pbytes, K, out, ldo, pf)
+#define PANEL_TILE2_F32_PX_(t, r) t(KERN_F32_PANEL, true, r, x, ldx, wp, pbytes, K, out, ldo, pf)
+#define PANEL_TILE2_F32_(t, r) t(KERN_F32_PANEL, false, r, x, ldx, wp, pbytes, K, out, ldo, pf)
+static void panel_tile2_r(kern_type pt, bool px, int R, const float *x, size_t ldx,
+                          const uint8_t *wp, size_t pbytes, size_t K, float *out, size_t ldo,
+                          panel_pf pf)
 {
+    if (pt == KERN_F16_PANEL && px)
+        PANEL_SWITCH(R, 12, PANEL_TILE2_F16_PX_, panel_tile2)
     if (pt == KERN_F16_PANEL)
         PANEL_SWITCH(R, 12, PANEL_TILE2_F16_, panel_tile2)
+    if (px)
+        PANEL_SWITCH(R, 12, PANEL_TILE2_F32_PX_, panel_tile2)
     PANEL_SWITCH(R, 12, PANEL_TILE2_F32_, panel_tile2)
 }
 
-/* Two whole F16 / F32 panels at once where the columns allow; otherwise one (a Q8_0 panel
- * read by several tiles is widened once into scratch, which holds one panel). */
+/* Two whole F16 / F32 panels at once where the columns allow, from the packed x where there is
+ * one; otherwise one panel from x's rows (a Q8_0 panel read by several tiles is widened once
+ * into scratch, which holds one panel). */
 static size_t avx512_panel(const panel_job *j, const panel_step *s)
 {
     kern_type pt = j->m->type;
     if (pt != KERN_Q8_0_PANEL && panel_pair_whole(s)) {
-        size_t i = 0;
+        size_t i = 0, K = j->m->n_in;
         for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R, i++)
-            panel_tile2_r(pt, panel_rows(s, t), j->x + t * j->ldx, j->ldx, s->wp, s->pbytes,
-                          j->m->n_in, j->out + t * j->ldo + s->base, j->ldo,
-                          panel_pf_share(s, i, 2 * s->pbytes, j->m->n_in));
+            panel_tile2_r(pt, j->xp != NULL, panel_rows(s, t),
+                          j->xp ? j->xp + t * K : j->x + t * j->ldx, j->ldx, s->wp, s->pbytes, K,
+                          j->out + t * j->ldo + s->base, j->ldo,
+                          panel_pf_share(s, i, 2 * s->pbytes, K));
         return 2;
     }
     return panel_float_step(j, s, panel_tile_r, panel_widen_q8);
 }
 
 /* kern/panel_loop.h's driver. */
-static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, float *out,
-                          size_t ldo, size_t n0, size_t n1, float *scratch)
+static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, const float *xp,
+                          float *out, size_t ldo, size_t n0, size_t n1, float *scratch)
 {
     if (m->type == KERN_QUANT_PANEL) {
         KERN512(kern__quant_matmul_avx512)(m, x, T, ldx, out, ldo, n0, n1, scratch);
         return;
     }
-    panel_job j = {.m = m, .x = x, .ldx = ldx, .out = out, .ldo = ldo, .scratch = scratch};
+    panel_job j = {
+        .m = m, .x = x, .ldx = ldx, .xp = xp, .out = out, .ldo = ldo, .scratch = scratch};
     panel_loop(&j, T, n0, n1, PM2, avx512_panel); /* tiles of at most PM2 rows, for the pairs */
+}
+
+/* x for avx512_matmul's tiles (PM2 rows at most). Up to 16 rows the tiles hold at most 8 rows,
+ * whose pointers fit in the registers: there the pass would cost 2 to 6 % of a product (a load
+ * and a store per value against n_out / 32 cycles of FMAs) for nothing. */
+#define PACK_MIN_ROWS 17
+static void avx512_pack_x(const float *x, size_t T, size_t ldx, size_t K, size_t k0, size_t k1,
+                          float *xp)
+{
+    panel_pack_x(x, T, ldx, K, k0, k1, PM2, xp);
 }
 
 /* ---- vector helpers ---- */
@@ -551,10 +574,17 @@ static void avx512_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx
 /* clang-format on */
 
 #ifdef KERN_AVX512_EMULATED
-const kern_ops kern_avx512_emu_ops = {
-    .name = "avx512-emulated", .matmul = avx512_matmul, AVX512_OPS};
+const kern_ops kern_avx512_emu_ops = {.name = "avx512-emulated",
+                                      .matmul = avx512_matmul,
+                                      .pack_x = avx512_pack_x,
+                                      .pack_min_rows = PACK_MIN_ROWS,
+                                      AVX512_OPS};
 #else
-const kern_ops kern_avx512_ops = {.name = "avx512", .matmul = avx512_matmul, AVX512_OPS};
+const kern_ops kern_avx512_ops = {.name = "avx512",
+                                  .matmul = avx512_matmul,
+                                  .pack_x = avx512_pack_x,
+                                  .pack_min_rows = PACK_MIN_ROWS,
+                                  AVX512_OPS};
 
 /* For CPUs that run AVX-512 as two 256-bit halves (AMD Zen 4; kern_select's "auto"): the panel
  * products on the AVX2 table's 256-bit tiles, which there beat the zmm ones (TinyLlama F16, two

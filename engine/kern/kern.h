@@ -106,10 +106,20 @@ typedef struct kern_ops {
      * start-up log line prints it) */
     const char *note;
     /* out[t * ldo + n] = sum_k x[t * ldx + k] * W[n][k] for t < T and n0 <= n < n1, W of a panel
-     * type. scratch: KERN_PANEL * n_in floats or NULL, in which a Q8_0 panel read by several
-     * row tiles may be widened once (also a quantized one); the bits are the same either way. */
-    void (*matmul)(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out, size_t ldo,
-                   size_t n0, size_t n1, float *scratch);
+     * type. xp: NULL, or x as this table's pack_x laid it out (T * n_in floats), which its F16 /
+     * F32 row tiles then read. scratch: KERN_PANEL * n_in floats or NULL, in which a Q8_0 panel
+     * read by several row tiles may be widened once (also a quantized one). The bits are the
+     * same with or without either. */
+    void (*matmul)(const kern_mat *w, const float *x, size_t T, size_t ldx, const float *xp,
+                   float *out, size_t ldo, size_t n0, size_t n1, float *scratch);
+    /* NULL, or: copies values [k0, k1) of rows t < T of x (ldx apart, K values each) into xp
+     * (T * K floats) in the order matmul's row tiles read them, for matmul's xp; calls for
+     * ranges that cover [0, K) lay out all of it (threads may take a range each). A caller packs
+     * a step's input once and every product of it (Q, K and V; gate and up) reads the copy. */
+    void (*pack_x)(const float *x, size_t T, size_t ldx, size_t K, size_t k0, size_t k1, float *xp);
+    /* The fewest rows of x for which pack_x pays for its pass (below, the row tiles are short
+     * enough to read x's rows as fast) */
+    size_t pack_min_rows;
     float (*dot)(const float *a, const float *b, size_t n);
     /* b in F16 (the KV cache's F16 type) */
     float (*dot_f16)(const float *a, const uint16_t *b, size_t n);
@@ -217,8 +227,8 @@ extern const kern_ops kern_avx512_ops;
  * picks where kern_cpu_avx512_halves(). */
 extern const kern_ops kern_avx512_halves_ops;
 /* The AVX2 table's matmul (kern/avx2.c), for kern_avx512_halves_ops. */
-void kern__avx2_matmul(const kern_mat *w, const float *x, size_t T, size_t ldx, float *out,
-                       size_t ldo, size_t n0, size_t n1, float *scratch);
+void kern__avx2_matmul(const kern_mat *w, const float *x, size_t T, size_t ldx, const float *xp,
+                       float *out, size_t ldo, size_t n0, size_t n1, float *scratch);
 #endif
 #ifdef KERN_HAVE_AVX512_EMU
 /* The same sources over simde on AVX2 + FMA ("avx512-emulated"): linked into tests only, so the

@@ -26,6 +26,7 @@ typedef struct panel_job {
     const kern_mat *m;
     const float *x;
     size_t ldx;
+    const float *xp; /* NULL, or x as panel_pack_x laid it out for this driver's tiles */
     float *out;
     size_t ldo;
     float *scratch;
@@ -186,6 +187,38 @@ PANEL_INLINE void panel_widened_step(const panel_job *j, const panel_step *s, pa
 #define PANEL_SWITCH_(R, pm, C, t) switch (R) { PANEL_CASES_##pm(C, t) default: C(t, pm); return; }
 /* clang-format on */
 #define PANEL_SWITCH(R, pm, C, t) PANEL_SWITCH_(R, pm, C, t)
+
+/* Values [k0, k1) of one tile's rr rows (s, ldx apart) side by side from d: rr a constant in
+ * each instantiation, so a value is one load and one store. */
+PANEL_INLINE void panel_pack_tile(int rr, const float *s, size_t ldx, size_t k0, size_t k1,
+                                  float *d)
+{
+    for (size_t k = k0; k < k1; k++, d += rr)
+#pragma GCC unroll 16
+        for (int r = 0; r < rr; r++)
+            d[r] = s[(size_t)r * ldx + k];
+}
+#define PANEL_PACK_(t, r) t(r, s, ldx, k0, k1, d)
+static inline void panel_pack_tile_r(int rr, const float *s, size_t ldx, size_t k0, size_t k1,
+                                     float *d){PANEL_SWITCH(rr, 16, PANEL_PACK_, panel_pack_tile)}
+
+/* Values [k0, k1) of x's rows for panel_loop's tiles of at most pm (<= 16) rows: each tile's R
+ * rows [k][R], value k of its rows side by side, so a tile reads one stream of R values per
+ * input rather than R rows ldx apart (with 12 rows the row pointers alone exceed the general
+ * registers, and the loop spills them). The tiles follow one another: the one at row t starts
+ * at xp + t * K. */
+PANEL_INLINE void panel_pack_x(const float *x, size_t T, size_t ldx, size_t K, size_t k0, size_t k1,
+                               size_t pm, float *xp)
+{
+    for (size_t t0 = 0; t0 < T; t0 += PANEL_TC) {
+        size_t tc = T - t0 < PANEL_TC ? T - t0 : PANEL_TC;
+        size_t nb = (tc + pm - 1) / pm, R = (tc + nb - 1) / nb;
+        for (size_t t = t0; t < t0 + tc; t += R) {
+            size_t rr = t0 + tc - t < R ? t0 + tc - t : R;
+            panel_pack_tile_r((int)rr, x + t * ldx, ldx, k0, k1, xp + t * K + k0 * rr);
+        }
+    }
+}
 
 /* The calls the definitions below instantiate, with the parameters' names. */
 #define PANEL_TILE_Q8_(t, r) t(KERN_Q8_0_PANEL, r, x, ldx, wp, K, out, ldo, c0, c1, pf)

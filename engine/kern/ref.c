@@ -84,8 +84,10 @@ static inline void panel_line(const float *tab, kern_type pt, const uint8_t *wp,
 }
 
 REF_FMA_CLONE static void ref_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx,
-                                     float *out, size_t ldo, size_t n0, size_t n1, float *scratch)
+                                     const float *xp, float *out, size_t ldo, size_t n0, size_t n1,
+                                     float *scratch)
 {
+    (void)xp; /* no pack_x here: always NULL */
     (void)scratch;
     if (m->type == KERN_QUANT_PANEL) {
         kern__quant_matmul_ref(m, x, T, ldx, out, ldo, n0, n1);
