@@ -134,7 +134,9 @@ int main(int argc, char **argv)
     float *x = malloc(rows * n_in * sizeof(float)), *out = malloc(rows * n_out * sizeof(float));
     void *xq = malloc(rows * (n_in / 32 + 1) * 40);
     float *xp = k->pack_x ? malloc(rows * n_in * sizeof(float)) : NULL;
-    if (!x || !out || !xq || (k->pack_x && !xp))
+    /* the engine's per-thread scratch, in which panels several row tiles read are widened once */
+    float *scratch = malloc(KERN_PANEL * n_in * sizeof(float));
+    if (!x || !out || !xq || (k->pack_x && !xp) || !scratch)
         return 1;
     for (size_t i = 0; i < rows * n_in; i++)
         x[i] = (float)(i % 7) * 0.1f - 0.3f;
@@ -148,7 +150,7 @@ int main(int argc, char **argv)
                           (pm[i].type == KERN_F16_PANEL || pm[i].type == KERN_F32_PANEL);
                 if (px)
                     k->pack_x(x, rows, n_in, n_in, 0, n_in, xp);
-                k->matmul(&pm[i], x, rows, n_in, px ? xp : NULL, out, n_out, 0, n_out, NULL);
+                k->matmul(&pm[i], x, rows, n_in, px ? xp : NULL, out, n_out, 0, n_out, scratch);
                 continue;
             }
             kern_qx_quantize(fmt, x, rows, n_in, n_in, xq);
@@ -179,6 +181,7 @@ int main(int argc, char **argv)
     free(x);
     free(xq);
     free(xp);
+    free(scratch);
     free(out);
     return 0;
 }

@@ -153,7 +153,8 @@ static void check_panels(const kern_mat *m, const float *wide)
                 k->pack_x(x, T, n_in, n_in, n_in / 3, n_in, xp);
                 for (int split = 0; split < 2; split++) { /* the pair tiles need whole panels */
                     memset(got, 0xff, T * n_out * sizeof(float));
-                    k->matmul(m, x, T, n_in, xp, got, n_out, 0, split ? 5 : n_out, NULL);
+                    k->matmul(m, x, T, n_in, xp, got, n_out, 0, split ? 5 : n_out,
+                              split ? NULL : scratch);
                     if (split)
                         k->matmul(m, x, T, n_in, xp, got, n_out, 5, n_out, scratch);
                     if (memcmp(want, got, T * n_out * sizeof(float)))

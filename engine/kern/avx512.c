@@ -171,7 +171,9 @@ static void panel_tile2_r(kern_type pt, bool px, int R, const float *x, size_t l
 
 /* Two whole F16 / F32 panels at once where the columns allow, from the packed x where there is
  * one; otherwise one panel from x's rows (a Q8_0 panel read by several tiles is widened once
- * into scratch, which holds one panel). */
+ * into scratch, which holds one panel). Widening an F16 pair once for its tiles the same way
+ * (a zmm vcvtph2ps is two uops on the FMA ports) lost: the F32 pair, twice the bytes, no longer
+ * stays in L1 (one Intel Xeon core, 2048 x 2048: 16 rows 0.76x, 64 rows 1.06x, paired). */
 static size_t avx512_panel(const panel_job *j, const panel_step *s)
 {
     kern_type pt = j->m->type;
@@ -201,13 +203,56 @@ static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ld
 }
 
 /* x for avx512_matmul's tiles (PM2 rows at most). Up to 16 rows the tiles hold at most 8 rows,
- * whose pointers fit in the registers: there the pass would cost 2 to 6 % of a product (a load
- * and a store per value against n_out / 32 cycles of FMAs) for nothing. */
+ * whose pointers fit in the registers: there the pass (a read and a write of x, 0.8 % of a
+ * 64-row 110m step and 1.9 % of a 512-row one, perf on an Intel Xeon) would buy nothing. */
 #define PACK_MIN_ROWS 17
+/* Values [k0, k1) of a tile's rr (<= 16) rows side by side (panel_pack_x's layout), 16 inputs
+ * at a time through a 16 x 16 transpose in registers: 16 loads, 64 shuffles and 16 stores where
+ * the plain copy took a load and a store per value. Each input's column is stored whole, in
+ * order, so its lanes past rr fall on the places of the next ones, which are written later: a
+ * block needs 16 more values after it (their places take the 16 - rr spilled lanes), and the
+ * last values go one by one. */
+static void pack_tile16(int rr, const float *s, size_t ldx, size_t k0, size_t k1, float *d)
+{
+    size_t k = k0;
+    for (; k + 32 <= k1; k += 16, d += 16 * (size_t)rr) {
+        __m512 v[16], t[16];
+        for (int r = 0; r < 16; r++)
+            v[r] = r < rr ? _mm512_loadu_ps(s + (size_t)r * ldx + k) : _mm512_setzero_ps();
+        /* in each 128-bit lane j: rows 2i and 2i + 1 interleaved; then column 4j + q of rows
+         * 4g .. 4g + 3 in v[4g + q]; then a column's four lanes brought together */
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
+            t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+        }
+        for (int g = 0; g < 16; g += 4) {
+            __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
+            __m512d c = _mm512_castps_pd(t[g + 2]), e = _mm512_castps_pd(t[g + 3]);
+            v[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+            v[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+            v[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+            v[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+        }
+        for (int q = 0; q < 4; q++) {
+            __m512 w0 = k512_shuffle_f32x4(v[q], v[4 + q], 0x88);
+            __m512 w1 = k512_shuffle_f32x4(v[q], v[4 + q], 0xdd);
+            __m512 y0 = k512_shuffle_f32x4(v[8 + q], v[12 + q], 0x88);
+            __m512 y1 = k512_shuffle_f32x4(v[8 + q], v[12 + q], 0xdd);
+            t[q] = k512_shuffle_f32x4(w0, y0, 0x88);
+            t[4 + q] = k512_shuffle_f32x4(w1, y1, 0x88);
+            t[8 + q] = k512_shuffle_f32x4(w0, y0, 0xdd);
+            t[12 + q] = k512_shuffle_f32x4(w1, y1, 0xdd);
+        }
+        for (int c = 0; c < 16; c++)
+            _mm512_storeu_ps(d + (size_t)c * (size_t)rr, t[c]);
+    }
+    panel_pack_tile_r(rr, s, ldx, k, k1, d);
+}
+
 static void avx512_pack_x(const float *x, size_t T, size_t ldx, size_t K, size_t k0, size_t k1,
                           float *xp)
 {
-    panel_pack_x(x, T, ldx, K, k0, k1, PM2, xp);
+    panel_pack_x(x, T, ldx, K, k0, k1, PM2, xp, pack_tile16);
 }
 
 /* ---- vector helpers ---- */

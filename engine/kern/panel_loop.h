@@ -200,7 +200,13 @@ PANEL_INLINE void panel_pack_tile(int rr, const float *s, size_t ldx, size_t k0,
 }
 #define PANEL_PACK_(t, r) t(r, s, ldx, k0, k1, d)
 static inline void panel_pack_tile_r(int rr, const float *s, size_t ldx, size_t k0, size_t k1,
-                                     float *d){PANEL_SWITCH(rr, 16, PANEL_PACK_, panel_pack_tile)}
+                                     float *d)
+{
+    PANEL_SWITCH(rr, 16, PANEL_PACK_, panel_pack_tile);
+}
+
+/* A file's packing of one tile: panel_pack_tile_r's values, by its own means. */
+typedef void (*panel_pack_fn)(int rr, const float *s, size_t ldx, size_t k0, size_t k1, float *d);
 
 /* Values [k0, k1) of x's rows for panel_loop's tiles of at most pm (<= 16) rows: each tile's R
  * rows [k][R], value k of its rows side by side, so a tile reads one stream of R values per
@@ -208,14 +214,14 @@ static inline void panel_pack_tile_r(int rr, const float *s, size_t ldx, size_t 
  * registers, and the loop spills them). The tiles follow one another: the one at row t starts
  * at xp + t * K. */
 PANEL_INLINE void panel_pack_x(const float *x, size_t T, size_t ldx, size_t K, size_t k0, size_t k1,
-                               size_t pm, float *xp)
+                               size_t pm, float *xp, panel_pack_fn tile)
 {
     for (size_t t0 = 0; t0 < T; t0 += PANEL_TC) {
         size_t tc = T - t0 < PANEL_TC ? T - t0 : PANEL_TC;
         size_t nb = (tc + pm - 1) / pm, R = (tc + nb - 1) / nb;
         for (size_t t = t0; t < t0 + tc; t += R) {
             size_t rr = t0 + tc - t < R ? t0 + tc - t : R;
-            panel_pack_tile_r((int)rr, x + t * ldx, ldx, k0, k1, xp + t * K + k0 * rr);
+            tile((int)rr, x + t * ldx, ldx, k0, k1, xp + t * K + k0 * rr);
         }
     }
 }
