@@ -200,40 +200,32 @@ void engine__run_items(engine_ctx *c, uint32_t n_items, void (*fn)(void *, uint3
         tpool_run_items(c->pool, n_items, fn, arg);
 }
 
-typedef struct quantize_job {
+/* One pass over a step's input for its products, split among the threads: quantized for the
+ * integer path (fmt; each row alone, kern_qx_quantize, so splitting the rows gives the same
+ * bytes whatever the split) or, with KERN_QX_NONE, laid out for the float panels' row tiles
+ * (kern_ops.pack_x; each thread a range of the inputs of every row). */
+typedef struct input_job {
     const kern_ops *kern;
     kern_qx fmt;
     const float *in;
     size_t rows, n_in;
-    uint8_t *dst;
-} quantize_job;
+    void *dst;
+} input_job;
 
-/* Each row is quantized alone (kern_qx_quantize), so splitting the rows among threads gives
- * the same bytes whatever the split. */
-static void quantize_worker(void *arg, uint32_t ith, uint32_t nth)
+static void input_worker(void *arg, uint32_t ith, uint32_t nth)
 {
-    const quantize_job *j = arg;
+    const input_job *j = arg;
+    if (j->fmt == KERN_QX_NONE) {
+        size_t k0 = j->n_in * ith / nth, k1 = j->n_in * (ith + 1) / nth;
+        if (k1 > k0)
+            j->kern->pack_x(j->in, j->rows, j->n_in, j->n_in, k0, k1, j->dst);
+        return;
+    }
     size_t r0 = j->rows * ith / nth, r1 = j->rows * (ith + 1) / nth;
     if (r1 > r0)
         (j->kern->qx_quantize ? j->kern->qx_quantize : kern_qx_quantize)(
             j->fmt, j->in + r0 * j->n_in, r1 - r0, j->n_in, j->n_in,
-            j->dst + r0 * kern_qx_row_bytes(j->fmt, j->n_in));
-}
-
-typedef struct pack_job {
-    const kern_ops *kern;
-    const float *in;
-    size_t rows, n_in;
-    float *dst;
-} pack_job;
-
-/* Each thread lays out a range of the inputs of every row (kern_ops.pack_x). */
-static void pack_worker(void *arg, uint32_t ith, uint32_t nth)
-{
-    const pack_job *j = arg;
-    size_t k0 = j->n_in * ith / nth, k1 = j->n_in * (ith + 1) / nth;
-    if (k1 > k0)
-        j->kern->pack_x(j->in, j->rows, j->n_in, j->n_in, k0, k1, j->dst);
+            (uint8_t *)j->dst + r0 * kern_qx_row_bytes(j->fmt, j->n_in));
 }
 
 /* A batch's rows are quantized on the pool: on one thread, 16 rows took ~6 % of a
@@ -243,11 +235,11 @@ static void pack_worker(void *arg, uint32_t ith, uint32_t nth)
 static void quantize_rows(engine_ctx *c, kern_qx fmt, const float *in, size_t rows, size_t n_in,
                           void *dst)
 {
-    quantize_job j = {c->kern, fmt, in, rows, n_in, dst};
+    input_job j = {c->kern, fmt, in, rows, n_in, dst};
     if (rows < 2)
-        quantize_worker(&j, 0, 1);
+        input_worker(&j, 0, 1);
     else
-        engine__run_job(c, quantize_worker, &j, (uint64_t)rows * n_in * 32);
+        engine__run_job(c, input_worker, &j, (uint64_t)rows * n_in * 32);
 }
 
 /* In one pool job (one hand-off instead of n); with glu, act(out[0]) * out[1] is computed on
@@ -275,8 +267,8 @@ void engine__matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
         if (w[m]->type == KERN_F16_PANEL || w[m]->type == KERN_F32_PANEL) {
             /* a value counted as 2 multiply-adds (a load and a store): 64 rows of 768 stay on
              * this thread, a 512-token prompt's go to the pool */
-            pack_job pj = {c->kern, in, rows, w[m]->n_in, c->xp};
-            engine__run_job(c, pack_worker, &pj, (uint64_t)rows * w[m]->n_in * 2);
+            input_job pj = {c->kern, KERN_QX_NONE, in, rows, w[m]->n_in, c->xp};
+            engine__run_job(c, input_worker, &pj, (uint64_t)rows * w[m]->n_in * 2);
             j.xp = c->xp;
         }
     for (uint32_t m = 0; m < n; m++) {
