@@ -35,31 +35,23 @@ PORT=18610
 # figures of a ratio are seconds apart, not a server's whole run apart (this machine's read
 # bandwidth moves by 2x within minutes), and neither server always goes first
 round() {
-    local model=$1 kport=$2 lport=$3 r=$4 kpid lpid k1 k16 kpp l1 l16 lpp
+    local model=$1 kport=$2 lport=$3 r=$4 kpid lpid p order
+    local -A one sixteen pp
     start_server kvserve "$model" "$kport" "$TMP/kvserve-$kport.log"
     kpid=$SERVER_PID
     start_server llama "$model" "$lport" "$TMP/llama-$lport.log"
     lpid=$SERVER_PID
-    bench "$kport" 1 1 8 4 >/dev/null # warm-ups
-    bench "$lport" 1 1 8 4 >/dev/null
-    if [ $((r % 2)) = 1 ]; then
-        k1=$(bench "$kport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        l1=$(bench "$lport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        k16=$(bench "$kport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        l16=$(bench "$lport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        kpp=$(bench "$kport" 1 "$NPP" 512 1 | cut -d' ' -f2)
-        lpp=$(bench "$lport" 1 "$NPP" 512 1 | cut -d' ' -f2)
-    else
-        l1=$(bench "$lport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        k1=$(bench "$kport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        l16=$(bench "$lport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        k16=$(bench "$kport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        lpp=$(bench "$lport" 1 "$NPP" 512 1 | cut -d' ' -f2)
-        kpp=$(bench "$kport" 1 "$NPP" 512 1 | cut -d' ' -f2)
-    fi
+    order=("$kport" "$lport")
+    [ $((r % 2)) = 1 ] || order=("$lport" "$kport")
+    for p in "${order[@]}"; do bench "$p" 1 1 8 4 >/dev/null; done # warm-ups
+    for p in "${order[@]}"; do one[$p]=$(bench "$p" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1); done
+    for p in "${order[@]}"; do
+        sixteen[$p]=$(bench "$p" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    done
+    for p in "${order[@]}"; do pp[$p]=$(bench "$p" 1 "$NPP" 512 1 | cut -d' ' -f2); done
     kill "$kpid" "$lpid"
     wait "$kpid" "$lpid" 2>/dev/null || true
-    echo "$k1 $k16 $kpp $l1 $l16 $lpp"
+    echo "${one[$kport]} ${sixteen[$kport]} ${pp[$kport]} ${one[$lport]} ${sixteen[$lport]} ${pp[$lport]}"
 }
 
 bws=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)

@@ -51,29 +51,24 @@ serve() {
 # rounds and llama-server first in even ones: the two figures of a ratio are seconds apart, not
 # a server's whole run apart (this machine's read bandwidth moves by 2x within minutes)
 round() {
-    local model=$1 kport=$2 lport=$3 r=$4 kpid lpid k1 k16 l1 l16 rss
+    local model=$1 kport=$2 lport=$3 r=$4 kpid lpid p rss order
+    local -A one sixteen
     start_server kvserve "$model" "$kport" "$TMP/kvserve-$kport.log" --kv-cache-mb "$KV_MB" \
         --activations q8
     kpid=$SERVER_PID
     start_server llama "$model" "$lport" "$TMP/llama-$lport.log"
     lpid=$SERVER_PID
-    bench "$kport" 1 1 "$PROMPT" "$OUT" >/dev/null # warm-ups
-    bench "$lport" 1 1 "$PROMPT" "$OUT" >/dev/null
-    if [ $((r % 2)) = 1 ]; then
-        k1=$(bench "$kport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        l1=$(bench "$lport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        k16=$(bench "$kport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        l16=$(bench "$lport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    else
-        l1=$(bench "$lport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        k1=$(bench "$kport" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        l16=$(bench "$lport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-        k16=$(bench "$kport" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    fi
+    order=("$kport" "$lport")
+    [ $((r % 2)) = 1 ] || order=("$lport" "$kport")
+    for p in "${order[@]}"; do bench "$p" 1 1 "$PROMPT" "$OUT" >/dev/null; done # warm-ups
+    for p in "${order[@]}"; do one[$p]=$(bench "$p" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1); done
+    for p in "${order[@]}"; do
+        sixteen[$p]=$(bench "$p" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    done
     rss=$(awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$kpid/status")
     kill "$kpid" "$lpid"
     wait "$kpid" "$lpid" 2>/dev/null || true
-    echo "$k1 $k16 $rss $l1 $l16"
+    echo "${one[$kport]} ${sixteen[$kport]} $rss ${one[$lport]} ${sixteen[$lport]}"
 }
 
 bw=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
