@@ -91,6 +91,44 @@ INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const ui
         store_cols(out + (size_t)r * ldo, acc[r], c0, c1);
 }
 
+/* An R x 16 tile over one F16 / F32 panel from packed x (panel_pack_x: value k of the R rows at
+ * x + k * R), for calls of at most PM rows, which it takes in one tile: per k one conversion (a
+ * zmm vcvtph2ps is two uops, on the FMA ports) for R FMAs. At 16 rows the pair tiles run as
+ * 8 + 8 rows, four conversions for 32 FMAs: at most 32 / 40 of the FMA peak against 16 / 18 here.
+ * Paired on one Intel Xeon core, 2048 x 2048 F16 (bench/ab.sh): 16 rows 1.06x (1.05-1.11), 12 rows
+ * 1.01x, 64 rows as 16-row tiles 0.985x (so the pairs keep every call past PM rows). */
+INLINE void panel_tile_px(kern_type pt, int R, const float *x, const uint8_t *wp, size_t K,
+                          float *out, size_t ldo, size_t c0, size_t c1, panel_pf pf)
+{
+    __m512 acc[PM];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm512_setzero_ps();
+    size_t esz = pt == KERN_F16_PANEL ? 2 : 4, step = KERN_PANEL * esz;
+    for (size_t k = 0; k < K; k++) {
+        _mm_prefetch((const char *)(wp + k * step + PANEL_PF), _MM_HINT_T0);
+        panel_pf_at(pf, k);
+        __m512 w = pt == KERN_F16_PANEL
+                       ? k512_cvtph(wp + k * step)
+                       : _mm512_loadu_ps((const float *)(const void *)(wp + k * step));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[k * (size_t)R + (size_t)r]), w, acc[r]);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++)
+        store_cols(out + (size_t)r * ldo, acc[r], c0, c1);
+}
+#define PANEL_TILE_PX_F16_(t, r) t(KERN_F16_PANEL, r, x, wp, K, out, ldo, c0, c1, pf)
+#define PANEL_TILE_PX_F32_(t, r) t(KERN_F32_PANEL, r, x, wp, K, out, ldo, c0, c1, pf)
+static void panel_tile_px_r(kern_type pt, int R, const float *x, const uint8_t *wp, size_t K,
+                            float *out, size_t ldo, size_t c0, size_t c1, panel_pf pf)
+{
+    if (pt == KERN_F16_PANEL)
+        PANEL_SWITCH(R, 16, PANEL_TILE_PX_F16_, panel_tile_px)
+    PANEL_SWITCH(R, 16, PANEL_TILE_PX_F32_, panel_tile_px)
+}
+
 /* panel_tile once per (type, R): every loop bound and branch in it a constant */
 PANEL_DEFINE_TILE_R(panel_tile_r, panel_tile, PM)
 
@@ -189,6 +227,17 @@ static size_t avx512_panel(const panel_job *j, const panel_step *s)
     return panel_float_step(j, s, panel_tile_r, panel_widen_q8);
 }
 
+/* avx512_matmul's step for packed x of at most PM rows: every tile one panel, panel_tile_px. */
+static size_t avx512_panel_px(const panel_job *j, const panel_step *s)
+{
+    size_t i = 0, K = j->m->n_in;
+    for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R, i++)
+        panel_tile_px_r(j->m->type, panel_rows(s, t), j->xp + t * K, s->wp, K,
+                        j->out + t * j->ldo + s->base, j->ldo, s->c0, s->c1,
+                        panel_pf_share(s, i, s->pbytes, K));
+    return 1;
+}
+
 /* kern/panel_loop.h's driver. */
 static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, const float *xp,
                           float *out, size_t ldo, size_t n0, size_t n1, float *scratch)
@@ -199,13 +248,18 @@ static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ld
     }
     panel_job j = {
         .m = m, .x = x, .ldx = ldx, .xp = xp, .out = out, .ldo = ldo, .scratch = scratch};
+    if (xp && T <= PM && m->type != KERN_Q8_0_PANEL) {
+        panel_loop(&j, T, n0, n1, PM, avx512_panel_px);
+        return;
+    }
     panel_loop(&j, T, n0, n1, PM2, avx512_panel); /* tiles of at most PM2 rows, for the pairs */
 }
 
-/* x for avx512_matmul's tiles (PM2 rows at most). Up to 16 rows the tiles hold at most 8 rows,
- * whose pointers fit in the registers: there the pass (a read and a write of x, 0.8 % of a
- * 64-row 110m step and 1.9 % of a 512-row one, perf on an Intel Xeon) would buy nothing. */
-#define PACK_MIN_ROWS 17
+/* x for avx512_matmul's tiles: one tile of up to PM rows (panel_tile_px), else tiles of at most
+ * PM2 (the pairs). Up to 8 rows a pair tile's row pointers fit in the registers and the pass (a
+ * read and a write of x, 0.8 % of a 64-row 110m step and 1.9 % of a 512-row one, perf on an
+ * Intel Xeon) would buy nothing. */
+#define PACK_MIN_ROWS 9
 /* Values [k0, k1) of a tile's rr (<= 16) rows side by side (panel_pack_x's layout), 16 inputs
  * at a time through a 16 x 16 transpose in registers: 16 loads, 64 shuffles and 16 stores where
  * the plain copy took a load and a store per value. Each input's column is stored whole, in
@@ -252,7 +306,7 @@ static void pack_tile16(int rr, const float *s, size_t ldx, size_t k0, size_t k1
 static void avx512_pack_x(const float *x, size_t T, size_t ldx, size_t K, size_t k0, size_t k1,
                           float *xp)
 {
-    panel_pack_x(x, T, ldx, K, k0, k1, PM2, xp, pack_tile16);
+    panel_pack_x(x, T, ldx, K, k0, k1, T <= PM ? PM : PM2, xp, pack_tile16);
 }
 
 /* ---- vector helpers ---- */
