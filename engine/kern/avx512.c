@@ -207,14 +207,86 @@ static void panel_tile2_r(kern_type pt, bool px, int R, const float *x, size_t l
     PANEL_SWITCH(R, 12, PANEL_TILE2_F32_, panel_tile2)
 }
 
+/* The pair tile over a widened F32 chunk w ([n][32]: the two panels' 16 weights of an input side
+ * by side) from packed x, continuing the chains out holds (first: from +0), so that chunk after
+ * chunk each output is still one in-order FMA chain over k. */
+INLINE void f32tile2_px(int R, const float *x, const float *w, size_t n, float *out, size_t ldo,
+                        bool first)
+{
+    __m512 a0[PM2], a1[PM2];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        a0[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo);
+        a1[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo + KERN_PANEL);
+    }
+    for (size_t k = 0; k < n; k++) {
+        __m512 v0 = _mm512_load_ps(w + k * 2 * KERN_PANEL);
+        __m512 v1 = _mm512_load_ps(w + k * 2 * KERN_PANEL + KERN_PANEL);
+#pragma GCC unroll 12
+        for (int r = 0; r < R; r++) {
+            __m512 xb = _mm512_set1_ps(x[k * (size_t)R + (size_t)r]);
+            a0[r] = _mm512_fmadd_ps(xb, v0, a0[r]);
+            a1[r] = _mm512_fmadd_ps(xb, v1, a1[r]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(out + (size_t)r * ldo, a0[r]);
+        _mm512_storeu_ps(out + (size_t)r * ldo + KERN_PANEL, a1[r]);
+    }
+}
+#define F32TILE2_PX_(t, r) t(r, x, w, n, out, ldo, first)
+static void f32tile2_px_r(int R, const float *x, const float *w, size_t n, float *out, size_t ldo,
+                          bool first)
+{
+    PANEL_SWITCH(R, 12, F32TILE2_PX_, f32tile2_px)
+}
+
+/* A pass of many tiles over two whole F16 panels: chunk by chunk, both panels' inputs widened to
+ * F32 once into L1 (32 KiB), then every tile of the pass continues over them. A zmm vcvtph2ps is
+ * two uops on the FMA ports, so a 12 x 32 tile converting its own pair runs at most 24 / 28 of
+ * the FMA peak; widened once for the pass's tiles that share is gone (the F32 pair tile measured
+ * 0.93 of the peak on an Intel Xeon core at 192 rows, the F16 one 0.76 - 0.80). Widening costs a
+ * store per weight vector and the chains' reload per chunk. Paired on an Intel Xeon
+ * (bench/ab.sh): a 512-token 110m prefill 1.09x, TinyLlama's 1.03x, 128 rows 1.00x; 64-row steps
+ * 0.91x, so only passes of WIDEN_MIN_TILES tiles or more. (Prefetching the next chunk a share per
+ * tile, as panel_pf_share does, changed nothing measurable: 1.077x -> 1.080x at 192 rows.) */
+#define WIDEN_MIN_TILES 11
+static void f16_widened_pair(const panel_job *j, const panel_step *s)
+{
+    float w[PANEL_WCHUNK * 2 * KERN_PANEL] __attribute__((aligned(64)));
+    size_t K = j->m->n_in, step = KERN_PANEL * 2;
+    const uint8_t *wp = s->wp, *wq = s->wp + s->pbytes;
+    size_t chunk = PANEL_WCHUNK < K ? PANEL_WCHUNK : K;
+    for (size_t k0 = 0; k0 < K; k0 += chunk) {
+        size_t n = K - k0 < chunk ? K - k0 : chunk;
+        for (size_t k = k0; k < k0 + n; k++) {
+            _mm_prefetch((const char *)(wp + k * step + PANEL_PF), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wq + k * step + PANEL_PF), _MM_HINT_T0);
+            _mm512_store_ps(w + (k - k0) * 2 * KERN_PANEL, k512_cvtph(wp + k * step));
+            _mm512_store_ps(w + (k - k0) * 2 * KERN_PANEL + KERN_PANEL, k512_cvtph(wq + k * step));
+        }
+        for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R) {
+            int R = panel_rows(s, t);
+            f32tile2_px_r(R, j->xp + t * K + k0 * (size_t)R, w, n, j->out + t * j->ldo + s->base,
+                          j->ldo, k0 == 0);
+        }
+    }
+}
+
 /* Two whole F16 / F32 panels at once where the columns allow, from the packed x where there is
  * one; otherwise one panel from x's rows (a Q8_0 panel read by several tiles is widened once
- * into scratch, which holds one panel). Widening an F16 pair once for its tiles the same way
- * (a zmm vcvtph2ps is two uops on the FMA ports) lost: the F32 pair, twice the bytes, no longer
- * stays in L1 (one Intel Xeon core, 2048 x 2048: 16 rows 0.76x, 64 rows 1.06x, paired). */
+ * into scratch, which holds one panel). Widening a whole F16 pair once for its tiles the same
+ * way lost: the F32 pair, twice the bytes, no longer stays in L1 (one Intel Xeon core,
+ * 2048 x 2048: 16 rows 0.76x, 64 rows 1.06x, paired); long passes widen it chunk by chunk
+ * (f16_widened_pair). */
 static size_t avx512_panel(const panel_job *j, const panel_step *s)
 {
     kern_type pt = j->m->type;
+    if (pt == KERN_F16_PANEL && j->xp && s->nb >= WIDEN_MIN_TILES && panel_pair_whole(s)) {
+        f16_widened_pair(j, s);
+        return 2;
+    }
     if (pt != KERN_Q8_0_PANEL && panel_pair_whole(s)) {
         size_t i = 0, K = j->m->n_in;
         for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R, i++)
