@@ -211,7 +211,7 @@ static void panel_tile2_r(kern_type pt, bool px, int R, const float *x, size_t l
  * by side) from packed x, continuing the chains out holds (first: from +0), so that chunk after
  * chunk each output is still one in-order FMA chain over k. */
 INLINE void f32tile2_px(int R, const float *x, const float *w, size_t n, float *out, size_t ldo,
-                        bool first)
+                        bool first, panel_pf pf)
 {
     __m512 a0[PM2], a1[PM2];
 #pragma GCC unroll 12
@@ -220,6 +220,7 @@ INLINE void f32tile2_px(int R, const float *x, const float *w, size_t n, float *
         a1[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo + KERN_PANEL);
     }
     for (size_t k = 0; k < n; k++) {
+        panel_pf_at(pf, k);
         __m512 v0 = _mm512_load_ps(w + k * 2 * KERN_PANEL);
         __m512 v1 = _mm512_load_ps(w + k * 2 * KERN_PANEL + KERN_PANEL);
 #pragma GCC unroll 12
@@ -235,9 +236,9 @@ INLINE void f32tile2_px(int R, const float *x, const float *w, size_t n, float *
         _mm512_storeu_ps(out + (size_t)r * ldo + KERN_PANEL, a1[r]);
     }
 }
-#define F32TILE2_PX_(t, r) t(r, x, w, n, out, ldo, first)
+#define F32TILE2_PX_(t, r) t(r, x, w, n, out, ldo, first, pf)
 static void f32tile2_px_r(int R, const float *x, const float *w, size_t n, float *out, size_t ldo,
-                          bool first)
+                          bool first, panel_pf pf)
 {
     PANEL_SWITCH(R, 12, F32TILE2_PX_, f32tile2_px)
 }
@@ -247,17 +248,20 @@ static void f32tile2_px_r(int R, const float *x, const float *w, size_t n, float
  * two uops on the FMA ports, so a 12 x 32 tile converting its own pair runs at most 24 / 28 of
  * the FMA peak; widened once for the pass's tiles that share is gone (the F32 pair tile measured
  * 0.93 of the peak on an Intel Xeon core at 192 rows, the F16 one 0.76 - 0.80). Widening costs a
- * store per weight vector and the chains' reload per chunk. Paired on an Intel Xeon
- * (bench/ab.sh): a 512-token 110m prefill 1.09x, TinyLlama's 1.03x, 128 rows 1.00x; 64-row steps
- * 0.91x, so only passes of WIDEN_MIN_TILES tiles or more. (Prefetching the next chunk a share per
- * tile, as panel_pf_share does, changed nothing measurable: 1.077x -> 1.080x at 192 rows.) */
-#define WIDEN_MIN_TILES 11
+ * store per weight vector and the chains' reload per chunk. The widening reads the pair at once,
+ * not at the pace of a tile's FMAs, so it would wait on memory every chunk: the tiles pull the
+ * next pair into L2, a share per (chunk, tile), as panel_pf_share does for the pair tiles
+ * (without it 64-row steps lost, 0.91x). Paired on an Intel Xeon (bench/ab.sh, kvs-bench-engine):
+ * 64-row steps 1.07x (TinyLlama) and 1.06x (110m), a 512-token TinyLlama prefill 1.06x; 32 rows
+ * (3 tiles) 0.88x and 48 rows (4) 0.98x, hence WIDEN_MIN_TILES. */
+#define WIDEN_MIN_TILES 6
 static void f16_widened_pair(const panel_job *j, const panel_step *s)
 {
     float w[PANEL_WCHUNK * 2 * KERN_PANEL] __attribute__((aligned(64)));
     size_t K = j->m->n_in, step = KERN_PANEL * 2;
     const uint8_t *wp = s->wp, *wq = s->wp + s->pbytes;
     size_t chunk = PANEL_WCHUNK < K ? PANEL_WCHUNK : K;
+    size_t total = 2 * s->pbytes, nshares = (K + chunk - 1) / chunk * s->nb;
     for (size_t k0 = 0; k0 < K; k0 += chunk) {
         size_t n = K - k0 < chunk ? K - k0 : chunk;
         for (size_t k = k0; k < k0 + n; k++) {
@@ -266,10 +270,13 @@ static void f16_widened_pair(const panel_job *j, const panel_step *s)
             _mm512_store_ps(w + (k - k0) * 2 * KERN_PANEL, k512_cvtph(wp + k * step));
             _mm512_store_ps(w + (k - k0) * 2 * KERN_PANEL + KERN_PANEL, k512_cvtph(wq + k * step));
         }
-        for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R) {
+        size_t i = 0;
+        for (size_t t = s->t0; t < s->t0 + s->tc; t += s->R, i++) {
             int R = panel_rows(s, t);
+            size_t q = (k0 / chunk) * s->nb + i, share = total / nshares;
+            panel_pf pf = {s->wp + 2 * s->pbytes + q * share, (share << 8) / n};
             f32tile2_px_r(R, j->xp + t * K + k0 * (size_t)R, w, n, j->out + t * j->ldo + s->base,
-                          j->ldo, k0 == 0);
+                          j->ldo, k0 == 0, pf);
         }
     }
 }
