@@ -11,6 +11,7 @@
 #include "engine/kern/panel_loop.h"
 #include "engine/kern/qdot.h"
 #include "engine/kern/qx_quant.h"
+#include "engine/kern/tile2_zmm.h"
 
 #include "engine/dtype.h"
 #include "engine/kern/quant.h"
@@ -152,7 +153,7 @@ static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
  * rows at x + k * R), one pointer for all rows; else R row pointers, more than the general
  * registers hold at 12 rows, so the loop spills and reloads three of them per k (through
  * vmovq on port 0, beside the FMAs). */
-#define PM2 12
+#define PM2 TILE2_ROWS
 
 INLINE void panel_tile2(kern_type pt, bool px, int R, const float *x, size_t ldx, const uint8_t *wp,
                         size_t pbytes, size_t K, float *out, size_t ldo, panel_pf pf)
@@ -207,40 +208,14 @@ static void panel_tile2_r(kern_type pt, bool px, int R, const float *x, size_t l
     PANEL_SWITCH(R, 12, PANEL_TILE2_F32_, panel_tile2)
 }
 
-/* The pair tile over a widened F32 chunk w ([n][32]: the two panels' 16 weights of an input side
- * by side) from packed x, continuing the chains out holds (first: from +0), so that chunk after
- * chunk each output is still one in-order FMA chain over k. */
-INLINE void f32tile2_px(int R, const float *x, const float *w, size_t n, float *out, size_t ldo,
-                        bool first, panel_pf pf)
-{
-    __m512 a0[PM2], a1[PM2];
-#pragma GCC unroll 12
-    for (int r = 0; r < R; r++) {
-        a0[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo);
-        a1[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo + KERN_PANEL);
-    }
-    for (size_t k = 0; k < n; k++) {
-        panel_pf_at(pf, k);
-        __m512 v0 = _mm512_load_ps(w + k * 2 * KERN_PANEL);
-        __m512 v1 = _mm512_load_ps(w + k * 2 * KERN_PANEL + KERN_PANEL);
-#pragma GCC unroll 12
-        for (int r = 0; r < R; r++) {
-            __m512 xb = _mm512_set1_ps(x[k * (size_t)R + (size_t)r]);
-            a0[r] = _mm512_fmadd_ps(xb, v0, a0[r]);
-            a1[r] = _mm512_fmadd_ps(xb, v1, a1[r]);
-        }
-    }
-#pragma GCC unroll 12
-    for (int r = 0; r < R; r++) {
-        _mm512_storeu_ps(out + (size_t)r * ldo, a0[r]);
-        _mm512_storeu_ps(out + (size_t)r * ldo + KERN_PANEL, a1[r]);
-    }
-}
-#define F32TILE2_PX_(t, r) t(r, x, w, n, out, ldo, first, pf)
+/* tile2_zmm.h's pair tile over a widened chunk w ([n][32]: the two panels' 16 weights of an
+ * input side by side) from packed x, once per R */
+#define F32TILE2_PX_(t, r)                                                                         \
+    t(r, true, x, 0, w, w + KERN_PANEL, 2 * KERN_PANEL, n, out, ldo, first, pf)
 static void f32tile2_px_r(int R, const float *x, const float *w, size_t n, float *out, size_t ldo,
                           bool first, panel_pf pf)
 {
-    PANEL_SWITCH(R, 12, F32TILE2_PX_, f32tile2_px)
+    PANEL_SWITCH(R, 12, F32TILE2_PX_, zmm_ftile2)
 }
 
 /* A pass of many tiles over two whole F16 panels: chunk by chunk, both panels' inputs widened to

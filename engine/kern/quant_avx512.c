@@ -9,6 +9,7 @@
 #include "engine/kern/avx512_isa.h"
 #include "engine/kern/panel_loop.h"
 #include "engine/kern/quant.h"
+#include "engine/kern/tile2_zmm.h"
 
 #include <stdbool.h>
 #include <string.h>
@@ -253,39 +254,16 @@ INLINE void ftile(int R, const float *x, size_t ldx, const float *w, size_t n, f
 /* ftile once per R */
 PANEL_DEFINE_FTILE_R(ftile_r, ftile, PM)
 
-/* ftile over two whole adjacent panels' widened chunks w0, w1: two weight vectors meet each
- * broadcast x (half the broadcast loads per FMA; avx512.c's pair tiles), up to PM2 rows. */
-#define PM2 12
-INLINE void ftile2(int R, const float *x, size_t ldx, const float *w0, const float *w1, size_t n,
-                   float *out, size_t ldo, bool first)
-{
-    __m512 a0[PM2], a1[PM2];
-#pragma GCC unroll 12
-    for (int r = 0; r < R; r++) {
-        a0[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo);
-        a1[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * ldo + KERN_PANEL);
-    }
-    for (size_t k = 0; k < n; k++) {
-        __m512 v0 = _mm512_load_ps(w0 + k * KERN_PANEL), v1 = _mm512_load_ps(w1 + k * KERN_PANEL);
-#pragma GCC unroll 12
-        for (int r = 0; r < R; r++) {
-            __m512 xb = _mm512_set1_ps(x[(size_t)r * ldx + k]);
-            a0[r] = _mm512_fmadd_ps(xb, v0, a0[r]);
-            a1[r] = _mm512_fmadd_ps(xb, v1, a1[r]);
-        }
-    }
-#pragma GCC unroll 12
-    for (int r = 0; r < R; r++) {
-        _mm512_storeu_ps(out + (size_t)r * ldo, a0[r]);
-        _mm512_storeu_ps(out + (size_t)r * ldo + KERN_PANEL, a1[r]);
-    }
-}
-
-#define FTILE2_(t, r) t(r, x, ldx, w0, w1, n, out, ldo, first)
+/* ftile over two whole adjacent panels' widened chunks w0, w1 (tile2_zmm.h): two weight vectors
+ * meet each broadcast x (half the broadcast loads per FMA; avx512.c's pair tiles), up to PM2
+ * rows, once per R. */
+#define PM2 TILE2_ROWS
+#define FTILE2_(t, r)                                                                              \
+    t(r, false, x, ldx, w0, w1, KERN_PANEL, n, out, ldo, first, (panel_pf){NULL, 0})
 static void ftile2_r(int R, const float *x, size_t ldx, const float *w0, const float *w1, size_t n,
                      float *out, size_t ldo, bool first)
 {
-    PANEL_SWITCH(R, 12, FTILE2_, ftile2)
+    PANEL_SWITCH(R, 12, FTILE2_, zmm_ftile2)
 }
 
 /* panel_widened_step over two whole panels: both chunks widened (2 x 16 KiB of L1), then every
