@@ -55,8 +55,25 @@ INLINE void store_cols(float *o, __m512 acc, size_t c0, size_t c1)
         o[c] = tmp[c];
 }
 
-INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp, size_t K,
-                       float *out, size_t ldo, size_t c0, size_t c1, panel_pf pf)
+/* panel_fma on x's rows (ldx apart) or, px, on packed x (panel_pack_x: value k of the R rows at
+ * x + k * R) */
+INLINE void panel_fma_x(bool px, int R, __m512 acc[], const float *x, size_t ldx, size_t k,
+                        __m512 w)
+{
+    if (px)
+        panel_fma(R, acc, x + k * (size_t)R, 1, 0, w);
+    else
+        panel_fma(R, acc, x, ldx, k, w);
+}
+
+/* px: x packed (F16 / F32 panels only), for calls of at most PM rows, which take one tile per
+ * panel: per k one conversion (a zmm vcvtph2ps is two uops, on the FMA ports) for R FMAs. At 16
+ * rows the pair tiles run as 8 + 8 rows, four conversions for 32 FMAs: at most 32 / 40 of the
+ * FMA peak against 16 / 18 here. Paired on one Intel Xeon core, 2048 x 2048 F16 (bench/ab.sh):
+ * 16 rows 1.06x (1.05-1.11), 12 rows 1.01x, 64 rows as 16-row tiles 0.985x (so the pairs keep
+ * every call past PM rows). */
+INLINE void panel_tile(kern_type pt, bool px, int R, const float *x, size_t ldx, const uint8_t *wp,
+                       size_t K, float *out, size_t ldo, size_t c0, size_t c1, panel_pf pf)
 {
     __m512 acc[PM];
 #pragma GCC unroll 16
@@ -70,68 +87,45 @@ INLINE void panel_tile(kern_type pt, int R, const float *x, size_t ldx, const ui
                 _mm_prefetch((const char *)(blk + Q8P_QUANTS + i * KERN_PANEL + PANEL_PF),
                              _MM_HINT_T0);
                 panel_pf_at(pf, b * KERN_QK8_0 + i);
-                panel_fma(R, acc, x, ldx, b * KERN_QK8_0 + i, q8_line(blk, d, i));
+                panel_fma_x(px, R, acc, x, ldx, b * KERN_QK8_0 + i, q8_line(blk, d, i));
             }
         }
     } else if (pt == KERN_F16_PANEL) {
         for (size_t k = 0; k < K; k++) {
             _mm_prefetch((const char *)(wp + k * KERN_PANEL * 2 + PANEL_PF), _MM_HINT_T0);
             panel_pf_at(pf, k);
-            panel_fma(R, acc, x, ldx, k, k512_cvtph(wp + k * KERN_PANEL * 2));
+            panel_fma_x(px, R, acc, x, ldx, k, k512_cvtph(wp + k * KERN_PANEL * 2));
         }
     } else {
         for (size_t k = 0; k < K; k++) {
             _mm_prefetch((const char *)(wp + k * KERN_PANEL * 4 + PANEL_PF), _MM_HINT_T0);
             panel_pf_at(pf, k);
-            panel_fma(R, acc, x, ldx, k,
-                      _mm512_loadu_ps((const float *)(const void *)(wp + k * KERN_PANEL * 4)));
+            panel_fma_x(px, R, acc, x, ldx, k,
+                        _mm512_loadu_ps((const float *)(const void *)(wp + k * KERN_PANEL * 4)));
         }
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; r++)
         store_cols(out + (size_t)r * ldo, acc[r], c0, c1);
 }
-
-/* An R x 16 tile over one F16 / F32 panel from packed x (panel_pack_x: value k of the R rows at
- * x + k * R), for calls of at most PM rows, which it takes in one tile: per k one conversion (a
- * zmm vcvtph2ps is two uops, on the FMA ports) for R FMAs. At 16 rows the pair tiles run as
- * 8 + 8 rows, four conversions for 32 FMAs: at most 32 / 40 of the FMA peak against 16 / 18 here.
- * Paired on one Intel Xeon core, 2048 x 2048 F16 (bench/ab.sh): 16 rows 1.06x (1.05-1.11), 12 rows
- * 1.01x, 64 rows as 16-row tiles 0.985x (so the pairs keep every call past PM rows). */
-INLINE void panel_tile_px(kern_type pt, int R, const float *x, const uint8_t *wp, size_t K,
-                          float *out, size_t ldo, size_t c0, size_t c1, panel_pf pf)
+/* panel_tile on x's rows, the signature kern/panel_loop.h's instantiations call */
+INLINE void panel_tile_rows(kern_type pt, int R, const float *x, size_t ldx, const uint8_t *wp,
+                            size_t K, float *out, size_t ldo, size_t c0, size_t c1, panel_pf pf)
 {
-    __m512 acc[PM];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; r++)
-        acc[r] = _mm512_setzero_ps();
-    size_t esz = pt == KERN_F16_PANEL ? 2 : 4, step = KERN_PANEL * esz;
-    for (size_t k = 0; k < K; k++) {
-        _mm_prefetch((const char *)(wp + k * step + PANEL_PF), _MM_HINT_T0);
-        panel_pf_at(pf, k);
-        __m512 w = pt == KERN_F16_PANEL
-                       ? k512_cvtph(wp + k * step)
-                       : _mm512_loadu_ps((const float *)(const void *)(wp + k * step));
-#pragma GCC unroll 16
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[k * (size_t)R + (size_t)r]), w, acc[r]);
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < R; r++)
-        store_cols(out + (size_t)r * ldo, acc[r], c0, c1);
+    panel_tile(pt, false, R, x, ldx, wp, K, out, ldo, c0, c1, pf);
 }
-#define PANEL_TILE_PX_F16_(t, r) t(KERN_F16_PANEL, r, x, wp, K, out, ldo, c0, c1, pf)
-#define PANEL_TILE_PX_F32_(t, r) t(KERN_F32_PANEL, r, x, wp, K, out, ldo, c0, c1, pf)
+#define PANEL_TILE_PX_F16_(t, r) t(KERN_F16_PANEL, true, r, x, 0, wp, K, out, ldo, c0, c1, pf)
+#define PANEL_TILE_PX_F32_(t, r) t(KERN_F32_PANEL, true, r, x, 0, wp, K, out, ldo, c0, c1, pf)
 static void panel_tile_px_r(kern_type pt, int R, const float *x, const uint8_t *wp, size_t K,
                             float *out, size_t ldo, size_t c0, size_t c1, panel_pf pf)
 {
     if (pt == KERN_F16_PANEL)
-        PANEL_SWITCH(R, 16, PANEL_TILE_PX_F16_, panel_tile_px)
-    PANEL_SWITCH(R, 16, PANEL_TILE_PX_F32_, panel_tile_px)
+        PANEL_SWITCH(R, 16, PANEL_TILE_PX_F16_, panel_tile)
+    PANEL_SWITCH(R, 16, PANEL_TILE_PX_F32_, panel_tile)
 }
 
 /* panel_tile once per (type, R): every loop bound and branch in it a constant */
-PANEL_DEFINE_TILE_R(panel_tile_r, panel_tile, PM)
+PANEL_DEFINE_TILE_R(panel_tile_r, panel_tile_rows, PM)
 
 /* A Q8_0 panel widened to an F32 one ([K][16], the values panel_tile would compute). */
 static void panel_widen_q8(const uint8_t *wp, size_t K, float *dst)
@@ -281,7 +275,7 @@ static size_t avx512_panel(const panel_job *j, const panel_step *s)
     return panel_float_step(j, s, panel_tile_r, panel_widen_q8);
 }
 
-/* avx512_matmul's step for packed x of at most PM rows: every tile one panel, panel_tile_px. */
+/* avx512_matmul's step for packed x of at most PM rows: every tile one panel, panel_tile's px. */
 static size_t avx512_panel_px(const panel_job *j, const panel_step *s)
 {
     size_t i = 0, K = j->m->n_in;
@@ -290,6 +284,14 @@ static size_t avx512_panel_px(const panel_job *j, const panel_step *s)
                         j->out + t * j->ldo + s->base, j->ldo, s->c0, s->c1,
                         panel_pf_share(s, i, s->pbytes, K));
     return 1;
+}
+
+/* Whether avx512_matmul takes a call of T rows (F16 / F32 panels, x packed) as one tile per
+ * panel (avx512_panel_px) rather than as pair tiles of at most PM2 rows (avx512_panel): the
+ * layout avx512_pack_x writes follows it. */
+static bool one_tile(size_t T)
+{
+    return T <= PM;
 }
 
 /* kern/panel_loop.h's driver. */
@@ -302,14 +304,14 @@ static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ld
     }
     panel_job j = {
         .m = m, .x = x, .ldx = ldx, .xp = xp, .out = out, .ldo = ldo, .scratch = scratch};
-    if (xp && T <= PM && m->type != KERN_Q8_0_PANEL) {
+    if (xp && one_tile(T) && m->type != KERN_Q8_0_PANEL) {
         panel_loop(&j, T, n0, n1, PM, avx512_panel_px);
         return;
     }
     panel_loop(&j, T, n0, n1, PM2, avx512_panel); /* tiles of at most PM2 rows, for the pairs */
 }
 
-/* x for avx512_matmul's tiles: one tile of up to PM rows (panel_tile_px), else tiles of at most
+/* x for avx512_matmul's tiles: one tile of up to PM rows (one_tile), else tiles of at most
  * PM2 (the pairs). Up to 8 rows a pair tile's row pointers fit in the registers and the pass (a
  * read and a write of x, 0.8 % of a 64-row 110m step and 1.9 % of a 512-row one, perf on an
  * Intel Xeon) would buy nothing. */
@@ -360,7 +362,7 @@ static void pack_tile16(int rr, const float *s, size_t ldx, size_t k0, size_t k1
 static void avx512_pack_x(const float *x, size_t T, size_t ldx, size_t K, size_t k0, size_t k1,
                           float *xp)
 {
-    panel_pack_x(x, T, ldx, K, k0, k1, T <= PM ? PM : PM2, xp, pack_tile16);
+    panel_pack_x(x, T, ldx, K, k0, k1, one_tile(T) ? PM : PM2, xp, pack_tile16);
 }
 
 /* ---- vector helpers ---- */
