@@ -11,8 +11,11 @@
 # memory bandwidth moves by 2x within minutes, so two figures taken minutes apart compare the
 # machine's hours, not the builds. A kernel that read 33 -> 43 in two separate runs measured 0.96x
 # here (docs/ARCHITECTURE.md, Q6_K's one-row form).
-# Environment: PIN (a CPU list for taskset, e.g. 1; unset: not pinned), FIELD, and whatever the
-# binary reads (KVS_BENCH_PROMPT, KVS_BENCH_SGEMM=0, ...).
+# Environment: PIN (a CPU list for taskset, e.g. 1; unset: not pinned), FIELD, whatever the
+# binary reads (KVS_BENCH_PROMPT, KVS_BENCH_SGEMM=0, ...), and A_ENV / B_ENV: VAR=value words set
+# for one side's runs only, so one binary can be compared with itself under two settings
+# (B_ENV=KVS_BENCH_KERNELS=avx512 with A and B the same kvs-bench-engine: the table picked by
+# CPUID against the zmm one forced).
 # Example: PIN=1 bench/ab.sh /tmp/qm-old build/bench/kvs-bench-qmatmul 12 Q6_K 2048 2048 1 1 20 avx512 q8
 set -euo pipefail
 if [ $# -lt 4 ]; then
@@ -38,21 +41,27 @@ PINCMD=()
 OUT=$(mktemp /tmp/kvs-ab.XXXXXX)
 trap 'rm -f "$OUT"' EXIT
 
-one() { # one run of binary $1: its figure, or nothing when the run failed
-    "${PINCMD[@]}" "$1" "${@:2}" 2>/dev/null | grep ',' | tail -1 | cut -d, -f"$FIELD"
+read -ra AENV <<<"${A_ENV:-}"
+read -ra BENV <<<"${B_ENV:-}"
+
+one() { # one run of side $1 (A or B) with the arguments after it: its figure, or nothing
+    local bin=$A envs=("${AENV[@]}")
+    [ "$1" = B ] && bin=$B envs=("${BENV[@]}")
+    env "${envs[@]}" "${PINCMD[@]}" "$bin" "${@:2}" 2>/dev/null | grep ',' | tail -1 |
+        cut -d, -f"$FIELD"
 }
 
 for i in $(seq "$PAIRS"); do
     if [ $((i % 2)) -eq 1 ]; then order="A B"; else order="B A"; fi
     for v in $order; do
         if [ "$v" = A ]; then bin=$A; else bin=$B; fi
-        fig=$(one "$bin" "$@") || true
+        fig=$(one "$v" "$@") || true
         [ -n "$fig" ] || { echo "ab.sh: $bin $* printed no figure in field $FIELD" >&2; exit 1; }
         echo "$i $v $fig" >>"$OUT"
     done
 done
 
-python3 - "$OUT" "$A" "$B" <<'PY'
+python3 - "$OUT" "${A_ENV:+$A_ENV }$A" "${B_ENV:+$B_ENV }$B" <<'PY'
 import statistics as st, sys
 runs = {}
 for line in open(sys.argv[1]):
