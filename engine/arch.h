@@ -61,7 +61,8 @@ bool engine__arch_has(const engine_model *m, const char *suffix);
 /* The llama layer's tensors (norms, Q/K/V/O, SwiGLU MLP) with the layer's shapes: shared by the
  * families whose layer is llama's plus something. */
 int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_len);
-/* The llama layer body (arch_llama.c), for families that differ from llama only in loading. */
+/* The llama layer body (arch_llama.c), for families that differ from llama only in loading: the
+ * Q/K/V biases (qwen2) and the per-head Q/K norms (qwen3) where the layer has them. */
 void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
 
 /* ---- one step (forward.c, attention.c) ---- */

@@ -74,6 +74,10 @@ void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, ui
         if (w->bv)
             kern_add(c->v + t * KV, w->bv, KV);
     }
+    if (w->q_norm) { /* qwen3: each head's vector normed on its own, rows of head_dim values */
+        engine__norm_rows(c, c->q, c->q, w->q_norm, T * hp->n_head, hp->head_dim);
+        engine__norm_rows(c, c->k, c->k, w->k_norm, T * hp->n_head_kv, hp->head_dim);
+    }
     engine__rope_store(c, kv, b, l);
     engine__attention(c, kv, b, l);
     engine__matmul(c, c->xn, c->att, &w->wo, T);

@@ -18,36 +18,10 @@ static int load_qwen3_layer(engine_model *m, uint32_t l, char *err, size_t err_l
     return engine__load_layer_vec(m, l, "attn_k_norm.weight", hd, true, &w->k_norm, err, err_len);
 }
 
-static void qwen3_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l)
-{
-    const engine_hparams *hp = &c->m->hp;
-    const layer_weights *w = &c->m->layers[l];
-    size_t T = b->n_tokens, E = hp->n_embd;
-
-    engine__norm_rows(c, c->xn, c->x, w->attn_norm, T, E);
-    const kern_mat *qkv[3] = {&w->wq, &w->wk, &w->wv};
-    float *qkv_out[3] = {c->q, c->k, c->v};
-    engine__matmuls(c, c->xn, T, 3, qkv, qkv_out, ENGINE_GLU_NONE);
-    /* Each head's vector is normed on its own: rows of head_dim values. */
-    engine__norm_rows(c, c->q, c->q, w->q_norm, T * hp->n_head, hp->head_dim);
-    engine__norm_rows(c, c->k, c->k, w->k_norm, T * hp->n_head_kv, hp->head_dim);
-    engine__rope_store(c, kv, b, l);
-    engine__attention(c, kv, b, l);
-    engine__matmul(c, c->xn, c->att, &w->wo, T);
-    kern_add(c->x, c->xn, T * E);
-
-    engine__norm_rows(c, c->xn, c->x, w->ffn_norm, T, E);
-    const kern_mat *gate_up[2] = {&w->w_gate, &w->w_up};
-    float *gate_up_out[2] = {c->gate, c->up};
-    engine__matmuls(c, c->xn, T, 2, gate_up, gate_up_out, ENGINE_GLU_SILU);
-    engine__matmul(c, c->xn, c->gate, &w->w_down, T);
-    kern_add(c->x, c->xn, T * E);
-}
-
 const engine_arch engine__arch_qwen3 = {
     .name = "qwen3",
     .rope_type = ENGINE_ROPE_NEOX,
     .free_head_dim = true,
     .load_layer = load_qwen3_layer,
-    .layer = qwen3_layer,
+    .layer = engine__llama_layer,
 };
