@@ -110,8 +110,7 @@ static void scale_scores(const engine_ctx *c, float *sc, uint32_t n, uint32_t i0
     for (uint32_t h = 0; h < n; h++) {
         float *s = sc + h * ATTN_SPAN;
         if (cap > 0)
-            for (uint32_t i = i0; i < i1; i++)
-                s[i] = cap * tanhf(s[i] * scale / cap);
+            c->kern->softcap(s + i0, i1 - i0, scale, cap);
         else /* a loop the compiler vectorizes */
             for (uint32_t i = i0; i < i1; i++)
                 s[i] *= scale;

@@ -108,15 +108,6 @@ void engine__norm_rows(engine_ctx *c, float *out, const float *x, const float *w
         c->kern->rmsnorm(out + r * n, x + r * n, w, n, c->m->hp.rms_eps);
 }
 
-/* g = gelu(g) * u, GELU with the tanh approximation (gemma's gelu_pytorch_tanh, ggml_gelu). */
-static void gelu_mul(float *g, const float *u, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        float x = g[i];
-        g[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))) * u[i];
-    }
-}
-
 #define MM_MAX 3 /* matrices one job can multiply the same input by (Q, K, V) */
 
 typedef struct matmul_job {
@@ -170,8 +161,8 @@ static void matmul_item(void *arg, uint32_t i, uint32_t ith)
     for (size_t t = 0; t < j->rows; t++) {
         if (j->glu == ENGINE_GLU_SILU)
             j->c->kern->silu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
-        else
-            gelu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
+        else /* GELU's tanh approximation (gemma's gelu_pytorch_tanh, ggml_gelu) */
+            j->c->kern->gelu_mul(j->out[0] + t * N + n0, j->out[1] + t * N + n0, cnt);
     }
 }
 
@@ -371,13 +362,6 @@ void engine__rope_store(engine_ctx *c, engine_kv *kv, const engine_batch *b, uin
     }
 }
 
-/* cap * tanh(x / cap) over n values: gemma's soft-capping of logits. */
-static void softcap(float *x, size_t n, float cap)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] = cap * tanhf(x[i] / cap);
-}
-
 int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *logits_out)
 {
     int rc = validate_batch(c, kv, b);
@@ -415,7 +399,7 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
     }
     if (n_out)
         engine__matmul(c, logits_out, c->xn, &m->output, n_out);
-    if (n_out && m->final_softcap > 0)
-        softcap(logits_out, n_out * hp->n_vocab, m->final_softcap);
+    if (n_out && m->final_softcap > 0) /* gemma 2's soft-capping of logits */
+        c->kern->softcap(logits_out, n_out * hp->n_vocab, 1.0f, m->final_softcap);
     return 0;
 }

@@ -842,6 +842,91 @@ static void test_silu(void **state)
     }
 }
 
+/* kern_tanh (kern/kexp.h) within 4 ulp of tanh from 2^-20 to 10 (and +-1 beyond, odd, NaN for
+ * NaN). kern_gelu against x / (1 + e^-2u), u = sqrt(2/pi) (x + 0.044715 x^3) (the same function
+ * as 0.5 x (1 + tanh u), without that form's cancelling), in double: within 3 (2 + |2u|) ulp. The
+ * |2u| is the conditioning: 2u rounded to float moves e^-2u by |2u| ulp, whatever the formula
+ * (8 ulp at |x| = 1, 19 at x = -3.9). Where 2u < -87, kern_exp's 0: the value is below 1e-35. */
+static void test_tanh_gelu(void **state)
+{
+    (void)state;
+    double worst_t = 0, worst_g = 0;
+    for (int i = 0; i <= 400000; i++) {
+        float y = ldexpf(1.0f, -20) * powf(10.0f * 1048576.0f, (float)i / 400000.0f);
+        double want = tanh((double)y), got = kern_tanh(y);
+        double ulp = nextafterf((float)want, INFINITY) - (float)want;
+        worst_t = fmax(worst_t, fabs(got - want) / ulp);
+        assert_true(kern_tanh(-y) == -kern_tanh(y));
+        for (int sg = -1; sg <= 1; sg += 2) {
+            float x = (float)sg * y;
+            double xd = x, u2 = 2 * 0.7978845608028654 * (xd + 0.044715 * xd * xd * xd);
+            double gw = xd / (1 + exp(-u2)), gf = kern_gelu(x);
+            if (u2 < -87) {
+                assert_true(fabs(gw) < 1e-35 && fabs(gf) < 1e-35);
+                continue;
+            }
+            if (fabs(gw) < 0x1p-126)
+                continue;
+            double gu = nextafterf((float)fabs(gw), INFINITY) - (float)fabs(gw);
+            worst_g = fmax(worst_g, fabs(gf - gw) / gu / (2 + fabs(u2)));
+        }
+    }
+    fprintf(stderr, "kern_tanh: worst error %.2f ulp; kern_gelu %.2f (2 + |2u|) ulp\n", worst_t,
+            worst_g);
+    assert_true(worst_t <= 4.0);
+    assert_true(worst_g <= 3.0);
+    assert_true(kern_tanh(0.0f) == 0.0f && signbit(kern_tanh(-0.0f)));
+    assert_true(kern_tanh(INFINITY) == 1.0f && kern_tanh(-INFINITY) == -1.0f);
+    assert_true(kern_tanh(50.0f) == 1.0f && isnan(kern_tanh(NAN)));
+    assert_true(kern_gelu(0.0f) == 0.0f && kern_gelu(INFINITY) == INFINITY);
+    assert_true(kern_gelu(-1e30f) == 0.0f && isnan(kern_gelu(NAN)));
+}
+
+/* Gemma's GELU-gated MLP and soft-capping: every table the reference's bits at every length
+ * 0..77 (vector bodies and tails), on values of both signs, large ones, zeros, infinities and
+ * NaN; the soft-cap with a scale (attention's scores) and without (logits). */
+static void test_gelu_softcap(void **state)
+{
+    (void)state;
+    enum { N = 77 };
+    float g0[N], u[N], want[N], got[N];
+    for (int i = 0; i < N; i++) {
+        g0[i] = frand() * (i % 3 ? 6.0f : 200.0f);
+        u[i] = frand();
+    }
+    g0[5] = -0.0f;
+    g0[6] = 0.0f;
+    g0[20] = INFINITY;
+    g0[21] = -INFINITY;
+    g0[33] = NAN;
+    g0[40] = 1e-7f;
+    for (size_t n = 0; n <= N; n++)
+        for (int op = 0; op < 3; op++) {
+            float scale = op == 1 ? 0.125f : 1.0f, cap = op == 1 ? 50.0f : 30.0f;
+            memcpy(want, g0, sizeof want);
+            if (op == 0)
+                kern_ref_ops.gelu_mul(want, u, n);
+            else
+                kern_ref_ops.softcap(want, n, scale, cap);
+            for (size_t i = 0; op && i < n; i++) {
+                if (i == 33)
+                    continue;
+                double c = cap * tanh((double)g0[i] * scale / cap);
+                assert_true(fabs(want[i] - c) <= 1e-6 * fabs(c) + 1e-30);
+            }
+            for (int k = 0; k < g_n_isas; k++) {
+                memcpy(got, g0, sizeof got);
+                if (op == 0)
+                    g_isas[k]->gelu_mul(got, u, n);
+                else
+                    g_isas[k]->softcap(got, n, scale, cap);
+                if (!same_floats(got, want, N))
+                    fail_msg("%s %s differs from the reference at n = %zu", g_isas[k]->name,
+                             op ? "softcap" : "gelu_mul", n);
+            }
+        }
+}
+
 /* The bit-for-bit comparisons above can fail: an unfused, sequential dot (what a plain C loop
  * computes) differs from the reference's on these inputs at some length. */
 static void test_reference_is_sensitive(void **state)
@@ -1073,6 +1158,8 @@ int main(void)
         cmocka_unit_test(test_exp),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_silu),
+        cmocka_unit_test(test_tanh_gelu),
+        cmocka_unit_test(test_gelu_softcap),
         cmocka_unit_test(test_row_runs),
         cmocka_unit_test(test_reference_is_sensitive),
         cmocka_unit_test(test_select),

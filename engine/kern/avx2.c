@@ -339,7 +339,8 @@ static void avx2_axpy_f16_n(const kern_run *rn, float *y, size_t ldy, const floa
 
 /* ---- attention's softmax (kern/kexp.h: kern_exp in every lane, two ymm of sums) ---- */
 
-INLINE __m256 exp8(__m256 x)
+/* kern_exp's and kern_expm1's common part: p = (e^r - 1) / r for x's r, and 2^k in *s */
+INLINE __m256 exp8_poly(__m256 x, __m256 *r_out, __m256 *s)
 {
     const __m256 shift = _mm256_set1_ps(KEXP_SHIFT);
     __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(KEXP_LOG2E), shift);
@@ -352,11 +353,26 @@ INLINE __m256 exp8(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KEXP_C3));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KEXP_C2));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(shift));
-    e = _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    *s = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+    *r_out = r;
+    return p;
+}
+
+INLINE __m256 exp8(__m256 x)
+{
+    __m256 r, s, p = exp8_poly(x, &r, &s);
+    __m256 y = _mm256_mul_ps(_mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f)), s);
     y = _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(KEXP_MIN), _CMP_GE_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+INLINE __m256 expm1_8(__m256 x)
+{
+    __m256 r, s, p = exp8_poly(x, &r, &s);
+    __m256 y = _mm256_fmadd_ps(s, _mm256_mul_ps(p, r), _mm256_sub_ps(s, _mm256_set1_ps(1.0f)));
+    y = _mm256_blendv_ps(_mm256_set1_ps(-1.0f), y,
+                         _mm256_cmp_ps(x, _mm256_set1_ps(KEXP_MIN), _CMP_GE_OQ));
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
@@ -403,6 +419,40 @@ static void avx2_silu_mul(float *g, const float *u, size_t n)
         g[i] = kern_silu(g[i]) * u[i];
 }
 
+static void avx2_gelu_mul(float *g, const float *u, size_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 c = _mm256_mul_ps(_mm256_set1_ps(KGELU_A), _mm256_mul_ps(x, x));
+        __m256 v = _mm256_mul_ps(_mm256_set1_ps(KGELU_2K), _mm256_fmadd_ps(c, x, x));
+        __m256 e = exp8(_mm256_or_ps(v, sign)); /* -|v| */
+        __m256 num = _mm256_blendv_ps(_mm256_mul_ps(x, e), x,
+                                      _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GE_OQ));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, e)),
+                                              _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++)
+        g[i] = kern_gelu(g[i]) * u[i];
+}
+
+static void avx2_softcap(float *x, size_t n, float scale, float cap)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), sc = _mm256_set1_ps(scale), cp = _mm256_set1_ps(cap);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 y = _mm256_div_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sc), cp);
+        __m256 a = _mm256_andnot_ps(sign, y);
+        __m256 m = expm1_8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), a));
+        __m256 t = _mm256_div_ps(_mm256_xor_ps(m, sign), _mm256_add_ps(_mm256_set1_ps(2.0f), m));
+        t = _mm256_or_ps(_mm256_andnot_ps(sign, t), _mm256_and_ps(sign, y)); /* copysign */
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(cp, t));
+    }
+    for (; i < n; i++)
+        x[i] = kern_softcap(x[i], scale, cap);
+}
+
 static void avx2_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
 {
     float scale = 1.0f / sqrtf(avx2_dot(x, x, n) / (float)n + eps);
@@ -441,6 +491,8 @@ const kern_ops kern_avx2_ops = {
     .qmatmul = kern__qmatmul_avx2,
     .softmax = avx2_softmax,
     .silu_mul = avx2_silu_mul,
+    .gelu_mul = avx2_gelu_mul,
+    .softcap = avx2_softcap,
     .qx_quantize = avx2_qx_quantize,
     .dot_f16_n = avx2_dot_f16_n,
     .axpy_f16_n = avx2_axpy_f16_n,

@@ -619,7 +619,8 @@ static void avx512_axpy_f16_n(const kern_run *rn, float *y, size_t ldy, const fl
 
 /* ---- attention's softmax (kern/kexp.h: kern_exp in every lane, 16 lanes of sums) ---- */
 
-INLINE __m512 k512_exp(__m512 x)
+/* kern_exp's and kern_expm1's common part: p = (e^r - 1) / r for x's r, and 2^k in *s */
+INLINE __m512 k512_exp_poly(__m512 x, __m512 *r_out, __m512 *s)
 {
     const __m512 shift = _mm512_set1_ps(KEXP_SHIFT);
     __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(KEXP_LOG2E), shift);
@@ -632,12 +633,27 @@ INLINE __m512 k512_exp(__m512 x)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KEXP_C3));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KEXP_C2));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     /* t's bits are shift's plus k (no integer conversion in simde 0.7.4): 2^k's exponent */
     __m512i e = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(shift));
-    e = _mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23);
-    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    *s = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+    *r_out = r;
+    return p;
+}
+
+INLINE __m512 k512_exp(__m512 x)
+{
+    __m512 r, s, p = k512_exp_poly(x, &r, &s);
+    __m512 y = _mm512_mul_ps(_mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f)), s);
     y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(KEXP_MIN), _CMP_GE_OQ), y);
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+INLINE __m512 k512_expm1(__m512 x)
+{
+    __m512 r, s, p = k512_exp_poly(x, &r, &s);
+    __m512 y = _mm512_fmadd_ps(s, _mm512_mul_ps(p, r), _mm512_sub_ps(s, _mm512_set1_ps(1.0f)));
+    y = _mm512_mask_mov_ps(_mm512_set1_ps(-1.0f),
+                           _mm512_cmp_ps_mask(x, _mm512_set1_ps(KEXP_MIN), _CMP_GE_OQ), y);
     return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
@@ -676,6 +692,40 @@ static void avx512_silu_mul(float *g, const float *u, size_t n)
     }
     for (; i < n; i++)
         g[i] = kern_silu(g[i]) * u[i];
+}
+
+static void avx512_gelu_mul(float *g, const float *u, size_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 c = _mm512_mul_ps(_mm512_set1_ps(KGELU_A), _mm512_mul_ps(x, x));
+        __m512 v = _mm512_mul_ps(_mm512_set1_ps(KGELU_2K), _mm512_fmadd_ps(c, x, x));
+        __m512 e = k512_exp(_mm512_or_ps(v, sign)); /* -|v| */
+        __m512 num = _mm512_mask_mov_ps(_mm512_mul_ps(x, e),
+                                        _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GE_OQ), x);
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(num, _mm512_add_ps(one, e)),
+                                              _mm512_loadu_ps(u + i)));
+    }
+    for (; i < n; i++)
+        g[i] = kern_gelu(g[i]) * u[i];
+}
+
+static void avx512_softcap(float *x, size_t n, float scale, float cap)
+{
+    const __m512 sign = _mm512_set1_ps(-0.0f), sc = _mm512_set1_ps(scale), cp = _mm512_set1_ps(cap);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 y = _mm512_div_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), sc), cp);
+        __m512 a = _mm512_andnot_ps(sign, y);
+        __m512 m = k512_expm1(_mm512_mul_ps(_mm512_set1_ps(-2.0f), a));
+        __m512 t = _mm512_div_ps(_mm512_xor_ps(m, sign), _mm512_add_ps(_mm512_set1_ps(2.0f), m));
+        t = _mm512_or_ps(_mm512_andnot_ps(sign, t), _mm512_and_ps(sign, y)); /* copysign */
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(cp, t));
+    }
+    for (; i < n; i++)
+        x[i] = kern_softcap(x[i], scale, cap);
 }
 
 static void avx512_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
@@ -724,6 +774,8 @@ static void avx512_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx
     .axpy_f16_n = avx512_axpy_f16_n,                                                               \
     .softmax = avx512_softmax,                                                                     \
     .silu_mul = avx512_silu_mul,                                                                   \
+    .gelu_mul = avx512_gelu_mul,                                                                   \
+    .softcap = avx512_softcap,                                                                     \
     .qx_quantize = avx512_qx_quantize,                                                             \
     .qmatmul = KERN512(kern__qmatmul_avx512)
 /* clang-format on */

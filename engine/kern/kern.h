@@ -148,6 +148,11 @@ typedef struct kern_ops {
     float (*softmax)(float *sc, size_t n, float *max);
     /* g[i] = kern_silu(g[i]) * u[i] (kern/kexp.h), the gated MLP's activation */
     void (*silu_mul)(float *g, const float *u, size_t n);
+    /* g[i] = kern_gelu(g[i]) * u[i], Gemma's gated MLP */
+    void (*gelu_mul)(float *g, const float *u, size_t n);
+    /* x[i] = kern_softcap(x[i], scale, cap): Gemma 2's scores (scale the attention's) and
+     * logits (scale 1) */
+    void (*softcap)(float *x, size_t n, float scale, float cap);
     /* kern_qx_quantize's bytes (kern/qx_quant.h, vectorized by the table's flags). NULL:
      * kern_qx_quantize. */
     void (*qx_quantize)(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in, void *dst);

@@ -12,7 +12,17 @@
  *   value replaced by kern_exp(value - max), and their sum as 16 partial sums (sum j takes
  *   the values i with i % 16 == j, in order) folded as ((v0+v4)+(v2+v6))+((v1+v5)+(v3+v7))
  *   with v[j] = sum[j] + sum[j+8]: the order of one zmm or two ymm accumulators.
- *   silu_mul: g = kern_silu(g) * u, element by element. */
+ *   silu_mul: g = kern_silu(g) * u, element by element.
+ *   kern_expm1(x), x <= 0: kern_exp's k, r and polynomial but for its last step: q = p * r is
+ *   e^r - 1, and the result fmaf(2^k, q, 2^k - 1), so that for |x| < ln 2 / 2 (k = 0) it is q
+ *   itself, precise where 1 - e^x would cancel; below -87, -1.
+ *   kern_tanh(y) = copysign(-m / (2 + m), y), m = kern_expm1(-2|y|): within a few ulp of tanh.
+ *   kern_gelu(x), GELU's tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715
+ *   x^3), written as x * sigmoid(2u) (the same function) through kern_exp(-|2u|) as kern_silu:
+ *   no 1 + tanh(u) cancelling for negative x. gelu_mul: g = kern_gelu(g) * u.
+ *   softcap: x = cap * kern_tanh(x * scale / cap), Gemma 2's soft-capping of scores and logits.
+ * glibc's tanhf (through expm1f) has no vector form: one call per value was a fifth of a Gemma 2
+ * prefill (perf, TinyLlama's shape, 512 tokens). */
 #ifndef KVS_ENGINE_KERN_KEXP_H
 #define KVS_ENGINE_KERN_KEXP_H
 
@@ -60,6 +70,49 @@ static inline float kern_silu(float x)
 {
     float e = kern_exp(-fabsf(x));
     return (x >= 0.0f ? x : x * e) / (1.0f + e);
+}
+
+/* GELU's constants: 2 sqrt(2 / pi) (2u's factor) and the cubic's */
+#define KGELU_2K 0x1.988454p+0f
+#define KGELU_A 0.044715f
+
+static inline float kern_expm1(float x)
+{
+    if (!(x >= KEXP_MIN))
+        return x != x ? x : -1.0f;
+    float k = fmaf(x, KEXP_LOG2E, KEXP_SHIFT) - KEXP_SHIFT;
+    float r = fmaf(k, -KEXP_LN2_HI, x);
+    r = fmaf(k, -KEXP_LN2_LO, r);
+    float p = fmaf(KEXP_C7, r, KEXP_C6);
+    p = fmaf(p, r, KEXP_C5);
+    p = fmaf(p, r, KEXP_C4);
+    p = fmaf(p, r, KEXP_C3);
+    p = fmaf(p, r, KEXP_C2);
+    p = fmaf(p, r, 1.0f);
+    float q = p * r;
+    uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
+    float s;
+    memcpy(&s, &bits, sizeof s);
+    return fmaf(s, q, s - 1.0f);
+}
+
+static inline float kern_tanh(float y)
+{
+    float m = kern_expm1(-2.0f * fabsf(y));
+    return copysignf(-m / (2.0f + m), y);
+}
+
+/* 2u = KGELU_2K * (x + KGELU_A x^3), the cubic as fmaf(KGELU_A * (x * x), x, x) */
+static inline float kern_gelu(float x)
+{
+    float v = KGELU_2K * fmaf(KGELU_A * (x * x), x, x);
+    float e = kern_exp(-fabsf(v));
+    return (v >= 0.0f ? x : x * e) / (1.0f + e);
+}
+
+static inline float kern_softcap(float x, float scale, float cap)
+{
+    return cap * kern_tanh(x * scale / cap);
 }
 
 /* The max fold: a > m replaces m (so NaNs are passed over). */

@@ -192,6 +192,18 @@ REF_FMA_CLONE static void ref_silu_mul(float *g, const float *u, size_t n)
         g[i] = kern_silu(g[i]) * u[i];
 }
 
+REF_FMA_CLONE static void ref_gelu_mul(float *g, const float *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        g[i] = kern_gelu(g[i]) * u[i];
+}
+
+REF_FMA_CLONE static void ref_softcap(float *x, size_t n, float scale, float cap)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = kern_softcap(x[i], scale, cap);
+}
+
 const kern_ops kern_ref_ops = {
     .name = "generic",
     .matmul = ref_matmul,
@@ -204,6 +216,8 @@ const kern_ops kern_ref_ops = {
     .qmatmul = kern_qmatmul_ref,
     .softmax = ref_softmax,
     .silu_mul = ref_silu_mul,
+    .gelu_mul = ref_gelu_mul,
+    .softcap = ref_softcap,
     .qx_quantize = kern_qx_quantize,
 };
 
