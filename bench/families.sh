@@ -5,7 +5,8 @@
 # llama-spm vocabulary; same model file, same threads, same closed-loop client as bench/peer.sh
 # (bench/serve_bench.py, non-streaming completions, token-id prompts, ignore_eos). The families
 # differ in what the layer does around the same products: Gemma's post-norms and GELU, its
-# tied (bigger-looking) output, Qwen 3's head norms, windows. Prints a markdown table.
+# tied (bigger-looking) output, Qwen 3's head norms, windows. Writes its section of
+# docs/BENCHMARKS.md (one per CPU kind) and prints it.
 #   decode: 1 client, PROMPT-token prompts, OUT generated tokens each (N1 requests)
 #   prefill: 512-token prompts, 1 generated token, 1 client (NPP requests)
 # Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), FAMILIES (all six),
@@ -51,15 +52,27 @@ for fam in $FAMILIES; do
 done
 
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU}, $THREADS threads for both, kvserve"
-echo "$(git rev-parse --short HEAD), llama.cpp from ../shared/peer; shape $SHAPE F16; decode: 1 client,"
-echo "$PROMPT-token prompts, $OUT tokens, $N1 requests; prefill: 512-token prompts, $NPP requests."
-echo "Load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg). Command:"
-echo
-echo '```'
-echo "THREADS=$THREADS SHAPE=$SHAPE FAMILIES=\"$FAMILIES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 NPP=$NPP bench/families.sh"
-echo '```'
-echo
-echo "| family | kvserve decode tok/s | llama-server | ratio | kvserve prefill tok/s | llama-server | ratio |"
-echo "|---|---:|---:|---:|---:|---:|---:|"
-printf '%s\n' "${rows[@]}"
+FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|fma\|f16c\|avx_vnni' | sort -u | tr '\n' ' ')
+SECTION="$TMP/section.md"
+{
+    echo "<!-- families.sh begin -->"
+    echo "## Model families (bench/families.sh)"
+    echo
+    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU} (${FLAGS% }), $THREADS threads for both,"
+    echo "kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer; shape $SHAPE F16 (random weights,"
+    echo "llama-spm vocabulary; gemma files tied, windows of 512); decode: 1 client, $PROMPT-token prompts,"
+    echo "$OUT tokens, $N1 requests; prefill: 512-token prompts, $NPP requests; one run of each."
+    echo "Load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg). Command:"
+    echo
+    echo '```'
+    echo "THREADS=$THREADS SHAPE=$SHAPE FAMILIES=\"$FAMILIES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 NPP=$NPP bench/families.sh"
+    echo '```'
+    echo
+    echo "| family | kvserve decode tok/s | llama-server | ratio | kvserve prefill tok/s | llama-server | ratio |"
+    echo "|---|---:|---:|---:|---:|---:|---:|"
+    printf '%s\n' "${rows[@]}"
+    echo "<!-- families.sh end -->"
+} >"$SECTION"
+# per CPU kind (bench/doc_section.py): each kind's figures stay beside the others
+python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md families.sh <"$SECTION"
+cat "$SECTION"
