@@ -51,14 +51,12 @@ for fam in $FAMILIES; do
     rm -f "$f"
 done
 
-CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|fma\|f16c\|avx_vnni' | sort -u | tr '\n' ' ')
 SECTION="$TMP/section.md"
 {
     echo "<!-- families.sh begin -->"
     echo "## Model families (bench/families.sh)"
     echo
-    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU} (${FLAGS% }), $THREADS threads for both,"
+    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $(cpu_desc), $THREADS threads for both,"
     echo "kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer; shape $SHAPE F16 (random weights,"
     echo "llama-spm vocabulary; gemma files tied, windows of 512); decode: 1 client, $PROMPT-token prompts,"
     echo "$OUT tokens, $N1 requests; prefill: 512-token prompts, $NPP requests; one run of each."

@@ -128,14 +128,12 @@ for shape in $SHAPES; do
     rm -f "$f"
 done
 
-CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|fma\|f16c\|avx_vnni' | sort -u | tr '\n' ' ')
 SECTION="$TMP/section.md"
 {
     echo "<!-- peer.sh begin -->"
     echo "## kvserve against llama-server (bench/peer.sh)"
     echo
-    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU} (${FLAGS% }), $THREADS threads for both"
+    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $(cpu_desc), $THREADS threads for both"
     echo "servers, kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer (its CPU variant chosen at"
     echo "run time). Closed-loop clients of bench/serve_bench.py, non-streaming completions,"
     echo "$PROMPT-token prompts, $OUT output tokens (ignore_eos); prefill: 512-token prompts, 1 output token."

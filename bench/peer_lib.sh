@@ -101,5 +101,14 @@ bench() {
 # one decimal: the figure of REPEATS rounds (peer.sh, quant.sh, depth.sh)
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)]}'; }
 
+# cpu_desc -> "MODEL NAME (FLAGS)": the CPU and the instruction sets its kernels can use, for the
+# "Measured ... on" line of a section (the CPU kind decides which section, bench/doc_section.py)
+cpu_desc() {
+    local cpu flags
+    cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+    flags=$(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|fma\|f16c\|avx_vnni' | sort -u | tr '\n' ' ')
+    echo "$cpu (${flags% })"
+}
+
 # ratio A B -> A / B with two decimals (0 when B is 0)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", (b > 0 ? a / b : 0)}'; }

@@ -75,15 +75,13 @@ bw=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
 base="$TMP/$SHAPE-f16.gguf"
 "$MKMODEL" --shape "$SHAPE" --type f16 --vocab "$VOCAB" -o "$base" >&2
 N_TYPES=$(wc -w <<<"$TYPES")
-CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-FLAGS=$(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|fma\|f16c\|avx_vnni' | sort -u | tr '\n' ' ')
 write_section() { # DONE-TYPES-COUNT
     local SECTION="$TMP/section.md"
     {
     echo "<!-- quant.sh begin -->"
     echo "## Quantized GGUFs against llama-server (bench/quant.sh)"
     echo
-    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU} (${FLAGS% }), $THREADS threads for both"
+    echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $(cpu_desc), $THREADS threads for both"
     echo "servers, kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer. The $SHAPE shape"
     echo "(random weights) in F16, quantized by llama-quantize to each type; closed-loop clients of"
     echo "bench/serve_bench.py, non-streaming completions, $PROMPT-token prompts, $OUT output tokens"

@@ -44,10 +44,10 @@
 #define KEXP_C3 0x1.555556p-3f
 #define KEXP_C2 0x1p-1f
 
-static inline float kern_exp(float x)
+/* kern_exp's and kern_expm1's common steps for x in [-87, 0]: returns p = (e^r - 1) / r, the
+ * remainder r in *r and 2^k in *s */
+static inline float kexp_poly(float x, float *r_out, float *s)
 {
-    if (!(x >= KEXP_MIN))
-        return x != x ? x : 0.0f;
     float k = fmaf(x, KEXP_LOG2E, KEXP_SHIFT) - KEXP_SHIFT;
     float r = fmaf(k, -KEXP_LN2_HI, x);
     r = fmaf(k, -KEXP_LN2_LO, r);
@@ -57,11 +57,18 @@ static inline float kern_exp(float x)
     p = fmaf(p, r, KEXP_C3);
     p = fmaf(p, r, KEXP_C2);
     p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
     uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
-    float s;
-    memcpy(&s, &bits, sizeof s);
-    return p * s;
+    memcpy(s, &bits, sizeof *s);
+    *r_out = r;
+    return p;
+}
+
+static inline float kern_exp(float x)
+{
+    if (!(x >= KEXP_MIN))
+        return x != x ? x : 0.0f;
+    float r, s, p = kexp_poly(x, &r, &s);
+    return fmaf(p, r, 1.0f) * s;
 }
 
 /* The MLP's SiLU, x / (1 + e^-x), through kern_exp of -|x| only: x / (1 + e) for x >= 0 and
@@ -80,20 +87,8 @@ static inline float kern_expm1(float x)
 {
     if (!(x >= KEXP_MIN))
         return x != x ? x : -1.0f;
-    float k = fmaf(x, KEXP_LOG2E, KEXP_SHIFT) - KEXP_SHIFT;
-    float r = fmaf(k, -KEXP_LN2_HI, x);
-    r = fmaf(k, -KEXP_LN2_LO, r);
-    float p = fmaf(KEXP_C7, r, KEXP_C6);
-    p = fmaf(p, r, KEXP_C5);
-    p = fmaf(p, r, KEXP_C4);
-    p = fmaf(p, r, KEXP_C3);
-    p = fmaf(p, r, KEXP_C2);
-    p = fmaf(p, r, 1.0f);
-    float q = p * r;
-    uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
-    float s;
-    memcpy(&s, &bits, sizeof s);
-    return fmaf(s, q, s - 1.0f);
+    float r, s, p = kexp_poly(x, &r, &s);
+    return fmaf(s, p * r, s - 1.0f);
 }
 
 static inline float kern_tanh(float y)
