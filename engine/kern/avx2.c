@@ -404,16 +404,22 @@ static float avx2_softmax(float *sc, size_t n, float *max)
     return kexp_sum_tail(lanes, sc, n16, n, mx);
 }
 
+/* x * sigmoid(v) * u, the gated MLPs' tail (kern/kexp.h): with e = kern_exp(-|v|),
+ * (v >= 0 ? x : x * e) / (1 + e) * u, so 1 + e never cancels. SiLU is gate8(x, x, u). */
+INLINE __m256 gate8(__m256 x, __m256 v, __m256 u)
+{
+    __m256 e = exp8(_mm256_or_ps(v, _mm256_set1_ps(-0.0f))); /* -|v| */
+    __m256 num =
+        _mm256_blendv_ps(_mm256_mul_ps(x, e), x, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GE_OQ));
+    return _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
 static void avx2_silu_mul(float *g, const float *u, size_t n)
 {
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(g + i), e = exp8(_mm256_or_ps(x, sign)); /* -|x| */
-        __m256 num = _mm256_blendv_ps(_mm256_mul_ps(x, e), x,
-                                      _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, e)),
-                                              _mm256_loadu_ps(u + i)));
+        __m256 x = _mm256_loadu_ps(g + i);
+        _mm256_storeu_ps(g + i, gate8(x, x, _mm256_loadu_ps(u + i)));
     }
     for (; i < n; i++)
         g[i] = kern_silu(g[i]) * u[i];
@@ -421,17 +427,12 @@ static void avx2_silu_mul(float *g, const float *u, size_t n)
 
 static void avx2_gelu_mul(float *g, const float *u, size_t n)
 {
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(g + i);
         __m256 c = _mm256_mul_ps(_mm256_set1_ps(KGELU_A), _mm256_mul_ps(x, x));
         __m256 v = _mm256_mul_ps(_mm256_set1_ps(KGELU_2K), _mm256_fmadd_ps(c, x, x));
-        __m256 e = exp8(_mm256_or_ps(v, sign)); /* -|v| */
-        __m256 num = _mm256_blendv_ps(_mm256_mul_ps(x, e), x,
-                                      _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GE_OQ));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(num, _mm256_add_ps(one, e)),
-                                              _mm256_loadu_ps(u + i)));
+        _mm256_storeu_ps(g + i, gate8(x, v, _mm256_loadu_ps(u + i)));
     }
     for (; i < n; i++)
         g[i] = kern_gelu(g[i]) * u[i];

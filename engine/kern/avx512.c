@@ -679,16 +679,22 @@ static float avx512_softmax(float *sc, size_t n, float *max)
     return kexp_sum_tail(lanes, sc, n16, n, mx);
 }
 
+/* x * sigmoid(v) * u, the gated MLPs' tail (kern/kexp.h): with e = kern_exp(-|v|),
+ * (v >= 0 ? x : x * e) / (1 + e) * u, so 1 + e never cancels. SiLU is k512_gate(x, x, u). */
+INLINE __m512 k512_gate(__m512 x, __m512 v, __m512 u)
+{
+    __m512 e = k512_exp(_mm512_or_ps(v, _mm512_set1_ps(-0.0f))); /* -|v| */
+    __m512 num = _mm512_mask_mov_ps(_mm512_mul_ps(x, e),
+                                    _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GE_OQ), x);
+    return _mm512_mul_ps(_mm512_div_ps(num, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
 static void avx512_silu_mul(float *g, const float *u, size_t n)
 {
-    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512 x = _mm512_loadu_ps(g + i), e = k512_exp(_mm512_or_ps(x, sign)); /* -|x| */
-        __m512 num = _mm512_mask_mov_ps(_mm512_mul_ps(x, e),
-                                        _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), x);
-        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(num, _mm512_add_ps(one, e)),
-                                              _mm512_loadu_ps(u + i)));
+        __m512 x = _mm512_loadu_ps(g + i);
+        _mm512_storeu_ps(g + i, k512_gate(x, x, _mm512_loadu_ps(u + i)));
     }
     for (; i < n; i++)
         g[i] = kern_silu(g[i]) * u[i];
@@ -696,17 +702,12 @@ static void avx512_silu_mul(float *g, const float *u, size_t n)
 
 static void avx512_gelu_mul(float *g, const float *u, size_t n)
 {
-    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 x = _mm512_loadu_ps(g + i);
         __m512 c = _mm512_mul_ps(_mm512_set1_ps(KGELU_A), _mm512_mul_ps(x, x));
         __m512 v = _mm512_mul_ps(_mm512_set1_ps(KGELU_2K), _mm512_fmadd_ps(c, x, x));
-        __m512 e = k512_exp(_mm512_or_ps(v, sign)); /* -|v| */
-        __m512 num = _mm512_mask_mov_ps(_mm512_mul_ps(x, e),
-                                        _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GE_OQ), x);
-        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(num, _mm512_add_ps(one, e)),
-                                              _mm512_loadu_ps(u + i)));
+        _mm512_storeu_ps(g + i, k512_gate(x, v, _mm512_loadu_ps(u + i)));
     }
     for (; i < n; i++)
         g[i] = kern_gelu(g[i]) * u[i];
