@@ -601,14 +601,14 @@ static void test_qdot_is_sensitive(void **state)
 /* Attention's runs of cache rows (kern_dot_f16_n, kern_axpy_f16_n): every table, with its
  * batched forms or the loop over single calls, gives the bits of the reference's single calls;
  * head sizes with and without a fast path, runs of 1 to 33 rows, rows with padding between, 1 to
- * 9 heads at once, sharing their rows (GQA) or each at its own offset in them (one kv head per
- * query head). */
+ * 12 heads at once (groups of 8, 4, 2 and the rest), sharing their rows (GQA) or each at its own
+ * offset in them (one kv head per query head). */
 static void test_row_runs(void **state)
 {
     (void)state;
     static const size_t sizes[] = {64, 128, 256, 192, 96, 72, 16};
-    static const size_t heads[] = {1, 2, 3, 4, 5, 8, 9};
-    enum { M = 33, G = 9, STRIDE = 2400 }; /* uint16 per row: 9 heads of 256 values and padding */
+    static const size_t heads[] = {1, 2, 3, 4, 5, 7, 8, 9, 12};
+    enum { M = 33, G = 12, STRIDE = 3200 }; /* uint16 per row: 12 heads of 256 values and padding */
     uint16_t *rows = malloc(M * STRIDE * sizeof(uint16_t));
     float *a = malloc(G * 256 * sizeof(float)), *y0 = malloc(G * 260 * sizeof(float));
     float *yr = malloc(G * 260 * sizeof(float)), *y = malloc(G * 260 * sizeof(float));
