@@ -1222,6 +1222,83 @@ static void test_quantized(void **st)
     check_quantized(c->shape ? c->shape : "kquant", c->ftype, c->wtype);
 }
 
+/* A quantized prompt longer than the gated MLP's row blocks (engine/forward.c's GLU_ROWS, on
+ * the integer path): Q4_K_M on the kquant shape (gate and up in Q4_K, down in Q6_K / Q4_K),
+ * --activations q8, every kernel table this CPU runs. The last row of one 70-row batch (row
+ * blocks 64 + 6) equals, bit for bit, the same row prefilled in batches of 10 (one block
+ * each) and decoded alone after a 69-row batch, and is within TOL_Q8 of the reference. */
+static void test_quantized_long_prompt(void **st)
+{
+    (void)st;
+    if (!quantize) {
+        fprintf(stderr,
+                "models: no llama-quantize in ../shared/peer: long Q4_K_M prompt skipped\n");
+        skip();
+    }
+    char base[512], q[512];
+    make_shape(base, sizeof base, "kquant", "kquant-f16.gguf",
+               (const char *const[]){"--type", "f16", NULL});
+    snprintf(q, sizeof q, "%s/kquant-long-Q4_K_M.gguf", dir);
+    run_quantize(base, q, "Q4_K_M", false);
+    enum { N = 70, CHUNK = 10, BS = 16, NB = 5 };
+    int32_t tok[N], pos[N], seq[N] = {0}, blocks[NB];
+    bool wl[N], wlast[N];
+    window_sequence(N, N - 1, 37, 11, tok, pos, wl, NB, 2, 1, blocks); /* 2 is prime to 5 */
+    for (int i = 0; i < N; i++)
+        wlast[i] = i == N - 2;
+    ref_model r;
+    ref_load(&r, q);
+    uint32_t V = r.vocab;
+    float *want = malloc((size_t)N * V * sizeof(float)), *one = malloc(V * sizeof(float));
+    float *chunked = malloc(V * sizeof(float)), *decoded = malloc(V * sizeof(float));
+    assert_true(want && one && chunked && decoded);
+    ref_opts ro = {0};
+    ref_forward(&r, &ro, tok, N, want);
+    ref_free(&r);
+    static const char *const tables[] = {"generic", "avx2", "auto"};
+    for (size_t ti = 0; ti < sizeof tables / sizeof tables[0]; ti++) {
+        char err[256];
+        if (engine_kernels_check(tables[ti], err, sizeof err))
+            continue; /* this CPU (or build) lacks it */
+        engine_load_params lp = {.verbose = false, .kernels = tables[ti], .activations = "q8"};
+        engine_model *m = load_model(q, &lp);
+        assert_string_equal(engine_model_weight_type(m), "Q4_K");
+        engine_seq_view view = {.blocks = blocks, .n_blocks = NB};
+        engine_ctx *c = NULL;
+        engine_kv *kv[3] = {NULL, NULL, NULL};
+        assert_int_equal(engine_ctx_create(m, N, 2, &c), 0);
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(engine_kv_create(m, ENGINE_KV_F16, NB, BS, &kv[k]), 0);
+        engine_batch b = {N, tok, pos, seq, wl, 1, &view};
+        assert_int_equal(engine_forward(c, kv[0], &b, one), 0);
+        for (int t0 = 0; t0 < N; t0 += CHUNK) {
+            engine_batch bc = {CHUNK, tok + t0, pos + t0, seq, wl + t0, 1, &view};
+            assert_int_equal(engine_forward(c, kv[1], &bc, chunked), 0);
+        }
+        engine_batch bp = {N - 1, tok, pos, seq, wlast, 1, &view};
+        assert_int_equal(engine_forward(c, kv[2], &bp, decoded), 0);
+        bool w1 = true;
+        engine_batch d = {1, &tok[N - 1], &pos[N - 1], seq, &w1, 1, &view};
+        assert_int_equal(engine_forward(c, kv[2], &d, decoded), 0);
+        if (memcmp(one, chunked, V * sizeof(float)))
+            fail_msg("%s kernels: a 70-row batch and batches of 10 give different logits",
+                     tables[ti]);
+        if (memcmp(one, decoded, V * sizeof(float)))
+            fail_msg("%s kernels: cached decode and the 70-row batch differ", tables[ti]);
+        double e = rel_err(one, want + (size_t)(N - 1) * V, V);
+        if (e > TOL_Q8)
+            fail_msg("%s kernels: relative error %g against the reference", tables[ti], e);
+        for (int k = 0; k < 3; k++)
+            engine_kv_destroy(kv[k]);
+        engine_ctx_destroy(c);
+        engine_model_destroy(m);
+    }
+    free(want);
+    free(one);
+    free(chunked);
+    free(decoded);
+}
+
 /* ------------------------------------------------------------ refusals */
 
 struct edit {
@@ -1483,6 +1560,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reference_is_sensitive),
         cmocka_unit_test(test_gemma3_long_window),
         cmocka_unit_test(test_long_prompt_mha),
+        cmocka_unit_test(test_quantized_long_prompt),
         cmocka_unit_test(test_gemma3_split_arena),
         cmocka_unit_test(test_load_releases_file_pages),
         cmocka_unit_test(test_family_reference_is_sensitive),
