@@ -87,14 +87,14 @@ write_section() { # DONE-TYPES-COUNT
     echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $(cpu_desc), $THREADS threads for both"
     echo "servers, kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer. The $SHAPE shape"
     echo "(random weights) in F16, quantized by llama-quantize to each type; closed-loop clients of"
-    echo "bench/serve_bench.py, non-streaming completions, $PROMPT-token prompts, $OUT output tokens; prefill:"
-    echo "$NPP 512-token prompts, 1 output token, 1 client (prompt tokens per second)"
+    echo "bench/serve_bench.py, non-streaming completions, $PROMPT-token prompts, $OUT output tokens"
+    echo "(ignore_eos); prefill: $NPP 512-token prompts, 1 output token, 1 client (prompt tokens per second)."
     if [ "$REPEATS" -gt 1 ]; then
-        echo "(ignore_eos). Medians of $REPEATS rounds (both servers up at once in each, every load level measured on"
+        echo "Medians of $REPEATS rounds (both servers up at once in each, every load level measured on"
         echo "both back to back, kvserve first in odd rounds, llama-server first in even ones; every round's ratios"
         echo "below the table); load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
     else
-        echo "(ignore_eos). One run of each; load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
+        echo "One run of each; load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg)"
     fi
     echo "(the machine is shared)."
     echo "Read bandwidth, same run: $bw GB/s ($THREADS threads, kvs-bench-machine; the median of its readings: $bws). kvserve's resident"
