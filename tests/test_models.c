@@ -715,6 +715,21 @@ static void test_family(void **st)
     check_model(p, c->arch, c->wtype);
 }
 
+/* The reference's logits (n x *V, malloc'd) of every position of tok[0 .. n) on the model at
+ * path, its vocabulary size in *V. */
+static float *ref_all(const char *path, const int32_t *tok, int n, uint32_t *V)
+{
+    ref_model r;
+    ref_load(&r, path);
+    *V = r.vocab;
+    float *want = malloc((size_t)n * r.vocab * sizeof(float));
+    assert_non_null(want);
+    ref_opts ro = {0};
+    ref_forward(&r, &ro, tok, n, want);
+    ref_free(&r);
+    return want;
+}
+
 /* The reference's logits of tok (n rows) on path (n * *V floats, the caller frees them), once it
  * is shown that the window matters there: without it the last row moves far beyond TOL. */
 static float *ref_windowed(const char *path, const int32_t *tok, int n, uint32_t *V)
@@ -828,15 +843,10 @@ static void test_long_prompt_mha(void **st)
     int32_t tok[N], pos[N], seq[N] = {0}, blocks[NB];
     bool wl[N];
     window_sequence(N, NP - 1, 37, 11, tok, pos, wl, NB, 7, 3, blocks); /* 7 is prime to 19 */
-    ref_model r;
-    ref_load(&r, p);
-    uint32_t V = r.vocab;
-    float *want = malloc((size_t)N * V * sizeof(float)), *got = malloc(V * sizeof(float));
+    uint32_t V;
+    float *want = ref_all(p, tok, N, &V), *got = malloc(V * sizeof(float));
     float *full = malloc(V * sizeof(float)), *first = malloc(V * sizeof(float));
-    assert_true(want && got && full && first);
-    ref_opts ro = {0};
-    ref_forward(&r, &ro, tok, N, want);
-    ref_free(&r);
+    assert_true(got && full && first);
     static const char *const tables[] = {"generic", "avx2", "auto"};
     const char *first_name = NULL;
     double worst = 0;
@@ -1246,15 +1256,10 @@ static void test_quantized_long_prompt(void **st)
     window_sequence(N, N - 1, 37, 11, tok, pos, wl, NB, 2, 1, blocks); /* 2 is prime to 5 */
     for (int i = 0; i < N; i++)
         wlast[i] = i == N - 2;
-    ref_model r;
-    ref_load(&r, q);
-    uint32_t V = r.vocab;
-    float *want = malloc((size_t)N * V * sizeof(float)), *one = malloc(V * sizeof(float));
+    uint32_t V;
+    float *want = ref_all(q, tok, N, &V), *one = malloc(V * sizeof(float));
     float *chunked = malloc(V * sizeof(float)), *decoded = malloc(V * sizeof(float));
-    assert_true(want && one && chunked && decoded);
-    ref_opts ro = {0};
-    ref_forward(&r, &ro, tok, N, want);
-    ref_free(&r);
+    assert_true(one && chunked && decoded);
     static const char *const tables[] = {"generic", "avx2", "auto"};
     for (size_t ti = 0; ti < sizeof tables / sizeof tables[0]; ti++) {
         char err[256];
