@@ -11,7 +11,7 @@
 # the file's size. Writes the "quant.sh" section of docs/BENCHMARKS.md.
 # Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), TYPES ("Q4_K_M Q4_0
 # Q5_K_M Q6_K Q8_0"), OUT (64), PROMPT (32), N1 (3 requests at 1 client), N16 (16 requests at 16
-# clients), NPP (2 prompts of 512 tokens), F32_TYPES (the types also served with --activations f32, default all of TYPES; the
+# clients), NPP (2 prompts of 512 tokens), F32_TYPES (the types also served with --activations f32, default all of TYPES, "" none; the
 # others show "-" in the f32 columns), REPEATS (1: rounds per type, both servers in each, so both
 # see the same minutes of a shared machine; the table gives each figure's median and every
 # round's ratios follow it; the f32 columns are measured in the first round only),
@@ -23,7 +23,7 @@ cd "$ROOT"
 . bench/peer_lib.sh
 SHAPE=${SHAPE:-tinyllama-1.1b}
 TYPES=${TYPES:-Q4_K_M Q4_0 Q5_K_M Q6_K Q8_0}
-F32_TYPES=${F32_TYPES:-$TYPES}
+F32_TYPES=${F32_TYPES-$TYPES} # set and empty: no f32 runs
 OUT=${OUT:-64}
 PROMPT=${PROMPT:-32}
 N1=${N1:-3}
