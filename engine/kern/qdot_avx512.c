@@ -59,8 +59,9 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     }
     if (w->type == KERN_QUANT_X8) {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
-        /* one group's stream, zmm (one_q45k) */
-        if (vnni && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K)) {
+        /* one group's stream, zmm (one_q45k, one_iq4xs) */
+        if (vnni && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K ||
+                     w->qtype == KERN_GGML_IQ4_XS)) {
             kern__qmatmul_x8_avx512_vnni(w, xq, T, out, ldo, n0, n1);
             return;
         }

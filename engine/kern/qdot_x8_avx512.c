@@ -13,7 +13,8 @@
  * a whole 64-byte run a zmm (Q4_K, Zen 5 core: 74 -> 103 Gweights/s in the caches, the same 57
  * streaming; TinyLlama Q4_K_M decode 2 threads +5-10 %. Q5_K, Zen 4 core: 36.5 -> 54.3 in the
  * caches, 25.2 -> 42.2 streaming; Q5_K_M decode +16 %. The same for Q6_K gained 4 % on Zen 5,
- * so it has none). From
+ * so it has none), and IQ4_XS: one_iq4xs (Intel Xeon core: 1.20x in the caches; TinyLlama
+ * IQ4_XS decode 2 threads 1.12x, where the ymm kernel's one row was compute-bound). From
  * two rows on, on one Zen 5 core (5632 x 2048, kvs-bench-qmatmul ... avx512 q8), the ymm kernels
  * ran at about 140 Gweights/s, the transposing 16-row tiles over the file's rows 150-250, these
  * 200-280 (docs/ARCHITECTURE.md, "The integer path"). The 32-value types and IQ4_XS joined the
@@ -591,6 +592,42 @@ INLINE void one_q45k(const uint8_t *g, size_t nb, int q5, const kern__qx256 *x, 
     }
 }
 
+/* One activation row of IQ4_XS, one group as it lies, as one_q45k: the 64 bytes qs[j][2 kp],
+ * qs[j][2 kp + 1] are one zmm (quad 2 kp of the 8 rows in lanes 0..7, quad 2 kp + 1 in lanes
+ * 8..15), whose nibbles look up the levels plus 128 by one vpshufb each and meet sub-block j's
+ * activations by vpdpbusd. The 128 s_x taken off (the activations' sum over the sub-block) starts
+ * the low half's sum; each half is scaled by vpmulld, and the halves are added at the block's
+ * end: each row's S of grp_iq4xsx8 (integers, exact in any order), folded as there. Half the
+ * instructions of the ymm kernel, whose one row waited on each sub-block's chain. */
+INLINE void one_iq4xs(const kern__iq4xsx8 *g, size_t nb, const kern__qx256 *x, __m256 *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), levels = iq4_levels16();
+    for (size_t b = 0; b < nb; b++) {
+        const kern__iq4xsx8 *q = g + b;
+        kern_prefetch_l2((const uint8_t *)q + KERN_PF_AHEAD, sizeof *q);
+        __m512i si = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            int32_t sx = x[b].bs[2 * j] + x[b].bs[2 * j + 1];
+            __m512i slo = _mm512_maskz_set1_epi32(0x00ff, -128 * sx), shi = _mm512_setzero_si512();
+            for (int kp = 0; kp < 2; kp++) {
+                __m512i v = _mm512_loadu_si512((const void *)q->qs[j][2 * kp]);
+                __m512i lo = _mm512_shuffle_epi8(levels, _mm512_and_si512(v, m4));
+                __m512i hi =
+                    _mm512_shuffle_epi8(levels, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                slo = _mm512_dpbusd_epi32(slo, lo, quads2(x[b].q + 32 * j + 8 * kp));
+                shi = _mm512_dpbusd_epi32(shi, hi, quads2(x[b].q + 32 * j + 16 + 8 * kp));
+            }
+            __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q->sc[j]));
+            si = _mm512_add_epi32(si, _mm512_mullo_epi32(_mm512_add_epi32(slo, shi), pair(sc, sc)));
+        }
+        __m256i S = _mm256_add_epi32(_mm512_castsi512_si256(si), _mm512_extracti64x4_epi64(si, 1));
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q->d));
+        *acc = _mm256_add_ps(
+            *acc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_set1_ps(x[b].d)), _mm256_cvtepi32_ps(S)));
+    }
+}
+
 #endif
 
 /* Groups g and g + 1 of w (the last group twice where their count is odd) times xq[0 .. tt). */
@@ -624,6 +661,17 @@ INLINE void grp2(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size
     }
 }
 
+#ifdef KERN_QDOT_VNNI
+/* group g's 8 outputs a of one activation row, those in [n0, n1) stored */
+INLINE void store8(float *out, size_t g, size_t n0, size_t n1, __m256 a)
+{
+    size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
+    float l[8];
+    _mm256_storeu_ps(l, a);
+    memcpy(out + 8 * g + c0, l + c0, (c1 - c0) * sizeof(float));
+}
+#endif
+
 /* qmatmul over KERN_QUANT_X8, 16 outputs (two groups) at a time, the wanted ones stored. */
 void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
                 size_t n1)
@@ -633,7 +681,7 @@ void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t 
     __m512 acc[TT];
     __m512i si[TT];
 #ifdef KERN_QDOT_VNNI
-    /* kern__qmatmul_avx512 sends no other one-row product; q5 a constant in each call */
+    /* kern__qmatmul_avx512 sends no other one-row product here; q5 a constant in each call */
     if (T == 1 && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K)) {
         int q5 = w->qtype == KERN_GGML_Q5_K;
         size_t gb = nb * (q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8));
@@ -643,10 +691,16 @@ void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t 
                 one_q45k((const uint8_t *)w->data + g * gb, nb, 1, xq, &a);
             else
                 one_q45k((const uint8_t *)w->data + g * gb, nb, 0, xq, &a);
-            size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
-            float l[8];
-            _mm256_storeu_ps(l, a);
-            memcpy(out + 8 * g + c0, l + c0, (c1 - c0) * sizeof(float));
+            store8(out, g, n0, n1, a);
+        }
+        return;
+    }
+    if (T == 1 && w->qtype == KERN_GGML_IQ4_XS) {
+        const kern__iq4xsx8 *q = w->data;
+        for (size_t g = n0 / 8; 8 * g < n1; g++) {
+            __m256 a = _mm256_setzero_ps();
+            one_iq4xs(q + g * nb, nb, xq, &a);
+            store8(out, g, n0, n1, a);
         }
         return;
     }
