@@ -15,7 +15,11 @@
 # others show "-" in the f32 columns), REPEATS (1: rounds per type, both servers in each, so both
 # see the same minutes of a shared machine; the table gives each figure's median and every
 # round's ratios follow it; the f32 columns are measured in the first round only),
-# PEER (../shared/peer/llama.cpp/bin).
+# PEER (../shared/peer/llama.cpp/bin), KV_MB (128: kvserve's --kv-cache-mb; a 7B shape wants
+# 512 for 16 clients), MODELS (a directory that keeps the F16 file and each type's file as
+# SHAPE-TYPE.gguf and reuses them when present: a 7B shape takes minutes to write and quantize;
+# default: made afresh in a temporary directory). A SHAPE other than tinyllama-1.1b writes its own
+# section ("quant.sh-SHAPE").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -75,13 +79,17 @@ round() {
 }
 
 bw=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
-base="$TMP/$SHAPE-f16.gguf"
-"$MKMODEL" --shape "$SHAPE" --type f16 --vocab "$VOCAB" -o "$base" >&2
+MODELS=${MODELS:-$TMP}
+mkdir -p "$MODELS"
+base="$MODELS/$SHAPE-f16.gguf"
+[ -s "$base" ] || "$MKMODEL" --shape "$SHAPE" --type f16 --vocab "$VOCAB" -o "$base" >&2
+NAME=quant.sh
+[ "$SHAPE" = tinyllama-1.1b ] || NAME="quant.sh-$SHAPE"
 N_TYPES=$(wc -w <<<"$TYPES")
 write_section() { # DONE-TYPES-COUNT
     local SECTION="$TMP/section.md"
     {
-    echo "<!-- quant.sh begin -->"
+    echo "<!-- $NAME begin -->"
     echo "## Quantized GGUFs against llama-server (bench/quant.sh)"
     echo
     echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $(cpu_desc), $THREADS threads for both"
@@ -101,7 +109,7 @@ write_section() { # DONE-TYPES-COUNT
     echo "size after the run includes its $KV_MB MiB KV cache (as touched). Command:"
     echo
     echo '```'
-    echo "THREADS=$THREADS SHAPE=$SHAPE TYPES=\"$TYPES\" F32_TYPES=\"$F32_TYPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 NPP=$NPP REPEATS=$REPEATS bench/quant.sh"
+    echo "THREADS=$THREADS SHAPE=$SHAPE KV_MB=$KV_MB TYPES=\"$TYPES\" F32_TYPES=\"$F32_TYPES\" OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 NPP=$NPP REPEATS=$REPEATS bench/quant.sh"
     echo '```'
     echo
     echo "kvserve runs with --activations q8 (the default: the integer path for Q8_0, Q4_0 .. Q5_1,"
@@ -120,17 +128,17 @@ write_section() { # DONE-TYPES-COUNT
         echo "|---|---:|---:|---:|---:|"
         printf '%s\n' "${rounds[@]}"
     fi
-    echo "<!-- quant.sh end -->"
+    echo "<!-- $NAME end -->"
     } >"$SECTION"
-    python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md quant.sh <"$SECTION"
+    python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md "$NAME" <"$SECTION"
 }
 bws=$bw
 rows=()
 rounds=()
 for t in $TYPES; do
-    f="$TMP/$SHAPE-$t.gguf"
-    "$PEER/llama-quantize" "$base" "$f" "$t" "$THREADS" >/dev/null 2>&1
-    bytes=$(stat -c %s "$f")
+    f="$MODELS/$SHAPE-$t.gguf"
+    [ -s "$f" ] || "$PEER/llama-quantize" "$base" "$f" "$t" "$THREADS" >/dev/null 2>&1
+    bytes=$(stat -L -c %s "$f")
     # a port each (incremented here: $((PORT++)) inside $(...) would not reach this shell)
     e1=- e16=-
     K1=() K16=() KPP=() L1=() L16=() LPP=()

@@ -28,6 +28,8 @@ static const shape SHAPES[] = {
     {"kquant", 512, 2, 8, 4, 768, 512},
     {"110m", 768, 12, 12, 12, 2048, 32000},
     {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000},
+    /* Mistral 7B's (v0.1) shape: what most CPU users serve, GQA 4:1 at head size 128 */
+    {"mistral-7b", 4096, 32, 32, 8, 14336, 32000},
     /* seven layers: gemma3's 5:1 pattern gives one global layer (5) among windowed ones, the
      * smallest hybrid (the scheduler's window-reclaim tests) */
     {"swa7", 64, 7, 4, 2, 128, 512},
