@@ -204,7 +204,9 @@ enum MHD_Result srv__send_cjson(srv_conn *c, int status, cJSON *j)
 
 enum MHD_Result srv__send_error(srv_conn *c, const srv_error *e)
 {
-    if (e->status >= 500)
+    /* A fault is logged; /health's 503 (loading, shutting down) is the answer a readiness probe
+     * polls for, several a second, and its access line records it already. */
+    if (e->status >= 500 && c->route != R_HEALTH)
         log_error("request %s: %d %s", c->reqid, e->status, e->message);
     char *s = srv_error_json(e);
     enum MHD_Result r = srv__send_json(c, e->status, s);
