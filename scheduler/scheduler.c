@@ -8,10 +8,10 @@
  * all its tokens; on readmission its full blocks are usually still in the prefix cache, and it
  * continues from where it was (same sampler state), so its output is unaffected. */
 #include "scheduler/scheduler.h"
-#include "scheduler/scheduler.h"
 #include "scheduler/sched_impl.h"
 
 #include "common/log.h"
+#include "common/memavail.h"
 #include "common/status.h"
 #include "kvpool/kvpool.h"
 
@@ -25,7 +25,7 @@ sched_params sched_default_params(void)
         .max_num_seqs = 64,
         .max_queue = 256,
         .max_batched_tokens = 512,
-        .kv_cache_mb = 256,
+        .kv_cache_mb = 0,
         .kv_type = ENGINE_KV_F16,
         .block_size = 16,
         .prefix_cache = true,
@@ -38,6 +38,99 @@ sched_params sched_default_params(void)
 
 /* ------------------------------------------------------------------ lifecycle */
 
+/* What the pool's blocks cost: all of one block's layers (bb), and with two groups (per_seq >
+ * 0, see scheduler.h) the global group's (gb) and the windowed group's (wb) block, and the
+ * windowed blocks one sequence needs (per_seq) */
+typedef struct pool_geom {
+    uint64_t bb, gb, wb, per_seq;
+} pool_geom;
+
+/* The global (*n) and windowed (*w) block counts of a budget of bytes, or of kv_blocks */
+static void pool_split(const sched_params *p, const pool_geom *g, uint64_t budget, uint64_t *n,
+                       uint64_t *w)
+{
+    *n = p->kv_blocks ? p->kv_blocks : budget / g->bb;
+    *w = 0;
+    if (!g->per_seq)
+        return;
+    /* the windowed group sized to what can be held at once; one sequence's window and chunk
+     * always fit, or a long prefill could never run */
+    uint64_t cap = g->per_seq * p->max_num_seqs;
+    *w = *n < cap ? *n : cap;
+    *w = *w < g->per_seq ? g->per_seq : *w;
+    if (!p->kv_blocks)
+        *n = budget > *w * g->wb ? (budget - *w * g->wb) / g->gb : 0;
+    if (*w > (1u << 30))
+        *w = 1u << 30;
+}
+
+/* The least budget whose global blocks hold one n_ctx-token context: with two groups the
+ * windowed one takes as many blocks as the global one (pool_split), at least one sequence's
+ * and at most cap */
+static uint64_t pool_need(const sched_params *pin, const pool_geom *g, uint32_t n_ctx)
+{
+    sched_params q = *pin; /* a budget, not kv_blocks */
+    const sched_params *p = &q;
+    q.kv_blocks = 0;
+    uint64_t c = (n_ctx + p->block_size - 1) / p->block_size, n, w;
+    uint64_t budget = c * g->bb;
+    if (g->per_seq) {
+        uint64_t cap = g->per_seq * p->max_num_seqs;
+        w = c > cap ? cap : c < g->per_seq ? g->per_seq : c;
+        budget = c * g->gb + w * g->wb;
+    }
+    /* a block more until the split agrees (rounding; bb is the groups' two blocks) */
+    for (pool_split(p, g, budget, &n, &w); n < c; pool_split(p, g, budget, &n, &w))
+        budget += g->bb;
+    return budget;
+}
+
+#define AUTO_FLOOR_BYTES (256ull << 20) /* the least pool kv_cache_mb 0 chooses */
+#define FIT_MARGIN (1ull << 30)         /* memory left to the rest of the machine */
+#define FIT_MIN_CTX 4096u               /* the shortest context the fit chooses */
+
+/* kv_cache_mb 0: a pool holding one whole context and at least 256 MiB, in what the machine has
+ * left (kvs_mem_available less a 1 GiB margin). Where one context does not fit there and it is
+ * the model's (n_ctx 0), the context is shortened to what does, down to 4096 tokens, as
+ * llama-server's --fit does; a context asked for is kept, with a warning. Sets p->n_ctx and
+ * returns the budget in bytes, or 0 (logged) if not even the shortest context fits. */
+static uint64_t pool_auto(sched_params *p, const pool_geom *g, bool ctx_asked)
+{
+    uint64_t avail = p->mem_avail ? p->mem_avail : kvs_mem_available();
+    avail = avail > FIT_MARGIN ? avail - FIT_MARGIN : 0;
+    uint64_t need = pool_need(p, g, p->n_ctx);
+    const double mib = 1024.0 * 1024.0;
+    if (avail && need > avail && ctx_asked) {
+        log_warn("scheduler: the KV cache of one %u-token context takes %.0f MiB, more than the "
+                 "%.0f MiB this machine has left (less a 1 GiB margin)",
+                 p->n_ctx, need / mib, avail / mib);
+    } else if (avail && need > avail) {
+        uint32_t lo = p->n_ctx < FIT_MIN_CTX ? p->n_ctx : FIT_MIN_CTX, hi = p->n_ctx;
+        if (pool_need(p, g, lo) > avail) {
+            log_error("scheduler: the KV cache of a %u-token context takes %.0f MiB, more than the "
+                      "%.0f MiB this machine has left (less a 1 GiB margin); --ctx-size and "
+                      "--kv-cache-mb choose a smaller one",
+                      lo, pool_need(p, g, lo) / mib, avail / mib);
+            return 0;
+        }
+        while (hi - lo > p->block_size) { /* the longest context, in blocks, that fits */
+            uint32_t mid = lo + (hi - lo) / 2 / p->block_size * p->block_size;
+            if (pool_need(p, g, mid) <= avail)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        log_warn("scheduler: the model's %u-token context would take %.0f MiB of KV cache, more "
+                 "than the %.0f MiB this machine has left (less a 1 GiB margin): serving a "
+                 "%u-token context (--ctx-size and --kv-cache-mb choose)",
+                 p->n_ctx, need / mib, avail / mib, lo);
+        p->n_ctx = lo;
+        need = pool_need(p, g, lo);
+    }
+    uint64_t floor = avail && avail < AUTO_FLOOR_BYTES ? avail : AUTO_FLOOR_BYTES;
+    return need > floor ? need : floor;
+}
+
 int sched_create(const sched_params *pin, const engine_model *model, sched **out)
 {
     *out = NULL;
@@ -46,8 +139,7 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
     if (p.n_ctx == 0)
         p.n_ctx = hp->n_ctx_train;
     if (p.block_size == 0 || p.block_size > 1024 || p.max_num_seqs == 0 || p.max_num_seqs > 4096 ||
-        p.max_batched_tokens == 0 || p.max_batched_tokens > 65536 || p.kv_cache_mb == 0 ||
-        p.n_ctx > (1u << 20)) {
+        p.max_batched_tokens == 0 || p.max_batched_tokens > 65536 || p.n_ctx > (1u << 20)) {
         log_error("scheduler: invalid parameters");
         return KVS_EINVAL;
     }
@@ -57,36 +149,31 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         p.n_threads = cores > 0 ? (uint32_t)cores : 1;
     }
-    size_t block_bytes = engine_kv_block_bytes(model, p.kv_type, p.block_size), wblock_bytes = 0;
-    uint64_t n_blocks =
-        p.kv_blocks ? p.kv_blocks : (uint64_t)p.kv_cache_mb * 1024 * 1024 / block_bytes;
-    uint64_t n_wblocks = 0;
     uint32_t window = engine_model_window(model);
-    size_t gb = engine_kv_group_block_bytes(model, p.kv_type, p.block_size, ENGINE_KV_GLOBAL);
-    if (p.window_reclaim && window > 0 && gb > 0 && p.n_ctx > window) {
-        /* Two groups (see scheduler.h): the windowed one sized to what can be held at once. */
-        wblock_bytes =
-            engine_kv_group_block_bytes(model, p.kv_type, p.block_size, ENGINE_KV_WINDOWED);
-        uint64_t per_seq = (window + p.max_batched_tokens + p.block_size - 1) / p.block_size + 3;
-        uint64_t cap = per_seq * p.max_num_seqs;
-        n_wblocks = n_blocks < cap ? n_blocks : cap;
-        /* One sequence's window and chunk always fit, or a long prefill could never run. */
-        n_wblocks = n_wblocks < per_seq ? per_seq : n_wblocks;
-        block_bytes = gb;
-        if (!p.kv_blocks) {
-            uint64_t budget = (uint64_t)p.kv_cache_mb * 1024 * 1024;
-            n_blocks =
-                budget > n_wblocks * wblock_bytes ? (budget - n_wblocks * wblock_bytes) / gb : 0;
-        }
-        if (n_wblocks > (1u << 30))
-            n_wblocks = 1u << 30;
+    pool_geom g = {.bb = engine_kv_block_bytes(model, p.kv_type, p.block_size)};
+    g.gb = engine_kv_group_block_bytes(model, p.kv_type, p.block_size, ENGINE_KV_GLOBAL);
+    if (p.window_reclaim && window > 0 && g.gb > 0 && p.n_ctx > window) {
+        /* Two groups (see scheduler.h) */
+        g.wb = engine_kv_group_block_bytes(model, p.kv_type, p.block_size, ENGINE_KV_WINDOWED);
+        g.per_seq = (window + p.max_batched_tokens + p.block_size - 1) / p.block_size + 3;
     }
+    uint64_t budget = (uint64_t)p.kv_cache_mb * 1024 * 1024;
+    if (!p.kv_blocks && !p.kv_cache_mb) {
+        if (!(budget = pool_auto(&p, &g, pin->n_ctx != 0)))
+            return KVS_ENOMEM;
+        uint64_t mb = (budget + (1u << 20) - 1) >> 20;
+        p.kv_cache_mb = mb > UINT32_MAX ? UINT32_MAX : (uint32_t)mb;
+    }
+    uint64_t n_blocks, n_wblocks;
+    pool_split(&p, &g, budget, &n_blocks, &n_wblocks);
+    size_t block_bytes = g.per_seq ? g.gb : g.bb, wblock_bytes = g.wb;
     uint64_t ctx_blocks = (p.n_ctx + p.block_size - 1) / p.block_size;
     if (n_blocks < ctx_blocks) {
         log_error("scheduler: the KV pool (--kv-cache-mb %u / --kv-blocks %u) holds %llu blocks "
-                  "of %u tokens; one %u-token context needs %llu",
+                  "of %u tokens; one %u-token context needs %llu (%.0f MiB: --kv-cache-mb 0 "
+                  "sizes the pool to it, --ctx-size shortens it)",
                   p.kv_cache_mb, p.kv_blocks, (unsigned long long)n_blocks, p.block_size, p.n_ctx,
-                  (unsigned long long)ctx_blocks);
+                  (unsigned long long)ctx_blocks, pool_need(&p, &g, p.n_ctx) / (1024.0 * 1024.0));
         return KVS_EINVAL;
     }
     if (n_blocks > (1u << 30))
@@ -191,6 +278,11 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
                  (double)(n_wblocks * wblock_bytes) / (1024.0 * 1024.0));
     *out = s;
     return 0;
+}
+
+uint32_t sched_n_ctx(const sched *s)
+{
+    return s->p.n_ctx;
 }
 
 void sched_destroy(sched *s)

@@ -33,7 +33,9 @@ typedef struct sched_params {
     uint32_t max_num_seqs;       /* running sequences at most (default 64) */
     uint32_t max_queue;          /* waiting requests at most; beyond: KVS_ENOSPC -> 429 (256) */
     uint32_t max_batched_tokens; /* tokens per step (default 512) */
-    uint32_t kv_cache_mb;        /* KV pool budget in MiB (default 256) */
+    uint32_t kv_cache_mb;        /* KV pool budget in MiB; 0 (the default): one whole context,
+                                    at least 256 MiB, in the memory the machine has left (see
+                                    sched_create) */
     engine_kv_type kv_type;      /* what cached K/V are stored as (default ENGINE_KV_F16) */
     uint32_t kv_blocks;          /* if > 0: exactly this many blocks, ignoring kv_cache_mb */
     uint32_t block_size;         /* tokens per KV block (default 16) */
@@ -43,6 +45,8 @@ typedef struct sched_params {
                                     sequence's window (default true; see sched_create) */
     uint32_t n_threads;          /* compute threads for the engine; 0 = the online cores */
     uint32_t n_ctx;              /* context length; 0 = the model's */
+    uint64_t mem_avail;          /* tests only: if > 0, the bytes the machine has left, for
+                                    kv_cache_mb 0 (else kvs_mem_available()) */
     uint64_t fail_step;          /* tests only: if > 0, step number fail_step fails as if the
                                     forward pass had (KVS_EIO), to exercise error paths */
     /* tests only: if set, called on the engine thread after every step with a picture of the
@@ -63,8 +67,15 @@ sched_params sched_default_params(void);
  * (ceil((window + max_batched_tokens) / block_size) + 3)), N being the global group's blocks:
  * kv_blocks gives N exactly; kv_cache_mb is split as W windowed blocks first (W computed with
  * N as if the two groups had equal counts) and the rest of the budget to N. Without it (or
- * for other models) one group holds every layer, as before. */
+ * for other models) one group holds every layer, as before.
+ * kv_cache_mb 0 chooses the budget: the least that holds one whole context (N at least its
+ * blocks), and at least 256 MiB, within the memory the machine has left (kvs_mem_available
+ * less 1 GiB). If one context of the model's length (n_ctx 0) does not fit there, the context
+ * is shortened to the longest that does (not below 4096 tokens, else KVS_ENOMEM), as
+ * llama-server's --fit does, with a warning; sched_n_ctx gives the context chosen. */
 int sched_create(const sched_params *p, const engine_model *model, sched **out);
+/* The context length requests are held to: n_ctx, the model's, or what the fit chose */
+uint32_t sched_n_ctx(const sched *s);
 /* Stops the engine thread, ends every request with a KVS_ECANCELED error event, frees all.
  * Requests not yet released stay valid until sched_req_release. NULL is a no-op. */
 void sched_destroy(sched *s);

@@ -437,14 +437,16 @@ int cmd_generate(int argc, char **argv)
         engine_model_destroy(model);
         return 2;
     }
-    /* one sequence: a pool of one context */
+    /* one sequence: a pool of what it takes (the whole context of a 128k-token model would be
+     * gigabytes for a few hundred tokens) */
+    uint32_t n_need = (uint32_t)(n_prompt + (size_t)o.max_tokens);
     sched_params sp = sched_default_params();
     sp.max_num_seqs = 1;
     sp.block_size = (uint32_t)o.block_size;
-    sp.kv_blocks = (n_ctx + sp.block_size - 1) / sp.block_size;
+    sp.kv_blocks = (n_need + sp.block_size - 1) / sp.block_size;
     sp.kv_type = o.kv_type;
     sp.n_threads = (uint32_t)o.threads;
-    sp.n_ctx = n_ctx;
+    sp.n_ctx = n_need;
     sp.prefix_cache = !o.no_cache;
     sched *sc = NULL;
     rc = sched_create(&sp, model, &sc);

@@ -123,12 +123,11 @@ int cmd_serve(int argc, char **argv)
         return 1;
     }
     if (cfg.block_size == 0 || cfg.max_num_seqs == 0 || cfg.max_batched_tokens == 0 ||
-        cfg.kv_cache_mb == 0 || cfg.max_body_bytes == 0 || cfg.max_response_mb == 0 ||
-        cfg.max_connections == 0 || cfg.connection_memory_kb < 4 ||
-        cfg.connection_memory_kb > 1024 * 1024) {
+        cfg.max_body_bytes == 0 || cfg.max_response_mb == 0 || cfg.max_connections == 0 ||
+        cfg.connection_memory_kb < 4 || cfg.connection_memory_kb > 1024 * 1024) {
         fprintf(stderr, "kvserve serve: --block-size, --max-num-seqs, --max-batched-tokens, "
-                        "--kv-cache-mb, --max-body-bytes and --max-connections must be "
-                        "positive; --connection-memory-kb must be 4..1048576\n");
+                        "--max-body-bytes and --max-connections must be positive; "
+                        "--connection-memory-kb must be 4..1048576\n");
         srv_config_free(&cfg);
         return 2;
     }
@@ -160,7 +159,6 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "kvserve serve: cannot load %s: %s\n", cfg.model, err);
         goto out;
     }
-    const engine_hparams *hp = engine_model_hparams(model);
     sched_params sp = sched_default_params();
     sp.max_num_seqs = cfg.max_num_seqs;
     sp.max_queue = cfg.max_queue;
@@ -182,7 +180,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "kvserve serve: cannot start the scheduler: %s\n", status_str(rc));
         goto out;
     }
-    uint32_t n_ctx = cfg.ctx_size ? cfg.ctx_size : hp->n_ctx_train;
+    uint32_t n_ctx = sched_n_ctx(sc); /* --ctx-size, the model's, or what fits (--kv-cache-mb 0) */
     /* A family named by --chat-template is rendered in its plain form: what else the model's
      * own template writes (a default system turn) is detection's, not the override's. */
     if (forced_tmpl >= 0)

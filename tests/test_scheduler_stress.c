@@ -20,11 +20,10 @@
 #include <string.h>
 #include <time.h>
 
-#include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/status.h"
+#include "run_tool.h"
 #include "sched_client.h"
 #include "scheduler/scheduler.h"
 #include "test_reference.h"
@@ -45,17 +44,7 @@ static void load_windowed(void)
     snprintf(g_wpath, sizeof g_wpath, "%s/swa7.gguf", g_wdir);
     const char *argv[] = {g_tool, "--shape",          "swa7", "--arch", "gemma3", "--weight-std",
                           "0.15", "--sliding-window", "32",   "-o",     g_wpath,  NULL};
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        if (devnull >= 0)
-            dup2(devnull, 2);
-        execv(g_tool, (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    if (run_tool_quiet(argv))
         return;
     char err[256] = "";
     if (engine_model_load(g_wpath, NULL, &g_wmodel, err, sizeof err))

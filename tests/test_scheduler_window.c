@@ -12,15 +12,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/status.h"
+#include "run_tool.h"
 #include "sched_client.h"
 #include "scheduler/scheduler.h"
 
@@ -55,19 +54,7 @@ static int setup(void **state)
                           window,   "--ctx",
                           "512",    "-o",
                           g_path,   NULL};
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        if (devnull >= 0)
-            dup2(devnull, 2);
-        execv(g_tool, (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    if (run_tool_quiet(argv))
         return -1;
     char err[256] = "";
     if (engine_model_load(g_path, NULL, &g_model, err, sizeof err)) {
