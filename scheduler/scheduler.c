@@ -113,8 +113,9 @@ static uint64_t pool_auto(sched_params *p, const pool_geom *g, bool ctx_asked)
                       lo, pool_need(p, g, lo) / mib, avail / mib);
             return 0;
         }
-        while (hi - lo > p->block_size) { /* the longest context, in blocks, that fits */
-            uint32_t mid = lo + (hi - lo) / 2 / p->block_size * p->block_size;
+        while (hi - lo > p->block_size) { /* the longest context, to a block, that fits */
+            uint32_t step = (hi - lo) / 2 / p->block_size * p->block_size;
+            uint32_t mid = lo + (step ? step : p->block_size);
             if (pool_need(p, g, mid) <= avail)
                 lo = mid;
             else

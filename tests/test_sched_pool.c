@@ -155,6 +155,31 @@ static void test_fit(void **state)
     sched_destroy(s);
 }
 
+/* Blocks of 48 tokens, which neither 4096 nor the model's 65536 is a multiple of: the fit
+ * still ends, on a context whose blocks fit. */
+static void test_fit_odd_blocks(void **state)
+{
+    (void)state;
+    sched_params sp = sched_default_params();
+    sp.n_threads = 1;
+    sp.max_num_seqs = 4;
+    sp.max_batched_tokens = 64;
+    sp.block_size = 48;
+    sp.mem_avail = MARGIN + 5 * MIB + 12345;
+    sched *s;
+    assert_int_equal(sched_create(&sp, g_model, &s), 0);
+    uint32_t n = sched_n_ctx(s);
+    assert_true(n >= 4096 && n < CTX);
+    sched_metrics m;
+    sched_get_metrics(s, &m);
+    assert_true(m.kv_bytes_capacity <= 5 * MIB + 12345);
+    assert_true((uint64_t)m.kv_blocks_total * 48 >= n);
+    size_t bb = engine_kv_block_bytes(g_model, ENGINE_KV_F16, 48);
+    assert_true((uint64_t)((n + 48 - 1) / 48 + 1) * bb > 5 * MIB + 12345); /* the longest */
+    run_one(s);
+    sched_destroy(s);
+}
+
 /* A context asked for (--ctx-size) is kept whatever the memory says, with a warning; without
  * room for 4096 tokens the model's context is refused. */
 static void test_asked_and_refused(void **state)
@@ -207,9 +232,8 @@ int main(int argc, char **argv)
 {
     g_tool = argc > 1 ? argv[1] : NULL;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_floor),
-        cmocka_unit_test(test_fit),
-        cmocka_unit_test(test_asked_and_refused),
+        cmocka_unit_test(test_floor),          cmocka_unit_test(test_fit),
+        cmocka_unit_test(test_fit_odd_blocks), cmocka_unit_test(test_asked_and_refused),
         cmocka_unit_test(test_two_groups),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
