@@ -86,31 +86,34 @@ static uint64_t pool_need(const sched_params *pin, const pool_geom *g, uint32_t 
 }
 
 #define AUTO_FLOOR_BYTES (256ull << 20) /* the least pool kv_cache_mb 0 chooses */
-#define FIT_MARGIN (1ull << 30)         /* memory left to the rest of the machine */
+#define FIT_MARGIN (1ull << 30)         /* the most left to the rest of the machine */
 #define FIT_MIN_CTX 4096u               /* the shortest context the fit chooses */
 
 /* kv_cache_mb 0: a pool holding one whole context and at least 256 MiB, in what the machine has
- * left (kvs_mem_available less a 1 GiB margin). Where one context does not fit there and it is
- * the model's (n_ctx 0), the context is shortened to what does, down to 4096 tokens, as
- * llama-server's --fit does; a context asked for is kept, with a warning. Sets p->n_ctx and
- * returns the budget in bytes, or 0 (logged) if not even the shortest context fits. */
+ * left (kvs_mem_available less a quarter of it, at most 1 GiB). Where one context does not fit
+ * there and it is the model's (n_ctx 0), the context is shortened to what does, down to 4096
+ * tokens, as llama-server's --fit does; a context asked for is kept, with a warning. Sets p->n_ctx
+ * and returns the budget in bytes, or 0 (logged) if not even the shortest context fits. */
 static uint64_t pool_auto(sched_params *p, const pool_geom *g, bool ctx_asked)
 {
-    uint64_t avail = p->mem_avail ? p->mem_avail : kvs_mem_available();
-    avail = avail > FIT_MARGIN ? avail - FIT_MARGIN : 0;
+    /* a quarter of what is left, at most 1 GiB, stays for the rest (compute buffers, the HTTP
+     * side, the page cache): a small container's limit is not all margin */
+    uint64_t left = p->mem_avail ? p->mem_avail : kvs_mem_available();
+    uint64_t margin = left / 4 < FIT_MARGIN ? left / 4 : FIT_MARGIN, avail = left - margin;
+    bool known = left != 0;
     uint64_t need = pool_need(p, g, p->n_ctx);
     const double mib = 1024.0 * 1024.0;
-    if (avail && need > avail && ctx_asked) {
+    if (known && need > avail && ctx_asked) {
         log_warn("scheduler: the KV cache of one %u-token context takes %.0f MiB, more than the "
-                 "%.0f MiB this machine has left (less a 1 GiB margin)",
-                 p->n_ctx, need / mib, avail / mib);
-    } else if (avail && need > avail) {
+                 "%.0f MiB of the %.0f MiB this machine has left that it may take",
+                 p->n_ctx, need / mib, avail / mib, left / mib);
+    } else if (known && need > avail) {
         uint32_t lo = p->n_ctx < FIT_MIN_CTX ? p->n_ctx : FIT_MIN_CTX, hi = p->n_ctx;
         if (pool_need(p, g, lo) > avail) {
             log_error("scheduler: the KV cache of a %u-token context takes %.0f MiB, more than the "
-                      "%.0f MiB this machine has left (less a 1 GiB margin); --ctx-size and "
-                      "--kv-cache-mb choose a smaller one",
-                      lo, pool_need(p, g, lo) / mib, avail / mib);
+                      "%.0f MiB of the %.0f MiB this machine has left that it may take; "
+                      "--ctx-size and --kv-cache-mb choose a smaller one",
+                      lo, pool_need(p, g, lo) / mib, avail / mib, left / mib);
             return 0;
         }
         while (hi - lo > p->block_size) { /* the longest context, to a block, that fits */
@@ -122,13 +125,13 @@ static uint64_t pool_auto(sched_params *p, const pool_geom *g, bool ctx_asked)
                 hi = mid;
         }
         log_warn("scheduler: the model's %u-token context would take %.0f MiB of KV cache, more "
-                 "than the %.0f MiB this machine has left (less a 1 GiB margin): serving a "
-                 "%u-token context (--ctx-size and --kv-cache-mb choose)",
-                 p->n_ctx, need / mib, avail / mib, lo);
+                 "than the %.0f MiB of the %.0f MiB this machine has left that it may take: "
+                 "serving a %u-token context (--ctx-size and --kv-cache-mb choose)",
+                 p->n_ctx, need / mib, avail / mib, left / mib, lo);
         p->n_ctx = lo;
         need = pool_need(p, g, lo);
     }
-    uint64_t floor = avail && avail < AUTO_FLOOR_BYTES ? avail : AUTO_FLOOR_BYTES;
+    uint64_t floor = known && avail < AUTO_FLOOR_BYTES ? avail : AUTO_FLOOR_BYTES;
     return need > floor ? need : floor;
 }
 

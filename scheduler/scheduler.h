@@ -70,9 +70,10 @@ sched_params sched_default_params(void);
  * for other models) one group holds every layer, as before.
  * kv_cache_mb 0 chooses the budget: the least that holds one whole context (N at least its
  * blocks), and at least 256 MiB, within the memory the machine has left (kvs_mem_available
- * less 1 GiB). If one context of the model's length (n_ctx 0) does not fit there, the context
- * is shortened to the longest that does (not below 4096 tokens, else KVS_ENOMEM), as
- * llama-server's --fit does, with a warning; sched_n_ctx gives the context chosen. */
+ * less a quarter of it, at most 1 GiB). If one context of the model's length (n_ctx 0) does not fit
+ * there, the context is shortened to the longest that does (not below 4096 tokens, else
+ * KVS_ENOMEM), as llama-server's --fit does, with a warning; sched_n_ctx gives the context chosen.
+ */
 int sched_create(const sched_params *p, const engine_model *model, sched **out);
 /* The context length requests are held to: n_ctx, the model's, or what the fit chose */
 uint32_t sched_n_ctx(const sched *s);

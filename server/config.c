@@ -29,9 +29,9 @@ static const opt k_opts[] = {
     {"threads", 0, OPT_U32, OFF(threads), "0", "engine compute threads (0 = all cores)"},
     {"kv-cache-mb", 0, OPT_U32, OFF(kv_cache_mb), "0",
      "KV cache pool size in MiB (0 = one whole context of the model and at least 256 MiB, in "
-     "the memory left less 1 GiB: a model's context too long for it is shortened, not below "
-     "4096 tokens; a model with sliding-window layers: the windowed layers' group takes what "
-     "its sequences' windows can hold, the global layers the rest)"},
+     "the memory left less a quarter of it, at most 1 GiB: a model's context too long for it "
+     "is shortened, not below 4096 tokens; a model with sliding-window layers: the windowed "
+     "layers' group takes what its sequences' windows can hold, the global layers the rest)"},
     {"kv-cache-type", 0, OPT_STR, OFF(kv_cache_type), "f16",
      "f16|f32: what cached keys and values are stored as"},
     {"kernels", 0, OPT_STR, OFF(kernels), "auto",

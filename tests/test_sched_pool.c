@@ -21,7 +21,6 @@
 
 #define CTX 65536
 #define MIB (1024ull * 1024)
-#define MARGIN (1024 * MIB) /* what the fit leaves to the rest of the machine */
 
 static const char *g_tool;
 static char g_dir[] = "/tmp/kvs-sched-pool-XXXXXX";
@@ -57,6 +56,13 @@ static int teardown(void **state)
     unlink(g_gemma);
     rmdir(g_dir);
     return 0;
+}
+
+/* The memory left (sched_params.mem_avail) that lets the pool take left bytes, below 3 GiB: the
+ * fit leaves a quarter of what is left (at most 1 GiB) to the rest, so 4/3 of it, rounded up */
+static uint64_t given(uint64_t left)
+{
+    return (left * 4 + 2) / 3;
 }
 
 /* A scheduler on m, the pool left to choose, mem_avail bytes left; n_ctx 0: the model's */
@@ -141,7 +147,7 @@ static void test_fit(void **state)
     uint64_t left = 8 * MIB;
     assert_true(CTX / 16 * bb > left); /* the model's context does not fit */
     sched *s;
-    assert_int_equal(create(g_model, MARGIN + left, 0, &s), 0);
+    assert_int_equal(create(g_model, given(left), 0, &s), 0);
     uint32_t n = sched_n_ctx(s);
     assert_int_equal(n, left / bb * 16);
     assert_true(n >= 4096 && n < CTX);
@@ -165,7 +171,7 @@ static void test_fit_odd_blocks(void **state)
     sp.max_num_seqs = 4;
     sp.max_batched_tokens = 64;
     sp.block_size = 48;
-    sp.mem_avail = MARGIN + 5 * MIB + 12345;
+    sp.mem_avail = given(5 * MIB + 12345);
     sched *s;
     assert_int_equal(sched_create(&sp, g_model, &s), 0);
     uint32_t n = sched_n_ctx(s);
@@ -187,16 +193,16 @@ static void test_asked_and_refused(void **state)
     (void)state;
     size_t bb = engine_kv_block_bytes(g_model, ENGINE_KV_F16, 16);
     sched *s;
-    assert_int_equal(create(g_model, MARGIN + 8 * MIB, CTX, &s), 0);
+    assert_int_equal(create(g_model, given(8 * MIB), CTX, &s), 0);
     assert_int_equal(sched_n_ctx(s), CTX);
     sched_metrics m;
     sched_get_metrics(s, &m);
     assert_true((uint64_t)m.kv_blocks_total * 16 >= CTX);
     sched_destroy(s);
     s = NULL;
-    assert_int_equal(create(g_model, MARGIN + 4096 / 16 * bb - 1, 0, &s), KVS_ENOMEM);
+    assert_int_equal(create(g_model, given(4096 / 16 * bb - bb), 0, &s), KVS_ENOMEM);
     assert_null(s);
-    assert_int_equal(create(g_model, MARGIN + 4096 / 16 * bb, 0, &s), 0);
+    assert_int_equal(create(g_model, given(4096 / 16 * bb), 0, &s), 0);
     assert_int_equal(sched_n_ctx(s), 4096);
     sched_destroy(s);
 }
@@ -217,7 +223,7 @@ static void test_two_groups(void **state)
     run_one(s);
     sched_destroy(s);
     uint64_t left = 2 * MIB;
-    assert_int_equal(create(g_gm, MARGIN + left, 0, &s), 0);
+    assert_int_equal(create(g_gm, given(left), 0, &s), 0);
     uint32_t n = sched_n_ctx(s);
     assert_true(n >= 4096 && n < CTX && n % 16 == 0);
     sched_get_metrics(s, &m);
