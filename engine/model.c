@@ -607,8 +607,11 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
                                                                            : "chosen from CPUID",
             m->kern->note ? "; " : "", m->kern->note ? m->kern->note : "", kern_cpu_features());
         log_info("activations: %s (%zu weight matrices on the integer path, %zu of them "
-                 "interleaved; the others on exact F32 panels)",
-                 m->qdot ? "q8" : "f32", m->n_qdot, m->n_x8);
+                 "interleaved; the others on exact F32 panels%s)",
+                 m->qdot ? "q8" : "f32", m->n_qdot, m->n_x8,
+                 m->n_x8 && !strcmp(m->kern->name, "avx512") && kern_amx()
+                     ? "; Q4_K from 32 rows on AMX tiles"
+                     : "");
     }
     *out = m;
     return 0;

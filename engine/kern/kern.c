@@ -1,6 +1,7 @@
 /* Choosing the kernel table: what this kvserve was built with, what the CPU and OS run, and the
  * --kernels override. CPUID is read at each call (cheap; the engine asks once per model load). */
 #include "engine/kern/kern.h"
+#include "engine/kern/qdot.h"
 
 #include "common/status.h"
 
@@ -164,6 +165,15 @@ const char *kern_cpu_features(void)
     return line;
 #else
     return "not an x86 CPU";
+#endif
+}
+
+int kern_amx(void)
+{
+#if defined(KERN_HAVE_QDOT_AMX)
+    return kern__amx_ready();
+#else
+    return 0;
 #endif
 }
 

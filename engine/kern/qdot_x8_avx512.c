@@ -24,7 +24,7 @@
 #include "engine/kern/prefetch.h"
 #include "engine/kern/qdot.h"
 #include "engine/kern/qdot_x86.h"
-#include "engine/kern/qdot_zmm.h"
+#include "engine/kern/qdot_x8_zmm.h"
 
 #include <stddef.h>
 #include <string.h>
@@ -51,44 +51,6 @@ INLINE void prefetch2(const uint8_t *a, const uint8_t *c, size_t bytes)
 INLINE __m512i ld2(const uint8_t *a, const uint8_t *c, size_t off)
 {
     return pair(ld(a + off), ld(c + off));
-}
-
-/* 8 halves at a and 8 at c as floats, lanes 0..15 */
-INLINE __m512 f16x16(const uint16_t *a, const uint16_t *c)
-{
-    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)a));
-    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)c));
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-}
-
-/* 8 unsigned (u8x16) or signed (i8x16) bytes at a and 8 at c as int32 lanes 0..15 */
-INLINE __m512i u8x16(const uint8_t *a, const uint8_t *c)
-{
-    return pair(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)a)),
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)c)));
-}
-
-INLINE __m512i i8x16(const int8_t *a, const int8_t *c)
-{
-    return pair(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)a)),
-                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)c)));
-}
-
-/* int32 lanes v (|v| < 2^15) as (v, v) int16 pairs: madd's operand for a sub-block's scale */
-INLINE __m512i pairs16(__m512i v)
-{
-    return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xffff)),
-                           _mm512_slli_epi32(v, 16));
-}
-
-/* The sum over k < 8 of the int16 pairs p[k] (lane r: row r's) times (bs[2 k], bs[2 k + 1]) of x:
- * a K-quant block's mins, or Q6_K's bias's scales, through the sums of 16 activations. */
-INLINE __m512i bs_sum16(const __m512i p[8], const kern__qx256 *x)
-{
-    __m512i B = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k++)
-        B = _mm512_add_epi32(B, madd16(p[k], bcast4((const int8_t *)(const void *)&x->bs[2 * k])));
-    return B;
 }
 
 #ifdef KERN_QDOT_VNNI

@@ -1,0 +1,194 @@
+/* AMX integer products over KERN_QUANT_X8 (kern/qdot_pack.c's interleaved groups), for 16
+ * activation rows at a time: Intel's tile unit (Sapphire Rapids on) multiplies a 16 x 64-byte
+ * tile of int8 by another in one instruction, 16 times the multiply-adds of a zmm vpdpbusd.
+ *
+ * The bits are kern/qdot_x8_avx512.c's: a sub-block's sums are exact integers whichever unit
+ * adds them (tdpbsud: signed activations times unsigned weights into int32), and everything
+ * after them, the scales' products, the mins through the sums of 16 activations and the float
+ * fold, is that file's code on the tile's rows.
+ *
+ * Tiles: tmm0 the activations (16 rows of x, one 32-value sub-block: 16 x 32 bytes, read in place
+ * from the quantized rows), tmm1 the weights (the sub-block's 8 quads of 16 rows, 8 x 64 bytes:
+ * the layout's two groups a zmm, its nibbles unpacked to bytes), tmm2..tmm5 four sub-blocks'
+ * sums (16 x 16 int32), stored and scaled on zmm.
+ *
+ * Built with -mamx-tile -mamx-int8 beside the VNNI copy (engine/meson.build); used only where
+ * CPUID has AMX-INT8, the OS enables its state and grants it to the process (kern__amx_ready). */
+#define _DEFAULT_SOURCE /* syscall() */
+#include "engine/kern/avx512_isa.h"
+#include "engine/kern/qdot.h"
+#include "engine/kern/qdot_x86.h"
+#include "engine/kern/qdot_x8_zmm.h"
+
+#include <cpuid.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023 /* asm/prctl.h, Linux 5.16 */
+#define XFEATURE_XTILEDATA 18
+
+static int amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
+        return; /* AMX-TILE, AMX-INT8 */
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27)))
+        return; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17))
+        return; /* XTILECFG, XTILEDATA enabled by the OS */
+    amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+int kern__amx_ready(void)
+{
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+}
+
+typedef struct amx_cfg {
+    uint8_t palette, start;
+    uint8_t res[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+static void cfg_load(void)
+{
+    amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++)
+        c.rows[i] = 16, c.colsb[i] = 64; /* A (16 rows of x, 64 values), B, C: 16 x 64 bytes */
+    _tile_loadconfig(&c);
+}
+
+/* The B tiles of one Q4_K block of groups a, c (pa, pc), by quarters q (64 values: sub-blocks
+ * 2 q and 2 q + 1): row kr < 8 quad kr of sub-block 2 q, row 8 + kr quad kr of 2 q + 1, the 8 rows
+ * of a in bytes 0..31, those of c in 32..63. A sub-block's scale sc (6 bits) goes in as 8 sh + sl
+ * (3 bits each): lo holds nibble * sl, hi nibble * sh (at most 105: unsigned bytes, and vpmullw
+ * on a word of two of them carries nothing into the high one), so one tile product spans two
+ * sub-blocks of different scales and S = lo + 8 hi is the sum of sc_j times sub-block j's sum.
+ * mn holds each row's min of the sub-block in every byte: the mins' sum M. */
+typedef struct amx_q4k_bt {
+    uint8_t lo[4][16][64], hi[4][16][64], mn[4][16][64];
+} amx_q4k_bt;
+
+static inline __attribute__((always_inline)) void btiles_q4k(const uint8_t *pa, const uint8_t *pc,
+                                                             amx_q4k_bt *bt)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m7 = _mm512_set1_epi32(7);
+    const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)pa;
+    const kern__q4kx8 *hc = (const kern__q4kx8 *)(const void *)pc;
+    size_t qs = offsetof(kern__q4kx8, qs);
+    for (int q = 0; q < 4; q++) {
+        __m512i sl[2], sh[2];
+        for (int h = 0; h < 2; h++) {
+            __m512i sc = u8x16(ha->sc[2 * q + h], hc->sc[2 * q + h]);
+            sl[h] = pairs16(_mm512_and_si512(sc, m7));
+            sh[h] = pairs16(_mm512_srli_epi32(sc, 3));
+            __m512i mn = _mm512_mullo_epi32(u8x16(ha->mn[2 * q + h], hc->mn[2 * q + h]),
+                                            _mm512_set1_epi32(0x01010101));
+            for (int k = 0; k < 8; k++)
+                _mm512_store_si512((void *)bt->mn[q][8 * h + k], mn);
+        }
+        for (int k = 0; k < 8; k++) {
+            __m512i v = pair(ld(pa + qs + 256 * q + 32 * k), ld(pc + qs + 256 * q + 32 * k));
+            __m512i l = _mm512_and_si512(v, m4), u = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            _mm512_store_si512((void *)bt->lo[q][k], _mm512_mullo_epi16(l, sl[0]));
+            _mm512_store_si512((void *)bt->hi[q][k], _mm512_mullo_epi16(l, sh[0]));
+            _mm512_store_si512((void *)bt->lo[q][8 + k], _mm512_mullo_epi16(u, sl[1]));
+            _mm512_store_si512((void *)bt->hi[q][8 + k], _mm512_mullo_epi16(u, sh[1]));
+        }
+    }
+}
+
+#define AMX_KB 4 /* blocks whose B tiles are built at once (48 KiB), then read by every tile of x  \
+                  */
+#define AMX_TM 256 /* rows of x whose sums wait in acc at once (16 KiB) */
+
+/* Rows [0, tm) of x (tm a multiple of 16; xq, xrb apart) times blocks [b0, b1) of groups a, c of
+ * Q4_K, their B tiles in bt, added to acc[t] (row t's 16 outputs) as grp_q45k adds them */
+static void tiles_q4k(const uint8_t *a, const uint8_t *c, size_t b0, size_t b1,
+                      const amx_q4k_bt *bt, const uint8_t *xq, size_t xrb, size_t tm,
+                      float (*acc)[16])
+{
+    _Alignas(64) int32_t cs[3][16][16];
+    size_t bb = sizeof(kern__q4kx8);
+    for (size_t t0 = 0; t0 < tm; t0 += 16) {
+        const uint8_t *x0 = xq + t0 * xrb;
+        for (size_t b = b0; b < b1; b++) {
+            const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)(a + b * bb);
+            const kern__q4kx8 *hc = (const kern__q4kx8 *)(const void *)(c + b * bb);
+            const amx_q4k_bt *bk = bt + (b - b0);
+            const uint8_t *xb = x0 + b * sizeof(kern__qx256) + offsetof(kern__qx256, q);
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_zero(4);
+            for (int q = 0; q < 4; q++) {
+                _tile_loadd(0, xb + 64 * q, xrb);
+                _tile_loadd(1, bk->lo[q], 64);
+                _tile_loadd(5, bk->hi[q], 64);
+                _tile_loadd(6, bk->mn[q], 64);
+                _tile_dpbsud(2, 0, 1);
+                _tile_dpbsud(3, 0, 5);
+                _tile_dpbsud(4, 0, 6);
+            }
+            _tile_stored(2, cs[0], 64);
+            _tile_stored(3, cs[1], 64);
+            _tile_stored(4, cs[2], 64);
+            __m512 d = f16x16(ha->d, hc->d);
+            __m512 dm = _mm512_xor_ps(f16x16(ha->dmin, hc->dmin), _mm512_set1_ps(-0.0f));
+            for (int t = 0; t < 16; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(x0 + t * xrb) + b;
+                __m512 dx = _mm512_set1_ps(x->d);
+                __m512i S = _mm512_add_epi32(
+                    _mm512_load_si512((const void *)cs[0][t]),
+                    _mm512_slli_epi32(_mm512_load_si512((const void *)cs[1][t]), 3));
+                __m512i M = _mm512_load_si512((const void *)cs[2][t]);
+                __m512 s1 = fold16(_mm512_load_ps(acc[t0 + t]), d, dx, cvt_ps(S));
+                _mm512_store_ps(acc[t0 + t], fold16(s1, dm, dx, cvt_ps(M)));
+            }
+        }
+    }
+}
+
+/* Rows t < T16 (a multiple of 16) of x times outputs [n0, n1) of w (Q4_K), as
+ * kern__qmatmul_x8_avx512_vnni would give them. */
+void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *out, size_t ldo,
+                          size_t n0, size_t n1)
+{
+    size_t xrb = kern_qx_row_bytes(KERN_QX_256, w->n_in), nb = w->n_in / 256;
+    size_t gb = nb * sizeof(kern__q4kx8);
+    const uint8_t *q = w->data;
+    _Alignas(64) amx_q4k_bt bt[AMX_KB];
+    _Alignas(64) float acc[AMX_TM][16];
+    cfg_load();
+    for (size_t g = n0 / 8; 8 * g < n1; g += 2) {
+        size_t g2 = 8 * (g + 1) < w->n_out ? g + 1 : g;
+        size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 16 ? n1 - 8 * g : 16;
+        const uint8_t *a = q + g * gb, *c = q + g2 * gb;
+        for (size_t t0 = 0; t0 < T16; t0 += AMX_TM) {
+            size_t tm = T16 - t0 < AMX_TM ? T16 - t0 : AMX_TM;
+            const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
+            memset(acc, 0, tm * sizeof acc[0]);
+            for (size_t b0 = 0; b0 < nb; b0 += AMX_KB) {
+                size_t b1 = nb - b0 < AMX_KB ? nb : b0 + AMX_KB;
+                for (size_t b = b0; b < b1; b++)
+                    btiles_q4k(a + b * sizeof(kern__q4kx8), c + b * sizeof(kern__q4kx8),
+                               &bt[b - b0]);
+                tiles_q4k(a, c, b0, b1, bt, x, xrb, tm, acc);
+            }
+            for (size_t t = 0; t < tm; t++)
+                memcpy(out + (t0 + t) * ldo + 8 * g + c0, acc[t] + c0, (c1 - c0) * sizeof(float));
+        }
+    }
+    _tile_release();
+}
