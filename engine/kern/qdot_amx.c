@@ -75,10 +75,9 @@ static void cfg_load(void)
  * of a in bytes 0..31, those of c in 32..63. A sub-block's scale sc (6 bits) goes in as 8 sh + sl
  * (3 bits each): lo holds nibble * sl, hi nibble * sh (at most 105: unsigned bytes, and vpmullw
  * on a word of two of them carries nothing into the high one), so one tile product spans two
- * sub-blocks of different scales and S = lo + 8 hi is the sum of sc_j times sub-block j's sum.
- * mn holds each row's min of the sub-block in every byte: the mins' sum M. */
+ * sub-blocks of different scales and S = lo + 8 hi is the sum of sc_j times sub-block j's sum. */
 typedef struct amx_q4k_bt {
-    uint8_t lo[4][16][64], hi[4][16][64], mn[4][16][64];
+    uint8_t lo[4][16][64], hi[4][16][64];
 } amx_q4k_bt;
 
 static inline __attribute__((always_inline)) void btiles_q4k(const uint8_t *pa, const uint8_t *pc,
@@ -94,10 +93,6 @@ static inline __attribute__((always_inline)) void btiles_q4k(const uint8_t *pa, 
             __m512i sc = u8x16(ha->sc[2 * q + h], hc->sc[2 * q + h]);
             sl[h] = pairs16(_mm512_and_si512(sc, m7));
             sh[h] = pairs16(_mm512_srli_epi32(sc, 3));
-            __m512i mn = _mm512_mullo_epi32(u8x16(ha->mn[2 * q + h], hc->mn[2 * q + h]),
-                                            _mm512_set1_epi32(0x01010101));
-            for (int k = 0; k < 8; k++)
-                _mm512_store_si512((void *)bt->mn[q][8 * h + k], mn);
         }
         for (int k = 0; k < 8; k++) {
             __m512i v = pair(ld(pa + qs + 256 * q + 32 * k), ld(pc + qs + 256 * q + 32 * k));
@@ -110,52 +105,80 @@ static inline __attribute__((always_inline)) void btiles_q4k(const uint8_t *pa, 
     }
 }
 
-#define AMX_KB 4 /* blocks whose B tiles are built at once (48 KiB), then read by every tile of x  \
+/* nt (1 or 2) tiles of 16 rows of x (the first at x0, the block's values; xrb apart) times one
+ * block's B tiles: cs[2 i] tile i's lo sums, cs[2 i + 1] its hi ones. Tiles: tmm0, tmm1 the rows
+ * of x, tmm2, tmm3 lo and hi, tmm4..tmm7 the sums: two x tiles share each B tile loaded, and
+ * four independent chains keep the tile unit busy. */
+static inline __attribute__((always_inline)) void
+block_q4k(const amx_q4k_bt *bk, const uint8_t *x0, size_t xrb, int nt, int32_t cs[4][16][16])
+{
+    _tile_zero(4);
+    _tile_zero(5);
+    if (nt == 2) {
+        _tile_zero(6);
+        _tile_zero(7);
+    }
+    for (int q = 0; q < 4; q++) {
+        _tile_loadd(2, bk->lo[q], 64);
+        _tile_loadd(3, bk->hi[q], 64);
+        _tile_loadd(0, x0 + 64 * q, xrb);
+        _tile_dpbsud(4, 0, 2);
+        _tile_dpbsud(5, 0, 3);
+        if (nt == 2) {
+            _tile_loadd(1, x0 + 16 * xrb + 64 * q, xrb);
+            _tile_dpbsud(6, 1, 2);
+            _tile_dpbsud(7, 1, 3);
+        }
+    }
+    _tile_stored(4, cs[0], 64);
+    _tile_stored(5, cs[1], 64);
+    if (nt == 2) {
+        _tile_stored(6, cs[2], 64);
+        _tile_stored(7, cs[3], 64);
+    }
+}
+
+#define AMX_KB 4 /* blocks whose B tiles are built at once (32 KiB), then read by every tile of x  \
                   */
 #define AMX_TM 256 /* rows of x whose sums wait in acc at once (16 KiB) */
 
 /* Rows [0, tm) of x (tm a multiple of 16; xq, xrb apart) times blocks [b0, b1) of groups a, c of
- * Q4_K, their B tiles in bt, added to acc[t] (row t's 16 outputs) as grp_q45k adds them */
+ * Q4_K, their B tiles in bt, added to acc[t] (row t's 16 outputs) as grp_q45k adds them: S, then
+ * the mins through the sums of 16 activations */
 static void tiles_q4k(const uint8_t *a, const uint8_t *c, size_t b0, size_t b1,
                       const amx_q4k_bt *bt, const uint8_t *xq, size_t xrb, size_t tm,
                       float (*acc)[16])
 {
-    _Alignas(64) int32_t cs[3][16][16];
+    _Alignas(64) int32_t cs[4][16][16];
     size_t bb = sizeof(kern__q4kx8);
-    for (size_t t0 = 0; t0 < tm; t0 += 16) {
-        const uint8_t *x0 = xq + t0 * xrb;
-        for (size_t b = b0; b < b1; b++) {
-            const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)(a + b * bb);
-            const kern__q4kx8 *hc = (const kern__q4kx8 *)(const void *)(c + b * bb);
-            const amx_q4k_bt *bk = bt + (b - b0);
-            const uint8_t *xb = x0 + b * sizeof(kern__qx256) + offsetof(kern__qx256, q);
-            _tile_zero(2);
-            _tile_zero(3);
-            _tile_zero(4);
-            for (int q = 0; q < 4; q++) {
-                _tile_loadd(0, xb + 64 * q, xrb);
-                _tile_loadd(1, bk->lo[q], 64);
-                _tile_loadd(5, bk->hi[q], 64);
-                _tile_loadd(6, bk->mn[q], 64);
-                _tile_dpbsud(2, 0, 1);
-                _tile_dpbsud(3, 0, 5);
-                _tile_dpbsud(4, 0, 6);
-            }
-            _tile_stored(2, cs[0], 64);
-            _tile_stored(3, cs[1], 64);
-            _tile_stored(4, cs[2], 64);
-            __m512 d = f16x16(ha->d, hc->d);
-            __m512 dm = _mm512_xor_ps(f16x16(ha->dmin, hc->dmin), _mm512_set1_ps(-0.0f));
-            for (int t = 0; t < 16; t++) {
-                const kern__qx256 *x = (const kern__qx256 *)(const void *)(x0 + t * xrb) + b;
-                __m512 dx = _mm512_set1_ps(x->d);
-                __m512i S = _mm512_add_epi32(
-                    _mm512_load_si512((const void *)cs[0][t]),
-                    _mm512_slli_epi32(_mm512_load_si512((const void *)cs[1][t]), 3));
-                __m512i M = _mm512_load_si512((const void *)cs[2][t]);
-                __m512 s1 = fold16(_mm512_load_ps(acc[t0 + t]), d, dx, cvt_ps(S));
-                _mm512_store_ps(acc[t0 + t], fold16(s1, dm, dx, cvt_ps(M)));
-            }
+    for (size_t b = b0; b < b1; b++) {
+        const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)(a + b * bb);
+        const kern__q4kx8 *hc = (const kern__q4kx8 *)(const void *)(c + b * bb);
+        __m512 d = f16x16(ha->d, hc->d);
+        __m512 dm = _mm512_xor_ps(f16x16(ha->dmin, hc->dmin), _mm512_set1_ps(-0.0f));
+        __m512i mi[8]; /* (min, min) pairs of sub-block j, row r in lane r */
+        for (int j = 0; j < 8; j++)
+            mi[j] = pairs16(u8x16(ha->mn[j], hc->mn[j]));
+        size_t xo = b * sizeof(kern__qx256);
+        for (size_t t0 = 0; t0 < tm; t0 += 32) {
+            int nt = tm - t0 >= 32 ? 2 : 1;
+            const uint8_t *x0 = xq + t0 * xrb + xo;
+            if (nt == 2)
+                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 2, cs);
+            else
+                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 1, cs);
+            for (int i = 0; i < nt; i++)
+                for (int t = 0; t < 16; t++) {
+                    const kern__qx256 *x =
+                        (const kern__qx256 *)(const void *)(x0 + (size_t)(16 * i + t) * xrb);
+                    __m512 dx = _mm512_set1_ps(x->d);
+                    __m512i S = _mm512_add_epi32(
+                        _mm512_load_si512((const void *)cs[2 * i][t]),
+                        _mm512_slli_epi32(_mm512_load_si512((const void *)cs[2 * i + 1][t]), 3));
+                    float *o = acc[t0 + 16 * (size_t)i + (size_t)t];
+                    __m512 s1 = fold16(_mm512_load_ps(o), d, dx, cvt_ps(S));
+                    _mm512_store_ps(o, fold16(s1, dm, dx, cvt_ps(bs_sum16(mi, x))));
+                }
         }
     }
 }
