@@ -322,6 +322,16 @@ static void check_qdot(uint32_t id, size_t n_in)
     size_t n_out = 37, T = 70;
     float *wide = malloc(n_out * n_in * sizeof(float));
     void *data = make_quant_rows(id, n_out, n_in, wide);
+    if (id == KERN_GGML_Q6_K) { /* every int8 scale in turn: the AMX tiles split them in digits */
+        const dtype_info *dt = dtype_get(id);
+        size_t nb = n_in / 256;
+        for (size_t i = 0; i < n_out * nb; i++) {
+            uint8_t *blk = (uint8_t *)data + i * dt->block_bytes;
+            for (int j = 0; j < 16; j++)
+                blk[192 + j] = (uint8_t)(16 * i + (size_t)j);
+            dt->to_f32(blk, wide + i * 256, 256);
+        }
+    }
     kern_mat m;
     if (id == KERN_GGML_Q8_0)
         kern_mat_init(&m, KERN_Q8_0, data, n_out, n_in);

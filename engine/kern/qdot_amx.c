@@ -138,8 +138,9 @@ block_q4k(const amx_q4k_bt *bk, const uint8_t *x0, size_t xrb, int nt, int32_t c
     }
 }
 
-#define AMX_KB 4 /* blocks whose B tiles are built at once (32 KiB), then read by every tile of x  \
-                  */
+#define AMX_KB                                                                                     \
+    4 /* blocks whose B tiles are built at once (32 KiB), then read by every tile of x             \
+       */
 #define AMX_TM 256 /* rows of x whose sums wait in acc at once (16 KiB) */
 
 /* Rows [0, tm) of x (tm a multiple of 16; xq, xrb apart) times blocks [b0, b1) of groups a, c of
@@ -183,15 +184,149 @@ static void tiles_q4k(const uint8_t *a, const uint8_t *c, size_t b0, size_t b1,
     }
 }
 
-/* Rows t < T16 (a multiple of 16) of x times outputs [n0, n1) of w (Q4_K), as
+/* Rows [0, tm) of x times groups a, c of Q4_K (nb blocks), added to acc */
+static void pair_q4k(const uint8_t *a, const uint8_t *c, size_t nb, const uint8_t *x, size_t xrb,
+                     size_t tm, float (*acc)[16])
+{
+    _Alignas(64) amx_q4k_bt bt[AMX_KB];
+    for (size_t b0 = 0; b0 < nb; b0 += AMX_KB) {
+        size_t b1 = nb - b0 < AMX_KB ? nb : b0 + AMX_KB;
+        for (size_t b = b0; b < b1; b++)
+            btiles_q4k(a + b * sizeof(kern__q4kx8), c + b * sizeof(kern__q4kx8), &bt[b - b0]);
+        tiles_q4k(a, c, b0, b1, bt, x, xrb, tm, acc);
+    }
+}
+
+/* Q6_K: a sub-block's int8 scale sc goes in as d0 + 8 d1 + 64 d2, digits in [-3, 4] (from
+ * sc's range [-128, 127]: d2 in [-2, 2]), each times the signed value Q = q - 32 ([-32, 31]: the
+ * products within [-128, 128), signed bytes), so tile products by tdpbssd span sub-blocks of
+ * different scales and S = C0 + 8 C1 + 64 C2 is the sum of sc_j times sub-block j's sum of Q x:
+ * the integer grp_q6k reaches as its sum of q x less 32 times the sums of 16 activations. Tile
+ * rows by quarters q (64 values, runs v = 2 q, 2 q + 1 of the layout): row kr quad kr % 8 of run
+ * 2 q + kr / 8, of sub-block 4 q + kr / 4. */
+typedef struct amx_q6k_bt {
+    int8_t dg[3][4][16][64];
+} amx_q6k_bt;
+
+/* Q * d for the 64 bytes q (each 0..63) of rows whose digit d (int32 lanes, row r in lane r) is
+ * given as |d| word pairs ad, the lanes where d < 0 as the byte mask neg, and 32 d in every byte
+ * of the lane as c32: q |d| by vpmullw (at most 252: no carry into the word's high byte), negated
+ * where d < 0, less 32 d (in bytes, mod 256: the result is in range) */
+static inline __attribute__((always_inline)) __m512i qd_q6k(__m512i q, __m512i ad, __mmask64 neg,
+                                                            __m512i c32)
+{
+    __m512i p = _mm512_mullo_epi16(q, ad);
+    p = _mm512_mask_sub_epi8(p, neg, _mm512_setzero_si512(), p);
+    return _mm512_sub_epi8(p, c32);
+}
+
+static inline __attribute__((always_inline)) void btiles_q6k(const kern__q6kx8 *qa,
+                                                             const kern__q6kx8 *qc, amx_q6k_bt *bt)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i three = _mm512_set1_epi32(3), seven = _mm512_set1_epi32(7);
+    const __m512i rep = _mm512_set1_epi32(0x01010101);
+    for (int j = 0; j < 16; j++) { /* sub-block j: 4 tile rows of quarter j / 4 */
+        __m512i sc = i8x16(qa->sc[j], qc->sc[j]), ad[3], c32[3];
+        __mmask64 neg[3];
+        for (int i = 0; i < 3; i++) {
+            __m512i d = sc;
+            if (i < 2) { /* d = ((sc + 3) & 7) - 3, then sc = (sc - d) / 8 exactly */
+                d = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(sc, three), seven), three);
+                sc = _mm512_srai_epi32(_mm512_sub_epi32(sc, d), 3);
+            }
+            ad[i] = pairs16(_mm512_abs_epi32(d));
+            __m512i db = _mm512_mullo_epi32(_mm512_and_si512(d, _mm512_set1_epi32(0xff)), rep);
+            neg[i] = _mm512_movepi8_mask(db);
+            c32[i] = _mm512_mullo_epi32(
+                _mm512_and_si512(_mm512_slli_epi32(d, 5), _mm512_set1_epi32(0xff)), rep);
+        }
+        int q = j / 4, v = 2 * q + (j % 4) / 2, h = v / 4, sv = v % 4;
+        for (int kk = 0; kk < 4; kk++) {
+            int k = 4 * (j % 2) + kk, kr = 8 * ((j % 4) / 2) + k;
+            __m512i l = pair(ld(qa->ql[2 * h + sv % 2][k]), ld(qc->ql[2 * h + sv % 2][k]));
+            __m512i hb = pair(ld(qa->qh[h][k]), ld(qc->qh[h][k]));
+            if (sv >= 2)
+                l = _mm512_srli_epi16(l, 4);
+            hb = sv == 0   ? _mm512_slli_epi16(hb, 4)
+                 : sv == 1 ? _mm512_slli_epi16(hb, 2)
+                 : sv == 3 ? _mm512_srli_epi16(hb, 2)
+                           : hb;
+            __m512i w = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(hb, m30));
+            for (int i = 0; i < 3; i++)
+                _mm512_store_si512((void *)bt->dg[i][q][kr], qd_q6k(w, ad[i], neg[i], c32[i]));
+        }
+    }
+}
+
+static void tiles_q6k(const kern__q6kx8 *a, const kern__q6kx8 *c, size_t b0, size_t b1,
+                      const amx_q6k_bt *bt, const uint8_t *xq, size_t xrb, size_t tm,
+                      float (*acc)[16])
+{
+    _Alignas(64) int32_t cs[3][16][16];
+    for (size_t b = b0; b < b1; b++) {
+        __m512 d = f16x16(a[b].d, c[b].d);
+        const amx_q6k_bt *bk = bt + (b - b0);
+        size_t xo = b * sizeof(kern__qx256);
+        for (size_t t0 = 0; t0 < tm; t0 += 16) {
+            const uint8_t *x0 = xq + t0 * xrb + xo;
+            _tile_zero(4);
+            _tile_zero(5);
+            _tile_zero(6);
+            for (int q = 0; q < 4; q++) {
+                _tile_loadd(0, x0 + offsetof(kern__qx256, q) + 64 * q, xrb);
+                _tile_loadd(1, bk->dg[0][q], 64);
+                _tile_loadd(2, bk->dg[1][q], 64);
+                _tile_loadd(3, bk->dg[2][q], 64);
+                _tile_dpbssd(4, 0, 1);
+                _tile_dpbssd(5, 0, 2);
+                _tile_dpbssd(6, 0, 3);
+            }
+            _tile_stored(4, cs[0], 64);
+            _tile_stored(5, cs[1], 64);
+            _tile_stored(6, cs[2], 64);
+            for (int t = 0; t < 16; t++) {
+                const kern__qx256 *x = (const kern__qx256 *)(const void *)(x0 + (size_t)t * xrb);
+                __m512i S = _mm512_add_epi32(
+                    _mm512_load_si512((const void *)cs[0][t]),
+                    _mm512_add_epi32(
+                        _mm512_slli_epi32(_mm512_load_si512((const void *)cs[1][t]), 3),
+                        _mm512_slli_epi32(_mm512_load_si512((const void *)cs[2][t]), 6)));
+                float *o = acc[t0 + (size_t)t];
+                _mm512_store_ps(o, fold16(_mm512_load_ps(o), d, _mm512_set1_ps(x->d), cvt_ps(S)));
+            }
+        }
+    }
+}
+
+static void pair_q6k(const uint8_t *a, const uint8_t *c, size_t nb, const uint8_t *x, size_t xrb,
+                     size_t tm, float (*acc)[16])
+{
+    _Alignas(64) amx_q6k_bt bt[AMX_KB];
+    const kern__q6kx8 *qa = (const kern__q6kx8 *)(const void *)a;
+    const kern__q6kx8 *qc = (const kern__q6kx8 *)(const void *)c;
+    for (size_t b0 = 0; b0 < nb; b0 += AMX_KB) {
+        size_t b1 = nb - b0 < AMX_KB ? nb : b0 + AMX_KB;
+        for (size_t b = b0; b < b1; b++)
+            btiles_q6k(qa + b, qc + b, &bt[b - b0]);
+        tiles_q6k(qa, qc, b0, b1, bt, x, xrb, tm, acc);
+    }
+}
+
+int kern__amx_takes(const kern_mat *w)
+{
+    return w->type == KERN_QUANT_X8 && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q6_K);
+}
+
+/* Rows t < T16 (a multiple of 16) of x times outputs [n0, n1) of w (kern__amx_takes), as
  * kern__qmatmul_x8_avx512_vnni would give them. */
 void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *out, size_t ldo,
                           size_t n0, size_t n1)
 {
     size_t xrb = kern_qx_row_bytes(KERN_QX_256, w->n_in), nb = w->n_in / 256;
-    size_t gb = nb * sizeof(kern__q4kx8);
+    int q6 = w->qtype == KERN_GGML_Q6_K;
+    size_t gb = nb * (q6 ? sizeof(kern__q6kx8) : sizeof(kern__q4kx8));
     const uint8_t *q = w->data;
-    _Alignas(64) amx_q4k_bt bt[AMX_KB];
     _Alignas(64) float acc[AMX_TM][16];
     cfg_load();
     for (size_t g = n0 / 8; 8 * g < n1; g += 2) {
@@ -202,13 +337,10 @@ void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *
             size_t tm = T16 - t0 < AMX_TM ? T16 - t0 : AMX_TM;
             const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
             memset(acc, 0, tm * sizeof acc[0]);
-            for (size_t b0 = 0; b0 < nb; b0 += AMX_KB) {
-                size_t b1 = nb - b0 < AMX_KB ? nb : b0 + AMX_KB;
-                for (size_t b = b0; b < b1; b++)
-                    btiles_q4k(a + b * sizeof(kern__q4kx8), c + b * sizeof(kern__q4kx8),
-                               &bt[b - b0]);
-                tiles_q4k(a, c, b0, b1, bt, x, xrb, tm, acc);
-            }
+            if (q6)
+                pair_q6k(a, c, nb, x, xrb, tm, acc);
+            else
+                pair_q4k(a, c, nb, x, xrb, tm, acc);
             for (size_t t = 0; t < tm; t++)
                 memcpy(out + (t0 + t) * ldo + 8 * g + c0, acc[t] + c0, (c1 - c0) * sizeof(float));
         }

@@ -53,7 +53,7 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
          * weight tiles are built once for all the rows, which 16 rows do not pay for (TinyLlama
          * Q4_K_M, 2 threads, against the zmm kernels: 16 rows 0.92x, 32 1.07x, 64 1.32x, a
          * 512-token prompt 1.39x) */
-        if (vnni && T >= 32 && w->qtype == KERN_GGML_Q4_K && kern__amx_ready()) {
+        if (vnni && T >= 32 && kern__amx_takes(w) && kern__amx_ready()) {
             size_t T16 = T / 16 * 16;
             kern__qmatmul_x8_amx(w, xq, T16, out, ldo, n0, n1);
             if (T16 < T)
