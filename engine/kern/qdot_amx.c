@@ -70,33 +70,45 @@ static void cfg_load(void)
     _tile_loadconfig(&c);
 }
 
-/* The B tiles of one Q4_K block of groups a, c (pa, pc), by quarters q (64 values: sub-blocks
- * 2 q and 2 q + 1): row kr < 8 quad kr of sub-block 2 q, row 8 + kr quad kr of 2 q + 1, the 8 rows
- * of a in bytes 0..31, those of c in 32..63. A sub-block's scale sc (6 bits) goes in as 8 sh + sl
- * (3 bits each): lo holds nibble * sl, hi nibble * sh (at most 105: unsigned bytes, and vpmullw
- * on a word of two of them carries nothing into the high one), so one tile product spans two
+/* The B tiles of one Q4_K or Q5_K (q5) block of groups a, c (pa, pc), by quarters q (64 values:
+ * sub-blocks 2 q and 2 q + 1): row kr < 8 quad kr of sub-block 2 q, row 8 + kr quad kr of 2 q + 1,
+ * the 8 rows of a in bytes 0..31, those of c in 32..63; Q5_K's fifth bit (bit j of qh's byte for
+ * sub-block j) above each nibble. A sub-block's scale sc (6 bits) goes in as 8 sh + sl (3 bits
+ * each): lo holds value * sl, hi value * sh (at most 31 * 7 = 217: unsigned bytes, and vpmullw on
+ * a word of two of them carries nothing into the high one), so one tile product spans two
  * sub-blocks of different scales and S = lo + 8 hi is the sum of sc_j times sub-block j's sum. */
 typedef struct amx_q4k_bt {
     uint8_t lo[4][16][64], hi[4][16][64];
 } amx_q4k_bt;
 
-static inline __attribute__((always_inline)) void btiles_q4k(const uint8_t *pa, const uint8_t *pc,
-                                                             amx_q4k_bt *bt)
+static inline __attribute__((always_inline)) void btiles_q45k(const uint8_t *pa, const uint8_t *pc,
+                                                              int q5, amx_q4k_bt *bt)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m7 = _mm512_set1_epi32(7);
-    const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)pa;
+    const __m512i m10 = _mm512_set1_epi8(0x10);
+    const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)pa; /* the heads */
     const kern__q4kx8 *hc = (const kern__q4kx8 *)(const void *)pc;
-    size_t qs = offsetof(kern__q4kx8, qs);
+    size_t qs = q5 ? offsetof(kern__q5kx8, qs) : offsetof(kern__q4kx8, qs);
+    __m512i h[8];
+    if (q5)
+        for (int k = 0; k < 8; k++)
+            h[k] = pair(ld(pa + offsetof(kern__q5kx8, qh) + 32 * k),
+                        ld(pc + offsetof(kern__q5kx8, qh) + 32 * k));
+#pragma GCC unroll 4
     for (int q = 0; q < 4; q++) {
         __m512i sl[2], sh[2];
-        for (int h = 0; h < 2; h++) {
-            __m512i sc = u8x16(ha->sc[2 * q + h], hc->sc[2 * q + h]);
-            sl[h] = pairs16(_mm512_and_si512(sc, m7));
-            sh[h] = pairs16(_mm512_srli_epi32(sc, 3));
+        for (int j = 0; j < 2; j++) {
+            __m512i sc = u8x16(ha->sc[2 * q + j], hc->sc[2 * q + j]);
+            sl[j] = pairs16(_mm512_and_si512(sc, m7));
+            sh[j] = pairs16(_mm512_srli_epi32(sc, 3));
         }
         for (int k = 0; k < 8; k++) {
             __m512i v = pair(ld(pa + qs + 256 * q + 32 * k), ld(pc + qs + 256 * q + 32 * k));
             __m512i l = _mm512_and_si512(v, m4), u = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            if (q5) { /* l | bit 2 q at bit 4, u | bit 2 q + 1's: 0xf8 = a | b & c */
+                l = _mm512_ternarylogic_epi32(l, bit_to4(h[k], 2 * q), m10, 0xf8);
+                u = _mm512_ternarylogic_epi32(u, bit_to4(h[k], 2 * q + 1), m10, 0xf8);
+            }
             _mm512_store_si512((void *)bt->lo[q][k], _mm512_mullo_epi16(l, sl[0]));
             _mm512_store_si512((void *)bt->hi[q][k], _mm512_mullo_epi16(l, sh[0]));
             _mm512_store_si512((void *)bt->lo[q][8 + k], _mm512_mullo_epi16(u, sl[1]));
@@ -144,14 +156,14 @@ block_q4k(const amx_q4k_bt *bk, const uint8_t *x0, size_t xrb, int nt, int32_t c
 #define AMX_TM 256 /* rows of x whose sums wait in acc at once (16 KiB) */
 
 /* Rows [0, tm) of x (tm a multiple of 16; xq, xrb apart) times blocks [b0, b1) of groups a, c of
- * Q4_K, their B tiles in bt, added to acc[t] (row t's 16 outputs) as grp_q45k adds them: S, then
+ * Q4_K or Q5_K (bb bytes a block), their B tiles in bt, added to acc[t] (row t's 16 outputs) as
+ * grp_q45k adds them: S, then
  * the mins through the sums of 16 activations */
-static void tiles_q4k(const uint8_t *a, const uint8_t *c, size_t b0, size_t b1,
-                      const amx_q4k_bt *bt, const uint8_t *xq, size_t xrb, size_t tm,
-                      float (*acc)[16])
+static void tiles_q45k(const uint8_t *a, const uint8_t *c, size_t bb, size_t b0, size_t b1,
+                       const amx_q4k_bt *bt, const uint8_t *xq, size_t xrb, size_t tm,
+                       float (*acc)[16])
 {
     _Alignas(64) int32_t cs[4][16][16];
-    size_t bb = sizeof(kern__q4kx8);
     for (size_t b = b0; b < b1; b++) {
         const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)(a + b * bb);
         const kern__q4kx8 *hc = (const kern__q4kx8 *)(const void *)(c + b * bb);
@@ -184,16 +196,21 @@ static void tiles_q4k(const uint8_t *a, const uint8_t *c, size_t b0, size_t b1,
     }
 }
 
-/* Rows [0, tm) of x times groups a, c of Q4_K (nb blocks), added to acc */
-static void pair_q4k(const uint8_t *a, const uint8_t *c, size_t nb, const uint8_t *x, size_t xrb,
-                     size_t tm, float (*acc)[16])
+/* Rows [0, tm) of x times groups a, c of Q4_K or Q5_K (q5; nb blocks), added to acc */
+static void pair_q45k(const uint8_t *a, const uint8_t *c, size_t nb, int q5, const uint8_t *x,
+                      size_t xrb, size_t tm, float (*acc)[16])
 {
     _Alignas(64) amx_q4k_bt bt[AMX_KB];
+    size_t bb = q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8);
     for (size_t b0 = 0; b0 < nb; b0 += AMX_KB) {
         size_t b1 = nb - b0 < AMX_KB ? nb : b0 + AMX_KB;
-        for (size_t b = b0; b < b1; b++)
-            btiles_q4k(a + b * sizeof(kern__q4kx8), c + b * sizeof(kern__q4kx8), &bt[b - b0]);
-        tiles_q4k(a, c, b0, b1, bt, x, xrb, tm, acc);
+        for (size_t b = b0; b < b1; b++) {
+            if (q5)
+                btiles_q45k(a + b * bb, c + b * bb, 1, &bt[b - b0]);
+            else
+                btiles_q45k(a + b * bb, c + b * bb, 0, &bt[b - b0]);
+        }
+        tiles_q45k(a, c, bb, b0, b1, bt, x, xrb, tm, acc);
     }
 }
 
@@ -315,7 +332,8 @@ static void pair_q6k(const uint8_t *a, const uint8_t *c, size_t nb, const uint8_
 
 int kern__amx_takes(const kern_mat *w)
 {
-    return w->type == KERN_QUANT_X8 && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q6_K);
+    return w->type == KERN_QUANT_X8 &&
+           (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K || w->qtype == KERN_GGML_Q6_K);
 }
 
 /* Rows t < T16 (a multiple of 16) of x times outputs [n0, n1) of w (kern__amx_takes), as
@@ -324,8 +342,8 @@ void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *
                           size_t n0, size_t n1)
 {
     size_t xrb = kern_qx_row_bytes(KERN_QX_256, w->n_in), nb = w->n_in / 256;
-    int q6 = w->qtype == KERN_GGML_Q6_K;
-    size_t gb = nb * (q6 ? sizeof(kern__q6kx8) : sizeof(kern__q4kx8));
+    int q6 = w->qtype == KERN_GGML_Q6_K, q5 = w->qtype == KERN_GGML_Q5_K;
+    size_t gb = nb * (q6 ? sizeof(kern__q6kx8) : q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8));
     const uint8_t *q = w->data;
     _Alignas(64) float acc[AMX_TM][16];
     cfg_load();
@@ -340,7 +358,7 @@ void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *
             if (q6)
                 pair_q6k(a, c, nb, x, xrb, tm, acc);
             else
-                pair_q4k(a, c, nb, x, xrb, tm, acc);
+                pair_q45k(a, c, nb, q5, x, xrb, tm, acc);
             for (size_t t = 0; t < tm; t++)
                 memcpy(out + (t0 + t) * ldo + 8 * g + c0, acc[t] + c0, (c1 - c0) * sizeof(float));
         }

@@ -75,22 +75,6 @@ INLINE __m512i dot16(const __m512i *w, const int8_t *x, int n)
 }
 #endif
 
-/* Bit j of each byte of h moved to bit 4, by a constant shift per case: simde's emulated shifts
- * (the tests' copy) take immediates only; j is a constant wherever this is inlined. */
-INLINE __m512i bit_to4(__m512i h, int j)
-{
-    switch (j) {
-    case 0: return _mm512_slli_epi16(h, 4);
-    case 1: return _mm512_slli_epi16(h, 3);
-    case 2: return _mm512_slli_epi16(h, 2);
-    case 3: return _mm512_slli_epi16(h, 1);
-    case 4: return h;
-    case 5: return _mm512_srli_epi16(h, 1);
-    case 6: return _mm512_srli_epi16(h, 2);
-    default: return _mm512_srli_epi16(h, 3);
-    }
-}
-
 /* The sum over k < 8 of signed values w[k] (two groups' rows, lane r) times the activation quads
  * at xs: with VNNI w holds the values plus 128 (unsigned) and the caller takes 128 sx off;
  * otherwise w holds |w| and neg[k] where w < 0, and x is negated there (AVX-512 has no vpsignb: a

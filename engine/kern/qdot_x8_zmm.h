@@ -45,4 +45,20 @@ INLINE __m512i bs_sum16(const __m512i p[8], const kern__qx256 *x)
     return B;
 }
 
+/* Bit j of each byte of h moved to bit 4, by a constant shift per case: simde's emulated shifts
+ * (the tests' copy) take immediates only; j is a constant wherever this is inlined. */
+INLINE __m512i bit_to4(__m512i h, int j)
+{
+    switch (j) {
+    case 0: return _mm512_slli_epi16(h, 4);
+    case 1: return _mm512_slli_epi16(h, 3);
+    case 2: return _mm512_slli_epi16(h, 2);
+    case 3: return _mm512_slli_epi16(h, 1);
+    case 4: return h;
+    case 5: return _mm512_srli_epi16(h, 1);
+    case 6: return _mm512_srli_epi16(h, 2);
+    default: return _mm512_srli_epi16(h, 3);
+    }
+}
+
 #endif
