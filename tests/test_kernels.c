@@ -319,7 +319,8 @@ static void first_rows(const kern_mat *m, size_t n, kern_mat *out)
 
 static void check_qdot(uint32_t id, size_t n_in)
 {
-    size_t n_out = 37, T = 70;
+    /* Q4_K and Q4_0 also at 300 rows: the AMX tiles (kern/qdot_amx.c) take x 256 rows at a time */
+    size_t n_out = 37, T = id == KERN_GGML_Q4_K || id == KERN_GGML_Q4_0 ? 300 : 70;
     float *wide = malloc(n_out * n_in * sizeof(float));
     void *data = make_quant_rows(id, n_out, n_in, wide);
     if (id == KERN_GGML_Q6_K) { /* every int8 scale in turn: the AMX tiles split them in digits */
@@ -393,7 +394,7 @@ static void check_qdot(uint32_t id, size_t n_in)
                 fail_msg("%s qdot ref row %zu col %zu: %g, exact %g", dtype_name(id), t, n,
                          (double)ref[t * n_out + n], e);
         }
-    static const size_t batches[] = {1, 2, 3, 5, 16, 31, 32, 33, 70};
+    static const size_t batches[] = {1, 2, 3, 5, 16, 31, 32, 33, 70, 300};
     for (int i = 0; i < g_n_isas; i++) {
         void (*qm)(const kern_mat *, const void *, size_t, float *, size_t, size_t, size_t) =
             g_isas[i]->qmatmul ? g_isas[i]->qmatmul : kern_qmatmul_ref;
@@ -401,7 +402,7 @@ static void check_qdot(uint32_t id, size_t n_in)
         bool oracle = qm == kern_qmatmul_ref;
         for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
             size_t bt = batches[bi], n0 = bt % 2 ? 3 : 0, n1 = bt % 2 ? n_out - 2 : n_out;
-            if (oracle && bt != 1 && bt != 33 && bt != 70)
+            if (bt > T || (oracle && bt != 1 && bt != 33 && bt != 70))
                 continue;
             for (size_t j = 0; j < T * n_out; j++)
                 got[j] = NAN;
@@ -451,6 +452,8 @@ static void check_qdot(uint32_t id, size_t n_in)
                     i < 0 || !g_isas[i]->qmatmul ? kern_qmatmul_ref : g_isas[i]->qmatmul;
                 for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
                     size_t bt = batches[bi], n0 = bt % 2 ? 3 : 0, n1 = bt % 2 ? nr - 2 : nr;
+                    if (bt > T)
+                        continue;
                     for (size_t j = 0; j < T * n_out; j++)
                         got[j] = NAN;
                     qm(&m8, xq + (T - bt) * xrb, bt, got, n_out, n0, n1);
@@ -490,6 +493,8 @@ static void test_qdot(void **state)
         check_qdot(legacy[i], 32);
         check_qdot(legacy[i], 288); /* 9 blocks: an odd count past a power of 2 */
     }
+    check_qdot(KERN_GGML_Q4_0, 1056); /* 33 blocks: past the AMX tiles' 32 built at once */
+    check_qdot(KERN_GGML_Q8_0, 1056);
     for (size_t i = 0; i < sizeof kq / sizeof kq[0]; i++) {
         check_qdot(kq[i], 256);
         check_qdot(kq[i], 512);

@@ -60,13 +60,17 @@ typedef struct amx_cfg {
     uint8_t rows[16];
 } amx_cfg;
 
-static void cfg_load(void)
+/* leg = 0: every tile 16 x 64 bytes (A: 16 rows of x, 64 values; B; C: 16 x 16 int32). leg = 1,
+ * the 32-value types: A 16 rows of x by one block's 32 values, B that block's 8 quads. */
+static void cfg_load(int leg)
 {
     amx_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int i = 0; i < 8; i++)
-        c.rows[i] = 16, c.colsb[i] = 64; /* A (16 rows of x, 64 values), B, C: 16 x 64 bytes */
+        c.rows[i] = 16, c.colsb[i] = 64;
+    if (leg) /* two A tiles (0, 2) and two B tiles (1, 3), taking turns */
+        c.colsb[0] = c.colsb[2] = 32, c.rows[1] = c.rows[3] = 8;
     _tile_loadconfig(&c);
 }
 
@@ -330,10 +334,118 @@ static void pair_q6k(const uint8_t *a, const uint8_t *c, size_t nb, const uint8_
     }
 }
 
+/* The 32-value types (kern__q40x8 .. kern__q80x8: bb bytes a block, m at mo, qh at ho, qs at qo;
+ * 0: none): a block's B tile is grp_leg's w[k] as they are, row k quad k (values 4 k .. 4 k + 3):
+ * the low nibbles of qs[k] for k < 4, the high ones of qs[k - 4] after, with qh's bit k at bit 4;
+ * IQ4_NL's (lut) the signed levels they look up, Q8_0's (s8) qs[k] whole. Each block's own tile
+ * product (its scale is the block's): tdpbssd for the signed values, tdpbsud for the unsigned
+ * ones, then fold_leg16, the VNNI kernels' fold of that sum: the same integers, the same bits. */
+#define AMX_LB 32 /* blocks whose B tiles are built at once (16 KiB) */
+
+static inline __attribute__((always_inline)) void btile_leg(const uint8_t *qa, const uint8_t *qc,
+                                                            size_t ho, size_t qo, int lut, int s8,
+                                                            uint8_t bt[8][64])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+    __m512i w[8];
+    if (s8) {
+        for (int k = 0; k < 8; k++)
+            w[k] = pair(ld(qa + qo + 32 * k), ld(qc + qo + 32 * k));
+    } else {
+        for (int k = 0; k < 4; k++) {
+            __m512i v = pair(ld(qa + qo + 32 * k), ld(qc + qo + 32 * k));
+            w[k] = _mm512_and_si512(v, m4);
+            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+    }
+    if (ho) {
+        __m512i h = pair(ld(qa + ho), ld(qc + ho));
+        for (int k = 0; k < 8; k++)
+            w[k] = _mm512_ternarylogic_epi32(w[k], bit_to4(h, k), m10, 0xf8);
+    }
+    if (lut) {
+        const __m512i levels = _mm512_broadcast_i32x4(kern__iq4_levels(0));
+        for (int k = 0; k < 8; k++)
+            w[k] = _mm512_shuffle_epi8(levels, w[k]);
+    }
+    for (int k = 0; k < 8; k++)
+        _mm512_store_si512((void *)bt[k], w[k]);
+}
+
+/* Block b + i's product into C tile T (a literal: the tile intrinsics name registers in their
+ * assembly) from x's block (16 rows, xrb apart) in tile XA and its B tile in XB */
+#define LEG_MUL(i, XA, XB, T)                                                                      \
+    do {                                                                                           \
+        _tile_loadd(XA, x0 + 32 * (b + (i)), xrb);                                                 \
+        _tile_loadd(XB, bt[b + (i)-b0], 64);                                                       \
+        _tile_zero(T);                                                                             \
+        if (sgn)                                                                                   \
+            _tile_dpbssd(T, XA, XB);                                                               \
+        else                                                                                       \
+            _tile_dpbsud(T, XA, XB);                                                               \
+    } while (0)
+
+static void pair_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, size_t mo, size_t ho,
+                     size_t qo, int bias, int lut, int s8, const uint8_t *x, size_t xrb, size_t tm,
+                     float (*acc)[16])
+{
+    _Alignas(64) uint8_t bt[AMX_LB][8][64];
+    _Alignas(64) int32_t cs[4][16][16];
+    int sgn = lut || s8;
+    for (size_t b0 = 0; b0 < nb; b0 += AMX_LB) {
+        size_t b1 = nb - b0 < AMX_LB ? nb : b0 + AMX_LB;
+        for (size_t b = b0; b < b1; b++)
+            btile_leg(a + b * bb, c + b * bb, ho, qo, lut, s8, bt[b - b0]);
+        for (size_t t0 = 0; t0 < tm; t0 += 16) {
+            const uint8_t *xr0 = x + t0 * xrb, *x0 = xr0 + KERN_QX32_Q(nb);
+            for (size_t b = b0; b < b1; b += 4) {
+                size_t n = b1 - b < 4 ? b1 - b : 4;
+                /* tiles 0, 1 and 2, 3 take turns holding x's and w's blocks */
+                LEG_MUL(0, 0, 1, 4);
+                if (n > 1)
+                    LEG_MUL(1, 2, 3, 5);
+                if (n > 2)
+                    LEG_MUL(2, 0, 1, 6);
+                if (n > 3)
+                    LEG_MUL(3, 2, 3, 7);
+                _tile_stored(4, cs[0], 64);
+                if (n > 1)
+                    _tile_stored(5, cs[1], 64);
+                if (n > 2)
+                    _tile_stored(6, cs[2], 64);
+                if (n > 3)
+                    _tile_stored(7, cs[3], 64);
+                __m512 dw[4], dm[4];
+                for (size_t i = 0; i < n; i++) {
+                    const uint8_t *qa = a + (b + i) * bb, *qc = c + (b + i) * bb;
+                    dw[i] = f16x16((const uint16_t *)(const void *)qa,
+                                   (const uint16_t *)(const void *)qc);
+                    dm[i] = mo ? f16x16((const uint16_t *)(const void *)(qa + mo),
+                                        (const uint16_t *)(const void *)(qc + mo))
+                               : _mm512_setzero_ps();
+                }
+                for (size_t t = 0; t < 16; t++) {
+                    __m512 o = _mm512_load_ps(acc[t0 + t]);
+                    for (size_t i = 0; i < n; i++)
+                        o = fold_leg16(o, _mm512_load_si512((const void *)cs[i][t]), dw[i], dm[i],
+                                       bias, mo != 0, xr0 + t * xrb, nb, b + i);
+                    _mm512_store_ps(acc[t0 + t], o);
+                }
+            }
+        }
+    }
+}
+
 int kern__amx_takes(const kern_mat *w)
 {
-    return w->type == KERN_QUANT_X8 &&
-           (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K || w->qtype == KERN_GGML_Q6_K);
+    if (w->type != KERN_QUANT_X8)
+        return 0;
+#define LEG(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8)                                        \
+    if (w->qtype == id)                                                                            \
+        return 1;
+    KERN_LEG_X8_TYPES(LEG)
+#undef LEG
+    return w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K || w->qtype == KERN_GGML_Q6_K;
 }
 
 /* Rows t < T16 (a multiple of 16) of x times outputs [n0, n1) of w (kern__amx_takes), as
@@ -341,12 +453,24 @@ int kern__amx_takes(const kern_mat *w)
 void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *out, size_t ldo,
                           size_t n0, size_t n1)
 {
-    size_t xrb = kern_qx_row_bytes(KERN_QX_256, w->n_in), nb = w->n_in / 256;
+    kern_qx fmt = kern_qdot_act(w);
+    int leg = fmt == KERN_QX_32;
+    size_t xrb = kern_qx_row_bytes(fmt, w->n_in), nb = w->n_in / (leg ? 32 : 256);
     int q6 = w->qtype == KERN_GGML_Q6_K, q5 = w->qtype == KERN_GGML_Q5_K;
-    size_t gb = nb * (q6 ? sizeof(kern__q6kx8) : q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8));
+    size_t bb = q6 ? sizeof(kern__q6kx8) : q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8);
+    size_t mo = 0, ho = 0, qo = 0;
+    int bias = 0, lut = 0, s8 = 0;
+#define LEG(id, T, file, mo_, ho_, nq, gm, gh, bias_, lut_, s8_)                                   \
+    if (w->qtype == id) {                                                                          \
+        bb = sizeof(T), mo = gm, ho = gh, qo = offsetof(T, qs);                                    \
+        bias = bias_, lut = lut_, s8 = s8_;                                                        \
+    }
+    KERN_LEG_X8_TYPES(LEG)
+#undef LEG
+    size_t gb = nb * bb;
     const uint8_t *q = w->data;
     _Alignas(64) float acc[AMX_TM][16];
-    cfg_load();
+    cfg_load(leg);
     for (size_t g = n0 / 8; 8 * g < n1; g += 2) {
         size_t g2 = 8 * (g + 1) < w->n_out ? g + 1 : g;
         size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 16 ? n1 - 8 * g : 16;
@@ -355,7 +479,9 @@ void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *
             size_t tm = T16 - t0 < AMX_TM ? T16 - t0 : AMX_TM;
             const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
             memset(acc, 0, tm * sizeof acc[0]);
-            if (q6)
+            if (leg)
+                pair_leg(a, c, nb, bb, mo, ho, qo, bias, lut, s8, x, xrb, tm, acc);
+            else if (q6)
                 pair_q6k(a, c, nb, x, xrb, tm, acc);
             else
                 pair_q45k(a, c, nb, q5, x, xrb, tm, acc);
