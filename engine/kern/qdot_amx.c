@@ -125,8 +125,9 @@ static inline __attribute__((always_inline)) void btiles_q45k(const uint8_t *pa,
  * block's B tiles: cs[2 i] tile i's lo sums, cs[2 i + 1] its hi ones. Tiles: tmm0, tmm1 the rows
  * of x, tmm2, tmm3 lo and hi, tmm4..tmm7 the sums: two x tiles share each B tile loaded, and
  * four independent chains keep the tile unit busy. */
-static inline __attribute__((always_inline)) void
-block_q4k(const amx_q4k_bt *bk, const uint8_t *x0, size_t xrb, int nt, int32_t cs[4][16][16])
+static inline __attribute__((always_inline)) void block_q4k(const amx_q4k_bt *bk, const uint8_t *x0,
+                                                            size_t xrb, int nt, int sgn,
+                                                            int32_t cs[4][16][16])
 {
     _tile_zero(4);
     _tile_zero(5);
@@ -138,12 +139,22 @@ block_q4k(const amx_q4k_bt *bk, const uint8_t *x0, size_t xrb, int nt, int32_t c
         _tile_loadd(2, bk->lo[q], 64);
         _tile_loadd(3, bk->hi[q], 64);
         _tile_loadd(0, x0 + 64 * q, xrb);
-        _tile_dpbsud(4, 0, 2);
-        _tile_dpbsud(5, 0, 3);
+        if (sgn) { /* Q2_K, Q3_K: signed bytes (kern/qdot_amx.c's btiles_q23k) */
+            _tile_dpbssd(4, 0, 2);
+            _tile_dpbssd(5, 0, 3);
+        } else {
+            _tile_dpbsud(4, 0, 2);
+            _tile_dpbsud(5, 0, 3);
+        }
         if (nt == 2) {
             _tile_loadd(1, x0 + 16 * xrb + 64 * q, xrb);
-            _tile_dpbsud(6, 1, 2);
-            _tile_dpbsud(7, 1, 3);
+            if (sgn) {
+                _tile_dpbssd(6, 1, 2);
+                _tile_dpbssd(7, 1, 3);
+            } else {
+                _tile_dpbsud(6, 1, 2);
+                _tile_dpbsud(7, 1, 3);
+            }
         }
     }
     _tile_stored(4, cs[0], 64);
@@ -181,9 +192,9 @@ static void tiles_q45k(const uint8_t *a, const uint8_t *c, size_t bb, size_t b0,
             int nt = tm - t0 >= 32 ? 2 : 1;
             const uint8_t *x0 = xq + t0 * xrb + xo;
             if (nt == 2)
-                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 2, cs);
+                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 2, 0, cs);
             else
-                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 1, cs);
+                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 1, 0, cs);
             for (int i = 0; i < nt; i++)
                 for (int t = 0; t < 16; t++) {
                     const kern__qx256 *x =
@@ -215,6 +226,121 @@ static void pair_q45k(const uint8_t *a, const uint8_t *c, size_t nb, int q5, con
                 btiles_q45k(a + b * bb, c + b * bb, 0, &bt[b - b0]);
         }
         tiles_q45k(a, c, bb, b0, b1, bt, x, xrb, tm, acc);
+    }
+}
+
+/* Q2_K (q3 = 0) and Q3_K (q3 = 1) in Q4_K's two tiles: values raw (Q2_K's 2 bits, Q3_K's 3 with
+ * hm's bit; run v = 4 h + s of the layout, kern/qdot_x8_avx512.c's grp_q23k) by quarters q as
+ * Q6_K's (row kr quad kr % 8 of run 2 q + kr / 8, sub-block 4 q + kr / 4), the sub-block's scale
+ * sc (Q3_K's int8, less 32; Q2_K's low nibble) as 8 sh + sl, sl = sc & 7 in lo, sh = sc >> 3 (in
+ * [-4, 3]) in hi: at most 7 * 7 in magnitude, signed bytes, tdpbssd. S = lo + 8 hi is grp_q23k's
+ * sum of sc times the raw values; Q3_K's bias of 4 and Q2_K's mins go as there, through the sums
+ * of 16 activations. */
+static inline __attribute__((always_inline)) void btiles_q23k(const uint8_t *pa, const uint8_t *pc,
+                                                              int q3, amx_q4k_bt *bt)
+{
+    const __m512i m7 = _mm512_set1_epi32(7), rep = _mm512_set1_epi32(0x01010101);
+    const kern__q3kx8 *a3 = (const kern__q3kx8 *)(const void *)pa;
+    const kern__q3kx8 *c3 = (const kern__q3kx8 *)(const void *)pc;
+    const kern__q2kx8 *a2 = (const kern__q2kx8 *)(const void *)pa;
+    const kern__q2kx8 *c2 = (const kern__q2kx8 *)(const void *)pc;
+    __m512i hm[8];
+    if (q3)
+        for (int k = 0; k < 8; k++)
+            hm[k] = pair(ld(a3->hm[0][k]), ld(c3->hm[0][k]));
+#pragma GCC unroll 8
+    for (int v = 0; v < 8; v++) {
+        int h = v / 4, sv = v % 4, q = v / 2, r = v % 2;
+        __m512i sl[2], sh[2];
+        __mmask64 neg[2];
+        for (int i = 0; i < 2; i++) {
+            __m512i sc = scale_q23k(pa, pc, q3, 2 * v + i, 0);
+            sl[i] = pairs16(_mm512_and_si512(sc, m7));
+            __m512i d = _mm512_srai_epi32(sc, 3);
+            sh[i] = pairs16(_mm512_abs_epi32(d));
+            neg[i] = _mm512_movepi8_mask(
+                _mm512_mullo_epi32(_mm512_and_si512(d, _mm512_set1_epi32(0xff)), rep));
+        }
+        for (int k = 0; k < 8; k++) {
+            __m512i w = bits2(q3 ? pair(ld(a3->qs[h][k]), ld(c3->qs[h][k]))
+                                 : pair(ld(a2->qs[h][k]), ld(c2->qs[h][k])),
+                              sv);
+            if (q3)
+                w = _mm512_or_si512(w, bit_to2(hm[k], v));
+            int i = k / 4; /* sub-block 2 v + i */
+            __m512i hi = _mm512_mullo_epi16(w, sh[i]);
+            hi = _mm512_mask_sub_epi8(hi, neg[i], _mm512_setzero_si512(), hi);
+            _mm512_store_si512((void *)bt->lo[q][8 * r + k], _mm512_mullo_epi16(w, sl[i]));
+            _mm512_store_si512((void *)bt->hi[q][8 * r + k], hi);
+        }
+    }
+}
+
+static void tiles_q23k(const uint8_t *a, const uint8_t *c, size_t bb, int q3, size_t b0, size_t b1,
+                       const amx_q4k_bt *bt, const uint8_t *xq, size_t xrb, size_t tm,
+                       float (*acc)[16])
+{
+    _Alignas(64) int32_t cs[4][16][16];
+    for (size_t b = b0; b < b1; b++) {
+        const uint8_t *pa = a + b * bb, *pc = c + b * bb;
+        const kern__q3kx8 *a3 = (const kern__q3kx8 *)(const void *)pa;
+        const kern__q3kx8 *c3 = (const kern__q3kx8 *)(const void *)pc;
+        const kern__q2kx8 *a2 = (const kern__q2kx8 *)(const void *)pa;
+        const kern__q2kx8 *c2 = (const kern__q2kx8 *)(const void *)pc;
+        __m512 d = q3 ? f16x16(a3->d, c3->d) : f16x16(a2->d, c2->d);
+        __m512 dm = q3 ? d : _mm512_xor_ps(f16x16(a2->dmin, c2->dmin), _mm512_set1_ps(-0.0f));
+        __m512i pr[8]; /* lane r: Q3_K's (sc[2 k], sc[2 k + 1]) of row r, or Q2_K's mins */
+        for (int k = 0; k < 8; k++) {
+            __m512i lo = scale_q23k(pa, pc, q3, 2 * k, 1);
+            __m512i hi = scale_q23k(pa, pc, q3, 2 * k + 1, 1);
+            pr[k] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)),
+                                    _mm512_slli_epi32(hi, 16));
+        }
+        size_t xo = b * sizeof(kern__qx256);
+        for (size_t t0 = 0; t0 < tm; t0 += 32) {
+            int nt = tm - t0 >= 32 ? 2 : 1;
+            const uint8_t *x0 = xq + t0 * xrb + xo;
+            if (nt == 2)
+                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 2, 1, cs);
+            else
+                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 1, 1, cs);
+            for (int i = 0; i < nt; i++)
+                for (int t = 0; t < 16; t++) {
+                    const kern__qx256 *x =
+                        (const kern__qx256 *)(const void *)(x0 + (size_t)(16 * i + t) * xrb);
+                    __m512 dx = _mm512_set1_ps(x->d);
+                    __m512i S = _mm512_add_epi32(
+                        _mm512_load_si512((const void *)cs[2 * i][t]),
+                        _mm512_slli_epi32(_mm512_load_si512((const void *)cs[2 * i + 1][t]), 3));
+                    __m512i B = bs_sum16(pr, x);
+                    float *o = acc[t0 + 16 * (size_t)i + (size_t)t];
+                    __m512 v = _mm512_load_ps(o);
+                    if (q3) {
+                        v = fold16(v, d, dx, cvt_ps(_mm512_sub_epi32(S, _mm512_slli_epi32(B, 2))));
+                    } else {
+                        v = fold16(v, d, dx, cvt_ps(S));
+                        v = fold16(v, dm, dx, cvt_ps(B));
+                    }
+                    _mm512_store_ps(o, v);
+                }
+        }
+    }
+}
+
+static void pair_q23k(const uint8_t *a, const uint8_t *c, size_t nb, int q3, const uint8_t *x,
+                      size_t xrb, size_t tm, float (*acc)[16])
+{
+    _Alignas(64) amx_q4k_bt bt[AMX_KB];
+    size_t bb = q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8);
+    for (size_t b0 = 0; b0 < nb; b0 += AMX_KB) {
+        size_t b1 = nb - b0 < AMX_KB ? nb : b0 + AMX_KB;
+        for (size_t b = b0; b < b1; b++) {
+            if (q3)
+                btiles_q23k(a + b * bb, c + b * bb, 1, &bt[b - b0]);
+            else
+                btiles_q23k(a + b * bb, c + b * bb, 0, &bt[b - b0]);
+        }
+        tiles_q23k(a, c, bb, q3, b0, b1, bt, x, xrb, tm, acc);
     }
 }
 
@@ -445,7 +571,8 @@ int kern__amx_takes(const kern_mat *w)
         return 1;
     KERN_LEG_X8_TYPES(LEG)
 #undef LEG
-    return w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K || w->qtype == KERN_GGML_Q6_K;
+    return w->qtype == KERN_GGML_Q2_K || w->qtype == KERN_GGML_Q3_K || w->qtype == KERN_GGML_Q4_K ||
+           w->qtype == KERN_GGML_Q5_K || w->qtype == KERN_GGML_Q6_K;
 }
 
 /* Rows t < T16 (a multiple of 16) of x times outputs [n0, n1) of w (kern__amx_takes), as
@@ -457,7 +584,12 @@ void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *
     int leg = fmt == KERN_QX_32;
     size_t xrb = kern_qx_row_bytes(fmt, w->n_in), nb = w->n_in / (leg ? 32 : 256);
     int q6 = w->qtype == KERN_GGML_Q6_K, q5 = w->qtype == KERN_GGML_Q5_K;
-    size_t bb = q6 ? sizeof(kern__q6kx8) : q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8);
+    int q3 = w->qtype == KERN_GGML_Q3_K, q2 = w->qtype == KERN_GGML_Q2_K;
+    size_t bb = q6   ? sizeof(kern__q6kx8)
+                : q5 ? sizeof(kern__q5kx8)
+                : q3 ? sizeof(kern__q3kx8)
+                : q2 ? sizeof(kern__q2kx8)
+                     : sizeof(kern__q4kx8);
     size_t mo = 0, ho = 0, qo = 0;
     int bias = 0, lut = 0, s8 = 0;
 #define LEG(id, T, file, mo_, ho_, nq, gm, gh, bias_, lut_, s8_)                                   \
@@ -483,6 +615,8 @@ void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *
                 pair_leg(a, c, nb, bb, mo, ho, qo, bias, lut, s8, x, xrb, tm, acc);
             else if (q6)
                 pair_q6k(a, c, nb, x, xrb, tm, acc);
+            else if (q3 || q2)
+                pair_q23k(a, c, nb, q3, x, xrb, tm, acc);
             else
                 pair_q45k(a, c, nb, q5, x, xrb, tm, acc);
             for (size_t t = 0; t < tm; t++)

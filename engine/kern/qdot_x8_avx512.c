@@ -311,40 +311,6 @@ INLINE __m512i sub_pair(const __m512i w[8], const int8_t *xs, __m512i s0, __m512
 #endif
 }
 
-/* Bits 2 s, 2 s + 1 of each byte of v at bits 0, 1 (constant shifts, as bit_to4) */
-INLINE __m512i bits2(__m512i v, int s)
-{
-    const __m512i m3 = _mm512_set1_epi8(3);
-    switch (s) {
-    case 0: return _mm512_and_si512(v, m3);
-    case 1: return _mm512_and_si512(_mm512_srli_epi16(v, 2), m3);
-    case 2: return _mm512_and_si512(_mm512_srli_epi16(v, 4), m3);
-    default: return _mm512_and_si512(_mm512_srli_epi16(v, 6), m3);
-    }
-}
-
-/* Bit j of each byte of h at bit 2 (constant shifts; what crosses bytes is masked) */
-INLINE __m512i bit_to2(__m512i h, int j)
-{
-    const __m512i m4 = _mm512_set1_epi8(4);
-    switch (j) {
-    case 0: return _mm512_and_si512(_mm512_slli_epi16(h, 2), m4);
-    case 1: return _mm512_and_si512(_mm512_slli_epi16(h, 1), m4);
-    case 2: return _mm512_and_si512(h, m4);
-    default: return _mm512_and_si512(_mm512_srli_epi16(bit_to4(h, j), 2), m4);
-    }
-}
-
-/* kern/qdot_x8_avx2.c's scale_q23k for groups a (lanes 0..7) and c (lanes 8..15) */
-INLINE __m512i scale_q23k(const uint8_t *a, const uint8_t *c, int q3, int j, int mn)
-{
-    size_t o = (q3 ? offsetof(kern__q3kx8, sc) : offsetof(kern__q2kx8, sc)) + 8 * (size_t)j;
-    if (q3)
-        return i8x16((const int8_t *)(a + o), (const int8_t *)(c + o));
-    __m512i u = u8x16(a + o, c + o);
-    return mn ? _mm512_srli_epi32(u, 4) : _mm512_and_si512(u, _mm512_set1_epi32(0x0f));
-}
-
 /* Q2_K (q3 = 0) and Q3_K (q3 = 1), kern/qdot_x8_avx2.c's grp_q23kx8 on two groups: values 128 h +
  * 32 s + l (v = 4 h + s) are bits 2 s of qs[h], for Q3_K bit v of hm[0] at bit 2 above them;
  * w[0..4) sub-block 2 v, w[4..8) the next. The int16 form adds 4 maddubs of values below 8 before
