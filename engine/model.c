@@ -610,7 +610,7 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
                  "interleaved; the others on exact F32 panels%s)",
                  m->qdot ? "q8" : "f32", m->n_qdot, m->n_x8,
                  m->n_x8 && !strcmp(m->kern->name, "avx512") && kern_amx()
-                     ? "; Q4_K from 32 rows on AMX tiles"
+                     ? "; from 32 rows of x on AMX tiles (but IQ4_XS)"
                      : "");
     }
     *out = m;

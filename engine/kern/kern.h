@@ -215,8 +215,9 @@ size_t kern_qdot_x8_bytes(const kern_mat *src);
  * in out (which may be src): the same values, every table's qmatmul the same bits. */
 void kern_qdot_to_x8(const kern_mat *src, void *dst, kern_mat *out);
 
-/* 1 where the avx512 table's integer products run Q4_K from 32 rows of x on the AMX tile unit
- * (kern/qdot_amx.c): the CPU has AMX-INT8 and the OS granted it to this process (asked once). */
+/* 1 where the avx512 table's integer products over the interleaved groups run from 32 rows of x
+ * on the AMX tile unit (kern/qdot_amx.c; every type but IQ4_XS): the CPU has AMX-INT8 and the OS
+ * granted it to this process (asked once). */
 int kern_amx(void);
 /* The portable integer product: the oracle of every table's qmatmul. */
 void kern_qmatmul_ref(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,

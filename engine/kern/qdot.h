@@ -196,9 +196,9 @@ void kern__qmatmul_x8_avx512_vnni(const kern_mat *w, const void *xq, size_t T, f
 void kern__qmatmul_x8_avx512_emu(const kern_mat *w, const void *xq, size_t T, float *out,
                                  size_t ldo, size_t n0, size_t n1);
 
-/* kern/qdot_amx.c: whether the CPU has AMX-INT8 and this process may use it (asked once), and
- * the tile products of KERN_QUANT_X8 Q4_K for rows t < T16 of xq (a multiple of 16), the bits of
- * kern__qmatmul_x8_avx512_vnni. */
+/* kern/qdot_amx.c: whether the CPU has AMX-INT8 and this process may use it (asked once), the
+ * KERN_QUANT_X8 types it has tiles for, and their tile products for rows t < T16 of xq (a
+ * multiple of 16): the bits of kern__qmatmul_x8_avx512_vnni. */
 int kern__amx_ready(void);
 int kern__amx_takes(const kern_mat *w); /* the types it has tiles for */
 void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *out, size_t ldo,

@@ -1,16 +1,21 @@
-/* AMX integer products over KERN_QUANT_X8 (kern/qdot_pack.c's interleaved groups), for 16
- * activation rows at a time: Intel's tile unit (Sapphire Rapids on) multiplies a 16 x 64-byte
- * tile of int8 by another in one instruction, 16 times the multiply-adds of a zmm vpdpbusd.
+/* AMX integer products over KERN_QUANT_X8 (kern/qdot_pack.c's interleaved groups), 16 rows of x
+ * at a time: Intel's tile unit (Sapphire Rapids on) multiplies a 16 x 64-byte tile of int8 by
+ * another in one instruction, 16 times the multiply-adds of a zmm vpdpbusd. Every integer type of
+ * the layout but IQ4_XS (kern__amx_takes); kern__qmatmul_avx512 calls it from 32 rows of x on.
  *
- * The bits are kern/qdot_x8_avx512.c's: a sub-block's sums are exact integers whichever unit
- * adds them (tdpbsud: signed activations times unsigned weights into int32), and everything
- * after them, the scales' products, the mins through the sums of 16 activations and the float
- * fold, is that file's code on the tile's rows.
+ * The bits are kern/qdot_x8_avx512.c's: a block's sums are exact integers whichever unit adds
+ * them, and everything after them, the mins through the sums of 16 activations and the float
+ * fold, is that file's code (kern/qdot_x8_zmm.h) on the tile's rows. A tile product spans 64
+ * values, more than a K-quant's sub-block, so each type's B tiles carry its sub-block scales as
+ * digits small enough for a byte (btiles_q45k, btiles_q23k, btiles_q6k say how); S is then a
+ * few tiles' sums shifted and added, the same integer as the zmm kernels' sum of scaled
+ * sub-block sums. The 32-value types take a tile product per block (pair_leg).
  *
- * Tiles: tmm0 the activations (16 rows of x, one 32-value sub-block: 16 x 32 bytes, read in place
- * from the quantized rows), tmm1 the weights (the sub-block's 8 quads of 16 rows, 8 x 64 bytes:
- * the layout's two groups a zmm, its nibbles unpacked to bytes), tmm2..tmm5 four sub-blocks'
- * sums (16 x 16 int32), stored and scaled on zmm.
+ * Tiles (one configuration per call, cfg_load): x's rows are read in place from the quantized
+ * activations (A: 16 rows, xrb apart); the weights' B tiles are built once per block of a pair of
+ * groups for all the rows of x, the layout's quads already lying as the instruction wants them
+ * (a row's quad per 32-bit lane, two groups the 64 bytes of a tile row); sums go to memory and
+ * are folded on zmm.
  *
  * Built with -mamx-tile -mamx-int8 beside the VNNI copy (engine/meson.build); used only where
  * CPUID has AMX-INT8, the OS enables its state and grants it to the process (kern__amx_ready). */

@@ -49,10 +49,9 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
      * VNNI (the same file) and the ymm kernels otherwise (kern/qdot_x8_avx2.c). */
     if (w->type == KERN_QUANT_X8 && T > 1) {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_AMX)
-        /* Q4_K from 32 rows of x on the tile unit (kern/qdot_amx.c), where the CPU has it: its
-         * weight tiles are built once for all the rows, which 16 rows do not pay for (TinyLlama
-         * Q4_K_M, 2 threads, against the zmm kernels: 16 rows 0.92x, 32 1.07x, 64 1.32x, a
-         * 512-token prompt 1.39x) */
+        /* From 32 rows of x on the tile unit (kern/qdot_amx.c), where the CPU has it: its weight
+         * tiles are built once for all the rows, which 16 rows do not pay for (TinyLlama Q4_K_M,
+         * 2 threads, against the zmm kernels: 16 rows 0.92x with Q4_K alone, 32 1.19x, 64 1.34x) */
         if (vnni && T >= 32 && kern__amx_takes(w) && kern__amx_ready()) {
             size_t T16 = T / 16 * 16;
             kern__qmatmul_x8_amx(w, xq, T16, out, ldo, n0, n1);
