@@ -175,65 +175,6 @@ static inline __attribute__((always_inline)) void block_q4k(const amx_q4k_bt *bk
        */
 #define AMX_TM 256 /* rows of x whose sums wait in acc at once (16 KiB) */
 
-/* Rows [0, tm) of x (tm a multiple of 16; xq, xrb apart) times blocks [b0, b1) of groups a, c of
- * Q4_K or Q5_K (bb bytes a block), their B tiles in bt, added to acc[t] (row t's 16 outputs) as
- * grp_q45k adds them: S, then
- * the mins through the sums of 16 activations */
-static void tiles_q45k(const uint8_t *a, const uint8_t *c, size_t bb, size_t b0, size_t b1,
-                       const amx_q4k_bt *bt, const uint8_t *xq, size_t xrb, size_t tm,
-                       float (*acc)[16])
-{
-    _Alignas(64) int32_t cs[4][16][16];
-    for (size_t b = b0; b < b1; b++) {
-        const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)(a + b * bb);
-        const kern__q4kx8 *hc = (const kern__q4kx8 *)(const void *)(c + b * bb);
-        __m512 d = f16x16(ha->d, hc->d);
-        __m512 dm = _mm512_xor_ps(f16x16(ha->dmin, hc->dmin), _mm512_set1_ps(-0.0f));
-        __m512i mi[8]; /* (min, min) pairs of sub-block j, row r in lane r */
-        for (int j = 0; j < 8; j++)
-            mi[j] = pairs16(u8x16(ha->mn[j], hc->mn[j]));
-        size_t xo = b * sizeof(kern__qx256);
-        for (size_t t0 = 0; t0 < tm; t0 += 32) {
-            int nt = tm - t0 >= 32 ? 2 : 1;
-            const uint8_t *x0 = xq + t0 * xrb + xo;
-            if (nt == 2)
-                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 2, 0, cs);
-            else
-                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 1, 0, cs);
-            for (int i = 0; i < nt; i++)
-                for (int t = 0; t < 16; t++) {
-                    const kern__qx256 *x =
-                        (const kern__qx256 *)(const void *)(x0 + (size_t)(16 * i + t) * xrb);
-                    __m512 dx = _mm512_set1_ps(x->d);
-                    __m512i S = _mm512_add_epi32(
-                        _mm512_load_si512((const void *)cs[2 * i][t]),
-                        _mm512_slli_epi32(_mm512_load_si512((const void *)cs[2 * i + 1][t]), 3));
-                    float *o = acc[t0 + 16 * (size_t)i + (size_t)t];
-                    __m512 s1 = fold16(_mm512_load_ps(o), d, dx, cvt_ps(S));
-                    _mm512_store_ps(o, fold16(s1, dm, dx, cvt_ps(bs_sum16(mi, x))));
-                }
-        }
-    }
-}
-
-/* Rows [0, tm) of x times groups a, c of Q4_K or Q5_K (q5; nb blocks), added to acc */
-static void pair_q45k(const uint8_t *a, const uint8_t *c, size_t nb, int q5, const uint8_t *x,
-                      size_t xrb, size_t tm, float (*acc)[16])
-{
-    _Alignas(64) amx_q4k_bt bt[AMX_KB];
-    size_t bb = q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8);
-    for (size_t b0 = 0; b0 < nb; b0 += AMX_KB) {
-        size_t b1 = nb - b0 < AMX_KB ? nb : b0 + AMX_KB;
-        for (size_t b = b0; b < b1; b++) {
-            if (q5)
-                btiles_q45k(a + b * bb, c + b * bb, 1, &bt[b - b0]);
-            else
-                btiles_q45k(a + b * bb, c + b * bb, 0, &bt[b - b0]);
-        }
-        tiles_q45k(a, c, bb, b0, b1, bt, x, xrb, tm, acc);
-    }
-}
-
 /* Q2_K (q3 = 0) and Q3_K (q3 = 1) in Q4_K's two tiles: values raw (Q2_K's 2 bits, Q3_K's 3 with
  * hm's bit; run v = 4 h + s of the layout, kern/qdot_x8_avx512.c's grp_q23k) by quarters q as
  * Q6_K's (row kr quad kr % 8 of run 2 q + kr / 8, sub-block 4 q + kr / 4), the sub-block's scale
@@ -281,34 +222,58 @@ static inline __attribute__((always_inline)) void btiles_q23k(const uint8_t *pa,
     }
 }
 
-static void tiles_q23k(const uint8_t *a, const uint8_t *c, size_t bb, int q3, size_t b0, size_t b1,
-                       const amx_q4k_bt *bt, const uint8_t *xq, size_t xrb, size_t tm,
-                       float (*acc)[16])
+/* Block b's head for tiles_k (pa, pc: groups a, c): d, the mins' factor dm (-dmin; Q3_K: d) and
+ * the int16 pairs p whose bs_sum16 is B, the zmm kernels' (grp_q45k: the mins, grp_q23k: Q3_K's
+ * scales for its bias of 4, Q2_K's mins) */
+static inline __attribute__((always_inline)) void
+head_k(const uint8_t *pa, const uint8_t *pc, uint32_t type, __m512 *d, __m512 *dm, __m512i p[8])
+{
+    if (type == KERN_GGML_Q4_K || type == KERN_GGML_Q5_K) {
+        const kern__q4kx8 *ha = (const kern__q4kx8 *)(const void *)pa; /* the heads */
+        const kern__q4kx8 *hc = (const kern__q4kx8 *)(const void *)pc;
+        *d = f16x16(ha->d, hc->d);
+        *dm = _mm512_xor_ps(f16x16(ha->dmin, hc->dmin), _mm512_set1_ps(-0.0f));
+        for (int j = 0; j < 8; j++) /* (min, min) pairs of sub-block j, row r in lane r */
+            p[j] = pairs16(u8x16(ha->mn[j], hc->mn[j]));
+        return;
+    }
+    int q3 = type == KERN_GGML_Q3_K;
+    const kern__q3kx8 *a3 = (const kern__q3kx8 *)(const void *)pa;
+    const kern__q3kx8 *c3 = (const kern__q3kx8 *)(const void *)pc;
+    const kern__q2kx8 *a2 = (const kern__q2kx8 *)(const void *)pa;
+    const kern__q2kx8 *c2 = (const kern__q2kx8 *)(const void *)pc;
+    *d = q3 ? f16x16(a3->d, c3->d) : f16x16(a2->d, c2->d);
+    *dm = q3 ? *d : _mm512_xor_ps(f16x16(a2->dmin, c2->dmin), _mm512_set1_ps(-0.0f));
+    for (int k = 0; k < 8;
+         k++) { /* lane r: Q3_K's (sc[2 k], sc[2 k + 1]) of row r, or Q2_K's mins */
+        __m512i lo = scale_q23k(pa, pc, q3, 2 * k, 1), hi = scale_q23k(pa, pc, q3, 2 * k + 1, 1);
+        p[k] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)),
+                               _mm512_slli_epi32(hi, 16));
+    }
+}
+
+/* Rows [0, tm) of x (tm a multiple of 16; xq, xrb apart) times blocks [b0, b1) of groups a, c of
+ * a K-quant in two tiles (Q2_K .. Q5_K; bb bytes a block), their B tiles in bt, added to acc[t]
+ * (row t's 16 outputs) as the zmm kernels add them: S = lo + 8 hi, then B (head_k) folded with
+ * dm, or for Q3_K taken off S four times (its bias) */
+static void tiles_k(const uint8_t *a, const uint8_t *c, size_t bb, uint32_t type, size_t b0,
+                    size_t b1, const amx_q4k_bt *bt, const uint8_t *xq, size_t xrb, size_t tm,
+                    float (*acc)[16])
 {
     _Alignas(64) int32_t cs[4][16][16];
+    int sgn = type == KERN_GGML_Q2_K || type == KERN_GGML_Q3_K, q3 = type == KERN_GGML_Q3_K;
     for (size_t b = b0; b < b1; b++) {
-        const uint8_t *pa = a + b * bb, *pc = c + b * bb;
-        const kern__q3kx8 *a3 = (const kern__q3kx8 *)(const void *)pa;
-        const kern__q3kx8 *c3 = (const kern__q3kx8 *)(const void *)pc;
-        const kern__q2kx8 *a2 = (const kern__q2kx8 *)(const void *)pa;
-        const kern__q2kx8 *c2 = (const kern__q2kx8 *)(const void *)pc;
-        __m512 d = q3 ? f16x16(a3->d, c3->d) : f16x16(a2->d, c2->d);
-        __m512 dm = q3 ? d : _mm512_xor_ps(f16x16(a2->dmin, c2->dmin), _mm512_set1_ps(-0.0f));
-        __m512i pr[8]; /* lane r: Q3_K's (sc[2 k], sc[2 k + 1]) of row r, or Q2_K's mins */
-        for (int k = 0; k < 8; k++) {
-            __m512i lo = scale_q23k(pa, pc, q3, 2 * k, 1);
-            __m512i hi = scale_q23k(pa, pc, q3, 2 * k + 1, 1);
-            pr[k] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)),
-                                    _mm512_slli_epi32(hi, 16));
-        }
+        __m512 d, dm;
+        __m512i p[8];
+        head_k(a + b * bb, c + b * bb, type, &d, &dm, p);
         size_t xo = b * sizeof(kern__qx256);
         for (size_t t0 = 0; t0 < tm; t0 += 32) {
             int nt = tm - t0 >= 32 ? 2 : 1;
             const uint8_t *x0 = xq + t0 * xrb + xo;
             if (nt == 2)
-                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 2, 1, cs);
+                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 2, sgn, cs);
             else
-                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 1, 1, cs);
+                block_q4k(bt + (b - b0), x0 + offsetof(kern__qx256, q), xrb, 1, sgn, cs);
             for (int i = 0; i < nt; i++)
                 for (int t = 0; t < 16; t++) {
                     const kern__qx256 *x =
@@ -317,7 +282,7 @@ static void tiles_q23k(const uint8_t *a, const uint8_t *c, size_t bb, int q3, si
                     __m512i S = _mm512_add_epi32(
                         _mm512_load_si512((const void *)cs[2 * i][t]),
                         _mm512_slli_epi32(_mm512_load_si512((const void *)cs[2 * i + 1][t]), 3));
-                    __m512i B = bs_sum16(pr, x);
+                    __m512i B = bs_sum16(p, x);
                     float *o = acc[t0 + 16 * (size_t)i + (size_t)t];
                     __m512 v = _mm512_load_ps(o);
                     if (q3) {
@@ -332,20 +297,36 @@ static void tiles_q23k(const uint8_t *a, const uint8_t *c, size_t bb, int q3, si
     }
 }
 
-static void pair_q23k(const uint8_t *a, const uint8_t *c, size_t nb, int q3, const uint8_t *x,
-                      size_t xrb, size_t tm, float (*acc)[16])
+/* A K-quant group's block in the layout (kern/qdot.h) */
+static size_t block_bytes_k(uint32_t type)
+{
+    return type == KERN_GGML_Q6_K   ? sizeof(kern__q6kx8)
+           : type == KERN_GGML_Q5_K ? sizeof(kern__q5kx8)
+           : type == KERN_GGML_Q3_K ? sizeof(kern__q3kx8)
+           : type == KERN_GGML_Q2_K ? sizeof(kern__q2kx8)
+                                    : sizeof(kern__q4kx8);
+}
+
+/* Rows [0, tm) of x times groups a, c of a K-quant in two tiles (nb blocks), added to acc */
+static void pair_k(const uint8_t *a, const uint8_t *c, size_t nb, uint32_t type, const uint8_t *x,
+                   size_t xrb, size_t tm, float (*acc)[16])
 {
     _Alignas(64) amx_q4k_bt bt[AMX_KB];
-    size_t bb = q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8);
+    size_t bb = block_bytes_k(type);
     for (size_t b0 = 0; b0 < nb; b0 += AMX_KB) {
         size_t b1 = nb - b0 < AMX_KB ? nb : b0 + AMX_KB;
-        for (size_t b = b0; b < b1; b++) {
-            if (q3)
-                btiles_q23k(a + b * bb, c + b * bb, 1, &bt[b - b0]);
+        for (size_t b = b0; b < b1; b++) { /* each call with constant flags */
+            const uint8_t *pa = a + b * bb, *pc = c + b * bb;
+            if (type == KERN_GGML_Q5_K)
+                btiles_q45k(pa, pc, 1, &bt[b - b0]);
+            else if (type == KERN_GGML_Q4_K)
+                btiles_q45k(pa, pc, 0, &bt[b - b0]);
+            else if (type == KERN_GGML_Q3_K)
+                btiles_q23k(pa, pc, 1, &bt[b - b0]);
             else
-                btiles_q23k(a + b * bb, c + b * bb, 0, &bt[b - b0]);
+                btiles_q23k(pa, pc, 0, &bt[b - b0]);
         }
-        tiles_q23k(a, c, bb, q3, b0, b1, bt, x, xrb, tm, acc);
+        tiles_k(a, c, bb, type, b0, b1, bt, x, xrb, tm, acc);
     }
 }
 
@@ -375,7 +356,6 @@ static inline __attribute__((always_inline)) __m512i qd_q6k(__m512i q, __m512i a
 static inline __attribute__((always_inline)) void btiles_q6k(const kern__q6kx8 *qa,
                                                              const kern__q6kx8 *qc, amx_q6k_bt *bt)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i three = _mm512_set1_epi32(3), seven = _mm512_set1_epi32(7);
     const __m512i rep = _mm512_set1_epi32(0x01010101);
     for (int j = 0; j < 16; j++) { /* sub-block j: 4 tile rows of quarter j / 4 */
@@ -393,18 +373,10 @@ static inline __attribute__((always_inline)) void btiles_q6k(const kern__q6kx8 *
             c32[i] = _mm512_mullo_epi32(
                 _mm512_and_si512(_mm512_slli_epi32(d, 5), _mm512_set1_epi32(0xff)), rep);
         }
-        int q = j / 4, v = 2 * q + (j % 4) / 2, h = v / 4, sv = v % 4;
+        int q = j / 4, v = 2 * q + (j % 4) / 2;
         for (int kk = 0; kk < 4; kk++) {
             int k = 4 * (j % 2) + kk, kr = 8 * ((j % 4) / 2) + k;
-            __m512i l = pair(ld(qa->ql[2 * h + sv % 2][k]), ld(qc->ql[2 * h + sv % 2][k]));
-            __m512i hb = pair(ld(qa->qh[h][k]), ld(qc->qh[h][k]));
-            if (sv >= 2)
-                l = _mm512_srli_epi16(l, 4);
-            hb = sv == 0   ? _mm512_slli_epi16(hb, 4)
-                 : sv == 1 ? _mm512_slli_epi16(hb, 2)
-                 : sv == 3 ? _mm512_srli_epi16(hb, 2)
-                           : hb;
-            __m512i w = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(hb, m30));
+            __m512i w = q6k_vals(qa, qc, v, k);
             for (int i = 0; i < 3; i++)
                 _mm512_store_si512((void *)bt->dg[i][q][kr], qd_q6k(w, ad[i], neg[i], c32[i]));
         }
@@ -588,13 +560,8 @@ void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *
     kern_qx fmt = kern_qdot_act(w);
     int leg = fmt == KERN_QX_32;
     size_t xrb = kern_qx_row_bytes(fmt, w->n_in), nb = w->n_in / (leg ? 32 : 256);
-    int q6 = w->qtype == KERN_GGML_Q6_K, q5 = w->qtype == KERN_GGML_Q5_K;
-    int q3 = w->qtype == KERN_GGML_Q3_K, q2 = w->qtype == KERN_GGML_Q2_K;
-    size_t bb = q6   ? sizeof(kern__q6kx8)
-                : q5 ? sizeof(kern__q5kx8)
-                : q3 ? sizeof(kern__q3kx8)
-                : q2 ? sizeof(kern__q2kx8)
-                     : sizeof(kern__q4kx8);
+    int q6 = w->qtype == KERN_GGML_Q6_K;
+    size_t bb = block_bytes_k(w->qtype); /* or the 32-value type's, below */
     size_t mo = 0, ho = 0, qo = 0;
     int bias = 0, lut = 0, s8 = 0;
 #define LEG(id, T, file, mo_, ho_, nq, gm, gh, bias_, lut_, s8_)                                   \
@@ -620,10 +587,8 @@ void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *
                 pair_leg(a, c, nb, bb, mo, ho, qo, bias, lut, s8, x, xrb, tm, acc);
             else if (q6)
                 pair_q6k(a, c, nb, x, xrb, tm, acc);
-            else if (q3 || q2)
-                pair_q23k(a, c, nb, q3, x, xrb, tm, acc);
             else
-                pair_q45k(a, c, nb, q5, x, xrb, tm, acc);
+                pair_k(a, c, nb, w->qtype, x, xrb, tm, acc);
             for (size_t t = 0; t < tm; t++)
                 memcpy(out + (t0 + t) * ldo + 8 * g + c0, acc[t] + c0, (c1 - c0) * sizeof(float));
         }

@@ -385,7 +385,6 @@ INLINE void grp_q23k(const uint8_t *a, const uint8_t *c, size_t nb, int q3, cons
 INLINE void grp_q6k(const kern__q6kx8 *a, const kern__q6kx8 *c, size_t nb, const uint8_t *xq,
                     size_t xrb, size_t tt, __m512 *acc, __m512i *si)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     for (size_t b = 0; b < nb; b++) {
         const kern__q6kx8 *qa = a + b, *qc = c + b;
         prefetch2((const uint8_t *)qa, (const uint8_t *)qc, sizeof *qa);
@@ -394,20 +393,9 @@ INLINE void grp_q6k(const kern__q6kx8 *a, const kern__q6kx8 *c, size_t nb, const
             si[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int v = 0; v < 8; v++) {
-            int h = v / 4, sv = v % 4;
             __m512i w[8];
-            for (int k = 0; k < 8; k++) {
-                __m512i l = pair(ld(qa->ql[2 * h + sv % 2][k]), ld(qc->ql[2 * h + sv % 2][k]));
-                __m512i hb = pair(ld(qa->qh[h][k]), ld(qc->qh[h][k]));
-                if (sv >= 2)
-                    l = _mm512_srli_epi16(l, 4);
-                /* bits 2 s, 2 s + 1 of each byte to bits 4, 5 (what crosses bytes is masked) */
-                hb = sv == 0   ? _mm512_slli_epi16(hb, 4)
-                     : sv == 1 ? _mm512_slli_epi16(hb, 2)
-                     : sv == 3 ? _mm512_srli_epi16(hb, 2)
-                               : hb;
-                w[k] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(hb, m30));
-            }
+            for (int k = 0; k < 8; k++)
+                w[k] = q6k_vals(qa, qc, v, k);
             __m512i s0 = i8x16(qa->sc[2 * v], qc->sc[2 * v]);
             __m512i s1 = i8x16(qa->sc[2 * v + 1], qc->sc[2 * v + 1]);
 #ifndef KERN_QDOT_VNNI

@@ -95,4 +95,22 @@ INLINE __m512i scale_q23k(const uint8_t *a, const uint8_t *c, int q3, int j, int
     return mn ? _mm512_srli_epi32(u, 4) : _mm512_and_si512(u, _mm512_set1_epi32(0x0f));
 }
 
+/* Q6_K (kern__q6kx8): the 6-bit values of quad k of run v = 4 h + s of both groups' blocks qa,
+ * qc: the low (s < 2) or high nibble of ql[2 h + s % 2], bits 2 s, 2 s + 1 of qh[h] above them */
+INLINE __m512i q6k_vals(const kern__q6kx8 *qa, const kern__q6kx8 *qc, int v, int k)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    int h = v / 4, sv = v % 4;
+    __m512i l = pair(ld(qa->ql[2 * h + sv % 2][k]), ld(qc->ql[2 * h + sv % 2][k]));
+    __m512i hb = pair(ld(qa->qh[h][k]), ld(qc->qh[h][k]));
+    if (sv >= 2)
+        l = _mm512_srli_epi16(l, 4);
+    /* bits 2 s, 2 s + 1 of each byte to bits 4, 5 (what crosses bytes is masked) */
+    hb = sv == 0   ? _mm512_slli_epi16(hb, 4)
+         : sv == 1 ? _mm512_slli_epi16(hb, 2)
+         : sv == 3 ? _mm512_srli_epi16(hb, 2)
+                   : hb;
+    return _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(hb, m30));
+}
+
 #endif
