@@ -170,9 +170,8 @@ static inline __attribute__((always_inline)) void block_q4k(const amx_q4k_bt *bk
     }
 }
 
-#define AMX_KB                                                                                     \
-    4 /* blocks whose B tiles are built at once (32 KiB), then read by every tile of x             \
-       */
+/* blocks whose B tiles are built at once (32 KiB), then read by every tile of x */
+#define AMX_KB 4
 #define AMX_TM 256 /* rows of x whose sums wait in acc at once (16 KiB) */
 
 /* Q2_K (q3 = 0) and Q3_K (q3 = 1) in Q4_K's two tiles: values raw (Q2_K's 2 bits, Q3_K's 3 with
