@@ -448,28 +448,8 @@ static inline __attribute__((always_inline)) void btile_leg(const uint8_t *qa, c
                                                             size_t ho, size_t qo, int lut, int s8,
                                                             uint8_t bt[8][64])
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
-    __m512i w[8];
-    if (s8) {
-        for (int k = 0; k < 8; k++)
-            w[k] = pair(ld(qa + qo + 32 * k), ld(qc + qo + 32 * k));
-    } else {
-        for (int k = 0; k < 4; k++) {
-            __m512i v = pair(ld(qa + qo + 32 * k), ld(qc + qo + 32 * k));
-            w[k] = _mm512_and_si512(v, m4);
-            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
-    }
-    if (ho) {
-        __m512i h = pair(ld(qa + ho), ld(qc + ho));
-        for (int k = 0; k < 8; k++)
-            w[k] = _mm512_ternarylogic_epi32(w[k], bit_to4(h, k), m10, 0xf8);
-    }
-    if (lut) {
-        const __m512i levels = _mm512_broadcast_i32x4(kern__iq4_levels(0));
-        for (int k = 0; k < 8; k++)
-            w[k] = _mm512_shuffle_epi8(levels, w[k]);
-    }
+    __m512i w[8]; /* signed levels: tdpbssd takes them as they are */
+    leg_vals(qa, qc, ho, qo, lut, s8, _mm512_broadcast_i32x4(kern__iq4_levels(0)), w);
     for (int k = 0; k < 8; k++)
         _mm512_store_si512((void *)bt[k], w[k]);
 }

@@ -173,7 +173,6 @@ INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, si
                     size_t qo, int bias, int lut, int s8, const uint8_t *xq, size_t xrb, size_t tt,
                     __m512 *acc)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
     const __m512i levels = iq4_levels16();
 #ifdef KERN_QDOT_VNNI
     bias += lut || s8 ? 128 : 0;
@@ -182,28 +181,12 @@ INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, si
         const uint8_t *qa = a + b * bb, *qc = c + b * bb;
         prefetch2(qa, qc, bb);
         __m512i w[8];
-        if (s8) {
-            for (int k = 0; k < 8; k++) {
-                w[k] = ld2(qa, qc, qo + 32 * k);
+        leg_vals(qa, qc, ho, qo, lut, s8, levels, w);
 #ifdef KERN_QDOT_VNNI
+        if (s8) /* plus 128: vpdpbusd's unsigned operand */
+            for (int k = 0; k < 8; k++)
                 w[k] = _mm512_xor_si512(w[k], _mm512_set1_epi8((char)0x80));
 #endif
-            }
-        } else {
-            for (int k = 0; k < 4; k++) {
-                __m512i v = ld2(qa, qc, qo + 32 * k);
-                w[k] = _mm512_and_si512(v, m4);
-                w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            }
-        }
-        if (ho) {
-            __m512i h = ld2(qa, qc, ho);
-            for (int k = 0; k < 8; k++)
-                w[k] = _mm512_or_si512(w[k], _mm512_and_si512(bit_to4(h, k), m10));
-        }
-        if (lut)
-            for (int k = 0; k < 8; k++)
-                w[k] = _mm512_shuffle_epi8(levels, w[k]);
         __mmask64 neg[8]; /* signed values (sdot16) */
         if (lut || s8)
             signs16(w, neg);

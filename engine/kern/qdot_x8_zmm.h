@@ -113,4 +113,32 @@ INLINE __m512i q6k_vals(const kern__q6kx8 *qa, const kern__q6kx8 *qc, int v, int
     return _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(hb, m30));
 }
 
+/* One 32-value block of both groups (kern__q40x8 .. kern__q80x8 at qa, qc: qh at ho, qs at qo)
+ * as w[k], quad k (values 4 k .. 4 k + 3) of the 16 rows: Q8_0's (s8) qs[k] whole, else the low
+ * nibbles of qs[k] for k < 4 and the high ones of qs[k - 4] after, qh's bit k above w[k]'s nibble
+ * (ho != 0), and IQ4_NL's (lut) looked up in levels */
+INLINE void leg_vals(const uint8_t *qa, const uint8_t *qc, size_t ho, size_t qo, int lut, int s8,
+                     __m512i levels, __m512i w[8])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+    if (s8) {
+        for (int k = 0; k < 8; k++)
+            w[k] = pair(ld(qa + qo + 32 * k), ld(qc + qo + 32 * k));
+    } else {
+        for (int k = 0; k < 4; k++) {
+            __m512i v = pair(ld(qa + qo + 32 * k), ld(qc + qo + 32 * k));
+            w[k] = _mm512_and_si512(v, m4);
+            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+    }
+    if (ho) {
+        __m512i h = pair(ld(qa + ho), ld(qc + ho));
+        for (int k = 0; k < 8; k++)
+            w[k] = _mm512_or_si512(w[k], _mm512_and_si512(bit_to4(h, k), m10));
+    }
+    if (lut)
+        for (int k = 0; k < 8; k++)
+            w[k] = _mm512_shuffle_epi8(levels, w[k]);
+}
+
 #endif
