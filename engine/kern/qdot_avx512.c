@@ -33,6 +33,15 @@ static qtiles16_fn tiles16_for(const kern_mat *w)
     }
 }
 
+/* The types whose decode steps of a few sequences run faster on the ymm kernels (kern/qdot.h's
+ * KERN_X8_FEW_ROWS; one Zen 5 core streaming, 2 rows: Q4_K 1.55x, Q6_K 1.61x, Q5_0 1.73x,
+ * IQ4_XS 1.52x). Not Q2_K and Q3_K, whose zmm kernels were the faster there (0.66-0.97x), nor
+ * Q8_0, the same either way (1.00-1.03x). */
+static inline int few_rows_ymm(const kern_mat *w)
+{
+    return w->qtype != KERN_GGML_Q8_0 && w->qtype != KERN_GGML_Q2_K && w->qtype != KERN_GGML_Q3_K;
+}
+
 void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, float *out,
                                    size_t ldo, size_t n0, size_t n1)
 {
@@ -46,7 +55,8 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     /* The interleaved layout (kern/qdot_pack.c) needs no transposes, which is what the 16-row
      * tiles below spend their shuffles on: two of its groups a zmm from two rows of x on
      * (kern/qdot_x8_avx512.c), for one row Q4_K's group as one stream on zmm where the CPU has
-     * VNNI (the same file) and the ymm kernels otherwise (kern/qdot_x8_avx2.c). */
+     * VNNI (the same file) and the ymm kernels otherwise (kern/qdot_x8_avx2.c), which also take
+     * 2 .. KERN_X8_FEW_ROWS rows of most types where the CPU has VNNI. */
     if (w->type == KERN_QUANT_X8 && T > 1) {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_AMX)
         /* From 32 rows of x on the tile unit (kern/qdot_amx.c), where the CPU has it: its weight
@@ -62,6 +72,10 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
         }
 #endif
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
+        if (vnni && T <= KERN_X8_FEW_ROWS && few_rows_ymm(w)) { /* kern/qdot.h */
+            kern__qmatmul_x8_avx2_vnni(w, xq, T, out, ldo, n0, n1);
+            return;
+        }
         if (vnni) {
             kern__qmatmul_x8_avx512_vnni(w, xq, T, out, ldo, n0, n1);
             return;

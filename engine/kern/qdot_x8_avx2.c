@@ -477,11 +477,26 @@ void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t 
         for (size_t g = n0 / 8; 8 * g < n1; g++) {
             for (size_t t = 0; t < tt; t++)
                 acc[t] = _mm256_setzero_ps();
-            /* one row of x (a decode step) as a constant, so that its sums stay in registers */
+#ifdef KERN_QDOT_VNNI
+            /* up to KERN_X8_FEW_ROWS rows of x (a decode step of a few sequences) as constants,
+             * so that their sums stay in the 32 registers (kern/qdot.h says why these rows come
+             * here) */
+            _Static_assert(KERN_X8_FEW_ROWS == 4, "a case for each of the few rows");
+            switch (tt) {
+            case 1: grp_x8(w, g, nb, x, xrb, 1, acc, si); break;
+            case 2: grp_x8(w, g, nb, x, xrb, 2, acc, si); break;
+            case 3: grp_x8(w, g, nb, x, xrb, 3, acc, si); break;
+            case 4: grp_x8(w, g, nb, x, xrb, 4, acc, si); break;
+            default: grp_x8(w, g, nb, x, xrb, tt, acc, si);
+            }
+#else
+            /* one row of x (a decode step) as a constant, so that its sums stay in registers
+             * (more rows as constants spill the 16: Q6_K and Q4_0 at 2 rows were slower) */
             if (tt == 1)
                 grp_x8(w, g, nb, x, xrb, 1, acc, si);
             else
                 grp_x8(w, g, nb, x, xrb, tt, acc, si);
+#endif
             size_t c0 = n0 > 8 * g ? n0 - 8 * g : 0, c1 = n1 - 8 * g < 8 ? n1 - 8 * g : 8;
             for (size_t t = 0; t < tt; t++) {
                 float *o = out + (t0 + t) * ldo + 8 * g;
