@@ -394,7 +394,7 @@ static void check_qdot(uint32_t id, size_t n_in)
                 fail_msg("%s qdot ref row %zu col %zu: %g, exact %g", dtype_name(id), t, n,
                          (double)ref[t * n_out + n], e);
         }
-    static const size_t batches[] = {1, 2, 3, 4, 5, 16, 31, 32, 33, 70, 300};
+    static const size_t batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 16, 31, 32, 33, 70, 300};
     for (int i = 0; i < g_n_isas; i++) {
         void (*qm)(const kern_mat *, const void *, size_t, float *, size_t, size_t, size_t) =
             g_isas[i]->qmatmul ? g_isas[i]->qmatmul : kern_qmatmul_ref;

@@ -185,17 +185,18 @@ void kern__qmatmul_x8_avx2(const kern_mat *w, const void *xq, size_t T, float *o
                            size_t n0, size_t n1);
 void kern__qmatmul_x8_avx2_vnni(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                                 size_t n0, size_t n1);
-/* Rows of x up to which kern__qmatmul_avx512 hands an interleaved matrix to the VNNI build of
- * the AVX2 products rather than to the two-group zmm ones: a decode step of 2 .. 4 sequences.
- * There the zmm kernels' inserts and the rows' sums in memory cost more than the weights' read
- * (one Zen 5 core streaming 64 matrices of 2048 x 2048, Q4_K at 2 rows 1.65x the time of one
- * row); the ymm kernels keep each row's sums in registers, unrolled for 1 .. 4 rows. */
-#define KERN_X8_FEW_ROWS 4
+/* Rows of x up to which kern__qmatmul_avx512 may hand an interleaved matrix to the VNNI build
+ * of the AVX2 products rather than to the two-group zmm ones (a decode step of a few sequences;
+ * kern/qdot_avx512.c's few_rows_ymm says how many for each type): the zmm kernels unpack a
+ * weight block once for 16 rows, at a cost a few rows do not pay back (one Zen 5 core streaming
+ * 64 matrices of 2048 x 2048, Q4_K at 2 rows took 1.65x the time of one row). The ymm kernels
+ * are unrolled for each row count up to this, so that each row's sums stay in registers. */
+#define KERN_X8_FEW_ROWS 8
 
 /* KERN_QUANT_X8's AVX-512 products from two rows of x on (kern/qdot_x8_avx512.c: two groups a
  * zmm), built with VNNI too (KERN_HAVE_QDOT_VNNI), and over simde for the tests;
- * kern__qmatmul_avx512 hands them every interleaved matrix with T > 1, but for most types only
- * from KERN_X8_FEW_ROWS + 1 rows on where the CPU has VNNI. */
+ * kern__qmatmul_avx512 hands them every interleaved matrix with T > 1, but where the CPU has
+ * VNNI most types only from a few rows on (KERN_X8_FEW_ROWS above). */
 void kern__qmatmul_x8_avx512(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                              size_t n0, size_t n1);
 void kern__qmatmul_x8_avx512_vnni(const kern_mat *w, const void *xq, size_t T, float *out,

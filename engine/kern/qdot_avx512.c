@@ -33,13 +33,23 @@ static qtiles16_fn tiles16_for(const kern_mat *w)
     }
 }
 
-/* The types whose decode steps of a few sequences run faster on the ymm kernels (kern/qdot.h's
- * KERN_X8_FEW_ROWS; one Zen 5 core streaming, 2 rows: Q4_K 1.55x, Q6_K 1.61x, Q5_0 1.73x,
- * IQ4_XS 1.52x). Not Q2_K and Q3_K, whose zmm kernels were the faster there (0.66-0.97x), nor
- * Q8_0, the same either way (1.00-1.03x). */
-static inline int few_rows_ymm(const kern_mat *w)
+/* Rows of x up to which w's type runs faster on the ymm kernels than on the zmm pairs
+ * (kern/qdot.h's KERN_X8_FEW_ROWS), measured on one Zen 5 core streaming 2048 x 2048: 2 rows Q4_K
+ * 1.55x, Q6_K 1.61x, Q5_0 1.73x, IQ4_XS 1.52x; Q4_K and Q5_K on to 8 rows (TinyLlama decode
+ * against 4: Q4_K_M 6 sequences 1.07x, 8 1.10x; Q5_K_M 8 1.04x), the others to 4 (from 6 rows
+ * Q6_K's and Q4_0's zmm kernels are the faster, IQ4_XS at 8 rows 0.80x); none for Q2_K and Q3_K,
+ * whose zmm kernels were the faster from 2 rows (0.66-0.97x), nor for Q8_0, the same either way
+ * (1.00-1.03x). */
+static inline size_t few_rows_ymm(const kern_mat *w)
 {
-    return w->qtype != KERN_GGML_Q8_0 && w->qtype != KERN_GGML_Q2_K && w->qtype != KERN_GGML_Q3_K;
+    switch (w->qtype) {
+    case KERN_GGML_Q4_K:
+    case KERN_GGML_Q5_K: return KERN_X8_FEW_ROWS;
+    case KERN_GGML_Q2_K:
+    case KERN_GGML_Q3_K:
+    case KERN_GGML_Q8_0: return 1;
+    default: return 4;
+    }
 }
 
 void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, float *out,
@@ -56,7 +66,7 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
      * tiles below spend their shuffles on: two of its groups a zmm from two rows of x on
      * (kern/qdot_x8_avx512.c), for one row Q4_K's group as one stream on zmm where the CPU has
      * VNNI (the same file) and the ymm kernels otherwise (kern/qdot_x8_avx2.c), which also take
-     * 2 .. KERN_X8_FEW_ROWS rows of most types where the CPU has VNNI. */
+     * a few rows of most types where the CPU has VNNI (few_rows_ymm). */
     if (w->type == KERN_QUANT_X8 && T > 1) {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_AMX)
         /* From 32 rows of x on the tile unit (kern/qdot_amx.c), where the CPU has it: its weight
@@ -72,7 +82,7 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
         }
 #endif
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
-        if (vnni && T <= KERN_X8_FEW_ROWS && few_rows_ymm(w)) { /* kern/qdot.h */
+        if (vnni && T <= few_rows_ymm(w)) { /* a few rows: the ymm kernels (kern/qdot.h) */
             kern__qmatmul_x8_avx2_vnni(w, xq, T, out, ldo, n0, n1);
             return;
         }
