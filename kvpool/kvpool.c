@@ -463,6 +463,23 @@ uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *t
     return seq->len;
 }
 
+uint32_t kvpool_seq_match_prompt(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n)
+{
+    if (n == 0 || pool->block_size == 1) /* one-token blocks: leave the last block unmatched */
+        return kvpool_seq_match_prefix(pool, seq, tokens, n ? n - 1 : 0);
+    uint32_t got = kvpool_seq_match_prefix(pool, seq, tokens, n);
+    if (got < n)
+        return got;
+    /* The whole prompt hit. Its last position is computed again for the logits the caller
+     * wants: the hit's last block stays in the table (referenced, so never evicted meanwhile),
+     * one position short, and the next append writes that position into a copy of it. */
+    seq->len--;
+    seq->n_computed--;
+    seq->n_indexed--;
+    pool->st.tokens_stored--;
+    return seq->len;
+}
+
 /* What block b holds now: its id and the gen it was taken at. A block keeps its tokens, position
  * and prefix from one take to the next, so equal keys mean the same prefix. */
 static uint64_t block_key(const kvpool *pool, int32_t b)
@@ -659,10 +676,15 @@ uint32_t kvpool_seq_n_released(const kvpool_seq *seq)
 }
 
 /* Whether the last block is partly filled and shared, so writing to it needs a copy. */
+/* The last block is partly ours and someone else's too: shared with a fork sibling, or indexed
+ * (a whole-prompt hit stepped back by kvpool_seq_match_prompt), whose tokens and K/V later
+ * matches read as they are. */
 static bool seq_needs_cow(const kvpool *pool, const kvpool_seq *seq)
 {
-    return seq->len % pool->block_size != 0 &&
-           pool->blk[seq->blocks[seq->n_blocks - 1]].refcount > 1;
+    if (seq->len % pool->block_size == 0)
+        return false;
+    const kvpool_block *k = &pool->blk[seq->blocks[seq->n_blocks - 1]];
+    return k->refcount > 1 || k->indexed;
 }
 
 uint32_t kvpool_seq_blocks_needed(const kvpool *pool, const kvpool_seq *seq, uint32_t n)
@@ -700,11 +722,11 @@ int kvpool_seq_append(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint
     if (cow) {
         int32_t src = seq->blocks[seq->n_blocks - 1];
         int32_t dst = block_take(pool);
-        uint32_t f = pool->blk[src].fill;
+        uint32_t f = seq->len % bs; /* ours: a stepped-back hit holds one less than the block */
         memcpy(block_tokens_mut(pool, dst), block_tokens(pool, src), sizeof(int32_t) * f);
         pool->blk[dst].fill = f;
         pool->st.slots_waste -= f;
-        block_unref(pool, src); /* stays used: other holders remain */
+        block_unref(pool, src); /* a fork sibling still holds it, or it is cached again */
         seq->blocks[seq->n_blocks - 1] = dst;
         copy->src = src;
         copy->dst = dst;
@@ -866,7 +888,11 @@ static int check_all(const kvpool *pool, uint32_t *refs, uint8_t *seen)
             refs[b]++;
             uint32_t fill = s->len - i * bs < bs ? s->len - i * bs : bs;
             const kvpool_block *k = &pool->blk[b];
-            if (k->fill != fill)
+            /* a stepped-back whole-prompt hit (kvpool_seq_match_prompt) holds its last block,
+             * full and indexed, one position short until its next append copies it */
+            bool stepped = i + 1 == s->n_blocks && i == s->n_indexed && k->indexed &&
+                           fill + 1 == bs && s->n_computed == s->len;
+            if (k->fill != fill && !stepped)
                 return KVS_EINVAL;
             /* After released entries the parent is no longer in this table; an orphan
              * attached by an anchored match follows another block of the same prefix. */

@@ -44,10 +44,12 @@ int sched__kv_match_prefix(sched *s, seq *q, uint32_t *covered_out)
     *covered_out = 0;
     if (!s->p.prefix_cache)
         return 0;
-    if (!s->wpool) {
-        *covered_out = kvpool_seq_match_prefix(s->pool, q->kv, q->tokens, n);
+    if (!s->wpool) { /* a whole-prompt hit leaves only the last position to compute */
+        *covered_out = kvpool_seq_match_prompt(s->pool, q->kv, q->tokens, q->n_tokens);
         return 0;
     }
+    /* With windowed layers the hit stays whole blocks short of the last position: stepping it
+     * back would move the window's start a position earlier than the probes checked. */
     /* The windowed group is small and soon evicts a long prompt's early blocks, but its layers
      * need only the window that ends at the hit: the global group's exact walk gives each
      * block's key, and the windowed group looks the window's blocks up by them, backwards

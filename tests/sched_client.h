@@ -45,6 +45,7 @@ typedef struct client {
     int n_finish[CLIENT_MAX_CHOICES]; /* finishing events seen: exactly 1 once done */
     int status[CLIENT_MAX_CHOICES];
     uint32_t completion_tokens[CLIENT_MAX_CHOICES];
+    uint32_t cached_tokens[CLIENT_MAX_CHOICES]; /* the prompt's, from the last event */
     uint32_t n_events;
     int done;
 } client;
@@ -89,6 +90,7 @@ static inline int client_drain(client *c)
             c->n_finish[ch]++;
             c->status[ch] = ev.status;
             c->completion_tokens[ch] = ev.completion_tokens;
+            c->cached_tokens[ch] = ev.cached_tokens;
         }
         sched_event_free(&ev);
     }

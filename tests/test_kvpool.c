@@ -134,6 +134,20 @@ static uint32_t ts_match(harness *h, tseq *t, const int32_t *tok, uint32_t n)
     return k;
 }
 
+/* As ts_match for a whole prompt (kvpool_seq_match_prompt): never all of it. */
+static uint32_t ts_match_prompt(harness *h, tseq *t, const int32_t *tok, uint32_t n)
+{
+    uint32_t k = kvpool_seq_match_prompt(h->pool, t->s, tok, n);
+    assert_true(n == 0 ? k == 0 : k < n);
+    assert_true(k % h->bs == 0 || k == n - 1);
+    assert_int_equal(kvpool_seq_len(t->s), k);
+    assert_int_equal(kvpool_seq_n_computed(t->s), k);
+    for (uint32_t p = 0; p < k; p++)
+        assert_int_equal(h->arena[slot_of(h, t->s, p)], tok[p]);
+    ts_push(t, tok, k);
+    return k;
+}
+
 static void ts_fork(harness *h, const tseq *src, tseq *t)
 {
     memset(t, 0, sizeof *t);
@@ -533,6 +547,92 @@ static void test_prefix_hit(void **state)
     h_fini(&h);
 }
 
+/* A whole-prompt hit leaves its last position to compute, in a copy of the cached block: the
+ * block itself, and a sequence reading it meanwhile, keep what they hold; the commit then
+ * switches back to the cached block. */
+static void test_prefix_whole_prompt(void **state)
+{
+    (void)state;
+    harness h;
+    h_init(&h, 16, 4, true);
+    int32_t tok[8];
+    seq_tokens(tok, 8, 70);
+    tseq a;
+    ts_create(&h, &a);
+    assert_int_equal(ts_append(&h, &a, tok, 8, NULL), 0);
+    uint32_t n;
+    int32_t ablk[2];
+    memcpy(ablk, kvpool_seq_blocks(a.s, &n), sizeof ablk);
+    kvpool_seq_commit(h.pool, a.s, 8);
+    ts_destroy(&h, &a);
+
+    tseq b, c;
+    ts_create(&h, &b);
+    assert_int_equal(ts_match_prompt(&h, &b, tok, 8), 7);
+    assert_memory_equal(kvpool_seq_blocks(b.s, &n), ablk, sizeof ablk);
+    assert_int_equal(n, 2);
+    kvpool_stats st = stats(&h);
+    assert_int_equal(st.prefix_hits, 2);
+    assert_int_equal(st.blocks_used, 2);
+    assert_int_equal(st.tokens_stored, 7);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    /* another sequence matches the same blocks meanwhile (n - 1: whole blocks only) */
+    ts_create(&h, &c);
+    assert_int_equal(ts_match(&h, &c, tok, 8), 8);
+    /* b computes its last position again: one block to copy, the cached one the source */
+    assert_int_equal(kvpool_seq_blocks_needed(h.pool, b.s, 1), 1);
+    kvpool_copy cp;
+    int n_copy = 0;
+    assert_int_equal(kvpool_seq_append(h.pool, b.s, tok + 7, 1, &cp, &n_copy), 0);
+    assert_int_equal(n_copy, 1);
+    assert_int_equal(cp.src, ablk[1]);
+    assert_int_not_equal(kvpool_seq_blocks(b.s, &n)[1], ablk[1]);
+    memcpy(h.arena + (size_t)cp.dst * h.bs, h.arena + (size_t)cp.src * h.bs,
+           sizeof(int32_t) * h.bs);
+    h.arena[cp.dst * 4 + 3] = tok[7];
+    ts_push(&b, tok + 7, 1);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    ts_verify(&h, &b);
+    ts_verify(&h, &c);
+    /* the commit finds the prefix indexed already and takes the cached block back */
+    kvpool_seq_commit(h.pool, b.s, 8);
+    assert_memory_equal(kvpool_seq_blocks(b.s, &n), ablk, sizeof ablk);
+    st = stats(&h);
+    assert_int_equal(st.blocks_used, 2);
+    assert_int_equal(kvpool_check(h.pool), 0);
+    ts_destroy(&h, &c);
+    ts_destroy(&h, &b);
+
+    /* one short of a block's end: an ordinary partial hit, nothing stepped back */
+    ts_create(&h, &b);
+    assert_int_equal(ts_match_prompt(&h, &b, tok, 7), 4);
+    ts_destroy(&h, &b);
+    /* dropped before its append: the block goes back to the cache whole */
+    ts_create(&h, &b);
+    assert_int_equal(ts_match_prompt(&h, &b, tok, 8), 7);
+    ts_destroy(&h, &b);
+    st = stats(&h);
+    assert_int_equal(st.blocks_cached, 2);
+    assert_int_equal(st.blocks_used, 0);
+    assert_int_equal(st.slots_waste, 0);
+    /* alone on the block, it still writes a copy: the cached block is the index's */
+    ts_create(&h, &b);
+    assert_int_equal(ts_match_prompt(&h, &b, tok, 8), 7);
+    n_copy = 0;
+    assert_int_equal(ts_append(&h, &b, tok + 7, 1, &n_copy), 0);
+    assert_int_equal(n_copy, 1);
+    assert_int_not_equal(kvpool_seq_blocks(b.s, &n)[1], ablk[1]);
+    kvpool_seq_commit(h.pool, b.s, 8);
+    assert_memory_equal(kvpool_seq_blocks(b.s, &n), ablk, sizeof ablk);
+    assert_int_equal(stats(&h).blocks_used, 2);
+    ts_verify(&h, &b);
+    ts_destroy(&h, &b);
+    ts_create(&h, &b);
+    assert_int_equal(ts_match(&h, &b, tok, 8), 8);
+    ts_destroy(&h, &b);
+    h_fini(&h);
+}
+
 static void test_prefix_hit_live(void **state)
 {
     (void)state;
@@ -897,9 +997,17 @@ static void run_random(uint32_t bs, uint32_t n_blocks, uint32_t iters, uint64_t 
                 if (j > lower)
                     lower = j;
             }
-            uint32_t k = ts_match(&h, t, buf, want);
-            assert_true(k >= lower);
-            assert_int_equal(stats(&h).prefix_queries, last_queries + want / bs);
+            uint32_t k, queries;
+            if (!window && rnd(3) == 0) { /* the whole prompt: at most len - 1 covered */
+                k = ts_match_prompt(&h, t, buf, len);
+                assert_true(len == 0 || k >= (lower < len ? lower : len - 1));
+                queries = bs == 1 ? (len ? len - 1 : 0) : len / bs;
+            } else {
+                k = ts_match(&h, t, buf, want);
+                assert_true(k >= lower);
+                queries = want / bs;
+            }
+            assert_int_equal(stats(&h).prefix_queries, last_queries + queries);
             pending[n_live] = malloc(sizeof(int32_t) * (len - k + 1));
             assert_non_null(pending[n_live]);
             memcpy(pending[n_live], buf + k, sizeof(int32_t) * (len - k));
@@ -1655,6 +1763,7 @@ int main(void)
         cmocka_unit_test(test_exhaustion),
         cmocka_unit_test(test_prefix_hit),
         cmocka_unit_test(test_prefix_hit_live),
+        cmocka_unit_test(test_prefix_whole_prompt),
         cmocka_unit_test(test_prefix_concurrent_prefill),
         cmocka_unit_test(test_prefix_after_cow),
         cmocka_unit_test(test_prefix_disabled),

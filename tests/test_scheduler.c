@@ -129,34 +129,35 @@ static void test_prefix_reuse_same_output(void **state)
     (void)state;
     if (!g_model)
         skip();
-    /* Prompt: a reference prompt plus its first 40 completion tokens (so it spans full
+    /* Prompt: a reference prompt plus its first c completion tokens (so it spans full
      * blocks); the continuation must be the reference's next 20 tokens both times, the second
-     * time served partly from cached blocks. */
+     * time served partly from cached blocks: 53 tokens, 3 full blocks of 16 and 5 to compute;
+     * 48 tokens, all cached, only the last position computed again for its logits. */
     const ref_case *rc = &g_cases[1];
-    int32_t prompt[128];
-    int np = rc->n_prompt;
-    memcpy(prompt, rc->prompt, (size_t)np * sizeof(int32_t));
-    memcpy(prompt + np, rc->completion, 40 * sizeof(int32_t));
-    np += 40;
-    sched *s = make_sched(0, 4, 16);
-    for (int round = 0; round < 2; round++) {
-        client c;
-        sched_request_params p = greedy_params(rc);
-        p.prompt = prompt;
-        p.n_prompt = (uint32_t)np;
-        p.max_tokens = 20;
-        submit_wait(s, &p, &c, 1);
-        assert_int_equal(c.n_ids[0], 20);
-        assert_memory_equal(c.ids[0], rc->completion + 40, 20 * sizeof(int32_t));
-        client_finish(&c);
-        sched_metrics m;
-        sched_get_metrics(s, &m);
-        if (round == 0)
-            assert_int_equal(m.prefix_cache_hits_total, 0);
-        else
-            assert_true(m.prefix_cache_hits_total >= 3); /* 53 tokens: 3 full blocks of 16 */
+    for (int len = 53; len >= 48; len -= 5) {
+        int c_len = len - rc->n_prompt;
+        assert_true(c_len > 0 && c_len + 20 <= rc->n_completion);
+        int32_t prompt[128];
+        memcpy(prompt, rc->prompt, (size_t)rc->n_prompt * sizeof(int32_t));
+        memcpy(prompt + rc->n_prompt, rc->completion, (size_t)c_len * sizeof(int32_t));
+        sched *s = make_sched(0, 4, 16);
+        for (int round = 0; round < 2; round++) {
+            client c;
+            sched_request_params p = greedy_params(rc);
+            p.prompt = prompt;
+            p.n_prompt = (uint32_t)len;
+            p.max_tokens = 20;
+            submit_wait(s, &p, &c, 1);
+            assert_int_equal(c.n_ids[0], 20);
+            assert_memory_equal(c.ids[0], rc->completion + c_len, 20 * sizeof(int32_t));
+            assert_int_equal(c.cached_tokens[0], round == 0 ? 0 : len == 48 ? 47 : 48);
+            client_finish(&c);
+            sched_metrics m;
+            sched_get_metrics(s, &m);
+            assert_int_equal(m.prefix_cache_hits_total, round == 0 ? 0 : 3);
+        }
+        end_sched(s);
     }
-    end_sched(s);
 }
 
 static void test_cancel_frees_blocks(void **state)
