@@ -90,10 +90,15 @@ stop_server() {
 }
 
 # bench PORT CONCURRENCY N INPUT OUTPUT -> "output-tok/s input-tok/s" of one closed-loop run
-# (bench/serve_bench.py, non-streaming completions, token-id prompts, ignore_eos)
+# (bench/serve_bench.py, non-streaming completions, token-id prompts, ignore_eos). The prompts'
+# seed comes from CONCURRENCY, N and INPUT, so a warm-up (1 request) and the runs after it send
+# different prompts: with one seed for all, the warm-up's prompt came back as the first measured
+# request, a whole-prompt cache hit on both servers, and the 16 clients' first prompts were the
+# 1 client's.
 bench() {
     python3 bench/serve_bench.py --url "http://127.0.0.1:$1" --concurrency "$2" \
-        --num-requests "$3" --input-len "$4" --output-len "$5" --json "$TMP/r.json" >/dev/null
+        --num-requests "$3" --input-len "$4" --output-len "$5" --json "$TMP/r.json" \
+        --seed $(($2 * 100000 + $3 * 1000 + $4)) >/dev/null
     python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print("%.1f %.1f" % (s["output_throughput"], s["total_token_throughput"] - s["output_throughput"]))' "$TMP/r.json"
 }
 
