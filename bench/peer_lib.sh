@@ -90,15 +90,30 @@ stop_server() {
 }
 
 # bench PORT CONCURRENCY N INPUT OUTPUT -> "output-tok/s input-tok/s" of one closed-loop run
-# (bench/serve_bench.py, non-streaming completions, token-id prompts, ignore_eos). The prompts'
-# seed comes from CONCURRENCY, N and INPUT, so a warm-up (1 request) and the runs after it send
-# different prompts: with one seed for all, the warm-up's prompt came back as the first measured
-# request, a whole-prompt cache hit on both servers, and the 16 clients' first prompts were the
-# 1 client's.
+# (bench/serve_bench.py, non-streaming completions, token-id prompts, ignore_eos).
+# - The prompts' seed comes from CONCURRENCY, N and INPUT, so a warm-up (1 request) and the runs
+#   after it send different prompts: with one seed for all, the warm-up's prompt came back as
+#   the first measured request, a whole-prompt cache hit on both servers, and the 16 clients'
+#   first prompts were the 1 client's.
+# - BAN_TOKENS (3-258, the llama-spm vocabulary's byte tokens, which every model these scripts
+#   write has; "" none) get logit_bias -100: a random-weights model emits stray bytes, invalid
+#   UTF-8, and llama-server fails such a request with a 500 after generating it ("does not match
+#   the expected Content-only format"). Up to 2026-12-06 these scripts sent no bias: 2-5 of 16
+#   requests failed there, their tokens went uncounted, and llama-server's 16-client figures
+#   read 52-73 tok/s where it serves 96-107 (TinyLlama Q4_K_M, Zen 5).
+# - A run with any failed request stops the script (the figure would count only the rest).
+BAN_TOKENS=${BAN_TOKENS-3-258}
 bench() {
+    local ban=()
+    [ -z "$BAN_TOKENS" ] || ban=(--ban-tokens "$BAN_TOKENS")
     python3 bench/serve_bench.py --url "http://127.0.0.1:$1" --concurrency "$2" \
         --num-requests "$3" --input-len "$4" --output-len "$5" --json "$TMP/r.json" \
-        --seed $(($2 * 100000 + $3 * 1000 + $4)) >/dev/null
+        --seed $(($2 * 100000 + $3 * 1000 + $4)) "${ban[@]}" >/dev/null || true
+    if ! python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(s["failed"] != 0)' "$TMP/r.json"; then
+        echo "$WHO: port $1: requests failed ($(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["failed"], "of", s["failed"] + s["completed"], s["errors"][:1])' "$TMP/r.json")); stopping" >&2
+        kill -TERM $$
+        exit 1
+    fi
     python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print("%.1f %.1f" % (s["output_throughput"], s["total_token_throughput"] - s["output_throughput"]))' "$TMP/r.json"
 }
 

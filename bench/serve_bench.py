@@ -10,7 +10,8 @@ table and as JSON.
   bench/serve_bench.py --url http://127.0.0.1:8080 --concurrency 16 --num-requests 200 \
       --input-len 32 --output-len 128 [--stream] [--endpoint chat] [--rate 20] [--json out.json]
 
-Prompts are token-id arrays for completions (exact input lengths) and text for chat.
+Prompts are token-id arrays for completions (exact input lengths) and text for chat; with
+--same-prompt every request sends the first one's (a server's whole-prompt cache hits).
 Output length is forced with ignore_eos unless --allow-eos is given.
 """
 import argparse
@@ -185,6 +186,9 @@ def make_payload(args, rng, model):
         p["model"] = model
     if not args.allow_eos:
         p["ignore_eos"] = True
+    if args.ban_tokens:
+        lo, hi = (int(v) for v in args.ban_tokens.split("-"))
+        p["logit_bias"] = {str(t): -100 for t in range(lo, hi + 1)}
     if args.stream:
         p["stream_options"] = {"include_usage": True}
     if args.endpoint == "completions":
@@ -203,6 +207,8 @@ async def run(args):
     rng = random.Random(args.seed)
     results = []
     payloads = [make_payload(args, rng, args.model) for _ in range(args.num_requests)]
+    if args.same_prompt:  # every request the first one's: whole-prompt cache hits after it
+        payloads = [payloads[0]] * args.num_requests
     start = time.perf_counter()
     if args.rate > 0:  # open loop: Poisson arrivals, one connection per in-flight request
         async def one(path, p):
@@ -291,6 +297,12 @@ def main():
     ap.add_argument("--model", default="")
     ap.add_argument("--api-key", default="")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ban-tokens", default="", metavar="LO-HI",
+                    help="logit_bias -100 on token ids LO..HI (e.g. 3-258, llama-spm's byte "
+                         "tokens: a random-weights model's stray bytes are invalid UTF-8, "
+                         "which llama-server answers with a 500)")
+    ap.add_argument("--same-prompt", action="store_true",
+                    help="every request sends the first request's prompt (prefix cache hits)")
     ap.add_argument("--json", default="", help="also write the summary as JSON here")
     args = ap.parse_args()
     results, duration = asyncio.run(run(args))
