@@ -453,6 +453,55 @@ static void test_exhaustion(void **state)
     h_fini(&h);
 }
 
+/* Puts tok[0..n) in the cache (appended, committed, the sequence gone); its blocks into blk. */
+static void cache_prompt(harness *h, const int32_t *tok, uint32_t n, int32_t *blk)
+{
+    tseq a;
+    ts_create(h, &a);
+    assert_int_equal(ts_append(h, &a, tok, n, NULL), 0);
+    uint32_t nb;
+    const int32_t *ab = kvpool_seq_blocks(a.s, &nb);
+    memcpy(blk, ab, sizeof(int32_t) * nb);
+    kvpool_seq_commit(h->pool, a.s, n);
+    assert_int_equal(kvpool_seq_n_computed(a.s), n);
+    ts_destroy(h, &a);
+}
+
+/* A new b matches all of tok[0..n), cached in blocks blk: n - 1 covered, blk attached. */
+static void whole_hit(harness *h, tseq *b, const int32_t *tok, uint32_t n, const int32_t *blk)
+{
+    ts_create(h, b);
+    assert_int_equal(ts_match_prompt(h, b, tok, n), n - 1);
+    uint32_t nb;
+    assert_memory_equal(kvpool_seq_blocks(b->s, &nb), blk, sizeof(int32_t) * (n / h->bs));
+    assert_int_equal(nb, n / h->bs);
+    assert_int_equal(kvpool_check(h->pool), 0);
+}
+
+/* b, stepped back by whole_hit, computes its last position again: written to a copy of the
+ * cached block (even with no one else holding it: the block is the index's), and the commit
+ * takes the cached block back. */
+static void recompute_last(harness *h, tseq *b, const int32_t *tok, uint32_t n, const int32_t *blk)
+{
+    uint32_t nb, last = n / h->bs - 1;
+    assert_int_equal(kvpool_seq_blocks_needed(h->pool, b->s, 1), 1);
+    kvpool_copy cp;
+    int n_copy = 0;
+    assert_int_equal(kvpool_seq_append(h->pool, b->s, tok + n - 1, 1, &cp, &n_copy), 0);
+    assert_int_equal(n_copy, 1);
+    assert_int_equal(cp.src, blk[last]);
+    assert_int_not_equal(kvpool_seq_blocks(b->s, &nb)[last], blk[last]);
+    memcpy(h->arena + (size_t)cp.dst * h->bs, h->arena + (size_t)cp.src * h->bs,
+           sizeof(int32_t) * h->bs);
+    h->arena[slot_of(h, b->s, n - 1)] = tok[n - 1];
+    ts_push(b, tok + n - 1, 1);
+    assert_int_equal(kvpool_check(h->pool), 0);
+    ts_verify(h, b);
+    kvpool_seq_commit(h->pool, b->s, n);
+    assert_memory_equal(kvpool_seq_blocks(b->s, &nb), blk, sizeof(int32_t) * (n / h->bs));
+    assert_int_equal(kvpool_check(h->pool), 0);
+}
+
 static void test_prefix_hit(void **state)
 {
     (void)state;
@@ -460,15 +509,9 @@ static void test_prefix_hit(void **state)
     h_init(&h, 16, 4, true);
     int32_t tok[12];
     seq_tokens(tok, 12, 40);
-    tseq a;
-    ts_create(&h, &a);
-    assert_int_equal(ts_append(&h, &a, tok, 12, NULL), 0);
     uint32_t n;
     int32_t ablk[3];
-    memcpy(ablk, kvpool_seq_blocks(a.s, &n), sizeof ablk);
-    kvpool_seq_commit(h.pool, a.s, 12);
-    assert_int_equal(kvpool_seq_n_computed(a.s), 12);
-    ts_destroy(&h, &a);
+    cache_prompt(&h, tok, 12, ablk);
     kvpool_stats st = stats(&h);
     assert_int_equal(st.blocks_cached, 3);
     assert_int_equal(st.blocks_free, 13);
@@ -547,86 +590,49 @@ static void test_prefix_hit(void **state)
     h_fini(&h);
 }
 
-/* A whole-prompt hit leaves its last position to compute, in a copy of the cached block: the
- * block itself, and a sequence reading it meanwhile, keep what they hold; the commit then
- * switches back to the cached block. */
+/* A whole-prompt hit leaves its last position to compute (kvpool_seq_match_prompt), in a copy
+ * of the cached block: the block itself, and a sequence reading it meanwhile, keep what they
+ * hold. */
 static void test_prefix_whole_prompt(void **state)
 {
     (void)state;
     harness h;
     h_init(&h, 16, 4, true);
-    int32_t tok[8];
+    int32_t tok[8], blk[2];
     seq_tokens(tok, 8, 70);
-    tseq a;
-    ts_create(&h, &a);
-    assert_int_equal(ts_append(&h, &a, tok, 8, NULL), 0);
-    uint32_t n;
-    int32_t ablk[2];
-    memcpy(ablk, kvpool_seq_blocks(a.s, &n), sizeof ablk);
-    kvpool_seq_commit(h.pool, a.s, 8);
-    ts_destroy(&h, &a);
+    cache_prompt(&h, tok, 8, blk);
 
     tseq b, c;
-    ts_create(&h, &b);
-    assert_int_equal(ts_match_prompt(&h, &b, tok, 8), 7);
-    assert_memory_equal(kvpool_seq_blocks(b.s, &n), ablk, sizeof ablk);
-    assert_int_equal(n, 2);
+    whole_hit(&h, &b, tok, 8, blk);
     kvpool_stats st = stats(&h);
     assert_int_equal(st.prefix_hits, 2);
     assert_int_equal(st.blocks_used, 2);
     assert_int_equal(st.tokens_stored, 7);
-    assert_int_equal(kvpool_check(h.pool), 0);
-    /* another sequence matches the same blocks meanwhile (n - 1: whole blocks only) */
+    /* another sequence matches the same blocks meanwhile (whole blocks only) */
     ts_create(&h, &c);
     assert_int_equal(ts_match(&h, &c, tok, 8), 8);
-    /* b computes its last position again: one block to copy, the cached one the source */
-    assert_int_equal(kvpool_seq_blocks_needed(h.pool, b.s, 1), 1);
-    kvpool_copy cp;
-    int n_copy = 0;
-    assert_int_equal(kvpool_seq_append(h.pool, b.s, tok + 7, 1, &cp, &n_copy), 0);
-    assert_int_equal(n_copy, 1);
-    assert_int_equal(cp.src, ablk[1]);
-    assert_int_not_equal(kvpool_seq_blocks(b.s, &n)[1], ablk[1]);
-    memcpy(h.arena + (size_t)cp.dst * h.bs, h.arena + (size_t)cp.src * h.bs,
-           sizeof(int32_t) * h.bs);
-    h.arena[cp.dst * 4 + 3] = tok[7];
-    ts_push(&b, tok + 7, 1);
-    assert_int_equal(kvpool_check(h.pool), 0);
-    ts_verify(&h, &b);
+    recompute_last(&h, &b, tok, 8, blk);
     ts_verify(&h, &c);
-    /* the commit finds the prefix indexed already and takes the cached block back */
-    kvpool_seq_commit(h.pool, b.s, 8);
-    assert_memory_equal(kvpool_seq_blocks(b.s, &n), ablk, sizeof ablk);
-    st = stats(&h);
-    assert_int_equal(st.blocks_used, 2);
-    assert_int_equal(kvpool_check(h.pool), 0);
+    assert_int_equal(stats(&h).blocks_used, 2);
     ts_destroy(&h, &c);
     ts_destroy(&h, &b);
 
+    /* alone on the block, the same */
+    whole_hit(&h, &b, tok, 8, blk);
+    recompute_last(&h, &b, tok, 8, blk);
+    assert_int_equal(stats(&h).blocks_used, 2);
+    ts_destroy(&h, &b);
     /* one short of a block's end: an ordinary partial hit, nothing stepped back */
     ts_create(&h, &b);
     assert_int_equal(ts_match_prompt(&h, &b, tok, 7), 4);
     ts_destroy(&h, &b);
     /* dropped before its append: the block goes back to the cache whole */
-    ts_create(&h, &b);
-    assert_int_equal(ts_match_prompt(&h, &b, tok, 8), 7);
+    whole_hit(&h, &b, tok, 8, blk);
     ts_destroy(&h, &b);
     st = stats(&h);
     assert_int_equal(st.blocks_cached, 2);
     assert_int_equal(st.blocks_used, 0);
     assert_int_equal(st.slots_waste, 0);
-    /* alone on the block, it still writes a copy: the cached block is the index's */
-    ts_create(&h, &b);
-    assert_int_equal(ts_match_prompt(&h, &b, tok, 8), 7);
-    n_copy = 0;
-    assert_int_equal(ts_append(&h, &b, tok + 7, 1, &n_copy), 0);
-    assert_int_equal(n_copy, 1);
-    assert_int_not_equal(kvpool_seq_blocks(b.s, &n)[1], ablk[1]);
-    kvpool_seq_commit(h.pool, b.s, 8);
-    assert_memory_equal(kvpool_seq_blocks(b.s, &n), ablk, sizeof ablk);
-    assert_int_equal(stats(&h).blocks_used, 2);
-    ts_verify(&h, &b);
-    ts_destroy(&h, &b);
     ts_create(&h, &b);
     assert_int_equal(ts_match(&h, &b, tok, 8), 8);
     ts_destroy(&h, &b);
