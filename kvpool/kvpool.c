@@ -675,10 +675,9 @@ uint32_t kvpool_seq_n_released(const kvpool_seq *seq)
     return seq->n_released;
 }
 
-/* Whether the last block is partly filled and shared, so writing to it needs a copy. */
-/* The last block is partly ours and someone else's too: shared with a fork sibling, or indexed
- * (a whole-prompt hit stepped back by kvpool_seq_match_prompt), whose tokens and K/V later
- * matches read as they are. */
+/* Whether writing to the last block needs a copy: it is partly ours and someone else's too,
+ * shared with a fork sibling or indexed (a whole-prompt hit stepped back by
+ * kvpool_seq_match_prompt), whose tokens and K/V later matches read as they are. */
 static bool seq_needs_cow(const kvpool *pool, const kvpool_seq *seq)
 {
     if (seq->len % pool->block_size == 0)

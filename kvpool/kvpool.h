@@ -82,10 +82,9 @@ uint32_t kvpool_seq_match_prefix(kvpool *pool, kvpool_seq *seq, const int32_t *t
 /* For an empty seq, the whole prompt tokens[0..n): kvpool_seq_match_prefix(tokens, n), except
  * that a hit of all n tokens is stepped back one position, which the caller computes again for
  * the last token's logits (as llama.cpp's server does; vLLM's cache leaves the whole last block
- * to compute).
- * The hit's last block then stays in the table one position short, full and indexed, and the
- * next kvpool_seq_append copies it (copy-on-write) before writing that position. Returns the
- * positions covered, at most n - 1. */
+ * to compute). The hit's last block then stays in the table one position short, full and
+ * indexed, and the next kvpool_seq_append copies it (copy-on-write) before writing that
+ * position. Returns the positions covered, at most n - 1. */
 uint32_t kvpool_seq_match_prompt(kvpool *pool, kvpool_seq *seq, const int32_t *tokens, uint32_t n);
 
 /* The tokens kvpool_seq_match_prefix(tokens, n) would cover now, changing nothing (no
@@ -150,8 +149,8 @@ uint32_t kvpool_seq_blocks_needed(const kvpool *pool, const kvpool_seq *seq, uin
 
 /* Reserves slots for n more tokens (positions len..len+n-1) and records their ids. If the
  * last block is shared and partly filled (or a stepped-back hit's, kvpool_seq_match_prompt) it
- * is first replaced by a private copy: *copy is set
- * to {src, dst} and *n_copy to 1 (else 0); the caller copies K/V before its forward pass.
+ * is first replaced by a private copy: *copy is set to {src, dst} and *n_copy to 1 (else 0);
+ * the caller copies K/V before its forward pass.
  * All or nothing: KVS_ENOSPC (too few blocks), KVS_ENOMEM (table growth), KVS_ERANGE (length
  * overflow) and KVS_EINVAL (a copy is due but copy or n_copy is NULL) leave seq and pool
  * unchanged. */
