@@ -640,7 +640,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     }
     /* The daemon's sockets are the relay's socketpair ends (server/relay.c), which it takes
      * for TCP by the client address it is given: TCP options fail there, and pushing data
-     * needs no TCP option on a local pair. */
+     * needs no TCP option on a local pair (the relay turns Nagle off on the client's own
+     * socket, srv_relay_add). */
     if (strstr(line, "TCP_NODELAY") || strstr(line, "TCP_CORK") ||
         strstr(line, "Failed to push the data from buffers")) {
         log_debug("http: %s (a relay socketpair)", line);

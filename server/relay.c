@@ -14,6 +14,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -777,6 +779,14 @@ int srv_relay_add(srv_relay *r, int fd, const struct sockaddr *addr, socklen_t a
         sv[0] = sv[1];
         sv[1] = t;
     }
+    /* What the daemon wrote is sent as soon as it arrives, and Nagle must not hold a small
+     * send back until the client acknowledges the one before: a client that has just sent a
+     * request on a kept-alive connection delays that ACK (about 40 ms on Linux), so a stream's
+     * first event, however soon its token was ready, waited for the ACK of the response head.
+     * libmicrohttpd set TCP_NODELAY itself on the sockets it owned; its end of the pair takes
+     * no TCP option. A client socket that is not TCP refuses it, and needs none. */
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     c->cli = (rside){.c = c, .fd = fd};
     c->dmn = (rside){.c = c, .fd = sv[0]};
     c->daemon_fd = sv[1];

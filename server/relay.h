@@ -7,10 +7,12 @@
  * address, for logs). One thread copies bytes both ways through bounded buffers, parsing the
  * client's stream as HTTP/1.1 requests: heads are forwarded as sent once they pass, bodies by
  * Content-Length, chunked bodies decoded and re-chunked with clean size lines and no trailer
- * fields. A bad head or chunk gets the same JSON error as a bad first head, with "Connection:
- * close", once the responses to the requests before it were relayed whole: the daemon reports
- * each finished response (srv_relay_done), which is how the relay knows. A client that closes,
- * half-closes or resets is passed on at once (the daemon's end sees it, so the reaper does).
+ * fields. What the daemon writes goes to the client as soon as it is read, with Nagle off (a
+ * stream's events must not wait for the client's delayed ACKs). A bad head or chunk gets the
+ * same JSON error as a bad first head, with "Connection: close", once the responses to the
+ * requests before it were relayed whole: the daemon reports each finished response
+ * (srv_relay_done), which is how the relay knows. A client that closes, half-closes or resets
+ * is passed on at once (the daemon's end sees it, so the reaper does).
  *
  * Threads: start/stop/destroy from the main thread; srv_relay_add from the front door's
  * thread; srv_relay_done from any thread (the daemon's); callbacks on the caller of

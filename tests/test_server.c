@@ -1,5 +1,10 @@
 /* Server pieces that need no model: request validation (field named in the error), config
- * parsing (file + flags), and the Prometheus text (cumulative buckets, no colons). */
+ * parsing (file + flags), the Prometheus text (cumulative buckets, no colons), and the relay
+ * on a loopback connection. */
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/status.h"
@@ -19,6 +25,7 @@
 #include "server/http_head.h"
 #include "server/metrics.h"
 #include "server/reasoning.h"
+#include "server/relay.h"
 #include "server/response.h"
 
 static const sampler_params k_defaults = {.temperature = 1, .top_p = 1, .repetition_penalty = 1};
@@ -770,6 +777,61 @@ static void test_reasoning_split(void **state)
     free(chunk);
 }
 
+/* The daemon's end of the relay's pair, kept by the test as libmicrohttpd would keep it. */
+static int keep_daemon_end(void *ud, int fd, const struct sockaddr *addr, socklen_t addr_len)
+{
+    (void)addr;
+    (void)addr_len;
+    *(int *)ud = fd;
+    return 0;
+}
+
+/* The relay sends what the daemon wrote at once, so a client's socket has Nagle off: with it
+ * on, a stream's first event waited for the client's delayed ACK of the response head. */
+static void test_relay_no_nagle(void **state)
+{
+    (void)state;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
+    int cfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(connect(cfd, (struct sockaddr *)&a, sizeof a), 0);
+    int sfd = accept(lfd, NULL, NULL);
+    assert_true(sfd >= 0);
+    assert_int_equal(fcntl(sfd, F_SETFL, O_NONBLOCK), 0);
+    int v = 1;
+    socklen_t vl = sizeof v;
+    assert_int_equal(getsockopt(sfd, IPPROTO_TCP, TCP_NODELAY, &v, &vl), 0);
+    assert_int_equal(v, 0); /* as accepted: Nagle on */
+
+    int dfd = -1;
+    srv_relay_params p = {
+        .head_limit = 4096, .max_fields = 64, .handoff = keep_daemon_end, .ud = &dfd};
+    srv_relay *r;
+    assert_int_equal(srv_relay_start(&p, &r), 0);
+    assert_int_equal(srv_relay_add(r, sfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_true(dfd >= 0);
+    assert_int_equal(getsockopt(sfd, IPPROTO_TCP, TCP_NODELAY, &v, &vl), 0);
+    assert_int_not_equal(v, 0);
+
+    /* and it is the relayed connection: what the daemon writes reaches the client */
+    static const char head[] = "HTTP/1.1 200 OK\r\n";
+    assert_int_equal(write(dfd, head, sizeof head - 1), sizeof head - 1);
+    struct pollfd pf = {.fd = cfd, .events = POLLIN};
+    assert_int_equal(poll(&pf, 1, 10000), 1);
+    char got[sizeof head] = {0};
+    assert_int_equal(read(cfd, got, sizeof got), sizeof head - 1);
+    assert_string_equal(got, head);
+
+    close(dfd); /* the daemon goes first, as at a real stop */
+    srv_relay_destroy(r);
+    close(cfd);
+    close(lfd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -781,6 +843,7 @@ int main(void)
         cmocka_unit_test(test_chunk_lines),     cmocka_unit_test(test_new_fields),
         cmocka_unit_test(test_cors_config),     cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_json_py),         cmocka_unit_test(test_tool_calls_stream_safe),
+        cmocka_unit_test(test_relay_no_nagle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
