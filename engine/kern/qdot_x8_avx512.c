@@ -84,6 +84,26 @@ INLINE __m512i dot16(const __m512i *w, const int8_t *x, int n)
 }
 #endif
 
+#ifdef KERN_QDOT_VNNI
+/* A Q4_K or Q5_K block's M, the sum over sub-blocks j of min j times the sum of its 32
+ * activations: those sums (bs[2 j] + bs[2 j + 1], |.| <= 32 * 127) as int16 pairs (j = 2 k,
+ * 2 k + 1) broadcast against mi[k], the rows' pairs of mins, by vpdpwssd: 4 of them where
+ * bs_sum16 takes 8 vpmaddwd and 8 adds. Exact int32 sums, so the same M. One Zen 5 core, Q4_K
+ * at 16 rows: 1.025x (the mins took about a tenth of the kernel's time). */
+INLINE __m512i mins32(const __m512i mi[4], const kern__qx256 *x)
+{
+    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)x->bs);
+    __m256i s = _mm256_madd_epi16(b, _mm256_set1_epi16(1)); /* int32 sums of sub-block j */
+    /* int16: s0..s3 s0..s3 in the low 128 bits, s4..s7 s4..s7 in the high */
+    __m512i p = _mm512_castsi256_si512(_mm256_packs_epi32(s, s));
+    __m512i B = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mi[0],
+                                    _mm512_permutexvar_epi32(_mm512_set1_epi32(0), p));
+    B = _mm512_dpwssd_epi32(B, mi[1], _mm512_permutexvar_epi32(_mm512_set1_epi32(1), p));
+    B = _mm512_dpwssd_epi32(B, mi[2], _mm512_permutexvar_epi32(_mm512_set1_epi32(4), p));
+    return _mm512_dpwssd_epi32(B, mi[3], _mm512_permutexvar_epi32(_mm512_set1_epi32(5), p));
+}
+#endif
+
 /* The sum over k < 8 of signed values w[k] (two groups' rows, lane r) times the activation quads
  * at xs: with VNNI w holds the values plus 128 (unsigned) and the caller takes 128 sx off;
  * otherwise w holds |w| and neg[k] where w < 0, and x is negated there (AVX-512 has no vpsignb: a
@@ -275,14 +295,26 @@ INLINE void grp_q45k(const uint8_t *a, const uint8_t *c, size_t nb, int q5, cons
 #endif
             }
         }
+#ifdef KERN_QDOT_VNNI
+        __m512i mi[4]; /* (min 2 k, min 2 k + 1) pairs, row r in lane r */
+        for (int k = 0; k < 4; k++)
+            mi[k] =
+                _mm512_or_si512(u8x16(ha->mn[2 * k], hc->mn[2 * k]),
+                                _mm512_slli_epi32(u8x16(ha->mn[2 * k + 1], hc->mn[2 * k + 1]), 16));
+#else
         __m512i mi[8]; /* (min, min) pairs of sub-block j, row r in lane r */
         for (int j = 0; j < 8; j++)
             mi[j] = pairs16(u8x16(ha->mn[j], hc->mn[j]));
+#endif
         for (size_t t = 0; t < tt; t++) {
             const kern__qx256 *x = (const kern__qx256 *)(const void *)(xq + t * xrb) + b;
             __m512 dx = _mm512_set1_ps(x->d);
             __m512 s1 = fold16(acc[t], d, dx, cvt_ps(si[t]));
+#ifdef KERN_QDOT_VNNI
+            acc[t] = fold16(s1, dm, dx, cvt_ps(mins32(mi, x)));
+#else
             acc[t] = fold16(s1, dm, dx, cvt_ps(bs_sum16(mi, x)));
+#endif
         }
     }
 }
