@@ -191,7 +191,7 @@ void kern__qmatmul_x8_avx2_vnni(const kern_mat *w, const void *xq, size_t T, flo
  * weight block once for 16 rows, at a cost a few rows do not pay back (one Zen 5 core streaming
  * 64 matrices of 2048 x 2048, Q4_K at 2 rows took 1.65x the time of one row). The ymm kernels
  * are unrolled for each row count up to this, so that each row's sums stay in registers. */
-#define KERN_X8_FEW_ROWS 8
+#define KERN_X8_FEW_ROWS 4
 
 /* KERN_QUANT_X8's AVX-512 products from two rows of x on (kern/qdot_x8_avx512.c: two groups a
  * zmm), built with VNNI too (KERN_HAVE_QDOT_VNNI), and over simde for the tests;

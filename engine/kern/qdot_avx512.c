@@ -35,16 +35,17 @@ static qtiles16_fn tiles16_for(const kern_mat *w)
 
 /* Rows of x up to which w's type runs faster on the ymm kernels than on the zmm pairs
  * (kern/qdot.h's KERN_X8_FEW_ROWS), measured on one Zen 5 core streaming 2048 x 2048: 2 rows Q4_K
- * 1.55x, Q6_K 1.61x, Q5_0 1.73x, IQ4_XS 1.52x; Q4_K and Q5_K on to 8 rows (TinyLlama decode
- * against 4: Q4_K_M 6 sequences 1.07x, 8 1.10x; Q5_K_M 8 1.04x), the others to 4 (from 6 rows
- * Q6_K's and Q4_0's zmm kernels are the faster, IQ4_XS at 8 rows 0.80x); none for Q2_K and Q3_K,
- * whose zmm kernels were the faster from 2 rows (0.66-0.97x), nor for Q8_0, the same either way
- * (1.00-1.03x). */
+ * 1.55x, Q6_K 1.61x, Q5_0 1.73x, IQ4_XS 1.52x; the others to 4 (from 6 rows Q6_K's and Q4_0's
+ * zmm kernels are the faster, IQ4_XS at 8 rows 0.80x); Q4_K and Q5_K to 2 since their zmm kernel
+ * has its sub-blocks unrolled (the zmm one against the ymm one: Q4_K 2 rows 0.87x, 3 1.08x, 4
+ * 1.08x, 8 1.33x; Q5_K 4 rows 1.27x, 8 1.54x; before, they went on to 8 rows); none for Q2_K and
+ * Q3_K, whose zmm kernels were the faster from 2 rows (0.66-0.97x), nor for Q8_0, the same either
+ * way (1.00-1.03x). */
 static inline size_t few_rows_ymm(const kern_mat *w)
 {
     switch (w->qtype) {
     case KERN_GGML_Q4_K:
-    case KERN_GGML_Q5_K: return KERN_X8_FEW_ROWS;
+    case KERN_GGML_Q5_K: return 2;
     case KERN_GGML_Q2_K:
     case KERN_GGML_Q3_K:
     case KERN_GGML_Q8_0: return 1;

@@ -487,16 +487,12 @@ void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t 
             /* up to KERN_X8_FEW_ROWS rows of x (a decode step of a few sequences) as constants,
              * so that their sums stay in the 32 registers (kern/qdot.h says why these rows come
              * here) */
-            _Static_assert(KERN_X8_FEW_ROWS == 8, "a case for each of the few rows");
+            _Static_assert(KERN_X8_FEW_ROWS == 4, "a case for each of the few rows");
             switch (tt) {
             case 1: grp_x8(w, g, nb, x, xrb, 1, acc, si); break;
             case 2: grp_x8(w, g, nb, x, xrb, 2, acc, si); break;
             case 3: grp_x8(w, g, nb, x, xrb, 3, acc, si); break;
             case 4: grp_x8(w, g, nb, x, xrb, 4, acc, si); break;
-            case 5: grp_x8(w, g, nb, x, xrb, 5, acc, si); break;
-            case 6: grp_x8(w, g, nb, x, xrb, 6, acc, si); break;
-            case 7: grp_x8(w, g, nb, x, xrb, 7, acc, si); break;
-            case 8: grp_x8(w, g, nb, x, xrb, 8, acc, si); break;
             default: grp_x8(w, g, nb, x, xrb, tt, acc, si);
             }
 #else

@@ -19,7 +19,7 @@
  * ran at about 140 Gweights/s, the transposing 16-row tiles over the file's rows 150-250, these
  * 200-280 (docs/ARCHITECTURE.md, "The integer path"). The 32-value types and IQ4_XS joined the
  * layout later (one Zen 4 core at 16 rows: Q5_0 81 -> 125, IQ4_XS 108 -> 139 Gweights/s against
- * the tiles over the file's rows). With VNNI, a few rows (2 .. 4, Q4_K's and Q5_K's 2 .. 8) of
+ * the tiles over the file's rows). With VNNI, a few rows (2 .. 4, Q4_K's and Q5_K's 2) of
  * all types but Q2_K, Q3_K and Q8_0 go to the ymm kernels too (kern/qdot_avx512.c's
  * few_rows_ymm). */
 #include "engine/kern/avx512_isa.h"
