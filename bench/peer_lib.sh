@@ -75,8 +75,13 @@ start_server() {
         "$KVSERVE" serve -m "$model" --port "$port" --threads "$THREADS" --max-num-seqs 16 \
             --ctx-size 1024 --log-level warn "$@" 2>"$log" &
     else
+        # --no-mmap: llama-server reads the weights into its own buffers, as kvserve does. Mapped,
+        # it decoded a TinyLlama F16 file written a minute before at 6.8-9.2 tok/s and the same
+        # bytes written hours before at 14.6 (Zen 5, one client; --no-mmap 14.5 on the new
+        # file): the page cache of a file just written slows its reads, and every script here
+        # writes its models fresh (docs/BENCHMARKS.md, top).
         "$PEER/llama-server" -m "$model" --host 127.0.0.1 --port "$port" -t "$THREADS" \
-            -tb "$THREADS" -np 16 -c $((16 * 1024)) --no-webui >"$log" 2>&1 &
+            -tb "$THREADS" -np 16 -c $((16 * 1024)) --no-mmap --no-webui >"$log" 2>&1 &
     fi
     SERVER_PID=$!
     PIDS+=("$SERVER_PID")
