@@ -6,7 +6,7 @@
 #   kvserve      kvs-bench-engine batch (KVS_BENCH_PROMPT=D: D positions cached first, untimed),
 #                STEPS decode steps of one sequence
 #   OLD          the same with another kvs-bench-engine binary (optional: a before/after)
-#   llama.cpp    llama-bench -p 0 -n STEPS -d D (its depth is untimed too)
+#   llama.cpp    llama-bench -lm none -p 0 -n STEPS -d D (its depth is untimed too)
 # and, for the depths of B16_DEPTHS, 16 sequences at once: kvs-bench-engine batch 16 against
 # llama-batched-bench -npl 16 -npp D -ntg STEPS (its S_TG). Medians; the ratio of the same run.
 # Writes the "depth.sh" section of docs/BENCHMARKS.md (one per CPU kind).
@@ -42,14 +42,16 @@ engine() {
     KVS_BENCH_SGEMM=0 KVS_BENCH_PROMPT=$(($3 > 0 ? $3 : 1)) "$1" batch "$model" "$STEPS" "$2" "$THREADS" 2>/dev/null |
         tail -1 | cut -d, -f3
 }
+# -lm none in both: llama.cpp reads the weights into its own buffers, as kvserve does; mapped,
+# it decodes a file written just before at about half speed (bench/peer_lib.sh).
 # llama DEPTH -> llama-bench's generation tok/s after DEPTH cached positions
 llama() {
-    "$PEER/llama-bench" -m "$model" -p 0 -n "$STEPS" -d "$1" -t "$THREADS" -r 1 -o csv 2>/dev/null |
+    "$PEER/llama-bench" -m "$model" -lm none -p 0 -n "$STEPS" -d "$1" -t "$THREADS" -r 1 -o csv 2>/dev/null |
         python3 -c 'import csv,sys; print(list(csv.DictReader(sys.stdin))[-1]["avg_ts"])'
 }
 # llama16 DEPTH -> llama-batched-bench's S_TG with 16 sequences of DEPTH prompt tokens
 llama16() {
-    "$PEER/llama-batched-bench" -m "$model" -c $((16 * ($1 + STEPS + 16))) -b 2048 -ub 512 \
+    "$PEER/llama-batched-bench" -m "$model" -lm none -c $((16 * ($1 + STEPS + 16))) -b 2048 -ub 512 \
         -npp "$1" -ntg "$STEPS" -npl 16 -t "$THREADS" 2>/dev/null |
         awk -F'|' '$2 ~ /^ *[0-9]+ *$/ {gsub(/ /, "", $9); v = $9} END {print v}'
 }
