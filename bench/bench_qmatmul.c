@@ -11,7 +11,7 @@
  * for F16 / F32 x laid out by the table's pack_x inside the timed pass, where the engine would) or
  * q8 (the integer path: the weights laid out as the engine does, the file's rows or, for Q4_K
  * with a table's own kernels, kern/qdot_pack.c's interleaved groups; x quantized per row inside
- * the timed pass, as the engine does once per product; Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K) or
+ * the timed pass by the table's qx_quantize, as the engine does once per product; Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K) or
  * q8rows (the file's rows whatever the type). Prints one CSV line:
  *   type,n_out,n_in,rows,mats,isa,act,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,gb_per_s
  * (per matrix; the rates from the best CPU time). */
@@ -153,7 +153,7 @@ int main(int argc, char **argv)
                 k->matmul(&pm[i], x, rows, n_in, px ? xp : NULL, out, n_out, 0, n_out, scratch);
                 continue;
             }
-            kern_qx_quantize(fmt, x, rows, n_in, n_in, xq);
+            (k->qx_quantize ? k->qx_quantize : kern_qx_quantize)(fmt, x, rows, n_in, n_in, xq);
             if (k->qmatmul)
                 k->qmatmul(&pm[i], xq, rows, out, n_out, 0, n_out);
             else
