@@ -11,8 +11,12 @@
  * for F16 / F32 x laid out by the table's pack_x inside the timed pass, where the engine would) or
  * q8 (the integer path: the weights laid out as the engine does, the file's rows or, for Q4_K
  * with a table's own kernels, kern/qdot_pack.c's interleaved groups; x quantized per row inside
- * the timed pass by the table's qx_quantize, as the engine does once per product; Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K) or
- * q8rows (the file's rows whatever the type). Prints one CSV line:
+ * the timed pass by the table's qx_quantize, as the engine does once per product; Q8_0, Q4_0 ..
+ * Q5_1, Q2_K .. Q6_K) or q8rows (the file's rows whatever the type). KVS_BENCH_INNER=N (default 1)
+ * repeats each integer product N times on the same quantized x inside the timed pass, the figures
+ * per product: a small matrix in the caches then times the kernel alone, not the quantization and
+ * the two clock reads around each pass (one Zen 5 core: 2.5 us a pass, a quarter of a 256 x 2048
+ * Q4_K product at one row). Prints one CSV line:
  *   type,n_out,n_in,rows,mats,isa,act,cpu_ms_min,cpu_ms_mean,wall_ms_min,gweights_per_s,gb_per_s
  * (per matrix; the rates from the best CPU time). */
 #define _POSIX_C_SOURCE 200809L
@@ -140,6 +144,12 @@ int main(int argc, char **argv)
         return 1;
     for (size_t i = 0; i < rows * n_in; i++)
         x[i] = (float)(i % 7) * 0.1f - 0.3f;
+    const char *in_env = getenv("KVS_BENCH_INNER");
+    int inner = in_env ? atoi(in_env) : 1;
+    if (inner < 1 || inner > 100000) {
+        fprintf(stderr, "kvs-bench-qmatmul: KVS_BENCH_INNER is 1 .. 100000\n");
+        return 2;
+    }
     double best = INFINITY, wbest = INFINITY, sum = 0, check = 0;
     for (int r = 0; r < reps; r++) {
         double c0 = now_s(CLOCK_THREAD_CPUTIME_ID), w0 = now_s(CLOCK_MONOTONIC);
@@ -154,13 +164,15 @@ int main(int argc, char **argv)
                 continue;
             }
             (k->qx_quantize ? k->qx_quantize : kern_qx_quantize)(fmt, x, rows, n_in, n_in, xq);
-            if (k->qmatmul)
-                k->qmatmul(&pm[i], xq, rows, out, n_out, 0, n_out);
-            else
-                kern_qmatmul_ref(&pm[i], xq, rows, out, n_out, 0, n_out);
+            for (int n = 0; n < inner; n++)
+                if (k->qmatmul)
+                    k->qmatmul(&pm[i], xq, rows, out, n_out, 0, n_out);
+                else
+                    kern_qmatmul_ref(&pm[i], xq, rows, out, n_out, 0, n_out);
         }
-        double c = (now_s(CLOCK_THREAD_CPUTIME_ID) - c0) / mats;
-        double w = (now_s(CLOCK_MONOTONIC) - w0) / mats;
+        int per = q8 ? inner : 1; /* products per matrix in the pass */
+        double c = (now_s(CLOCK_THREAD_CPUTIME_ID) - c0) / mats / per;
+        double w = (now_s(CLOCK_MONOTONIC) - w0) / mats / per;
         check += out[0];
         if (r == 0)
             continue;
