@@ -116,8 +116,11 @@ int main(int argc, char **argv)
         k = &kern_avx2_ops;
 #endif
 #ifdef KERN_HAVE_AVX512
-    if (isa && !strcmp(isa, "avx512"))
-        k = &kern_avx512_ops;
+    char err[256];
+    if (isa && !strcmp(isa, "avx512") && kern_select("avx512", &k, err, sizeof err)) {
+        fprintf(stderr, "kvs-bench-qmatmul: %s\n", err); /* the zmm table --kernels takes */
+        return 2;
+    }
 #endif
     if (isa && strcmp(isa, k->name)) {
         fprintf(stderr, "kvs-bench-qmatmul: no kernel table %s here\n", isa);

@@ -37,7 +37,7 @@ static float frand(void)
 /* The tables this CPU runs, the reference first; the emulated AVX-512 one (where simde was there
  * to build it) last, so test_select's "auto is the best this CPU runs" still reads the native
  * ones. */
-static const kern_ops *g_isas[6];
+static const kern_ops *g_isas[7];
 static int g_n_native;
 static int g_n_isas;
 
@@ -54,9 +54,16 @@ static int setup(void **state)
 #endif
 #ifdef KERN_HAVE_AVX512
     if (kern_cpu_can("avx512") == 1) {
-        g_isas[g_n_isas++] = &kern_avx512_ops;
-        if (kern_cpu_avx512_halves()) /* what auto picks here: last of the native ones */
-            g_isas[g_n_isas++] = &kern_avx512_halves_ops;
+        /* The three AVX-512 tables run on any AVX-512 CPU (they differ in speed only): all
+         * tested, the one auto picks here last of the native ones (test_select). */
+        const kern_ops *pick = kern_cpu_avx512_halves() ? &kern_avx512_halves_ops
+                               : kern_cpu_cvtph_free()  ? &kern_avx512_cvt_ops
+                                                        : &kern_avx512_ops;
+        const kern_ops *all[] = {&kern_avx512_ops, &kern_avx512_cvt_ops, &kern_avx512_halves_ops};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (all[i] != pick)
+                g_isas[g_n_isas++] = all[i];
+        g_isas[g_n_isas++] = pick;
     } else
         fprintf(stderr, "kernels: this CPU cannot run avx512 (%s): its emulation tested instead\n",
                 kern_cpu_features());

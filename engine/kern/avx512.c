@@ -256,10 +256,10 @@ static void f16_widened_pair(const panel_job *j, const panel_step *s)
  * way lost: the F32 pair, twice the bytes, no longer stays in L1 (one Intel Xeon core,
  * 2048 x 2048: 16 rows 0.76x, 64 rows 1.06x, paired); long passes widen it chunk by chunk
  * (f16_widened_pair). */
-static size_t avx512_panel(const panel_job *j, const panel_step *s)
+static inline size_t panel_step_w(const panel_job *j, const panel_step *s, bool widen)
 {
     kern_type pt = j->m->type;
-    if (pt == KERN_F16_PANEL && j->xp && s->nb >= WIDEN_MIN_TILES && panel_pair_whole(s)) {
+    if (widen && pt == KERN_F16_PANEL && j->xp && s->nb >= WIDEN_MIN_TILES && panel_pair_whole(s)) {
         f16_widened_pair(j, s);
         return 2;
     }
@@ -273,6 +273,20 @@ static size_t avx512_panel(const panel_job *j, const panel_step *s)
         return 2;
     }
     return panel_float_step(j, s, panel_tile_r, panel_widen_q8);
+}
+
+static size_t avx512_panel(const panel_job *j, const panel_step *s)
+{
+    return panel_step_w(j, s, true);
+}
+
+/* The same where vcvtph2ps issues beside the FMAs (kern_cpu_cvtph_free: AMD Zen 5): the pair
+ * tiles convert their own halves, and widening a chunk for a pass's tiles is only its stores and
+ * the chains' reloads. One Zen 5 core pair, against avx512_panel (bench/ab.sh, kvs-bench-engine,
+ * 2 threads): TinyLlama F16 512-token prefill 1.16x, 64-row steps 1.13x; 110m 1.05x / 1.09x. */
+static size_t avx512_panel_cvt(const panel_job *j, const panel_step *s)
+{
+    return panel_step_w(j, s, false);
 }
 
 /* avx512_matmul's step for packed x of at most PM rows: every tile one panel, panel_tile's px. */
@@ -294,9 +308,10 @@ static bool one_tile(size_t T)
     return T <= PM;
 }
 
-/* kern/panel_loop.h's driver. */
-static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, const float *xp,
-                          float *out, size_t ldo, size_t n0, size_t n1, float *scratch)
+/* kern/panel_loop.h's driver, step the pairs' (avx512_panel or avx512_panel_cvt). */
+static inline void matmul_w(const kern_mat *m, const float *x, size_t T, size_t ldx,
+                            const float *xp, float *out, size_t ldo, size_t n0, size_t n1,
+                            float *scratch, size_t (*step)(const panel_job *, const panel_step *))
 {
     if (m->type == KERN_QUANT_PANEL) {
         KERN512(kern__quant_matmul_avx512)(m, x, T, ldx, out, ldo, n0, n1, scratch);
@@ -308,7 +323,20 @@ static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ld
         panel_loop(&j, T, n0, n1, PM, avx512_panel_px);
         return;
     }
-    panel_loop(&j, T, n0, n1, PM2, avx512_panel); /* tiles of at most PM2 rows, for the pairs */
+    panel_loop(&j, T, n0, n1, PM2, step); /* tiles of at most PM2 rows, for the pairs */
+}
+
+static void avx512_matmul(const kern_mat *m, const float *x, size_t T, size_t ldx, const float *xp,
+                          float *out, size_t ldo, size_t n0, size_t n1, float *scratch)
+{
+    matmul_w(m, x, T, ldx, xp, out, ldo, n0, n1, scratch, avx512_panel);
+}
+
+static void avx512_matmul_cvt(const kern_mat *m, const float *x, size_t T, size_t ldx,
+                              const float *xp, float *out, size_t ldo, size_t n0, size_t n1,
+                              float *scratch)
+{
+    matmul_w(m, x, T, ldx, xp, out, ldo, n0, n1, scratch, avx512_panel_cvt);
 }
 
 /* x for avx512_matmul's tiles: one tile of up to PM rows (one_tile), else tiles of at most
@@ -793,6 +821,17 @@ const kern_ops kern_avx512_ops = {.name = "avx512",
                                   .pack_x = avx512_pack_x,
                                   .pack_min_rows = PACK_MIN_ROWS,
                                   AVX512_OPS};
+
+/* For CPUs whose vcvtph2ps issues beside the FMAs (AMD Zen 5; kern_select's "auto"): the F16
+ * pair tiles convert their own halves however many tiles a pass has (avx512_panel_cvt). The same
+ * bits: every table's matmul is the reference's. */
+const kern_ops kern_avx512_cvt_ops = {
+    .name = "avx512",
+    .note = "F16 pairs converted in their tiles: this CPU converts halves beside its FMAs",
+    .matmul = avx512_matmul_cvt,
+    .pack_x = avx512_pack_x,
+    .pack_min_rows = PACK_MIN_ROWS,
+    AVX512_OPS};
 
 /* For CPUs that run AVX-512 as two 256-bit halves (AMD Zen 4; kern_select's "auto"): the panel
  * products on the AVX2 table's 256-bit tiles, which there beat the zmm ones (TinyLlama F16, two

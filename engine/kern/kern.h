@@ -235,6 +235,9 @@ extern const kern_ops kern_avx512_ops;
 /* The same with the AVX2 table's F16 / F32 / Q8_0 panel products (kern/avx512.c): what "auto"
  * picks where kern_cpu_avx512_halves(). */
 extern const kern_ops kern_avx512_halves_ops;
+/* The same with F16 pair tiles that convert their own halves in every pass (kern/avx512.c):
+ * what "auto" picks where kern_cpu_cvtph_free(). */
+extern const kern_ops kern_avx512_cvt_ops;
 /* The AVX2 table's matmul (kern/avx2.c), for kern_avx512_halves_ops. */
 void kern__avx2_matmul(const kern_mat *w, const float *x, size_t T, size_t ldx, const float *xp,
                        float *out, size_t ldo, size_t n0, size_t n1, float *scratch);
@@ -258,13 +261,18 @@ void kern_add(float *y, const float *x, size_t n);
 int kern_cpu_can(const char *name);
 /* The table for name: NULL or "auto" picks the best this CPU runs (avx512 > avx2 > generic;
  * avx512 needs AVX512F+BW+VL+DQ, FMA, F16C and an OS saving the ZMM and opmask state; where
- * kern_cpu_avx512_halves(), kern_avx512_halves_ops);
+ * kern_cpu_avx512_halves(), kern_avx512_halves_ops; where kern_cpu_cvtph_free(),
+ * kern_avx512_cvt_ops);
  * "avx512" / "avx2" / "generic" force one. Returns 0 and *out, or KVS_EINVAL (unknown name),
  * KVS_EUNSUPPORTED (not built into this kvserve, or the CPU lacks it) with one line in err. */
 int kern_select(const char *name, const kern_ops **out, char *err, size_t err_len);
 /* Whether this CPU runs AVX-512 as two 256-bit halves (AMD family 19h: Zen 4), where "auto"
  * picks kern_avx512_halves_ops over kern_avx512_ops; false elsewhere and off x86. */
 bool kern_cpu_avx512_halves(void);
+/* Whether this CPU's vcvtph2ps (16 halves to floats) issues beside its FMAs rather than on
+ * their ports, so that the F16 pair tiles convert for free (AMD family 1Ah on: Zen 5), where
+ * "auto" picks kern_avx512_cvt_ops; false elsewhere (Intel: two uops on the FMA ports). */
+bool kern_cpu_cvtph_free(void);
 /* The CPU's vector features as one short line ("avx2 fma f16c; no avx512f avx512bw ..."; the
  * AVX-512 ones: f, bw, vl, dq, vnni, bf16), for logs. */
 const char *kern_cpu_features(void);
