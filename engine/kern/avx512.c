@@ -282,8 +282,9 @@ static size_t avx512_panel(const panel_job *j, const panel_step *s)
 
 /* The same where vcvtph2ps issues beside the FMAs (kern_cpu_cvtph_free: AMD Zen 5): the pair
  * tiles convert their own halves, and widening a chunk for a pass's tiles is only its stores and
- * the chains' reloads. One Zen 5 core pair, against avx512_panel (bench/ab.sh, kvs-bench-engine,
- * 2 threads): TinyLlama F16 512-token prefill 1.16x, 64-row steps 1.13x; 110m 1.05x / 1.09x. */
+ * the chains' reloads. Zen 5, 2 threads, against avx512_panel (bench/ab.sh, kvs-bench-engine, two
+ * sets of pairs): TinyLlama F16 512-token prefill 1.16-1.22x, 64-row steps 1.11-1.13x; 110m
+ * prefill 1.05-1.10x, 64-row steps 1.09x (docs/BENCHMARKS.md, "F16 pairs on Zen 5"). */
 static size_t avx512_panel_cvt(const panel_job *j, const panel_step *s)
 {
     return panel_step_w(j, s, false);
