@@ -149,8 +149,9 @@ int main(int argc, char **argv)
         x[i] = (float)(i % 7) * 0.1f - 0.3f;
     const char *in_env = getenv("KVS_BENCH_INNER");
     int inner = in_env ? atoi(in_env) : 1;
-    if (inner < 1 || inner > 100000) {
-        fprintf(stderr, "kvs-bench-qmatmul: KVS_BENCH_INNER is 1 .. 100000\n");
+    if (inner < 1 || inner > 100000 || (inner > 1 && !q8)) {
+        fprintf(stderr, "kvs-bench-qmatmul: KVS_BENCH_INNER is 1 .. 100000, and more than 1 "
+                        "only for the integer path (ACT q8 or q8rows)\n");
         return 2;
     }
     double best = INFINITY, wbest = INFINITY, sum = 0, check = 0;
@@ -173,9 +174,8 @@ int main(int argc, char **argv)
                 else
                     kern_qmatmul_ref(&pm[i], xq, rows, out, n_out, 0, n_out);
         }
-        int per = q8 ? inner : 1; /* products per matrix in the pass */
-        double c = (now_s(CLOCK_THREAD_CPUTIME_ID) - c0) / mats / per;
-        double w = (now_s(CLOCK_MONOTONIC) - w0) / mats / per;
+        double c = (now_s(CLOCK_THREAD_CPUTIME_ID) - c0) / mats / inner;
+        double w = (now_s(CLOCK_MONOTONIC) - w0) / mats / inner;
         check += out[0];
         if (r == 0)
             continue;
