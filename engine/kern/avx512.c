@@ -806,8 +806,7 @@ static void avx512_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx
     .silu_mul = avx512_silu_mul,                                                                   \
     .gelu_mul = avx512_gelu_mul,                                                                   \
     .softcap = avx512_softcap,                                                                     \
-    .qx_quantize = avx512_qx_quantize,                                                             \
-    .qmatmul = KERN512(kern__qmatmul_avx512)
+    .qx_quantize = avx512_qx_quantize
 /* clang-format on */
 
 #ifdef KERN_AVX512_EMULATED
@@ -815,12 +814,14 @@ const kern_ops kern_avx512_emu_ops = {.name = "avx512-emulated",
                                       .matmul = avx512_matmul,
                                       .pack_x = avx512_pack_x,
                                       .pack_min_rows = PACK_MIN_ROWS,
+                                      .qmatmul = KERN512(kern__qmatmul_avx512),
                                       AVX512_OPS};
 #else
 const kern_ops kern_avx512_ops = {.name = "avx512",
                                   .matmul = avx512_matmul,
                                   .pack_x = avx512_pack_x,
                                   .pack_min_rows = PACK_MIN_ROWS,
+                                  .qmatmul = kern__qmatmul_avx512,
                                   AVX512_OPS};
 
 /* For CPUs whose vcvtph2ps issues beside the FMAs (AMD Zen 5; kern_select's "auto"): the F16
@@ -832,15 +833,19 @@ const kern_ops kern_avx512_cvt_ops = {
     .matmul = avx512_matmul_cvt,
     .pack_x = avx512_pack_x,
     .pack_min_rows = PACK_MIN_ROWS,
+    .qmatmul = kern__qmatmul_avx512,
     AVX512_OPS};
 
 /* For CPUs that run AVX-512 as two 256-bit halves (AMD Zen 4; kern_select's "auto"): the panel
  * products on the AVX2 table's 256-bit tiles, which there beat the zmm ones (TinyLlama F16, two
  * threads, kvs-bench-engine batch: 64 rows 98 / 84 tok/s, 512 rows 99 / 83; 16 rows and one
- * row the same; docs/BENCHMARKS.md). The same bits: every table's matmul is the reference's. */
+ * row the same; docs/BENCHMARKS.md), and one row of Q2_K and Q3_K on the ymm kernel
+ * (kern__qmatmul_avx512_halves). The same bits: every table's products are the reference's. */
 const kern_ops kern_avx512_halves_ops = {
     .name = "avx512",
-    .note = "F16/F32/Q8_0 panels on AVX2's 256-bit tiles: this CPU runs AVX-512 in two halves",
+    .note = "F16/F32/Q8_0 panels and one row of Q2_K/Q3_K on AVX2's 256-bit kernels: this CPU "
+            "runs AVX-512 in two halves",
     .matmul = kern__avx2_matmul,
+    .qmatmul = kern__qmatmul_avx512_halves,
     AVX512_OPS};
 #endif

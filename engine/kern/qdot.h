@@ -219,5 +219,9 @@ void kern__qmatmul_avx512(const kern_mat *w, const void *xq, size_t T, float *ou
                           size_t n0, size_t n1);
 void kern__qmatmul_avx512_emu(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                               size_t n0, size_t n1);
+/* kern__qmatmul_avx512 for CPUs that run AVX-512 as two 256-bit halves (kern_avx512_halves_ops):
+ * one row of Q2_K and Q3_K on the ymm kernel, the rest as there. The same bits. */
+void kern__qmatmul_avx512_halves(const kern_mat *w, const void *xq, size_t T, float *out,
+                                 size_t ldo, size_t n0, size_t n1);
 
 #endif

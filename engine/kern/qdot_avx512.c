@@ -97,8 +97,9 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     }
     if (w->type == KERN_QUANT_X8) {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
-        /* one group's stream, zmm (one_q45k, one_iq4xs) */
+        /* one group's stream, zmm (one_q45k, one_q23k, one_iq4xs) */
         if (vnni && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K ||
+                     w->qtype == KERN_GGML_Q2_K || w->qtype == KERN_GGML_Q3_K ||
                      w->qtype == KERN_GGML_IQ4_XS)) {
             kern__qmatmul_x8_avx512_vnni(w, xq, T, out, ldo, n0, n1);
             return;
@@ -151,3 +152,23 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
         tiles(w, x, xrb, tt, out + t0 * ldo, ldo, n0, n1, vnni);
     }
 }
+
+#ifndef KERN_AVX512_EMULATED
+/* Where AVX-512 runs as two 256-bit halves (AMD Zen 4), Q2_K's and Q3_K's one row stays on the
+ * ymm kernel: there a zmm stream of one group (one_q45k's form) was the slower, 75 -> 55
+ * Gweights/s for Q2_K and 51 -> 46 for Q3_K from the caches (docs/BENCHMARKS.md, "Q2_K and Q3_K
+ * in 8-row groups"); on full-width units one_q23k is the faster (kern/qdot_x8_avx512.c). */
+void kern__qmatmul_avx512_halves(const kern_mat *w, const void *xq, size_t T, float *out,
+                                 size_t ldo, size_t n0, size_t n1)
+{
+#ifdef KERN_HAVE_QDOT_VNNI
+    if (T == 1 && w->type == KERN_QUANT_X8 &&
+        (w->qtype == KERN_GGML_Q2_K || w->qtype == KERN_GGML_Q3_K) &&
+        __builtin_cpu_supports("avx512vnni")) {
+        kern__qmatmul_x8_avx2_vnni(w, xq, T, out, ldo, n0, n1);
+        return;
+    }
+#endif
+    kern__qmatmul_avx512(w, xq, T, out, ldo, n0, n1);
+}
+#endif

@@ -14,7 +14,9 @@
  * streaming; TinyLlama Q4_K_M decode 2 threads +5-10 %. Q5_K, Zen 4 core: 36.5 -> 54.3 in the
  * caches, 25.2 -> 42.2 streaming; Q5_K_M decode +16 %. The same for Q6_K gained 4 % on Zen 5,
  * so it has none), and IQ4_XS: one_iq4xs (Intel Xeon core: 1.20x in the caches; TinyLlama
- * IQ4_XS decode 2 threads 1.12x, where the ymm kernel's one row was compute-bound). From
+ * IQ4_XS decode 2 threads 1.12x, where the ymm kernel's one row was compute-bound), and Q2_K
+ * and Q3_K: one_q23k (Zen 5 core in the caches: Q3_K 1.36x, Q2_K 1.29x; TinyLlama Q3_K_M decode
+ * 2 threads 1.06x, Q2_K 1.10x, both cores streaming Q2_K 1.25x). From
  * two rows on, on one Zen 5 core (5632 x 2048, kvs-bench-qmatmul ... avx512 q8), the ymm kernels
  * ran at about 140 Gweights/s, the transposing 16-row tiles over the file's rows 150-250, these
  * 200-280 (docs/ARCHITECTURE.md, "The integer path"). The 32-value types and IQ4_XS joined the
@@ -554,6 +556,103 @@ INLINE void one_iq4xs(const kern__iq4xsx8 *g, size_t nb, const kern__qx256 *x, _
     }
 }
 
+/* Bit v of each byte of h at bit 2, the other bits as they fall (the caller masks): constant
+ * shifts, as bit_to4 */
+INLINE __m512i bit_at2(__m512i h, int v)
+{
+    switch (v) {
+    case 0: return _mm512_slli_epi16(h, 2);
+    case 1: return _mm512_slli_epi16(h, 1);
+    case 2: return h;
+    case 3: return _mm512_srli_epi16(h, 1);
+    case 4: return _mm512_srli_epi16(h, 2);
+    case 5: return _mm512_srli_epi16(h, 3);
+    case 6: return _mm512_srli_epi16(h, 4);
+    default: return _mm512_srli_epi16(h, 5);
+    }
+}
+
+/* Sub-blocks 2 v and 2 v + 1's scales (mn = 0) or Q2_K's mins (mn = 1) of one group's 8 rows as
+ * int16 pairs, (sc[2 v][r], sc[2 v + 1][r]) in int32 lanes r and 8 + r: vpdpwssd's operand */
+INLINE __m512i pairs_q23k(const uint8_t *p, int q3, int v, int mn)
+{
+    const __m256i ilv = _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8,
+                                         1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    size_t o = (q3 ? offsetof(kern__q3kx8, sc) : offsetof(kern__q2kx8, sc)) + 16 * (size_t)v;
+    __m256i t = _mm256_shuffle_epi8(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p + o))), ilv);
+    if (q3)
+        return _mm512_cvtepi8_epi16(t);
+    if (mn)
+        t = _mm256_srli_epi16(t, 4);
+    return _mm512_cvtepu8_epi16(_mm256_and_si256(t, _mm256_set1_epi8(0x0f)));
+}
+
+/* One activation row of Q2_K (q3 = 0) or Q3_K (q3 = 1), one group as it lies, as one_q45k: the
+ * 64 bytes qs[h][2 kp], qs[h][2 kp + 1] are one zmm (quad 2 kp of the 8 rows in lanes 0..7, quad
+ * 2 kp + 1 in lanes 8..15); bits 2 s of them are run v = 4 h + s's values (for Q3_K bit v of
+ * hm[0][2 kp], hm[0][2 kp + 1], loaded once a block, above them at bit 2), kp 0, 1 sub-block 2 v
+ * and kp 2, 3 sub-block 2 v + 1. The two sub-blocks' vpdpbusd sums (8 products a lane, |.| <=
+ * 8 * 7 * 128 < 2^15) are packed as int16 pairs and scaled by one vpdpwssd with the pairs of
+ * their scales; the halves are added at the block's end: each row's S of grp_q23kx8 (integers,
+ * exact in any order), then its bias or mins and its folds as there: the same bits, in
+ * a third of the ymm kernel's vector instructions, whose one row was compute-bound (one Zen 5
+ * core in the caches: Q3_K 54, Q2_K 79 Gweights/s, against 106 for Q4_K's one_q45k). */
+INLINE void one_q23k(const uint8_t *g, size_t nb, int q3, const kern__qx256 *x, __m256 *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(4);
+    size_t bb = q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8);
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *p = g + b * bb;
+        const kern__q3kx8 *q3p = (const kern__q3kx8 *)(const void *)p;
+        const kern__q2kx8 *q2p = (const kern__q2kx8 *)(const void *)p;
+        const uint8_t(*qs)[8][32] = q3 ? q3p->qs : q2p->qs;
+        kern_prefetch_l2(p + KERN_PF_AHEAD, bb);
+        __m512i hm[4];
+        if (q3)
+            for (int kp = 0; kp < 4; kp++)
+                hm[kp] = _mm512_loadu_si512((const void *)q3p->hm[0][2 * kp]);
+        __m512i si = _mm512_setzero_si512();
+        __m256i B = _mm256_setzero_si256(); /* Q3_K's bias or Q2_K's mins, through bs[] */
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            int h = v / 4, s = v % 4;
+            __m512i sum[2];
+            for (int u = 0; u < 2; u++) { /* sub-block 2 v + u: quads 4 u .. 4 u + 3 */
+                sum[u] = _mm512_setzero_si512();
+                for (int kp = 2 * u; kp < 2 * u + 2; kp++) {
+                    __m512i wv = bits2(_mm512_loadu_si512((const void *)qs[h][2 * kp]), s);
+                    if (q3) /* wv | bit v at bit 2: 0xf8 = a | b & c */
+                        wv = _mm512_ternarylogic_epi32(wv, bit_at2(hm[kp], v), m4, 0xf8);
+                    sum[u] = _mm512_dpbusd_epi32(sum[u], wv, quads2(x[b].q + 32 * v + 8 * kp));
+                }
+            }
+            __m512i sc = pairs_q23k(p, q3, v, 0);
+            si = _mm512_dpwssd_epi32(
+                si, _mm512_mask_blend_epi16(0xaaaaaaaa, sum[0], _mm512_slli_epi32(sum[1], 16)), sc);
+            int32_t bs;
+            memcpy(&bs, &x[b].bs[2 * v], 4);
+            __m256i pr = _mm512_castsi512_si256(q3 ? sc : pairs_q23k(p, q3, v, 1));
+            B = _mm256_add_epi32(B, _mm256_madd_epi16(pr, _mm256_set1_epi32(bs)));
+        }
+        __m256i S = _mm256_add_epi32(_mm512_castsi512_si256(si), _mm512_extracti64x4_epi64(si, 1));
+        __m256 d =
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(q3 ? q3p->d : q2p->d)));
+        __m256 dx = _mm256_set1_ps(x[b].d);
+        if (q3) { /* sc[2 k] bs[2 k] + sc[2 k + 1] bs[2 k + 1], times the bias 4 */
+            S = _mm256_sub_epi32(S, _mm256_slli_epi32(B, 2));
+            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(S)));
+        } else {
+            __m256 dm = _mm256_xor_ps(
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q2p->dmin)),
+                _mm256_set1_ps(-0.0f)); /* the min is subtracted */
+            __m256 a =
+                _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(S)));
+            *acc = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(B)));
+        }
+    }
+}
+
 #endif
 
 /* Groups g and g + 1 of w (the last group twice where their count is odd) times xq[0 .. tt). */
@@ -625,6 +724,19 @@ void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t 
                 one_q45k((const uint8_t *)w->data + g * gb, nb, 1, xq, &a);
             else
                 one_q45k((const uint8_t *)w->data + g * gb, nb, 0, xq, &a);
+            store8(out, g, n0, n1, a);
+        }
+        return;
+    }
+    if (T == 1 && (w->qtype == KERN_GGML_Q2_K || w->qtype == KERN_GGML_Q3_K)) {
+        int q3 = w->qtype == KERN_GGML_Q3_K;
+        size_t gb = nb * (q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8));
+        for (size_t g = n0 / 8; 8 * g < n1; g++) {
+            __m256 a = _mm256_setzero_ps();
+            if (q3)
+                one_q23k((const uint8_t *)w->data + g * gb, nb, 1, xq, &a);
+            else
+                one_q23k((const uint8_t *)w->data + g * gb, nb, 0, xq, &a);
             store8(out, g, n0, n1, a);
         }
         return;
