@@ -703,6 +703,34 @@ INLINE void store8(float *out, size_t g, size_t n0, size_t n1, __m256 a)
     _mm256_storeu_ps(l, a);
     memcpy(out + 8 * g + c0, l + c0, (c1 - c0) * sizeof(float));
 }
+
+/* One activation row of Q2_K .. Q5_K or IQ4_XS, group by group on its one-stream kernel (each
+ * call's type flag a constant, so that each kernel is built for its type); 0 for another type */
+INLINE int one_row(const kern_mat *w, const void *xq, size_t nb, float *out, size_t n0, size_t n1)
+{
+    uint32_t t = w->qtype;
+    size_t gb = nb * (t == KERN_GGML_Q2_K     ? sizeof(kern__q2kx8)
+                      : t == KERN_GGML_Q3_K   ? sizeof(kern__q3kx8)
+                      : t == KERN_GGML_Q4_K   ? sizeof(kern__q4kx8)
+                      : t == KERN_GGML_Q5_K   ? sizeof(kern__q5kx8)
+                      : t == KERN_GGML_IQ4_XS ? sizeof(kern__iq4xsx8)
+                                              : 0);
+    if (!gb)
+        return 0;
+    for (size_t g = n0 / 8; 8 * g < n1; g++) {
+        const uint8_t *p = (const uint8_t *)w->data + g * gb;
+        __m256 a = _mm256_setzero_ps();
+        switch (t) {
+        case KERN_GGML_Q2_K: one_q23k(p, nb, 0, xq, &a); break;
+        case KERN_GGML_Q3_K: one_q23k(p, nb, 1, xq, &a); break;
+        case KERN_GGML_Q4_K: one_q45k(p, nb, 0, xq, &a); break;
+        case KERN_GGML_Q5_K: one_q45k(p, nb, 1, xq, &a); break;
+        default: one_iq4xs((const kern__iq4xsx8 *)(const void *)p, nb, xq, &a); break;
+        }
+        store8(out, g, n0, n1, a);
+    }
+    return 1;
+}
 #endif
 
 /* qmatmul over KERN_QUANT_X8, 16 outputs (two groups) at a time, the wanted ones stored. */
@@ -714,42 +742,8 @@ void QMATMUL_X8(const kern_mat *w, const void *xq, size_t T, float *out, size_t 
     __m512 acc[TT];
     __m512i si[TT];
 #ifdef KERN_QDOT_VNNI
-    /* kern__qmatmul_avx512 sends no other one-row product here; q5 a constant in each call */
-    if (T == 1 && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K)) {
-        int q5 = w->qtype == KERN_GGML_Q5_K;
-        size_t gb = nb * (q5 ? sizeof(kern__q5kx8) : sizeof(kern__q4kx8));
-        for (size_t g = n0 / 8; 8 * g < n1; g++) {
-            __m256 a = _mm256_setzero_ps();
-            if (q5)
-                one_q45k((const uint8_t *)w->data + g * gb, nb, 1, xq, &a);
-            else
-                one_q45k((const uint8_t *)w->data + g * gb, nb, 0, xq, &a);
-            store8(out, g, n0, n1, a);
-        }
+    if (T == 1 && one_row(w, xq, nb, out, n0, n1))
         return;
-    }
-    if (T == 1 && (w->qtype == KERN_GGML_Q2_K || w->qtype == KERN_GGML_Q3_K)) {
-        int q3 = w->qtype == KERN_GGML_Q3_K;
-        size_t gb = nb * (q3 ? sizeof(kern__q3kx8) : sizeof(kern__q2kx8));
-        for (size_t g = n0 / 8; 8 * g < n1; g++) {
-            __m256 a = _mm256_setzero_ps();
-            if (q3)
-                one_q23k((const uint8_t *)w->data + g * gb, nb, 1, xq, &a);
-            else
-                one_q23k((const uint8_t *)w->data + g * gb, nb, 0, xq, &a);
-            store8(out, g, n0, n1, a);
-        }
-        return;
-    }
-    if (T == 1 && w->qtype == KERN_GGML_IQ4_XS) {
-        const kern__iq4xsx8 *q = w->data;
-        for (size_t g = n0 / 8; 8 * g < n1; g++) {
-            __m256 a = _mm256_setzero_ps();
-            one_iq4xs(q + g * nb, nb, xq, &a);
-            store8(out, g, n0, n1, a);
-        }
-        return;
-    }
 #endif
     for (size_t t0 = 0; t0 < T; t0 += TT) {
         size_t tt = T - t0 < TT ? T - t0 : TT;
