@@ -789,9 +789,9 @@ static void avx512_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx
     kern__qx_quantize(fmt, x, T, ldx, n_in, dst, avx512_qx_amax);
 }
 
-/* The table's operations but for its panel products. F16 conversion 8 at a time (kern/f16c.h);
- * the integer path's product (kern/qdot.h) on 16 rows a zmm for batches (kern/qdot_avx512.c),
- * one activation row on AVX2's kernels; every table's bits are the reference's. */
+/* The table's operations but for its panel products and its integer path's product (each table
+ * below names its own qmatmul: kern/qdot_avx512.c's, or for Zen 4 the halves form). F16
+ * conversion 8 at a time (kern/f16c.h); every table's bits are the reference's. */
 /* clang-format off */
 #define AVX512_OPS                                                                                 \
     .dot = avx512_dot,                                                                             \
