@@ -10,7 +10,6 @@
 #include "engine/kern/kern.h"
 #include "engine/kern/panel_loop.h"
 #include "engine/kern/qdot.h"
-#include "engine/kern/qx_quant.h"
 #include "engine/kern/tile2_zmm.h"
 
 #include "engine/dtype.h"
@@ -770,25 +769,6 @@ static void avx512_rmsnorm(float *out, const float *x, const float *w, size_t n,
         out[i] = x[i] * scale * w[i];
 }
 
-/* max |x| of n (a multiple of 16) values, a NaN skipped: _mm512_max_ps(a, m) is a > m ? a : m */
-INLINE float avx512_qx_amax(const float *x, size_t n)
-{
-    const __m512 abs = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    __m512 m = _mm512_setzero_ps();
-    for (size_t i = 0; i < n; i += 16)
-        m = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(x + i), abs), m);
-    float l[16];
-    _mm512_storeu_ps(l, m);
-    return kern__qx_amax(l, 16);
-}
-
-/* kern/qx_quant.h's quantizer under this file's flags (the compiler's vectors, the same bytes) */
-static void avx512_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in,
-                               void *dst)
-{
-    kern__qx_quantize(fmt, x, T, ldx, n_in, dst, avx512_qx_amax);
-}
-
 /* The table's operations but for its panel products and its integer path's product (each table
  * below names its own qmatmul: kern/qdot_avx512.c's, or for Zen 4 the halves form). F16
  * conversion 8 at a time (kern/f16c.h); every table's bits are the reference's. */
@@ -806,7 +786,7 @@ static void avx512_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx
     .silu_mul = avx512_silu_mul,                                                                   \
     .gelu_mul = avx512_gelu_mul,                                                                   \
     .softcap = avx512_softcap,                                                                     \
-    .qx_quantize = avx512_qx_quantize
+    .qx_quantize = KERN512(kern__qx_quantize_avx512)
 /* clang-format on */
 
 #ifdef KERN_AVX512_EMULATED

@@ -204,6 +204,13 @@ void kern__qmatmul_x8_avx512_vnni(const kern_mat *w, const void *xq, size_t T, f
 void kern__qmatmul_x8_avx512_emu(const kern_mat *w, const void *xq, size_t T, float *out,
                                  size_t ldo, size_t n0, size_t n1);
 
+/* kern/qx_avx512.c: kern_qx_quantize's bytes in zmm, the AVX-512 tables' qx_quantize (and its
+ * copy over simde for the tests) */
+void kern__qx_quantize_avx512(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in,
+                              void *dst);
+void kern__qx_quantize_avx512_emu(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in,
+                                  void *dst);
+
 /* kern/qdot_amx.c: whether the CPU has AMX-INT8 and this process may use it (asked once), the
  * KERN_QUANT_X8 types it has tiles for, and their tile products for rows t < T16 of xq (a
  * multiple of 16): the bits of kern__qmatmul_x8_avx512_vnni. */

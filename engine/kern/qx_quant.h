@@ -1,9 +1,10 @@
 /* The activation quantizer (kern_qx_quantize's contract, kern/kern.h) as one always-inlined C
  * body, compiled by each table's file with its own flags: kern/qdot_ref.c for the portable
- * kern_qx_quantize, kern/avx2.c and kern/avx512.c for their tables' qx_quantize, where the
- * compiler vectorizes it 8 and 16 wide. Every operation is elementwise IEEE arithmetic (no
- * contraction: -ffp-contract=off), a max (exact in any order) or an integer sum, so every copy
- * writes the same bytes (tests/test_kernels.c compares them). Not a public header. */
+ * kern_qx_quantize, kern/avx2.c for its table's qx_quantize, where the compiler vectorizes it
+ * 8 wide (the AVX-512 tables' is kern/qx_avx512.c, this arithmetic written out in zmm). Every
+ * operation is elementwise IEEE arithmetic (no contraction: -ffp-contract=off), a max (exact in any
+ * order) or an integer sum, so every copy writes the same bytes (tests/test_kernels.c compares
+ * them). Not a public header. */
 #ifndef KVS_ENGINE_KERN_QX_QUANT_H
 #define KVS_ENGINE_KERN_QX_QUANT_H
 
