@@ -1,8 +1,10 @@
-"""What the llama.cpp peer tests (test_peer_families.py, test_peer_quants.py) share: the prompt,
-the tools' locations (skipping with meson's 77 when the peer is absent), llama-server's greedy
+"""What the llama.cpp peer tests (test_peer_families.py, test_peer_quants.py, test_peer_templates.py,
+test_peer_tokenizer.py) share: the prompt, the tools' locations (skipping with meson's 77 when the
+peer is absent), starting and stopping a server and posting JSON to it, llama-server's greedy
 tokens from its /completion route and kvserve's from `kvserve generate --prompt-ids --ids`."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -57,6 +59,44 @@ def wait_health(url, proc, who):
         except OSError:
             time.sleep(0.2)
     raise RuntimeError("%s did not become healthy" % who)
+
+
+def post_json(url, body):
+    """(status, parsed JSON answer) of a POST of body to url."""
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def start_server(args, log, port=None):
+    """Starts a server (its output to log) and waits for its /health: (process, base url).
+    port None: kvserve --port 0, whose port is read from its log."""
+    f = open(log, "w")
+    proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT)
+    if port is None:
+        for _ in range(300):
+            m = re.search(r"listening on http://[^:]+:(\d+)", open(log).read())
+            if m:
+                port = int(m.group(1))
+                break
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+    url = "http://127.0.0.1:%s" % port
+    try:
+        wait_health(url, proc, os.path.basename(args[0]))
+    except RuntimeError as e:
+        raise RuntimeError("%s:\n%s" % (e, open(log).read()[-800:])) from e
+    return proc, url
+
+
+def stop_server(proc):
+    proc.terminate()
+    proc.wait(timeout=30)
 
 
 def peer_completion(server, model, log):

@@ -12,15 +12,11 @@ the caller defines date_string, as Hugging Face's renderer (and so vLLM) leaves 
 defines it as today, so it is given --chat-template-kwargs with the template's own date.
 Exits 77 (meson's skip) with the reason when llama-server (KVS_PEER/llama.cpp/bin) is absent.
 Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER; by hand: test_peer_templates.py [NAME ...]."""
-import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 
 import peer_util
 
@@ -78,41 +74,6 @@ TOOL_CASES = [
 WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2")
 
 
-def post(url, body):
-    req = urllib.request.Request(url, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
-def start(args, log, port=None):
-    f = open(log, "w")
-    proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT)
-    if port is None:  # kvserve --port 0: read the port from its log
-        for _ in range(300):
-            m = re.search(r"listening on http://[^:]+:(\d+)", open(log).read())
-            if m:
-                port = int(m.group(1))
-                break
-            if proc.poll() is not None:
-                break
-            time.sleep(0.05)
-    url = "http://127.0.0.1:%s" % port
-    try:
-        peer_util.wait_health(url, proc, os.path.basename(args[0]))
-    except RuntimeError as e:
-        raise RuntimeError("%s:\n%s" % (e, open(log).read()[-800:])) from e
-    return proc, url
-
-
-def stop(proc):
-    proc.terminate()
-    proc.wait(timeout=30)
-
-
 def main():
     kvserve, mkmodel, bindir = peer_util.tools()
     names = sys.argv[1:] or list(FAMILIES)
@@ -125,14 +86,15 @@ def main():
             subprocess.run([mkmodel, "--shape", "tiny", "-o", model, "--chat-template", template],
                            check=True, capture_output=True)
             klog, plog = os.path.join(tmp, name + ".kvs.log"), os.path.join(tmp, name + ".peer.log")
-            kproc, kurl = start([kvserve, "serve", "-m", model, "--host", "127.0.0.1", "--port",
-                                 "0", "--threads", "1"], klog)
+            kproc, kurl = peer_util.start_server([kvserve, "serve", "-m", model, "--host",
+                                                  "127.0.0.1", "--port", "0", "--threads", "1"],
+                                                 klog)
             port = peer_util.free_port()
             extra = (["--chat-template-kwargs", '{"date_string": "26 Jul 2024"}']
                      if name == "llama3.1" else [])
-            pproc, purl = start([os.path.join(bindir, "llama-server"), "-m", model, "--host",
-                                 "127.0.0.1", "--port", str(port), "-t", "1", "-c", "256",
-                                 "--jinja"] + extra, plog, port)
+            pproc, purl = peer_util.start_server(
+                [os.path.join(bindir, "llama-server"), "-m", model, "--host", "127.0.0.1", "--port",
+                 str(port), "-t", "1", "-c", "256", "--jinja"] + extra, plog, port)
             try:
                 detected = re.search(r"chat template[: =]+([\w.]+)", open(klog).read())
                 if detected and detected.group(1) != FAMILIES[name]:
@@ -153,8 +115,8 @@ def main():
                         print("%-9s %-30s not compared: the template refuses system messages"
                               % (name, label))
                         continue
-                    pst, pans = post(purl + "/apply-template", body)
-                    kst, kans = post(kurl + "/apply-template", body)
+                    pst, pans = peer_util.post_json(purl + "/apply-template", body)
+                    kst, kans = peer_util.post_json(kurl + "/apply-template", body)
                     if kwargs and FAMILIES[name] != "qwen3":
                         # no such switch in the template: kvserve refuses what it cannot do
                         ok = kst == 400
@@ -180,8 +142,8 @@ def main():
                         print("%-9s %-30s DIFFERENT\n  llama.cpp: %r\n  kvserve:   %r"
                               % (name, label, want, got))
             finally:
-                stop(kproc)
-                stop(pproc)
+                peer_util.stop_server(kproc)
+                peer_util.stop_server(pproc)
     print("%d renderings compared, %d differences" % (compared, failures))
     return 1 if failures or not compared else 0
 
