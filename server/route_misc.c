@@ -130,7 +130,10 @@ enum MHD_Result srv__route_tokenize(srv_conn *c)
                          cJSON_IsString(p) ? "'add_special_tokens' must be a boolean"
                                            : "'prompt' must be a string");
     }
-    bool add_bos = (as && cJSON_IsBool(as)) ? cJSON_IsTrue(as) : tok_add_bos(s->vocab);
+    /* add_special_tokens (vLLM's, default true; llama.cpp's add_special): true adds the special
+     * tokens the vocabulary asks for (BOS where it adds one; a vocabulary without, as Qwen's or
+     * GPT-2's, gets none, as vLLM and llama.cpp give it), false none */
+    bool add_bos = !(as && cJSON_IsFalse(as)) && tok_add_bos(s->vocab);
     int32_t *ids = NULL;
     size_t n = 0;
     int rc = srv__tokenize(s->vocab, p->valuestring, add_bos, &ids, &n);
