@@ -44,6 +44,14 @@ EXTRA = [
     "foo.bar(baz)[0] = {'a': 1}; // comment\n\tif (x) {\n\t\treturn;\n\t}\n",
     "a" * 300,
     "<|endoftext|>hi<|endoftext|> x<|endoftext|> y <s> </s>",
+    # Unicode classes where a regex engine's \\s, \\p{L} and \\p{N} may disagree with llama.cpp's
+    # tables: other spaces and separators, letter-like numbers, modifier and titlecase letters.
+    "a\u0085b\u2028c\u2029d\u3000e\u180ef\ufeffg\u000bh\u000ci\u001cj\u001fk",
+    "Ⅻ ⅻ ² ³ ¼ ⁴₅ ０１２ ᛮ 𝟘𝟙 ᾈ ǲ ʰ ˆ ª º 〇 々",
+    "x  \u00a0 \n\u00a0\n \t\r\n\u2003\n",
+    "12345678901234567890 1٢3 ４５６７",
+    "don't DON'T it'll IT'LL 're 'VE 'Ll",
+    "\ud83d\ude00\ud83d\ude00!!?? \u2026\u2014\u00bf\u00a1 \u00ab\u00bb",
 ]
 
 
