@@ -819,20 +819,27 @@ int tok_token_to_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap)
     return (int)n;
 }
 
-int tok_decode(const tok_vocab *v, const int32_t *ids, size_t n, bool strip_leading_space,
-               char *out, size_t cap, size_t *n_out)
+int tok_decode(const tok_vocab *v, const int32_t *ids, size_t n, unsigned flags, char *out,
+               size_t cap, size_t *n_out)
 {
     size_t total = 0;
-    bool strip = strip_leading_space && v->family == TOK_FAMILY_SPM && v->add_space_prefix;
+    bool strip =
+        (flags & TOK_DECODE_STRIP_SPACE) && v->family == TOK_FAMILY_SPM && v->add_space_prefix;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= v->n_vocab)
             return KVS_ERANGE;
         const char *p = v->piece_arena + v->piece_off[ids[i]];
         size_t len = v->piece_len[ids[i]];
-        /* The prefix space sits on the first piece with any text (BOS decodes to nothing). */
+        if ((flags & TOK_DECODE_SPECIAL) && (v->flags[ids[i]] & TOK__CONTROL)) {
+            p = tok__text(v, ids[i]);
+            len = v->text_len[ids[i]];
+        }
+        /* The prefix space goes only where it begins the text: after a BOS that writes "<s>"
+         * it stays ("<s> Hello", as Hugging Face decodes it); a BOS that writes nothing leaves
+         * it first. */
         if (strip && len > 0) {
             strip = false;
-            if (p[0] == ' ') {
+            if (total == 0 && p[0] == ' ') {
                 p++;
                 len--;
             }

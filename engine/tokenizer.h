@@ -68,12 +68,18 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos, b
  * then only cap bytes are written) or a negative status for an invalid id. */
 int tok_token_to_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap);
 
-/* Decodes ids into text. strip_leading_space removes the one space an SPM vocab adds in
- * front of the text (what a full decode of a prompt wants; streaming completions keep it).
- * Sets *n_out to the total bytes (NUL not counted); out is NUL-terminated when total < cap;
- * KVS_ENOSPC if cap < total + 1 (out then holds the first cap bytes), KVS_ERANGE for a bad id. */
-int tok_decode(const tok_vocab *v, const int32_t *ids, size_t n, bool strip_leading_space,
-               char *out, size_t cap, size_t *n_out);
+/* tok_decode's flags. TOK_DECODE_STRIP_SPACE: remove the one space an SPM vocab puts in front of
+ * the text where it begins the output (what a full decode of a prompt wants, as Hugging Face's
+ * decoder strips it; streaming completions keep it). TOK_DECODE_SPECIAL: control tokens write
+ * their text ("<s>", "<|im_end|>"), as Hugging Face's decode and llama.cpp's detokenize with
+ * special tokens do (POST /detokenize); without it they write nothing. */
+enum { TOK_DECODE_STRIP_SPACE = 1, TOK_DECODE_SPECIAL = 2 };
+
+/* Decodes ids into text (flags: TOK_DECODE_*). Sets *n_out to the total bytes (NUL not
+ * counted); out is NUL-terminated when total < cap; KVS_ENOSPC if cap < total + 1 (out then
+ * holds the first cap bytes), KVS_ERANGE for a bad id. */
+int tok_decode(const tok_vocab *v, const int32_t *ids, size_t n, unsigned flags, char *out,
+               size_t cap, size_t *n_out);
 
 /* Incremental decoding for streams: never emits half a UTF-8 character. Bytes of an
  * incomplete character are held until the character completes; invalid sequences are emitted

@@ -181,10 +181,12 @@ enum MHD_Result srv__route_detokenize(srv_conn *c)
     }
     size_t need = 0;
     char probe[1];
-    tok_decode(s->vocab, ids, (size_t)i, true, probe, 0, &need);
+    tok_decode(s->vocab, ids, (size_t)i, TOK_DECODE_STRIP_SPACE | TOK_DECODE_SPECIAL, probe, 0,
+               &need);
     char *text = malloc(need + 1);
     size_t got = 0;
-    if (!text || tok_decode(s->vocab, ids, (size_t)i, true, text, need + 1, &got)) {
+    if (!text || tok_decode(s->vocab, ids, (size_t)i, TOK_DECODE_STRIP_SPACE | TOK_DECODE_SPECIAL,
+                            text, need + 1, &got)) {
         free(ids);
         free(text);
         return srv__fail(c, 500, NULL, NULL, "detokenization failed");

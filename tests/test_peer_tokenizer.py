@@ -6,9 +6,9 @@ threes, its case-blind contractions, BOS added and whole words taken before merg
 Each rides in a tiny kvs-mkmodel file that both servers load; for every text (the test strings
 of every vocabulary's .inp file, and the cases below) kvserve's POST /tokenize must give
 llama-server's ids, with add_special_tokens true and false, and POST /detokenize of those ids
-llama-server's text, but for two documented differences: kvserve drops control tokens' text
-(llama-server writes it), and for SentencePiece vocabularies removes the one space the
-tokenizer put in front of the text, as Hugging Face's decoder (and so vLLM) does.
+llama-server's text, special tokens written out (BOS as "<s>"), but for one documented
+difference: for SentencePiece vocabularies kvserve removes the one space the tokenizer put in
+front of the text where it begins the text, as Hugging Face's decoder (and so vLLM) does.
 Exits 77 (meson's skip) with the reason when llama-server or the vocabularies are absent.
 Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER, KVS_SHARED_MODELS; by hand:
 test_peer_tokenizer.py [NAME ...] with names as below (a vocabulary, or gpt-2+PRE)."""
@@ -85,7 +85,6 @@ def compare(name, spm, kurl, purl, corpus):
     """Failures (printed) for one vocabulary."""
     bad = 0
     for t in corpus:
-        ids = None
         for special in (True, False):
             kst, k = peer_util.post_json(kurl + "/tokenize",
                                          {"prompt": t, "add_special_tokens": special})
@@ -95,18 +94,18 @@ def compare(name, spm, kurl, purl, corpus):
                 print("%s: tokenize %r (add_special_tokens %s):\n  kvserve      %s %s\n"
                       "  llama-server %s %s" % (name, t[:60], special, kst, k.get("tokens"),
                                                 pst, p.get("tokens")))
-            ids = p.get("tokens")
-        if ids is None or "<|endoftext|>" in t or "<s>" in t:  # control tokens: not compared
-            continue
-        kst, k = peer_util.post_json(kurl + "/detokenize", {"tokens": ids})
-        pst, p = peer_util.post_json(purl + "/detokenize", {"tokens": ids})
-        want = p.get("content")
-        if spm and want and want.startswith(" "):
-            want = want[1:]
-        if kst != 200 or pst != 200 or k.get("prompt") != want:
-            bad += 1
-            print("%s: detokenize of %r:\n  kvserve      %r\n  llama-server %r" %
-                  (name, t[:60], k.get("prompt"), p.get("content")))
+                continue
+            ids = p["tokens"]
+            kst, k = peer_util.post_json(kurl + "/detokenize", {"tokens": ids})
+            pst, p = peer_util.post_json(purl + "/detokenize", {"tokens": ids})
+            want = p.get("content")
+            if spm and want and want.startswith(" "):
+                want = want[1:]
+            if kst != 200 or pst != 200 or k.get("prompt") != want:
+                bad += 1
+                print("%s: detokenize of %r's ids (add_special_tokens %s):\n  kvserve      %r\n"
+                      "  llama-server %r" % (name, t[:60], special, k.get("prompt"),
+                                             p.get("content")))
     return bad
 
 

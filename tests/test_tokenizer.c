@@ -85,11 +85,12 @@ static char *decode(const tok_vocab *v, const int32_t *ids, size_t n, bool strip
 {
     size_t need = 0;
     char one[1];
-    int rc = tok_decode(v, ids, n, strip, one, 1, &need);
+    int rc = tok_decode(v, ids, n, strip ? TOK_DECODE_STRIP_SPACE : 0, one, 1, &need);
     assert_true(rc == 0 || rc == KVS_ENOSPC);
     char *out = malloc(need + 1);
     assert_non_null(out);
-    assert_int_equal(tok_decode(v, ids, n, strip, out, need + 1, len), 0);
+    assert_int_equal(tok_decode(v, ids, n, strip ? TOK_DECODE_STRIP_SPACE : 0, out, need + 1, len),
+                     0);
     assert_int_equal(*len, need);
     assert_int_equal(out[need], '\0');
     return out;
@@ -485,7 +486,7 @@ static void test_invalid_utf8_and_enospc(void **state)
         }
         char small[4];
         size_t need = 0;
-        assert_int_equal(tok_decode(v, ids, n, false, small, sizeof small, &need), KVS_ENOSPC);
+        assert_int_equal(tok_decode(v, ids, n, 0, small, sizeof small, &need), KVS_ENOSPC);
         assert_true(need >= sizeof small);
         free(ids);
         /* Random bytes (fixed seed): every result is a valid id; SPM keeps every byte. */

@@ -204,9 +204,14 @@ class Misc(unittest.TestCase):
         st, r = srv.post("/tokenize", {"prompt": case["prompt"]})
         self.assertEqual(st, 200, r)
         self.assertEqual(r["tokens"], case["prompt_ids"])
-        st, r = srv.post("/detokenize", {"tokens": case["prompt_ids"]})
+        # without BOS the text itself; with it BOS's text first ("<s>"), as vLLM (Hugging Face's
+        # decode) and llama.cpp's /detokenize write special tokens
+        st, r = srv.post("/detokenize", {"tokens": case["prompt_ids"][1:]})
         self.assertEqual(st, 200, r)
         self.assertEqual(r["prompt"], case["prompt"])
+        st, r = srv.post("/detokenize", {"tokens": case["prompt_ids"]})
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["prompt"], "<s> " + case["prompt"])
 
     def test_apply_template(self):
         # stories260K has no chat template: contents joined by newlines, as chat renders them

@@ -84,7 +84,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t out_n = 0, out_cap = len * 4 + 64;
         char *out = malloc(out_cap);
         if (out) {
-            tok_decode(v, ids, n, true, out, out_cap, &out_n);
+            tok_decode(v, ids, n, TOK_DECODE_STRIP_SPACE | (len & 1 ? TOK_DECODE_SPECIAL : 0), out,
+                       out_cap, &out_n);
             free(out);
         }
     }
