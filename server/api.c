@@ -1138,6 +1138,14 @@ out:
 static const char *const k_template_fields[] = {"messages", "tools", "tool_choice",
                                                 "chat_template_kwargs"};
 
+bool srv_template_field(const char *name)
+{
+    for (size_t i = 0; i < sizeof k_template_fields / sizeof k_template_fields[0]; i++)
+        if (!strcmp(name, k_template_fields[i]))
+            return true;
+    return false;
+}
+
 int srv_template_parse(const char *body, size_t len, const srv_chat_fmt *fmt, srv_request *r,
                        srv_error *e)
 {
@@ -1148,10 +1156,7 @@ int srv_template_parse(const char *body, size_t len, const srv_chat_fmt *fmt, sr
     const cJSON *it;
     cJSON_ArrayForEach(it, root)
     {
-        bool known = false;
-        for (size_t i = 0; i < sizeof k_template_fields / sizeof k_template_fields[0]; i++)
-            known = known || !strcmp(it->string, k_template_fields[i]);
-        if (!known) {
+        if (!srv_template_field(it->string)) {
             srv_error_set(e, 400, it->string, "unsupported_parameter",
                           "'%.64s' has no effect on /apply-template: it renders messages, tools, "
                           "tool_choice and chat_template_kwargs only",

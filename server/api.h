@@ -111,6 +111,8 @@ int srv_request_parse(const char *body, size_t len, bool chat, const srv_chat_fm
  * have no effect. r->prompt_text is the rendered prompt. Returns 0, or -1 with e filled. */
 int srv_template_parse(const char *body, size_t len, const srv_chat_fmt *fmt, srv_request *r,
                        srv_error *e);
+/* Whether name is one of those members (also POST /tokenize's with messages) */
+bool srv_template_field(const char *name);
 void srv_request_free(srv_request *r);
 
 #endif

@@ -1,4 +1,5 @@
-/* The small routes: /v1/models, /metrics, /kv-cache, /tokenize, /detokenize, /apply-template. */
+/* The small routes: /v1/models, /metrics, /kv-cache, /tokenize (a prompt, or vLLM's messages),
+ * /detokenize, /apply-template. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -113,6 +114,81 @@ int srv__tokenize(const tok_vocab *v, const char *text, bool add_bos, int32_t **
     return KVS_ENOSPC;
 }
 
+/* {"tokens": ids, "count": n, "max_model_len": ...}, vLLM's answer; frees ids */
+static enum MHD_Result send_tokens(srv_conn *c, int32_t *ids, size_t n)
+{
+    cJSON *out = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
+    for (size_t i = 0; arr && i < n; i++)
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(out, "count", (double)n);
+    cJSON_AddNumberToObject(out, "max_model_len", c->srv->n_ctx);
+    free(ids);
+    return srv__send_cjson(c, 200, out);
+}
+
+/* POST /tokenize with messages (vLLM's chat form): the ids /v1/chat/completions runs for them,
+ * as a client counting a conversation's tokens wants: /apply-template's rendering (messages,
+ * tools, tool_choice, chat_template_kwargs) tokenized with the vocabulary's BOS, as the chat
+ * route does. add_generation_prompt true and add_special_tokens false are vLLM's defaults there
+ * and what this renders (the assistant's turn opened; BOS stands for the text a template writes
+ * first, so true would add a second); other values, and any other member but model, are 400s
+ * naming them rather than fields accepted and ignored. */
+static enum MHD_Result tokenize_chat(srv_conn *c, const cJSON *root)
+{
+    srv_server *s = c->srv;
+    cJSON *body = cJSON_CreateObject();
+    const cJSON *it;
+    const char *bad = NULL, *why = NULL;
+    cJSON_ArrayForEach(it, root)
+    {
+        if (!strcmp(it->string, "model"))
+            continue;
+        if (!strcmp(it->string, "add_generation_prompt") && !cJSON_IsTrue(it))
+            why = "only true is rendered: the assistant's turn opened, as /v1/chat/completions "
+                  "runs it";
+        else if (!strcmp(it->string, "add_special_tokens") && !cJSON_IsFalse(it))
+            why = "only false with messages: BOS already stands for the text a chat template "
+                  "writes first";
+        else if (!strcmp(it->string, "add_generation_prompt") ||
+                 !strcmp(it->string, "add_special_tokens"))
+            continue;
+        else if (!srv_template_field(it->string))
+            why = "it has no effect on /tokenize with messages, which takes messages, tools, "
+                  "tool_choice, chat_template_kwargs, add_generation_prompt and "
+                  "add_special_tokens only";
+        else if (body)
+            cJSON_AddItemToObject(body, it->string, cJSON_Duplicate(it, 1));
+        if (why) {
+            bad = it->string;
+            break;
+        }
+    }
+    char *text = body && !why ? cJSON_PrintUnformatted(body) : NULL;
+    cJSON_Delete(body);
+    if (why) {
+        srv_error e;
+        srv_error_set(&e, 400, bad, "unsupported_parameter", "'%.64s': %s", bad, why);
+        free(text);
+        return srv__send_error(c, &e);
+    }
+    if (!text)
+        return srv__fail(c, 500, NULL, NULL, "out of memory");
+    srv_error e;
+    srv_request rq;
+    int rc = srv_template_parse(text, strlen(text), &s->chat, &rq, &e);
+    free(text);
+    if (rc)
+        return srv__send_error(c, &e);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rc = srv__tokenize(s->vocab, rq.prompt_text, tok_add_bos(s->vocab), &ids, &n);
+    srv_request_free(&rq);
+    if (rc)
+        return srv__fail(c, 500, NULL, NULL, "tokenization failed");
+    return send_tokens(c, ids, n);
+}
+
 enum MHD_Result srv__route_tokenize(srv_conn *c)
 {
     srv_server *s = c->srv;
@@ -123,6 +199,13 @@ enum MHD_Result srv__route_tokenize(srv_conn *c)
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (!p)
         p = cJSON_GetObjectItemCaseSensitive(root, "text");
+    if (cJSON_GetObjectItemCaseSensitive(root, "messages")) {
+        enum MHD_Result r =
+            p ? srv__fail(c, 400, "messages", NULL, "give either 'prompt' or 'messages', not both")
+              : tokenize_chat(c, root);
+        cJSON_Delete(root);
+        return r;
+    }
     const cJSON *as = cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens");
     if (!cJSON_IsString(p) || (as && !cJSON_IsBool(as) && !cJSON_IsNull(as))) {
         cJSON_Delete(root);
@@ -140,14 +223,7 @@ enum MHD_Result srv__route_tokenize(srv_conn *c)
     cJSON_Delete(root);
     if (rc)
         return srv__fail(c, 500, NULL, NULL, "tokenization failed");
-    cJSON *out = cJSON_CreateObject();
-    cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
-    for (size_t i = 0; arr && i < n; i++)
-        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
-    cJSON_AddNumberToObject(out, "count", (double)n);
-    cJSON_AddNumberToObject(out, "max_model_len", s->n_ctx);
-    free(ids);
-    return srv__send_cjson(c, 200, out);
+    return send_tokens(c, ids, n);
 }
 
 enum MHD_Result srv__route_detokenize(srv_conn *c)

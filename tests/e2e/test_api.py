@@ -199,6 +199,30 @@ class Misc(unittest.TestCase):
         st, _, data = srv.request("GET", "/health")
         self.assertEqual((st, json.loads(data)), (200, {"status": "ok"}))
 
+    def test_tokenize_messages(self):
+        # vLLM's chat form: the ids /v1/chat/completions runs for the messages (its usage counts
+        # them), /apply-template's text tokenized with BOS
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        st, r = srv.post("/tokenize", {"messages": msgs, "add_special_tokens": False,
+                                       "add_generation_prompt": True, "model": "stories260K"})
+        self.assertEqual(st, 200, r)
+        st, chat = srv.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1})
+        self.assertEqual(st, 200, chat)
+        self.assertEqual(r["count"], chat["usage"]["prompt_tokens"])
+        st, text = srv.post("/apply-template", {"messages": msgs})
+        self.assertEqual(st, 200, text)
+        st, want = srv.post("/tokenize", {"prompt": text["prompt"]})
+        self.assertEqual(r["tokens"], want["tokens"])
+        for body, param in [({"messages": msgs, "add_generation_prompt": False},
+                             "add_generation_prompt"),
+                            ({"messages": msgs, "add_special_tokens": True}, "add_special_tokens"),
+                            ({"messages": msgs, "stream": True}, "stream"),
+                            ({"messages": msgs, "prompt": "Hi"}, "messages"),
+                            ({"messages": "Hi"}, "messages")]:
+            st, r = srv.post("/tokenize", body)
+            self.assertEqual(st, 400, body)
+            self.assertEqual(r["error"]["param"], param, r)
+
     def test_tokenize_roundtrip(self):
         case = e2e.load_reference()[0]
         st, r = srv.post("/tokenize", {"prompt": case["prompt"]})
