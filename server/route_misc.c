@@ -114,13 +114,20 @@ int srv__tokenize(const tok_vocab *v, const char *text, bool add_bos, int32_t **
     return KVS_ENOSPC;
 }
 
-/* {"tokens": ids, "count": n, "max_model_len": ...}, vLLM's answer; frees ids */
-static enum MHD_Result send_tokens(srv_conn *c, int32_t *ids, size_t n)
+/* {"tokens": ids, "count": n, "max_model_len": ...}, vLLM's answer, with "token_strs" (each
+ * token's vocabulary entry, "▁the" or "Ġthe", as vLLM's return_token_strs) when strs; frees
+ * ids */
+static enum MHD_Result send_tokens(srv_conn *c, int32_t *ids, size_t n, bool strs)
 {
     cJSON *out = cJSON_CreateObject();
     cJSON *arr = cJSON_AddArrayToObject(out, "tokens");
     for (size_t i = 0; arr && i < n; i++)
         cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    cJSON *txt = strs ? cJSON_AddArrayToObject(out, "token_strs") : NULL;
+    for (size_t i = 0; txt && i < n; i++) {
+        const char *t = tok_token_text(c->srv->vocab, ids[i]);
+        cJSON_AddItemToArray(txt, srv_json_string_n(t, strlen(t)));
+    }
     cJSON_AddNumberToObject(out, "count", (double)n);
     cJSON_AddNumberToObject(out, "max_model_len", c->srv->n_ctx);
     free(ids);
@@ -134,7 +141,7 @@ static enum MHD_Result send_tokens(srv_conn *c, int32_t *ids, size_t n)
  * and what this renders (the assistant's turn opened; BOS stands for the text a template writes
  * first, so true would add a second); other values, and any other member but model, are 400s
  * naming them rather than fields accepted and ignored. */
-static enum MHD_Result tokenize_chat(srv_conn *c, const cJSON *root)
+static enum MHD_Result tokenize_chat(srv_conn *c, const cJSON *root, bool strs)
 {
     srv_server *s = c->srv;
     cJSON *body = cJSON_CreateObject();
@@ -142,7 +149,7 @@ static enum MHD_Result tokenize_chat(srv_conn *c, const cJSON *root)
     const char *bad = NULL, *why = NULL;
     cJSON_ArrayForEach(it, root)
     {
-        if (!strcmp(it->string, "model"))
+        if (!strcmp(it->string, "model") || !strcmp(it->string, "return_token_strs"))
             continue;
         if (!strcmp(it->string, "add_generation_prompt") && !cJSON_IsTrue(it))
             why = "only true is rendered: the assistant's turn opened, as /v1/chat/completions "
@@ -155,8 +162,8 @@ static enum MHD_Result tokenize_chat(srv_conn *c, const cJSON *root)
             continue;
         else if (!srv_template_field(it->string))
             why = "it has no effect on /tokenize with messages, which takes messages, tools, "
-                  "tool_choice, chat_template_kwargs, add_generation_prompt and "
-                  "add_special_tokens only";
+                  "tool_choice, chat_template_kwargs, add_generation_prompt, add_special_tokens "
+                  "and return_token_strs only";
         else if (body)
             cJSON_AddItemToObject(body, it->string, cJSON_Duplicate(it, 1));
         if (why) {
@@ -186,7 +193,7 @@ static enum MHD_Result tokenize_chat(srv_conn *c, const cJSON *root)
     srv_request_free(&rq);
     if (rc)
         return srv__fail(c, 500, NULL, NULL, "tokenization failed");
-    return send_tokens(c, ids, n);
+    return send_tokens(c, ids, n, strs);
 }
 
 enum MHD_Result srv__route_tokenize(srv_conn *c)
@@ -199,10 +206,17 @@ enum MHD_Result srv__route_tokenize(srv_conn *c)
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (!p)
         p = cJSON_GetObjectItemCaseSensitive(root, "text");
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(root, "return_token_strs");
+    if (ts && !cJSON_IsBool(ts) && !cJSON_IsNull(ts)) {
+        cJSON_Delete(root);
+        return srv__fail(c, 400, "return_token_strs", NULL,
+                         "'return_token_strs' must be a boolean");
+    }
+    bool strs = cJSON_IsTrue(ts);
     if (cJSON_GetObjectItemCaseSensitive(root, "messages")) {
         enum MHD_Result r =
             p ? srv__fail(c, 400, "messages", NULL, "give either 'prompt' or 'messages', not both")
-              : tokenize_chat(c, root);
+              : tokenize_chat(c, root, strs);
         cJSON_Delete(root);
         return r;
     }
@@ -223,7 +237,7 @@ enum MHD_Result srv__route_tokenize(srv_conn *c)
     cJSON_Delete(root);
     if (rc)
         return srv__fail(c, 500, NULL, NULL, "tokenization failed");
-    return send_tokens(c, ids, n);
+    return send_tokens(c, ids, n, strs);
 }
 
 enum MHD_Result srv__route_detokenize(srv_conn *c)

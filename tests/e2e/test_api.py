@@ -213,6 +213,9 @@ class Misc(unittest.TestCase):
         self.assertEqual(st, 200, text)
         st, want = srv.post("/tokenize", {"prompt": text["prompt"]})
         self.assertEqual(r["tokens"], want["tokens"])
+        st, r = srv.post("/tokenize", {"messages": msgs, "return_token_strs": True})
+        self.assertEqual(r["tokens"], want["tokens"])
+        self.assertEqual(len(r["token_strs"]), len(r["tokens"]))
         for body, param in [({"messages": msgs, "add_generation_prompt": False},
                              "add_generation_prompt"),
                             ({"messages": msgs, "add_special_tokens": True}, "add_special_tokens"),
@@ -230,6 +233,14 @@ class Misc(unittest.TestCase):
         self.assertEqual(r["tokens"], case["prompt_ids"])
         # without BOS the text itself; with it BOS's text first ("<s>"), as vLLM (Hugging Face's
         # decode) and llama.cpp's /detokenize write special tokens
+        # vLLM's return_token_strs: each token's vocabulary entry
+        st, r = srv.post("/tokenize", {"prompt": case["prompt"], "return_token_strs": True})
+        self.assertEqual(r["tokens"], case["prompt_ids"])
+        self.assertEqual(r["token_strs"][0], "<s>")
+        self.assertEqual("".join(r["token_strs"][1:]).replace("\u2581", " ").strip(),
+                         case["prompt"].strip())
+        st, r = srv.post("/tokenize", {"prompt": "x", "return_token_strs": 1})
+        self.assertEqual((st, r["error"]["param"]), (400, "return_token_strs"))
         st, r = srv.post("/detokenize", {"tokens": case["prompt_ids"][1:]})
         self.assertEqual(st, 200, r)
         self.assertEqual(r["prompt"], case["prompt"])
