@@ -315,6 +315,20 @@ static void test_control_tokens(void **state)
     assert_true(n >= 3);
     assert_int_equal(ids[0], tok_bos(v));
     assert_int_equal(ids[n - 1], tok_eos(v));
+    /* TOK_DECODE_SPECIAL writes them (/detokenize, as Hugging Face and llama.cpp), and the
+     * prefix space the text after BOS got stays where it no longer begins the text */
+    char buf[64];
+    size_t got;
+    assert_int_equal(
+        tok_decode(v, ids, n, TOK_DECODE_STRIP_SPACE | TOK_DECODE_SPECIAL, buf, sizeof buf, &got),
+        0);
+    assert_string_equal(buf, "<s> hi</s>");
+    assert_int_equal(tok_decode(v, ids, n, TOK_DECODE_STRIP_SPACE, buf, sizeof buf, &got), 0);
+    assert_string_equal(buf, "hi");
+    assert_int_equal(tok_decode(v, ids + 1, n - 1, TOK_DECODE_STRIP_SPACE | TOK_DECODE_SPECIAL, buf,
+                                sizeof buf, &got),
+                     0);
+    assert_string_equal(buf, "hi</s>");
     free(ids);
     tok_destroy(v);
 
@@ -331,6 +345,10 @@ static void test_control_tokens(void **state)
     ids = encode(v, s, strlen(s), false, true, &n);
     assert_int_equal(n, 3);
     assert_int_equal(ids[1], eot);
+    assert_int_equal(tok_decode(v, ids, n, TOK_DECODE_SPECIAL, buf, sizeof buf, &got), 0);
+    assert_string_equal(buf, s);
+    assert_int_equal(tok_decode(v, ids, n, 0, buf, sizeof buf, &got), 0);
+    assert_string_equal(buf, "ab");
     free(ids);
     tok_destroy(v);
 }
