@@ -8,11 +8,15 @@
 #   OLD          the same with another kvs-bench-engine binary (optional: a before/after)
 #   llama.cpp    llama-bench -lm none -p 0 -n STEPS -d D (its depth is untimed too)
 # and, for the depths of B16_DEPTHS, 16 sequences at once: kvs-bench-engine batch 16 against
-# llama-batched-bench -npl 16 -npp D -ntg STEPS (its S_TG). Medians; the ratio of the same run.
+# llama-batched-bench -npl 16 -npp D -ntg STEPS (its S_TG); and for each length P of PROMPTS one
+# prompt of P tokens, the time to its first token: kvs-bench-engine prefill (KVS_BENCH_PREFILL_LEN=P,
+# one forward of P rows) against llama-bench -p P -n 0 (prompt tok/s both; attention grows with
+# P squared). Medians; the ratio of the same run.
 # Writes the "depth.sh" section of docs/BENCHMARKS.md (one per CPU kind).
 # Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), TYPE (Q4_K_M; F16 serves
-# the F16 file itself), DEPTHS ("0 512 2048 4096"), B16_DEPTHS ("512"; "" for none), STEPS (32),
-# REPEATS (3), OLD (unset), PEER (../shared/peer/llama.cpp/bin).
+# the F16 file itself), DEPTHS ("0 512 2048 4096"), B16_DEPTHS ("512"; "" for none), PROMPTS
+# ("512 2048 4096"; "" for none), STEPS (32), REPEATS (3), OLD (unset), PEER
+# (../shared/peer/llama.cpp/bin).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -22,6 +26,7 @@ SHAPE=${SHAPE:-tinyllama-1.1b}
 TYPE=${TYPE:-Q4_K_M}
 DEPTHS=${DEPTHS:-0 512 2048 4096}
 B16_DEPTHS=${B16_DEPTHS-512}
+PROMPTS=${PROMPTS-512 2048 4096}
 STEPS=${STEPS:-32}
 REPEATS=${REPEATS:-3}
 OLD=${OLD:-}
@@ -56,6 +61,17 @@ llama16() {
         awk -F'|' '$2 ~ /^ *[0-9]+ *$/ {gsub(/ /, "", $9); v = $9} END {print v}'
 }
 
+# prompt BINARY P -> kvs-bench-engine's prompt tok/s for one sequence's P-token prompt
+prompt() {
+    KVS_BENCH_SGEMM=0 KVS_BENCH_PREFILL_LEN=$2 "$1" prefill "$model" "$2" "$THREADS" 2>/dev/null |
+        tail -1 | cut -d, -f4
+}
+# llama_pp P -> llama-bench's prompt tok/s for a P-token prompt
+llama_pp() {
+    "$PEER/llama-bench" -m "$model" -lm none -p "$1" -n 0 -t "$THREADS" -r 1 -o csv 2>/dev/null |
+        python3 -c 'import csv,sys; print(list(csv.DictReader(sys.stdin))[-1]["avg_ts"])'
+}
+
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 rows=()
 measure() { # ROWS DEPTH
@@ -74,11 +90,26 @@ measure() { # ROWS DEPTH
 }
 for d in $DEPTHS; do measure 1 "$d"; done
 for d in $B16_DEPTHS; do measure 16 "$d"; done
+prows=()
+for p in $PROMPTS; do
+    k="" o="" l=""
+    for _ in $(seq "$REPEATS"); do
+        k+=" $(prompt "$ENGINE" "$p")"
+        [ -z "$OLD" ] || o+=" $(prompt "$OLD" "$p")"
+        l+=" $(llama_pp "$p")"
+    done
+    km=$(median <<<"$k")
+    lm=$(median <<<"$l")
+    om="-"
+    [ -z "$OLD" ] || om=$(median <<<"$o")
+    prows+=("| $p | $km | $om | $lm | $(ratio "$km" "$lm")x |")
+    echo "$WHO: ${prows[-1]} (kvserve:$k; old:${o:- -}; llama.cpp:$l)" >&2
+done
 
 SECTION="$TMP/section.md"
 {
     echo "<!-- depth.sh begin -->"
-    echo "## Decode against context depth (bench/depth.sh)"
+    echo "## Decode against context depth, and long prompts (bench/depth.sh)"
     echo
     echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of ${CPU}, $THREADS threads for both, kvserve"
     echo "$(git rev-parse --short HEAD), llama.cpp from ../shared/peer. The $SHAPE shape (random weights) as"
@@ -88,12 +119,23 @@ SECTION="$TMP/section.md"
     echo "before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg). Command:"
     echo
     echo '```'
-    echo "THREADS=$THREADS SHAPE=$SHAPE TYPE=$TYPE DEPTHS=\"$DEPTHS\" B16_DEPTHS=\"$B16_DEPTHS\" STEPS=$STEPS REPEATS=$REPEATS${OLD:+ OLD=$OLD} bench/depth.sh"
+    echo "THREADS=$THREADS SHAPE=$SHAPE TYPE=$TYPE DEPTHS=\"$DEPTHS\" B16_DEPTHS=\"$B16_DEPTHS\" PROMPTS=\"$PROMPTS\" STEPS=$STEPS REPEATS=$REPEATS${OLD:+ OLD=$OLD} bench/depth.sh"
     echo '```'
     echo
     echo "| sequences | depth | kvserve tok/s | before (OLD) | llama.cpp tok/s | kvserve / llama.cpp |"
     echo "|---:|---:|---:|---:|---:|---:|"
     printf '%s\n' "${rows[@]}"
+    if [ ${#prows[@]} -gt 0 ]; then
+        echo
+        echo "One prompt of P tokens, the time to its first token as prompt tok/s: kvs-bench-engine"
+        echo "prefill (one forward of the P rows; the server runs a prompt in steps of"
+        echo "--max-batched-tokens, 512 by default) against llama-bench -p P -n 0 (its batches of 2048,"
+        echo "ubatches of 512); medians of $REPEATS alternating runs."
+        echo
+        echo "| prompt tokens | kvserve tok/s | before (OLD) | llama.cpp tok/s | kvserve / llama.cpp |"
+        echo "|---:|---:|---:|---:|---:|"
+        printf '%s\n' "${prows[@]}"
+    fi
     echo "<!-- depth.sh end -->"
 } >"$SECTION"
 python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md depth.sh <"$SECTION"
