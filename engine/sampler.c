@@ -215,13 +215,42 @@ static int32_t argmax(const float *x, int32_t n)
     return 0;
 }
 
-/* Log-softmax value of logits[id] over all of logits. */
-static float log_softmax_at(const float *logits, int32_t n, int32_t id, float maxv)
+void sampler_logprobs(const float *logits, int32_t n_vocab, int32_t id, float *logprob, int n_top,
+                      int32_t *top_ids, float *top_logprobs)
 {
+    int32_t V = n_vocab;
+    float maxv = max_of(logits, V);
     double sum = 0.0;
-    for (int32_t i = 0; i < n; i++)
+    for (int32_t i = 0; i < V; i++)
         sum += exp((double)(logits[i] - maxv));
-    return (float)((double)(logits[id] - maxv) - log(sum));
+    double lse = log(sum);
+    if (logprob)
+        *logprob = (float)((double)(logits[id] - maxv) - lse);
+    int k = n_top < V ? n_top : V;
+    if (k <= 0)
+        return;
+    /* The k largest by insertion into a sorted list: one compare per logit for all but the few
+     * that enter it (k is at most 20). Ties keep the lower id first; NaNs never enter. */
+    int n = 0;
+    for (int32_t i = 0; i < V; i++) {
+        float x = logits[i];
+        if (n == k && !(x > logits[top_ids[k - 1]]))
+            continue;
+        if (n < k && x != x)
+            continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && x > logits[top_ids[j - 1]]) {
+            top_ids[j] = top_ids[j - 1];
+            j--;
+        }
+        top_ids[j] = i;
+    }
+    for (int j = 0; j < n; j++)
+        top_logprobs[j] = (float)((double)(logits[top_ids[j]] - maxv) - lse);
+    for (int j = n; j < k; j++) {
+        top_ids[j] = 0; /* only where fewer than k logits are numbers */
+        top_logprobs[j] = -INFINITY;
+    }
 }
 
 int32_t sampler_sample(sampler *s, float *logits, float *logprob, int n_top, int32_t *top_ids,
@@ -231,28 +260,8 @@ int32_t sampler_sample(sampler *s, float *logits, float *logprob, int n_top, int
     int32_t V = s->n_vocab;
     /* Logprobs are reported over the raw distribution (before penalties and filters), as
      * OpenAI and vLLM report them. */
-    float raw_max = n_top > 0 || logprob ? max_of(logits, V) : 0.0f;
-    if (n_top > 0) {
-        double sum = 0.0;
-        for (int32_t i = 0; i < V; i++)
-            sum += exp((double)(logits[i] - raw_max));
-        float lse = (float)log(sum) + raw_max;
-        int k = n_top < V ? n_top : V;
-        /* Selection of the k largest: k is at most 20, so k passes are cheap. */
-        for (int j = 0; j < k; j++) {
-            int32_t best = -1;
-            for (int32_t i = 0; i < V; i++) {
-                bool taken = false;
-                for (int q = 0; q < j; q++)
-                    if (top_ids[q] == i)
-                        taken = true;
-                if (!taken && (best < 0 || logits[i] > logits[best]))
-                    best = i;
-            }
-            top_ids[j] = best;
-            top_logprobs[j] = logits[best] - lse;
-        }
-    }
+    if (n_top > 0)
+        sampler_logprobs(logits, V, 0, NULL, n_top, top_ids, top_logprobs);
     float *raw = NULL;
     if (logprob) {
         raw = s->cand_p; /* scratch otherwise unused: keeps the raw logits for the logprob */
@@ -326,6 +335,6 @@ int32_t sampler_sample(sampler *s, float *logits, float *logprob, int n_top, int
         }
     }
     if (logprob)
-        *logprob = log_softmax_at(raw, V, chosen, raw_max);
+        sampler_logprobs(raw, V, chosen, logprob, 0, NULL, NULL);
     return chosen;
 }

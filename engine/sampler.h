@@ -36,6 +36,12 @@ int sampler_clone(const sampler *s, uint64_t seed, sampler **out);
  * generated tokens for all penalties. */
 void sampler_accept(sampler *s, int32_t token, bool is_prompt);
 
+/* Log-softmax over logits (n_vocab floats, unchanged): logits[id]'s into *logprob (if non-NULL),
+ * and the n_top largest (ties: lower id first) into top_ids / top_logprobs. The numbers a
+ * sampled token's logprobs report, for any row: a prompt token's logprob given the tokens
+ * before it is this over the row before it. */
+void sampler_logprobs(const float *logits, int32_t n_vocab, int32_t id, float *logprob, int n_top,
+                      int32_t *top_ids, float *top_logprobs);
 /* Picks the next token from logits (n_vocab floats; modified in place by penalties).
  * If logprob is non-NULL it receives log-softmax of the chosen token over the raw logits.
  * If n_top > 0, the n_top most likely tokens and their logprobs go to top_ids/top_logprobs. */

@@ -150,6 +150,45 @@ static void test_logprobs(void **state)
     sampler_destroy(s);
 }
 
+/* sampler_logprobs against a brute force: random rows with many ties, every k. */
+static void test_logprobs_tops(void **state)
+{
+    (void)state;
+    enum { N = 300 };
+    float l[N];
+    uint64_t r = 12345;
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < N; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            l[i] = (float)((r >> 40) % 64) / 8.0f; /* 64 values: many ties */
+        }
+        for (int k = 0; k <= 20; k++) {
+            int32_t ids[20];
+            float lps[20], lp;
+            sampler_logprobs(l, N, 3, &lp, k, ids, lps);
+            bool taken[N] = {false};
+            for (int j = 0; j < k; j++) {
+                int best = -1; /* the largest not taken, lowest id on ties */
+                for (int i = 0; i < N; i++)
+                    if (!taken[i] && (best < 0 || l[i] > l[best]))
+                        best = i;
+                taken[best] = true;
+                assert_int_equal(ids[j], best);
+                if (j)
+                    assert_true(lps[j] <= lps[j - 1]);
+            }
+            double m = -INFINITY, z = 0;
+            for (int i = 0; i < N; i++)
+                m = l[i] > m ? l[i] : m;
+            for (int i = 0; i < N; i++)
+                z += exp(l[i] - m);
+            assert_true(fabs(lp - (l[3] - m - log(z))) < 1e-5);
+            if (k)
+                assert_true(fabs(lps[0] - (l[ids[0]] - m - log(z))) < 1e-5);
+        }
+    }
+}
+
 static void test_seeds(void **state)
 {
     (void)state;
@@ -201,6 +240,7 @@ int main(void)
         cmocka_unit_test(test_top_k_top_p_min_p),
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_logprobs_tops),
         cmocka_unit_test(test_seeds),
         cmocka_unit_test(test_invalid_params),
     };
