@@ -53,6 +53,10 @@ static void run_step(sched *s)
     for (uint32_t i = 0; i < n_seqs; i++) {
         seq *q = s->b_seqs[i];
         sched__kv_view(s, q, &s->b_views[i]);
+        /* A sequence's marked rows come in position order: prompt-logprob rows, then its
+         * last (batch_add) */
+        q->plp_row = n_logits;
+        n_logits += (int)q->plp_n;
         q->logits_row = q->n_computed + q->chunk == q->n_tokens ? n_logits++ : -1;
     }
     engine_batch b = {n_rows, s->b_token, s->b_pos, s->b_seq, s->b_logits, n_seqs, s->b_views};
@@ -68,7 +72,7 @@ static void run_step(sched *s)
             sched__finish_seq(s, &s->running, s->b_seqs[i], SCHED_FINISH_ERROR, rc);
         return;
     }
-    float *scratch = s->logits + (size_t)s->p.max_num_seqs * s->n_vocab;
+    float *scratch = s->logits + (size_t)s->logits_rows * s->n_vocab;
     for (uint32_t i = 0; i < n_seqs; i++) {
         seq *q = s->b_seqs[i];
         q->n_computed += q->chunk;
@@ -76,9 +80,16 @@ static void run_step(sched *s)
     }
     for (uint32_t i = 0; i < n_seqs; i++) {
         seq *q = s->b_seqs[i];
+        if (sched__plp_pending(q))
+            sched__plp_collect(s, q, s->logits);
         if (q->logits_row < 0)
             continue;
         const float *row = s->logits + (size_t)q->logits_row * s->n_vocab;
+        if (q->req->max_tokens == 0) {
+            /* the prompt only: every choice ends here (the forks with it, never made) */
+            sched__finish_seq(s, &s->running, q, SCHED_FINISH_LENGTH, 0);
+            continue;
+        }
         if (q->fork_pending) {
             seq *last = s->running.tail;
             sched__fork_choices(s, q);
@@ -124,7 +135,7 @@ void *sched__engine_main(void *arg)
         while (in) {
             sched_req *r = in;
             in = in->inbox_next;
-            seq *q = sched__seq_new(s, r);
+            seq *q = r->prompt_logprobs && sched__plp_buffers(s) ? NULL : sched__seq_new(s, r);
             if (!q) {
                 /* tell the client and retire the request as if it had run */
                 for (uint32_t c = 0; c < r->n; c++) {

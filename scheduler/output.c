@@ -48,6 +48,14 @@ seq *sched__seq_new(sched *s, sched_req *r)
         free(q);
         return NULL;
     }
+    if (r->prompt_logprobs && r->n_prompt > 1 &&
+        !(q->plp = malloc((r->n_prompt - 1) * sizeof *q->plp))) {
+        sampler_destroy(q->smp);
+        grammar_destroy(q->gram);
+        free(q->tokens);
+        free(q);
+        return NULL;
+    }
     memcpy(q->tokens, r->prompt, r->n_prompt * sizeof(int32_t));
     q->n_tokens = r->n_prompt;
     for (uint32_t i = 0; i < r->n_prompt; i++)
@@ -62,7 +70,46 @@ static void seq_free(sched *s, seq *q)
     grammar_destroy(q->gram);
     free(q->tokens);
     free(q->held);
+    free(q->plp);
     free(q);
+}
+
+int sched__plp_buffers(sched *s)
+{
+    uint32_t rows = s->p.max_num_seqs + s->plp_rows;
+    if (s->logits_rows >= rows)
+        return 0;
+    float *l = realloc(s->logits, ((size_t)rows + 1) * s->n_vocab * sizeof(float));
+    if (!l)
+        return KVS_ENOMEM;
+    s->logits = l;
+    s->logits_rows = rows;
+    return 0;
+}
+
+void sched__plp_collect(sched *s, seq *q, const float *logits)
+{
+    sched_req *r = q->req;
+    for (uint32_t j = 0; j < q->plp_n; j++) {
+        uint32_t p = q->plp_lo + j;
+        sched_token_info *t = &q->plp[p];
+        memset(t, 0, sizeof *t);
+        t->id = q->tokens[p + 1];
+        t->n_top = r->n_top_logprobs;
+        sampler_logprobs(logits + (size_t)(q->plp_row + (int)j) * s->n_vocab, (int32_t)s->n_vocab,
+                         t->id, &t->logprob, t->n_top, t->top_ids, t->top_logprobs);
+    }
+    if (q->plp_n)
+        q->plp_done = q->plp_lo + q->plp_n;
+    q->plp_n = 0;
+    if (q->n_computed < r->n_prompt)
+        return;
+    sched_event ev = {.choice = q->choice, .prompt = true};
+    ev.tokens = q->plp;
+    ev.n_tokens = r->n_prompt - 1;
+    q->plp = NULL;
+    q->plp_sent = true;
+    sched__push_event(r, &ev);
 }
 
 void sched__finish_seq(sched *s, seq_list *from, seq *q, enum sched_finish why, int status)
@@ -358,6 +405,7 @@ void sched__fork_choices(sched *s, seq *q)
         f->state = SEQ_RUNNING;
         f->admit_order = ++s->admit_counter;
         f->logits_row = q->logits_row;
+        f->plp_sent = true; /* the first choice's event carries the prompt's */
         tok_decoder_init(&f->dec);
         memcpy(f->tokens, q->tokens, q->n_tokens * sizeof(int32_t));
         f->n_tokens = q->n_tokens;

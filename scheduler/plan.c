@@ -57,14 +57,31 @@ static void batch_add(sched *s, seq *q, uint32_t chunk, uint32_t *n_rows, uint32
     uint32_t si = (*n_seqs)++;
     s->b_seqs[si] = q;
     q->chunk = chunk;
+    q->plp_n = 0;
+    bool plp = sched__plp_pending(q);
     for (uint32_t i = 0; i < chunk; i++) {
         uint32_t p = q->n_computed + i;
+        /* row p's logits give prompt token p + 1's logprob */
+        bool plp_row = plp && p + 1 < q->req->n_prompt && p >= q->plp_done;
+        if (plp_row && !q->plp_n++)
+            q->plp_lo = p;
         s->b_token[*n_rows] = q->tokens[p];
         s->b_pos[*n_rows] = (int32_t)p;
         s->b_seq[*n_rows] = (int32_t)si;
-        s->b_logits[*n_rows] = p == q->n_tokens - 1;
+        s->b_logits[*n_rows] = p == q->n_tokens - 1 || plp_row;
         (*n_rows)++;
     }
+    if (plp)
+        s->plp_rows_left -= chunk;
+}
+
+/* A chunk of q's prefill cut to the prompt-logprob rows this step has left (each of its rows
+ * is a row of logits); 0 if none are left. */
+static uint32_t plp_cap(const sched *s, const seq *q, uint32_t chunk)
+{
+    if (sched__plp_pending(q) && chunk > s->plp_rows_left)
+        return s->plp_rows_left;
+    return chunk;
 }
 
 /* Plans one step: decodes first (one token each, oldest first, preempting the newest when
@@ -74,6 +91,7 @@ uint32_t sched__plan_step(sched *s, uint32_t *n_rows_out)
 {
     uint32_t budget = s->p.max_batched_tokens, n_rows = 0, n_seqs = 0;
     s->n_copies = 0;
+    s->plp_rows_left = s->plp_rows;
     for (seq *q = s->running.head; q; q = q->next)
         q->chunk = 0;
     /* running is in admission order, so this walks oldest first */
@@ -96,7 +114,8 @@ uint32_t sched__plan_step(sched *s, uint32_t *n_rows_out)
         uint32_t chunk = q->n_tokens - q->n_computed;
         if (chunk > budget)
             chunk = budget;
-        if (reserve_chunk(s, q, chunk, false) == 0) {
+        chunk = plp_cap(s, q, chunk);
+        if (chunk && reserve_chunk(s, q, chunk, false) == 0) {
             batch_add(s, q, chunk, &n_rows, &n_seqs);
             budget -= chunk;
         }
@@ -116,12 +135,18 @@ uint32_t sched__plan_step(sched *s, uint32_t *n_rows_out)
             break;
         if (sched__kv_create(s, q))
             break;
+        /* Rows whose prompt logprobs are wanted are computed, never taken from the cache. */
         uint32_t covered = 0;
-        if (sched__kv_match_prefix(s, q, &covered))
+        if (!sched__plp_pending(q) && sched__kv_match_prefix(s, q, &covered))
             break;
         uint32_t chunk = q->n_tokens - covered;
         if (chunk > budget)
             chunk = budget;
+        chunk = plp_cap(s, q, chunk);
+        if (!chunk) {
+            sched__kv_free(s, q);
+            break;
+        }
         q->n_computed = covered;
         /* Admit only if the pools can hold all of what is known of it now. */
         if (!sched__kv_fits(s, q, q->n_tokens - covered) ||

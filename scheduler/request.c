@@ -141,9 +141,10 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
                  sched_req **out)
 {
     *out = NULL;
-    if (!p->prompt || p->n_prompt == 0 || p->max_tokens == 0 || p->n == 0 ||
-        p->n > s->p.max_num_seqs || p->n_top_logprobs > SCHED_MAX_TOP_LOGPROBS ||
-        p->n_logit_bias > SCHED_MAX_LOGIT_BIAS || (p->n_logit_bias && !p->logit_bias))
+    if (!p->prompt || p->n_prompt == 0 || p->n == 0 || p->n > s->p.max_num_seqs ||
+        p->n_top_logprobs > SCHED_MAX_TOP_LOGPROBS ||
+        (p->prompt_logprobs && p->n_top_logprobs < 0) || p->n_logit_bias > SCHED_MAX_LOGIT_BIAS ||
+        (p->n_logit_bias && !p->logit_bias))
         return KVS_EINVAL;
     for (uint32_t i = 0; i < p->n_logit_bias; i++)
         if (p->logit_bias[i].id < 0 || (uint32_t)p->logit_bias[i].id >= s->n_vocab ||
@@ -191,6 +192,7 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
     r->sampling = p->sampling;
     r->ignore_eos = p->ignore_eos;
     r->n_top_logprobs = p->n_top_logprobs;
+    r->prompt_logprobs = p->prompt_logprobs;
     r->notify_on_finish_only = p->notify_on_finish_only;
     for (int i = 0; i < SCHED_MAX_STOP; i++) {
         if (!p->stop[i] || !p->stop[i][0])

@@ -39,6 +39,7 @@ struct sched_req {
     int n_stop;
     size_t max_stop_len;
     int n_top_logprobs;
+    bool prompt_logprobs;
     bool notify_on_finish_only;
     sched_logit_bias *bias;
     uint32_t n_bias;
@@ -87,9 +88,17 @@ typedef struct seq {
     char *held; /* decoded text not yet emitted: could be the start of a stop string */
     size_t held_len, held_cap;
     double t_last_token;
+    /* The prompt's logprobs (req->prompt_logprobs), first choice only: plp[i] is token i + 1's,
+     * set for i < plp_done; handed to the prompt event once the prompt is computed (plp_sent).
+     * A preempted sequence keeps them and computes only the rows still missing. */
+    sched_token_info *plp;
+    uint32_t plp_done;
+    bool plp_sent;
     /* this step */
-    uint32_t chunk; /* rows in the batch */
-    int logits_row; /* index into the logits buffer, -1 if none */
+    uint32_t chunk;         /* rows in the batch */
+    int logits_row;         /* index into the logits buffer, -1 if none */
+    int plp_row;            /* logits row of this step's first prompt-logprob row */
+    uint32_t plp_lo, plp_n; /* its positions: plp_lo .. plp_lo + plp_n - 1 */
     struct seq *prev, *next;
 } seq;
 
@@ -119,7 +128,13 @@ struct sched {
     size_t block_bytes, wblock_bytes; /* bytes of a block of pool, of wpool */
     engine_kv *kv;
     engine_ctx *ctx;
-    float *logits; /* (max_num_seqs, n_vocab) */
+    /* (logits_rows + 1, n_vocab): the rows engine_forward writes, then the sampler's scratch.
+     * logits_rows is max_num_seqs, grown by plp_rows the first time a request asks for prompt
+     * logprobs. */
+    float *logits;
+    uint32_t logits_rows;
+    uint32_t plp_rows;      /* prompt-logprob rows one step computes at most (plan.c) */
+    uint32_t plp_rows_left; /* this step's */
     /* batch arrays, (max_batched_tokens) */
     int32_t *b_token, *b_pos, *b_seq;
     bool *b_logits;
@@ -209,6 +224,12 @@ void sched__req_unref(sched_req *r);
 /* Queues an event (taking ownership of its buffers) and tells the client. Engine thread. */
 void sched__push_event(sched_req *r, sched_event *ev);
 
+/* Whether q still has prompt logprobs to compute (its positions' rows are marked for logits). */
+static inline bool sched__plp_pending(const seq *q)
+{
+    return q->req->prompt_logprobs && !q->plp_sent;
+}
+
 /* plan.c (engine thread). Plans one step into the batch arrays; returns sequences planned. */
 uint32_t sched__plan_step(sched *s, uint32_t *n_rows_out);
 /* Frees a running sequence's blocks and requeues it at the head of the waiting queue. */
@@ -222,6 +243,11 @@ void sched__finish_seq(sched *s, seq_list *from, seq *q, enum sched_finish why, 
  * a choice's last text and its logprobs arrive together. */
 void sched__finish_seq_tokens(sched *s, seq_list *from, seq *q, enum sched_finish why, int status,
                               sched_token_info *tokens, uint32_t n_tokens);
+/* Grows s->logits for prompt logprobs (once); KVS_ENOMEM. */
+int sched__plp_buffers(sched *s);
+/* Turns q's prompt-logprob rows of this step (logits from row q->plp_row) into q->plp, and
+ * sends the prompt event once the prompt is computed. */
+void sched__plp_collect(sched *s, seq *q, const float *logits);
 /* Samples q's next token from its logits row and publishes it; true if q finished (freed). */
 bool sched__sample_and_emit(sched *s, seq *q, const float *row_in, float *scratch);
 /* Creates the other n - 1 choices of q's request, sharing q's blocks. */

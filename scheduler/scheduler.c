@@ -239,6 +239,11 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
     }
     size_t T = p.max_batched_tokens, S = p.max_num_seqs;
     s->logits = malloc((S + 1) * hp->n_vocab * sizeof(float));
+    s->logits_rows = (uint32_t)S;
+    /* Prompt logprobs: as many rows a step as 64 MiB of logits hold, 16 at least, within a
+     * step's tokens (512 for a 32k vocabulary, 110 for 152k). */
+    size_t plp = ((size_t)64 << 20) / ((size_t)hp->n_vocab * sizeof(float));
+    s->plp_rows = (uint32_t)(plp < 16 ? 16 : plp > T ? T : plp);
     s->b_token = malloc(T * sizeof(int32_t));
     s->b_pos = malloc(T * sizeof(int32_t));
     s->b_seq = malloc(T * sizeof(int32_t));

@@ -109,14 +109,21 @@ typedef struct sched_logit_bias {
 typedef struct sched_request_params {
     const int32_t *prompt; /* copied by sched_submit */
     uint32_t n_prompt;     /* >= 1; prompt + max_tokens must fit n_ctx (else KVS_ERANGE) */
-    uint32_t max_tokens;   /* >= 1 */
+    uint32_t max_tokens;   /* 0: the prompt is computed (its blocks join the prefix cache, its
+                              prompt logprobs are sent) and every choice finishes with
+                              SCHED_FINISH_LENGTH, nothing sampled */
     uint32_t n;            /* choices sharing the prompt's blocks, 1..max_num_seqs: each
                               choice is a running sequence, so the request is admitted only
                               when all n fit under max_num_seqs (else KVS_EINVAL) */
     sampler_params sampling;
     bool ignore_eos;
-    const char *stop[SCHED_MAX_STOP];   /* stop strings (copied); NULL entries unused */
-    int n_top_logprobs;                 /* -1: no logprobs; 0..20: logprobs with that many tops */
+    const char *stop[SCHED_MAX_STOP]; /* stop strings (copied); NULL entries unused */
+    int n_top_logprobs;               /* -1: no logprobs; 0..20: logprobs with that many tops */
+    /* With n_top_logprobs >= 0: also every prompt token's logprob after the first (given the
+     * tokens before it, with n_top_logprobs tops), over the model's logits as they are (no
+     * logit_bias, no grammar), in one event (sched_event.prompt) before the first generated
+     * token's. Those rows are computed, never taken from the prefix cache. */
+    bool prompt_logprobs;
     bool notify_on_finish_only;         /* call notify only for finishing events: a client that
                                            reads everything at the end (non-streaming) is then
                                            woken once per choice, not once per token */
@@ -148,6 +155,9 @@ typedef struct sched_event {
     size_t text_len;
     sched_token_info *tokens; /* the tokens of this delta, when logprobs were asked for */
     uint32_t n_tokens;
+    /* The prompt's logprobs (sched_request_params.prompt_logprobs): tokens[i] is prompt token
+     * i + 1's, n_tokens = n_prompt - 1; choice 0, no text, finish NONE. */
+    bool prompt;
     enum sched_finish finish; /* != NONE: this choice is finished, this is its last event */
     int status;               /* with SCHED_FINISH_ERROR: KVS_ECANCELED, KVS_ENOMEM, ... */
     /* on a finishing event: */

@@ -47,6 +47,10 @@ typedef struct client {
     uint32_t completion_tokens[CLIENT_MAX_CHOICES];
     uint32_t cached_tokens[CLIENT_MAX_CHOICES]; /* the prompt's, from the last event */
     uint32_t n_events;
+    /* The prompt event (sched_request_params.prompt_logprobs), taken over from it. */
+    sched_token_info *plp;
+    uint32_t n_plp;
+    int n_prompt_events;
     int done;
 } client;
 
@@ -77,6 +81,19 @@ static inline int client_drain(client *c)
         assert_true(ch < c->n_choices);
         assert_int_equal(c->n_finish[ch], 0); /* nothing after a choice's last event */
         c->n_events++;
+        if (ev.prompt) {
+            /* first, once, for choice 0, and without text */
+            assert_int_equal(c->n_prompt_events++, 0);
+            assert_int_equal(ch, 0);
+            assert_int_equal(c->n_ids[0], 0);
+            assert_int_equal(ev.text_len, 0);
+            assert_int_equal(ev.finish, SCHED_FINISH_NONE);
+            c->plp = ev.tokens;
+            c->n_plp = ev.n_tokens;
+            ev.tokens = NULL;
+            sched_event_free(&ev);
+            continue;
+        }
         for (uint32_t i = 0; i < ev.n_tokens; i++) {
             assert_true(c->n_ids[ch] < REF_MAX_IDS);
             c->ids[ch][c->n_ids[ch]++] = ev.tokens[i].id;
@@ -135,6 +152,8 @@ static inline void client_finish(client *c)
 {
     sched_req_release(c->req);
     c->req = NULL;
+    free(c->plp);
+    c->plp = NULL;
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
 }

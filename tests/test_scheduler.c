@@ -25,24 +25,32 @@
 
 /* A scheduler on the shared model with these limits; the test skips when the model is absent
  * (../shared/models). */
-static sched *make_sched_observed(uint32_t kv_blocks, uint32_t max_seqs, uint32_t max_queue,
-                                  void (*observer)(void *, const sched_kv_snapshot *), void *ud)
+static sched *make_sched_steps(uint32_t kv_blocks, uint32_t max_seqs, uint32_t max_queue,
+                               uint32_t step_tokens, uint32_t n_ctx,
+                               void (*observer)(void *, const sched_kv_snapshot *), void *ud)
 {
     if (!g_model)
         skip();
     sched_params sp = sched_default_params();
     sp.step_observer = observer;
     sp.step_observer_ud = ud;
-    sp.n_ctx = 512;
+    sp.n_ctx = n_ctx;
     sp.n_threads = 1;
     sp.kv_blocks = kv_blocks;
     sp.kv_cache_mb = 16;
     sp.max_num_seqs = max_seqs;
     sp.max_queue = max_queue;
-    sp.max_batched_tokens = 64; /* small: prompts are chunked across steps */
+    sp.max_batched_tokens = step_tokens;
     sched *s;
     assert_int_equal(sched_create(&sp, g_model, &s), 0);
     return s;
+}
+
+static sched *make_sched_observed(uint32_t kv_blocks, uint32_t max_seqs, uint32_t max_queue,
+                                  void (*observer)(void *, const sched_kv_snapshot *), void *ud)
+{
+    /* 64 tokens a step: small, so prompts are chunked across steps */
+    return make_sched_steps(kv_blocks, max_seqs, max_queue, 64, 512, observer, ud);
 }
 
 static sched *make_sched(uint32_t kv_blocks, uint32_t max_seqs, uint32_t max_queue)
@@ -554,6 +562,190 @@ static void test_queue_bound_and_validation(void **state)
     sched_destroy(s);
 }
 
+/* Prompt logprobs (what echo with logprobs reports): token i's logprob given tokens 0..i-1, for
+ * every prompt token after the first. The want: one engine_forward over the whole prompt with
+ * every row's logits, log-softmaxed in double here, and (bit for bit) through
+ * sampler_logprobs, as the scheduler must give them however the prompt is chunked, shared,
+ * cached or preempted. */
+#define PLP_TOP 5
+static int32_t plp_prompt[REF_MAX_IDS];
+static int plp_len;
+static sched_token_info *plp_want;
+
+static void plp_reference(void)
+{
+    const ref_case *rc = &g_cases[1];
+    plp_len = rc->n_prompt + 200 <= rc->n_prompt + rc->n_completion
+                  ? rc->n_prompt + 200
+                  : rc->n_prompt + rc->n_completion;
+    memcpy(plp_prompt, rc->prompt, (size_t)rc->n_prompt * sizeof(int32_t));
+    memcpy(plp_prompt + rc->n_prompt, rc->completion,
+           (size_t)(plp_len - rc->n_prompt) * sizeof(int32_t));
+    uint32_t V = engine_model_hparams(g_model)->n_vocab, n = (uint32_t)plp_len, bs = 16;
+    engine_kv *kv;
+    engine_ctx *ctx;
+    assert_int_equal(engine_kv_create(g_model, ENGINE_KV_F16, n / bs + 1, bs, &kv), 0);
+    assert_int_equal(engine_ctx_create(g_model, n, 1, &ctx), 0);
+    int32_t blocks[REF_MAX_IDS / 16 + 1], pos[REF_MAX_IDS], sq[REF_MAX_IDS];
+    bool want[REF_MAX_IDS];
+    for (uint32_t b = 0; b < n / bs + 1; b++)
+        blocks[b] = (int32_t)b;
+    for (uint32_t i = 0; i < n; i++) {
+        pos[i] = (int32_t)i;
+        sq[i] = 0;
+        want[i] = true;
+    }
+    engine_seq_view v = {blocks, n / bs + 1, NULL, 0};
+    engine_batch b = {n, plp_prompt, pos, sq, want, 1, &v};
+    float *logits = malloc((size_t)n * V * sizeof(float));
+    assert_int_equal(engine_forward(ctx, kv, &b, logits), 0);
+    plp_want = calloc(n - 1, sizeof *plp_want);
+    for (uint32_t i = 0; i + 1 < n; i++) {
+        const float *row = logits + (size_t)i * V;
+        sched_token_info *t = &plp_want[i];
+        t->id = plp_prompt[i + 1];
+        t->n_top = PLP_TOP;
+        sampler_logprobs(row, (int32_t)V, t->id, &t->logprob, PLP_TOP, t->top_ids, t->top_logprobs);
+        double m = row[0], z = 0;
+        for (uint32_t k = 1; k < V; k++)
+            m = row[k] > m ? row[k] : m;
+        for (uint32_t k = 0; k < V; k++)
+            z += exp(row[k] - m);
+        assert_true(fabs(t->logprob - (row[t->id] - m - log(z))) < 1e-5);
+        for (uint32_t k = 0; k < V; k++) /* the tops: the largest, in order */
+            assert_true(row[k] <= row[t->top_ids[0]]);
+        for (int k = 1; k < PLP_TOP; k++)
+            assert_true(t->top_logprobs[k] <= t->top_logprobs[k - 1]);
+    }
+    free(logits);
+    engine_ctx_destroy(ctx);
+    engine_kv_destroy(kv);
+}
+
+static void expect_plp(const client *c)
+{
+    assert_int_equal(c->n_prompt_events, 1);
+    assert_int_equal(c->n_plp, (uint32_t)plp_len - 1);
+    for (int i = 0; i + 1 < plp_len; i++) {
+        const sched_token_info *g = &c->plp[i], *w = &plp_want[i];
+        if (g->id != w->id || g->logprob != w->logprob || g->n_top != w->n_top ||
+            memcmp(g->top_ids, w->top_ids, PLP_TOP * sizeof(int32_t)) ||
+            memcmp(g->top_logprobs, w->top_logprobs, PLP_TOP * sizeof(float)))
+            fail_msg("prompt token %d: id %d logprob %.9g, want id %d %.9g", i + 1, g->id,
+                     (double)g->logprob, w->id, (double)w->logprob);
+    }
+}
+
+static sched_request_params plp_params(uint32_t max_tokens, uint32_t n)
+{
+    sched_request_params p = greedy_params(&g_cases[1]);
+    p.prompt = plp_prompt;
+    p.n_prompt = (uint32_t)plp_len;
+    p.max_tokens = max_tokens;
+    p.n = n;
+    p.n_top_logprobs = PLP_TOP;
+    p.prompt_logprobs = true;
+    return p;
+}
+
+static void test_prompt_logprobs(void **state)
+{
+    (void)state;
+    if (!g_model)
+        skip();
+    plp_reference();
+    sched *s = make_sched(0, 4, 16);
+    /* the prompt only: chunked over 64-token steps, then every choice ends, nothing sampled */
+    client c;
+    sched_request_params p = plp_params(0, 2);
+    submit_wait(s, &p, &c, 2);
+    expect_plp(&c);
+    for (uint32_t ch = 0; ch < 2; ch++) {
+        assert_int_equal(c.finish[ch], SCHED_FINISH_LENGTH);
+        assert_int_equal(c.completion_tokens[ch], 0);
+        assert_int_equal(c.n_ids[ch], 0);
+    }
+    client_finish(&c);
+    /* its blocks are cached now: a plain request reuses them, one with prompt logprobs does
+     * not (its rows are computed), and both choices then decode the reference's tokens */
+    p = plp_params(8, 1);
+    p.prompt_logprobs = false;
+    submit_wait(s, &p, &c, 1);
+    assert_true(c.cached_tokens[0] > 0);
+    assert_int_equal(c.n_prompt_events, 0);
+    client_finish(&c);
+    p = plp_params(8, 2);
+    submit_wait(s, &p, &c, 2);
+    expect_plp(&c);
+    assert_int_equal(c.cached_tokens[0], 0);
+    const ref_case *rc = &g_cases[1];
+    int done = plp_len - rc->n_prompt;
+    for (uint32_t ch = 0; ch < 2; ch++) {
+        assert_int_equal(c.n_ids[ch], 8);
+        assert_memory_equal(c.ids[ch], rc->completion + done, 8 * sizeof(int32_t));
+    }
+    client_finish(&c);
+    /* n_top_logprobs -1 has no tops to give */
+    p.n_top_logprobs = -1;
+    sched_req *r;
+    assert_int_equal(sched_submit(s, &p, NULL, NULL, &r), KVS_EINVAL);
+    end_sched(s);
+
+    /* A pool too small for everyone, and 8 tokens a step: two plain sequences decoding while
+     * the newest, with prompt logprobs, is still in its prefill, so it is the one preempted
+     * there (after some of its rows' logprobs), then computed again from the start: its
+     * logprobs still arrive once and exact. */
+    s = make_sched_steps(17, 3, 16, 8, 240, NULL, NULL);
+    client cp[3];
+    for (int k = 0; k < 3; k++) {
+        sched_request_params q = k == 2 ? plp_params(16, 1) : greedy_params(&g_cases[k]);
+        if (k < 2)
+            q.max_tokens = 200; /* within the 240-token context */
+        client_init(&cp[k], 1);
+        assert_int_equal(sched_submit(s, &q, on_notify, &cp[k], &cp[k].req), 0);
+    }
+    for (int k = 0; k < 3; k++) {
+        client_wait(&cp[k]);
+        if (k == 2) {
+            expect_plp(&cp[k]);
+            assert_memory_equal(cp[k].ids[0], rc->completion + done, 16 * sizeof(int32_t));
+        } else {
+            assert_int_equal(cp[k].n_ids[0], 200);
+            assert_memory_equal(cp[k].ids[0], g_cases[k].completion, 200 * sizeof(int32_t));
+        }
+        client_finish(&cp[k]);
+    }
+    sched_metrics m;
+    sched_get_metrics(s, &m);
+    assert_true(m.preemptions_total > 0);
+    end_sched(s);
+
+    /* many at once, sharing the pool with plain ones */
+    s = make_sched(40, 12, 64);
+    client cl[12];
+    for (int k = 0; k < 12; k++) {
+        /* equal sequences share their full blocks: the plain ones are every reference case */
+        sched_request_params q =
+            k % 2 ? plp_params(16, 1) : greedy_params(&g_cases[k / 2 % g_n_cases]);
+        client_init(&cl[k], 1);
+        assert_int_equal(sched_submit(s, &q, on_notify, &cl[k], &cl[k].req), 0);
+    }
+    for (int k = 0; k < 12; k++) {
+        client_wait(&cl[k]);
+        if (k % 2) {
+            expect_plp(&cl[k]);
+            assert_memory_equal(cl[k].ids[0], rc->completion + done, 16 * sizeof(int32_t));
+        } else {
+            expect_case(&cl[k], 0, &g_cases[k / 2 % g_n_cases]);
+        }
+        client_finish(&cl[k]);
+    }
+    sched_get_metrics(s, &m);
+    assert_true(m.preemptions_total > 0);
+    end_sched(s);
+    free(plp_want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -569,6 +761,7 @@ int main(void)
         cmocka_unit_test(test_grammar_json_object),
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_last_token_with_its_text),
+        cmocka_unit_test(test_prompt_logprobs),
     };
     return cmocka_run_group_tests_name("scheduler", tests, suite_setup, suite_teardown);
 }
