@@ -788,7 +788,6 @@ static const unsupported_field k_unsupported[] = {
     {"reasoning_effort", 2, NULL},
     {"web_search_options", 2, NULL},
     {"verbosity", 2, NULL},
-    {"echo", 1, "false"},
     {"best_of", 1, "1"},
     {"suffix", 1, "\"\""},
 };
@@ -992,9 +991,19 @@ int srv_request_parse(const char *body, size_t len, bool chat, const srv_chat_fm
 
     double d;
     bool has;
-    const char *mt_key = "max_tokens";
-    if (get_num(root, "max_tokens", 1, UINT32_MAX, true, &d, &has, e))
+    if (!chat && get_bool(root, "echo", &r->echo, e))
         goto out;
+    const char *mt_key = "max_tokens";
+    /* 0 with echo: the prompt alone, scored (its logprobs), nothing generated */
+    if (get_num(root, "max_tokens", 0, UINT32_MAX, true, &d, &has, e))
+        goto out;
+    if (has && d == 0 && !r->echo) {
+        srv_error_set(e, 400, "max_tokens", NULL, "'max_tokens' must be at least 1%s",
+                      chat ? ""
+                           : " (0 only with echo: the "
+                             "prompt alone, scored)");
+        goto out;
+    }
     if (!has) {
         mt_key = "max_completion_tokens";
         if (get_num(root, mt_key, 1, UINT32_MAX, true, &d, &has, e))

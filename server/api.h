@@ -67,6 +67,9 @@ typedef struct srv_request {
     char *stop[4];
     int n_stop;
     int n_top_logprobs; /* -1 = no logprobs */
+    /* completions: each choice's text begins with its prompt's, and with logprobs they cover
+     * the prompt's tokens too (the first with none); max_tokens may then be 0 */
+    bool echo;
     bool stream;
     bool include_usage;
     srv_logit_bias *logit_bias;

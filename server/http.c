@@ -546,6 +546,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->choices);
     free(c->reqs);
     cJSON_Delete(c->resp_echo);
+    srv__echo_free(c);
     srv_request_free(&c->rq);
     free(c->body);
     free(c->out);

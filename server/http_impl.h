@@ -1,8 +1,8 @@
 /* The HTTP front end's internals, shared by its files: http.c (libmicrohttpd lifecycle, body
  * limits, the route table, auth, CORS), wake.c (suspend/resume, the reaper), route_misc.c
  * (models, metrics, kv-cache, tokenize), route_completions.c (/v1/completions and
- * /v1/chat/completions), route_responses.c (/v1/responses, through the chat path). Visible to
- * server/'s HTTP files only. The lock rules are at the top of http.c. */
+ * /v1/chat/completions), echo.c (completions' echo), route_responses.c (/v1/responses, through the
+ * chat path). Visible to server/'s HTTP files only. The lock rules are at the top of http.c. */
 #ifndef KVS_SERVER_HTTP_IMPL_H
 #define KVS_SERVER_HTTP_IMPL_H
 
@@ -113,6 +113,15 @@ enum route {
 enum phase { PH_BODY = 0, PH_WAIT, PH_STREAM, PH_DONE };
 enum stream_state { SS_START = 0, SS_EVENTS, SS_END };
 
+/* A prompt's echo (echo.c): its text, its first token (the one logprobs entry with no
+ * logprob), and whether its choices have had it. */
+typedef struct srv_echo {
+    char *text;
+    size_t len;
+    int32_t first;
+    bool sent;
+} srv_echo;
+
 typedef struct srv_conn {
     srv_server *srv;
     struct MHD_Connection *mc;
@@ -153,6 +162,9 @@ typedef struct srv_conn {
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
     uint32_t delta_tokens; /* tokens seen in deltas: what a cancelled request had generated */
     int fail_status;       /* a choice finished with an error: its status */
+
+    srv_echo *echo; /* completions with echo: one per prompt (echo.c), else NULL */
+    uint32_t n_echo;
 
     /* streaming: bytes formatted and not yet handed to MHD (one event at a time: bounded) */
     enum stream_state ss;
@@ -219,6 +231,16 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch);
 void srv__error_of_status(int st, srv_error *e);
 /* Appends a formatted SSE event (taken over; NULL = out of memory) to c's output. */
 bool srv__out_append(srv_conn *c, char *s);
+
+/* echo.c: /v1/completions with echo. Setup gives c one srv_echo per prompt; prompt sets
+ * prompt k's (text as given, or ids decoded); both KVS_ENOMEM. */
+int srv__echo_setup(srv_conn *c, uint32_t n_prompts);
+int srv__echo_prompt(srv_conn *c, uint32_t k, const char *text, const int32_t *ids, size_t n);
+void srv__echo_free(srv_conn *c);
+/* Before an event of a choice of prompt k is used: the first of them brings the prompt's echo
+ * (into every one of its choices, or their stream); *consumed when the event was the prompt
+ * event, which has nothing more to give. false on OOM. */
+bool srv__echo_event(srv_conn *c, const sched_event *ev, bool *consumed);
 
 /* route_responses.c: POST /v1/responses, through the chat path. */
 enum MHD_Result srv__route_responses(srv_conn *c);

@@ -158,7 +158,7 @@ static cJSON *bytes_array(const char *raw, int n)
 /* Chat: {"content":[{"token","logprob","bytes","top_logprobs":[…]}]}.
  * Completions: {"tokens","token_logprobs","top_logprobs":[{tok:lp}],"text_offset"}. */
 static cJSON *logprobs_json(const srv_resp_ctx *x, const sched_token_info *t, size_t n,
-                            size_t text_offset)
+                            size_t text_offset, size_t echo_toks, size_t echo_len)
 {
     char raw[256], str[3 * 256 + 1];
     cJSON *lp = cJSON_CreateObject();
@@ -191,11 +191,18 @@ static cJSON *logprobs_json(const srv_resp_ctx *x, const sched_token_info *t, si
         return lp;
     size_t off = text_offset;
     for (size_t i = 0; i < n; i++) {
+        if (echo_toks && i == echo_toks)
+            off = echo_len; /* the generated text follows the prompt's as echoed */
         int nb = token_piece(x->vocab, t[i].id, raw, sizeof raw, str);
         cJSON_AddItemToArray(tokens, cJSON_CreateString(str));
-        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(t[i].logprob));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         off += (size_t)nb;
+        if (t[i].n_top < 0) { /* an echoed prompt's first token: nothing predicts it */
+            cJSON_AddItemToArray(tlp, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            continue;
+        }
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(t[i].logprob));
         cJSON *d = cJSON_CreateObject();
         for (int k = 0; d && k < t[i].n_top && k < SCHED_MAX_TOP_LOGPROBS; k++) {
             token_piece(x->vocab, t[i].top_ids[k], raw, sizeof raw, str);
@@ -304,7 +311,9 @@ char *srv_resp_full(const srv_resp_ctx *x, const srv_choice *ch, uint32_t n, uin
             cJSON_AddItemToObject(c, "text", srv_json_string_n(ch[i].text, ch[i].len));
         }
         if (x->n_top_logprobs >= 0)
-            cJSON_AddItemToObject(c, "logprobs", logprobs_json(x, ch[i].toks, ch[i].n_toks, 0));
+            cJSON_AddItemToObject(
+                c, "logprobs",
+                logprobs_json(x, ch[i].toks, ch[i].n_toks, 0, ch[i].echo_toks, ch[i].echo_len));
         else
             cJSON_AddNullToObject(c, "logprobs");
         if (ch[i].tool_calls)
@@ -363,7 +372,7 @@ char *srv_resp_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size
         cJSON_AddItemToObject(c, "text", srv_json_string_n(text, len));
     }
     if (x->n_top_logprobs >= 0 && n_toks)
-        cJSON_AddItemToObject(c, "logprobs", logprobs_json(x, toks, n_toks, text_offset));
+        cJSON_AddItemToObject(c, "logprobs", logprobs_json(x, toks, n_toks, text_offset, 0, 0));
     else
         cJSON_AddNullToObject(c, "logprobs");
     add_finish(c, finish);
@@ -381,7 +390,7 @@ char *srv_resp_reasoning_chunk(const srv_resp_ctx *x, uint32_t idx, const char *
     cJSON *d = cJSON_AddObjectToObject(c, "delta");
     cJSON_AddItemToObject(d, "reasoning_content", srv_json_string_n(text, len));
     if (x->n_top_logprobs >= 0 && n_toks)
-        cJSON_AddItemToObject(c, "logprobs", logprobs_json(x, toks, n_toks, 0));
+        cJSON_AddItemToObject(c, "logprobs", logprobs_json(x, toks, n_toks, 0, 0, 0));
     else
         cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddNullToObject(c, "finish_reason");

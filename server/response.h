@@ -28,6 +28,9 @@ typedef struct srv_choice {
     size_t len, cap;
     sched_token_info *toks; /* when logprobs were asked for */
     size_t n_toks, cap_toks;
+    /* With echo (completions): the first echo_toks tokens and echo_len bytes of text are the
+     * prompt's; the generated tokens' text_offset counts from echo_len. */
+    size_t echo_toks, echo_len;
     enum sched_finish finish;
     int status;
     uint32_t completion_tokens;

@@ -22,6 +22,8 @@ static enum MHD_Result finish_full(srv_conn *c);
 
 void srv__note_event(srv_conn *c, const sched_event *ev)
 {
+    if (ev->prompt)
+        return; /* the prompt's logprobs: no generated token */
     if (c->t_first == 0 && (ev->text_len || ev->n_tokens))
         c->t_first = time_now_s();
     /* The scheduler queues one delta per token that produced text or logprobs. */
@@ -59,7 +61,10 @@ enum MHD_Result srv__pump_full(srv_conn *c)
         if (r < 0)
             return finish_full(c);
         srv__note_event(c, &ev);
-        if (ev.choice < c->n_choices && srv_choice_add(&c->choices[ev.choice], &ev))
+        bool consumed = false;
+        if (!srv__echo_event(c, &ev, &consumed))
+            c->fail_status = KVS_ENOMEM;
+        if (!consumed && ev.choice < c->n_choices && srv_choice_add(&c->choices[ev.choice], &ev))
             c->fail_status = KVS_ENOMEM;
         sched_event_free(&ev);
     }
@@ -237,6 +242,11 @@ static bool format_event(srv_conn *c, const sched_event *ev)
     srv_choice *ch = &c->choices[ev->choice];
     if (c->route == R_RESPONSES)
         return srv__responses_event(c, ev);
+    bool consumed;
+    if (!srv__echo_event(c, ev, &consumed))
+        return false;
+    if (consumed)
+        return true;
     if (ev->finish == SCHED_FINISH_ERROR) {
         srv_error e;
         srv__error_of_status(ev->status, &e);
@@ -473,7 +483,12 @@ enum MHD_Result srv__generate(srv_conn *c)
         ret = srv__send_error(c, &e);
         goto out;
     }
-    uint64_t bound = srv_response_bound(rq->n * n_prompts, max_tokens, rq->n_top_logprobs);
+    /* with echo, each choice also holds its prompt: the longest counts for all */
+    size_t echo_ids = 0;
+    for (uint32_t k = 0; rq->echo && k < n_prompts; k++)
+        echo_ids = plen[k] > echo_ids ? plen[k] : echo_ids;
+    uint64_t bound =
+        srv_response_bound(rq->n * n_prompts, max_tokens + (uint32_t)echo_ids, rq->n_top_logprobs);
     if (bound > (uint64_t)s->cfg->max_response_mb << 20) {
         srv_error_set(&e, 400, rq->n_top_logprobs > 0 ? "top_logprobs" : "max_tokens", NULL,
                       "this request could make a response of %.0f MB (n = %u x %u prompts x %u "
@@ -495,7 +510,11 @@ enum MHD_Result srv__generate(srv_conn *c)
     c->choices = calloc(c->n_choices, sizeof *c->choices);
     c->reqs = calloc(n_prompts, sizeof *c->reqs);
     c->wake = srv__wake_get(s, c->mc);
-    if (!c->choices || !c->reqs || !c->wake) {
+    bool echo_ok = !rq->echo || srv__echo_setup(c, n_prompts) == 0;
+    for (uint32_t k = 0; rq->echo && echo_ok && k < n_prompts; k++)
+        echo_ok = srv__echo_prompt(c, k, k ? rq->more[k - 1].text : rq->prompt_text, pids[k],
+                                   plen[k]) == 0;
+    if (!c->choices || !c->reqs || !c->wake || !echo_ok) {
         ret = srv__fail(c, 500, NULL, NULL, "out of memory");
         goto out;
     }
@@ -508,6 +527,7 @@ enum MHD_Result srv__generate(srv_conn *c)
     for (int i = 0; i < rq->n_stop && i < SCHED_MAX_STOP; i++)
         p.stop[i] = rq->stop[i];
     p.n_top_logprobs = rq->n_top_logprobs;
+    p.prompt_logprobs = rq->echo && rq->n_top_logprobs >= 0;
     p.notify_on_finish_only = !rq->stream; /* the whole body is built at the end */
     sched_logit_bias bias[SRV_MAX_LOGIT_BIAS];
     for (size_t i = 0; i < rq->n_logit_bias; i++) {

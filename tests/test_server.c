@@ -198,7 +198,14 @@ static void test_new_fields(void **state)
     expect_400("{\"prompt\":\"a\",\"logit_bias\":{\"1x\":1}}", false, "logit_bias");
     expect_400("{\"prompt\":\"a\",\"response_format\":{\"type\":\"xml\"}}", false,
                "response_format.type");
-    expect_400("{\"prompt\":\"a\",\"echo\":true}", false, "echo");
+    expect_400("{\"prompt\":\"a\",\"echo\":1}", false, "echo");
+    expect_400("{\"prompt\":\"a\",\"echo\":false,\"max_tokens\":0}", false, "max_tokens");
+    expect_400("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", true,
+               "max_tokens");
+    assert_int_equal(parse("{\"prompt\":\"a\",\"echo\":true,\"max_tokens\":0}", false, &r, &e), 0);
+    assert_true(r.echo);
+    assert_int_equal(r.max_tokens, 0);
+    srv_request_free(&r);
     expect_400("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{}]}", true,
                "tools");
     expect_400("{\"messages\":[{\"role\":\"user\"}]}", true, "messages");

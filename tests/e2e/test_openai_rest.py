@@ -106,7 +106,6 @@ class UnsupportedFields(unittest.TestCase):
             ("/v1/chat/completions", chat, "store", True),
             ("/v1/chat/completions", chat, "reasoning_effort", "low"),
             ("/v1/chat/completions", chat, "service_tier", "flex"),
-            ("/v1/completions", greedy("a"), "echo", True),
             ("/v1/completions", greedy("a"), "best_of", 3),
             ("/v1/completions", greedy("a"), "suffix", "end"),
         ]
