@@ -142,7 +142,7 @@ typedef struct sched_request_params {
 typedef struct sched_token_info {
     int32_t id;
     float logprob;
-    int n_top;
+    int n_top; /* the server marks an echoed prompt's first token, which has no logprob, -1 */
     int32_t top_ids[SCHED_MAX_TOP_LOGPROBS];
     float top_logprobs[SCHED_MAX_TOP_LOGPROBS];
 } sched_token_info;
