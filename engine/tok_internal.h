@@ -115,7 +115,7 @@ struct tok_vocab {
     uint32_t *piece_off; /* [n_vocab] */
     uint32_t *piece_len; /* [n_vocab] */
 
-    int32_t bos, eos, unk;
+    int32_t bos, eos, unk, pad;
     int32_t eog[TOK_MAX_EOG]; /* end-of-generation tokens (tok_eog_ids), EOS first */
     size_t n_eog;
     bool add_bos;

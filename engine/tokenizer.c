@@ -462,6 +462,7 @@ int tok_create_from_gguf(const gguf_file *f, tok_vocab **out, char *err, size_t 
         v->eos = -1;
     if (v->unk >= v->n_vocab)
         v->unk = -1;
+    v->pad = -1;
     static const char *const bool_keys[] = {"tokenizer.ggml.add_bos_token",
                                             "tokenizer.ggml.add_space_prefix"};
     if ((rc = read_id(f, "tokenizer.ggml.bos_token_id", v->n_vocab, &v->bos)) ||
@@ -474,6 +475,9 @@ int tok_create_from_gguf(const gguf_file *f, tok_vocab **out, char *err, size_t 
     }
     if (v->bos < 0)
         v->add_bos = false;
+    /* only reported (GET /tokenizer_info): a key of the wrong type is no reason to refuse */
+    if (read_id(f, "tokenizer.ggml.padding_token_id", v->n_vocab, &v->pad))
+        v->pad = -1;
 
     fix_control_by_name(v);
     fix_phi3(v, f);
@@ -546,6 +550,14 @@ int32_t tok_bos(const tok_vocab *v)
 int32_t tok_eos(const tok_vocab *v)
 {
     return v->eos;
+}
+int32_t tok_unk(const tok_vocab *v)
+{
+    return v->unk;
+}
+int32_t tok_pad(const tok_vocab *v)
+{
+    return v->pad;
 }
 size_t tok_eog_ids(const tok_vocab *v, const int32_t **ids)
 {

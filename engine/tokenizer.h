@@ -37,6 +37,8 @@ enum tok_family tok_family(const tok_vocab *v);
 int32_t tok_n_vocab(const tok_vocab *v);
 int32_t tok_bos(const tok_vocab *v);  /* -1 if none */
 int32_t tok_eos(const tok_vocab *v);  /* -1 if none */
+int32_t tok_unk(const tok_vocab *v);  /* -1 if none */
+int32_t tok_pad(const tok_vocab *v);  /* tokenizer.ggml.padding_token_id; -1 if none */
 bool tok_add_bos(const tok_vocab *v); /* whether prompts start with BOS by default */
 /* End-of-generation tokens, as llama.cpp's vocabulary marks them: EOS, tokenizer.ggml.eot_token_id
  * and eom_token_id, and every token whose text is an end-of-turn marker (<|eot_id|>, <|eom_id|>,

@@ -123,6 +123,7 @@ static const struct route_row {
     {"/apply-template", R_APPLY_TEMPLATE, true},
     {"/", R_PAGE, false},
     {"/kv-cache", R_KV, false},
+    {"/tokenizer_info", R_TOKENIZER_INFO, false},
 };
 
 static bool route_is_post(enum route r)
@@ -359,6 +360,7 @@ static bool answer_early(srv_conn *c, enum MHD_Result *r)
     case R_MODEL_ONE: *r = srv__route_models(c, c->path); return true;
     case R_METRICS: *r = srv__route_metrics(c); return true;
     case R_KV: *r = srv__route_kv(c); return true;
+    case R_TOKENIZER_INFO: *r = srv__route_tokenizer_info(c); return true;
     default: return false; /* a POST route: read its body */
     }
 }

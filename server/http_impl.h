@@ -107,7 +107,8 @@ enum route {
     R_DETOKENIZE,
     R_APPLY_TEMPLATE,
     R_PAGE,
-    R_KV
+    R_KV,
+    R_TOKENIZER_INFO
 };
 
 enum phase { PH_BODY = 0, PH_WAIT, PH_STREAM, PH_DONE };
@@ -212,6 +213,8 @@ void srv__sock_set_wake(srv_server *s, struct MHD_Connection *mc, srv_wake *w);
 enum MHD_Result srv__route_models(srv_conn *c, const char *url);
 enum MHD_Result srv__route_metrics(srv_conn *c);
 enum MHD_Result srv__route_kv(srv_conn *c);
+/* GET /tokenizer_info: vLLM's, what lm-evaluation-harness's remote tokenizer reads. */
+enum MHD_Result srv__route_tokenizer_info(srv_conn *c);
 enum MHD_Result srv__route_tokenize(srv_conn *c);
 enum MHD_Result srv__route_detokenize(srv_conn *c);
 /* POST /apply-template (as llama.cpp's server has it): a chat request's prompt text, rendered

@@ -1,5 +1,5 @@
-/* The small routes: /v1/models, /metrics, /kv-cache, /tokenize (a prompt, or vLLM's messages),
- * /detokenize, /apply-template. */
+/* The small routes: /v1/models, /metrics, /kv-cache, /tokenizer_info, /tokenize (a prompt, or
+ * vLLM's messages), /detokenize, /apply-template. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -56,6 +56,43 @@ enum MHD_Result srv__route_metrics(srv_conn *c)
         srv__send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
     free(text);
     return r;
+}
+
+/* A token's text for /tokenizer_info, or null when the vocabulary has none. */
+static cJSON *token_or_null(const tok_vocab *v, int32_t id)
+{
+    const char *t = id >= 0 ? tok_token_text(v, id) : NULL;
+    return t ? cJSON_CreateString(t) : cJSON_CreateNull();
+}
+
+/* GET /tokenizer_info: the tokenizer's configuration as vLLM gives it (the members of Hugging
+ * Face's tokenizer_config.json that a GGUF file holds), for clients that tokenize through the
+ * server: lm-evaluation-harness's remote tokenizer reads its special tokens here, then
+ * /tokenize and /detokenize. chat_template is the file's when it is the one served (no
+ * --chat-template), else null: the Jinja text of a built-in format is not kept. */
+enum MHD_Result srv__route_tokenizer_info(srv_conn *c)
+{
+    srv_server *s = c->srv;
+    const tok_vocab *v = s->vocab;
+    cJSON *r = cJSON_CreateObject();
+    /* the Hugging Face class such a tokenizer loads as */
+    cJSON_AddStringToObject(r, "tokenizer_class",
+                            tok_family(v) == TOK_FAMILY_SPM ? "LlamaTokenizerFast"
+                                                            : "PreTrainedTokenizerFast");
+    cJSON_AddItemToObject(r, "bos_token", token_or_null(v, tok_bos(v)));
+    cJSON_AddItemToObject(r, "eos_token", token_or_null(v, tok_eos(v)));
+    cJSON_AddItemToObject(r, "unk_token", token_or_null(v, tok_unk(v)));
+    cJSON_AddItemToObject(r, "pad_token", token_or_null(v, tok_pad(v)));
+    cJSON_AddBoolToObject(r, "add_bos_token", tok_add_bos(v));
+    cJSON_AddBoolToObject(r, "add_eos_token", false);
+    cJSON_AddNumberToObject(r, "model_max_length", s->n_ctx);
+    cJSON_AddNumberToObject(r, "vocab_size", tok_n_vocab(v));
+    const char *tmpl = s->cfg->chat_template ? NULL : engine_model_chat_template(s->model);
+    if (tmpl)
+        cJSON_AddStringToObject(r, "chat_template", tmpl);
+    else
+        cJSON_AddNullToObject(r, "chat_template");
+    return srv__send_cjson(c, 200, r);
 }
 
 /* GET /kv-cache[?cells=N]: a snapshot of the KV pool taken between two engine steps, folded

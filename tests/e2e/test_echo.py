@@ -3,6 +3,7 @@ logprobs the prompt's tokens scored (what lm-evaluation-harness's loglikelihood 
 echo, logprobs 1, max_tokens 1 or 0, prompts as token ids). The scores are checked against the
 other path that computes them: the reference continuation is greedy, so generating from the
 first i tokens of it gives token i, with the logprob echo reports for it."""
+import json
 import unittest
 
 import kvs_e2e as e2e
@@ -139,6 +140,58 @@ class Echo(unittest.TestCase):
     def tearDown(self):
         m = srv.metrics()
         self.assertEqual(m["kvserve_num_requests_running"], 0)
+
+
+class LmEvalRemoteTokenizer(unittest.TestCase):
+    """lm-evaluation-harness's local-completions with its remote tokenizer, step by step: it
+    uses the server's tokenizer when GET /tokenizer_info names an eos_token and POST /tokenize
+    answers tokens; the EOS id is the first id of eos_token's text tokenized; a loglikelihood
+    request is context + continuation ids with echo, logprobs 1 and max_tokens 1, scored as the
+    sum of token_logprobs[ctxlen:-1], greedy when each of those is its position's top."""
+
+    def test_tokenizer_info(self):
+        st, _, data = srv.request("GET", "/tokenizer_info")
+        self.assertEqual(st, 200)
+        info = json.loads(data)
+        self.assertEqual(info["tokenizer_class"], "LlamaTokenizerFast")
+        self.assertEqual((info["bos_token"], info["eos_token"], info["unk_token"]),
+                         ("<s>", "</s>", "<unk>"))
+        self.assertIsNone(info["pad_token"])
+        self.assertEqual(info["add_bos_token"], True)
+        self.assertEqual(info["model_max_length"], 512)
+        self.assertEqual(info["vocab_size"], 512)
+        self.assertIsNone(info["chat_template"])  # stories260K has none
+        st, r = srv.post("/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False})
+        self.assertEqual((st, r["tokens"]), (200, [2]))
+
+    def loglikelihood(self, pairs):
+        def encode(text):
+            st, r = srv.post("/tokenize", {"prompt": text, "add_special_tokens": False})
+            self.assertEqual(st, 200, r)
+            return r["tokens"]
+        reqs = []
+        for ctx, cont in pairs:  # as lm-eval's _encode_pair: the whole, split after the context
+            whole, c = encode(ctx + cont), encode(ctx)
+            reqs.append(([1] + c, whole[len(c):]))
+        r = completion(model="stories260K", prompt=[c + k for c, k in reqs], max_tokens=1,
+                       logprobs=1, echo=True, seed=1234)
+        out = []
+        for choice, (ctx, _) in zip(sorted(r["choices"], key=lambda c: c["index"]), reqs):
+            lps = choice["logprobs"]["token_logprobs"][len(ctx):-1]
+            tops = choice["logprobs"]["top_logprobs"][len(ctx):-1]
+            out.append((sum(lps), all(t == max(top.values()) for t, top in zip(lps, tops))))
+        return out
+
+    def test_loglikelihood(self):
+        case = e2e.load_reference()[0]
+        ctx = case["prompt"]
+        greedy = case["completion_text"][:60]
+        other = " The purple engine sang loudly about taxes."
+        (ll_g, is_g), (ll_o, is_o) = self.loglikelihood([(ctx, greedy), (ctx, other)])
+        self.assertTrue(is_g)
+        self.assertFalse(is_o)
+        self.assertGreater(ll_g, ll_o)
+        self.assertLess(ll_g, 0)
 
 
 if __name__ == "__main__":

@@ -160,6 +160,11 @@ class Auth(unittest.TestCase):
             st, r = srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1},
                              {"Authorization": "Bearer sekrit"})
             self.assertEqual(st, 200, r)
+            st, _, _ = srv.request("GET", "/tokenizer_info")
+            self.assertEqual(st, 401)
+            st, _, _ = srv.request("GET", "/tokenizer_info", headers={
+                "Authorization": "Bearer sekrit"})
+            self.assertEqual(st, 200)
         finally:
             self.assertEqual(srv.stop(), 0)
 

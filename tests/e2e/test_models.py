@@ -2,6 +2,7 @@
 layout (llama, qwen2, qwen3, gemma2, gemma3 with sliding windows, phi3), picks the chat template family from the file's tokenizer.chat_template, and
 refuses at start a model it cannot run, naming what is unsupported. Needs KVSERVE_BIN and
 KVS_MKMODEL (not the shared models)."""
+import json
 import os
 import shutil
 import struct
@@ -94,7 +95,7 @@ def serve_refused(path):
 
 
 class ServeFamilies(unittest.TestCase):
-    def serve(self, path, family, arch):
+    def serve(self, path, family, arch, template):
         srv = e2e.Server(model=path, ctx=256)
         try:
             log = srv.stderr()
@@ -114,38 +115,50 @@ class ServeFamilies(unittest.TestCase):
                 "temperature": 0})
             self.assertEqual(st, 200, c)
             self.assertEqual(c["choices"][0]["message"]["role"], "assistant")
+            # the file's template, as the server uses it, for clients that render it themselves
+            st, _, data = srv.request("GET", "/tokenizer_info")
+            self.assertEqual(st, 200)
+            self.assertEqual(json.loads(data)["chat_template"], template)
         finally:
             self.assertEqual(srv.stop(), 0)
 
     def test_qwen2_chatml(self):
         path = mkmodel("qwen2.gguf", "--arch", "qwen2", "--type", "q8_0", "--tied",
                        "--rope-base", "1000000", "--chat-template", QWEN2_TEMPLATE)
-        self.serve(path, "chatml", "qwen2")
+        self.serve(path, "chatml", "qwen2", QWEN2_TEMPLATE)
 
     def test_qwen3(self):
         path = mkmodel("qwen3.gguf", "--arch", "qwen3", "--head-dim", "32", "--type", "f16",
                        "--chat-template", QWEN2_TEMPLATE)
-        self.serve(path, "chatml", "qwen3")
+        self.serve(path, "chatml", "qwen3", QWEN2_TEMPLATE)
 
     def test_gemma3_windowed(self):
         path = mkmodel("gemma3.gguf", "--arch", "gemma3", "--head-dim", "32",
                        "--sliding-window", "4", "--chat-template", GEMMA_TEMPLATE)
-        self.serve(path, "gemma", "gemma3")
+        self.serve(path, "gemma", "gemma3", GEMMA_TEMPLATE)
 
     def test_gemma2(self):
         path = mkmodel("gemma2.gguf", "--arch", "gemma2", "--sliding-window", "4",
                        "--chat-template", GEMMA_TEMPLATE)
-        self.serve(path, "gemma", "gemma2")
+        self.serve(path, "gemma", "gemma2", GEMMA_TEMPLATE)
 
     def test_phi3_fused(self):
         path = mkmodel("phi3.gguf", "--arch", "phi3", "--type", "q8_0",
                        "--chat-template", PHI3_TEMPLATE)
-        self.serve(path, "phi3", "phi3")
+        self.serve(path, "phi3", "phi3", PHI3_TEMPLATE)
 
     def test_llama3_template_and_rope_freqs(self):
         path = mkmodel("llama3.gguf", "--type", "f16", "--rope-base", "500000", "--rope-freqs",
                        "--chat-template", LLAMA3_TEMPLATE)
-        self.serve(path, "llama3", "llama")
+        self.serve(path, "llama3", "llama", LLAMA3_TEMPLATE)
+        # another format forced: the file's Jinja text is not what is served, so none is given
+        srv = e2e.Server("--chat-template", "chatml", model=path, ctx=256)
+        try:
+            st, _, data = srv.request("GET", "/tokenizer_info")
+            self.assertEqual(st, 200)
+            self.assertIsNone(json.loads(data)["chat_template"])
+        finally:
+            self.assertEqual(srv.stop(), 0)
 
 
 class Refusals(unittest.TestCase):
