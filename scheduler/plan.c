@@ -71,12 +71,11 @@ static void batch_add(sched *s, seq *q, uint32_t chunk, uint32_t *n_rows, uint32
         s->b_logits[*n_rows] = p == q->n_tokens - 1 || plp_row;
         (*n_rows)++;
     }
-    if (plp)
-        s->plp_rows_left -= chunk;
+    s->plp_rows_left -= q->plp_n; /* at most chunk, which plp_cap held to what is left */
 }
 
-/* A chunk of q's prefill cut to the prompt-logprob rows this step has left (each of its rows
- * is a row of logits); 0 if none are left. */
+/* A chunk of q's prefill cut to the prompt-logprob rows this step has left (any of its rows
+ * may be one); 0 if none are left. */
 static uint32_t plp_cap(const sched *s, const seq *q, uint32_t chunk)
 {
     if (sched__plp_pending(q) && chunk > s->plp_rows_left)

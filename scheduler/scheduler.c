@@ -244,6 +244,8 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
      * step's tokens (512 for a 32k vocabulary, 110 for 152k). */
     size_t plp = ((size_t)64 << 20) / ((size_t)hp->n_vocab * sizeof(float));
     s->plp_rows = (uint32_t)(plp < 16 ? 16 : plp > T ? T : plp);
+    if (p.plp_rows)
+        s->plp_rows = p.plp_rows;
     s->b_token = malloc(T * sizeof(int32_t));
     s->b_pos = malloc(T * sizeof(int32_t));
     s->b_seq = malloc(T * sizeof(int32_t));

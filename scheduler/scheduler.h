@@ -49,6 +49,8 @@ typedef struct sched_params {
                                     kv_cache_mb 0 (else kvs_mem_available()) */
     uint64_t fail_step;          /* tests only: if > 0, step number fail_step fails as if the
                                     forward pass had (KVS_EIO), to exercise error paths */
+    uint32_t plp_rows;           /* tests only: if > 0, the prompt-logprob rows one step
+                                    computes at most (else as many as 64 MiB of logits hold) */
     /* tests only: if set, called on the engine thread after every step with a picture of the
      * pool as that step left it (what sched_kv_snapshot_take gives, valid during the call), so a
      * test sees every step however the threads are scheduled. The callback must not call back
