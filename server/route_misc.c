@@ -188,6 +188,11 @@ static enum MHD_Result tokenize_chat(srv_conn *c, const cJSON *root, bool strs)
     {
         if (!strcmp(it->string, "model") || !strcmp(it->string, "return_token_strs"))
             continue;
+        /* null is the default, as a client that sends every field unset writes it */
+        if ((!strcmp(it->string, "add_generation_prompt") ||
+             !strcmp(it->string, "add_special_tokens")) &&
+            cJSON_IsNull(it))
+            continue;
         if (!strcmp(it->string, "add_generation_prompt") && !cJSON_IsTrue(it))
             why = "only true is rendered: the assistant's turn opened, as /v1/chat/completions "
                   "runs it";
