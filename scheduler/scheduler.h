@@ -97,7 +97,7 @@ enum sched_finish {
     SCHED_FINISH_ERROR,  /* see event.status */
 };
 
-#define SCHED_MAX_STOP 4
+#define SCHED_MAX_STOP 16
 #define SCHED_MAX_TOP_LOGPROBS 20
 #define SCHED_MAX_LOGIT_BIAS 1024
 

@@ -152,8 +152,8 @@ static int parse_stop(const cJSON *root, srv_request *r, srv_error *e)
     if (!cJSON_IsArray(it))
         return srv_error_set(e, 400, "stop", NULL,
                              "'stop' must be a string or an array of strings");
-    if (cJSON_GetArraySize(it) > 4)
-        return srv_error_set(e, 400, "stop", NULL, "'stop' takes at most 4 strings");
+    if (cJSON_GetArraySize(it) > SRV_MAX_STOP)
+        return srv_error_set(e, 400, "stop", NULL, "'stop' takes at most %d strings", SRV_MAX_STOP);
     const cJSON *s;
     cJSON_ArrayForEach(s, it)
     {

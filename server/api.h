@@ -39,6 +39,9 @@ int srv_error_set(srv_error *e, int status, const char *param, const char *code,
 char *srv_error_json(const srv_error *e);
 
 #define SRV_MAX_PROMPTS 64 /* prompts of one /v1/completions request */
+/* Stop strings of one request: OpenAI takes 4; vLLM and llama.cpp any number, and
+ * lm-evaluation-harness sends a task's `until` list and the EOS text, which can be more. */
+#define SRV_MAX_STOP 16
 
 /* One more prompt of a /v1/completions prompt array: text, or token ids. */
 typedef struct srv_prompt {
@@ -64,7 +67,7 @@ typedef struct srv_request {
     sampler_params sampling;
     bool has_seed;
     bool ignore_eos;
-    char *stop[4];
+    char *stop[SRV_MAX_STOP];
     int n_stop;
     int n_top_logprobs; /* -1 = no logprobs */
     /* completions: each choice's text begins with its prompt's, and with logprobs they cover

@@ -123,6 +123,8 @@ static void test_rejects(void **state)
     expect_400("{\"prompt\":[1,\"a\"]}", false, "prompt");
     expect_400("{\"prompt\":[]}", false, "prompt");
     expect_400("{\"prompt\":[\"a\",5]}", false, "prompt"); /* a prompt array of mixed kinds */
+    srv_request r;
+    srv_error e;
     expect_400("{\"prompt\":\"a\",\"max_tokens\":0}", false, "max_tokens");
     expect_400("{\"prompt\":\"a\",\"max_tokens\":\"5\"}", false, "max_tokens");
     expect_400("{\"prompt\":\"a\",\"max_tokens\":1.5}", false, "max_tokens");
@@ -139,7 +141,16 @@ static void test_rejects(void **state)
     expect_400("{\"prompt\":\"a\",\"n\":0}", false, "n");
     expect_400("{\"prompt\":\"a\",\"n\":1000}", false, "n");
     expect_400("{\"prompt\":\"a\",\"seed\":\"x\"}", false, "seed");
-    expect_400("{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", false, "stop");
+    expect_400("{\"prompt\":\"a\",\"stop\":[\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\","
+               "\"9\",\"10\",\"11\",\"12\",\"13\",\"14\",\"15\",\"16\"]}",
+               false, "stop");
+    assert_int_equal(parse("{\"prompt\":\"a\",\"stop\":[\"0\",\"1\",\"2\",\"3\",\"4\",\"5\",\"6\","
+                           "\"7\",\"8\",\"9\",\"10\",\"11\",\"12\",\"13\",\"14\",\"15\"]}",
+                           false, &r, &e),
+                     0);
+    assert_int_equal(r.n_stop, 16);
+    assert_string_equal(r.stop[15], "15");
+    srv_request_free(&r);
     expect_400("{\"prompt\":\"a\",\"stop\":[1]}", false, "stop");
     expect_400("{\"prompt\":\"a\",\"stop\":3}", false, "stop");
     expect_400("{\"prompt\":\"a\",\"logprobs\":6}", false, "logprobs");

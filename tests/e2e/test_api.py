@@ -112,6 +112,12 @@ class Reference(unittest.TestCase):
         self.assertEqual(st, 200, r)
         self.assertEqual(r["choices"][0]["text"], text[:cut])
         self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        # more than OpenAI's 4, as vLLM and llama.cpp take (lm-evaluation-harness sends a
+        # task's whole `until` list): the 16th stops it as the first would
+        st, r = self.completion(case, stop=["zz%d" % i for i in range(15)] + [stop])
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["text"], text[:cut])
+        self.assertEqual(r["choices"][0]["finish_reason"], "stop")
 
     def test_logprobs(self):
         case = self.cases[0]
@@ -213,6 +219,10 @@ class Misc(unittest.TestCase):
         self.assertEqual(st, 200, text)
         st, want = srv.post("/tokenize", {"prompt": text["prompt"]})
         self.assertEqual(r["tokens"], want["tokens"])
+        # null is the default (a client that writes every field, unset ones as null)
+        st, r2 = srv.post("/tokenize", {"messages": msgs, "add_special_tokens": None,
+                                        "add_generation_prompt": None})
+        self.assertEqual((st, r2["tokens"]), (200, r["tokens"]))
         st, r = srv.post("/tokenize", {"messages": msgs, "return_token_strs": True})
         self.assertEqual(r["tokens"], want["tokens"])
         self.assertEqual(len(r["token_strs"]), len(r["tokens"]))
@@ -335,7 +345,7 @@ class Errors(unittest.TestCase):
                             ({"prompt": "a", "temperature": 5}, "temperature"),
                             ({"prompt": "a", "top_p": 0}, "top_p"),
                             ({"prompt": "a", "n": 0}, "n"),
-                            ({"prompt": "a", "stop": ["1", "2", "3", "4", "5"]}, "stop"),
+                            ({"prompt": "a", "stop": [str(i) for i in range(17)]}, "stop"),
                             ({"prompt": "a", "logprobs": 9}, "logprobs"),
                             ({"prompt": 7}, "prompt"),
                             ({"prompt": [1, 99999]}, "prompt")]:
