@@ -385,7 +385,13 @@ void engine__rope_store(engine_ctx *c, engine_kv *kv, const engine_batch *b, uin
 
 int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *logits_out)
 {
-    int rc = validate_batch(c, kv, b);
+    return engine_forward_hidden(c, kv, b, logits_out, NULL, NULL);
+}
+
+int engine_forward_hidden(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *logits_out,
+                          const bool *hidden, float *hidden_out)
+{
+    int rc = hidden && !hidden_out ? KVS_EINVAL : validate_batch(c, kv, b);
     if (rc)
         return rc;
     const engine_model *m = c->m;
@@ -422,5 +428,9 @@ int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *l
         engine__matmul(c, logits_out, c->xn, &m->output, n_out);
     if (n_out && m->final_softcap > 0) /* gemma 2's soft-capping of logits */
         c->kern->softcap(logits_out, n_out * hp->n_vocab, 1.0f, m->final_softcap);
+    /* Hidden states wanted as such (embeddings): the same norm, written out. */
+    for (size_t t = 0, k = 0; hidden && t < T; t++)
+        if (hidden[t])
+            engine__norm_rows(c, hidden_out + k++ * E, c->x + t * E, m->output_norm, 1, E);
     return 0;
 }

@@ -578,6 +578,13 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
     m->name = dup_str(base, n);
     if (gguf_get_str(m->file, "tokenizer.chat_template", &s, &n) == 0)
         m->chat_template = dup_str(s, n);
+    /* An embedding model's pooling (llama.cpp's key; RANK, a reranker's, is not pooling an
+     * embedding: left NONE). Read for GET /v1/embeddings, never a reason to refuse a file. */
+    uint32_t pool = 0;
+    char pkey[128];
+    if (gguf_get_u32(m->file, arch_key(m, "pooling_type", pkey, sizeof pkey), &pool) == 0 &&
+        pool >= ENGINE_POOLING_MEAN && pool <= ENGINE_POOLING_LAST)
+        m->pooling = (engine_pooling)pool;
     if (!m->name) {
         rc = status_set_err(err, err_len, KVS_ENOMEM, "out of memory");
         goto fail;
@@ -661,6 +668,11 @@ int engine_kernels_check(const char *name, char *err, size_t err_len)
 {
     const kern_ops *k;
     return kern_select(name, &k, err, err_len);
+}
+
+engine_pooling engine_model_pooling(const engine_model *m)
+{
+    return m->pooling;
 }
 
 const char *engine_model_weight_type(const engine_model *m)

@@ -90,6 +90,17 @@ int engine_kernels_check(const char *kernels, char *err, size_t err_len);
 int engine_activations_check(const char *activations, char *err, size_t err_len);
 /* "q8" or "f32": the activations the model's products take. */
 const char *engine_model_activations(const engine_model *m);
+/* How an embedding pools a sequence's hidden states (GGUF <arch>.pooling_type, llama.cpp's
+ * values): the mean of every position's, the first position's (CLS), or the last's. */
+typedef enum engine_pooling {
+    ENGINE_POOLING_NONE = 0,
+    ENGINE_POOLING_MEAN = 1,
+    ENGINE_POOLING_CLS = 2,
+    ENGINE_POOLING_LAST = 3,
+} engine_pooling;
+/* The file's <arch>.pooling_type when it is one of the above, else ENGINE_POOLING_NONE (an
+ * embedding model says how it pools; a generative one says nothing). */
+engine_pooling engine_model_pooling(const engine_model *m);
 /* Weight type of the projection matrices ("F32", "F16", "Q8_0"). */
 const char *engine_model_weight_type(const engine_model *m);
 uint64_t engine_model_n_params(const engine_model *m);
@@ -166,5 +177,10 @@ void engine_ctx_destroy(engine_ctx *c);
  * order, to logits_out ([n_marked][n_vocab]). KVS_EINVAL if the batch is malformed (token or
  * position out of range, slot outside its block table, too many rows). */
 int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *logits_out);
+/* engine_forward, and the hidden state after the final norm (what an embedding's pooling
+ * reads, and what the vocabulary projection takes) of the rows marked in hidden ([n_tokens],
+ * or NULL for none) to hidden_out ([n_marked][n_embd], in row order). */
+int engine_forward_hidden(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *logits_out,
+                          const bool *hidden, float *hidden_out);
 
 #endif

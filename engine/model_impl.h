@@ -63,6 +63,7 @@ struct engine_model {
     float attn_scale;    /* attention scores are q.k times it (1 / sqrt(head_dim) by default) */
     float attn_softcap;  /* > 0: scores become cap * tanh(score / cap) before the softmax */
     float final_softcap; /* > 0: logits become cap * tanh(logit / cap) */
+    engine_pooling pooling; /* <arch>.pooling_type, NONE when absent or another value */
     uint32_t weight_type;
     uint64_t n_params;
     uint64_t weight_bytes;

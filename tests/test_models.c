@@ -386,9 +386,10 @@ static void ref_head_norm(float *x, const float *w, uint32_t n_heads, uint32_t h
         ref_rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, eps);
 }
 
-/* logits (n, vocab) of every position of tok[0..n), recomputing the whole sequence. */
-static void ref_forward(const ref_model *r, const ref_opts *o, const int32_t *tok, int n,
-                        float *logits)
+/* logits (n, vocab) of every position of tok[0..n), recomputing the whole sequence, and if
+ * hidden is not NULL the hidden states after the final norm (n, dim) the logits come from. */
+static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *tok, int n,
+                          float *logits, float *hidden)
 {
     uint32_t D = r->dim, QD = r->n_head * r->hd, KV = r->n_kv * r->hd, F = r->ffn;
     float *x = calloc((size_t)n * D, sizeof(float)), *xn = malloc(D * sizeof(float));
@@ -478,12 +479,20 @@ static void ref_forward(const ref_model *r, const ref_opts *o, const int32_t *to
     }
     for (int t = 0; t < n; t++) {
         ref_rmsnorm(xn, x + (size_t)t * D, r->out_norm, D, r->eps);
+        if (hidden)
+            memcpy(hidden + (size_t)t * D, xn, D * sizeof(float));
         float *lt = logits + (size_t)t * r->vocab;
         ref_matvec(lt, r->out, xn, r->vocab, D);
         for (uint32_t i = 0; !o->no_softcap && r->final_cap > 0 && i < r->vocab; i++)
             lt[i] = (float)ref_cap(lt[i], r->final_cap);
     }
     free(x), free(xn), free(q), free(k), free(v), free(att), free(tmp), free(g), free(u), free(sc);
+}
+
+static void ref_forward(const ref_model *r, const ref_opts *o, const int32_t *tok, int n,
+                        float *logits)
+{
+    ref_forward_h(r, o, tok, n, logits, NULL);
 }
 
 /* max |a - b| / max |b| over one row */
@@ -544,9 +553,11 @@ static void check_model_on(const char *path, const char *arch, const char *wtype
     uint32_t V = r.vocab;
     float *want = malloc((size_t)N_TOTAL * V * sizeof(float));
     float *got = malloc((size_t)N_PROMPT * V * sizeof(float));
-    assert_true(want && got);
+    float *want_h = malloc((size_t)N_TOTAL * hp->n_embd * sizeof(float));
+    float *got_h = malloc((size_t)N_PROMPT * hp->n_embd * sizeof(float));
+    assert_true(want && got && want_h && got_h);
     ref_opts ro = {0};
-    ref_forward(&r, &ro, TOKENS, N_TOTAL, want);
+    ref_forward_h(&r, &ro, TOKENS, N_TOTAL, want, want_h);
 
     engine_ctx *c = NULL;
     engine_kv *kv = NULL;
@@ -560,12 +571,16 @@ static void check_model_on(const char *path, const char *arch, const char *wtype
         wl[i] = true;
     }
     engine_batch b = {N_PROMPT, TOKENS, pos, seq, wl, 1, &view};
-    assert_int_equal(engine_forward(c, kv, &b, got), 0);
+    /* every row's hidden state too (an embedding's), from the same pass */
+    assert_int_equal(engine_forward_hidden(c, kv, &b, got, wl, got_h), 0);
     for (int t = 0; t < N_PROMPT; t++) {
         double e = rel_err(got + (size_t)t * V, want + (size_t)t * V, V);
         worst = fmax(worst, e);
         if (e > tol)
             fail_msg("%s (%s) prefill row %d: relative error %g", path, act, t, e);
+        e = rel_err(got_h + (size_t)t * hp->n_embd, want_h + (size_t)t * hp->n_embd, hp->n_embd);
+        if (e > tol)
+            fail_msg("%s (%s) prefill row %d: hidden state's relative error %g", path, act, t, e);
     }
     for (int t = N_PROMPT; t < N_TOTAL; t++) {
         int32_t p1 = t, s1 = 0;
@@ -604,6 +619,8 @@ static void check_model_on(const char *path, const char *arch, const char *wtype
     engine_model_destroy(m);
     free(want);
     free(got);
+    free(want_h);
+    free(got_h);
     ref_free(&r);
 }
 
