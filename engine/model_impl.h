@@ -58,11 +58,11 @@ struct engine_model {
     kern_mat output;          /* (n_vocab, n_embd), token_embd when tied */
     layer_weights *layers;
     rope_params rope[ENGINE_ROPE_SETS];
-    uint32_t n_rope;     /* RoPE sets in use: 1, or 2 */
-    float embd_scale;    /* embedding rows are multiplied by it (gemma: sqrt(n_embd)); 1 */
-    float attn_scale;    /* attention scores are q.k times it (1 / sqrt(head_dim) by default) */
-    float attn_softcap;  /* > 0: scores become cap * tanh(score / cap) before the softmax */
-    float final_softcap; /* > 0: logits become cap * tanh(logit / cap) */
+    uint32_t n_rope;        /* RoPE sets in use: 1, or 2 */
+    float embd_scale;       /* embedding rows are multiplied by it (gemma: sqrt(n_embd)); 1 */
+    float attn_scale;       /* attention scores are q.k times it (1 / sqrt(head_dim) by default) */
+    float attn_softcap;     /* > 0: scores become cap * tanh(score / cap) before the softmax */
+    float final_softcap;    /* > 0: logits become cap * tanh(logit / cap) */
     engine_pooling pooling; /* <arch>.pooling_type, NONE when absent or another value */
     uint32_t weight_type;
     uint64_t n_params;
