@@ -49,18 +49,21 @@ static void run_step(sched *s)
     }
     for (int i = 0; i < s->n_copies; i++)
         engine_kv_copy_block(s->kv, s->copy_group[i], s->copies[i].src, s->copies[i].dst);
-    int n_logits = 0;
+    int n_logits = 0, n_hidden = 0;
     for (uint32_t i = 0; i < n_seqs; i++) {
         seq *q = s->b_seqs[i];
         sched__kv_view(s, q, &s->b_views[i]);
         /* A sequence's marked rows come in position order: prompt-logprob rows, then its
-         * last (batch_add) */
+         * last (batch_add); an embedding's rows are hidden states only */
         q->plp_row = n_logits;
         n_logits += (int)q->plp_n;
-        q->logits_row = q->n_computed + q->chunk == q->n_tokens ? n_logits++ : -1;
+        q->logits_row = !q->req->embed && q->n_computed + q->chunk == q->n_tokens ? n_logits++ : -1;
+        q->hid_row = n_hidden;
+        n_hidden += (int)q->hid_n;
     }
     engine_batch b = {n_rows, s->b_token, s->b_pos, s->b_seq, s->b_logits, n_seqs, s->b_views};
-    int rc = engine_forward(s->ctx, s->kv, &b, s->logits);
+    int rc = engine_forward_hidden(s->ctx, s->kv, &b, s->logits, n_hidden ? s->b_hidden : NULL,
+                                   s->hidden);
     if (s->p.fail_step && s->m.steps_total + 1 == s->p.fail_step)
         rc = KVS_EIO; /* fault injection for tests: see sched_params.fail_step */
     if (rc) {
@@ -82,6 +85,10 @@ static void run_step(sched *s)
         seq *q = s->b_seqs[i];
         if (sched__plp_pending(q))
             sched__plp_collect(s, q, s->logits);
+        if (q->req->embed) {
+            sched__embed_collect(s, q); /* may finish it */
+            continue;
+        }
         if (q->logits_row < 0)
             continue;
         const float *row = s->logits + (size_t)q->logits_row * s->n_vocab;
@@ -135,7 +142,10 @@ void *sched__engine_main(void *arg)
         while (in) {
             sched_req *r = in;
             in = in->inbox_next;
-            seq *q = r->prompt_logprobs && sched__plp_buffers(s) ? NULL : sched__seq_new(s, r);
+            seq *q = (r->prompt_logprobs && sched__plp_buffers(s)) ||
+                             (r->embed && sched__embed_buffers(s))
+                         ? NULL
+                         : sched__seq_new(s, r);
             if (!q) {
                 /* tell the client and retire the request as if it had run */
                 for (uint32_t c = 0; c < r->n; c++) {

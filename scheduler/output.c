@@ -48,8 +48,10 @@ seq *sched__seq_new(sched *s, sched_req *r)
         free(q);
         return NULL;
     }
-    if (r->prompt_logprobs && r->n_prompt > 1 &&
-        !(q->plp = malloc((r->n_prompt - 1) * sizeof *q->plp))) {
+    if ((r->prompt_logprobs && r->n_prompt > 1 &&
+         !(q->plp = malloc((r->n_prompt - 1) * sizeof *q->plp))) ||
+        (r->embed && !(q->pool = calloc(s->n_embd, sizeof *q->pool)))) {
+        free(q->plp);
         sampler_destroy(q->smp);
         grammar_destroy(q->gram);
         free(q->tokens);
@@ -71,7 +73,43 @@ static void seq_free(sched *s, seq *q)
     free(q->tokens);
     free(q->held);
     free(q->plp);
+    free(q->pool);
     free(q);
+}
+
+int sched__embed_buffers(sched *s)
+{
+    if (s->hidden)
+        return 0;
+    s->hidden = malloc((size_t)s->p.max_batched_tokens * s->n_embd * sizeof(float));
+    return s->hidden ? 0 : KVS_ENOMEM;
+}
+
+void sched__embed_collect(sched *s, seq *q)
+{
+    sched_req *r = q->req;
+    uint32_t E = s->n_embd;
+    for (uint32_t j = 0; j < q->hid_n; j++) { /* in position order, however it was chunked */
+        const float *h = s->hidden + (size_t)(q->hid_row + (int)j) * E;
+        for (uint32_t i = 0; i < E; i++)
+            q->pool[i] += h[i];
+    }
+    q->pool_n += q->hid_n;
+    q->hid_n = 0;
+    if (q->n_computed < r->n_prompt)
+        return;
+    sched_event ev = {.choice = q->choice};
+    ev.embedding = malloc(E * sizeof(float));
+    if (!ev.embedding || !q->pool_n) {
+        free(ev.embedding);
+        sched__finish_seq(s, &s->running, q, SCHED_FINISH_ERROR, q->pool_n ? KVS_ENOMEM : KVS_EIO);
+        return;
+    }
+    for (uint32_t i = 0; i < E; i++)
+        ev.embedding[i] = (float)(q->pool[i] / q->pool_n);
+    ev.n_embedding = E;
+    sched__push_event(r, &ev);
+    sched__finish_seq(s, &s->running, q, SCHED_FINISH_LENGTH, 0);
 }
 
 int sched__plp_buffers(sched *s)

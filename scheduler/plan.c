@@ -9,6 +9,7 @@
 #include "kvpool/kvpool.h"
 
 #include <pthread.h>
+#include <string.h>
 
 /* Frees a running sequence's blocks and requeues it at the head of the waiting queue. */
 void sched__preempt(sched *s, seq *q)
@@ -16,6 +17,10 @@ void sched__preempt(sched *s, seq *q)
     sched__list_remove(&s->running, q);
     sched__kv_free(s, q);
     q->n_computed = 0;
+    if (q->pool) { /* its rows come again */
+        memset(q->pool, 0, s->n_embd * sizeof *q->pool);
+        q->pool_n = 0;
+    }
     q->state = SEQ_WAITING;
     sched__list_push_front(&s->waiting, q);
     pthread_mutex_lock(&s->metrics_mu);
@@ -58,17 +63,26 @@ static void batch_add(sched *s, seq *q, uint32_t chunk, uint32_t *n_rows, uint32
     s->b_seqs[si] = q;
     q->chunk = chunk;
     q->plp_n = 0;
+    q->hid_n = 0;
     bool plp = sched__plp_pending(q);
+    engine_pooling embed = q->req->embed;
+    uint32_t n_prompt = q->req->n_prompt;
     for (uint32_t i = 0; i < chunk; i++) {
         uint32_t p = q->n_computed + i;
         /* row p's logits give prompt token p + 1's logprob */
-        bool plp_row = plp && p + 1 < q->req->n_prompt && p >= q->plp_done;
+        bool plp_row = plp && p + 1 < n_prompt && p >= q->plp_done;
         if (plp_row && !q->plp_n++)
             q->plp_lo = p;
+        /* an embedding pools hidden states and wants no logits */
+        bool hid = (embed == ENGINE_POOLING_MEAN && p < n_prompt) ||
+                   (embed == ENGINE_POOLING_CLS && p == 0) ||
+                   (embed == ENGINE_POOLING_LAST && p == n_prompt - 1);
+        q->hid_n += hid;
         s->b_token[*n_rows] = q->tokens[p];
         s->b_pos[*n_rows] = (int32_t)p;
         s->b_seq[*n_rows] = (int32_t)si;
-        s->b_logits[*n_rows] = p == q->n_tokens - 1 || plp_row;
+        s->b_logits[*n_rows] = !embed && (p == q->n_tokens - 1 || plp_row);
+        s->b_hidden[*n_rows] = hid;
         (*n_rows)++;
     }
     s->plp_rows_left -= q->plp_n; /* at most chunk, which plp_cap held to what is left */
@@ -134,9 +148,13 @@ uint32_t sched__plan_step(sched *s, uint32_t *n_rows_out)
             break;
         if (sched__kv_create(s, q))
             break;
-        /* Rows whose prompt logprobs are wanted are computed, never taken from the cache. */
+        /* Rows whose prompt logprobs or hidden states are wanted are computed, never taken
+         * from the cache (an embedding pooling the last row only may take the rest). */
         uint32_t covered = 0;
-        if (!sched__plp_pending(q) && sched__kv_match_prefix(s, q, &covered))
+        engine_pooling embed = q->req->embed;
+        bool all_rows =
+            sched__plp_pending(q) || embed == ENGINE_POOLING_MEAN || embed == ENGINE_POOLING_CLS;
+        if (!all_rows && sched__kv_match_prefix(s, q, &covered))
             break;
         uint32_t chunk = q->n_tokens - covered;
         if (chunk > budget)

@@ -42,8 +42,10 @@ void sched_event_free(sched_event *ev)
         return;
     free(ev->text);
     free(ev->tokens);
+    free(ev->embedding);
     ev->text = NULL;
     ev->tokens = NULL;
+    ev->embedding = NULL;
 }
 
 /* Queues an event (taking ownership of its buffers) and tells the client. Engine thread. */
@@ -143,8 +145,10 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
     *out = NULL;
     if (!p->prompt || p->n_prompt == 0 || p->n == 0 || p->n > s->p.max_num_seqs ||
         p->n_top_logprobs > SCHED_MAX_TOP_LOGPROBS ||
-        (p->prompt_logprobs && p->n_top_logprobs < 0) || p->n_logit_bias > SCHED_MAX_LOGIT_BIAS ||
-        (p->n_logit_bias && !p->logit_bias))
+        (p->prompt_logprobs && p->n_top_logprobs < 0) ||
+        (p->embed != ENGINE_POOLING_NONE &&
+         (p->max_tokens || p->n != 1 || p->n_top_logprobs >= 0 || p->grammar)) ||
+        p->n_logit_bias > SCHED_MAX_LOGIT_BIAS || (p->n_logit_bias && !p->logit_bias))
         return KVS_EINVAL;
     for (uint32_t i = 0; i < p->n_logit_bias; i++)
         if (p->logit_bias[i].id < 0 || (uint32_t)p->logit_bias[i].id >= s->n_vocab ||
@@ -193,6 +197,7 @@ int sched_submit(sched *s, const sched_request_params *p, void (*notify)(void *u
     r->ignore_eos = p->ignore_eos;
     r->n_top_logprobs = p->n_top_logprobs;
     r->prompt_logprobs = p->prompt_logprobs;
+    r->embed = p->embed;
     r->notify_on_finish_only = p->notify_on_finish_only;
     for (int i = 0; i < SCHED_MAX_STOP; i++) {
         if (!p->stop[i] || !p->stop[i][0])

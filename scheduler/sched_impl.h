@@ -40,6 +40,7 @@ struct sched_req {
     size_t max_stop_len;
     int n_top_logprobs;
     bool prompt_logprobs;
+    engine_pooling embed;
     bool notify_on_finish_only;
     sched_logit_bias *bias;
     uint32_t n_bias;
@@ -94,11 +95,17 @@ typedef struct seq {
     sched_token_info *plp;
     uint32_t plp_done;
     bool plp_sent;
+    /* An embedding's pooling (req->embed): the sum of the pooled rows' hidden states so far,
+     * in position order, and how many; a preempted sequence starts them over. */
+    double *pool;
+    uint32_t pool_n;
     /* this step */
     uint32_t chunk;         /* rows in the batch */
     int logits_row;         /* index into the logits buffer, -1 if none */
     int plp_row;            /* logits row of this step's first prompt-logprob row */
     uint32_t plp_lo, plp_n; /* its positions: plp_lo .. plp_lo + plp_n - 1 */
+    int hid_row;            /* an embedding: hidden-state row of this step's first pooled row */
+    uint32_t hid_n;         /* its pooled rows this step */
     struct seq *prev, *next;
 } seq;
 
@@ -135,6 +142,9 @@ struct sched {
     uint32_t logits_rows;
     uint32_t plp_rows;      /* prompt-logprob rows one step computes at most (plan.c) */
     uint32_t plp_rows_left; /* this step's */
+    bool *b_hidden;         /* (max_batched_tokens) rows whose hidden state an embedding pools */
+    float *hidden;          /* (max_batched_tokens, n_embd) once an embedding was asked for */
+    uint32_t n_embd;
     /* batch arrays, (max_batched_tokens) */
     int32_t *b_token, *b_pos, *b_seq;
     bool *b_logits;
@@ -243,6 +253,11 @@ void sched__finish_seq(sched *s, seq_list *from, seq *q, enum sched_finish why, 
  * a choice's last text and its logprobs arrive together. */
 void sched__finish_seq_tokens(sched *s, seq_list *from, seq *q, enum sched_finish why, int status,
                               sched_token_info *tokens, uint32_t n_tokens);
+/* The hidden-state buffer embeddings need (once); KVS_ENOMEM. */
+int sched__embed_buffers(sched *s);
+/* Adds q's pooled rows of this step (hidden states from row q->hid_row) to its sums, and once
+ * the prompt is computed sends the embedding event and finishes q. */
+void sched__embed_collect(sched *s, seq *q);
 /* Grows s->logits for prompt logprobs (once); KVS_ENOMEM. */
 int sched__plp_buffers(sched *s);
 /* Turns q's prompt-logprob rows of this step (logits from row q->plp_row) into q->plp, and

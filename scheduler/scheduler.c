@@ -250,12 +250,14 @@ int sched_create(const sched_params *pin, const engine_model *model, sched **out
     s->b_pos = malloc(T * sizeof(int32_t));
     s->b_seq = malloc(T * sizeof(int32_t));
     s->b_logits = malloc(T * sizeof(bool));
+    s->b_hidden = calloc(T, sizeof(bool));
+    s->n_embd = hp->n_embd;
     s->b_views = malloc(S * sizeof *s->b_views);
     s->b_seqs = malloc(S * sizeof *s->b_seqs);
     s->copies = malloc(2 * S * sizeof *s->copies);
     s->copy_group = malloc(2 * S * sizeof *s->copy_group);
-    if (!s->logits || !s->b_token || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_views ||
-        !s->b_seqs || !s->copies || !s->copy_group) {
+    if (!s->logits || !s->b_token || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_hidden ||
+        !s->b_views || !s->b_seqs || !s->copies || !s->copy_group) {
         sched_destroy(s);
         return KVS_ENOMEM;
     }
@@ -319,6 +321,8 @@ void sched_destroy(sched *s)
     free(s->b_pos);
     free(s->b_seq);
     free(s->b_logits);
+    free(s->b_hidden);
+    free(s->hidden);
     free(s->b_views);
     free(s->b_seqs);
     free(s->copies);

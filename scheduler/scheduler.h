@@ -126,6 +126,11 @@ typedef struct sched_request_params {
      * logit_bias, no grammar), in one event (sched_event.prompt) before the first generated
      * token's. Those rows are computed, never taken from the prefix cache. */
     bool prompt_logprobs;
+    /* Not NONE: an embedding. The prompt's hidden states (engine_forward_hidden) pooled so
+     * arrive in one event (sched_event.embedding) before the finishing one; then max_tokens
+     * must be 0, n 1, and no logprobs nor grammar asked (else KVS_EINVAL). MEAN and CLS rows
+     * are computed, never taken from the prefix cache; LAST's may be. */
+    engine_pooling embed;
     bool notify_on_finish_only;         /* call notify only for finishing events: a client that
                                            reads everything at the end (non-streaming) is then
                                            woken once per choice, not once per token */
@@ -160,6 +165,10 @@ typedef struct sched_event {
     /* The prompt's logprobs (sched_request_params.prompt_logprobs): tokens[i] is prompt token
      * i + 1's, n_tokens = n_prompt - 1; choice 0, no text, finish NONE. */
     bool prompt;
+    /* An embedding request's (sched_request_params.embed): the pooled hidden state, n_embd
+     * floats, not normalized; no text, finish NONE, just before the finishing event. */
+    float *embedding;
+    uint32_t n_embedding;
     enum sched_finish finish; /* != NONE: this choice is finished, this is its last event */
     int status;               /* with SCHED_FINISH_ERROR: KVS_ECANCELED, KVS_ENOMEM, ... */
     /* on a finishing event: */

@@ -51,6 +51,9 @@ typedef struct client {
     sched_token_info *plp;
     uint32_t n_plp;
     int n_prompt_events;
+    /* An embedding request's event, taken over from it. */
+    float *embedding;
+    uint32_t n_embedding;
     int done;
 } client;
 
@@ -91,6 +94,16 @@ static inline int client_drain(client *c)
             c->plp = ev.tokens;
             c->n_plp = ev.n_tokens;
             ev.tokens = NULL;
+            sched_event_free(&ev);
+            continue;
+        }
+        if (ev.embedding) { /* once, without text, before the finishing event */
+            assert_null(c->embedding);
+            assert_int_equal(ev.finish, SCHED_FINISH_NONE);
+            assert_int_equal(ev.text_len, 0);
+            c->embedding = ev.embedding;
+            c->n_embedding = ev.n_embedding;
+            ev.embedding = NULL;
             sched_event_free(&ev);
             continue;
         }
@@ -154,6 +167,8 @@ static inline void client_finish(client *c)
     c->req = NULL;
     free(c->plp);
     c->plp = NULL;
+    free(c->embedding);
+    c->embedding = NULL;
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
 }
