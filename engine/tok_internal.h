@@ -119,6 +119,7 @@ struct tok_vocab {
     int32_t eog[TOK_MAX_EOG]; /* end-of-generation tokens (tok_eog_ids), EOS first */
     size_t n_eog;
     bool add_bos;
+    bool add_eos; /* tokenizer.ggml.add_eos_token: an embedding model's input ends with EOS */
     bool add_space_prefix;
     int32_t byte_token[256]; /* token for a raw byte (byte fallback), -1 if none */
 

@@ -475,6 +475,10 @@ int tok_create_from_gguf(const gguf_file *f, tok_vocab **out, char *err, size_t 
     }
     if (v->bos < 0)
         v->add_bos = false;
+    /* read for embeddings (GET /v1/embeddings appends EOS to an input where the file says
+     * so, as llama.cpp does) and reported; a key of the wrong type is no reason to refuse */
+    if (read_bool(f, "tokenizer.ggml.add_eos_token", &v->add_eos) || v->eos < 0)
+        v->add_eos = false;
     /* only reported (GET /tokenizer_info): a key of the wrong type is no reason to refuse */
     if (read_id(f, "tokenizer.ggml.padding_token_id", v->n_vocab, &v->pad))
         v->pad = -1;
@@ -576,6 +580,10 @@ bool tok_is_eog(const tok_vocab *v, int32_t id)
 bool tok_add_bos(const tok_vocab *v)
 {
     return v->add_bos;
+}
+bool tok_add_eos(const tok_vocab *v)
+{
+    return v->add_eos;
 }
 
 bool tok_is_control(const tok_vocab *v, int32_t id)

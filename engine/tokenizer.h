@@ -40,6 +40,9 @@ int32_t tok_eos(const tok_vocab *v);  /* -1 if none */
 int32_t tok_unk(const tok_vocab *v);  /* -1 if none */
 int32_t tok_pad(const tok_vocab *v);  /* tokenizer.ggml.padding_token_id; -1 if none */
 bool tok_add_bos(const tok_vocab *v); /* whether prompts start with BOS by default */
+/* tokenizer.ggml.add_eos_token (false without an EOS): an embedding model's inputs end with
+ * EOS (Qwen3-Embedding's pooling reads that position); generation never adds it */
+bool tok_add_eos(const tok_vocab *v);
 /* End-of-generation tokens, as llama.cpp's vocabulary marks them: EOS, tokenizer.ggml.eot_token_id
  * and eom_token_id, and every token whose text is an end-of-turn marker (<|eot_id|>, <|eom_id|>,
  * <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>, <EOT>, _<EOT>, <｜end▁of▁sentence｜>).

@@ -98,6 +98,13 @@ int cmd_serve(int argc, char **argv)
         srv_config_free(&cfg);
         return 2;
     }
+    if (cfg.pooling && strcmp(cfg.pooling, "auto") && strcmp(cfg.pooling, "mean") &&
+        strcmp(cfg.pooling, "cls") && strcmp(cfg.pooling, "last")) {
+        fprintf(stderr, "kvserve serve: unknown --pooling '%s' (auto|mean|cls|last)\n",
+                cfg.pooling);
+        srv_config_free(&cfg);
+        return 2;
+    }
     if (cfg.reasoning_format && strcmp(cfg.reasoning_format, "auto") &&
         strcmp(cfg.reasoning_format, "none")) {
         fprintf(stderr, "kvserve serve: unknown --reasoning-format '%s' (auto|none)\n",

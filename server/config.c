@@ -65,6 +65,9 @@ static const opt k_opts[] = {
     {"reasoning-format", 0, OPT_STR, OFF(reasoning_format), "auto",
      "auto|none: with a thinking chat template (Qwen 3), auto returns the <think> block as "
      "reasoning_content beside content; none leaves it in content"},
+    {"pooling", 0, OPT_STR, OFF(pooling), "auto",
+     "auto|mean|cls|last: how /v1/embeddings pools an input's hidden states (auto: the file's "
+     "<arch>.pooling_type, else last, as vLLM pools a decoder-only model)"},
     {"no-prefix-cache", 0, OPT_FLAG, OFF(no_prefix_cache), "false",
      "do not reuse cached prompt blocks"},
     {"no-window-reclaim", 0, OPT_FLAG, OFF(no_window_reclaim), "false",

@@ -30,6 +30,7 @@ typedef struct srv_config {
     double shutdown_timeout;       /* --shutdown-timeout seconds (30) */
     char *chat_template;           /* --chat-template NAME: NULL = detect from the model */
     char *reasoning_format;        /* --reasoning-format auto|none (auto) */
+    char *pooling;                 /* --pooling auto|mean|cls|last (auto) */
     bool no_prefix_cache;          /* --no-prefix-cache */
     bool no_window_reclaim;        /* --no-window-reclaim */
     bool no_webui;                 /* --no-webui: no page at / */

@@ -124,6 +124,7 @@ static const struct route_row {
     {"/", R_PAGE, false},
     {"/kv-cache", R_KV, false},
     {"/tokenizer_info", R_TOKENIZER_INFO, false},
+    {"/v1/embeddings", R_EMBEDDINGS, true},
 };
 
 static bool route_is_post(enum route r)
@@ -432,7 +433,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (c->phase == PH_WAIT) {
         if (atomic_load(&s->state) == ST_STOPPING)
             return MHD_NO;
-        return srv__pump_full(c);
+        return c->route == R_EMBEDDINGS ? srv__embed_pump(c) : srv__pump_full(c);
     }
     if (*upload_size) {
         size_t n = *upload_size;
@@ -482,6 +483,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     case R_TOKENIZE: return srv__route_tokenize(c);
     case R_DETOKENIZE: return srv__route_detokenize(c);
     case R_APPLY_TEMPLATE: return srv__route_apply_template(c);
+    case R_EMBEDDINGS: return srv__route_embeddings(c);
     default: return srv__fail(c, 404, NULL, NULL, "Not found");
     }
 }
@@ -549,6 +551,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->reqs);
     cJSON_Delete(c->resp_echo);
     srv__echo_free(c);
+    srv__embed_free(c);
     srv_request_free(&c->rq);
     free(c->body);
     free(c->out);

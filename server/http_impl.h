@@ -1,7 +1,8 @@
 /* The HTTP front end's internals, shared by its files: http.c (libmicrohttpd lifecycle, body
  * limits, the route table, auth, CORS), wake.c (suspend/resume, the reaper), route_misc.c
  * (models, metrics, kv-cache, tokenize), route_completions.c (/v1/completions and
- * /v1/chat/completions), echo.c (completions' echo), route_responses.c (/v1/responses, through the
+ * /v1/chat/completions), echo.c (completions' echo), route_embeddings.c (/v1/embeddings),
+ * route_responses.c (/v1/responses, through the
  * chat path). Visible to server/'s HTTP files only. The lock rules are at the top of http.c. */
 #ifndef KVS_SERVER_HTTP_IMPL_H
 #define KVS_SERVER_HTTP_IMPL_H
@@ -108,7 +109,8 @@ enum route {
     R_APPLY_TEMPLATE,
     R_PAGE,
     R_KV,
-    R_TOKENIZER_INFO
+    R_TOKENIZER_INFO,
+    R_EMBEDDINGS
 };
 
 enum phase { PH_BODY = 0, PH_WAIT, PH_STREAM, PH_DONE };
@@ -164,7 +166,8 @@ typedef struct srv_conn {
     uint32_t delta_tokens; /* tokens seen in deltas: what a cancelled request had generated */
     int fail_status;       /* a choice finished with an error: its status */
 
-    srv_echo *echo; /* completions with echo: one per prompt (echo.c), else NULL */
+    srv_echo *echo;              /* completions with echo: one per prompt (echo.c), else NULL */
+    struct srv_embed_state *emb; /* /v1/embeddings (route_embeddings.c), else NULL */
     uint32_t n_echo;
 
     /* streaming: bytes formatted and not yet handed to MHD (one event at a time: bounded) */
@@ -244,6 +247,12 @@ void srv__echo_free(srv_conn *c);
  * (into every one of its choices, or their stream); *consumed when the event was the prompt
  * event, which has nothing more to give. false on OOM. */
 bool srv__echo_event(srv_conn *c, const sched_event *ev, bool *consumed);
+
+/* route_embeddings.c: POST /v1/embeddings. The pump drains (and tops up) the inputs'
+ * requests, suspending in between, then answers; free releases c->emb. */
+enum MHD_Result srv__route_embeddings(srv_conn *c);
+enum MHD_Result srv__embed_pump(srv_conn *c);
+void srv__embed_free(srv_conn *c);
 
 /* route_responses.c: POST /v1/responses, through the chat path. */
 enum MHD_Result srv__route_responses(srv_conn *c);

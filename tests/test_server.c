@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "server/api.h"
 #include "server/config.h"
+#include "server/embeddings.h"
 #include "server/tool_calls.h"
 #include "server/json_py.h"
 #include "server/kv_view.h"
@@ -850,6 +851,78 @@ static void test_relay_no_nagle(void **state)
     close(lfd);
 }
 
+/* /v1/embeddings: the input forms, the refusals, and the body (floats that parse back to the
+ * same float32, base64 of little-endian float32). */
+static void test_embeddings(void **state)
+{
+    (void)state;
+    srv_embed_request r;
+    srv_error e;
+    const char *ok = "{\"input\":[\"a\",[1,2,3]],\"model\":\"m\",\"encoding_format\":\"base64\","
+                     "\"dimensions\":8,\"user\":\"u\"}";
+    assert_int_equal(srv_embed_parse(ok, strlen(ok), &r, &e), 0);
+    assert_int_equal(r.n_inputs, 2);
+    assert_string_equal(r.inputs[0].text, "a");
+    assert_int_equal(r.inputs[1].n_ids, 3);
+    assert_int_equal(r.inputs[1].ids[2], 3);
+    assert_true(r.base64);
+    assert_int_equal(r.dimensions, 8);
+    assert_string_equal(r.model, "m");
+    srv_embed_request_free(&r);
+    const char *one = "{\"input\":[5,6]}";
+    assert_int_equal(srv_embed_parse(one, strlen(one), &r, &e), 0);
+    assert_int_equal(r.n_inputs, 1);
+    assert_int_equal(r.inputs[0].n_ids, 2);
+    assert_false(r.base64);
+    assert_int_equal(r.dimensions, -1);
+    srv_embed_request_free(&r);
+    static const char *const bad[] = {"{}",
+                                      "{\"input\":\"\"}",
+                                      "{\"input\":[]}",
+                                      "{\"input\":[[]]}",
+                                      "{\"input\":[1,-1]}",
+                                      "{\"input\":[1,1e20]}",
+                                      "{\"input\":[1.5]}",
+                                      "{\"input\":[\"a\",{}]}",
+                                      "{\"input\":7}",
+                                      "{\"input\":\"a\",\"encoding_format\":\"hex\"}",
+                                      "{\"input\":\"a\",\"dimensions\":0}",
+                                      "{\"input\":\"a\",\"dimensions\":1e300}",
+                                      "{\"input\":\"a\",\"user\":1}",
+                                      "{\"input\":\"a\",\"model\":1}",
+                                      "[1]"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&e, 0, sizeof e);
+        if (srv_embed_parse(bad[i], strlen(bad[i]), &r, &e) == 0)
+            fail_msg("accepted %s", bad[i]);
+        assert_int_equal(e.status, 400);
+        assert_null(r.inputs);
+    }
+    float v[4] = {1.0f, -2.0f, 0.1f, 3.0e-8f};
+    char *body = srv_embed_response("m\"x", v, 2, 2, true, 7);
+    assert_non_null(body);
+    cJSON *j = cJSON_Parse(body);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(j, "model")->valuestring, "m\"x");
+    cJSON *d0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0);
+    assert_string_equal(cJSON_GetObjectItem(d0, "embedding")->valuestring, "AACAPwAAAMA=");
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "total_tokens")->valueint,
+                     7);
+    cJSON_Delete(j);
+    free(body);
+    body = srv_embed_response("m", v, 2, 2, false, 7);
+    j = cJSON_Parse(body);
+    assert_non_null(j);
+    cJSON *d1 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 1);
+    assert_int_equal(cJSON_GetObjectItem(d1, "index")->valueint, 1);
+    cJSON *emb = cJSON_GetObjectItem(d1, "embedding");
+    assert_int_equal(cJSON_GetArraySize(emb), 2);
+    assert_true((float)cJSON_GetArrayItem(emb, 0)->valuedouble == v[2]);
+    assert_true((float)cJSON_GetArrayItem(emb, 1)->valuedouble == v[3]);
+    cJSON_Delete(j);
+    free(body);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -861,7 +934,7 @@ int main(void)
         cmocka_unit_test(test_chunk_lines),     cmocka_unit_test(test_new_fields),
         cmocka_unit_test(test_cors_config),     cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_json_py),         cmocka_unit_test(test_tool_calls_stream_safe),
-        cmocka_unit_test(test_relay_no_nagle),
+        cmocka_unit_test(test_relay_no_nagle),  cmocka_unit_test(test_embeddings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -269,6 +269,9 @@ static void usage(FILE *fp)
             "  --rope-freqs write rope_freqs.weight, Llama 3.1's per-frequency divisors\n"
             "            (1 for the fastest pair rising to 8 for the slowest)\n"
             "  --chat-template  store TEXT as tokenizer.chat_template\n"
+            "  --pooling N  <arch>.pooling_type N (an embedding model's: 1 mean, 2 cls,\n"
+            "            3 last)\n"
+            "  --add-eos tokenizer.ggml.add_eos_token true (inputs end with EOS)\n"
             "  --weight-std  std of the random matrices (default %.2f; larger makes\n"
             "            attention sharper, so tests see position effects)\n",
             WEIGHT_STD);
@@ -301,6 +304,8 @@ typedef struct opts {
     float rope_base;
     bool rope_freqs;           /* write rope_freqs.weight (Llama 3.1 style divisors) */
     const char *chat_template; /* tokenizer.chat_template, or NULL */
+    uint32_t pooling;          /* <arch>.pooling_type, 0: not written */
+    bool add_eos;              /* tokenizer.ggml.add_eos_token true */
     double weight_std;         /* of the random matrices */
 } opts;
 
@@ -324,6 +329,10 @@ static int parse_args(int argc, char **argv, opts *o)
         }
         if (!strcmp(a, "--rope-freqs")) {
             o->rope_freqs = true;
+            continue;
+        }
+        if (!strcmp(a, "--add-eos")) {
+            o->add_eos = true;
             continue;
         }
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -407,6 +416,13 @@ static int parse_args(int argc, char **argv, opts *o)
             }
         } else if (!strcmp(a, "--chat-template")) {
             o->chat_template = val;
+        } else if (!strcmp(a, "--pooling")) {
+            uint64_t v;
+            if (!parse_u64(val, 4, &v) || v == 0) {
+                fprintf(stderr, "kvs-mkmodel: bad pooling type '%s' (1..4)\n", val);
+                return -1;
+            }
+            o->pooling = (uint32_t)v;
         } else if (!strcmp(a, "-o")) {
             o->out = val;
         } else {
@@ -508,7 +524,8 @@ static int add_vocab(gguf_writer *w, const opts *o, uint32_t *n_vocab)
         for (int64_t i = 0; i < gguf_n_kv(vf) && !rc; i++) {
             size_t klen;
             const char *k = gguf_key_name(vf, i, &klen);
-            if (klen > 10 && !memcmp(k, "tokenizer.", 10))
+            if (klen > 10 && !memcmp(k, "tokenizer.", 10) &&
+                !(o->add_eos && klen == 28 && !memcmp(k, "tokenizer.ggml.add_eos_token", 28)))
                 rc = gguf_writer_copy_kv(w, vf, i);
         }
         gguf_close(vf);
@@ -587,6 +604,9 @@ static int build(gen *g, const opts *o)
     if (n_vocab != sh->vocab)
         fprintf(stderr, "kvs-mkmodel: note: vocabulary has %u tokens (shape default %u)\n", n_vocab,
                 sh->vocab);
+    if ((o->add_eos && (rc = gguf_writer_add_bool(w, "tokenizer.ggml.add_eos_token", 1))) ||
+        (o->pooling && (rc = gguf_writer_add_u32(w, ARCH_KEY("pooling_type"), o->pooling))))
+        return rc;
     if ((rc = gguf_writer_add_u32(w, ARCH_KEY("vocab_size"), n_vocab)))
         return rc;
 #undef ARCH_KEY

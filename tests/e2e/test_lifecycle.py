@@ -45,7 +45,7 @@ class StartErrors(unittest.TestCase):
                      "--max-num-seqs", "--max-batched-tokens", "--max-queue", "--ctx-size",
                      "--served-model-name", "--api-key", "--max-body-bytes",
                      "--shutdown-timeout", "--chat-template", "--no-prefix-cache",
-                     "--log-level", "--config", "--kernels"]:
+                     "--log-level", "--config", "--kernels", "--pooling"]:
             self.assertIn(flag, p.stdout)
 
     def test_missing_model(self):

@@ -1,5 +1,6 @@
 /* libFuzzer target: request JSON -> validated parameters (srv_request_parse), the path every
- * /v1/completions and /v1/chat/completions body takes before it reaches the tokenizer.
+ * /v1/completions and /v1/chat/completions body takes before it reaches the tokenizer, and the
+ * same body as /v1/embeddings (srv_embed_parse).
  * The first input byte picks the endpoint (bit 0) and the chat template (bits 1-3); the rest
  * is the body. Checks invariants, not just crashes: a parse either succeeds with every field
  * inside its documented range, or fails with a 4xx/500 whose error body is valid JSON. */
@@ -12,6 +13,7 @@
 
 #include "engine/sampler.h"
 #include "server/api.h"
+#include "server/embeddings.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -40,8 +42,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (srv_request_parse(body, len, chat, &fmt, &defaults, &r, &e) == 0) {
         CHECK(r.chat == chat);
         CHECK(r.n >= 1 && r.n <= SRV_MAX_N);
-        CHECK(r.max_tokens >= 1);
-        CHECK(r.n_stop >= 0 && r.n_stop <= 4);
+        CHECK(r.max_tokens >= 1 || (r.echo && !chat)); /* 0: a completion's prompt scored */
+        CHECK(r.n_stop >= 0 && r.n_stop <= SRV_MAX_STOP);
         for (int i = 0; i < r.n_stop; i++)
             CHECK(r.stop[i] && r.stop[i][0]);
         CHECK(r.n_top_logprobs >= -1 && r.n_top_logprobs <= 20);
@@ -68,6 +70,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             cJSON_Delete(back);
             free(j);
         }
+    }
+    /* the same body as POST /v1/embeddings */
+    srv_embed_request er;
+    if (srv_embed_parse(body, len, &er, &e) == 0) {
+        CHECK(er.n_inputs >= 1 && er.n_inputs <= SRV_MAX_EMBED_INPUTS);
+        for (size_t k = 0; k < er.n_inputs; k++) {
+            const srv_embed_input *in = &er.inputs[k];
+            CHECK((in->text != NULL) != (in->ids != NULL));
+            CHECK(in->text ? in->text[0] != '\0' : in->n_ids >= 1);
+            for (size_t i = 0; in->ids && i < in->n_ids; i++)
+                CHECK(in->ids[i] >= 0);
+        }
+        CHECK(er.dimensions == -1 || er.dimensions >= 1);
+        srv_embed_request_free(&er);
+    } else {
+        CHECK((e.status >= 400 && e.status < 500) || e.status == 500);
+        CHECK(!er.inputs && !er.model && er.n_inputs == 0);
     }
     return 0;
 }
