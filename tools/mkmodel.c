@@ -30,6 +30,8 @@ static const shape SHAPES[] = {
     {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000},
     /* Mistral 7B's (v0.1) shape: what most CPU users serve, GQA 4:1 at head size 128 */
     {"mistral-7b", 4096, 32, 32, 8, 14336, 32000},
+    /* Qwen3 0.6B's (and Qwen3-Embedding-0.6B's) shape: pass --arch qwen3 --head-dim 128 */
+    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 151669},
     /* seven layers: gemma3's 5:1 pattern gives one global layer (5) among windowed ones, the
      * smallest hybrid (the scheduler's window-reclaim tests) */
     {"swa7", 64, 7, 4, 2, 128, 512},
