@@ -82,7 +82,7 @@ enum MHD_Result srv__embed_pump(srv_conn *c)
     struct srv_embed_state *e = c->emb;
     uint32_t n = (uint32_t)e->rq.n_inputs, E = engine_model_hparams(s->model)->n_embd;
     for (;;) {
-        while (e->next < n && e->inflight < s->cfg->max_num_seqs) {
+        while (e->next < n && e->inflight < s->cfg->max_num_seqs && !c->fail_status) {
             sched_request_params p = {0};
             p.prompt = e->ids[e->next];
             p.n_prompt = (uint32_t)e->n_ids[e->next];
