@@ -1,13 +1,14 @@
 // kvserve behind the frameworks apps use, each given only a base URL: the Vercel AI SDK
 // (generateObject and streamText with tools on chat completions, openai(id) on /v1/responses)
-// and LangChain (withStructuredOutput, bindTools). stories260K writes nonsense, but under the
-// schemas it writes nonsense that parses and validates, which is what is tested.
+// and LangChain (withStructuredOutput, bindTools, OpenAIEmbeddings). stories260K writes
+// nonsense, but under the schemas it writes nonsense that parses and validates, which is what is
+// tested.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { createOpenAI } from '@ai-sdk/openai';
 import { generateObject, generateText, streamText, tool } from 'ai';
-import { ChatOpenAI } from '@langchain/openai';
+import { ChatOpenAI, OpenAIEmbeddings } from '@langchain/openai';
 import { z } from 'zod';
 import { startKvserve, stopKvserve } from '../kvserve_process.mjs';
 
@@ -111,5 +112,17 @@ describe('LangChain', () => {
         assert.equal(msg.tool_calls.length, 1);
         assert.equal(msg.tool_calls[0].name, 'get_weather');
         Weather.parse(msg.tool_calls[0].args);
+    });
+
+    test('OpenAIEmbeddings: documents and a query, as a vector store embeds them', async () => {
+        // checkEmbeddingCtxLength false: otherwise it sends tiktoken's ids, OpenAI's vocabulary
+        const emb = new OpenAIEmbeddings({ model: 'stories260K', apiKey: 'unused', maxRetries: 0,
+            checkEmbeddingCtxLength: false, configuration: { baseURL: `${url}/v1` } });
+        const docs = await emb.embedDocuments(['Tom had a dog.', 'Sue went to the beach.']);
+        const q = await emb.embedQuery('Tom had a dog.');
+        assert.equal(docs.length, 2);
+        assert.equal(q.length, 64);
+        assert.deepEqual(q.map(Math.fround), docs[0].map(Math.fround));
+        assert.notDeepEqual(docs[0], docs[1]);
     });
 });

@@ -166,6 +166,34 @@ describe('structured outputs and tools', () => {
     });
 });
 
+describe('embeddings and scoring', () => {
+    test('embeddings.create, as the SDK asks (base64) and as floats', async () => {
+        const inputs = ['Once upon a time', 'Tom and Sue went to the beach'];
+        const r = await client.embeddings.create({ model: 'stories260K', input: inputs });
+        assert.equal(r.data.length, 2);
+        const f = await client.embeddings.create({ model: 'stories260K', input: inputs,
+            encoding_format: 'float' });
+        for (let i = 0; i < 2; i++) {
+            const v = r.data[i].embedding;
+            assert.equal(v.length, 64);
+            assert.ok(Math.abs(Math.hypot(...v) - 1) < 1e-5);
+            assert.deepEqual(v.map(Math.fround), f.data[i].embedding.map(Math.fround));
+        }
+        assert.ok(r.usage.prompt_tokens > 0);
+    });
+
+    test('completions.create with echo scores the prompt', async () => {
+        const c = CASES[0];
+        const r = await client.completions.create({ model: 'stories260K', prompt: c.prompt,
+            echo: true, logprobs: 1, max_tokens: 0, temperature: 0 });
+        assert.equal(r.choices[0].text, c.prompt);
+        const lp = r.choices[0].logprobs;
+        assert.equal(lp.token_logprobs.length, c.prompt_ids.length);
+        assert.equal(lp.token_logprobs[0], null);
+        assert.ok(lp.token_logprobs.slice(1).every((x) => x < 0));
+    });
+});
+
 describe('errors', () => {
     test('an invalid request raises the SDK\'s BadRequestError', async () => {
         await assert.rejects(
