@@ -33,13 +33,8 @@ OLD=${OLD:-}
 peer_setup "$ENGINE" "$MKMODEL" --peer llama-bench llama-batched-bench llama-quantize --vocab
 [ -z "$OLD" ] || [ -x "$OLD" ] || { echo "$WHO: OLD=$OLD is not executable" >&2; exit 1; }
 
-model="$TMP/$SHAPE-f16.gguf"
-"$MKMODEL" --shape "$SHAPE" --type f16 --vocab "$VOCAB" -o "$model" >&2
-if [ "$TYPE" != F16 ]; then
-    "$PEER/llama-quantize" "$model" "$TMP/$SHAPE-$TYPE.gguf" "$TYPE" "$THREADS" >/dev/null 2>&1
-    rm -f "$model"
-    model="$TMP/$SHAPE-$TYPE.gguf"
-fi
+make_model
+model=$MODEL
 
 # engine BINARY ROWS DEPTH -> decode tok/s of kvs-bench-engine batch (which prefills at least
 # one position: depth 0 is 1 there)

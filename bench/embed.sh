@@ -21,14 +21,8 @@ CASES=${CASES:-64x128 1x32}
 REPEATS=${REPEATS:-3}
 peer_setup "$KVSERVE" "$MKMODEL" --peer llama-server llama-quantize --vocab
 
-model="$TMP/$SHAPE-f16.gguf"
-"$MKMODEL" --shape "$SHAPE" --arch qwen3 --head-dim 128 --type f16 --vocab "$VOCAB" \
-    --pooling 3 --add-eos -o "$model" >&2
-if [ "$TYPE" != F16 ]; then
-    "$PEER/llama-quantize" "$model" "$TMP/$SHAPE-$TYPE.gguf" "$TYPE" "$THREADS" >/dev/null 2>&1
-    rm -f "$model"
-    model="$TMP/$SHAPE-$TYPE.gguf"
-fi
+make_model --arch qwen3 --head-dim 128 --pooling 3 --add-eos
+model=$MODEL
 
 kport=$(free_port)
 "$KVSERVE" serve -m "$model" --port "$kport" --threads "$THREADS" --ctx-size 1024 \

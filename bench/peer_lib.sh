@@ -49,6 +49,19 @@ peer_setup() {
     LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 }
 
+# make_model [KVS-MKMODEL ARGS...]: SHAPE written in F16 by kvs-mkmodel (random weights, VOCAB,
+# with ARGS), then TYPE made from it by llama-quantize (TYPE F16: that file itself); sets MODEL
+# (under TMP) (depth.sh, score.sh, embed.sh)
+make_model() {
+    MODEL="$TMP/$SHAPE-f16.gguf"
+    "$MKMODEL" --shape "$SHAPE" --type f16 --vocab "$VOCAB" "$@" -o "$MODEL" >&2
+    if [ "$TYPE" != F16 ]; then
+        "$PEER/llama-quantize" "$MODEL" "$TMP/$SHAPE-$TYPE.gguf" "$TYPE" "$THREADS" >/dev/null 2>&1
+        rm -f "$MODEL"
+        MODEL="$TMP/$SHAPE-$TYPE.gguf"
+    fi
+}
+
 # free_port: a loopback port nobody listens on now (the machine is shared: a fixed one may be
 # taken)
 free_port() {

@@ -25,13 +25,8 @@ CASES=${CASES:-1x512 8x128}
 REPEATS=${REPEATS:-3}
 peer_setup "$KVSERVE" "$MKMODEL" --peer llama-server llama-quantize --vocab
 
-model="$TMP/$SHAPE-f16.gguf"
-"$MKMODEL" --shape "$SHAPE" --type f16 --vocab "$VOCAB" -o "$model" >&2
-if [ "$TYPE" != F16 ]; then
-    "$PEER/llama-quantize" "$model" "$TMP/$SHAPE-$TYPE.gguf" "$TYPE" "$THREADS" >/dev/null 2>&1
-    rm -f "$model"
-    model="$TMP/$SHAPE-$TYPE.gguf"
-fi
+make_model
+model=$MODEL
 
 kport=$(free_port)
 start_server kvserve "$model" "$kport" "$TMP/kvserve.log"
