@@ -566,6 +566,36 @@ static void test_queue_bound_and_validation(void **state)
     sched_destroy(s);
 }
 
+/* A pool too small for everyone and 8 tokens a step: two plain sequences (200 reference tokens
+ * each) decoding while the newest, third, is still in its prefill, so it is the one preempted
+ * there, then computed again from the start. Runs third (a 214-token prompt) that way; checks
+ * the plain two and that something was preempted; *c3 holds the third's output (the caller
+ * checks it and calls client_finish). */
+static void run_preempted(sched_request_params third, client *c3)
+{
+    sched *s = make_sched_steps(17, 3, 16, 8, 240, NULL, NULL);
+    client cp[2];
+    for (int k = 0; k < 3; k++) {
+        sched_request_params q = k == 2 ? third : greedy_params(&g_cases[k]);
+        client *c = k == 2 ? c3 : &cp[k];
+        if (k < 2)
+            q.max_tokens = 200; /* within the 240-token context */
+        client_init(c, 1);
+        assert_int_equal(sched_submit(s, &q, on_notify, c, &c->req), 0);
+    }
+    for (int k = 0; k < 3; k++)
+        client_wait(k == 2 ? c3 : &cp[k]);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(cp[k].n_ids[0], 200);
+        assert_memory_equal(cp[k].ids[0], g_cases[k].completion, 200 * sizeof(int32_t));
+        client_finish(&cp[k]);
+    }
+    sched_metrics m;
+    sched_get_metrics(s, &m);
+    assert_true(m.preemptions_total > 0);
+    end_sched(s);
+}
+
 /* Prompt logprobs (what echo with logprobs reports): token i's logprob given tokens 0..i-1, for
  * every prompt token after the first. The want: one engine_forward over the whole prompt with
  * every row's logits, log-softmaxed in double here, and (bit for bit) through
@@ -699,34 +729,13 @@ static void test_prompt_logprobs(void **state)
     assert_int_equal(sched_submit(s, &p, NULL, NULL, &r), KVS_EINVAL);
     end_sched(s);
 
-    /* A pool too small for everyone, and 8 tokens a step: two plain sequences decoding while
-     * the newest, with prompt logprobs, is still in its prefill, so it is the one preempted
-     * there (after some of its rows' logprobs), then computed again from the start: its
-     * logprobs still arrive once and exact. */
-    s = make_sched_steps(17, 3, 16, 8, 240, NULL, NULL);
-    client cp[3];
-    for (int k = 0; k < 3; k++) {
-        sched_request_params q = k == 2 ? plp_params(16, 1) : greedy_params(&g_cases[k]);
-        if (k < 2)
-            q.max_tokens = 200; /* within the 240-token context */
-        client_init(&cp[k], 1);
-        assert_int_equal(sched_submit(s, &q, on_notify, &cp[k], &cp[k].req), 0);
-    }
-    for (int k = 0; k < 3; k++) {
-        client_wait(&cp[k]);
-        if (k == 2) {
-            expect_plp(&cp[k]);
-            assert_memory_equal(cp[k].ids[0], rc->completion + done, 16 * sizeof(int32_t));
-        } else {
-            assert_int_equal(cp[k].n_ids[0], 200);
-            assert_memory_equal(cp[k].ids[0], g_cases[k].completion, 200 * sizeof(int32_t));
-        }
-        client_finish(&cp[k]);
-    }
-    sched_metrics m;
-    sched_get_metrics(s, &m);
-    assert_true(m.preemptions_total > 0);
-    end_sched(s);
+    /* preempted in its prefill, after some of its rows' logprobs, then computed again from
+     * the start: its logprobs still arrive once and exact */
+    client c3;
+    run_preempted(plp_params(16, 1), &c3);
+    expect_plp(&c3);
+    assert_memory_equal(c3.ids[0], rc->completion + done, 16 * sizeof(int32_t));
+    client_finish(&c3);
 
     client cl[12];
     /* Three at once with plain ones, and 5 prompt-logprob rows a step: the three share them,
@@ -776,6 +785,7 @@ static void test_prompt_logprobs(void **state)
         }
         client_finish(&cl[k]);
     }
+    sched_metrics m;
     sched_get_metrics(s, &m);
     assert_true(m.preemptions_total > 0);
     end_sched(s);
@@ -854,28 +864,10 @@ static void test_embeddings(void **state)
     end_sched(s);
 
     /* preempted mid-prompt (as in test_prompt_logprobs): the sums start over, the same bits */
-    s = make_sched_steps(17, 3, 16, 8, 240, NULL, NULL);
-    client cp[3];
-    for (int k = 0; k < 3; k++) {
-        sched_request_params q =
-            k == 2 ? embed_params(ENGINE_POOLING_MEAN) : greedy_params(&g_cases[k]);
-        if (k < 2)
-            q.max_tokens = 200;
-        client_init(&cp[k], 1);
-        assert_int_equal(sched_submit(s, &q, on_notify, &cp[k], &cp[k].req), 0);
-    }
-    for (int k = 0; k < 3; k++) {
-        client_wait(&cp[k]);
-        if (k == 2)
-            expect_embedding(&cp[k], ENGINE_POOLING_MEAN);
-        else
-            assert_memory_equal(cp[k].ids[0], g_cases[k].completion, 200 * sizeof(int32_t));
-        client_finish(&cp[k]);
-    }
-    sched_metrics m;
-    sched_get_metrics(s, &m);
-    assert_true(m.preemptions_total > 0);
-    end_sched(s);
+    client c3;
+    run_preempted(embed_params(ENGINE_POOLING_MEAN), &c3);
+    expect_embedding(&c3, ENGINE_POOLING_MEAN);
+    client_finish(&c3);
     free(plp_want);
     plp_want = NULL;
     free(plp_hidden);
