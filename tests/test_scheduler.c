@@ -571,9 +571,31 @@ static void test_queue_bound_and_validation(void **state)
  * there, then computed again from the start. Runs third (a 214-token prompt) that way; checks
  * the plain two and that something was preempted; *c3 holds the third's output (the caller
  * checks it and calls client_finish). */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool entered, open;
+} gate;
+
+/* A step observer that holds the engine thread after its first step until the gate opens. */
+static void gate_observer(void *ud, const sched_kv_snapshot *k)
+{
+    (void)k;
+    gate *g = ud;
+    pthread_mutex_lock(&g->mu);
+    g->entered = true;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
 static void run_preempted(sched_request_params third, client *c3)
 {
-    sched *s = make_sched_steps(17, 3, 16, 8, 240, NULL, NULL);
+    /* the first plain one runs a step alone, then the engine waits at the gate until the
+     * other two are queued: admitted in that order whatever the threads do */
+    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+    sched *s = make_sched_steps(17, 3, 16, 8, 240, gate_observer, &g);
     client cp[2];
     for (int k = 0; k < 3; k++) {
         sched_request_params q = k == 2 ? third : greedy_params(&g_cases[k]);
@@ -582,6 +604,12 @@ static void run_preempted(sched_request_params third, client *c3)
             q.max_tokens = 200; /* within the 240-token context */
         client_init(c, 1);
         assert_int_equal(sched_submit(s, &q, on_notify, c, &c->req), 0);
+        pthread_mutex_lock(&g.mu);
+        while (k == 0 && !g.entered)
+            pthread_cond_wait(&g.cv, &g.mu);
+        g.open = k == 2;
+        pthread_cond_broadcast(&g.cv);
+        pthread_mutex_unlock(&g.mu);
     }
     for (int k = 0; k < 3; k++)
         client_wait(k == 2 ? c3 : &cp[k]);
