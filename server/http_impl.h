@@ -226,6 +226,11 @@ enum MHD_Result srv__route_detokenize(srv_conn *c);
 enum MHD_Result srv__route_apply_template(srv_conn *c);
 /* Tokenizes text into a malloc'd array (*ids, *n). KVS_ENOMEM, tokenizer errors. */
 int srv__tokenize(const tok_vocab *v, const char *text, bool add_bos, int32_t **ids, size_t *n);
+/* The same with the special tokens the vocabulary adds when add_special (BOS where it adds one,
+ * EOS at the end where tokenizer.ggml.add_eos_token says), none otherwise: /tokenize's
+ * add_special_tokens, and every embeddings input. */
+int srv__tokenize_special(const tok_vocab *v, const char *text, bool add_special, int32_t **ids,
+                          size_t *n);
 
 /* route_completions.c. */
 enum MHD_Result srv__route_generate(srv_conn *c);

@@ -176,24 +176,13 @@ enum MHD_Result srv__route_embeddings(srv_conn *c)
     c->reqs = calloc(n, sizeof *c->reqs);
     if (!e->ids || !e->n_ids || !e->vecs || !e->have || !c->reqs)
         return srv__fail(c, 500, NULL, NULL, "out of memory");
-    int32_t nv = tok_n_vocab(s->vocab), eos = tok_eos(s->vocab);
+    int32_t nv = tok_n_vocab(s->vocab);
     uint64_t total = 0;
     for (size_t k = 0; k < n; k++) {
         srv_embed_input *in = &e->rq.inputs[k];
         if (in->text) {
-            size_t m = 0;
-            int32_t *ids = NULL;
-            if (srv__tokenize(s->vocab, in->text, tok_add_bos(s->vocab), &ids, &m))
+            if (srv__tokenize_special(s->vocab, in->text, true, &e->ids[k], &e->n_ids[k]))
                 return srv__fail(c, 500, NULL, NULL, "tokenization failed");
-            int32_t *grown = tok_add_eos(s->vocab) ? realloc(ids, (m + 1) * sizeof *ids) : ids;
-            if (!grown) {
-                free(ids);
-                return srv__fail(c, 500, NULL, NULL, "out of memory");
-            }
-            if (tok_add_eos(s->vocab))
-                grown[m++] = eos;
-            e->ids[k] = grown;
-            e->n_ids[k] = m;
         } else {
             for (size_t i = 0; i < in->n_ids; i++)
                 if (in->ids[i] >= nv) {

@@ -84,7 +84,7 @@ enum MHD_Result srv__route_tokenizer_info(srv_conn *c)
     cJSON_AddItemToObject(r, "unk_token", token_or_null(v, tok_unk(v)));
     cJSON_AddItemToObject(r, "pad_token", token_or_null(v, tok_pad(v)));
     cJSON_AddBoolToObject(r, "add_bos_token", tok_add_bos(v));
-    cJSON_AddBoolToObject(r, "add_eos_token", false);
+    cJSON_AddBoolToObject(r, "add_eos_token", tok_add_eos(v));
     cJSON_AddNumberToObject(r, "model_max_length", s->n_ctx);
     cJSON_AddNumberToObject(r, "vocab_size", tok_n_vocab(v));
     const char *tmpl = s->cfg->chat_template ? NULL : engine_model_chat_template(s->model);
@@ -149,6 +149,23 @@ int srv__tokenize(const tok_vocab *v, const char *text, bool add_bos, int32_t **
         cap = got;
     }
     return KVS_ENOSPC;
+}
+
+int srv__tokenize_special(const tok_vocab *v, const char *text, bool add_special, int32_t **ids,
+                          size_t *n)
+{
+    int rc = srv__tokenize(v, text, add_special && tok_add_bos(v), ids, n);
+    if (rc || !add_special || !tok_add_eos(v))
+        return rc;
+    int32_t *grown = realloc(*ids, (*n + 1) * sizeof **ids);
+    if (!grown) {
+        free(*ids);
+        *ids = NULL;
+        return KVS_ENOMEM;
+    }
+    grown[(*n)++] = tok_eos(v);
+    *ids = grown;
+    return 0;
 }
 
 /* {"tokens": ids, "count": n, "max_model_len": ...}, vLLM's answer, with "token_strs" (each
@@ -271,11 +288,11 @@ enum MHD_Result srv__route_tokenize(srv_conn *c)
     }
     /* add_special_tokens (vLLM's, default true; llama.cpp's add_special): true adds the special
      * tokens the vocabulary asks for (BOS where it adds one; a vocabulary without, as Qwen's or
-     * GPT-2's, gets none, as vLLM and llama.cpp give it), false none */
-    bool add_bos = !(as && cJSON_IsFalse(as)) && tok_add_bos(s->vocab);
+     * GPT-2's, gets none; EOS at the end where tokenizer.ggml.add_eos_token says, as an
+     * embedding model's: as vLLM and llama.cpp give it), false none */
     int32_t *ids = NULL;
     size_t n = 0;
-    int rc = srv__tokenize(s->vocab, p->valuestring, add_bos, &ids, &n);
+    int rc = srv__tokenize_special(s->vocab, p->valuestring, !(as && cJSON_IsFalse(as)), &ids, &n);
     cJSON_Delete(root);
     if (rc)
         return srv__fail(c, 500, NULL, NULL, "tokenization failed");

@@ -548,8 +548,9 @@ static int add_vocab(gguf_writer *w, const opts *o, uint32_t *n_vocab)
         !(rc = gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0)) &&
         !(rc = gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1)) &&
         !(rc = gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2)) &&
-        !(rc = gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", 1)))
-        rc = gguf_writer_add_bool(w, "tokenizer.ggml.add_eos_token", 0);
+        !(rc = gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", 1)) && !o->add_eos)
+        rc =
+            gguf_writer_add_bool(w, "tokenizer.ggml.add_eos_token", 0); /* --add-eos: true, later */
     vocab_free(&v);
     return rc;
 }

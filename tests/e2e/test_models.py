@@ -161,6 +161,36 @@ class ServeFamilies(unittest.TestCase):
             self.assertEqual(srv.stop(), 0)
 
 
+class EmbeddingModel(unittest.TestCase):
+    def test_pooling_and_eos_from_the_file(self):
+        """A qwen3 file written as an embedding model (pooling last, add_eos_token): its inputs
+        end with EOS, in /tokenize's add_special_tokens as in /v1/embeddings (as llama.cpp), and
+        /tokenizer_info says so; the file's pooling is the one used (mean gives another vector)."""
+        path = mkmodel("qwen3-embed.gguf", "--arch", "qwen3", "--head-dim", "32", "--pooling", "3",
+                       "--add-eos")
+        vecs = {}
+        for pooling in ("auto", "last", "mean"):
+            srv = e2e.Server("--pooling", pooling, model=path, ctx=256)
+            try:
+                st, tok = srv.post("/tokenize", {"prompt": "once upon"})
+                self.assertEqual(st, 200, tok)
+                self.assertEqual(tok["tokens"][0], 1)
+                self.assertEqual(tok["tokens"][-1], 2)  # the byte vocabulary's BOS and EOS
+                st, plain = srv.post("/tokenize", {"prompt": "once upon",
+                                                   "add_special_tokens": False})
+                self.assertEqual(plain["tokens"], tok["tokens"][1:-1])
+                st, _, data = srv.request("GET", "/tokenizer_info")
+                self.assertTrue(json.loads(data)["add_eos_token"])
+                st, r = srv.post("/v1/embeddings", {"input": "once upon"})
+                self.assertEqual(st, 200, r)
+                self.assertEqual(r["usage"]["prompt_tokens"], len(tok["tokens"]))
+                vecs[pooling] = r["data"][0]["embedding"]
+            finally:
+                self.assertEqual(srv.stop(), 0)
+        self.assertEqual(vecs["auto"], vecs["last"])
+        self.assertNotEqual(vecs["auto"], vecs["mean"])
+
+
 class Refusals(unittest.TestCase):
     def test_unsupported_architecture(self):
         path = mkmodel("mamba.gguf")
