@@ -957,6 +957,19 @@ uint64_t srv_response_bound(uint32_t n, uint32_t max_tokens, int n_top_logprobs)
     return (uint64_t)n * max_tokens * per_token;
 }
 
+int srv_json_model(const cJSON *root, char **out, srv_error *e)
+{
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    *out = NULL;
+    if (!model || cJSON_IsNull(model))
+        return 0;
+    if (!cJSON_IsString(model))
+        return srv_error_set(e, 400, "model", NULL, "'model' must be a string");
+    if (!(*out = strdup(model->valuestring)))
+        return oom(e);
+    return 0;
+}
+
 int srv_request_parse(const char *body, size_t len, bool chat, const srv_chat_fmt *fmt,
                       const sampler_params *defaults, srv_request *r, srv_error *e)
 {
@@ -971,17 +984,8 @@ int srv_request_parse(const char *body, size_t len, bool chat, const srv_chat_fm
     if (srv_json_parse_object(body, len, &root, e))
         return -1;
     int rc = -1;
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (model && !cJSON_IsNull(model)) {
-        if (!cJSON_IsString(model)) {
-            srv_error_set(e, 400, "model", NULL, "'model' must be a string");
-            goto out;
-        }
-        if (!(r->model = strdup(model->valuestring))) {
-            oom(e);
-            goto out;
-        }
-    }
+    if (srv_json_model(root, &r->model, e))
+        goto out;
     if (refuse_unsupported(root, chat, e))
         goto out;
     if (chat && parse_tools(root, r, e))

@@ -98,6 +98,10 @@ int srv_json_parse(const char *body, size_t len, cJSON **out, srv_error *e);
  * a 400 saying so. */
 int srv_json_parse_object(const char *body, size_t len, cJSON **out, srv_error *e);
 
+/* A body's "model": absent or null leaves *out NULL; a string is copied (malloc'd); anything
+ * else is a 400 naming it. 0, or -1 with e filled. */
+int srv_json_model(const cJSON *root, char **out, srv_error *e);
+
 /* What a response can hold in memory, estimated from the request: n choices x max_tokens x
  * (text + one entry per logprob). A request whose bound exceeds --max-response-mb is refused
  * with 400 before it runs, so one small request cannot make the server build a response of

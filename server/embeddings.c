@@ -97,20 +97,11 @@ int srv_embed_parse(const char *body, size_t len, srv_embed_request *r, srv_erro
     if (srv_json_parse_object(body, len, &root, e))
         return -1;
     int rc = -1;
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "encoding_format");
     const cJSON *dims = cJSON_GetObjectItemCaseSensitive(root, "dimensions");
     const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
-    if (model && !cJSON_IsNull(model)) {
-        if (!cJSON_IsString(model)) {
-            srv_error_set(e, 400, "model", NULL, "'model' must be a string");
-            goto out;
-        }
-        if (!(r->model = strdup(model->valuestring))) {
-            oom(e);
-            goto out;
-        }
-    }
+    if (srv_json_model(root, &r->model, e))
+        goto out;
     if (fmt && !cJSON_IsNull(fmt)) {
         if (!cJSON_IsString(fmt) ||
             (strcmp(fmt->valuestring, "float") && strcmp(fmt->valuestring, "base64"))) {
