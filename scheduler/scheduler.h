@@ -80,7 +80,9 @@ int sched_create(const sched_params *p, const engine_model *model, sched **out);
 /* The context length requests are held to: n_ctx, the model's, or what the fit chose */
 uint32_t sched_n_ctx(const sched *s);
 /* Stops the engine thread, ends every request with a KVS_ECANCELED error event, frees all.
- * Requests not yet released stay valid until sched_req_release. NULL is a no-op. */
+ * Release every request first: sched_req_release wakes the engine thread through the
+ * scheduler, so after this it would touch freed memory (the server releases its requests in
+ * srv_stop, before this). NULL is a no-op. */
 void sched_destroy(sched *s);
 
 /* Stop admitting new requests (sched_submit returns KVS_EBUSY); running ones go on. */

@@ -569,8 +569,7 @@ static void test_queue_bound_and_validation(void **state)
 /* A pool too small for everyone and 8 tokens a step: two plain sequences (200 reference tokens
  * each) decoding while the newest, third, is still in its prefill, so it is the one preempted
  * there, then computed again from the start. Runs third (a 214-token prompt) that way; checks
- * the plain two and that something was preempted; *c3 holds the third's output (the caller
- * checks it and calls client_finish). */
+ * the plain two, the third with check, and that something was preempted. */
 typedef struct gate {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -590,8 +589,9 @@ static void gate_observer(void *ud, const sched_kv_snapshot *k)
     pthread_mutex_unlock(&g->mu);
 }
 
-static void run_preempted(sched_request_params third, client *c3)
+static void run_preempted(sched_request_params third, void (*check)(const client *))
 {
+    client c3v, *c3 = &c3v;
     /* the first plain one runs a step alone, then the engine waits at the gate until the
      * other two are queued: admitted in that order whatever the threads do */
     gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
@@ -618,6 +618,8 @@ static void run_preempted(sched_request_params third, client *c3)
         assert_memory_equal(cp[k].ids[0], g_cases[k].completion, 200 * sizeof(int32_t));
         client_finish(&cp[k]);
     }
+    check(c3);
+    client_finish(c3); /* before the scheduler goes (sched_destroy) */
     sched_metrics m;
     sched_get_metrics(s, &m);
     assert_true(m.preemptions_total > 0);
@@ -714,6 +716,15 @@ static sched_request_params plp_params(uint32_t max_tokens, uint32_t n)
     return p;
 }
 
+/* run_preempted's check of a plp_params(16, 1) request: the logprobs, then the reference's
+ * next 16 tokens */
+static void check_plp_16(const client *c)
+{
+    expect_plp(c);
+    const ref_case *rc = &g_cases[1];
+    assert_memory_equal(c->ids[0], rc->completion + (plp_len - rc->n_prompt), 16 * sizeof(int32_t));
+}
+
 static void test_prompt_logprobs(void **state)
 {
     (void)state;
@@ -759,11 +770,7 @@ static void test_prompt_logprobs(void **state)
 
     /* preempted in its prefill, after some of its rows' logprobs, then computed again from
      * the start: its logprobs still arrive once and exact */
-    client c3;
-    run_preempted(plp_params(16, 1), &c3);
-    expect_plp(&c3);
-    assert_memory_equal(c3.ids[0], rc->completion + done, 16 * sizeof(int32_t));
-    client_finish(&c3);
+    run_preempted(plp_params(16, 1), check_plp_16);
 
     client cl[12];
     /* Three at once with plain ones, and 5 prompt-logprob rows a step: the three share them,
@@ -857,6 +864,11 @@ static void expect_embedding(const client *c, engine_pooling pooling)
     }
 }
 
+static void check_embedding_mean(const client *c)
+{
+    expect_embedding(c, ENGINE_POOLING_MEAN);
+}
+
 static void test_embeddings(void **state)
 {
     (void)state;
@@ -892,10 +904,7 @@ static void test_embeddings(void **state)
     end_sched(s);
 
     /* preempted mid-prompt (as in test_prompt_logprobs): the sums start over, the same bits */
-    client c3;
-    run_preempted(embed_params(ENGINE_POOLING_MEAN), &c3);
-    expect_embedding(&c3, ENGINE_POOLING_MEAN);
-    client_finish(&c3);
+    run_preempted(embed_params(ENGINE_POOLING_MEAN), check_embedding_mean);
     free(plp_want);
     plp_want = NULL;
     free(plp_hidden);
