@@ -215,17 +215,20 @@ static int32_t argmax(const float *x, int32_t n)
     return 0;
 }
 
-void sampler_logprobs(const float *logits, int32_t n_vocab, int32_t id, float *logprob, int n_top,
-                      int32_t *top_ids, float *top_logprobs)
+/* log(sum(exp(x - maxv))) over logits, maxv their largest (into *maxv). */
+static double log_sum_exp(const float *logits, int32_t V, float *maxv)
 {
-    int32_t V = n_vocab;
-    float maxv = max_of(logits, V);
+    *maxv = max_of(logits, V);
     double sum = 0.0;
     for (int32_t i = 0; i < V; i++)
-        sum += exp((double)(logits[i] - maxv));
-    double lse = log(sum);
-    if (logprob)
-        *logprob = (float)((double)(logits[id] - maxv) - lse);
+        sum += exp((double)(logits[i] - *maxv));
+    return log(sum);
+}
+
+/* The k largest logits (k <= n_top, V) and their logprobs, given log_sum_exp's maxv and lse. */
+static void top_logprobs_of(const float *logits, int32_t V, float maxv, double lse, int n_top,
+                            int32_t *top_ids, float *top_logprobs)
+{
     int k = n_top < V ? n_top : V;
     if (k <= 0)
         return;
@@ -253,15 +256,26 @@ void sampler_logprobs(const float *logits, int32_t n_vocab, int32_t id, float *l
     }
 }
 
+void sampler_logprobs(const float *logits, int32_t n_vocab, int32_t id, float *logprob, int n_top,
+                      int32_t *top_ids, float *top_logprobs)
+{
+    float maxv;
+    double lse = log_sum_exp(logits, n_vocab, &maxv);
+    if (logprob)
+        *logprob = (float)((double)(logits[id] - maxv) - lse);
+    top_logprobs_of(logits, n_vocab, maxv, lse, n_top, top_ids, top_logprobs);
+}
+
 int32_t sampler_sample(sampler *s, float *logits, float *logprob, int n_top, int32_t *top_ids,
                        float *top_logprobs)
 {
     const sampler_params *p = &s->p;
     int32_t V = s->n_vocab;
     /* Logprobs are reported over the raw distribution (before penalties and filters), as
-     * OpenAI and vLLM report them. */
-    if (n_top > 0)
-        sampler_logprobs(logits, V, 0, NULL, n_top, top_ids, top_logprobs);
+     * OpenAI and vLLM report them: its log-sum-exp is taken once, for the tops and the chosen. */
+    float raw_max = 0.0f;
+    double lse = n_top > 0 || logprob ? log_sum_exp(logits, V, &raw_max) : 0.0;
+    top_logprobs_of(logits, V, raw_max, lse, n_top, top_ids, top_logprobs);
     float *raw = NULL;
     if (logprob) {
         raw = s->cand_p; /* scratch otherwise unused: keeps the raw logits for the logprob */
@@ -335,6 +349,6 @@ int32_t sampler_sample(sampler *s, float *logits, float *logprob, int n_top, int
         }
     }
     if (logprob)
-        sampler_logprobs(raw, V, chosen, logprob, 0, NULL, NULL);
+        *logprob = (float)((double)(raw[chosen] - raw_max) - lse);
     return chosen;
 }
