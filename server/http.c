@@ -195,6 +195,16 @@ enum MHD_Result srv__send_json(srv_conn *c, int status, const char *json)
     return srv__send_body(c, status, "application/json", json, strlen(json));
 }
 
+enum MHD_Result srv__send_built(srv_conn *c, char *body)
+{
+    if (!body)
+        return srv__fail(c, 500, NULL, NULL, "out of memory");
+    c->resp_bytes = strlen(body);
+    enum MHD_Result r = srv__send_json(c, 200, body);
+    free(body);
+    return r;
+}
+
 enum MHD_Result srv__send_cjson(srv_conn *c, int status, cJSON *j)
 {
     char *s = cJSON_PrintUnformatted(j);

@@ -188,6 +188,9 @@ void srv__count_status(srv_server *s, int status);
 enum MHD_Result srv__send_body(srv_conn *c, int status, const char *ctype, const char *body,
                                size_t len);
 enum MHD_Result srv__send_json(srv_conn *c, int status, const char *json);
+/* A whole 200 response built by a route (taken over and freed; NULL: a 500 out of memory),
+ * its size recorded in resp_bytes so a large one gives its memory back when done. */
+enum MHD_Result srv__send_built(srv_conn *c, char *body);
 /* Sends and deletes j. */
 enum MHD_Result srv__send_cjson(srv_conn *c, int status, cJSON *j);
 enum MHD_Result srv__send_error(srv_conn *c, const srv_error *e);

@@ -119,15 +119,10 @@ static enum MHD_Result finish_full(srv_conn *c)
         if ((split && srv_choice_split_reasoning(&c->choices[i])) ||
             srv__read_tool_calls(c, i, &c->choices[i]))
             return srv__fail(c, 500, NULL, NULL, "out of memory");
-    char *body = c->route == R_RESPONSES ? srv__responses_full(c)
-                                         : srv_resp_full(&c->rx, c->choices, c->n_choices,
-                                                         c->prompt_tokens, c->cached_tokens);
-    if (!body)
-        return srv__fail(c, 500, NULL, NULL, "out of memory");
-    c->resp_bytes = strlen(body);
-    enum MHD_Result r = srv__send_json(c, 200, body);
-    free(body);
-    return r;
+    return srv__send_built(c, c->route == R_RESPONSES
+                                  ? srv__responses_full(c)
+                                  : srv_resp_full(&c->rx, c->choices, c->n_choices,
+                                                  c->prompt_tokens, c->cached_tokens));
 }
 
 bool srv__out_append(srv_conn *c, char *s)

@@ -65,15 +65,9 @@ static enum MHD_Result embed_finish(srv_conn *c)
     for (size_t k = 0; k < e->rq.n_inputs; k++)
         if (!e->have[k])
             return srv__fail(c, 500, NULL, NULL, "an input has no embedding");
-    char *body = srv_embed_response(c->srv->served_name, e->vecs, e->rq.n_inputs,
-                                    engine_model_hparams(c->srv->model)->n_embd, e->rq.base64,
-                                    c->prompt_tokens);
-    if (!body)
-        return srv__fail(c, 500, NULL, NULL, "out of memory");
-    c->resp_bytes = strlen(body);
-    enum MHD_Result r = srv__send_json(c, 200, body);
-    free(body);
-    return r;
+    return srv__send_built(c, srv_embed_response(c->srv->served_name, e->vecs, e->rq.n_inputs,
+                                                 engine_model_hparams(c->srv->model)->n_embd,
+                                                 e->rq.base64, c->prompt_tokens));
 }
 
 enum MHD_Result srv__embed_pump(srv_conn *c)
