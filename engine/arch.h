@@ -14,6 +14,9 @@ struct engine_arch {
     /* Whether attention.key_length / value_length may differ from embedding_length /
      * head_count (the Q and output projections are then n_head * head_dim wide). */
     bool free_head_dim;
+    /* Whether a file may hold a mixture-of-experts MLP (<arch>.expert_count > 0, moe.c) in
+     * place of the dense one; other families refuse such files at load. */
+    bool moe;
     /* Family metadata after the common keys (model.c's load_hparams); NULL: none. Refuses
      * (KVS_EUNSUPPORTED, naming the key) what the family has but this engine does not run. */
     int (*load_hparams)(engine_model *m, char *err, size_t err_len);
@@ -25,7 +28,7 @@ struct engine_arch {
 
 /* The registry's rows, one per family file. */
 extern const engine_arch engine__arch_llama, engine__arch_qwen2, engine__arch_qwen3,
-    engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3;
+    engine__arch_qwen3moe, engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3;
 
 /* The family named name[0..len), or NULL. */
 const engine_arch *engine__arch_find(const char *name, size_t len);
@@ -44,6 +47,11 @@ int engine__load_mat(engine_model *m, const char *name, uint64_t d0, uint64_t d1
                      kern_mat *out, char *err, size_t err_len);
 /* Rows [row0, row0 + n) of a loaded matrix, as a matrix of its own (fused projections). */
 void engine__mat_rows(const kern_mat *src, size_t row0, size_t n, kern_mat *out);
+/* "blk.<l>.<suffix>", a stack of n matrices of ggml dims {d0, d1} (ggml dims {d0, d1, n}), as
+ * engine__load_mat: matrix e into out[e * stride]. */
+int engine__load_layer_experts(engine_model *m, uint32_t l, const char *suffix, uint64_t d0,
+                               uint64_t d1, uint32_t n, kern_mat *out, size_t stride, char *err,
+                               size_t err_len);
 /* "blk.<l>.<suffix>" as engine__load_vec / engine__load_mat. */
 int engine__load_layer_vec(engine_model *m, uint32_t l, const char *suffix, uint64_t d0,
                            bool required, const float **out, char *err, size_t err_len);
@@ -65,7 +73,11 @@ int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_
  * Q/K/V biases (qwen2) and the per-head Q/K norms (qwen3) where the layer has them. */
 void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
 
-/* ---- one step (forward.c, attention.c) ---- */
+/* An MoE layer's router and experts (moe.c) into m->layers[l], in place of the dense MLP's
+ * three matrices: for families with .moe, when the file has experts (hp.n_expert > 0). */
+int engine__load_moe(engine_model *m, uint32_t l, char *err, size_t err_len);
+
+/* ---- one step (forward.c, attention.c, moe.c) ---- */
 
 typedef enum engine_glu { ENGINE_GLU_NONE, ENGINE_GLU_SILU, ENGINE_GLU_GELU } engine_glu;
 
@@ -83,6 +95,13 @@ void engine__matmul(engine_ctx *c, float *out, const float *in, const kern_mat *
 /* Rotates each row's queries c->q and keys c->k by its position with layer l's RoPE set, and
  * writes the keys c->k and values c->v into layer l of the arena at each row's slot. */
 void engine__rope_store(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
+/* The MoE MLP of layer weights w over the rows xn (rows, n_embd) (normed): each row's
+ * n_expert_used experts' outputs, weighted, replace it in xn. */
+void engine__moe_ffn(engine_ctx *c, const layer_weights *w, float *xn, size_t rows);
+/* A ctx's MoE buffers for m's shape and max_tokens rows a step (NULL when out of memory), and
+ * their release. */
+engine_moe_buf *engine__moe_buf_create(const engine_model *m, uint32_t max_tokens);
+void engine__moe_buf_destroy(engine_moe_buf *b);
 /* Attention of every row of b into c->att over layer l of the arena (every K/V write of the
  * layer done), inside the layer's window; c->q holds the rows' roped queries. */
 void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b, uint32_t l);

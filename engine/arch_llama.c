@@ -1,7 +1,8 @@
-/* The llama family: Llama 2/3/3.1/3.2, Mistral, TinyLlama, SmolLM (general.architecture
- * llama) and Qwen 2/2.5 (qwen2). Pre-norm blocks: RMSNorm, grouped-query attention with RoPE,
- * a SwiGLU MLP. They differ in the RoPE pairing their converters lay Q/K out for (llama.cpp's
- * llama_model_rope_type: llama NORM, qwen2 NEOX) and qwen2's optional Q/K/V biases. */
+/* The llama family: Llama 2/3/3.1/3.2, Mistral, TinyLlama, SmolLM, Mixtral (general.architecture
+ * llama; Mixtral's experts in place of the MLP, moe.c) and Qwen 2/2.5 (qwen2). Pre-norm blocks:
+ * RMSNorm, grouped-query attention with RoPE, a SwiGLU MLP. They differ in the RoPE pairing their
+ * converters lay Q/K out for (llama.cpp's llama_model_rope_type: llama NORM, qwen2 NEOX) and
+ * qwen2's optional Q/K/V biases. */
 #include "engine/arch.h"
 
 #include "common/status.h"
@@ -28,7 +29,9 @@ int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_
         {"ffn_up.weight", E, F, NULL, &w->w_up},
         {"ffn_down.weight", F, E, NULL, &w->w_down},
     };
-    for (size_t k = 0; k < sizeof spec / sizeof spec[0]; k++) {
+    /* With experts, the last three are theirs (moe.c). */
+    size_t n_spec = sizeof spec / sizeof spec[0] - (hp->n_expert ? 3 : 0);
+    for (size_t k = 0; k < n_spec; k++) {
         int rc = spec[k].vec ? engine__load_layer_vec(m, l, spec[k].suffix, spec[k].d0, true,
                                                       spec[k].vec, err, err_len)
                              : engine__load_layer_mat(m, l, spec[k].suffix, spec[k].d0, spec[k].d1,
@@ -36,7 +39,7 @@ int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_
         if (rc)
             return rc;
     }
-    return 0;
+    return hp->n_expert ? engine__load_moe(m, l, err, err_len) : 0;
 }
 
 static int load_qwen2_layer(engine_model *m, uint32_t l, char *err, size_t err_len)
@@ -84,16 +87,21 @@ void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, ui
     kern_add(c->x, c->xn, T * E);
 
     engine__norm_rows(c, c->xn, c->x, w->ffn_norm, T, E);
-    const kern_mat *gate_up[2] = {&w->w_gate, &w->w_up};
-    float *gate_up_out[2] = {c->gate, c->up};
-    engine__matmuls(c, c->xn, T, 2, gate_up, gate_up_out, ENGINE_GLU_SILU);
-    engine__matmul(c, c->xn, c->gate, &w->w_down, T);
+    if (w->experts) {
+        engine__moe_ffn(c, w, c->xn, T);
+    } else {
+        const kern_mat *gate_up[2] = {&w->w_gate, &w->w_up};
+        float *gate_up_out[2] = {c->gate, c->up};
+        engine__matmuls(c, c->xn, T, 2, gate_up, gate_up_out, ENGINE_GLU_SILU);
+        engine__matmul(c, c->xn, c->gate, &w->w_down, T);
+    }
     kern_add(c->x, c->xn, T * E);
 }
 
 const engine_arch engine__arch_llama = {
     .name = "llama",
     .rope_type = ENGINE_ROPE_NORM,
+    .moe = true, /* Mixtral */
     .load_layer = engine__load_llama_layer,
     .layer = engine__llama_layer,
 };

@@ -1,6 +1,8 @@
 /* The qwen3 family (Qwen 3 0.6B-32B dense): the llama block with NEOX RoPE, no Q/K/V biases,
  * heads of attention.key_length values whatever the width (Q is n_head * head_dim wide), and a
- * per-head RMSNorm of Q and of K (attn_q_norm, attn_k_norm: head_dim weights each) before RoPE. */
+ * per-head RMSNorm of Q and of K (attn_q_norm, attn_k_norm: head_dim weights each) before RoPE.
+ * qwen3moe (Qwen3-30B-A3B, Qwen3-235B-A22B) is the same block with a mixture of experts in place
+ * of the MLP (moe.c). */
 #include "engine/arch.h"
 
 #include "common/status.h"
@@ -22,6 +24,15 @@ const engine_arch engine__arch_qwen3 = {
     .name = "qwen3",
     .rope_type = ENGINE_ROPE_NEOX,
     .free_head_dim = true,
+    .load_layer = load_qwen3_layer,
+    .layer = engine__llama_layer,
+};
+
+const engine_arch engine__arch_qwen3moe = {
+    .name = "qwen3moe",
+    .rope_type = ENGINE_ROPE_NEOX,
+    .free_head_dim = true,
+    .moe = true,
     .load_layer = load_qwen3_layer,
     .layer = engine__llama_layer,
 };

@@ -22,7 +22,8 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
         return KVS_ENOMEM;
     const engine_hparams *hp = &m->hp;
     size_t T = max_tokens, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           KV = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+           KV = (size_t)hp->n_head_kv * hp->head_dim,
+           F = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp; /* dense or expert MLP */
     c->m = m;
     c->max_tokens = max_tokens;
     c->n_threads = n_threads ? n_threads : 1;
@@ -51,6 +52,10 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
     if (c->kern->pack_x)
         c->xp = malloc(T * max_in * sizeof(float));
+    if (hp->n_expert && !(c->moe = engine__moe_buf_create(m, max_tokens))) {
+        engine_ctx_destroy(c);
+        return KVS_ENOMEM;
+    }
     if (m->n_qdot) /* bytes per input of either format < 40 / 32 (kern_qx_row_bytes) */
         for (int f = 0; f < 2; f++)
             c->xq[f] = malloc(T * (max_in / 32 + 1) * 40);
@@ -77,6 +82,7 @@ void engine_ctx_destroy(engine_ctx *c)
     if (!c)
         return;
     tpool_destroy(c->pool);
+    engine__moe_buf_destroy(c->moe);
     free(c->x);
     free(c->xn);
     free(c->q);

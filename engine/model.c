@@ -28,6 +28,8 @@
 #define MAX_HEADS 1024u
 #define MAX_VOCAB 1048576u
 #define MAX_CTX (1u << 20)
+#define MAX_EXPERTS 1024u
+#define MAX_EXPERTS_USED 64u
 
 static int get_u32_key(const engine_model *m, const char *key, uint32_t *out, bool required,
                        uint32_t lo, uint32_t hi, char *err, size_t err_len)
@@ -64,12 +66,14 @@ static bool is_released(const engine_model *m, const void *p)
     return false;
 }
 
-/* Finds tensor name with exactly the ggml dims {d0, d1} (d1 = 1 for vectors) and returns its
+/* Finds tensor name with exactly the ggml dims {d0, d1, d2} (d1 = 1 for vectors; d2 > 1 for a
+ * stack of d2 matrices, the experts of an MoE layer, returned as one matrix of d1 * d2 rows) and
+ * returns its
  * data as F32 in an owned copy, widened from F16/BF16/Q8_0 (an F32 vector is copied too: read in
  * place, a norm's few KiB would keep a whole large folio of the page cache mapped, up to 2 MiB,
  * once the matrices around it are released). With mat, F32/F16/Q8_0 data is returned in place in
  * *mat instead (and only BF16 is widened). */
-static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64_t d1,
+static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64_t d1, uint64_t d2,
                           bool required, const float **out, kern_mat *mat, char *err,
                           size_t err_len)
 {
@@ -81,12 +85,16 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
         return status_set_err(err, err_len, KVS_EFORMAT, "missing tensor %s", name);
     }
     const gguf_tensor *t = gguf_tensor_at(m->file, i);
-    if (t->dims[0] != d0 || t->dims[1] != d1 || t->dims[2] != 1 || t->dims[3] != 1)
+    if (t->dims[0] != d0 || t->dims[1] != d1 || t->dims[2] != d2 || t->dims[3] != 1) {
+        char want[64];
+        snprintf(want, sizeof want, d2 > 1 ? "[%llu, %llu, %llu]" : "[%llu, %llu]",
+                 (unsigned long long)d0, (unsigned long long)d1, (unsigned long long)d2);
         return status_set_err(err, err_len, KVS_EFORMAT,
-                              "tensor %s has shape [%llu, %llu, %llu, %llu], expected [%llu, %llu]",
-                              name, (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
-                              (unsigned long long)t->dims[2], (unsigned long long)t->dims[3],
-                              (unsigned long long)d0, (unsigned long long)d1);
+                              "tensor %s has shape [%llu, %llu, %llu, %llu], expected %s", name,
+                              (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
+                              (unsigned long long)t->dims[2], (unsigned long long)t->dims[3], want);
+    }
+    d1 *= d2; /* the rows of every matrix of the stack */
     m->n_params += t->n_elements;
     m->weight_bytes += t->n_bytes;
     if (t->type == GGML_TYPE_Q8_0 && d0 % QK8_0)
@@ -138,14 +146,14 @@ static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64
 int engine__load_vec(engine_model *m, const char *name, uint64_t d0, uint64_t d1, bool required,
                      const float **out, char *err, size_t err_len)
 {
-    return load_tensor_as(m, name, d0, d1, required, out, NULL, err, err_len);
+    return load_tensor_as(m, name, d0, d1, 1, required, out, NULL, err, err_len);
 }
 
 int engine__load_mat(engine_model *m, const char *name, uint64_t d0, uint64_t d1, bool required,
                      kern_mat *out, char *err, size_t err_len)
 {
     const float *p;
-    return load_tensor_as(m, name, d0, d1, required, &p, out, err, err_len);
+    return load_tensor_as(m, name, d0, d1, 1, required, &p, out, err, err_len);
 }
 
 #define load_tensor engine__load_vec
@@ -174,6 +182,20 @@ int engine__load_layer_mat(engine_model *m, uint32_t l, const char *suffix, uint
     char name[96];
     snprintf(name, sizeof name, "blk.%u.%s", l, suffix);
     return load_mat(m, name, d0, d1, required, out, err, err_len);
+}
+
+int engine__load_layer_experts(engine_model *m, uint32_t l, const char *suffix, uint64_t d0,
+                               uint64_t d1, uint32_t n, kern_mat *out, size_t stride, char *err,
+                               size_t err_len)
+{
+    char name[96];
+    snprintf(name, sizeof name, "blk.%u.%s", l, suffix);
+    kern_mat all;
+    const float *p;
+    int rc = load_tensor_as(m, name, d0, d1, n, true, &p, &all, err, err_len);
+    for (uint32_t e = 0; !rc && e < n; e++)
+        engine__mat_rows(&all, (size_t)e * d1, d1, out + (size_t)e * stride);
+    return rc;
 }
 
 /* Metadata key "<arch>.<suffix>" into buf. */
@@ -266,14 +288,23 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
         (rc = get_arch_u32(m, "attention.head_count", &hp->n_head, true, 1, MAX_HEADS, err,
                            err_len)))
         return rc;
-    /* Mixtral-style files say llama but hold expert tensors (ffn_*_exps) instead of one MLP. */
-    uint32_t n_expert = 0;
-    if ((rc = get_arch_u32(m, "expert_count", &n_expert, false, 0, UINT32_MAX, err, err_len)))
+    /* Mixtral-style files say llama but hold expert tensors (ffn_*_exps) instead of one MLP;
+     * families whose layer has no expert path refuse them. */
+    if ((rc = get_arch_u32(m, "expert_count", &hp->n_expert, false, 0, MAX_EXPERTS, err, err_len)))
         return rc;
-    if (n_expert > 0)
+    if (hp->n_expert > 0 && !m->arch->moe)
         return status_set_err(err, err_len, KVS_EUNSUPPORTED,
-                              "mixture of experts (%s.expert_count = %u) is not supported",
-                              hp->arch, n_expert);
+                              "mixture of experts (%s.expert_count = %u) is not supported for %s",
+                              hp->arch, hp->n_expert, hp->arch);
+    if (hp->n_expert > 0) {
+        hp->n_ff_exp = hp->n_ff;
+        if ((rc = get_arch_u32(m, "expert_used_count", &hp->n_expert_used, true, 1,
+                               hp->n_expert < MAX_EXPERTS_USED ? hp->n_expert : MAX_EXPERTS_USED,
+                               err, err_len)) ||
+            (rc = get_arch_u32(m, "expert_feed_forward_length", &hp->n_ff_exp, false, 1, MAX_FF,
+                               err, err_len)))
+            return rc;
+    }
     hp->n_head_kv = hp->n_head;
     if ((rc = get_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err,
                            err_len)))
@@ -403,7 +434,9 @@ static void progress_add(load_progress *lp, uint64_t bytes)
 static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t err_len)
 {
     bool tied = m->output.data == m->tok_embd.data;
-    size_t n_mats = (size_t)m->hp.n_layer * 7 + 2;
+    /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 per expert. */
+    size_t per_layer = m->hp.n_expert ? 5 + 3 * (size_t)m->hp.n_expert : 7;
+    size_t n_mats = (size_t)m->hp.n_layer * per_layer + 2;
     for (size_t i = 0; i < n_mats; i++) {
         kern_mat *mat;
         if (i == 0) {
@@ -420,9 +453,10 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
             }
             mat = &m->output;
         } else {
-            layer_weights *w = &m->layers[(i - 1) / 7];
+            layer_weights *w = &m->layers[(i - 1) / per_layer];
+            size_t k = (i - 1) % per_layer;
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-            mat = mats[(i - 1) % 7];
+            mat = k < 4 || !w->experts ? mats[k] : k == 4 ? &w->router : &w->experts[k - 5];
         }
         /* The integer path reads an interleaved copy where the table has kernels of its own
          * (kern/qdot_pack.c: the same bytes in another order, at most 3.6% more), the file's
@@ -607,6 +641,9 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
                  hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_ctx_train, (double)m->n_params / 1e6,
                  ggml_type_name(m->weight_type), (double)m->weight_bytes / (1024.0 * 1024.0),
                  time_now_s() - t0);
+        if (hp->n_expert)
+            log_info("experts: %u per layer of ffn %u, %u used per token", hp->n_expert,
+                     hp->n_ff_exp, hp->n_expert_used);
         log_info(
             "kernels: %s (%s%s%s; CPU: %s)", m->kern->name,
             p && p->kern_table                                             ? "the caller's table"
@@ -635,6 +672,8 @@ void engine_model_destroy(engine_model *m)
         kvs_huge_free(m->owned[i]);
     free(m->owned);
     free(m->released);
+    for (uint32_t l = 0; m->layers && l < m->hp.n_layer; l++)
+        free(m->layers[l].experts);
     free(m->layers);
     free(m->name);
     free(m->chat_template);

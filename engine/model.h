@@ -28,8 +28,8 @@ typedef enum engine_rope_type { ENGINE_ROPE_NORM, ENGINE_ROPE_NEOX } engine_rope
 
 /* Keys are read under "<arch>." (llama.*, qwen2.*, ...). */
 typedef struct engine_hparams {
-    const char *arch;     /* general.architecture: "llama", "qwen2", "qwen3", "gemma2", "gemma3",
-                             "phi3" (static string) */
+    const char *arch;     /* general.architecture: "llama", "qwen2", "qwen3", "qwen3moe",
+                             "gemma2", "gemma3", "phi3" (static string) */
     uint32_t n_ctx_train; /* llama.context_length */
     uint32_t n_embd;      /* llama.embedding_length */
     uint32_t n_layer;     /* llama.block_count */
@@ -45,6 +45,9 @@ typedef struct engine_hparams {
     engine_rope_type rope_type; /* from the architecture */
     uint32_t n_swa;       /* <arch>.attention.sliding_window of the windowed layers; 0: none */
     uint32_t swa_pattern; /* layer l is windowed when l % swa_pattern < swa_pattern - 1; 0: none */
+    uint32_t n_expert;    /* <arch>.expert_count: experts per layer's MLP; 0: a dense MLP */
+    uint32_t n_expert_used; /* <arch>.expert_used_count: experts each token runs through */
+    uint32_t n_ff_exp; /* <arch>.expert_feed_forward_length (default n_ff): an expert's width */
 } engine_hparams;
 
 typedef struct engine_model engine_model;

@@ -14,7 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct engine_arch engine_arch; /* a model family: arch.h */
+typedef struct engine_arch engine_arch;       /* a model family: arch.h */
+typedef struct engine_moe_buf engine_moe_buf; /* a step's expert routing: moe.c */
 
 typedef struct layer_weights {
     const float *attn_norm;      /* (n_embd) */
@@ -32,9 +33,12 @@ typedef struct layer_weights {
     kern_mat w_gate;             /* (n_ff, n_embd) */
     kern_mat w_up;               /* (n_ff, n_embd) */
     kern_mat w_down;             /* (n_embd, n_ff) */
-    const float *post_ffn_norm;  /* (n_embd) or NULL: norm of the MLP output (gemma) */
-    uint32_t window;             /* attends to the last `window` positions only; 0: all */
-    uint32_t rope_set;           /* index into engine_model.rope */
+    kern_mat router;             /* (n_expert, n_embd) of an MoE layer (ffn_gate_inp), else empty */
+    kern_mat *experts; /* [n_expert][3] of an MoE layer: gate, up (n_ff_exp, n_embd) and down
+                          (n_embd, n_ff_exp) of each expert, in place of w_gate..; else NULL */
+    const float *post_ffn_norm; /* (n_embd) or NULL: norm of the MLP output (gemma) */
+    uint32_t window;            /* attends to the last `window` positions only; 0: all */
+    uint32_t rope_set;          /* index into engine_model.rope */
 } layer_weights;
 
 /* One RoPE frequency table: angle of pair j at position p is p * scale * base^(-2j/n_rot)
@@ -113,8 +117,9 @@ struct engine_ctx {
     float *k;              /* (max_tokens, kv_dim) */
     float *v;              /* (max_tokens, kv_dim) */
     float *att;            /* (max_tokens, n_head * head_dim) attention output before wo */
-    float *gate;           /* (max_tokens, n_ff) */
-    float *up;             /* (max_tokens, n_ff) */
+    float *gate;           /* (max_tokens, max(n_ff, n_ff_exp)) */
+    float *up;             /* (max_tokens, max(n_ff, n_ff_exp)) */
+    engine_moe_buf *moe;   /* an MoE model's routing and expert buffers (moe.c), else NULL */
     float *scores;         /* (n_threads, ATTN_SCORES(n_head)) each thread's attention weights */
     float *attn_part;      /* (ATTN_WAVE, n_head, head_dim + 2) a wave's span results */
     float *attn_state;     /* (max_tokens, n_head, head_dim + 2) each row's spans folded so far */

@@ -1431,7 +1431,7 @@ static void test_refuse_architecture(void **st)
     (void)st;
     edit e = {.arch = "mamba"};
     expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'mamba' is not supported",
-                   "supported: llama, qwen2, qwen3, gemma2, gemma3, phi3");
+                   "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3");
     edit e2 = {.arch = "gemma"}; /* Gemma 1: not implemented */
     expect_refusal(&e2, KVS_EUNSUPPORTED, "'gemma'", NULL);
 }
@@ -1466,8 +1466,14 @@ static void test_refuse_metadata(void **st)
     expect_refusal(&yarn, KVS_EUNSUPPORTED, "rope scaling type 'yarn'", NULL);
     edit kl = {.u32_key = "llama.attention.key_length", .u32_val = 32};
     expect_refusal(&kl, KVS_EUNSUPPORTED, "llama.attention.key_length = 32", NULL);
+    /* llama runs Mixtral's experts, which need their count per token; qwen2 has none */
     edit moe = {.u32_key = "llama.expert_count", .u32_val = 8};
-    expect_refusal(&moe, KVS_EUNSUPPORTED, "mixture of experts (llama.expert_count = 8)", NULL);
+    expect_refusal(&moe, KVS_ENOKEY, "missing metadata key llama.expert_used_count", NULL);
+    static const char *const qwen2[] = {"--arch", "qwen2", NULL};
+    edit moe2 = {.u32_key = "qwen2.expert_count", .u32_val = 8};
+    expect_refusal_from(qwen2, &moe2, KVS_EUNSUPPORTED,
+                        "mixture of experts (qwen2.expert_count = 8) is not supported for qwen2",
+                        NULL);
     edit vs = {.u32_key = "llama.vocab_size", .u32_val = 600};
     expect_refusal(&vs, KVS_EFORMAT, "llama.vocab_size = 600", "512 tokens");
 }

@@ -203,7 +203,7 @@ class Refusals(unittest.TestCase):
         rc, err = serve_refused(path)
         self.assertNotEqual(rc, 0)
         self.assertIn("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
-                      "gemma2, gemma3, phi3)", err)
+                      "qwen3moe, gemma2, gemma3, phi3)", err)
 
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")
