@@ -641,9 +641,20 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
                  hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_ctx_train, (double)m->n_params / 1e6,
                  ggml_type_name(m->weight_type), (double)m->weight_bytes / (1024.0 * 1024.0),
                  time_now_s() - t0);
-        if (hp->n_expert)
-            log_info("experts: %u per layer of ffn %u, %u used per token", hp->n_expert,
-                     hp->n_ff_exp, hp->n_expert_used);
+        if (hp->n_expert) {
+            /* A token reads every weight but the experts it does not run (and, of an untied
+             * embedding table, one row): the bytes a decode step of one sequence reads. */
+            double unused = 1.0 - (double)hp->n_expert_used / hp->n_expert;
+            double bytes = (double)m->weight_bytes - unused * (double)m->expert_bytes;
+            int64_t te = gguf_find_tensor(m->file, "token_embd.weight");
+            if (m->output.data != m->tok_embd.data && te >= 0)
+                bytes -= (double)gguf_tensor_at(m->file, te)->n_bytes;
+            log_info("experts: %u per layer of ffn %u, %u used per token: %.2fM params active, "
+                     "%.1f MiB of weights read per token",
+                     hp->n_expert, hp->n_ff_exp, hp->n_expert_used,
+                     ((double)m->n_params - unused * (double)m->expert_params) / 1e6,
+                     bytes / (1024.0 * 1024.0));
+        }
         log_info(
             "kernels: %s (%s%s%s; CPU: %s)", m->kern->name,
             p && p->kern_table                                             ? "the caller's table"

@@ -71,6 +71,8 @@ struct engine_model {
     uint32_t weight_type;
     uint64_t n_params;
     uint64_t weight_bytes;
+    uint64_t expert_params; /* of n_params and weight_bytes, those in experts' matrices (an MoE */
+    uint64_t expert_bytes;  /* model's tokens each read n_expert_used / n_expert of them) */
     void **owned; /* widened copies (norm vectors, BF16 matrices) and panel-layout weights */
     size_t n_owned;
     const void **released; /* while loading: the file's tensors copied, no longer read there */

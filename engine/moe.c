@@ -81,10 +81,14 @@ int engine__load_moe(engine_model *m, uint32_t l, char *err, size_t err_len)
         return status_set_err(err, err_len, KVS_ENOMEM, "out of memory");
     static const char *const names[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
                                          "ffn_down_exps.weight"};
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
+        uint64_t params = m->n_params, bytes = m->weight_bytes;
         if ((rc = engine__load_layer_experts(m, l, names[i], i < 2 ? E : F, i < 2 ? F : E,
                                              (uint32_t)X, w->experts + i, 3, err, err_len)))
             return rc;
+        m->expert_params += m->n_params - params;
+        m->expert_bytes += m->weight_bytes - bytes;
+    }
     return 0;
 }
 
