@@ -402,6 +402,12 @@ static void test_family_layouts(void **state)
          3 + 2 * 6,
          {"blk.1.attn_qkv.weight", "output.weight", NULL},
          {"blk.1.attn_q.weight", "blk.1.ffn_gate.weight", NULL}},
+        {"qwen3moe",
+         {"--head-dim", "32", NULL},
+         3 + 2 * 12,
+         {"blk.1.attn_q_norm.weight", "blk.1.ffn_gate_inp.weight", "blk.1.ffn_down_exps.weight",
+          NULL},
+         {"blk.1.ffn_gate.weight", "blk.1.ffn_up.weight", NULL}},
     };
     for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
         char path[512], key[128];
@@ -465,6 +471,73 @@ static void test_family_layouts(void **state)
     assert_int_equal(access(path, F_OK), -1);
 }
 
+/* qwen3moe's mixture of experts as llama.cpp's loader asks: the expert keys, an F32 router
+ * [dim, experts] whatever --type (llama-quantize keeps it F32), and expert stacks [dim, expert
+ * ffn, experts] and [expert ffn, dim, experts] of --type; defaults 8 experts, 2 used, the shape's
+ * ffn (feed_forward_length stays it). The router's std is max(--weight-std, 1/sqrt(dim)). The
+ * expert options are for qwen3moe only, and at most --experts used. */
+static void test_moe_layout(void **state)
+{
+    (void)state;
+    char path[512];
+    out_path(path, sizeof path, "moe.gguf");
+    const char *args[] = {
+        "--shape",        "tiny", "--arch",       "qwen3moe", "--type", "q8_0", "--experts", "4",
+        "--experts-used", "3",    "--expert-ffn", "96",       "-o",     path,   NULL};
+    assert_int_equal(run_tool(args), 0);
+    gguf_file *f = NULL;
+    assert_int_equal(gguf_open(path, &f, NULL, 0), 0);
+    assert_int_equal(u32(f, "qwen3moe.expert_count"), 4);
+    assert_int_equal(u32(f, "qwen3moe.expert_used_count"), 3);
+    assert_int_equal(u32(f, "qwen3moe.expert_feed_forward_length"), 96);
+    assert_int_equal(u32(f, "qwen3moe.feed_forward_length"), 128);
+    assert_int_equal(u32(f, "qwen3moe.attention.key_length"), 16);
+    const gguf_tensor *r = tensor(f, "blk.1.ffn_gate_inp.weight");
+    assert_int_equal(r->type, GGML_TYPE_F32);
+    assert_int_equal(r->n_dims, 2);
+    assert_int_equal(r->dims[0], 64);
+    assert_int_equal(r->dims[1], 4);
+    double sq = 0;
+    for (uint64_t i = 0; i < r->n_elements; i++)
+        sq += (double)get_f32(r, i) * get_f32(r, i);
+    double sd = sqrt(sq / r->n_elements); /* 1/sqrt(64) */
+    assert_true(sd > 0.11 && sd < 0.14);
+    static const struct {
+        const char *name;
+        uint64_t d0, d1;
+    } exps[] = {{"blk.0.ffn_gate_exps.weight", 64, 96},
+                {"blk.0.ffn_up_exps.weight", 64, 96},
+                {"blk.1.ffn_down_exps.weight", 96, 64}};
+    for (size_t i = 0; i < 3; i++) {
+        const gguf_tensor *t = tensor(f, exps[i].name);
+        assert_int_equal(t->type, GGML_TYPE_Q8_0);
+        assert_int_equal(t->n_dims, 3);
+        assert_int_equal(t->dims[0], exps[i].d0);
+        assert_int_equal(t->dims[1], exps[i].d1);
+        assert_int_equal(t->dims[2], 4);
+        assert_int_equal(t->n_elements, exps[i].d0 * exps[i].d1 * 4);
+    }
+    gguf_close(f);
+    const char *dflt[] = {"--shape", "tiny", "--arch", "qwen3moe", "-o", path, NULL};
+    assert_int_equal(run_tool(dflt), 0);
+    assert_int_equal(gguf_open(path, &f, NULL, 0), 0);
+    assert_int_equal(u32(f, "qwen3moe.expert_count"), 8);
+    assert_int_equal(u32(f, "qwen3moe.expert_used_count"), 2);
+    assert_int_equal(u32(f, "qwen3moe.expert_feed_forward_length"), 128);
+    assert_int_equal(tensor(f, "blk.0.ffn_down_exps.weight")->dims[2], 8);
+    gguf_close(f);
+    unlink(path);
+    const char *llama[] = {"--shape", "tiny", "--experts", "4", "-o", path, NULL};
+    assert_int_equal(run_tool(llama), 2);
+    const char *used[] = {"--shape",        "tiny", "--arch", "qwen3moe", "--experts", "4",
+                          "--experts-used", "5",    "-o",     path,       NULL};
+    assert_int_equal(run_tool(used), 2);
+    const char *zero[] = {"--shape", "tiny", "--arch", "qwen3moe", "--experts",
+                          "0",       "-o",   path,     NULL};
+    assert_int_equal(run_tool(zero), 2);
+    assert_int_equal(access(path, F_OK), -1);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -512,7 +585,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_shape),      cmocka_unit_test(test_f16_q8_0_match_f32),
         cmocka_unit_test(test_deterministic),  cmocka_unit_test(test_vocab_copy),
-        cmocka_unit_test(test_family_layouts), cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_family_layouts), cmocka_unit_test(test_moe_layout),
+        cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests_name("mkmodel", tests, setup, teardown);
 }

@@ -1,9 +1,10 @@
 /* kvs-mkmodel: writes a random-weight GGUF of a named shape in the layout llama.cpp's converters
- * write for one family (llama, qwen2, qwen3, gemma2, gemma3, phi3), for load, speed and
+ * write for one family (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3), for load, speed and
  * model-support tests.
  * Weights are a deterministic function of (seed, tensor index, element index): N(0, 0.02^2)
- * for matrices, exactly 1.0 for norms; tensor data is generated row-block by row-block while
- * the file is written, so multi-GB shapes need only a few MB of memory. */
+ * for matrices (a MoE router: N(0, max(0.02, 1/sqrt(dim))^2)), exactly 1.0 for norms; tensor
+ * data is generated row-block by row-block while the file is written, so multi-GB shapes need
+ * only a few MB of memory. */
 #include "common/status.h"
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
@@ -40,6 +41,22 @@ static const shape SHAPES[] = {
     /* Gemma 3 1B's KV structure (26 layers, 5:1, one KV head; pass --head-dim 256) on a
      * small width, for KV memory benchmarks on a loaded CPU */
     {"gemma3-1b-kv", 64, 26, 1, 1, 128, 512},
+    /* a small MoE (with --arch qwen3moe): every matrix row, the experts' included, a whole
+     * number of 256-value K-quant blocks, so llama-quantize keeps the K-quants */
+    {"moe", 256, 2, 4, 2, 256, 512},
+    /* Qwen3-30B-A3B's shape: pass --arch qwen3moe --head-dim 128 (MOE_SHAPES gives the model's
+     * 128 experts, 8 used, expert ffn 768; feed_forward_length is its config's 6144) */
+    {"qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936},
+};
+
+/* --arch qwen3moe's defaults of a shape not listed here: 8 experts, 2 used, expert ffn the
+ * shape's ffn. */
+static const struct moe_shape {
+    const char *name;
+    uint32_t n_expert, n_expert_used, expert_ffn;
+} MOE_SHAPES[] = {
+    {"moe", 8, 2, 256},
+    {"qwen3-30b-a3b", 128, 8, 768},
 };
 
 /* llama.cpp's LLAMA_FTYPE values for general.file_type. */
@@ -244,6 +261,7 @@ static void usage(FILE *fp)
         "                   [--seed N] [--ctx N] [--arch NAME] [--tied]\n"
         "                   [--rope-base F] [--rope-freqs] [--chat-template TEXT]\n"
         "                   [--weight-std F] [--head-dim N] [--sliding-window N]\n"
+        "                   [--experts N] [--experts-used K] [--expert-ffn F]\n"
         "Writes a GGUF of one family with random weights (std %.2f, norms 1.0).\n"
         "  --shape   one of:",
         WEIGHT_STD);
@@ -251,8 +269,9 @@ static void usage(FILE *fp)
         fprintf(fp, " %s", SHAPES[i].name);
     fprintf(fp,
             "\n"
-            "  --type    type of the 2-D weight matrices (default f32; norms stay F32; q8_0\n"
-            "            falls back to f16 for matrices whose rows are not a multiple of 32)\n"
+            "  --type    type of the weight matrices, qwen3moe's expert stacks too (default\n"
+            "            f32; norms and the router stay F32; q8_0 falls back to f16 for\n"
+            "            matrices whose rows are not a multiple of 32)\n"
             "  --vocab   copy tokenizer.* metadata from this GGUF (its token count sets the\n"
             "            vocabulary size); without it a llama-style byte vocabulary is made\n"
             "  --seed    weight seed (default 1)\n"
@@ -261,10 +280,18 @@ static void usage(FILE *fp)
             "            when loaded); qwen3 (Q/K norms, attention.key_length); gemma2 (post\n"
             "            norms, soft-capping 50/30, sliding window on even layers); gemma3 (post\n"
             "            norms, Q/K norms, 5 windowed layers to 1 global); phi3 (fused attn_qkv\n"
-            "            and gate/up in ffn_up). gemma is always tied, phi3 never\n"
+            "            and gate/up in ffn_up); qwen3moe (qwen3 with a mixture of experts: an\n"
+            "            F32 router ffn_gate_inp and 3-D ffn_{gate,up,down}_exps for the FFN).\n"
+            "            gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n"
-            "  --head-dim  attention.key_length/value_length (qwen3, gemma; default\n"
-            "            dim / heads)\n"
+            "  --head-dim  attention.key_length/value_length (qwen3, qwen3moe, gemma;\n"
+            "            default dim / heads)\n"
+            "  --experts N  qwen3moe: expert_count (default the shape's, else 8)\n"
+            "  --experts-used K  qwen3moe: expert_used_count, the experts each token uses\n"
+            "            (default the shape's, else 2)\n"
+            "  --expert-ffn F  qwen3moe: expert_feed_forward_length, one expert's hidden size\n"
+            "            (default the shape's, else its ffn; feed_forward_length stays the\n"
+            "            shape's ffn)\n"
             "  --sliding-window  attention.sliding_window (gemma; default 4096 for gemma2,\n"
             "            512 for gemma3)\n"
             "  --rope-base  <arch>.rope.freq_base (default 10000; Llama 3 uses 500000)\n"
@@ -299,7 +326,7 @@ typedef struct opts {
     uint64_t seed;
     uint32_t ctx;
     const char *out;
-    const char *arch;        /* "llama", "qwen2", "qwen3", "gemma2", "gemma3" or "phi3" */
+    const char *arch;        /* one of --arch's names ("llama", "qwen3moe", ...) */
     bool tied;               /* no output.weight: the output reuses token_embd */
     uint32_t head_dim;       /* 0: dim / n_heads */
     uint32_t sliding_window; /* 0: the family's default */
@@ -309,6 +336,7 @@ typedef struct opts {
     uint32_t pooling;          /* <arch>.pooling_type, 0: not written */
     bool add_eos;              /* tokenizer.ggml.add_eos_token true */
     double weight_std;         /* of the random matrices */
+    uint32_t n_expert, n_expert_used, expert_ffn; /* qwen3moe; 0 elsewhere */
 } opts;
 
 static int parse_args(int argc, char **argv, opts *o)
@@ -377,7 +405,7 @@ static int parse_args(int argc, char **argv, opts *o)
             }
             o->ctx = (uint32_t)n;
         } else if (!strcmp(a, "--arch")) {
-            static const char *const archs[] = {"llama",  "qwen2",  "qwen3",
+            static const char *const archs[] = {"llama",  "qwen2",  "qwen3", "qwen3moe",
                                                 "gemma2", "gemma3", "phi3"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
@@ -385,8 +413,8 @@ static int parse_args(int argc, char **argv, opts *o)
                     o->arch = archs[k];
             if (!o->arch) {
                 fprintf(stderr,
-                        "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, gemma2, "
-                        "gemma3, phi3)\n",
+                        "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
+                        "qwen3moe, gemma2, gemma3, phi3)\n",
                         val);
                 return -1;
             }
@@ -399,6 +427,21 @@ static int parse_args(int argc, char **argv, opts *o)
                 o->head_dim = (uint32_t)n;
             else
                 o->sliding_window = (uint32_t)n;
+        } else if (!strcmp(a, "--experts") || !strcmp(a, "--experts-used") ||
+                   !strcmp(a, "--expert-ffn")) {
+            /* 512: llama.cpp's LLAMA_MAX_EXPERTS */
+            uint64_t max = !strcmp(a, "--expert-ffn") ? 1u << 20 : 512;
+            if (!parse_u64(val, max, &n) || n == 0) {
+                fprintf(stderr, "kvs-mkmodel: bad %s '%s' (1..%llu)\n", a + 2, val,
+                        (unsigned long long)max);
+                return -1;
+            }
+            if (!strcmp(a, "--experts"))
+                o->n_expert = (uint32_t)n;
+            else if (!strcmp(a, "--experts-used"))
+                o->n_expert_used = (uint32_t)n;
+            else
+                o->expert_ffn = (uint32_t)n;
         } else if (!strcmp(a, "--rope-base")) {
             char *end;
             errno = 0;
@@ -436,10 +479,32 @@ static int parse_args(int argc, char **argv, opts *o)
         fprintf(stderr, "kvs-mkmodel: --shape and -o are required\n");
         return -1;
     }
-    bool gemma = !strncmp(o->arch, "gemma", 5);
-    if (o->head_dim && strcmp(o->arch, "qwen3") && !gemma) {
-        fprintf(stderr, "kvs-mkmodel: --head-dim is for qwen3 and gemma only\n");
+    bool gemma = !strncmp(o->arch, "gemma", 5), moe = !strcmp(o->arch, "qwen3moe");
+    if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma) {
+        fprintf(stderr, "kvs-mkmodel: --head-dim is for qwen3, qwen3moe and gemma only\n");
         return -1;
+    }
+    if ((o->n_expert || o->n_expert_used || o->expert_ffn) && !moe) {
+        fprintf(stderr, "kvs-mkmodel: --experts, --experts-used and --expert-ffn are for "
+                        "qwen3moe only\n");
+        return -1;
+    }
+    if (moe) {
+        struct moe_shape d = {NULL, 8, 2, o->shape->ffn};
+        for (size_t k = 0; k < sizeof MOE_SHAPES / sizeof MOE_SHAPES[0]; k++)
+            if (!strcmp(MOE_SHAPES[k].name, o->shape->name))
+                d = MOE_SHAPES[k];
+        if (!o->n_expert)
+            o->n_expert = d.n_expert;
+        if (!o->n_expert_used)
+            o->n_expert_used = d.n_expert_used;
+        if (!o->expert_ffn)
+            o->expert_ffn = d.expert_ffn;
+        if (o->n_expert_used > o->n_expert) {
+            fprintf(stderr, "kvs-mkmodel: --experts-used %u is more than the %u experts\n",
+                    o->n_expert_used, o->n_expert);
+            return -1;
+        }
     }
     if (o->sliding_window && !gemma) {
         fprintf(stderr, "kvs-mkmodel: --sliding-window is for gemma only\n");
@@ -468,12 +533,12 @@ typedef struct gen {
     uint64_t tmp_len;
 } gen;
 
-/* Adds one tensor whose data fill_tensor generates. Matrices use the requested type; vectors
- * are F32, all 1.0 unless bias_std > 0 (then random with that std). */
-static int gen_tensor_ex(gen *g, const char *name, uint64_t d0, uint64_t d1, double bias_std)
+/* Adds one tensor of n_dims dims whose data fill_tensor generates in type (Q8_0 falls back to
+ * F16 for rows that are not whole blocks): random with that std, or all 1.0 when std <= 0. */
+static int gen_add(gen *g, const char *name, uint32_t n_dims, const uint64_t *dims, uint32_t type,
+                   double std)
 {
-    bool matrix = d1 != 0;
-    uint32_t type = matrix ? g->wtype : GGML_TYPE_F32;
+    uint64_t d0 = dims[0];
     if (type == GGML_TYPE_Q8_0 && d0 % QK8_0) {
         fprintf(stderr,
                 "kvs-mkmodel: note: %s rows of %llu are not a multiple of %d, "
@@ -488,13 +553,22 @@ static int gen_tensor_ex(gen *g, const char *name, uint64_t d0, uint64_t d1, dou
     /* Each tensor gets its own stream so that its values do not depend on the others' sizes. */
     uint64_t s = g->seed ^ (idx * 0xd1b54a32d192ed03ull);
     *f = (wfill){.seed = splitmix64(&s),
-                 .ones = !matrix && bias_std <= 0,
-                 .std = matrix ? g->std : bias_std,
+                 .ones = std <= 0,
+                 .std = std,
                  .type = type,
                  .row_len = d0,
                  .tmp = g->tmp};
+    return gguf_writer_add_tensor_fill(g->w, name, n_dims, dims, type, fill_tensor, f);
+}
+
+/* Adds one tensor whose data fill_tensor generates. Matrices use the requested type; vectors
+ * are F32, all 1.0 unless bias_std > 0 (then random with that std). */
+static int gen_tensor_ex(gen *g, const char *name, uint64_t d0, uint64_t d1, double bias_std)
+{
+    bool matrix = d1 != 0;
     uint64_t dims[2] = {d0, d1};
-    return gguf_writer_add_tensor_fill(g->w, name, matrix ? 2 : 1, dims, type, fill_tensor, f);
+    return gen_add(g, name, matrix ? 2 : 1, dims, matrix ? g->wtype : GGML_TYPE_F32,
+                   matrix ? g->std : bias_std);
 }
 
 static int gen_tensor(gen *g, const char *name, uint64_t d0, uint64_t d1)
@@ -561,7 +635,8 @@ static int build(gen *g, const opts *o)
     gguf_writer *w = g->w;
     uint32_t head_dim = o->head_dim ? o->head_dim : sh->dim / sh->n_heads;
     uint32_t q_dim = head_dim * sh->n_heads, kv_dim = head_dim * sh->n_kv_heads;
-    bool qwen2 = !strcmp(o->arch, "qwen2"), qwen3 = !strcmp(o->arch, "qwen3");
+    bool qwen2 = !strcmp(o->arch, "qwen2"), moe = !strcmp(o->arch, "qwen3moe");
+    bool qwen3 = !strcmp(o->arch, "qwen3") || moe; /* qwen3moe is qwen3 but for the FFN */
     bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
     bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
     uint32_t ftype = o->type == GGML_TYPE_F32   ? FTYPE_ALL_F32
@@ -595,6 +670,11 @@ static int build(gen *g, const opts *o)
                                            : gemma2          ? 4096
                                                              : 512)))
         return rc;
+    if (moe &&
+        ((rc = gguf_writer_add_u32(w, ARCH_KEY("expert_count"), o->n_expert)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_used_count"), o->n_expert_used)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_feed_forward_length"), o->expert_ffn))))
+        return rc;
     if (gemma2 && ((rc = gguf_writer_add_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f)) ||
                    (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
         return rc;
@@ -617,6 +697,7 @@ static int build(gen *g, const opts *o)
     /* One row buffer serves every tensor: the writer fills them one at a time. */
     g->tmp_len = sh->dim > 2 * sh->ffn ? sh->dim : 2 * sh->ffn;
     g->tmp_len = g->tmp_len > q_dim ? g->tmp_len : q_dim;
+    g->tmp_len = g->tmp_len > o->expert_ffn ? g->tmp_len : o->expert_ffn;
     g->tmp = malloc(g->tmp_len * sizeof *g->tmp);
     g->cap_fills = 3 + 16 * (size_t)sh->n_layers;
     g->fills = calloc(g->cap_fills, sizeof *g->fills);
@@ -626,33 +707,53 @@ static int build(gen *g, const opts *o)
         return rc;
     for (uint32_t l = 0; l < sh->n_layers; l++) {
         /* In the order llama.cpp's converters write them (and kvs-mkmodel always has: each
-         * tensor's values come from its index). d1 = 0 marks a norm vector. */
+         * tensor's values come from its index). d1 = 0 marks a norm vector; d2 > 0 a stack of
+         * d2 matrices (qwen3moe's experts, matrix e the contiguous slice e). */
+        uint64_t ne = o->n_expert, eff = o->expert_ffn;
         struct {
             const char *suffix;
-            uint64_t d0, d1;
+            uint64_t d0, d1, d2;
             bool on;
         } L[] = {
-            {"attn_norm", sh->dim, 0, true},
-            {"attn_qkv", sh->dim, q_dim + 2 * kv_dim, phi3},
-            {"attn_q", sh->dim, q_dim, !phi3},
-            {"attn_k", sh->dim, kv_dim, !phi3},
-            {"attn_v", sh->dim, kv_dim, !phi3},
-            {"attn_q_norm", head_dim, 0, qwen3 || gemma3},
-            {"attn_k_norm", head_dim, 0, qwen3 || gemma3},
-            {"attn_output", q_dim, sh->dim, true},
-            {"post_attention_norm", sh->dim, 0, gemma},
-            {"ffn_norm", sh->dim, 0, true},
-            {"ffn_gate", sh->dim, sh->ffn, !phi3},
-            {"ffn_down", sh->ffn, sh->dim, true},
-            {"ffn_up", sh->dim, phi3 ? 2 * (uint64_t)sh->ffn : sh->ffn, true},
-            {"post_ffw_norm", sh->dim, 0, gemma},
+            {"attn_norm", sh->dim, 0, 0, true},
+            {"attn_qkv", sh->dim, q_dim + 2 * kv_dim, 0, phi3},
+            {"attn_q", sh->dim, q_dim, 0, !phi3},
+            {"attn_k", sh->dim, kv_dim, 0, !phi3},
+            {"attn_v", sh->dim, kv_dim, 0, !phi3},
+            {"attn_q_norm", head_dim, 0, 0, qwen3 || gemma3},
+            {"attn_k_norm", head_dim, 0, 0, qwen3 || gemma3},
+            {"attn_output", q_dim, sh->dim, 0, true},
+            {"post_attention_norm", sh->dim, 0, 0, gemma},
+            {"ffn_norm", sh->dim, 0, 0, true},
+            {"ffn_gate", sh->dim, sh->ffn, 0, !phi3 && !moe},
+            {"ffn_down", sh->ffn, sh->dim, 0, !moe},
+            {"ffn_up", sh->dim, phi3 ? 2 * (uint64_t)sh->ffn : sh->ffn, 0, !moe},
+            {"ffn_gate_inp", sh->dim, ne, 0, moe},
+            {"ffn_gate_exps", sh->dim, eff, ne, moe},
+            {"ffn_down_exps", eff, sh->dim, ne, moe},
+            {"ffn_up_exps", sh->dim, eff, ne, moe},
+            {"post_ffw_norm", sh->dim, 0, 0, gemma},
         };
         for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
             if (!L[k].on)
                 continue;
             char tn[96];
             snprintf(tn, sizeof tn, "blk.%u.%s.weight", l, L[k].suffix);
-            if ((rc = gen_tensor(g, tn, L[k].d0, L[k].d1)))
+            uint64_t dims[3] = {L[k].d0, L[k].d1, L[k].d2};
+            if (L[k].d2)
+                rc = gen_add(g, tn, 3, dims, g->wtype, g->std);
+            else if (!strcmp(L[k].suffix, "ffn_gate_inp"))
+                /* The router stays F32 (llama-quantize keeps it so). Its inputs are RMS-normed
+                 * to 1 each, so its logits' std is its std times sqrt(dim): at 1/sqrt(dim),
+                 * logits of std 1 or more give a clear order of experts (neighbours' gaps
+                 * ~0.3 against rounding of ~1e-6) and unequal weights, while (unlike a std of
+                 * 0.5 or 1 on wide shapes) the second expert still weighs in, not a softmax
+                 * saturated onto one. */
+                rc = gen_add(g, tn, 2, dims, GGML_TYPE_F32,
+                             fmax(g->std, 1.0 / sqrt((double)sh->dim)));
+            else
+                rc = gen_tensor(g, tn, L[k].d0, L[k].d1);
+            if (rc)
                 return rc;
             /* Qwen2's biases: large enough (std 0.5) that dropping one changes the logits. */
             if (qwen2 && k >= 2 && k <= 4) {
