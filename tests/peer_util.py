@@ -99,12 +99,13 @@ def stop_server(proc):
     proc.wait(timeout=30)
 
 
-def peer_completion(server, model, log):
+def peer_completion(server, model, log, extra=()):
     """llama-server's /completion answer on model: N_GEN greedy tokens after PROMPT (no BOS
-    added), with each position's top 2 (n_probs) for diagnosing a difference."""
+    added), with each position's top 2 (n_probs) for diagnosing a difference; extra: more
+    llama-server arguments."""
     port = free_port()
     proc = subprocess.Popen([server, "-m", model, "--host", "127.0.0.1", "--port", str(port),
-                             "-t", "2", "-c", "256", "-np", "1"] + PEER_ARGS,
+                             "-t", "2", "-c", "256", "-np", "1"] + PEER_ARGS + list(extra),
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         url = "http://127.0.0.1:%d" % port
@@ -125,12 +126,12 @@ def peer_completion(server, model, log):
         proc.wait(timeout=30)
 
 
-def peer_tokens(server, model, logpath):
-    """llama-server's answer on model (see peer_completion), its output in logpath; None, after
-    printing the error and the log's tail, when it fails."""
+def peer_tokens(server, model, logpath, extra=()):
+    """llama-server's answer on model (see peer_completion, extra its arguments), its output in
+    logpath; None, after printing the error and the log's tail, when it fails."""
     with open(logpath, "w") as log:
         try:
-            return peer_completion(server, model, log)
+            return peer_completion(server, model, log, extra)
         except Exception as e:  # noqa: BLE001 (report; the caller fails)
             log.flush()
             with open(logpath, errors="replace") as f:

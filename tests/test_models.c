@@ -3,12 +3,12 @@
  * qwen2 with Q/K/V biases and NEOX RoPE, Llama 3 rope base and rope_freqs, linear rope scaling;
  * qwen3 with Q/K norms and its own head size; gemma2 with post norms, GELU, soft-capping and
  * sliding windows; gemma3 with Q/K norms, the 5:1 window pattern and two RoPE bases; phi3 with
- * fused QKV and gate/up; qwen3moe's mixture of experts) are written by the real kvs-mkmodel (path
- * in argv[1]) into a temp dir, loaded with engine_model_load, and engine_forward's logits (a
- * prefill, then cached decode steps through a scattered block table) are compared with a
- * deliberately naive reference forward written here: plain loops, F32 weights dequantized by this
- * file, the whole sequence recomputed, its own RoPE per type. Files the engine cannot run must be
- * refused with a message naming the problem. */
+ * fused QKV and gate/up; the mixtures of experts of qwen3moe and Mixtral) are written by the real
+ * kvs-mkmodel (path in argv[1]) into a temp dir, loaded with engine_model_load, and
+ * engine_forward's logits (a prefill, then cached decode steps through a scattered block table) are
+ * compared with a deliberately naive reference forward written here: plain loops, F32 weights
+ * dequantized by this file, the whole sequence recomputed, its own RoPE per type. Files the engine
+ * cannot run must be refused with a message naming the problem. */
 /* cmocka needs these four first. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -118,8 +118,8 @@ typedef struct ref_layer {
     float *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *ffn_norm, *gate, *up, *down;
     float *q_norm, *k_norm, *post_attn, *post_ffn; /* NULL where the family has none */
     float *qkv, *gate_up;                          /* phi3's fused matrices (wq.. point in) */
-    /* qwen3moe's FFN (gate, up, down NULL): router (n_expert rows of dim), then per expert e
-     * the slice e of gate_exps, up_exps (ffn_exp rows of dim) and down_exps (dim rows of
+    /* an MoE FFN (qwen3moe, Mixtral; gate, up, down NULL): router (n_expert rows of dim), then per
+     * expert e the slice e of gate_exps, up_exps (ffn_exp rows of dim) and down_exps (dim rows of
      * ffn_exp) */
     float *router, *gate_exps, *up_exps, *down_exps;
 } ref_layer;
@@ -127,7 +127,7 @@ typedef struct ref_layer {
 typedef struct ref_model {
     bool neox, gelu;
     uint32_t dim, n_layer, n_head, n_kv, ffn, vocab, hd, n_rot;
-    uint32_t n_expert, n_expert_used, ffn_exp; /* qwen3moe; 0 for a dense FFN */
+    uint32_t n_expert, n_expert_used, ffn_exp; /* an MoE FFN; 0 for a dense one */
     float eps, base, scale;
     float embd_scale, attn_cap, final_cap; /* caps: 0 = none */
     double attn_scale;
@@ -236,7 +236,10 @@ static void ref_load(ref_model *r, const char *path)
     snprintf(arch, sizeof arch, "%.*s", (int)alen, a);
     memset(r, 0, sizeof *r);
     bool gemma2 = !strcmp(arch, "gemma2"), gemma3 = !strcmp(arch, "gemma3");
-    bool phi3 = !strcmp(arch, "phi3"), moe = !strcmp(arch, "qwen3moe");
+    bool phi3 = !strcmp(arch, "phi3");
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_count", arch);
+    bool moe = gguf_find_key(f, key) >= 0; /* qwen3moe, or llama with experts (Mixtral) */
     r->neox = strcmp(arch, "llama") != 0;
     r->gelu = gemma2 || gemma3;
     r->dim = ref_u32(f, arch, "embedding_length");
@@ -248,11 +251,13 @@ static void ref_load(ref_model *r, const char *path)
     if (moe) {
         r->n_expert = ref_u32(f, arch, "expert_count");
         r->n_expert_used = ref_u32(f, arch, "expert_used_count");
-        r->ffn_exp = ref_u32(f, arch, "expert_feed_forward_length");
+        /* Mixtral's llama files have no such key: their experts are feed_forward_length wide */
+        snprintf(key, sizeof key, "%s.expert_feed_forward_length", arch);
+        r->ffn_exp = r->ffn;
+        gguf_get_u32(f, key, &r->ffn_exp);
         assert_true(r->n_expert_used >= 1 && r->n_expert_used <= r->n_expert);
     }
     r->hd = r->dim / r->n_head;
-    char key[128];
     snprintf(key, sizeof key, "%s.attention.key_length", arch);
     gguf_get_u32(f, key, &r->hd);
     r->embd_scale = r->gelu ? sqrtf((float)r->dim) : 1.0f;
@@ -343,7 +348,7 @@ static void ref_load(ref_model *r, const char *path)
             snprintf(name, sizeof name, "blk.%u.%s", l, extra[k]);
             *edst[k] = ref_tensor(f, name);
         }
-        if (gemma3 || !strcmp(arch, "qwen3") || moe)
+        if (gemma3 || !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe"))
             assert_true(L->q_norm && L->k_norm);
         if (r->gelu)
             assert_true(L->post_attn && L->post_ffn);
@@ -428,10 +433,10 @@ static void ref_head_norm(float *x, const float *w, uint32_t n_heads, uint32_t h
         ref_rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, eps);
 }
 
-/* qwen3moe's FFN of one row xn (dim, normed) into out (dim), as llama.cpp's build_moe_ffn for
- * QWEN3MOE: the softmax of the router's logits; the n_used most probable experts, most probable
- * first; their probabilities renormalized to sum 1 (the sum clamped below at 2^-14); out = the
- * sum over those slots, in that order, of weight * down_e(silu(gate_e(xn)) * up_e(xn)). */
+/* An MoE FFN of one row xn (dim, normed) into out (dim), as llama.cpp's build_moe_ffn for
+ * QWEN3MOE and LLAMA: the softmax of the router's logits; the n_used most probable experts, most
+ * probable first; their probabilities renormalized to sum 1 (the sum clamped below at 2^-14); out =
+ * the sum over those slots, in that order, of weight * down_e(silu(gate_e(xn)) * up_e(xn)). */
 static void ref_moe(const ref_model *r, const ref_layer *L, uint32_t n_used, const float *xn,
                     float *out)
 {
@@ -837,6 +842,13 @@ static const family_case FAMILY_CASES[] = {
      "Q8_0",
      {"--arch", "qwen3moe", "--head-dim", "32", "--experts", "6", "--experts-used", "3", "--type",
       "q8_0", "--seed", "3"}},
+    /* Mixtral's layout: llama with experts of feed_forward_length, no expert_feed_forward_length
+     * key */
+    {"test_mixtral_f32",
+     "mixtral-f32.gguf",
+     "llama",
+     "F32",
+     {"--experts", "4", "--experts-used", "2", "--seed", "3"}},
 };
 
 /* One row of FAMILY_CASES (cmocka's initial state). */

@@ -276,6 +276,8 @@ static void usage(FILE *fp)
             "            vocabulary size); without it a llama-style byte vocabulary is made\n"
             "  --seed    weight seed (default 1)\n"
             "  --ctx     <arch>.context_length (default 2048)\n"
+            "  --layers N  the shape's first N layers only (default all: a large shape's\n"
+            "            per-layer cost measured on a smaller file)\n"
             "  --arch    llama (default); qwen2 (adds F32 Q/K/V biases, std 0.5; NEOX RoPE\n"
             "            when loaded); qwen3 (Q/K norms, attention.key_length); gemma2 (post\n"
             "            norms, soft-capping 50/30, sliding window on even layers); gemma3 (post\n"
@@ -286,7 +288,8 @@ static void usage(FILE *fp)
             "  --tied    no output.weight: the output projection reuses token_embd\n"
             "  --head-dim  attention.key_length/value_length (qwen3, qwen3moe, gemma;\n"
             "            default dim / heads)\n"
-            "  --experts N  qwen3moe: expert_count (default the shape's, else 8)\n"
+            "  --experts N  qwen3moe: expert_count (default the shape's, else 8); llama:\n"
+            "            Mixtral's layout, N experts of feed_forward_length\n"
             "  --experts-used K  qwen3moe: expert_used_count, the experts each token uses\n"
             "            (default the shape's, else 2)\n"
             "  --expert-ffn F  qwen3moe: expert_feed_forward_length, one expert's hidden size\n"
@@ -325,6 +328,7 @@ typedef struct opts {
     const char *vocab_path;
     uint64_t seed;
     uint32_t ctx;
+    uint32_t n_layers; /* 0: the shape's */
     const char *out;
     const char *arch;        /* one of --arch's names ("llama", "qwen3moe", ...) */
     bool tied;               /* no output.weight: the output reuses token_embd */
@@ -404,6 +408,12 @@ static int parse_args(int argc, char **argv, opts *o)
                 return -1;
             }
             o->ctx = (uint32_t)n;
+        } else if (!strcmp(a, "--layers")) {
+            if (!parse_u64(val, 1024, &n) || n == 0) {
+                fprintf(stderr, "kvs-mkmodel: bad layer count '%s' (1..1024)\n", val);
+                return -1;
+            }
+            o->n_layers = (uint32_t)n;
         } else if (!strcmp(a, "--arch")) {
             static const char *const archs[] = {"llama",  "qwen2",  "qwen3", "qwen3moe",
                                                 "gemma2", "gemma3", "phi3"};
@@ -480,16 +490,23 @@ static int parse_args(int argc, char **argv, opts *o)
         return -1;
     }
     bool gemma = !strncmp(o->arch, "gemma", 5), moe = !strcmp(o->arch, "qwen3moe");
+    /* llama with --experts: Mixtral's layout (experts as wide as feed_forward_length) */
+    bool mixtral = !strcmp(o->arch, "llama") && o->n_expert;
     if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma) {
         fprintf(stderr, "kvs-mkmodel: --head-dim is for qwen3, qwen3moe and gemma only\n");
         return -1;
     }
-    if ((o->n_expert || o->n_expert_used || o->expert_ffn) && !moe) {
+    if ((o->n_expert || o->n_expert_used || o->expert_ffn) && !moe && !mixtral) {
         fprintf(stderr, "kvs-mkmodel: --experts, --experts-used and --expert-ffn are for "
-                        "qwen3moe only\n");
+                        "qwen3moe, and llama with --experts (Mixtral)\n");
         return -1;
     }
-    if (moe) {
+    if (mixtral && o->expert_ffn) {
+        fprintf(stderr, "kvs-mkmodel: llama's experts are feed_forward_length wide: no "
+                        "--expert-ffn\n");
+        return -1;
+    }
+    if (moe || mixtral) {
         struct moe_shape d = {NULL, 8, 2, o->shape->ffn};
         for (size_t k = 0; k < sizeof MOE_SHAPES / sizeof MOE_SHAPES[0]; k++)
             if (!strcmp(MOE_SHAPES[k].name, o->shape->name))
@@ -499,7 +516,7 @@ static int parse_args(int argc, char **argv, opts *o)
         if (!o->n_expert_used)
             o->n_expert_used = d.n_expert_used;
         if (!o->expert_ffn)
-            o->expert_ffn = d.expert_ffn;
+            o->expert_ffn = mixtral ? o->shape->ffn : d.expert_ffn;
         if (o->n_expert_used > o->n_expert) {
             fprintf(stderr, "kvs-mkmodel: --experts-used %u is more than the %u experts\n",
                     o->n_expert_used, o->n_expert);
@@ -634,9 +651,11 @@ static int build(gen *g, const opts *o)
     const shape *sh = o->shape;
     gguf_writer *w = g->w;
     uint32_t head_dim = o->head_dim ? o->head_dim : sh->dim / sh->n_heads;
+    uint32_t n_layers = o->n_layers ? o->n_layers : sh->n_layers;
     uint32_t q_dim = head_dim * sh->n_heads, kv_dim = head_dim * sh->n_kv_heads;
-    bool qwen2 = !strcmp(o->arch, "qwen2"), moe = !strcmp(o->arch, "qwen3moe");
-    bool qwen3 = !strcmp(o->arch, "qwen3") || moe; /* qwen3moe is qwen3 but for the FFN */
+    bool qwen2 = !strcmp(o->arch, "qwen2"), qwen3moe = !strcmp(o->arch, "qwen3moe");
+    bool qwen3 = !strcmp(o->arch, "qwen3") || qwen3moe; /* qwen3moe is qwen3 but for the FFN */
+    bool moe = o->n_expert > 0; /* qwen3moe, or llama with experts (Mixtral) */
     bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
     bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
     uint32_t ftype = o->type == GGML_TYPE_F32   ? FTYPE_ALL_F32
@@ -652,7 +671,7 @@ static int build(gen *g, const opts *o)
         (rc = gguf_writer_add_u32(w, "general.file_type", ftype)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("context_length"), o->ctx)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("embedding_length"), sh->dim)) ||
-        (rc = gguf_writer_add_u32(w, ARCH_KEY("block_count"), sh->n_layers)) ||
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("block_count"), n_layers)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("feed_forward_length"), sh->ffn)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count"), sh->n_heads)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count_kv"), sh->n_kv_heads)) ||
@@ -670,10 +689,10 @@ static int build(gen *g, const opts *o)
                                            : gemma2          ? 4096
                                                              : 512)))
         return rc;
-    if (moe &&
-        ((rc = gguf_writer_add_u32(w, ARCH_KEY("expert_count"), o->n_expert)) ||
-         (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_used_count"), o->n_expert_used)) ||
-         (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_feed_forward_length"), o->expert_ffn))))
+    if (moe && ((rc = gguf_writer_add_u32(w, ARCH_KEY("expert_count"), o->n_expert)) ||
+                (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_used_count"), o->n_expert_used)) ||
+                (qwen3moe && (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_feed_forward_length"),
+                                                       o->expert_ffn)))))
         return rc;
     if (gemma2 && ((rc = gguf_writer_add_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f)) ||
                    (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
@@ -699,13 +718,13 @@ static int build(gen *g, const opts *o)
     g->tmp_len = g->tmp_len > q_dim ? g->tmp_len : q_dim;
     g->tmp_len = g->tmp_len > o->expert_ffn ? g->tmp_len : o->expert_ffn;
     g->tmp = malloc(g->tmp_len * sizeof *g->tmp);
-    g->cap_fills = 3 + 16 * (size_t)sh->n_layers;
+    g->cap_fills = 3 + 16 * (size_t)n_layers;
     g->fills = calloc(g->cap_fills, sizeof *g->fills);
     if (!g->tmp || !g->fills)
         return KVS_ENOMEM;
     if ((rc = gen_tensor(g, "token_embd.weight", sh->dim, n_vocab)))
         return rc;
-    for (uint32_t l = 0; l < sh->n_layers; l++) {
+    for (uint32_t l = 0; l < n_layers; l++) {
         /* In the order llama.cpp's converters write them (and kvs-mkmodel always has: each
          * tensor's values come from its index). d1 = 0 marks a norm vector; d2 > 0 a stack of
          * d2 matrices (qwen3moe's experts, matrix e the contiguous slice e). */

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# bench/moe.sh: a mixture-of-experts model, kvserve against llama.cpp's llama-server
+# (../shared/peer) side by side, same file, same threads, same closed-loop client as
+# bench/peer.sh (bench/serve_bench.py, non-streaming completions, token-id prompts,
+# ignore_eos). kvs-mkmodel writes Qwen3-30B-A3B's shape (qwen3moe: dim 2048, 32 heads of 128, 4
+# kv heads, 128 experts of ffn 768, 8 used per token, vocabulary 151936) with LAYERS of its 48
+# layers in F16 (random weights: the full model would be a 61 GB F16 file before quantizing;
+# a token's cost is per layer, so the rates scale by about LAYERS / 48), llama-quantize makes TYPE
+# of it, and both servers load that file. In each round both servers are up at once and each
+# load level is measured on both back to back, in alternating order:
+#   decode: 1 client and 16 clients, PROMPT-token prompts, OUT generated tokens each
+#   prefill: 512-token prompts, 1 generated token, 1 client (prompt tokens per second)
+# Beside them: the machine's read bandwidth from the same run (kvs-bench-machine) and the bytes a
+# token reads (kvserve's load log: every weight but the 120 experts a token does not run), so
+# the one-client figures read as a share of bandwidth / bytes; the servers' resident memory
+# (VmRSS) after the run against the file's size.
+# Writes the "moe.sh" section of docs/BENCHMARKS.md (one per CPU kind) and prints it.
+# Environment: BUILD (build), THREADS (nproc), LAYERS (8), TYPE (Q4_K_M), OUT (32), PROMPT
+# (32), N1 (2), N16 (16), NPP (2), REPEATS (1), PEER (../shared/peer/llama.cpp/bin).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+# shellcheck source=bench/peer_lib.sh
+. bench/peer_lib.sh
+SHAPE=qwen3-30b-a3b
+LAYERS=${LAYERS:-8}
+TYPE=${TYPE:-Q4_K_M}
+OUT=${OUT:-32}
+PROMPT=${PROMPT:-32}
+N1=${N1:-2}
+N16=${N16:-16}
+NPP=${NPP:-2}
+REPEATS=${REPEATS:-1}
+peer_setup "$KVSERVE" "$MKMODEL" "$MACHINE" --peer llama-server llama-quantize --vocab
+
+make_model --layers "$LAYERS"
+model=$MODEL
+mib=$(( $(stat -c %s "$model") / 1048576 ))
+
+# rss PID -> its resident MiB
+rss() { awk '/^VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
+
+K1=() K16=() KPP=() L1=() L16=() LPP=() rounds=() bws=()
+for r in $(seq "$REPEATS"); do
+    echo "moe.sh: round $r of $REPEATS" >&2
+    kport=$(free_port)
+    start_server kvserve "$model" "$kport" "$TMP/kvserve.log" --log-level info
+    kpid=$SERVER_PID
+    lport=$(free_port)
+    start_server llama "$model" "$lport" "$TMP/llama.log"
+    lpid=$SERVER_PID
+    order=("$kport" "$lport")
+    [ $((r % 2)) = 1 ] || order=("$lport" "$kport")
+    declare -A one=() sixteen=() pp=()
+    for p in "${order[@]}"; do bench "$p" 1 1 8 4 >/dev/null; done # warm-ups
+    for p in "${order[@]}"; do one[$p]=$(bench "$p" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1); done
+    for p in "${order[@]}"; do
+        sixteen[$p]=$(bench "$p" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    done
+    for p in "${order[@]}"; do pp[$p]=$(bench "$p" 1 "$NPP" 512 1 | cut -d' ' -f2); done
+    krss=$(rss "$kpid")
+    lrss=$(rss "$lpid")
+    kill "$kpid" "$lpid"
+    wait "$kpid" "$lpid" 2>/dev/null || true
+    K1+=("${one[$kport]}") K16+=("${sixteen[$kport]}") KPP+=("${pp[$kport]}")
+    L1+=("${one[$lport]}") L16+=("${sixteen[$lport]}") LPP+=("${pp[$lport]}")
+    rounds+=("| $r | $(ratio "${one[$kport]}" "${one[$lport]}")x | $(ratio "${sixteen[$kport]}" "${sixteen[$lport]}")x | $(ratio "${pp[$kport]}" "${pp[$lport]}")x |")
+    bws+=("$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)")
+done
+k1=$(median <<<"${K1[*]}") k16=$(median <<<"${K16[*]}") kpp=$(median <<<"${KPP[*]}")
+l1=$(median <<<"${L1[*]}") l16=$(median <<<"${L16[*]}") lpp=$(median <<<"${LPP[*]}")
+bw=$(median <<<"${bws[*]}")
+active=$(grep -o '[0-9.]* MiB of weights read per token' "$TMP/kvserve.log" | cut -d' ' -f1)
+# bandwidth (GB/s) / bytes per token: the one-client rate if every byte were read once at the
+# measured bandwidth
+bound=$(awk -v bw="$bw" -v a="$active" 'BEGIN{printf "%.1f", a > 0 ? bw * 1e9 / (a * 1048576) : 0}')
+
+section=$(cat <<EOF
+<!-- moe.sh begin -->
+## Mixture of experts: Qwen3-30B-A3B's shape (bench/moe.sh)
+
+Measured $(date -u +%Y-%m-%d) on $(cpu_desc), $THREADS threads for both, load before
+$LOAD_BEFORE; kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer. Command:
+\`THREADS=$THREADS LAYERS=$LAYERS TYPE=$TYPE OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 NPP=$NPP REPEATS=$REPEATS bench/moe.sh\`.
+Qwen3-30B-A3B's shape (qwen3moe, 128 experts, 8 per token) with $LAYERS of its 48 layers,
+$TYPE from llama-quantize (random weights): a $mib MiB file; a token reads $active MiB of it
+(every weight but the experts it does not run). Read bandwidth $bw GB/s (kvs-bench-machine,
+median of the rounds), so one client's bound is $bound tok/s. Tokens per second, medians of
+$REPEATS rounds; both servers up at once, each load level measured on both back to back.
+
+| | kvserve | llama.cpp | ratio |
+|---|---:|---:|---:|
+| decode, 1 client (tok/s) | $k1 ($(ratio "$k1" "$bound") of the bound) | $l1 ($(ratio "$l1" "$bound") of the bound) | $(ratio "$k1" "$l1")x |
+| decode, 16 clients (tok/s) | $k16 | $l16 | $(ratio "$k16" "$l16")x |
+| prefill, 512-token prompt (tok/s) | $kpp | $lpp | $(ratio "$kpp" "$lpp")x |
+| resident memory after the run (MiB; file $mib) | $krss | $lrss | |
+
+| round | 1 client | 16 clients | prefill |
+|---|---:|---:|---:|
+$(printf '%s\n' "${rounds[@]}")
+<!-- moe.sh end -->
+EOF
+)
+python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md moe.sh <<<"$section"
+echo "$section"
