@@ -7,9 +7,13 @@
  * weight, then summed from the first in that order, so the sum is what llama.cpp adds up.
  *
  * A step groups its rows by expert and runs each expert's products over its rows together (a
- * prompt's 512 rows give an expert of 128 about 32 rows). A row's products do not depend on the
- * rows beside it (the kernels' property), and its routing and sum read only that row, so a row
- * gives the same bits in any batch: cached = recomputed holds. */
+ * prompt's 512 rows give an expert of 128 about 32 rows). On the integer path (--activations q8
+ * and quantized experts, what users run) every expert's gate and up are one pool job and every
+ * down another: a decode step's 8 experts in 2 hand-offs instead of 16, each with enough work
+ * items for both threads. Other weights take each expert's products in turn (forward.c's
+ * engine__matmuls). A row's products do not depend on the rows beside it (the kernels'
+ * property), and its routing and sum read only that row, so a row gives the same bits in any
+ * batch: cached = recomputed holds. */
 #include "engine/arch.h"
 
 #include "common/status.h"
@@ -22,30 +26,42 @@ struct engine_moe_buf {
     float *logits;   /* (max_tokens, n_expert) the router's scores, then probabilities */
     int32_t *sel;    /* (max_tokens, n_used) each row's experts, most probable first */
     float *weight;   /* (max_tokens, n_used) their weights */
-    uint32_t *count; /* (n_expert + 1) rows per expert, then the first of each in order */
+    uint32_t *first; /* (n_expert + 1) where each expert's rows begin in order */
     uint32_t *order; /* (max_tokens * n_used) row * n_used + k, grouped by expert */
-    float *in;       /* (max_tokens, n_embd) one expert's rows of the input */
-    float *out;      /* (max_tokens, n_embd) the expert's output on them */
+    uint32_t *act;   /* (n_expert) the experts with rows this step */
+    uint32_t *item0; /* (n_expert + 1) the first work item of each of them */
+    float *in;       /* (max_tokens * n_used, n_embd) the rows of each expert, in order */
+    float *gate;     /* (max_tokens * n_used, n_ff_exp) the experts' SwiGLU, rows in order */
+    float *up;       /* (max_tokens * n_used, n_ff_exp) */
     float *y;        /* (max_tokens, n_used, n_embd) each row's weighted expert outputs */
+    void *xq[2];     /* (max_tokens * n_used) rows quantized, KERN_QX_32 and KERN_QX_256 */
 };
 
 engine_moe_buf *engine__moe_buf_create(const engine_model *m, uint32_t max_tokens)
 {
     const engine_hparams *hp = &m->hp;
-    size_t T = max_tokens, E = hp->n_embd, X = hp->n_expert, K = hp->n_expert_used;
+    size_t T = max_tokens, E = hp->n_embd, X = hp->n_expert, K = hp->n_expert_used,
+           F = hp->n_ff_exp, max_in = E > F ? E : F;
     engine_moe_buf *b = calloc(1, sizeof *b);
     if (!b)
         return NULL;
     b->logits = malloc(T * X * sizeof *b->logits);
     b->sel = malloc(T * K * sizeof *b->sel);
     b->weight = malloc(T * K * sizeof *b->weight);
-    b->count = malloc((X + 1) * sizeof *b->count);
+    b->first = malloc((X + 1) * sizeof *b->first);
     b->order = malloc(T * K * sizeof *b->order);
-    b->in = malloc(T * E * sizeof *b->in);
-    b->out = malloc(T * E * sizeof *b->out);
+    b->act = malloc(X * sizeof *b->act);
+    b->item0 = malloc((X + 1) * sizeof *b->item0);
+    b->in = malloc(T * K * E * sizeof *b->in);
+    b->gate = malloc(T * K * F * sizeof *b->gate);
+    b->up = malloc(T * K * F * sizeof *b->up);
     b->y = malloc(T * K * E * sizeof *b->y);
-    if (!b->logits || !b->sel || !b->weight || !b->count || !b->order || !b->in || !b->out ||
-        !b->y) {
+    bool ok = b->logits && b->sel && b->weight && b->first && b->order && b->act && b->item0 &&
+              b->in && b->gate && b->up && b->y;
+    /* bytes per input of either format < 40 / 32 (kern_qx_row_bytes), as forward.c's */
+    for (int f = 0; f < 2 && m->n_qdot; f++)
+        ok = ok && (b->xq[f] = malloc(T * K * (max_in / 32 + 1) * 40));
+    if (!ok) {
         engine__moe_buf_destroy(b);
         return NULL;
     }
@@ -59,11 +75,16 @@ void engine__moe_buf_destroy(engine_moe_buf *b)
     free(b->logits);
     free(b->sel);
     free(b->weight);
-    free(b->count);
+    free(b->first);
     free(b->order);
+    free(b->act);
+    free(b->item0);
     free(b->in);
-    free(b->out);
+    free(b->gate);
+    free(b->up);
     free(b->y);
+    free(b->xq[0]);
+    free(b->xq[1]);
     free(b);
 }
 
@@ -127,43 +148,172 @@ static void route_row(float *p, uint32_t n, uint32_t k, int32_t *sel, float *wei
         weight[j] /= wsum;
 }
 
+/* Work items of 64 output columns, as forward.c's products; a gate-and-up item takes its
+ * expert's rows 64 at a time through both products and the SiLU (forward.c's GLU_ROWS). */
+#define EXP_CHUNK 64
+#define EXP_ROWS 64
+
+/* The experts' products on the integer path over every expert's rows (b->first) at once: mat 0
+ * the gate and up with the SiLU (into b->gate), mat 2 the down (into b->in). */
+typedef struct expert_job {
+    engine_ctx *c;
+    const layer_weights *w;
+    const engine_moe_buf *b;
+    uint32_t mat, n_act;
+    size_t ldo; /* floats per output row */
+} expert_job;
+
+/* Input rows r of matrix a's product: the quantized rows of its format. */
+static const uint8_t *expert_xq(const expert_job *j, const kern_mat *a, size_t r)
+{
+    kern_qx fmt = kern_qdot_act(a);
+    return (const uint8_t *)j->b->xq[fmt == KERN_QX_256] + r * kern_qx_row_bytes(fmt, a->n_in);
+}
+
+static void expert_qmatmul(const expert_job *j, const kern_mat *a, size_t r, size_t n, float *out,
+                           size_t n0, size_t n1)
+{
+    (j->c->kern->qmatmul ? j->c->kern->qmatmul : kern_qmatmul_ref)(a, expert_xq(j, a, r), n, out,
+                                                                   j->ldo, n0, n1);
+}
+
+static void expert_item(void *arg, uint32_t i, uint32_t ith)
+{
+    (void)ith;
+    const expert_job *j = arg;
+    const engine_moe_buf *b = j->b;
+    uint32_t lo = 0, hi = j->n_act; /* the active expert whose items hold i */
+    while (hi - lo > 1) {
+        uint32_t mid = (lo + hi) / 2;
+        if (b->item0[mid] <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    uint32_t e = b->act[lo];
+    size_t r0 = b->first[e], n = b->first[e + 1] - r0;
+    const kern_mat *a = &j->w->experts[e * 3 + j->mat];
+    size_t n0 = (size_t)(i - b->item0[lo]) * EXP_CHUNK;
+    size_t n1 = a->n_out - n0 < EXP_CHUNK ? a->n_out : n0 + EXP_CHUNK;
+    if (j->mat == 2) {
+        expert_qmatmul(j, a, r0, n, b->in + r0 * j->ldo, n0, n1);
+        return;
+    }
+    const kern_mat *u = &j->w->experts[e * 3 + 1];
+    for (size_t t0 = 0; t0 < n; t0 += EXP_ROWS) {
+        size_t t1 = n - t0 < EXP_ROWS ? n : t0 + EXP_ROWS;
+        expert_qmatmul(j, a, r0 + t0, t1 - t0, b->gate + (r0 + t0) * j->ldo, n0, n1);
+        expert_qmatmul(j, u, r0 + t0, t1 - t0, b->up + (r0 + t0) * j->ldo, n0, n1);
+        for (size_t t = r0 + t0; t < r0 + t1; t++)
+            j->c->kern->silu_mul(b->gate + t * j->ldo + n0, b->up + t * j->ldo + n0, n1 - n0);
+    }
+}
+
+/* Quantizes rows [0, rows) of x (n_in floats each) for the product of a, on the pool. */
+typedef struct quant_job {
+    const kern_ops *kern;
+    kern_qx fmt;
+    const float *x;
+    size_t rows, n_in;
+    void *dst;
+} quant_job;
+
+static void quant_worker(void *arg, uint32_t ith, uint32_t nth)
+{
+    const quant_job *j = arg;
+    size_t r0 = j->rows * ith / nth, r1 = j->rows * (ith + 1) / nth;
+    if (r1 > r0)
+        (j->kern->qx_quantize ? j->kern->qx_quantize : kern_qx_quantize)(
+            j->fmt, j->x + r0 * j->n_in, r1 - r0, j->n_in, j->n_in,
+            (uint8_t *)j->dst + r0 * kern_qx_row_bytes(j->fmt, j->n_in));
+}
+
+static void quantize_for(engine_ctx *c, const kern_mat *a, const float *x, size_t rows, bool *done)
+{
+    kern_qx fmt = kern_qdot_act(a);
+    if (done[fmt == KERN_QX_256])
+        return;
+    done[fmt == KERN_QX_256] = true;
+    quant_job j = {c->kern, fmt, x, rows, a->n_in, c->moe->xq[fmt == KERN_QX_256]};
+    /* a value counted as 32 multiply-adds, about what quantizing it costs (forward.c) */
+    engine__run_job(c, quant_worker, &j, (uint64_t)rows * a->n_in * 32);
+}
+
+/* Runs matrix mat (0: gate and up, 2: down) of every active expert as one job. */
+static void run_experts(engine_ctx *c, const layer_weights *w, uint32_t mat, uint32_t n_act,
+                        size_t ldo)
+{
+    engine_moe_buf *b = c->moe;
+    uint64_t macs = 0;
+    for (uint32_t a = 0; a < n_act; a++) {
+        const kern_mat *m = &w->experts[b->act[a] * 3 + mat];
+        b->item0[a + 1] = b->item0[a] + (uint32_t)((m->n_out + EXP_CHUNK - 1) / EXP_CHUNK);
+        macs += (uint64_t)(b->first[b->act[a] + 1] - b->first[b->act[a]]) * m->n_out * m->n_in *
+                (mat == 0 ? 2 : 1);
+    }
+    expert_job j = {c, w, b, mat, n_act, ldo};
+    engine__run_items(c, b->item0[n_act], expert_item, &j, macs);
+}
+
 void engine__moe_ffn(engine_ctx *c, const layer_weights *w, float *xn, size_t rows)
 {
     const engine_hparams *hp = &c->m->hp;
     engine_moe_buf *b = c->moe;
-    size_t E = hp->n_embd, X = hp->n_expert, K = hp->n_expert_used;
+    size_t E = hp->n_embd, X = hp->n_expert, K = hp->n_expert_used, F = hp->n_ff_exp;
 
     engine__matmul(c, b->logits, xn, &w->router, rows);
-    memset(b->count, 0, (X + 1) * sizeof *b->count);
+    memset(b->first, 0, (X + 1) * sizeof *b->first);
     for (size_t t = 0; t < rows; t++) {
         route_row(b->logits + t * X, (uint32_t)X, (uint32_t)K, b->sel + t * K, b->weight + t * K);
         for (size_t j = 0; j < K; j++)
-            b->count[b->sel[t * K + j] + 1]++;
+            b->first[b->sel[t * K + j] + 1]++;
     }
-    /* Counting sort of (row, k) by expert, rows ascending within each. */
-    for (size_t e = 0; e < X; e++)
-        b->count[e + 1] += b->count[e];
+    /* Counting sort of (row, k) by expert, rows ascending within each; the active experts. */
+    uint32_t n_act = 0;
+    for (size_t e = 0; e < X; e++) {
+        if (b->first[e + 1])
+            b->act[n_act++] = (uint32_t)e;
+        b->first[e + 1] += b->first[e];
+    }
     for (size_t t = 0; t < rows; t++)
-        for (size_t j = 0; j < K; j++)
-            b->order[b->count[b->sel[t * K + j]]++] = (uint32_t)(t * K + j);
-    /* count[e] is now the end of expert e's run, which is where expert e + 1's begins. */
-    for (size_t e = 0, first = 0; e < X; first = b->count[e], e++) {
-        size_t n = b->count[e] - first;
-        if (!n)
-            continue;
-        const uint32_t *ord = b->order + first;
-        for (size_t i = 0; i < n; i++)
-            memcpy(b->in + i * E, xn + (ord[i] / K) * E, E * sizeof *xn);
-        const kern_mat *gate_up[2] = {&w->experts[e * 3], &w->experts[e * 3 + 1]};
-        float *gate_up_out[2] = {c->gate, c->up};
-        engine__matmuls(c, b->in, n, 2, gate_up, gate_up_out, ENGINE_GLU_SILU);
-        engine__matmul(c, b->out, c->gate, &w->experts[e * 3 + 2], n);
-        for (size_t i = 0; i < n; i++) {
-            float *y = b->y + (size_t)ord[i] * E, wt = b->weight[ord[i]];
-            const float *o = b->out + i * E;
-            for (size_t d = 0; d < E; d++)
-                y[d] = o[d] * wt;
+        for (size_t j = 0; j < K; j++) {
+            uint32_t e = (uint32_t)b->sel[t * K + j];
+            b->order[b->first[e]++] = (uint32_t)(t * K + j);
         }
+    for (size_t e = X; e > 0; e--) /* first[e] was moved to the end of e's rows */
+        b->first[e] = b->first[e - 1];
+    b->first[0] = 0;
+    size_t n_rows = rows * K;
+    for (size_t i = 0; i < n_rows; i++)
+        memcpy(b->in + i * E, xn + (b->order[i] / K) * E, E * sizeof *xn);
+
+    const kern_mat *e0 = w->experts;
+    if (b->xq[0] && kern_qdot_act(&e0[0]) != KERN_QX_NONE &&
+        kern_qdot_act(&e0[1]) != KERN_QX_NONE && kern_qdot_act(&e0[2]) != KERN_QX_NONE) {
+        bool done[2] = {false, false};
+        quantize_for(c, &e0[0], b->in, n_rows, done);
+        quantize_for(c, &e0[1], b->in, n_rows, done);
+        b->item0[0] = 0;
+        run_experts(c, w, 0, n_act, F);
+        done[0] = done[1] = false;
+        quantize_for(c, &e0[2], b->gate, n_rows, done);
+        run_experts(c, w, 2, n_act, E); /* into b->in: its rows are quantized already */
+    } else {
+        for (uint32_t a = 0; a < n_act; a++) {
+            uint32_t e = b->act[a];
+            size_t r0 = b->first[e], n = b->first[e + 1] - r0;
+            const kern_mat *gate_up[2] = {&w->experts[e * 3], &w->experts[e * 3 + 1]};
+            float *gate_up_out[2] = {c->gate, c->up};
+            engine__matmuls(c, b->in + r0 * E, n, 2, gate_up, gate_up_out, ENGINE_GLU_SILU);
+            /* over its input rows, which the products above have read */
+            engine__matmul(c, b->in + r0 * E, c->gate, &w->experts[e * 3 + 2], n);
+        }
+    }
+    for (size_t i = 0; i < n_rows; i++) {
+        float *y = b->y + (size_t)b->order[i] * E, wt = b->weight[b->order[i]];
+        const float *o = b->in + i * E;
+        for (size_t d = 0; d < E; d++)
+            y[d] = o[d] * wt;
     }
     for (size_t t = 0; t < rows; t++) {
         float *dst = xn + t * E;
