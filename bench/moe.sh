@@ -3,10 +3,11 @@
 # (../shared/peer) side by side, same file, same threads, same closed-loop client as
 # bench/peer.sh (bench/serve_bench.py, non-streaming completions, token-id prompts,
 # ignore_eos). kvs-mkmodel writes Qwen3-30B-A3B's shape (qwen3moe: dim 2048, 32 heads of 128, 4
-# kv heads, 128 experts of ffn 768, 8 used per token, vocabulary 151936) with LAYERS of its 48
-# layers in F16 (random weights: the full model would be a 61 GB F16 file before quantizing;
-# a token's cost is per layer, so the rates scale by about LAYERS / 48), llama-quantize makes TYPE
-# of it, and both servers load that file. In each round both servers are up at once and each
+# kv heads, 128 experts of ffn 768, 8 used per token) with LAYERS of its 48 layers and the
+# llama-spm vocabulary (32000, as every side-by-side script here) in F16 (random weights: the
+# whole model would be a 61 GB F16 file before quantizing; a token's cost is per layer, so the
+# rates scale by about LAYERS / 48), llama-quantize makes TYPE of it, and both servers load that
+# file. In each round both servers are up at once and each
 # load level is measured on both back to back, in alternating order:
 #   decode: 1 client and 16 clients, PROMPT-token prompts, OUT generated tokens each
 #   prefill: 512-token prompts, 1 generated token, 1 client (prompt tokens per second)
@@ -33,7 +34,7 @@ NPP=${NPP:-2}
 REPEATS=${REPEATS:-1}
 peer_setup "$KVSERVE" "$MKMODEL" "$MACHINE" --peer llama-server llama-quantize --vocab
 
-make_model --layers "$LAYERS"
+make_model --arch qwen3moe --head-dim 128 --layers "$LAYERS"
 model=$MODEL
 mib=$(( $(stat -c %s "$model") / 1048576 ))
 
@@ -73,7 +74,7 @@ bw=$(median <<<"${bws[*]}")
 active=$(grep -o '[0-9.]* MiB of weights read per token' "$TMP/kvserve.log" | cut -d' ' -f1)
 # bandwidth (GB/s) / bytes per token: the one-client rate if every byte were read once at the
 # measured bandwidth
-bound=$(awk -v bw="$bw" -v a="$active" 'BEGIN{printf "%.1f", a > 0 ? bw * 1e9 / (a * 1048576) : 0}')
+bound=$(awk -v bw="$bw" -v a="$active" 'BEGIN{printf "%.1f", (a > 0 ? bw * 1e9 / (a * 1048576) : 0)}')
 
 section=$(cat <<EOF
 <!-- moe.sh begin -->
@@ -82,8 +83,9 @@ section=$(cat <<EOF
 Measured $(date -u +%Y-%m-%d) on $(cpu_desc), $THREADS threads for both, load before
 $LOAD_BEFORE; kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer. Command:
 \`THREADS=$THREADS LAYERS=$LAYERS TYPE=$TYPE OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 NPP=$NPP REPEATS=$REPEATS bench/moe.sh\`.
-Qwen3-30B-A3B's shape (qwen3moe, 128 experts, 8 per token) with $LAYERS of its 48 layers,
-$TYPE from llama-quantize (random weights): a $mib MiB file; a token reads $active MiB of it
+Qwen3-30B-A3B's shape (qwen3moe, 128 experts, 8 per token) with $LAYERS of its 48 layers and
+the llama-spm vocabulary, $TYPE from llama-quantize (random weights): a $mib MiB file; a token
+reads $active MiB of it
 (every weight but the experts it does not run). Read bandwidth $bw GB/s (kvs-bench-machine,
 median of the rounds), so one client's bound is $bound tok/s. Tokens per second, medians of
 $REPEATS rounds; both servers up at once, each load level measured on both back to back.

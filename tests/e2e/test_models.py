@@ -132,6 +132,11 @@ class ServeFamilies(unittest.TestCase):
                        "--chat-template", QWEN2_TEMPLATE)
         self.serve(path, "chatml", "qwen3", QWEN2_TEMPLATE)
 
+    def test_qwen3moe(self):
+        path = mkmodel("qwen3moe.gguf", "--arch", "qwen3moe", "--head-dim", "32", "--type",
+                       "q8_0", "--chat-template", QWEN2_TEMPLATE)
+        self.serve(path, "chatml", "qwen3moe", QWEN2_TEMPLATE)
+
     def test_gemma3_windowed(self):
         path = mkmodel("gemma3.gguf", "--arch", "gemma3", "--head-dim", "32",
                        "--sliding-window", "4", "--chat-template", GEMMA_TEMPLATE)
@@ -157,6 +162,33 @@ class ServeFamilies(unittest.TestCase):
             st, _, data = srv.request("GET", "/tokenizer_info")
             self.assertEqual(st, 200)
             self.assertIsNone(json.loads(data)["chat_template"])
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+
+class MixtureOfExperts(unittest.TestCase):
+    def test_batched_equals_alone(self):
+        """Eight prompts in one request run as eight sequences admitted together, so every step
+        routes rows of all of them and each expert runs over rows of several at once (the
+        integer path: Q8_0, --activations q8); each gives exactly what it gives alone: text and
+        every logprob."""
+        path = mkmodel("moe-batch.gguf", "--arch", "qwen3moe", "--head-dim", "32", "--type",
+                       "q8_0", "--experts", "8", "--experts-used", "3", "--weight-std", "0.15")
+        srv = e2e.Server("--no-prefix-cache", model=path, ctx=256)
+        try:
+            self.assertIn("experts: 8 per layer of ffn 128, 3 used per token", srv.stderr())
+            prompts = ["the %s tale number %d" % ("long " * i, i) for i in range(8)]
+
+            def complete(prompt):
+                st, r = srv.post("/v1/completions", {
+                    "prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 1,
+                    "ignore_eos": True})
+                self.assertEqual(st, 200, r)
+                return [(c["text"], c["logprobs"]["token_logprobs"]) for c in r["choices"]]
+
+            alone = [complete(p)[0] for p in prompts]
+            self.assertEqual(complete(prompts), alone)
+            self.assertGreater(len({text for text, _ in alone}), 1)
         finally:
             self.assertEqual(srv.stop(), 0)
 
