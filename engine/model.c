@@ -68,11 +68,10 @@ static bool is_released(const engine_model *m, const void *p)
 
 /* Finds tensor name with exactly the ggml dims {d0, d1, d2} (d1 = 1 for vectors; d2 > 1 for a
  * stack of d2 matrices, the experts of an MoE layer, returned as one matrix of d1 * d2 rows) and
- * returns its
- * data as F32 in an owned copy, widened from F16/BF16/Q8_0 (an F32 vector is copied too: read in
- * place, a norm's few KiB would keep a whole large folio of the page cache mapped, up to 2 MiB,
- * once the matrices around it are released). With mat, F32/F16/Q8_0 data is returned in place in
- * *mat instead (and only BF16 is widened). */
+ * returns its data as F32 in an owned copy, widened from F16/BF16/Q8_0 (an F32 vector is copied
+ * too: read in place, a norm's few KiB would keep a whole large folio of the page cache mapped, up
+ * to 2 MiB, once the matrices around it are released). With mat, F32/F16/Q8_0 data is returned in
+ * place in *mat instead (and only BF16 is widened). */
 static int load_tensor_as(engine_model *m, const char *name, uint64_t d0, uint64_t d1, uint64_t d2,
                           bool required, const float **out, kern_mat *mat, char *err,
                           size_t err_len)
@@ -434,11 +433,17 @@ static void progress_add(load_progress *lp, uint64_t bytes)
 static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t err_len)
 {
     bool tied = m->output.data == m->tok_embd.data;
-    /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 per expert. */
-    size_t per_layer = m->hp.n_expert ? 5 + 3 * (size_t)m->hp.n_expert : 7;
+    /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 stacks of experts. */
+    size_t X = m->hp.n_expert, per_layer = X ? 5 + 3 * X : 7;
     size_t n_mats = (size_t)m->hp.n_layer * per_layer + 2;
+    /* An expert stack's copies go into one mapping, each slice 64-byte aligned: one mapping per
+     * matrix would be 18k of them for Qwen3-30B-A3B (and three VMAs each, against the kernel's
+     * 65530 per process). All slices of a stack are alike (same type and shape). */
+    uint8_t *stack = NULL;
+    size_t e = 0; /* the expert of a stack's matrix */
     for (size_t i = 0; i < n_mats; i++) {
         kern_mat *mat;
+        bool in_stack = false;
         if (i == 0) {
             /* An untied table is only looked up, a row per token: it stays the file's rows
              * (kern_rows_to_f32 widens a row with the panels' bits), so only the rows the
@@ -456,7 +461,12 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
             layer_weights *w = &m->layers[(i - 1) / per_layer];
             size_t k = (i - 1) % per_layer;
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-            mat = k < 4 || !w->experts ? mats[k] : k == 4 ? &w->router : &w->experts[k - 5];
+            in_stack = w->experts && k >= 5;
+            e = in_stack ? (k - 5) % X : 0;
+            /* stack by stack: every expert's gate, then every up, then every down */
+            mat = k < 4 || !w->experts ? mats[k]
+                  : k == 4             ? &w->router
+                                       : &w->experts[e * 3 + (k - 5) / X];
         }
         /* The integer path reads an interleaved copy where the table has kernels of its own
          * (kern/qdot_pack.c: the same bytes in another order, at most 3.6% more), the file's
@@ -473,16 +483,21 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
         }
         if (!bytes)
             continue;
-        void *dst = kvs_huge_alloc(bytes, false); /* written right away */
-        void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
-        if (!dst || !owned) {
-            kvs_huge_free(dst);
-            if (owned)
-                m->owned = owned;
-            return status_set_err(err, err_len, KVS_ENOMEM, "out of memory repacking weights");
+        size_t slice = (bytes + 63) & ~(size_t)63;
+        void *dst = in_stack && e ? stack + e * slice : NULL;
+        if (!dst) {
+            dst = kvs_huge_alloc(in_stack ? X * slice : bytes, false); /* written right away */
+            void **owned = realloc(m->owned, (m->n_owned + 1) * sizeof *owned);
+            if (!dst || !owned) {
+                kvs_huge_free(dst);
+                if (owned)
+                    m->owned = owned;
+                return status_set_err(err, err_len, KVS_ENOMEM, "out of memory repacking weights");
+            }
+            m->owned = owned;
+            m->owned[m->n_owned++] = dst;
+            stack = in_stack ? dst : NULL;
         }
-        m->owned = owned;
-        m->owned[m->n_owned++] = dst;
         const void *src = mat->data;
         size_t src_bytes = mat->n_out * mat->row_bytes;
         if (qdot)
