@@ -19,6 +19,7 @@
 #include "common/status.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,6 +98,16 @@ int engine__load_moe(engine_model *m, uint32_t l, char *err, size_t err_len)
         engine__load_layer_mat(m, l, "ffn_gate_inp.weight", E, X, true, &w->router, err, err_len);
     if (rc)
         return rc;
+    /* Mixtral files converted before llama.cpp stacked the experts (early 2024) hold one tensor
+     * per expert; llama.cpp no longer reads them either. */
+    char name[96];
+    snprintf(name, sizeof name, "blk.%u.ffn_gate.0.weight", l);
+    if (gguf_find_tensor(m->file, name) >= 0)
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "%s: experts stored one tensor each (an old conversion) are not "
+                              "supported; convert the model again with llama.cpp's "
+                              "convert_hf_to_gguf.py, which stacks them in ffn_*_exps",
+                              name);
     w->experts = calloc(X * 3, sizeof *w->experts);
     if (!w->experts)
         return status_set_err(err, err_len, KVS_ENOMEM, "out of memory");

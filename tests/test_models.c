@@ -1604,6 +1604,12 @@ static void test_refuse_metadata(void **st)
     /* llama runs Mixtral's experts, which need their count per token; qwen2 has none */
     edit moe = {.u32_key = "llama.expert_count", .u32_val = 8};
     expect_refusal(&moe, KVS_ENOKEY, "missing metadata key llama.expert_used_count", NULL);
+    /* Mixtral's old layout: one tensor per expert */
+    static const char *const mixtral[] = {"--experts", "4", NULL};
+    edit split = {.add_vec = "blk.0.ffn_gate.0.weight"};
+    expect_refusal_from(mixtral, &split, KVS_EUNSUPPORTED,
+                        "blk.0.ffn_gate.0.weight: experts stored one tensor each",
+                        "convert_hf_to_gguf.py");
     static const char *const qwen2[] = {"--arch", "qwen2", NULL};
     edit moe2 = {.u32_key = "qwen2.expert_count", .u32_val = 8};
     expect_refusal_from(qwen2, &moe2, KVS_EUNSUPPORTED,
