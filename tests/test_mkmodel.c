@@ -527,8 +527,24 @@ static void test_moe_layout(void **state)
     assert_int_equal(tensor(f, "blk.0.ffn_down_exps.weight")->dims[2], 8);
     gguf_close(f);
     unlink(path);
+    /* llama with experts: Mixtral's layout, experts as wide as feed_forward_length, no
+     * expert_feed_forward_length key */
     const char *llama[] = {"--shape", "tiny", "--experts", "4", "-o", path, NULL};
-    assert_int_equal(run_tool(llama), 2);
+    assert_int_equal(run_tool(llama), 0);
+    assert_int_equal(gguf_open(path, &f, NULL, 0), 0);
+    assert_int_equal(u32(f, "llama.expert_count"), 4);
+    assert_int_equal(u32(f, "llama.expert_used_count"), 2);
+    assert_true(gguf_find_key(f, "llama.expert_feed_forward_length") < 0);
+    assert_int_equal(tensor(f, "blk.1.ffn_down_exps.weight")->dims[0], 128);
+    assert_true(gguf_find_tensor(f, "blk.0.ffn_gate.weight") < 0);
+    gguf_close(f);
+    unlink(path);
+    const char *llama_ffn[] = {"--shape", "tiny", "--experts", "4", "--expert-ffn",
+                               "96",      "-o",   path,        NULL};
+    assert_int_equal(run_tool(llama_ffn), 2);
+    const char *qwen3[] = {"--shape", "tiny", "--arch", "qwen3", "--experts",
+                           "4",       "-o",   path,     NULL};
+    assert_int_equal(run_tool(qwen3), 2);
     const char *used[] = {"--shape",        "tiny", "--arch", "qwen3moe", "--experts", "4",
                           "--experts-used", "5",    "-o",     path,       NULL};
     assert_int_equal(run_tool(used), 2);
