@@ -1604,6 +1604,14 @@ static void test_refuse_metadata(void **st)
     /* llama runs Mixtral's experts, which need their count per token; qwen2 has none */
     edit moe = {.u32_key = "llama.expert_count", .u32_val = 8};
     expect_refusal(&moe, KVS_ENOKEY, "missing metadata key llama.expert_used_count", NULL);
+    /* a mixture of experts' own keys and stacks */
+    static const char *const qwen3moe[] = {"--arch", "qwen3moe", "--head-dim", "16", NULL};
+    edit used = {.u32_key = "qwen3moe.expert_used_count", .u32_val = 9};
+    expect_refusal_from(qwen3moe, &used, KVS_EFORMAT,
+                        "metadata qwen3moe.expert_used_count = 9 is outside 1..8", NULL);
+    edit stack = {.reshape = "blk.1.ffn_down_exps.weight"};
+    expect_refusal_from(qwen3moe, &stack, KVS_EFORMAT, "tensor blk.1.ffn_down_exps.weight",
+                        "expected [128, 64, 8]");
     /* Mixtral's old layout: one tensor per expert */
     static const char *const mixtral[] = {"--experts", "4", NULL};
     edit split = {.add_vec = "blk.0.ffn_gate.0.weight"};
