@@ -90,6 +90,11 @@ void engine__norm_rows(engine_ctx *c, float *out, const float *x, const float *w
  * tanh approximation). */
 void engine__matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
                      const kern_mat *const *w, float *const *out, engine_glu glu);
+/* Rows [0, rows) of in (n_in floats each) quantized for the integer path in format fmt into dst
+ * (kern_qx_row_bytes each), split among the pool's threads (each row alone: the same bytes
+ * whatever the split). */
+void engine__quantize_rows(engine_ctx *c, kern_qx fmt, const float *in, size_t rows, size_t n_in,
+                           void *dst);
 /* out (rows, w->n_out) = in (rows, w->n_in) * w^T. */
 void engine__matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows);
 /* Rotates each row's queries c->q and keys c->k by its position with layer l's RoPE set, and

@@ -250,8 +250,8 @@ static void input_worker(void *arg, uint32_t ith, uint32_t nth)
  * TinyLlama-shape Q4_K_M step while the other core waited (perf, docs/BENCHMARKS.md). One row
  * (a decode step) stays on this thread: the hand-off would cost more than the pass; the job
  * counts a value as 32 multiply-adds, about what quantizing it costs. */
-static void quantize_rows(engine_ctx *c, kern_qx fmt, const float *in, size_t rows, size_t n_in,
-                          void *dst)
+void engine__quantize_rows(engine_ctx *c, kern_qx fmt, const float *in, size_t rows, size_t n_in,
+                           void *dst)
 {
     input_job j = {c->kern, fmt, in, rows, n_in, dst};
     if (rows < 2)
@@ -292,7 +292,7 @@ void engine__matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
     for (uint32_t m = 0; m < n; m++) {
         kern_qx fmt = kern_qdot_act(w[m]);
         if (fmt != KERN_QX_NONE && !done[fmt == KERN_QX_256]) {
-            quantize_rows(c, fmt, in, rows, w[m]->n_in, c->xq[fmt == KERN_QX_256]);
+            engine__quantize_rows(c, fmt, in, rows, w[m]->n_in, c->xq[fmt == KERN_QX_256]);
             done[fmt == KERN_QX_256] = true;
         }
     }

@@ -220,34 +220,14 @@ static void expert_item(void *arg, uint32_t i, uint32_t ith)
     }
 }
 
-/* Quantizes rows [0, rows) of x (n_in floats each) for the product of a, on the pool. */
-typedef struct quant_job {
-    const kern_ops *kern;
-    kern_qx fmt;
-    const float *x;
-    size_t rows, n_in;
-    void *dst;
-} quant_job;
-
-static void quant_worker(void *arg, uint32_t ith, uint32_t nth)
-{
-    const quant_job *j = arg;
-    size_t r0 = j->rows * ith / nth, r1 = j->rows * (ith + 1) / nth;
-    if (r1 > r0)
-        (j->kern->qx_quantize ? j->kern->qx_quantize : kern_qx_quantize)(
-            j->fmt, j->x + r0 * j->n_in, r1 - r0, j->n_in, j->n_in,
-            (uint8_t *)j->dst + r0 * kern_qx_row_bytes(j->fmt, j->n_in));
-}
-
+/* Rows [0, rows) of x quantized for the product of a, unless done[its format] already. */
 static void quantize_for(engine_ctx *c, const kern_mat *a, const float *x, size_t rows, bool *done)
 {
     kern_qx fmt = kern_qdot_act(a);
     if (done[fmt == KERN_QX_256])
         return;
     done[fmt == KERN_QX_256] = true;
-    quant_job j = {c->kern, fmt, x, rows, a->n_in, c->moe->xq[fmt == KERN_QX_256]};
-    /* a value counted as 32 multiply-adds, about what quantizing it costs (forward.c) */
-    engine__run_job(c, quant_worker, &j, (uint64_t)rows * a->n_in * 32);
+    engine__quantize_rows(c, fmt, x, rows, a->n_in, c->moe->xq[fmt == KERN_QX_256]);
 }
 
 /* Runs matrix mat (0: gate and up, 2: down) of every active expert as one job. */
