@@ -23,6 +23,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 # shellcheck source=bench/peer_lib.sh
 . bench/peer_lib.sh
+# shellcheck disable=SC2034 # make_model reads it
 SHAPE=qwen3-30b-a3b
 LAYERS=${LAYERS:-8}
 TYPE=${TYPE:-Q4_K_M}
@@ -38,40 +39,23 @@ make_model --arch qwen3moe --head-dim 128 --layers "$LAYERS"
 model=$MODEL
 mib=$(( $(stat -c %s "$model") / 1048576 ))
 
-# rss PID -> its resident MiB
-rss() { awk '/^VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
-
-K1=() K16=() KPP=() L1=() L16=() LPP=() rounds=() bws=()
+K1=() K16=() KPP=() KRSS=() L1=() L16=() LPP=() LRSS=() rounds=() bws=()
 for r in $(seq "$REPEATS"); do
     echo "moe.sh: round $r of $REPEATS" >&2
-    kport=$(free_port)
-    start_server kvserve "$model" "$kport" "$TMP/kvserve.log" --log-level info
-    kpid=$SERVER_PID
-    lport=$(free_port)
-    start_server llama "$model" "$lport" "$TMP/llama.log"
-    lpid=$SERVER_PID
-    order=("$kport" "$lport")
-    [ $((r % 2)) = 1 ] || order=("$lport" "$kport")
-    declare -A one=() sixteen=() pp=()
-    for p in "${order[@]}"; do bench "$p" 1 1 8 4 >/dev/null; done # warm-ups
-    for p in "${order[@]}"; do one[$p]=$(bench "$p" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1); done
-    for p in "${order[@]}"; do
-        sixteen[$p]=$(bench "$p" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    done
-    for p in "${order[@]}"; do pp[$p]=$(bench "$p" 1 "$NPP" 512 1 | cut -d' ' -f2); done
-    krss=$(rss "$kpid")
-    lrss=$(rss "$lpid")
-    kill "$kpid" "$lpid"
-    wait "$kpid" "$lpid" 2>/dev/null || true
-    K1+=("${one[$kport]}") K16+=("${sixteen[$kport]}") KPP+=("${pp[$kport]}")
-    L1+=("${one[$lport]}") L16+=("${sixteen[$lport]}") LPP+=("${pp[$lport]}")
-    rounds+=("| $r | $(ratio "${one[$kport]}" "${one[$lport]}")x | $(ratio "${sixteen[$kport]}" "${sixteen[$lport]}")x | $(ratio "${pp[$kport]}" "${pp[$lport]}")x |")
+    read -r k1 k16 kpp krss l1 l16 lpp lrss <<<"$(pair_round "$model" "$(free_port)" \
+        "$(free_port)" "$r" --log-level info)"
+    K1+=("$k1") K16+=("$k16") KPP+=("$kpp") KRSS+=("$krss")
+    L1+=("$l1") L16+=("$l16") LPP+=("$lpp") LRSS+=("$lrss")
+    rounds+=("| $r | $(ratio "$k1" "$l1")x | $(ratio "$k16" "$l16")x | $(ratio "$kpp" "$lpp")x |")
     bws+=("$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)")
 done
 k1=$(median <<<"${K1[*]}") k16=$(median <<<"${K16[*]}") kpp=$(median <<<"${KPP[*]}")
 l1=$(median <<<"${L1[*]}") l16=$(median <<<"${L16[*]}") lpp=$(median <<<"${LPP[*]}")
+krss=$(median <<<"${KRSS[*]}") lrss=$(median <<<"${LRSS[*]}")
 bw=$(median <<<"${bws[*]}")
-active=$(grep -o '[0-9.]* MiB of weights read per token' "$TMP/kvserve.log" | cut -d' ' -f1)
+# (the load log's line; awk reads the logs itself: a reader that stops early would break the pipe)
+active=$(awk 'match($0, /[0-9.]+ MiB of weights read per token/) {print substr($0, RSTART, RLENGTH); exit}' \
+    "$TMP"/kvserve-*.log | cut -d' ' -f1)
 # bandwidth (GB/s) / bytes per token: the one-client rate if every byte were read once at the
 # measured bandwidth
 bound=$(awk -v bw="$bw" -v a="$active" 'BEGIN{printf "%.1f", (a > 0 ? bw * 1e9 / (a * 1048576) : 0)}')

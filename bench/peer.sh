@@ -29,31 +29,6 @@ REPEATS=${REPEATS:-1}
 peer_setup "$KVSERVE" "$MKMODEL" "$MACHINE" "$ENGINE" --peer llama-server --vocab
 PORT=18610
 
-# round MODEL KPORT LPORT R -> "k1 k16 kpp l1 l16 lpp" (tok/s at 1 and 16 clients, prefill
-# prompt tok/s): kvserve and llama-server up at once on MODEL, then each load level measured on
-# both back to back, kvserve first in odd rounds and llama-server first in even ones: the two
-# figures of a ratio are seconds apart, not a server's whole run apart (this machine's read
-# bandwidth moves by 2x within minutes), and neither server always goes first
-round() {
-    local model=$1 kport=$2 lport=$3 r=$4 kpid lpid p order
-    local -A one sixteen pp
-    start_server kvserve "$model" "$kport" "$TMP/kvserve-$kport.log"
-    kpid=$SERVER_PID
-    start_server llama "$model" "$lport" "$TMP/llama-$lport.log"
-    lpid=$SERVER_PID
-    order=("$kport" "$lport")
-    [ $((r % 2)) = 1 ] || order=("$lport" "$kport")
-    for p in "${order[@]}"; do bench "$p" 1 1 8 4 >/dev/null; done # warm-ups
-    for p in "${order[@]}"; do one[$p]=$(bench "$p" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1); done
-    for p in "${order[@]}"; do
-        sixteen[$p]=$(bench "$p" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    done
-    for p in "${order[@]}"; do pp[$p]=$(bench "$p" 1 "$NPP" 512 1 | cut -d' ' -f2); done
-    kill "$kpid" "$lpid"
-    wait "$kpid" "$lpid" 2>/dev/null || true
-    echo "${one[$kport]} ${sixteen[$kport]} ${pp[$kport]} ${one[$lport]} ${sixteen[$lport]} ${pp[$lport]}"
-}
-
 bws=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
 peaks=$("$MACHINE" fma "$THREADS" 2>/dev/null)
 peak_avx2=$(grep ',avx2,' <<<"$peaks" | cut -d, -f4 || true)
@@ -70,7 +45,7 @@ for shape in $SHAPES; do
     for r in $(seq "$REPEATS"); do
         echo "peer.sh: $shape kvserve and llama-server (round $r of $REPEATS)" >&2
         # two ports (incremented here: $((PORT++)) inside $(...) would not reach this shell)
-        read -r k1 k16 kpp l1 l16 lpp <<<"$(round "$f" "$PORT" $((PORT + 1)) "$r")"
+        read -r k1 k16 kpp _ l1 l16 lpp _ <<<"$(pair_round "$f" "$PORT" $((PORT + 1)) "$r")"
         PORT=$((PORT + 2))
         K1+=("$k1") K16+=("$k16") KPP+=("$kpp") L1+=("$l1") L16+=("$l16") LPP+=("$lpp")
         rounds+=("| $shape F16 | $r | $(ratio "$k1" "$l1")x | $(ratio "$k16" "$l16")x | $(ratio "$kpp" "$lpp")x |")

@@ -1,8 +1,8 @@
 # shellcheck shell=bash
-# Shell functions of the side-by-side benchmarks (bench/peer.sh, bench/quant.sh,
+# Shell functions of the side-by-side benchmarks (bench/peer.sh, bench/quant.sh, bench/moe.sh,
 # bench/families.sh, bench/window_memory.sh, bench/window_prefix.sh): their common environment
 # and set-up, starting kvserve or llama-server on a model, waiting for it, one closed-loop client
-# run, ratios.
+# run, a round of both servers, ratios.
 # Source it from the repository root (after `cd "$ROOT"`), then call peer_setup. It sets the
 # defaults every one of them documents: BUILD (build), THREADS (nproc), PEER
 # (../shared/peer/llama.cpp/bin), VOCAB (llama-spm), and the binaries' paths KVSERVE, MKMODEL,
@@ -133,6 +133,36 @@ bench() {
         exit 1
     fi
     python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print("%.1f %.1f" % (s["output_throughput"], s["total_token_throughput"] - s["output_throughput"]))' "$TMP/r.json"
+}
+
+# pair_round MODEL KPORT LPORT R [KVSERVE ARGS...] -> "k1 k16 kpp krss l1 l16 lpp lrss": kvserve
+# (with ARGS) and llama-server up at once on MODEL; then each load level measured on both back to
+# back: 1 client (N1 requests) and 16 clients (N16), PROMPT-token prompts and OUT tokens each
+# (tok/s), and NPP 512-token prompts of 1 token (prompt tok/s); each server's resident MiB after
+# them. kvserve goes first in odd rounds, llama-server in even ones: the two figures of a ratio
+# are seconds apart, not a server's whole run apart (this machine's read bandwidth moves by 2x
+# within minutes), and neither server always goes first (peer.sh, quant.sh, moe.sh)
+pair_round() {
+    local model=$1 kport=$2 lport=$3 r=$4 kpid lpid p order
+    shift 4
+    local -A one sixteen pp rss
+    start_server kvserve "$model" "$kport" "$TMP/kvserve-$kport.log" "$@"
+    kpid=$SERVER_PID
+    start_server llama "$model" "$lport" "$TMP/llama-$lport.log"
+    lpid=$SERVER_PID
+    order=("$kport" "$lport")
+    [ $((r % 2)) = 1 ] || order=("$lport" "$kport")
+    for p in "${order[@]}"; do bench "$p" 1 1 8 4 >/dev/null; done # warm-ups
+    for p in "${order[@]}"; do one[$p]=$(bench "$p" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1); done
+    for p in "${order[@]}"; do
+        sixteen[$p]=$(bench "$p" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
+    done
+    for p in "${order[@]}"; do pp[$p]=$(bench "$p" 1 "$NPP" 512 1 | cut -d' ' -f2); done
+    rss[$kport]=$(awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$kpid/status")
+    rss[$lport]=$(awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$lpid/status")
+    kill "$kpid" "$lpid"
+    wait "$kpid" "$lpid" 2>/dev/null || true
+    echo "${one[$kport]} ${sixteen[$kport]} ${pp[$kport]} ${rss[$kport]} ${one[$lport]} ${sixteen[$lport]} ${pp[$lport]} ${rss[$lport]}"
 }
 
 # median <<<"WORDS" -> the median of the numbers in WORDS (the lower one of an even count),

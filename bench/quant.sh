@@ -52,32 +52,6 @@ serve() {
     echo "$one $sixteen $rss"
 }
 
-# round MODEL KPORT LPORT R -> "k1 k16 kpp krss l1 l16 lpp": kvserve (--activations q8) and llama-server
-# up at once on MODEL, then each load level measured on both back to back, kvserve first in odd
-# rounds and llama-server first in even ones: the two figures of a ratio are seconds apart, not
-# a server's whole run apart (this machine's read bandwidth moves by 2x within minutes)
-round() {
-    local model=$1 kport=$2 lport=$3 r=$4 kpid lpid p rss order
-    local -A one sixteen pp
-    start_server kvserve "$model" "$kport" "$TMP/kvserve-$kport.log" --kv-cache-mb "$KV_MB" \
-        --activations q8
-    kpid=$SERVER_PID
-    start_server llama "$model" "$lport" "$TMP/llama-$lport.log"
-    lpid=$SERVER_PID
-    order=("$kport" "$lport")
-    [ $((r % 2)) = 1 ] || order=("$lport" "$kport")
-    for p in "${order[@]}"; do bench "$p" 1 1 "$PROMPT" "$OUT" >/dev/null; done # warm-ups
-    for p in "${order[@]}"; do one[$p]=$(bench "$p" 1 "$N1" "$PROMPT" "$OUT" | cut -d' ' -f1); done
-    for p in "${order[@]}"; do
-        sixteen[$p]=$(bench "$p" 16 "$N16" "$PROMPT" "$OUT" | cut -d' ' -f1)
-    done
-    for p in "${order[@]}"; do pp[$p]=$(bench "$p" 1 "$NPP" 512 1 | cut -d' ' -f2); done
-    rss=$(awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$kpid/status")
-    kill "$kpid" "$lpid"
-    wait "$kpid" "$lpid" 2>/dev/null || true
-    echo "${one[$kport]} ${sixteen[$kport]} ${pp[$kport]} $rss ${one[$lport]} ${sixteen[$lport]} ${pp[$lport]}"
-}
-
 bw=$("$MACHINE" read-bw "$THREADS" 2>/dev/null | cut -d, -f4)
 MODELS=${MODELS:-$TMP}
 mkdir -p "$MODELS"
@@ -144,7 +118,8 @@ for t in $TYPES; do
     K1=() K16=() KPP=() L1=() L16=() LPP=()
     for r in $(seq "$REPEATS"); do
         echo "quant.sh: $t kvserve and llama-server (round $r of $REPEATS)" >&2
-        read -r k1 k16 kpp krss l1 l16 lpp <<<"$(round "$f" "$PORT" $((PORT + 1)) "$r")"
+        read -r k1 k16 kpp krss l1 l16 lpp _ <<<"$(pair_round "$f" "$PORT" $((PORT + 1)) "$r" \
+            --kv-cache-mb "$KV_MB" --activations q8)"
         PORT=$((PORT + 2))
         if [ "$r" = 1 ] && [[ " $F32_TYPES " == *" $t "* ]]; then
             echo "quant.sh: $t kvserve --activations f32" >&2
