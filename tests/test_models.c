@@ -1325,20 +1325,22 @@ static void last_logits(const char *path, const char *kernels, float *out)
  * --allow-requantize ... F32: llama.cpp's own dequantizer), with --activations f32, because the
  * panels multiply exactly those F32 values in the same order. With q8 (check_model) the logits
  * are within TOL_Q8 of the reference instead. */
-static void check_quantized(const char *shape, const char *ftype, const char *wtype)
+static void check_quantized(const char *shape, const char *ftype, const char *wtype,
+                            const char *arch)
 {
     if (!quantize) {
         fprintf(stderr, "models: no llama-quantize in ../shared/peer: %s skipped\n", ftype);
         skip();
     }
     char base[512], name[128], q[512], f32[512];
-    snprintf(name, sizeof name, "%s-f16.gguf", shape);
-    make_shape(base, sizeof base, shape, name, (const char *const[]){"--type", "f16", NULL});
-    snprintf(q, sizeof q, "%s/%s-%s.gguf", dir, shape, ftype);
-    snprintf(f32, sizeof f32, "%s/%s-%s-f32.gguf", dir, shape, ftype);
+    snprintf(name, sizeof name, "%s-%s-f16.gguf", shape, arch);
+    make_shape(base, sizeof base, shape, name,
+               (const char *const[]){"--type", "f16", "--arch", arch, NULL});
+    snprintf(q, sizeof q, "%s/%s-%s-%s.gguf", dir, shape, arch, ftype);
+    snprintf(f32, sizeof f32, "%s/%s-%s-%s-f32.gguf", dir, shape, arch, ftype);
     run_quantize(base, q, ftype, false);
     run_quantize(q, f32, "F32", true);
-    check_model(q, "llama", wtype);
+    check_model(q, arch, wtype);
     ref_model r;
     ref_load(&r, q);
     size_t V = r.vocab;
@@ -1354,34 +1356,38 @@ static void check_quantized(const char *shape, const char *ftype, const char *wt
 }
 
 /* llama-quantize's file types (check_quantized): the ftype, the type its first matrix gets, the
- * test's name in cmocka's output, and the shape (NULL: kquant). */
+ * test's name in cmocka's output, the shape (NULL: kquant) and the family (NULL: llama). */
 typedef struct quant_case {
-    const char *name, *ftype, *wtype, *shape;
+    const char *name, *ftype, *wtype, *shape, *arch;
 } quant_case;
 
 static const quant_case QUANT_CASES[] = {
-    {"test_q4_0", "Q4_0", "Q4_0", NULL},
-    {"test_q4_1", "Q4_1", "Q4_1", NULL},
-    {"test_q5_0", "Q5_0", "Q5_0", NULL},
-    {"test_q5_1", "Q5_1", "Q5_1", NULL},
-    {"test_q8_0_peer", "Q8_0", "Q8_0", NULL},
-    {"test_q2_k", "Q2_K", "Q2_K", NULL},
-    {"test_q3_k_m", "Q3_K_M", "Q3_K", NULL},
-    {"test_q4_k_m", "Q4_K_M", "Q4_K", NULL},
-    {"test_q5_k_m", "Q5_K_M", "Q5_K", NULL},
-    {"test_q6_k", "Q6_K", "Q6_K", NULL},
-    {"test_iq4_nl", "IQ4_NL", "IQ4_NL", NULL},
-    {"test_iq4_xs", "IQ4_XS", "IQ4_XS", NULL},
+    {"test_q4_0", "Q4_0", "Q4_0", NULL, NULL},
+    {"test_q4_1", "Q4_1", "Q4_1", NULL, NULL},
+    {"test_q5_0", "Q5_0", "Q5_0", NULL, NULL},
+    {"test_q5_1", "Q5_1", "Q5_1", NULL, NULL},
+    {"test_q8_0_peer", "Q8_0", "Q8_0", NULL, NULL},
+    {"test_q2_k", "Q2_K", "Q2_K", NULL, NULL},
+    {"test_q3_k_m", "Q3_K_M", "Q3_K", NULL, NULL},
+    {"test_q4_k_m", "Q4_K_M", "Q4_K", NULL, NULL},
+    {"test_q5_k_m", "Q5_K_M", "Q5_K", NULL, NULL},
+    {"test_q6_k", "Q6_K", "Q6_K", NULL, NULL},
+    {"test_iq4_nl", "IQ4_NL", "IQ4_NL", NULL, NULL},
+    {"test_iq4_xs", "IQ4_XS", "IQ4_XS", NULL, NULL},
     /* the K-quants' fallbacks: Q5_0 and Q8_0; Q4_0, Q5_0, Q5_1 and Q8_0 */
-    {"test_q4_k_m_narrow", "Q4_K_M", "Q5_0", "tiny"},
-    {"test_q3_k_m_narrow", "Q3_K_M", "Q4_0", "tiny"},
+    {"test_q4_k_m_narrow", "Q4_K_M", "Q5_0", "tiny", NULL},
+    {"test_q3_k_m_narrow", "Q3_K_M", "Q4_0", "tiny", NULL},
+    /* a mixture of experts: K-quant expert stacks (gate and up Q4_K, down Q6_K in some layers),
+     * on the integer path the grouped products of engine/moe.c */
+    {"test_qwen3moe_q4_k_m", "Q4_K_M", "Q4_K", "moe", "qwen3moe"},
 };
 
 /* One row of QUANT_CASES (cmocka's initial state). */
 static void test_quantized(void **st)
 {
     const quant_case *c = *st;
-    check_quantized(c->shape ? c->shape : "kquant", c->ftype, c->wtype);
+    check_quantized(c->shape ? c->shape : "kquant", c->ftype, c->wtype,
+                    c->arch ? c->arch : "llama");
 }
 
 /* A quantized prompt longer than the gated MLP's row blocks (engine/forward.c's GLU_ROWS, on
