@@ -119,8 +119,8 @@ struct engine_ctx {
     float *k;              /* (max_tokens, kv_dim) */
     float *v;              /* (max_tokens, kv_dim) */
     float *att;            /* (max_tokens, n_head * head_dim) attention output before wo */
-    float *gate;           /* (max_tokens, max(n_ff, n_ff_exp)) */
-    float *up;             /* (max_tokens, max(n_ff, n_ff_exp)) */
+    float *gate;           /* (max_tokens, n_ff, or an MoE model's n_ff_exp) */
+    float *up;             /* (max_tokens, n_ff, or an MoE model's n_ff_exp) */
     engine_moe_buf *moe;   /* an MoE model's routing and expert buffers (moe.c), else NULL */
     float *scores;         /* (n_threads, ATTN_SCORES(n_head)) each thread's attention weights */
     float *attn_part;      /* (ATTN_WAVE, n_head, head_dim + 2) a wave's span results */
