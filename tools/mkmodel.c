@@ -290,8 +290,8 @@ static void usage(FILE *fp)
             "            default dim / heads)\n"
             "  --experts N  qwen3moe: expert_count (default the shape's, else 8); llama:\n"
             "            Mixtral's layout, N experts of feed_forward_length\n"
-            "  --experts-used K  qwen3moe: expert_used_count, the experts each token uses\n"
-            "            (default the shape's, else 2)\n"
+            "  --experts-used K  qwen3moe or llama with --experts: expert_used_count, the\n"
+            "            experts each token uses (default the shape's, else 2)\n"
             "  --expert-ffn F  qwen3moe: expert_feed_forward_length, one expert's hidden size\n"
             "            (default the shape's, else its ffn; feed_forward_length stays the\n"
             "            shape's ffn)\n"
@@ -340,7 +340,7 @@ typedef struct opts {
     uint32_t pooling;          /* <arch>.pooling_type, 0: not written */
     bool add_eos;              /* tokenizer.ggml.add_eos_token true */
     double weight_std;         /* of the random matrices */
-    uint32_t n_expert, n_expert_used, expert_ffn; /* qwen3moe; 0 elsewhere */
+    uint32_t n_expert, n_expert_used, expert_ffn; /* qwen3moe, llama's Mixtral; else 0 */
 } opts;
 
 static int parse_args(int argc, char **argv, opts *o)
