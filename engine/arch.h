@@ -8,6 +8,20 @@
 
 #include "engine/model_impl.h"
 
+/* How an MoE router's scores pick a row's experts and weigh them (moe.c). */
+typedef enum engine_moe_route {
+    ENGINE_MOE_SOFTMAX_NORM, /* softmax over every expert, the k most probable, their
+                                probabilities renormalized to sum to 1 (Mixtral, Qwen3) */
+    ENGINE_MOE_TOPK_SOFTMAX, /* the k highest scores, a softmax over those k (gpt-oss) */
+} engine_moe_route;
+
+/* An expert's activation of its gate g and up u (moe.c). */
+typedef enum engine_moe_act {
+    ENGINE_MOE_SILU,       /* SiLU(g) * u */
+    ENGINE_MOE_SWIGLU_OAI, /* gpt-oss: g' = min(g, 7), g' * sigmoid(1.702 g') * (clamp(u, -7, 7) +
+                              1) */
+} engine_moe_act;
+
 struct engine_arch {
     const char *name; /* general.architecture, and the prefix of its metadata keys */
     engine_rope_type rope_type;
@@ -17,6 +31,8 @@ struct engine_arch {
     /* Whether a file may hold a mixture-of-experts MLP (<arch>.expert_count > 0, moe.c) in
      * place of the dense one; other families refuse such files at load. */
     bool moe;
+    engine_moe_route moe_route;
+    engine_moe_act moe_act;
     /* Family metadata after the common keys (model.c's load_hparams); NULL: none. Refuses
      * (KVS_EUNSUPPORTED, naming the key) what the family has but this engine does not run. */
     int (*load_hparams)(engine_model *m, char *err, size_t err_len);
@@ -28,7 +44,8 @@ struct engine_arch {
 
 /* The registry's rows, one per family file. */
 extern const engine_arch engine__arch_llama, engine__arch_qwen2, engine__arch_qwen3,
-    engine__arch_qwen3moe, engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3;
+    engine__arch_qwen3moe, engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3,
+    engine__arch_gpt_oss;
 
 /* The family named name[0..len), or NULL. */
 const engine_arch *engine__arch_find(const char *name, size_t len);

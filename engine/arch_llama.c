@@ -84,6 +84,8 @@ void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, ui
     engine__rope_store(c, kv, b, l);
     engine__attention(c, kv, b, l);
     engine__matmul(c, c->xn, c->att, &w->wo, T);
+    for (size_t t = 0; w->bo && t < T; t++)
+        kern_add(c->xn + t * E, w->bo, E);
     kern_add(c->x, c->xn, T * E);
 
     engine__norm_rows(c, c->xn, c->x, w->ffn_norm, T, E);

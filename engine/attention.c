@@ -414,10 +414,17 @@ void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b
             }
         }
     }
+    /* A sink (gpt-oss) is one more logit in the head's softmax with no value: it joins the
+     * max and the sum only. */
+    const float *sinks = c->m->layers[l].sinks;
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < hp->n_head; h++) {
             const float *sh = c->attn_state + t * per_row + h * per_head;
             float *out = c->att + ((size_t)t * hp->n_head + h) * hd, inv = 1.0f / sh[hd + 1];
+            if (sinks) {
+                float mx = sh[hd] > sinks[h] ? sh[hd] : sinks[h], a = expf(sh[hd] - mx);
+                inv = a / (a * sh[hd + 1] + expf(sinks[h] - mx));
+            }
             for (uint32_t d = 0; d < hd; d++)
                 out[d] = sh[d] * inv;
         }

@@ -67,12 +67,33 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
         return KVS_ENOMEM;
     }
     /* Angle of pair j at position p: p * freq_scale * base^(-2j/n_rot) / freq_factor[j], as
-     * ggml_rope_ext with freq_factors and no YaRN extrapolation. */
-    for (uint32_t r = 0; r < m->n_rope; r++)
+     * ggml_rope_ext with freq_factors. With YaRN, p * base^(-2j/n_rot) / freq_factor[j] times
+     * freq_scale (1 - ramp_j) + ramp_j (ggml's theta_interp (1 - ramp) + theta_extrap ramp):
+     * ramp_j is 1 for pairs below the corner where the pair turns beta_fast times over the
+     * original context, 0 past the one where it turns beta_slow times, linear between. */
+    for (uint32_t r = 0; r < m->n_rope; r++) {
+        float lo = 0.0f, hi = 0.0f, scale = m->rope[r].scale;
+        c->rope_mscale[r] = hp->rope_attn_factor;
+        if (hp->rope_yarn) {
+            float n = (float)hp->n_rot, two_pi = 2.0f * 3.14159265358979f;
+            float base_ln = 2.0f * logf(m->rope[r].base), orig = (float)hp->yarn_orig_ctx;
+            lo = floorf(n * logf(orig / (hp->yarn_beta_fast * two_pi)) / base_ln);
+            hi = ceilf(n * logf(orig / (hp->yarn_beta_slow * two_pi)) / base_ln);
+            lo = lo > 0.0f ? lo : 0.0f;
+            hi = hi < n - 1.0f ? hi : n - 1.0f;
+            c->rope_mscale[r] *= 1.0f + 0.1f * logf(1.0f / scale);
+        }
         for (uint32_t j = 0; j < hp->n_rot / 2; j++) {
-            float f = powf(m->rope[r].base, -(float)(2 * j) / (float)hp->n_rot) * m->rope[r].scale;
+            float mix = scale;
+            if (hp->rope_yarn) {
+                float y = ((float)j - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
+                float ramp = 1.0f - (y < 0.0f ? 0.0f : y > 1.0f ? 1.0f : y);
+                mix = scale * (1.0f - ramp) + ramp;
+            }
+            float f = powf(m->rope[r].base, -(float)(2 * j) / (float)hp->n_rot) * mix;
             c->rope_inv_freq[r * (hp->n_rot / 2) + j] = m->rope_freqs ? f / m->rope_freqs[j] : f;
         }
+    }
     *out = c;
     return 0;
 }
@@ -413,8 +434,8 @@ int engine_forward_hidden(engine_ctx *c, engine_kv *kv, const engine_batch *b, f
             float *cs = c->rope_cs + (s * c->max_tokens + t) * R * 2;
             for (size_t r = 0; r < R; r++) {
                 float theta = (float)b->pos[t] * c->rope_inv_freq[s * R + r];
-                cs[r * 2] = cosf(theta);
-                cs[r * 2 + 1] = sinf(theta);
+                cs[r * 2] = cosf(theta) * c->rope_mscale[s];
+                cs[r * 2 + 1] = sinf(theta) * c->rope_mscale[s];
             }
         }
     }

@@ -231,8 +231,10 @@ bool engine__arch_has(const engine_model *m, const char *suffix)
 #define get_arch_u32 engine__arch_u32
 #define get_arch_f32 engine__arch_f32
 
-/* <arch>.rope.scaling.type: none, or linear (positions divided by rope.scaling.factor, as
- * llama.cpp's freq_scale); YaRN and LongRoPE change attention itself and are refused. */
+/* <arch>.rope.scaling.type: none, linear (positions divided by rope.scaling.factor, as
+ * llama.cpp's freq_scale) or yarn (YaRN: the slow pairs interpolated by the factor, the fast
+ * ones kept, a ramp between, and cos/sin scaled by 1 + 0.1 ln factor: gpt-oss, the long-context
+ * Qwen files); LongRoPE changes the frequencies per pair and length and is refused. */
 static int load_rope_scaling(engine_model *m, char *err, size_t err_len)
 {
     engine_hparams *hp = &m->hp;
@@ -248,18 +250,64 @@ static int load_rope_scaling(engine_model *m, char *err, size_t err_len)
         return rc;
     if (factor == 0.0f && (rc = get_arch_f32(m, "rope.scale_linear", &factor, err, err_len)))
         return rc;
+    bool yarn = type_len == 4 && !memcmp(type, "yarn", 4);
     /* As llama.cpp, the factor applies whether the type says none or linear. */
     if (!(type_len == 4 && !memcmp(type, "none", 4)) &&
-        !(type_len == 6 && !memcmp(type, "linear", 6)))
-        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
-                              "rope scaling type '%.*s' is not supported (supported: none, linear)",
-                              (int)type_len, type);
+        !(type_len == 6 && !memcmp(type, "linear", 6)) && !yarn)
+        return status_set_err(
+            err, err_len, KVS_EUNSUPPORTED,
+            "rope scaling type '%.*s' is not supported (supported: none, linear, yarn)",
+            (int)type_len, type);
     if (factor == 0.0f)
         factor = 1.0f;
     if (!(factor >= 1e-3f && factor <= 1e3f))
         return status_set_err(err, err_len, KVS_EFORMAT, "rope scaling factor %g out of range",
                               (double)factor);
     hp->rope_freq_scale = 1.0f / factor;
+    hp->rope_attn_factor = 1.0f;
+    if ((rc = get_arch_f32(m, "rope.scaling.attn_factor", &hp->rope_attn_factor, err, err_len)))
+        return rc;
+    if (!(hp->rope_attn_factor > 0 && hp->rope_attn_factor < 1e3f))
+        return status_set_err(err, err_len, KVS_EFORMAT, "rope.scaling.attn_factor %g out of range",
+                              (double)hp->rope_attn_factor);
+    if (!yarn)
+        return 0;
+    /* llama.cpp's defaults: the ramp from the pair turning beta_fast = 32 times over the
+     * original context to the one turning beta_slow = 1 times. */
+    hp->yarn_orig_ctx = hp->n_ctx_train;
+    hp->yarn_beta_fast = 32.0f;
+    hp->yarn_beta_slow = 1.0f;
+    float log_mul = 0.0f;
+    if ((rc = get_arch_u32(m, "rope.scaling.original_context_length", &hp->yarn_orig_ctx, false, 1,
+                           MAX_CTX, err, err_len)) ||
+        (rc = get_arch_f32(m, "rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast, err, err_len)) ||
+        (rc = get_arch_f32(m, "rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow, err, err_len)) ||
+        (rc = get_arch_f32(m, "rope.scaling.yarn_log_multiplier", &log_mul, err, err_len)))
+        return rc;
+    if (!(hp->yarn_beta_fast > 0 && hp->yarn_beta_fast < 1e4f && hp->yarn_beta_slow > 0 &&
+          hp->yarn_beta_slow < 1e4f && log_mul >= 0 && log_mul < 1e3f))
+        return status_set_err(err, err_len, KVS_EFORMAT,
+                              "yarn beta_fast %g / beta_slow %g / log_multiplier %g out of range",
+                              (double)hp->yarn_beta_fast, (double)hp->yarn_beta_slow,
+                              (double)log_mul);
+    /* Keys that override llama.cpp's context-level YaRN settings: not run here. */
+    static const char *const unsupported[] = {"rope.scaling.yarn_ext_factor",
+                                              "rope.scaling.yarn_attn_factor"};
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
+        if (engine__arch_has(m, unsupported[i]))
+            return status_set_err(err, err_len, KVS_EUNSUPPORTED, "%s.%s is not supported",
+                                  hp->arch, unsupported[i]);
+    /* llama.cpp's magnitude: get_mscale(f, 1) (over get_mscale(f, log_mul) when the file has
+     * one), its 1 / (1 + 0.1 ln f) cancel, the file's attn_factor, then the kernel's
+     * (1 + 0.1 ln f) again; computed in that order in float, as it does. */
+    float f = 1.0f / hp->rope_freq_scale;
+#define GET_MSCALE(s, ms) ((s) <= 1.0f ? 1.0f : 0.1f * (ms)*logf(s) + 1.0f)
+    float attn =
+        log_mul != 0.0f ? GET_MSCALE(f, 1.0f) / GET_MSCALE(f, log_mul) : GET_MSCALE(f, 1.0f);
+#undef GET_MSCALE
+    attn *= 1.0f / (1.0f + 0.1f * logf(f));
+    hp->rope_attn_factor *= attn;
+    hp->rope_yarn = true;
     return 0;
 }
 

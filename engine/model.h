@@ -39,10 +39,16 @@ typedef struct engine_hparams {
     uint32_t head_dim;    /* llama.attention.key_length (default n_embd / n_head) */
     uint32_t n_rot;       /* llama.rope.dimension_count (default head_dim) */
     uint32_t n_vocab;
-    float rms_eps;              /* llama.attention.layer_norm_rms_epsilon */
-    float rope_base;            /* llama.rope.freq_base (default 10000) */
-    float rope_freq_scale;      /* 1 / llama.rope.scaling.factor (linear scaling; default 1) */
-    engine_rope_type rope_type; /* from the architecture */
+    float rms_eps;          /* llama.attention.layer_norm_rms_epsilon */
+    float rope_base;        /* llama.rope.freq_base (default 10000) */
+    float rope_freq_scale;  /* 1 / llama.rope.scaling.factor (linear or YaRN; default 1) */
+    float rope_attn_factor; /* cos and sin of RoPE times it (rope.scaling.attn_factor, and YaRN's
+                               magnitude before the kernel's 1 + 0.1 ln factor); default 1 */
+    bool rope_yarn;         /* rope.scaling.type yarn: the pairs' ramp between interpolation and
+                               extrapolation, cos and sin times 1 + 0.1 ln factor */
+    uint32_t yarn_orig_ctx; /* rope.scaling.original_context_length (default context_length) */
+    float yarn_beta_fast, yarn_beta_slow; /* the ramp's corners (default 32 and 1) */
+    engine_rope_type rope_type;           /* from the architecture */
     uint32_t n_swa;       /* <arch>.attention.sliding_window of the windowed layers; 0: none */
     uint32_t swa_pattern; /* layer l is windowed when l % swa_pattern < swa_pattern - 1; 0: none */
     uint32_t n_expert;    /* <arch>.expert_count: experts per layer's MLP; 0: a dense MLP */

@@ -18,24 +18,30 @@ typedef struct engine_arch engine_arch;       /* a model family: arch.h */
 typedef struct engine_moe_buf engine_moe_buf; /* a step's expert routing: moe.c */
 
 typedef struct layer_weights {
-    const float *attn_norm;      /* (n_embd) */
-    kern_mat wq;                 /* (n_head * head_dim, n_embd): row-major out x in */
-    kern_mat wk;                 /* (n_head_kv * head_dim, n_embd) */
-    kern_mat wv;                 /* (n_head_kv * head_dim, n_embd) */
-    const float *bq;             /* (n_head * head_dim) or NULL: qwen2's projection biases */
-    const float *bk;             /* (n_head_kv * head_dim) or NULL */
-    const float *bv;             /* (n_head_kv * head_dim) or NULL */
-    const float *q_norm;         /* (head_dim) or NULL: per-head RMSNorm of Q before RoPE */
-    const float *k_norm;         /* (head_dim) or NULL: the same for K */
-    kern_mat wo;                 /* (n_embd, n_head * head_dim) */
+    const float *attn_norm; /* (n_embd) */
+    kern_mat wq;            /* (n_head * head_dim, n_embd): row-major out x in */
+    kern_mat wk;            /* (n_head_kv * head_dim, n_embd) */
+    kern_mat wv;            /* (n_head_kv * head_dim, n_embd) */
+    const float *bq;        /* (n_head * head_dim) or NULL: qwen2's projection biases */
+    const float *bk;        /* (n_head_kv * head_dim) or NULL */
+    const float *bv;        /* (n_head_kv * head_dim) or NULL */
+    const float *q_norm;    /* (head_dim) or NULL: per-head RMSNorm of Q before RoPE */
+    const float *k_norm;    /* (head_dim) or NULL: the same for K */
+    kern_mat wo;            /* (n_embd, n_head * head_dim) */
+    const float *bo;        /* (n_embd) or NULL: the output projection's bias (gpt-oss) */
+    const float *sinks; /* (n_head) or NULL: each head's sink logit, a softmax term with no value
+                           (gpt-oss's attn_sinks) */
     const float *post_attn_norm; /* (n_embd) or NULL: norm of the attention output (gemma) */
     const float *ffn_norm;       /* (n_embd) */
     kern_mat w_gate;             /* (n_ff, n_embd) */
     kern_mat w_up;               /* (n_ff, n_embd) */
     kern_mat w_down;             /* (n_embd, n_ff) */
     kern_mat router;             /* (n_expert, n_embd) of an MoE layer (ffn_gate_inp), else empty */
-    kern_mat *experts; /* [n_expert][3] of an MoE layer: gate, up (n_ff_exp, n_embd) and down
-                          (n_embd, n_ff_exp) of each expert, in place of w_gate..; else NULL */
+    kern_mat *experts;     /* [n_expert][3] of an MoE layer: gate, up (n_ff_exp, n_embd) and down
+                              (n_embd, n_ff_exp) of each expert, in place of w_gate..; else NULL */
+    const float *router_b; /* (n_expert) or NULL: the router's bias (gpt-oss) */
+    const float *exp_b[3]; /* (n_expert, n_ff_exp) gate, up and (n_expert, n_embd) down biases
+                              of the experts, or NULL (gpt-oss) */
     const float *post_ffn_norm; /* (n_embd) or NULL: norm of the MLP output (gemma) */
     uint32_t window;            /* attends to the last `window` positions only; 0: all */
     uint32_t rope_set;          /* index into engine_model.rope */
@@ -136,6 +142,7 @@ struct engine_ctx {
     int32_t *wslot;        /* (max_tokens) the same in a split arena's windowed group */
     float *rope_inv_freq;  /* (n_rope, n_rot / 2) each RoPE set's scale * base^(-2j/n_rot) */
     float *rope_cs;        /* (n_rope, max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
+    float rope_mscale[ENGINE_ROPE_SETS]; /* each set's cos and sin are times it (YaRN), else 1 */
 };
 
 /* Runs fn on the ctx's pool (every thread, fn(arg, ith, nth)), or on the calling thread alone

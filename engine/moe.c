@@ -159,6 +159,56 @@ static void route_row(float *p, uint32_t n, uint32_t k, int32_t *sel, float *wei
         weight[j] /= wsum;
 }
 
+/* Row t's experts and weights from its router scores p (n_expert) as gpt-oss routes: the k
+ * highest scores (repeated arg-max, ties to the lower index), weighed by a softmax over those k
+ * (llama.cpp's softmax_weight gating). */
+static void route_row_topk(const float *p, uint32_t n, uint32_t k, int32_t *sel, float *weight)
+{
+    for (uint32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (uint32_t e = 0; e < n; e++) {
+            bool taken = false;
+            for (uint32_t i = 0; i < j && !taken; i++)
+                taken = sel[i] == (int32_t)e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = (int32_t)e;
+        }
+        sel[j] = best;
+        weight[j] = p[best];
+    }
+    float mx = weight[0], sum = 0; /* the first is the largest */
+    for (uint32_t j = 0; j < k; j++) {
+        weight[j] = expf(weight[j] - mx);
+        sum += weight[j];
+    }
+    for (uint32_t j = 0; j < k; j++)
+        weight[j] *= 1.0f / sum;
+}
+
+/* Expert e's activation over rows [0, rows) (ld floats apart) of its gate and up outputs,
+ * columns [n0, n1): its biases added first where the layer has them, the result in gate. */
+static void expert_act(const engine_ctx *c, const layer_weights *w, uint32_t e, float *gate,
+                       float *up, size_t ld, size_t rows, size_t n0, size_t n1)
+{
+    size_t F = c->m->hp.n_ff_exp;
+    for (size_t t = 0; t < rows; t++) {
+        float *g = gate + t * ld + n0, *u = up + t * ld + n0;
+        if (w->exp_b[0]) {
+            kern_add(g, w->exp_b[0] + (size_t)e * F + n0, n1 - n0);
+            kern_add(u, w->exp_b[1] + (size_t)e * F + n0, n1 - n0);
+        }
+        if (c->m->arch->moe_act == ENGINE_MOE_SILU) {
+            c->kern->silu_mul(g, u, n1 - n0);
+            continue;
+        }
+        for (size_t i = 0; i < n1 - n0; i++) { /* ggml's swiglu_oai, alpha 1.702, limit 7 */
+            float x = g[i] < 7.0f ? g[i] : 7.0f;
+            float y = u[i] < -7.0f ? -7.0f : u[i] > 7.0f ? 7.0f : u[i];
+            g[i] = x / (1.0f + expf(-1.702f * x)) * (y + 1.0f);
+        }
+    }
+}
+
 /* Work items of 64 output columns, as forward.c's products; a gate-and-up item takes its
  * expert's rows 64 at a time through both products and the SiLU (forward.c's GLU_ROWS). */
 #define EXP_CHUNK 64
@@ -215,8 +265,8 @@ static void expert_item(void *arg, uint32_t i, uint32_t ith)
         size_t t1 = n - t0 < EXP_ROWS ? n : t0 + EXP_ROWS;
         expert_qmatmul(j, a, r0 + t0, t1 - t0, b->gate + (r0 + t0) * j->ldo, n0, n1);
         expert_qmatmul(j, u, r0 + t0, t1 - t0, b->up + (r0 + t0) * j->ldo, n0, n1);
-        for (size_t t = r0 + t0; t < r0 + t1; t++)
-            j->c->kern->silu_mul(b->gate + t * j->ldo + n0, b->up + t * j->ldo + n0, n1 - n0);
+        expert_act(j->c, j->w, e, b->gate + (r0 + t0) * j->ldo, b->up + (r0 + t0) * j->ldo, j->ldo,
+                   t1 - t0, n0, n1);
     }
 }
 
@@ -255,7 +305,13 @@ void engine__moe_ffn(engine_ctx *c, const layer_weights *w, float *xn, size_t ro
     engine__matmul(c, b->logits, xn, &w->router, rows);
     memset(b->first, 0, (X + 1) * sizeof *b->first);
     for (size_t t = 0; t < rows; t++) {
-        route_row(b->logits + t * X, (uint32_t)X, (uint32_t)K, b->sel + t * K, b->weight + t * K);
+        float *p = b->logits + t * X;
+        if (w->router_b)
+            kern_add(p, w->router_b, X);
+        if (c->m->arch->moe_route == ENGINE_MOE_TOPK_SOFTMAX)
+            route_row_topk(p, (uint32_t)X, (uint32_t)K, b->sel + t * K, b->weight + t * K);
+        else
+            route_row(p, (uint32_t)X, (uint32_t)K, b->sel + t * K, b->weight + t * K);
         for (size_t j = 0; j < K; j++)
             b->first[b->sel[t * K + j] + 1]++;
     }
@@ -295,11 +351,19 @@ void engine__moe_ffn(engine_ctx *c, const layer_weights *w, float *xn, size_t ro
             size_t r0 = b->first[e], n = b->first[e + 1] - r0;
             const kern_mat *gate_up[2] = {&w->experts[e * 3], &w->experts[e * 3 + 1]};
             float *gate_up_out[2] = {c->gate, c->up};
-            engine__matmuls(c, b->in + r0 * E, n, 2, gate_up, gate_up_out, ENGINE_GLU_SILU);
+            if (!w->exp_b[0] && c->m->arch->moe_act == ENGINE_MOE_SILU) {
+                engine__matmuls(c, b->in + r0 * E, n, 2, gate_up, gate_up_out, ENGINE_GLU_SILU);
+            } else {
+                engine__matmuls(c, b->in + r0 * E, n, 2, gate_up, gate_up_out, ENGINE_GLU_NONE);
+                expert_act(c, w, e, c->gate, c->up, F, n, 0, F);
+            }
             /* over its input rows, which the products above have read */
             engine__matmul(c, b->in + r0 * E, c->gate, &w->experts[e * 3 + 2], n);
         }
     }
+    for (uint32_t a = 0; w->exp_b[2] && a < n_act; a++) /* the down biases */
+        for (size_t i = b->first[b->act[a]]; i < b->first[b->act[a] + 1]; i++)
+            kern_add(b->in + i * E, w->exp_b[2] + (size_t)b->act[a] * E, E);
     for (size_t i = 0; i < n_rows; i++) {
         float *y = b->y + (size_t)b->order[i] * E, wt = b->weight[b->order[i]];
         const float *o = b->in + i * E;

@@ -122,13 +122,22 @@ typedef struct ref_layer {
      * expert e the slice e of gate_exps, up_exps (ffn_exp rows of dim) and down_exps (dim rows of
      * ffn_exp) */
     float *router, *gate_exps, *up_exps, *down_exps;
+    /* gpt-oss: the output projection's bias, each head's sink logit, the router's bias and the
+     * experts' biases (slice e of each stack expert e's); NULL elsewhere */
+    float *bo, *sinks, *router_b, *gate_exps_b, *up_exps_b, *down_exps_b;
 } ref_layer;
 
 typedef struct ref_model {
     bool neox, gelu;
     uint32_t dim, n_layer, n_head, n_kv, ffn, vocab, hd, n_rot;
     uint32_t n_expert, n_expert_used, ffn_exp; /* an MoE FFN; 0 for a dense one */
+    bool topk_softmax; /* gpt-oss: the k highest router logits, a softmax over them; else the
+                          softmax's k most probable, renormalized */
+    bool oai_glu;      /* gpt-oss's clamped SwiGLU in the experts */
     float eps, base, scale;
+    /* YaRN (rope.scaling.type yarn): original context, ramp corners; yarn_orig 0: none */
+    uint32_t yarn_orig;
+    float beta_fast, beta_slow;
     float embd_scale, attn_cap, final_cap; /* caps: 0 = none */
     double attn_scale;
     uint32_t n_swa, swa_pattern; /* 0 = no windowed layers */
@@ -236,7 +245,7 @@ static void ref_load(ref_model *r, const char *path)
     snprintf(arch, sizeof arch, "%.*s", (int)alen, a);
     memset(r, 0, sizeof *r);
     bool gemma2 = !strcmp(arch, "gemma2"), gemma3 = !strcmp(arch, "gemma3");
-    bool phi3 = !strcmp(arch, "phi3");
+    bool phi3 = !strcmp(arch, "phi3"), gpt_oss = !strcmp(arch, "gpt-oss");
     char key[128];
     snprintf(key, sizeof key, "%s.expert_count", arch);
     bool moe = gguf_find_key(f, key) >= 0; /* qwen3moe, or llama with experts (Mixtral) */
@@ -276,6 +285,19 @@ static void ref_load(ref_model *r, const char *path)
         r->swa_pattern = r->n_swa ? 6 : 0;
         r->base_swa = 10000.0f;
     }
+    if (gpt_oss) {
+        r->n_swa = ref_u32(f, arch, "attention.sliding_window");
+        r->swa_pattern = 2;
+        r->topk_softmax = r->oai_glu = true;
+    }
+    const char *st;
+    size_t st_len;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (!gguf_get_str(f, key, &st, &st_len) && st_len == 4 && !memcmp(st, "yarn", 4)) {
+        r->yarn_orig = ref_u32(f, arch, "rope.scaling.original_context_length");
+        r->beta_fast = ref_f32(f, arch, "rope.scaling.yarn_beta_fast", 32.0f);
+        r->beta_slow = ref_f32(f, arch, "rope.scaling.yarn_beta_slow", 1.0f);
+    }
     r->n_rot = ref_u32(f, arch, "rope.dimension_count");
     r->eps = ref_f32(f, arch, "attention.layer_norm_rms_epsilon", 1e-5f);
     r->base = ref_f32(f, arch, "rope.freq_base", 10000.0f);
@@ -311,7 +333,7 @@ static void ref_load(ref_model *r, const char *path)
                 continue;
             snprintf(name, sizeof name, "blk.%u.%s", l, names[k]);
             *dst[k] = ref_tensor(f, name);
-            if (k < 5 || (k > 7 && !(moe && k > 8)))
+            if (k < 5 || (k > 7 && !(moe && k > 8) && !(gpt_oss && k == 8)))
                 assert_non_null(*dst[k]);
         }
         if (moe) {
@@ -350,6 +372,20 @@ static void ref_load(ref_model *r, const char *path)
         }
         if (gemma3 || !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe"))
             assert_true(L->q_norm && L->k_norm);
+        if (gpt_oss) { /* its post_attention_norm is the MLP's pre-norm; biases everywhere */
+            assert_true(!L->ffn_norm && L->post_attn && L->bq && L->bk && L->bv);
+            L->ffn_norm = L->post_attn;
+            L->post_attn = NULL;
+            static const char *const b[] = {"attn_output.bias",  "attn_sinks.weight",
+                                            "ffn_gate_inp.bias", "ffn_gate_exps.bias",
+                                            "ffn_up_exps.bias",  "ffn_down_exps.bias"};
+            float **bdst[] = {&L->bo,          &L->sinks,     &L->router_b,
+                              &L->gate_exps_b, &L->up_exps_b, &L->down_exps_b};
+            for (size_t k = 0; k < 6; k++) {
+                snprintf(name, sizeof name, "blk.%u.%s", l, b[k]);
+                assert_non_null(*bdst[k] = ref_tensor(f, name));
+            }
+        }
         if (r->gelu)
             assert_true(L->post_attn && L->post_ffn);
     }
@@ -398,15 +434,25 @@ static void ref_rope(const ref_model *r, bool neox, bool use_freqs, float *v, in
 {
     uint32_t half = r->n_rot / 2;
     double base = swa && r->base_swa ? r->base_swa : r->base;
-    double scale = swa && r->base_swa ? 1.0 : r->scale;
+    double scale = swa && r->base_swa ? 1.0 : r->scale, lo = 0, hi = 0, mscale = 1;
+    if (r->yarn_orig) { /* YaRN as llama.cpp's ggml_rope_yarn_corr_dims and rope_yarn */
+        double n = r->n_rot, c = 2 * log(base);
+        lo = fmax(0, floor(n * log(r->yarn_orig / (r->beta_fast * 6.283185307179586)) / c));
+        hi = fmin(n - 1, ceil(n * log(r->yarn_orig / (r->beta_slow * 6.283185307179586)) / c));
+        mscale = 1 + 0.1 * log(1 / scale);
+    }
     for (uint32_t j = 0; j < half; j++) {
-        double th = pos * scale * pow(base, -2.0 * j / r->n_rot);
+        double extrap = pos * pow(base, -2.0 * j / r->n_rot), th = scale * extrap;
+        if (r->yarn_orig) {
+            double ramp = 1 - fmin(1, fmax(0, (j - lo) / fmax(0.001, hi - lo)));
+            th = th * (1 - ramp) + extrap * ramp;
+        }
         if (use_freqs && r->freqs)
             th /= r->freqs[j];
         uint32_t a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
         double x0 = v[a], x1 = v[b];
-        v[a] = (float)(x0 * cos(th) - x1 * sin(th));
-        v[b] = (float)(x0 * sin(th) + x1 * cos(th));
+        v[a] = (float)(mscale * (x0 * cos(th) - x1 * sin(th)));
+        v[b] = (float)(mscale * (x0 * sin(th) + x1 * cos(th)));
     }
 }
 
@@ -418,6 +464,8 @@ typedef struct ref_opts {
     bool no_window;        /* every layer global */
     bool no_softcap;       /* neither soft-capping */
     bool one_base;         /* gemma3's windowed layers on the global RoPE base */
+    bool no_sinks;         /* gpt-oss: no sink logits */
+    bool no_yarn;          /* plain linear scaling in place of YaRN */
     uint32_t experts_used; /* qwen3moe: 0, the file's expert_used_count; else this many */
 } ref_opts;
 
@@ -448,6 +496,8 @@ static void ref_moe(const ref_model *r, const ref_layer *L, uint32_t n_used, con
     assert_true(lg && g && u && y && p && acc && taken);
     assert_true(n_used >= 1 && n_used <= E);
     ref_matvec(lg, L->router, xn, E, D);
+    for (uint32_t e = 0; L->router_b && e < E; e++)
+        lg[e] += L->router_b[e];
     double mx = lg[0], sum = 0;
     for (uint32_t e = 1; e < E; e++)
         mx = fmax(mx, lg[e]);
@@ -468,16 +518,32 @@ static void ref_moe(const ref_model *r, const ref_layer *L, uint32_t n_used, con
         wsum += p[best];
     }
     wsum = fmax(wsum, 6.103515625e-5);
+    /* gpt-oss: a softmax over the k selected logits (the same order as the probabilities') */
+    double tsum = 0;
+    for (uint32_t k = 0; k < n_used; k++)
+        tsum += exp(lg[sel[k]] - lg[sel[0]]);
     for (uint32_t k = 0; k < n_used; k++) {
         size_t e = sel[k];
         ref_matvec(g, L->gate_exps + e * FE * D, xn, FE, D);
         ref_matvec(u, L->up_exps + e * FE * D, xn, FE, D);
+        for (uint32_t i = 0; L->gate_exps_b && i < FE; i++) {
+            g[i] += L->gate_exps_b[e * FE + i];
+            u[i] += L->up_exps_b[e * FE + i];
+        }
         for (uint32_t i = 0; i < FE; i++) {
             double a = g[i];
-            g[i] = (float)(a / (1 + exp(-a)) * u[i]);
+            if (r->oai_glu) { /* gpt-oss: the gate capped at 7, up clamped to [-7, 7], alpha 1.702
+                               */
+                a = fmin(a, 7);
+                g[i] = (float)(a / (1 + exp(-1.702 * a)) * (fmin(7, fmax(-7, u[i])) + 1));
+            } else {
+                g[i] = (float)(a / (1 + exp(-a)) * u[i]);
+            }
         }
         ref_matvec(y, L->down_exps + e * D * FE, g, D, FE);
-        double w = p[e] / wsum;
+        for (uint32_t i = 0; L->down_exps_b && i < D; i++)
+            y[i] += L->down_exps_b[e * D + i];
+        double w = r->topk_softmax ? exp(lg[e] - lg[sel[0]]) / tsum : p[e] / wsum;
         for (uint32_t i = 0; i < D; i++)
             acc[i] += w * y[i];
     }
@@ -499,6 +565,9 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
     float *u = malloc(F * sizeof(float)), *sc = malloc((size_t)n * sizeof(float));
     assert_true(x && xn && q && k && v && att && tmp && g && u && sc);
     bool neox = o->wrong_rope ? !r->neox : r->neox;
+    ref_model plain = *r; /* no_yarn: the same model on linear scaling */
+    plain.yarn_orig = 0;
+    const ref_model *rr = o->no_yarn ? &plain : r;
     for (int t = 0; t < n; t++)
         for (uint32_t i = 0; i < D; i++)
             x[(size_t)t * D + i] = r->embd[(size_t)tok[t] * D + i] * r->embd_scale;
@@ -524,9 +593,9 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
             }
             bool swa_base = swa && !o->one_base;
             for (uint32_t h = 0; h < r->n_head; h++)
-                ref_rope(r, neox, !o->no_freqs, qt + h * r->hd, t, swa_base);
+                ref_rope(rr, neox, !o->no_freqs, qt + h * r->hd, t, swa_base);
             for (uint32_t h = 0; h < r->n_kv; h++)
-                ref_rope(r, neox, !o->no_freqs, kt + h * r->hd, t, swa_base);
+                ref_rope(rr, neox, !o->no_freqs, kt + h * r->hd, t, swa_base);
         }
         double cap = o->no_softcap ? 0 : r->attn_cap;
         for (int t = 0; t < n; t++) {
@@ -543,6 +612,9 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                     if (sc[p] > mx)
                         mx = sc[p];
                 }
+                double sink = L->sinks && !o->no_sinks ? L->sinks[h] : -INFINITY;
+                mx = fmax(mx, sink); /* a sink: one more logit, with no value */
+                sum = exp(sink - mx);
                 for (int p = p0; p <= t; p++)
                     sum += exp(sc[p] - mx);
                 for (uint32_t i = 0; i < r->hd; i++) {
@@ -553,6 +625,8 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                 }
             }
             ref_matvec(tmp, L->wo, att, D, QD);
+            for (uint32_t i = 0; !o->no_bias && L->bo && i < D; i++)
+                tmp[i] += L->bo[i];
             if (L->post_attn)
                 ref_rmsnorm(tmp, tmp, L->post_attn, D, r->eps);
             for (uint32_t i = 0; i < D; i++)
@@ -849,6 +923,20 @@ static const family_case FAMILY_CASES[] = {
      "llama",
      "F32",
      {"--experts", "4", "--experts-used", "2", "--seed", "3"}},
+    /* gpt-oss: biases, sinks, YaRN (factor 32 over 4096), windows of 4 on the even layers, the
+     * top 3 of 8 experts (96 wide) weighed by a softmax over them, the clamped SwiGLU */
+    {"test_gpt_oss_f32",
+     "gpt-oss-f32.gguf",
+     "gpt-oss",
+     "F32",
+     {"--arch", "gpt-oss", "--head-dim", "32", "--experts", "8", "--experts-used", "3",
+      "--expert-ffn", "96", "--sliding-window", "4"}},
+    {"test_gpt_oss_q8_0",
+     "gpt-oss-q8.gguf",
+     "gpt-oss",
+     "Q8_0",
+     {"--arch", "gpt-oss", "--head-dim", "32", "--experts", "6", "--experts-used", "2", "--type",
+      "q8_0", "--sliding-window", "4", "--seed", "3"}},
 };
 
 /* One row of FAMILY_CASES (cmocka's initial state). */
@@ -1228,6 +1316,22 @@ static void test_family_reference_is_sensitive(void **st)
         {"sens-gemma2.gguf",
          {"--arch", "gemma2", "--sliding-window", "4", NULL},
          {.no_window = true}},
+        /* gpt-oss's sinks, YaRN, windows, biases, and its routing's k */
+        {"sens-gpt-oss.gguf",
+         {"--arch", "gpt-oss", "--head-dim", "32", "--sliding-window", "4", NULL},
+         {.no_sinks = true}},
+        {"sens-gpt-oss.gguf",
+         {"--arch", "gpt-oss", "--head-dim", "32", "--sliding-window", "4", NULL},
+         {.no_yarn = true}},
+        {"sens-gpt-oss.gguf",
+         {"--arch", "gpt-oss", "--head-dim", "32", "--sliding-window", "4", NULL},
+         {.no_window = true}},
+        {"sens-gpt-oss.gguf",
+         {"--arch", "gpt-oss", "--head-dim", "32", "--sliding-window", "4", NULL},
+         {.no_bias = true}},
+        {"sens-gpt-oss.gguf",
+         {"--arch", "gpt-oss", "--head-dim", "32", "--sliding-window", "4", NULL},
+         {.experts_used = 1}},
         {"sens-gemma3.gguf",
          {"--arch", "gemma3", "--sliding-window", "4", "--rope-base", "1000000", NULL},
          {.no_window = true}},
@@ -1572,7 +1676,7 @@ static void test_refuse_architecture(void **st)
     (void)st;
     edit e = {.arch = "mamba"};
     expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'mamba' is not supported",
-                   "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3");
+                   "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss");
     edit e2 = {.arch = "gemma"}; /* Gemma 1: not implemented */
     expect_refusal(&e2, KVS_EUNSUPPORTED, "'gemma'", NULL);
 }
@@ -1603,8 +1707,8 @@ static void test_refuse_wrong_shape(void **st)
 static void test_refuse_metadata(void **st)
 {
     (void)st;
-    edit yarn = {.str_key = "llama.rope.scaling.type", .str_val = "yarn"};
-    expect_refusal(&yarn, KVS_EUNSUPPORTED, "rope scaling type 'yarn'", NULL);
+    edit yarn = {.str_key = "llama.rope.scaling.type", .str_val = "longrope"};
+    expect_refusal(&yarn, KVS_EUNSUPPORTED, "rope scaling type 'longrope'", NULL);
     edit kl = {.u32_key = "llama.attention.key_length", .u32_val = 32};
     expect_refusal(&kl, KVS_EUNSUPPORTED, "llama.attention.key_length = 32", NULL);
     /* llama runs Mixtral's experts, which need their count per token; qwen2 has none */

@@ -35,6 +35,10 @@ FAMILIES = {
                  "--experts-used", "2", "--expert-ffn", "256", "--weight-std", "0.06"],
     # Mixtral's layout: llama with 4 experts of feed_forward_length (2048), 2 used.
     "mixtral": ["--experts", "4", "--seed", "3", "--weight-std", "0.06"],
+    # gpt-oss: biases everywhere, attention sinks, YaRN (factor 32 over 4096), a window of 16 on
+    # the even layers, top-4-then-softmax routing over 8 experts, the clamped SwiGLU.
+    "gpt-oss": ["--head-dim", "64", "--sliding-window", "16", "--experts", "8",
+                "--experts-used", "4", "--expert-ffn", "256", "--weight-std", "0.06"],
 }
 ARCH = {"mixtral": "llama"}  # rows whose name is not their --arch
 # The mixtures of experts run in F32 weights and F32 K/V caches on both sides. An expert is
@@ -43,7 +47,7 @@ ARCH = {"mixtral": "llama"}  # rows whose name is not their --arch
 # more than the cached values with an F16 cache. On F16 files the mixtral row's logprobs were up
 # to 2.5e-2 apart and its tokens parted at token 1 to 14 (four seeds, F16 or F32 caches); in F32
 # they are within 1e-4 and all 32 tokens equal.
-F32 = {"qwen3moe", "mixtral"}
+F32 = {"qwen3moe", "mixtral", "gpt-oss"}
 
 
 def main():

@@ -47,6 +47,9 @@ static const shape SHAPES[] = {
     /* Qwen3-30B-A3B's shape: pass --arch qwen3moe --head-dim 128 (MOE_SHAPES gives the model's
      * 128 experts, 8 used, expert ffn 768; feed_forward_length is its config's 6144) */
     {"qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936},
+    /* gpt-oss-20b's shape: pass --arch gpt-oss --head-dim 64 (MOE_SHAPES: 32 experts, 4 used,
+     * expert ffn 2880) */
+    {"gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088},
 };
 
 /* --arch qwen3moe's defaults of a shape not listed here: 8 experts, 2 used, expert ffn the
@@ -57,6 +60,7 @@ static const struct moe_shape {
 } MOE_SHAPES[] = {
     {"moe", 8, 2, 256},
     {"qwen3-30b-a3b", 128, 8, 768},
+    {"gpt-oss-20b", 32, 4, 2880},
 };
 
 /* llama.cpp's LLAMA_FTYPE values for general.file_type. */
@@ -288,16 +292,19 @@ static void usage(FILE *fp)
             "  --tied    no output.weight: the output projection reuses token_embd\n"
             "  --head-dim  attention.key_length/value_length (qwen3, qwen3moe, gemma;\n"
             "            default dim / heads)\n"
-            "  --experts N  qwen3moe: expert_count (default the shape's, else 8); llama:\n"
+            "  --experts N  qwen3moe, gpt-oss: expert_count (default the shape's, else 8); llama:\n"
             "            Mixtral's layout, N experts of feed_forward_length\n"
             "  --experts-used K  qwen3moe or llama with --experts: expert_used_count, the\n"
             "            experts each token uses (default the shape's, else 2)\n"
             "  --expert-ffn F  qwen3moe: expert_feed_forward_length, one expert's hidden size\n"
             "            (default the shape's, else its ffn; feed_forward_length stays the\n"
             "            shape's ffn)\n"
-            "  --sliding-window  attention.sliding_window (gemma; default 4096 for gemma2,\n"
-            "            512 for gemma3)\n"
-            "  --rope-base  <arch>.rope.freq_base (default 10000; Llama 3 uses 500000)\n"
+            "  --sliding-window  attention.sliding_window (gemma, gpt-oss; default 4096 for\n"
+            "            gemma2, 512 for gemma3, 128 for gpt-oss)\n"
+            "  --rope-base  <arch>.rope.freq_base (default 10000, gpt-oss 150000; Llama 3\n"
+            "            uses 500000)\n"
+            "  --yarn F  YaRN rope scaling by factor F (rope.scaling.type yarn), the original\n"
+            "            context the --ctx one (gpt-oss: always, default 32 over 4096)\n"
             "  --rope-freqs write rope_freqs.weight, Llama 3.1's per-frequency divisors\n"
             "            (1 for the fastest pair rising to 8 for the slowest)\n"
             "  --chat-template  store TEXT as tokenizer.chat_template\n"
@@ -330,11 +337,12 @@ typedef struct opts {
     uint32_t ctx;
     uint32_t n_layers; /* 0: the shape's */
     const char *out;
-    const char *arch;        /* one of --arch's names ("llama", "qwen3moe", ...) */
-    bool tied;               /* no output.weight: the output reuses token_embd */
-    uint32_t head_dim;       /* 0: dim / n_heads */
-    uint32_t sliding_window; /* 0: the family's default */
-    float rope_base;
+    const char *arch;          /* one of --arch's names ("llama", "qwen3moe", ...) */
+    bool tied;                 /* no output.weight: the output reuses token_embd */
+    uint32_t head_dim;         /* 0: dim / n_heads */
+    uint32_t sliding_window;   /* 0: the family's default */
+    float rope_base;           /* 0: the family's default */
+    float yarn;                /* YaRN's factor; 0: none (gpt-oss: 32) */
     bool rope_freqs;           /* write rope_freqs.weight (Llama 3.1 style divisors) */
     const char *chat_template; /* tokenizer.chat_template, or NULL */
     uint32_t pooling;          /* <arch>.pooling_type, 0: not written */
@@ -349,7 +357,7 @@ static int parse_args(int argc, char **argv, opts *o)
                 .seed = 1,
                 .ctx = 2048,
                 .arch = "llama",
-                .rope_base = 10000.0f,
+                .rope_base = 0.0f,
                 .weight_std = WEIGHT_STD};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -416,7 +424,7 @@ static int parse_args(int argc, char **argv, opts *o)
             o->n_layers = (uint32_t)n;
         } else if (!strcmp(a, "--arch")) {
             static const char *const archs[] = {"llama",  "qwen2",  "qwen3", "qwen3moe",
-                                                "gemma2", "gemma3", "phi3"};
+                                                "gemma2", "gemma3", "phi3",  "gpt-oss"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
                 if (!strcmp(val, archs[k]))
@@ -424,7 +432,7 @@ static int parse_args(int argc, char **argv, opts *o)
             if (!o->arch) {
                 fprintf(stderr,
                         "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
-                        "qwen3moe, gemma2, gemma3, phi3)\n",
+                        "qwen3moe, gemma2, gemma3, phi3, gpt-oss)\n",
                         val);
                 return -1;
             }
@@ -452,6 +460,15 @@ static int parse_args(int argc, char **argv, opts *o)
                 o->n_expert_used = (uint32_t)n;
             else
                 o->expert_ffn = (uint32_t)n;
+        } else if (!strcmp(a, "--yarn")) {
+            char *end;
+            errno = 0;
+            double f = strtod(val, &end);
+            if (errno || *end || !(f > 1 && f <= 1000)) {
+                fprintf(stderr, "kvs-mkmodel: bad yarn factor '%s' (1..1000)\n", val);
+                return -1;
+            }
+            o->yarn = (float)f;
         } else if (!strcmp(a, "--rope-base")) {
             char *end;
             errno = 0;
@@ -489,16 +506,17 @@ static int parse_args(int argc, char **argv, opts *o)
         fprintf(stderr, "kvs-mkmodel: --shape and -o are required\n");
         return -1;
     }
-    bool gemma = !strncmp(o->arch, "gemma", 5), moe = !strcmp(o->arch, "qwen3moe");
+    bool gpt_oss = !strcmp(o->arch, "gpt-oss"), gemma = !strncmp(o->arch, "gemma", 5);
+    bool moe = !strcmp(o->arch, "qwen3moe") || gpt_oss;
     /* llama with --experts: Mixtral's layout (experts as wide as feed_forward_length) */
     bool mixtral = !strcmp(o->arch, "llama") && o->n_expert;
     if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma) {
-        fprintf(stderr, "kvs-mkmodel: --head-dim is for qwen3, qwen3moe and gemma only\n");
+        fprintf(stderr, "kvs-mkmodel: --head-dim is for qwen3, qwen3moe, gemma and gpt-oss only\n");
         return -1;
     }
     if ((o->n_expert || o->n_expert_used || o->expert_ffn) && !moe && !mixtral) {
         fprintf(stderr, "kvs-mkmodel: --experts, --experts-used and --expert-ffn are for "
-                        "qwen3moe, and llama with --experts (Mixtral)\n");
+                        "qwen3moe, gpt-oss, and llama with --experts (Mixtral)\n");
         return -1;
     }
     if (mixtral && o->expert_ffn) {
@@ -523,8 +541,8 @@ static int parse_args(int argc, char **argv, opts *o)
             return -1;
         }
     }
-    if (o->sliding_window && !gemma) {
-        fprintf(stderr, "kvs-mkmodel: --sliding-window is for gemma only\n");
+    if (o->sliding_window && !gemma && !gpt_oss) {
+        fprintf(stderr, "kvs-mkmodel: --sliding-window is for gemma and gpt-oss only\n");
         return -1;
     }
     /* As the converters: Gemma's output is always token_embd, Phi-3 has its own. */
@@ -534,6 +552,8 @@ static int parse_args(int argc, char **argv, opts *o)
     }
     if (gemma)
         o->tied = true;
+    if (o->rope_base == 0.0f)
+        o->rope_base = gpt_oss ? 150000.0f : 10000.0f;
     return 0;
 }
 
@@ -658,6 +678,7 @@ static int build(gen *g, const opts *o)
     bool moe = o->n_expert > 0; /* qwen3moe, or llama with experts (Mixtral) */
     bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
     bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
+    bool gpt_oss = !strcmp(o->arch, "gpt-oss");
     uint32_t ftype = o->type == GGML_TYPE_F32   ? FTYPE_ALL_F32
                      : o->type == GGML_TYPE_F16 ? FTYPE_MOSTLY_F16
                                                 : FTYPE_MOSTLY_Q8_0;
@@ -680,19 +701,29 @@ static int build(gen *g, const opts *o)
         (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), o->rope_base)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), head_dim)))
         return rc;
-    if ((qwen3 || gemma) &&
+    if ((qwen3 || gemma || gpt_oss) &&
         ((rc = gguf_writer_add_u32(w, ARCH_KEY("attention.key_length"), head_dim)) ||
          (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.value_length"), head_dim))))
         return rc;
-    if (gemma && (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"),
-                                           o->sliding_window ? o->sliding_window
-                                           : gemma2          ? 4096
-                                                             : 512)))
+    if ((gemma || gpt_oss) && (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"),
+                                                        o->sliding_window ? o->sliding_window
+                                                        : gpt_oss         ? 128
+                                                        : gemma2          ? 4096
+                                                                          : 512)))
         return rc;
-    if (moe && ((rc = gguf_writer_add_u32(w, ARCH_KEY("expert_count"), o->n_expert)) ||
-                (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_used_count"), o->n_expert_used)) ||
-                (qwen3moe && (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_feed_forward_length"),
-                                                       o->expert_ffn)))))
+    if (moe &&
+        ((rc = gguf_writer_add_u32(w, ARCH_KEY("expert_count"), o->n_expert)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_used_count"), o->n_expert_used)) ||
+         ((qwen3moe || gpt_oss) &&
+          (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_feed_forward_length"), o->expert_ffn)))))
+        return rc;
+    /* gpt-oss's YaRN: factor 32 over an original context of 4096. */
+    float yarn = o->yarn ? o->yarn : gpt_oss ? 32.0f : 0.0f;
+    uint32_t yarn_ctx = o->yarn ? o->ctx : 4096;
+    if (yarn &&
+        ((rc = gguf_writer_add_str(w, ARCH_KEY("rope.scaling.type"), "yarn")) ||
+         (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.factor"), yarn)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("rope.scaling.original_context_length"), yarn_ctx))))
         return rc;
     if (gemma2 && ((rc = gguf_writer_add_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f)) ||
                    (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
@@ -718,7 +749,7 @@ static int build(gen *g, const opts *o)
     g->tmp_len = g->tmp_len > q_dim ? g->tmp_len : q_dim;
     g->tmp_len = g->tmp_len > o->expert_ffn ? g->tmp_len : o->expert_ffn;
     g->tmp = malloc(g->tmp_len * sizeof *g->tmp);
-    g->cap_fills = 3 + 16 * (size_t)n_layers;
+    g->cap_fills = 3 + 24 * (size_t)n_layers;
     g->fills = calloc(g->cap_fills, sizeof *g->fills);
     if (!g->tmp || !g->fills)
         return KVS_ENOMEM;
@@ -742,8 +773,9 @@ static int build(gen *g, const opts *o)
             {"attn_q_norm", head_dim, 0, 0, qwen3 || gemma3},
             {"attn_k_norm", head_dim, 0, 0, qwen3 || gemma3},
             {"attn_output", q_dim, sh->dim, 0, true},
-            {"post_attention_norm", sh->dim, 0, 0, gemma},
-            {"ffn_norm", sh->dim, 0, 0, true},
+            {"attn_sinks", sh->n_heads, 0, 0, gpt_oss},
+            {"post_attention_norm", sh->dim, 0, 0, gemma || gpt_oss},
+            {"ffn_norm", sh->dim, 0, 0, !gpt_oss},
             {"ffn_gate", sh->dim, sh->ffn, 0, !phi3 && !moe},
             {"ffn_down", sh->ffn, sh->dim, 0, !moe},
             {"ffn_up", sh->dim, phi3 ? 2 * (uint64_t)sh->ffn : sh->ffn, 0, !moe},
@@ -770,10 +802,23 @@ static int build(gen *g, const opts *o)
                  * saturated onto one. */
                 rc = gen_add(g, tn, 2, dims, GGML_TYPE_F32,
                              fmax(g->std, 1.0 / sqrt((double)sh->dim)));
+            else if (!strcmp(L[k].suffix, "attn_sinks"))
+                /* sink logits of the scores' size (std 1), so a head's sink weighs in */
+                rc = gen_tensor_ex(g, tn, L[k].d0, 0, 1.0);
             else
                 rc = gen_tensor(g, tn, L[k].d0, L[k].d1);
             if (rc)
                 return rc;
+            /* gpt-oss biases every projection, the router and each expert's three matrices
+             * (a stack of vectors): std 0.5, as qwen2's below */
+            bool biased = !strncmp(L[k].suffix, "attn_", 5) && L[k].d1 && !phi3;
+            biased = biased || !strncmp(L[k].suffix, "ffn_", 4);
+            if (gpt_oss && biased) {
+                snprintf(tn, sizeof tn, "blk.%u.%s.bias", l, L[k].suffix);
+                uint64_t bdims[2] = {L[k].d1, L[k].d2};
+                if ((rc = gen_add(g, tn, L[k].d2 ? 2 : 1, bdims, GGML_TYPE_F32, 0.5)))
+                    return rc;
+            }
             /* Qwen2's biases: large enough (std 0.5) that dropping one changes the logits. */
             if (qwen2 && k >= 2 && k <= 4) {
                 snprintf(tn, sizeof tn, "blk.%u.%s.bias", l, L[k].suffix);
