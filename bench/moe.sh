@@ -2,12 +2,15 @@
 # bench/moe.sh: a mixture-of-experts model, kvserve against llama.cpp's llama-server
 # (../shared/peer) side by side, same file, same threads, same closed-loop client as
 # bench/peer.sh (bench/serve_bench.py, non-streaming completions, token-id prompts,
-# ignore_eos). kvs-mkmodel writes Qwen3-30B-A3B's shape (qwen3moe: dim 2048, 32 heads of 128, 4
-# kv heads, 128 experts of ffn 768, 8 used per token) with LAYERS of its 48 layers and the
-# llama-spm vocabulary (32000, as every side-by-side script here) in F16 (random weights: the
-# whole model would be a 61 GB F16 file before quantizing; a token's cost is per layer, so the
-# rates scale by about LAYERS / 48), llama-quantize makes TYPE of it, and both servers load that
-# file. In each round both servers are up at once and each
+# ignore_eos). kvs-mkmodel writes MODEL's shape with LAYERS of its layers and the llama-spm
+# vocabulary (32000, as every side-by-side script here) in F16 (random weights: the whole model
+# would be a 40-61 GB F16 file before quantizing; a token's cost is per layer, so the rates scale
+# by about LAYERS / all), llama-quantize makes TYPE of it, and both servers load that file.
+# MODEL: qwen3-30b-a3b (Qwen3-30B-A3B: qwen3moe, dim 2048, 32 heads of 128, 4 kv heads, 128
+# experts of ffn 768, 8 used per token, 48 layers; TYPE Q4_K_M by default) or gpt-oss-20b
+# (gpt-oss: dim 2880, 64 heads of 64, 8 kv heads, 32 experts of ffn 2880, 4 used, 24 layers,
+# windows of 128 on half of them; TYPE MXFP4_MOE by default, the experts in MXFP4 and the rest
+# Q8_0, as the published gpt-oss files). In each round both servers are up at once and each
 # load level is measured on both back to back, in alternating order:
 #   decode: 1 client and 16 clients, PROMPT-token prompts, OUT generated tokens each
 #   prefill: 512-token prompts, 1 generated token, 1 client (prompt tokens per second)
@@ -15,18 +18,31 @@
 # token reads (kvserve's load log: every weight but the 120 experts a token does not run), so
 # the one-client figures read as a share of bandwidth / bytes; the servers' resident memory
 # (VmRSS) after the run against the file's size.
-# Writes the "moe.sh" section of docs/BENCHMARKS.md (one per CPU kind) and prints it.
-# Environment: BUILD (build), THREADS (nproc), LAYERS (8), TYPE (Q4_K_M), OUT (32), PROMPT
+# Writes the "moe.sh" (qwen3-30b-a3b) or "moe.sh gpt-oss" section of docs/BENCHMARKS.md (one per
+# CPU kind) and prints it.
+# Environment: BUILD (build), MODEL (qwen3-30b-a3b), THREADS (nproc), LAYERS (8), TYPE (the
+# model's), OUT (32), PROMPT
 # (32), N1 (2), N16 (16), NPP (2), REPEATS (1), PEER (../shared/peer/llama.cpp/bin).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 # shellcheck source=bench/peer_lib.sh
 . bench/peer_lib.sh
+MODEL=${MODEL:-qwen3-30b-a3b}
+case $MODEL in
+qwen3-30b-a3b)
+    ARCH=(--arch qwen3moe --head-dim 128) TYPE=${TYPE:-Q4_K_M} ALL_LAYERS=48 NAME=moe.sh
+    TITLE="Qwen3-30B-A3B's shape"
+    DESC="Qwen3-30B-A3B's shape (qwen3moe, 128 experts, 8 per token)" ;;
+gpt-oss-20b)
+    ARCH=(--arch gpt-oss --head-dim 64) TYPE=${TYPE:-MXFP4_MOE} ALL_LAYERS=24 NAME="moe.sh gpt-oss"
+    TITLE="gpt-oss-20b's shape"
+    DESC="gpt-oss-20b's shape (gpt-oss, 32 experts, 4 per token, windows of 128 on half the layers)" ;;
+*) echo "moe.sh: MODEL is qwen3-30b-a3b or gpt-oss-20b" >&2; exit 2 ;;
+esac
 # shellcheck disable=SC2034 # make_model reads it
-SHAPE=qwen3-30b-a3b
+SHAPE=$MODEL
 LAYERS=${LAYERS:-8}
-TYPE=${TYPE:-Q4_K_M}
 OUT=${OUT:-32}
 PROMPT=${PROMPT:-32}
 N1=${N1:-2}
@@ -35,7 +51,7 @@ NPP=${NPP:-2}
 REPEATS=${REPEATS:-1}
 peer_setup "$KVSERVE" "$MKMODEL" "$MACHINE" --peer llama-server llama-quantize --vocab
 
-make_model --arch qwen3moe --head-dim 128 --layers "$LAYERS"
+make_model "${ARCH[@]}" --layers "$LAYERS"
 model=$MODEL
 mib=$(( $(stat -c %s "$model") / 1048576 ))
 
@@ -61,13 +77,13 @@ active=$(awk 'match($0, /[0-9.]+ MiB of weights read per token/) {print substr($
 bound=$(awk -v bw="$bw" -v a="$active" 'BEGIN{printf "%.1f", (a > 0 ? bw * 1e9 / (a * 1048576) : 0)}')
 
 section=$(cat <<EOF
-<!-- moe.sh begin -->
-## Mixture of experts: Qwen3-30B-A3B's shape (bench/moe.sh)
+<!-- $NAME begin -->
+## Mixture of experts: $TITLE (bench/moe.sh)
 
 Measured $(date -u +%Y-%m-%d) on $(cpu_desc), $THREADS threads for both, load before
 $LOAD_BEFORE; kvserve $(git rev-parse --short HEAD), llama.cpp from ../shared/peer. Command:
-\`THREADS=$THREADS LAYERS=$LAYERS TYPE=$TYPE OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 NPP=$NPP REPEATS=$REPEATS bench/moe.sh\`.
-Qwen3-30B-A3B's shape (qwen3moe, 128 experts, 8 per token) with $LAYERS of its 48 layers and
+\`MODEL=$SHAPE THREADS=$THREADS LAYERS=$LAYERS TYPE=$TYPE OUT=$OUT PROMPT=$PROMPT N1=$N1 N16=$N16 NPP=$NPP REPEATS=$REPEATS bench/moe.sh\`.
+$DESC with $LAYERS of its $ALL_LAYERS layers and
 the llama-spm vocabulary, $TYPE from llama-quantize (random weights): a $mib MiB file; a token
 reads $active MiB of it
 (every weight but the experts it does not run). Read bandwidth $bw GB/s (kvs-bench-machine,
@@ -84,8 +100,8 @@ $REPEATS rounds; both servers up at once, each load level measured on both back 
 | round | 1 client | 16 clients | prefill |
 |---|---:|---:|---:|
 $(printf '%s\n' "${rounds[@]}")
-<!-- moe.sh end -->
+<!-- $NAME end -->
 EOF
 )
-python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md moe.sh <<<"$section"
+python3 bench/doc_section.py --per-cpu docs/BENCHMARKS.md "$NAME" <<<"$section"
 echo "$section"

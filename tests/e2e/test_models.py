@@ -167,16 +167,14 @@ class ServeFamilies(unittest.TestCase):
 
 
 class MixtureOfExperts(unittest.TestCase):
-    def test_batched_equals_alone(self):
+    def batched_equals_alone(self, path, log_line):
         """Eight prompts in one request run as eight sequences admitted together, so every step
         routes rows of all of them and each expert runs over rows of several at once (the
         integer path: Q8_0, --activations q8); each gives exactly what it gives alone: text and
         every logprob."""
-        path = mkmodel("moe-batch.gguf", "--arch", "qwen3moe", "--head-dim", "32", "--type",
-                       "q8_0", "--experts", "8", "--experts-used", "3", "--weight-std", "0.15")
         srv = e2e.Server("--no-prefix-cache", model=path, ctx=256)
         try:
-            self.assertIn("experts: 8 per layer of ffn 128, 3 used per token", srv.stderr())
+            self.assertIn(log_line, srv.stderr())
             prompts = ["the %s tale number %d" % ("long " * i, i) for i in range(8)]
 
             def complete(prompt):
@@ -191,6 +189,19 @@ class MixtureOfExperts(unittest.TestCase):
             self.assertGreater(len({text for text, _ in alone}), 1)
         finally:
             self.assertEqual(srv.stop(), 0)
+
+    def test_batched_equals_alone(self):
+        path = mkmodel("moe-batch.gguf", "--arch", "qwen3moe", "--head-dim", "32", "--type",
+                       "q8_0", "--experts", "8", "--experts-used", "3", "--weight-std", "0.15")
+        self.batched_equals_alone(path, "experts: 8 per layer of ffn 128, 3 used per token")
+
+    def test_gpt_oss_batched_equals_alone(self):
+        """gpt-oss's parts (biases, sinks, the windowed layers' own arena, top-k softmax
+        routing) keep a row's bits whatever shares its steps; windows of 4 positions."""
+        path = mkmodel("gpt-oss-batch.gguf", "--arch", "gpt-oss", "--head-dim", "32", "--type",
+                       "q8_0", "--experts", "8", "--experts-used", "3", "--expert-ffn", "64",
+                       "--sliding-window", "4", "--weight-std", "0.15")
+        self.batched_equals_alone(path, "experts: 8 per layer of ffn 64, 3 used per token")
 
 
 class EmbeddingModel(unittest.TestCase):
@@ -235,7 +246,7 @@ class Refusals(unittest.TestCase):
         rc, err = serve_refused(path)
         self.assertNotEqual(rc, 0)
         self.assertIn("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
-                      "qwen3moe, gemma2, gemma3, phi3)", err)
+                      "qwen3moe, gemma2, gemma3, phi3, gpt-oss)", err)
 
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")
