@@ -5,6 +5,9 @@
  * are summed. As llama.cpp's build_moe_ffn with softmax gating and normalized weights: the
  * experts in descending order of probability (ties: the lower index), each output times its
  * weight, then summed from the first in that order, so the sum is what llama.cpp adds up.
+ * gpt-oss (arch_gpt_oss.c) routes and activates its own way (engine_arch.moe_route, moe_act):
+ * the router's bias added, the k highest logits weighed by a softmax over them, the experts'
+ * biases added, its clamped SwiGLU.
  *
  * A step groups its rows by expert and runs each expert's products over its rows together (a
  * prompt's 512 rows give an expert of 128 about 32 rows). On the integer path (--activations q8
