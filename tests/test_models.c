@@ -923,6 +923,12 @@ static const family_case FAMILY_CASES[] = {
      "llama",
      "F32",
      {"--experts", "4", "--experts-used", "2", "--seed", "3"}},
+    /* YaRN on a dense family (the long-context Qwen files): factor 4 over the file's context */
+    {"test_qwen3_yarn_f32",
+     "qwen3-yarn-f32.gguf",
+     "qwen3",
+     "F32",
+     {"--arch", "qwen3", "--head-dim", "32", "--rope-base", "1000000", "--yarn", "4"}},
     /* gpt-oss: biases, sinks, YaRN (factor 32 over 4096), windows of 4 on the even layers, the
      * top 3 of 8 experts (96 wide) weighed by a softmax over them, the clamped SwiGLU */
     {"test_gpt_oss_f32",

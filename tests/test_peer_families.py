@@ -35,12 +35,15 @@ FAMILIES = {
                  "--experts-used", "2", "--expert-ffn", "256", "--weight-std", "0.06"],
     # Mixtral's layout: llama with 4 experts of feed_forward_length (2048), 2 used.
     "mixtral": ["--experts", "4", "--seed", "3", "--weight-std", "0.06"],
+    # qwen3 with YaRN (factor 4 over the file's context, as the long-context Qwen files); seeds 2,
+    # 3 and 5 give tokens that are not valid UTF-8, which llama-server answers with a 500
+    "qwen3-yarn": ["--head-dim", "128", "--rope-base", "1000000", "--seed", "4", "--yarn", "4"],
     # gpt-oss: biases everywhere, attention sinks, YaRN (factor 32 over 4096), a window of 16 on
     # the even layers, top-4-then-softmax routing over 8 experts, the clamped SwiGLU.
     "gpt-oss": ["--head-dim", "64", "--sliding-window", "16", "--experts", "8",
                 "--experts-used", "4", "--expert-ffn", "256", "--weight-std", "0.06"],
 }
-ARCH = {"mixtral": "llama"}  # rows whose name is not their --arch
+ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3"}  # rows whose name is not their --arch
 # The mixtures of experts run in F32 weights and F32 K/V caches on both sides. An expert is
 # picked by a comparison, so a rounding moves a token's routing where two experts' scores are
 # close, and its output with it: llama.cpp rounds activations to F16 to multiply F16 weights, and
