@@ -1713,8 +1713,15 @@ static void test_refuse_wrong_shape(void **st)
 static void test_refuse_metadata(void **st)
 {
     (void)st;
-    edit yarn = {.str_key = "llama.rope.scaling.type", .str_val = "longrope"};
-    expect_refusal(&yarn, KVS_EUNSUPPORTED, "rope scaling type 'longrope'", NULL);
+    edit longrope = {.str_key = "llama.rope.scaling.type", .str_val = "longrope"};
+    expect_refusal(&longrope, KVS_EUNSUPPORTED, "rope scaling type 'longrope'", NULL);
+    /* YaRN runs, but not llama.cpp's context-level overrides of it */
+    edit yarn = {.str_key = "llama.rope.scaling.type",
+                 .str_val = "yarn",
+                 .f32_key = "llama.rope.scaling.yarn_ext_factor",
+                 .f32_val = 0.5f};
+    expect_refusal(&yarn, KVS_EUNSUPPORTED, "llama.rope.scaling.yarn_ext_factor is not supported",
+                   NULL);
     edit kl = {.u32_key = "llama.attention.key_length", .u32_val = 32};
     expect_refusal(&kl, KVS_EUNSUPPORTED, "llama.attention.key_length = 32", NULL);
     /* llama runs Mixtral's experts, which need their count per token; qwen2 has none */
