@@ -2,7 +2,8 @@
 vocabularies of ../shared/models/vocab as they are, and GPT-2's under the pre-tokenizers that
 no shared vocabulary names (tokenizer.ggml.pre rewritten): llama-bpe (Llama 3, its digits in
 threes, its case-blind contractions, BOS added and whole words taken before merges), qwen2
-(Qwen 2 / 2.5 / 3: digits one by one), smaug-bpe (Llama 3's regex, merges as usual) and default.
+(Qwen 2 / 2.5 / 3: digits one by one), smaug-bpe (Llama 3's regex, merges as usual), default and
+gpt-4o (o200k: gpt-oss, Llama 4; words split at case changes).
 Each rides in a tiny kvs-mkmodel file that both servers load; for every text (the test strings
 of every vocabulary's .inp file, and the cases below) kvserve's POST /tokenize must give
 llama-server's ids, with add_special_tokens true and false, and POST /detokenize of those ids
@@ -24,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VOCABS = ["llama-spm", "phi-3", "gpt-2", "starcoder", "refact", "deepseek-coder",
           "deepseek-llm", "falcon", "mpt"]
 SPM = ("llama-spm", "phi-3")
-PRES = ["llama-bpe", "qwen2", "smaug-bpe", "default"]  # on GPT-2's vocabulary
+PRES = ["llama-bpe", "qwen2", "smaug-bpe", "default", "gpt-4o"]  # on GPT-2's vocabulary
 SEP = "\n__ggml_vocab_test__\n"  # between the texts of a .inp file (llama.cpp's test-tokenizer-0)
 
 # Beyond the .inp files: what the Llama 3 and Qwen 2 regexes treat apart (digit runs, upper-case
@@ -52,6 +53,11 @@ EXTRA = [
     "12345678901234567890 1٢3 ４５６７",
     "don't DON'T it'll IT'LL 're 'VE 'Ll",
     "\ud83d\ude00\ud83d\ude00!!?? \u2026\u2014\u00bf\u00a1 \u00ab\u00bb",
+    # o200k (gpt-4o) splits words at case changes, keeps contractions on the word and slashes
+    # and line breaks on punctuation: camel case, acronyms, non-ASCII capitals, paths.
+    "CamelCaseWords HTTPServer iPhone XMLHttpRequest getHTTPResponseCode ABCdef aBC",
+    "ÀbcÉdef ÉCOLE Ångström ǅungla İstanbul ΣΊΣΥΦΟΣ Straße I'M they'Re DON'T",
+    "a/b//c */\n// comment\n http://x.org/a?b=1 ./run.sh ../..//\r\n",
 ]
 
 
