@@ -479,7 +479,7 @@ size_t srv_tools_stream_safe(enum srv_chat_tmpl t, const char *text, size_t len)
     switch (family_of(t)) {
     case FAM_HERMES: return before_mark(text, len, "<tool_call>");
     case FAM_MISTRAL: return before_mark(text, len, "[TOOL_CALLS]");
-    case FAM_HARMONY: return len; /* calls come on their own channel, apart from the answer */
+    case FAM_HARMONY: return before_mark(text, len, "<|start|>assistant to=functions.");
     case FAM_LLAMA3: {
         size_t i = 0;
         while (i < len && text[i] && strchr(" \t\r\n", text[i]))
@@ -501,7 +501,50 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
     kvs_buf rest = {0};
     int rc = 0;
     enum family f = forced ? FAM_LLAMA3 : family_of(t); /* forced: one bare object */
-    if (f == FAM_HERMES) {
+    if (f == FAM_HARMONY) {
+        /* the reasoning splitter's pieces (reasoning.h): <|start|>assistant to=functions.NAME
+         * <|channel|>commentary json<|message|>ARGS<|call|> */
+        static const char open[] = "<|start|>assistant to=functions.", mid[] = "<|message|>",
+                          close[] = "<|call|>";
+        const char *p = text, *end = text + len;
+        while (p < end && rc >= 0) {
+            const char *o = strstr(p, open), *m = o ? strstr(o, mid) : NULL;
+            const char *c = m ? strstr(m, close) : NULL;
+            if (!c || c >= end) {
+                kvs_buf_addn(&rest, p, (size_t)(end - p));
+                break;
+            }
+            const char *name = o + sizeof open - 1, *ne = name;
+            while (ne < m && *ne != '<' && *ne != ' ')
+                ne++;
+            const char *args = m + sizeof mid - 1;
+            cJSON *obj = cJSON_CreateObject();
+            cJSON *a = cJSON_ParseWithLength(args, (size_t)(c - args));
+            int added = 0;
+            if (!obj)
+                added = KVS_ENOMEM;
+            else if (a && cJSON_AddItemToObject(obj, "arguments", a)) {
+                a = NULL;
+                char nm[256];
+                size_t nl = (size_t)(ne - name) < sizeof nm - 1 ? (size_t)(ne - name) : 0;
+                memcpy(nm, name, nl);
+                nm[nl] = '\0';
+                added = nl && cJSON_AddStringToObject(obj, "name", nm)
+                            ? add_call(arr, obj, tools, id_base)
+                            : 0;
+            }
+            cJSON_Delete(a);
+            cJSON_Delete(obj);
+            if (added < 0) {
+                rc = added;
+                break;
+            }
+            kvs_buf_addn(&rest, p, (size_t)(o - p));
+            if (!added) /* not a call of one of the tools: it stays text */
+                kvs_buf_addn(&rest, o, (size_t)(c - o) + sizeof close - 1);
+            p = c + sizeof close - 1;
+        }
+    } else if (f == FAM_HERMES) {
         static const char open[] = "<tool_call>", close[] = "</tool_call>";
         const char *p = text, *end = text + len;
         while (p < end && rc >= 0) {

@@ -19,8 +19,9 @@
  *   HARMONY (gpt-oss)            tools as a TypeScript namespace functions in the developer
  *                                message; a call is <|start|>assistant to=functions.NAME
  *                                <|channel|>commentary json<|message|>{...}<|call|> (the model
- *                                writes the recipient after the channel as well); a result is
- *                                a message from functions.NAME, its content a JSON string
+ *                                writes the recipient after the channel as well: the reasoning
+ *                                splitter rewrites its calls to this form in the content); a
+ *                                result is a message from functions.NAME, a JSON string
  *   every other family (PLAIN…)  the generic form: CHATML's wording and <tool_call> tags
  *
  * A forced call (tool_choice "required" or a named function) is generated under the grammar of
