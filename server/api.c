@@ -1333,7 +1333,7 @@ int srv_template_parse(const char *body, size_t len, const srv_chat_fmt *fmt, sr
         if (!srv_template_field(it->string)) {
             srv_error_set(e, 400, it->string, "unsupported_parameter",
                           "'%.64s' has no effect on /apply-template: it renders messages, tools, "
-                          "tool_choice and chat_template_kwargs only",
+                          "tool_choice, chat_template_kwargs and reasoning_effort only",
                           it->string);
             cJSON_Delete(root);
             return -1;

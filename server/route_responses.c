@@ -155,16 +155,9 @@ static int refuse_fields(const cJSON *root, srv_error *e)
     static const struct {
         const char *name, *neutral;
     } k[] = {
-        {"previous_response_id", NULL},
-        {"conversation", NULL},
-        {"store", "false"},
-        {"background", "false"},
-        {"reasoning", NULL},
-        {"include", "[]"},
-        {"prompt", NULL},
-        {"max_tool_calls", NULL},
-        {"top_logprobs", NULL},
-        {"service_tier", "\"auto\""},
+        {"previous_response_id", NULL}, {"conversation", NULL}, {"store", "false"},
+        {"background", "false"},        {"include", "[]"},      {"prompt", NULL},
+        {"max_tool_calls", NULL},       {"top_logprobs", NULL}, {"service_tier", "\"auto\""},
         {"truncation", "\"disabled\""},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
@@ -187,8 +180,41 @@ static int refuse_fields(const cJSON *root, srv_error *e)
     return 0;
 }
 
+/* reasoning ({"effort": ...}): gpt-oss's template takes the effort (as the chat route's
+ * reasoning_effort); other templates have none, and summaries are not written: 400s. */
+static int reasoning_to_chat(const cJSON *root, enum srv_chat_tmpl tmpl, cJSON *chat, srv_error *e)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "reasoning");
+    if (!rs || cJSON_IsNull(rs))
+        return 0;
+    if (tmpl != SRV_CHAT_HARMONY)
+        return srv_error_set(e, 400, "reasoning", "unsupported_parameter",
+                             "'reasoning' is not supported with this model's chat template (%s): "
+                             "only gpt-oss's (harmony) takes a reasoning effort",
+                             srv_chat_name(tmpl));
+    if (!cJSON_IsObject(rs))
+        return bad(e, "reasoning", "'reasoning' must be an object");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, rs)
+    {
+        if (cJSON_IsNull(it))
+            continue;
+        if (strcmp(it->string, "effort"))
+            return srv_error_set(e, 400, "reasoning", "unsupported_parameter",
+                                 "reasoning.%.32s is not supported: only reasoning.effort",
+                                 it->string);
+        if (!cJSON_IsString(it) ||
+            (strcmp(it->valuestring, "low") && strcmp(it->valuestring, "medium") &&
+             strcmp(it->valuestring, "high")))
+            return bad(e, "reasoning.effort",
+                       "'reasoning.effort' must be \"low\", \"medium\" or \"high\"");
+        cJSON_AddStringToObject(chat, "reasoning_effort", it->valuestring);
+    }
+    return 0;
+}
+
 /* The chat request body for root (a Responses request). */
-static int to_chat(const cJSON *root, cJSON **out, srv_error *e)
+static int to_chat(const cJSON *root, enum srv_chat_tmpl tmpl, cJSON **out, srv_error *e)
 {
     *out = NULL;
     if (!cJSON_IsObject(root))
@@ -197,7 +223,7 @@ static int to_chat(const cJSON *root, cJSON **out, srv_error *e)
         return -1;
     cJSON *chat = cJSON_CreateObject();
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
-    if (input_messages(root, msgs, e)) {
+    if (input_messages(root, msgs, e) || reasoning_to_chat(root, tmpl, chat, e)) {
         cJSON_Delete(chat);
         return -1;
     }
@@ -332,7 +358,7 @@ enum MHD_Result srv__route_responses(srv_conn *c)
     if (srv_json_parse(c->body ? c->body : "", c->body_len, &root, &e))
         return srv__send_error(c, &e);
     cJSON *chat = NULL;
-    if (to_chat(root, &chat, &e)) {
+    if (to_chat(root, c->srv->chat.tmpl, &chat, &e)) {
         cJSON_Delete(root);
         return srv__send_error(c, &e);
     }

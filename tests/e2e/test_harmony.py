@@ -101,6 +101,18 @@ class Harmony(unittest.TestCase):
                                  {"messages": msgs, "max_tokens": 2, "reasoning_effort": "low"})
         self.assertEqual(st, 200, out)
 
+    def test_responses_reasoning(self):
+        # /v1/responses renders through the same template: reasoning.effort is its effort
+        st, out = self.auto.post("/v1/responses", {"input": "Hi", "max_output_tokens": 2,
+                                                   "reasoning": {"effort": "high"}})
+        self.assertEqual(st, 200, out)
+        for body, param in (({"effort": "max"}, "reasoning.effort"),
+                            ({"summary": "auto"}, "reasoning"), ("low", "reasoning")):
+            st, out = self.auto.post("/v1/responses", {"input": "Hi", "max_output_tokens": 2,
+                                                       "reasoning": body})
+            self.assertEqual(st, 400, out)
+            self.assertEqual(out["error"]["param"], param, out)
+
     def chat(self, srv, stream=False, **extra):
         body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
                 "temperature": 0}
