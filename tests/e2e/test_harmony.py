@@ -152,6 +152,17 @@ class Harmony(unittest.TestCase):
                                  {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS,
                                   "max_tokens": 3})
         self.assertEqual(st, 200, out)
+        # a forced call: the whole output is the call's JSON (the grammar applies from the first
+        # token, as for every family), read back as the call
+        st, out = self.auto.post("/v1/chat/completions",
+                                 {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS,
+                                  "tool_choice": "required", "max_tokens": 64})
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        if c["finish_reason"] == "length":
+            self.skipTest("this random model's arguments did not end in 64 tokens")
+        self.assertEqual(c["finish_reason"], "tool_calls", out)
+        self.assertEqual(c["message"]["tool_calls"][0]["function"]["name"], "add")
         # a result with no call before it: the template raises, kvserve refuses
         st, out = self.auto.post("/v1/chat/completions", {"messages": [
             {"role": "user", "content": "Hi"},
