@@ -100,7 +100,11 @@ TOOLS_RICH = TOOLS + [{"type": "function", "function": {
                                                      "year": {"type": "integer"}},
                    "required": ["site"]},
         "ids": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "number"}}}},
-        "any": {}},
+        "any": {},
+        "mode": {"oneOf": [{"type": "string", "description": "a name"},
+                           {"type": "number", "default": 1}], "default": "x"},
+        "kinds": {"type": ["string", "null"]},
+        "deep": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}},
         "required": ["query"]}}},
     {"type": "function", "function": {"name": "now", "description": "The time.",
                                       "parameters": {"type": "object", "properties": {}}}}]
@@ -109,6 +113,10 @@ HARMONY_TOOL_CASES = [
      [(U, "Add 2 and 3"), {"role": A, "content": None, "reasoning_content": "use add",
                            "tool_calls": [CALL]},
       {"role": "tool", "tool_call_id": "call_1", "content": "5 \"exact\"\n"}]),
+    ("non-ASCII in a call and its result",
+     [(U, "Add"), {"role": A, "content": None, "tool_calls": [
+         dict(CALL, function={"name": "add", "arguments": "{\"a\": \"caf\u00e9 \u2615\", \"b\": [1, 2.5]}"})]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "caf\u00e9 \u2615 \t\\"}]),
     ("a call answered later",
      [(U, "Add 2 and 3"), {"role": A, "content": "use add", "tool_calls": [CALL]},
       {"role": "tool", "tool_call_id": "call_1", "content": "5"}, (A, "It is 5."), (U, "Thanks")]),
@@ -162,6 +170,8 @@ def main():
                 if name == "gpt-oss":
                     cases += [(label, msgs, {"tools": TOOLS}) for label, msgs in HARMONY_TOOL_CASES]
                     cases.append(("a rich tool list", [(U, "Hi")], {"tools": TOOLS_RICH}))
+                    cases.append(("a tool without description", [(U, "Hi")], {"tools": [
+                        {"type": "function", "function": {"name": "now"}}]}))
                 for label, msgs, kwargs in cases:
                     body = {"messages": [m if isinstance(m, dict) else {"role": m[0], "content": m[1]}
                                          for m in msgs]}
