@@ -98,14 +98,18 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
     return 0;
 }
 
-/* Whether this request's answers are split into reasoning and content (reasoning.h): chat
- * with a thinking template (or harmony's channels), unless --reasoning-format none. */
-static bool splits_reasoning(const srv_conn *c)
+bool srv__splits_reasoning(const srv_conn *c)
 {
     const char *f = c->srv->cfg->reasoning_format;
     enum srv_chat_tmpl t = c->srv->chat.tmpl;
-    return c->route == R_CHAT && (srv_chat_has_thinking(t) || t == SRV_CHAT_HARMONY) &&
-           !(f && !strcmp(f, "none"));
+    return (c->route == R_CHAT || c->route == R_RESPONSES) &&
+           (srv_chat_has_thinking(t) || t == SRV_CHAT_HARMONY) && !(f && !strcmp(f, "none"));
+}
+
+/* A chat answer's split (reasoning.h); responses split theirs in route_responses.c. */
+static bool splits_reasoning(const srv_conn *c)
+{
+    return c->route == R_CHAT && srv__splits_reasoning(c);
 }
 
 static bool harmony(const srv_conn *c)
@@ -120,7 +124,7 @@ static enum MHD_Result finish_full(srv_conn *c)
         srv__error_of_status(c->fail_status, &e);
         return srv__send_error(c, &e);
     }
-    bool split = splits_reasoning(c);
+    bool split = srv__splits_reasoning(c);
     for (uint32_t i = 0; i < c->n_choices; i++)
         if ((split && srv_choice_split_reasoning(&c->choices[i], harmony(c))) ||
             srv__read_tool_calls(c, i, &c->choices[i]))

@@ -7,7 +7,7 @@ import struct
 
 SPECIALS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
             "<|call|>"]
-CONTROL = 3  # tokenizer.ggml.token_type of a control token
+CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 _SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
         11: "<q", 12: "<d"}
@@ -38,9 +38,10 @@ def _write_value(t, v):
     return struct.pack(_FMT[t], v)
 
 
-def make(src, dst):
-    """Writes the harmony vocabulary made from src (a metadata-only GGUF) to dst; returns the
-    ids of SPECIALS."""
+def make(src, dst, extra=()):
+    """Writes the harmony vocabulary made from src (a metadata-only GGUF) to dst, with the
+    texts of extra appended after SPECIALS as user-defined tokens (as Qwen 3's <think>);
+    returns the ids of SPECIALS and extra."""
     with open(src, "rb") as f:
         d = f.read()
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", d, 4)
@@ -54,12 +55,14 @@ def make(src, dst):
         kvs.append([key, t, v])
     kv = {k: e for e in kvs for k in [e[0]]}
     tokens = kv["tokenizer.ggml.tokens"][2][1]
-    ids = list(range(len(tokens), len(tokens) + len(SPECIALS)))
-    tokens += SPECIALS
+    added = SPECIALS + list(extra)
+    ids = list(range(len(tokens), len(tokens) + len(added)))
+    tokens += added
     if "tokenizer.ggml.token_type" in kv:
-        kv["tokenizer.ggml.token_type"][2][1].extend([CONTROL] * len(SPECIALS))
+        kv["tokenizer.ggml.token_type"][2][1].extend([CONTROL] * len(SPECIALS) +
+                                                     [USER_DEFINED] * len(extra))
     if "tokenizer.ggml.scores" in kv:
-        kv["tokenizer.ggml.scores"][2][1].extend([0.0] * len(SPECIALS))
+        kv["tokenizer.ggml.scores"][2][1].extend([0.0] * len(added))
     kv["tokenizer.ggml.pre"][2] = "gpt-4o"
     eos = [e for e in kvs if e[0] == "tokenizer.ggml.eos_token_id"]
     if not eos:
@@ -72,4 +75,4 @@ def make(src, dst):
         out.append(struct.pack("<Q", len(k)) + k + struct.pack("<I", t) + _write_value(t, v))
     with open(dst, "wb") as f:
         f.write(b"".join(out))
-    return dict(zip(SPECIALS, ids))
+    return dict(zip(added, ids))
