@@ -325,9 +325,10 @@ static int effort_of(const cJSON *it, const char *param, const char *what, const
 }
 
 /* chat_template_kwargs (as vLLM and llama.cpp's server take it): the switches kvserve's
- * templates have are Qwen 3's enable_thinking and gpt-oss's reasoning_effort. There is no Jinja
- * here, so any other key, or a switch on a template without it, would be a value accepted and
- * ignored: a 400 instead. */
+ * templates have are Qwen 3's enable_thinking and gpt-oss's reasoning_effort and
+ * model_identity (its builtin_tools, whose calls nothing here would read, are refused). There
+ * is no Jinja here, so any other key, or a switch on a template without it, would be a value
+ * accepted and ignored: a 400 instead. */
 static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv_chat_opts *o,
                                  srv_error *e)
 {
@@ -348,11 +349,18 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
                 return -1;
             continue;
         }
+        if (tmpl == SRV_CHAT_HARMONY && !strcmp(it->string, "model_identity")) {
+            if (!cJSON_IsString(it))
+                return srv_error_set(e, 400, "chat_template_kwargs", NULL,
+                                     "chat_template_kwargs.model_identity must be a string");
+            o->model_identity = it->valuestring; /* root outlives the rendering */
+            continue;
+        }
         if (strcmp(it->string, "enable_thinking"))
             return srv_error_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
                                  "chat_template_kwargs.%.64s is not supported: the only "
-                                 "template switches are enable_thinking (Qwen 3) and "
-                                 "reasoning_effort (gpt-oss)",
+                                 "template switches are enable_thinking (Qwen 3), "
+                                 "reasoning_effort and model_identity (gpt-oss)",
                                  it->string);
         if (!cJSON_IsBool(it))
             return srv_error_set(e, 400, "chat_template_kwargs", NULL,

@@ -309,8 +309,11 @@ static void render_harmony(kvs_buf *b, const srv_chat_msg *m, size_t n, const sr
         strftime(today, sizeof today, "%Y-%m-%d", &tm);
         date = today;
     }
-    kvs_buf_add(b, "<|start|>system<|message|>You are ChatGPT, a large language model trained by "
-                   "OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: ");
+    kvs_buf_add(b, "<|start|>system<|message|>");
+    kvs_buf_add(b, o->model_identity
+                       ? o->model_identity
+                       : "You are ChatGPT, a large language model trained by OpenAI.");
+    kvs_buf_add(b, "\nKnowledge cutoff: 2024-06\nCurrent date: ");
     kvs_buf_add(b, date);
     kvs_buf_add(b, "\n\nReasoning: ");
     kvs_buf_add(b, o->reasoning_effort ? o->reasoning_effort : "medium");

@@ -47,6 +47,8 @@ typedef struct srv_chat_opts {
     const char *date;
     /* Harmony: the system message's "Reasoning:" ("low", "medium", "high"); NULL: medium */
     const char *reasoning_effort;
+    /* Harmony: the system message's first line; NULL: the template's "You are ChatGPT, ..." */
+    const char *model_identity;
     /* Harmony: NULL, or one entry per message (parallel to msgs): what an assistant turn
      * carries beside its content */
     const struct srv_chat_extra *extra;

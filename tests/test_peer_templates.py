@@ -31,7 +31,7 @@ TEMPLATES = os.path.join(HERE, "data", "chat_templates")
 FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
             "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony"}
 # the chat_template_kwargs each family's template reads (any other is refused by kvserve)
-SWITCHES = {"qwen3": {"enable_thinking"}, "harmony": {"reasoning_effort"}}
+SWITCHES = {"qwen3": {"enable_thinking"}, "harmony": {"reasoning_effort", "model_identity"}}
 
 S, U, A = "system", "user", "assistant"
 CASES = [
@@ -58,6 +58,7 @@ CASES = [
     ("thinking on", [(U, "Hi")], {"enable_thinking": True}),
     ("reasoning effort high", [(S, "Be brief."), (U, "Hi")], {"reasoning_effort": "high"}),
     ("reasoning effort low", [(U, "Hi")], {"reasoning_effort": "low"}),
+    ("model identity", [(U, "Hi")], {"model_identity": "You are a test.", "reasoning_effort": "low"}),
     # gpt-oss: a system message after the first is not rendered; a developer message is one
     ("a later system message", [(U, "Hi"), (A, "Hello!"), (S, "Be brief."), (U, "Bye")], None),
     ("developer role", [{"role": "developer", "content": "Be brief."}, (U, "Hi")], None),

@@ -80,10 +80,15 @@ class Harmony(unittest.TestCase):
         for body, effort in (({}, "medium"), ({"reasoning_effort": "low"}, "low"),
                              ({"chat_template_kwargs": {"reasoning_effort": "high"}}, "high"),
                              ({"reasoning_effort": "high",
-                               "chat_template_kwargs": {"reasoning_effort": "high"}}, "high")):
+                               "chat_template_kwargs": {"reasoning_effort": "high"}}, "high"),
+                             ({"chat_template_kwargs": {"model_identity": "You are T."}},
+                              "medium")):
             st, out = self.auto.post("/apply-template", dict(body, messages=msgs))
             self.assertEqual(st, 200, out)
             self.assertIn("\n\nReasoning: %s\n\n" % effort, out["prompt"])
+            ident = body.get("chat_template_kwargs", {}).get("model_identity")
+            self.assertTrue(out["prompt"].startswith("<|start|>system<|message|>%s\n" % (
+                ident or "You are ChatGPT, a large language model trained by OpenAI.")))
         for body, param in (({"reasoning_effort": "max"}, "reasoning_effort"),
                             ({"reasoning_effort": 1}, "reasoning_effort"),
                             ({"chat_template_kwargs": {"reasoning_effort": "none"}},
@@ -92,6 +97,10 @@ class Harmony(unittest.TestCase):
                               "chat_template_kwargs": {"reasoning_effort": "high"}},
                              "reasoning_effort"),
                             ({"chat_template_kwargs": {"enable_thinking": False}},
+                             "chat_template_kwargs"),
+                            ({"chat_template_kwargs": {"model_identity": 3}},
+                             "chat_template_kwargs"),
+                            ({"chat_template_kwargs": {"builtin_tools": ["python"]}},
                              "chat_template_kwargs")):
             st, out = self.auto.post("/v1/chat/completions",
                                      dict(body, messages=msgs, max_tokens=2))
