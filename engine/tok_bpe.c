@@ -20,6 +20,18 @@
 #define RE_QWEN2                                                                                   \
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"     \
     "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* o200k (GPT-4o, gpt-oss, Llama 4) in the form llama.cpp runs it: its tokenizer.json's
+ * [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]* ("upper") and [\p{Ll}\p{Lm}\p{Lo}\p{M}]+ ("lower") are
+ * spelled "a letter but not a-z" and "a letter but not A-Z", so any non-ASCII letter counts as
+ * both and combining marks are no part of a word; a word may end in a contraction, and a run of
+ * punctuation takes the slashes and line breaks after it. */
+#define RE_O200K_CASE "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+#define RE_O200K_UP "(?:(?=\\p{L})[^a-z])"
+#define RE_O200K_LO "(?:(?=\\p{L})[^A-Z])"
+#define RE_O200K                                                                                   \
+    "[^\\r\\n\\p{L}\\p{N}]?" RE_O200K_UP "*" RE_O200K_LO "+" RE_O200K_CASE                         \
+    "|[^\\r\\n\\p{L}\\p{N}]?" RE_O200K_UP "+" RE_O200K_LO "*" RE_O200K_CASE                        \
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* CJK ideographs, a block below them, Hangul (deepseek's "[一-龥ࠀ-一가-퟿]+"). */
 #define RE_DEEPSEEK_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 /* deepseek-llm's letter class: the cased letters (Lu, Ll, Lt) of its Unicode version, spelled
@@ -85,6 +97,7 @@ static const pre_def k_pre[] = {
      true},
     {{"dbrx", "smaug-bpe", NULL}, {RE_LLAMA3, NULL}, false, false},
     {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", NULL}, {RE_QWEN2, NULL}, false, false},
+    {{"gpt-4o", "llama4", "minimax-m2", NULL}, {RE_O200K, NULL}, false, false},
 };
 
 static const pre_def *find_pre(const char *name, size_t len)

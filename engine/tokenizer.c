@@ -76,6 +76,37 @@ static void add_eog(tok_vocab *v, int32_t id)
     v->eog[v->n_eog++] = id;
 }
 
+static int32_t by_text(const tok_vocab *v, const char *s)
+{
+    return tok__map_get(&v->token_map, s, strlen(s));
+}
+
+/* gpt-oss's o200k_harmony vocabulary, as llama.cpp loads it: a generation ends at <|return|> or
+ * <|call|>, while <|end|> only closes one message of several (analysis, then final), so it
+ * leaves the end-of-generation set when both others are in it; it and the header markers are
+ * written into the output text (user-defined, not control), where the channel splitter
+ * (server/reasoning.h) reads them. */
+static void fix_harmony(tok_vocab *v)
+{
+    static const char *const shown[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
+    for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++) {
+        int32_t id = by_text(v, shown[i]);
+        if (id >= 0)
+            v->flags[id] = (uint8_t)((v->flags[id] & ~TOK__CONTROL) | TOK__USER_DEFINED);
+    }
+    int32_t ret = by_text(v, "<|return|>"), call = by_text(v, "<|call|>");
+    int32_t end = by_text(v, "<|end|>");
+    if (ret < 0 || call < 0 || end < 0 || !tok_is_eog(v, ret) || !tok_is_eog(v, call) ||
+        !tok_is_eog(v, end))
+        return;
+    size_t k = 0;
+    for (size_t i = 0; i < v->n_eog; i++)
+        if (v->eog[i] != end)
+            v->eog[k++] = v->eog[i];
+    v->n_eog = k;
+    v->flags[end] = (uint8_t)((v->flags[end] & ~TOK__CONTROL) | TOK__USER_DEFINED);
+}
+
 /* The end-of-generation set, as llama.cpp's llama_vocab builds special_eog_ids: EOS, EOT, EOM
  * and the end-of-turn markers by text. */
 static int find_eog(tok_vocab *v, const gguf_file *f)
@@ -85,6 +116,8 @@ static int find_eog(tok_vocab *v, const gguf_file *f)
         "<|eom_id|>",
         "<|im_end|>",
         "<|end|>",
+        "<|return|>", /* gpt-oss (harmony): the answer is done */
+        "<|call|>",   /* gpt-oss: a tool call is done */
         "<end_of_turn>",
         "<|endoftext|>",
         "<EOT>",
@@ -105,6 +138,7 @@ static int find_eog(tok_vocab *v, const gguf_file *f)
     add_eog(v, eom);
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         add_eog(v, tok__map_get(&v->token_map, names[i], strlen(names[i])));
+    fix_harmony(v);
     return 0;
 }
 

@@ -310,16 +310,30 @@ static int check_tool_calls(const cJSON *tc, int i, srv_error *e)
     return 0;
 }
 
-/* chat_template_kwargs (as vLLM and llama.cpp's server take it): the one switch kvserve's
- * templates have is Qwen 3's enable_thinking. There is no Jinja here, so any other key, or the
- * switch on a template without it, would be a value accepted and ignored: a 400 instead. */
+/* A reasoning effort (gpt-oss's "Reasoning:" line): "low", "medium" or "high", as its
+ * template and OpenAI's reasoning_effort take it; anything else is a 400 naming param. */
+static int effort_of(const cJSON *it, const char *param, const char *what, const char **out,
+                     srv_error *e)
+{
+    static const char *const k[] = {"low", "medium", "high"};
+    for (size_t i = 0; cJSON_IsString(it) && i < sizeof k / sizeof k[0]; i++)
+        if (!strcmp(it->valuestring, k[i])) {
+            *out = k[i];
+            return 0;
+        }
+    return srv_error_set(e, 400, param, NULL, "'%s' must be \"low\", \"medium\" or \"high\"", what);
+}
+
+/* chat_template_kwargs (as vLLM and llama.cpp's server take it): the switches kvserve's
+ * templates have are Qwen 3's enable_thinking and gpt-oss's reasoning_effort and
+ * model_identity (its builtin_tools, whose calls nothing here would read, are refused). There
+ * is no Jinja here, so any other key, or a switch on a template without it, would be a value
+ * accepted and ignored: a 400 instead. */
 static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv_chat_opts *o,
                                  srv_error *e)
 {
+    memset(o, 0, sizeof *o);
     o->enable_thinking = -1;
-    o->date = NULL;
-    o->default_system = NULL;
-    o->tools_user = NULL;
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     if (!kw || cJSON_IsNull(kw))
         return 0;
@@ -329,10 +343,24 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
     const cJSON *it;
     cJSON_ArrayForEach(it, kw)
     {
+        if (tmpl == SRV_CHAT_HARMONY && !strcmp(it->string, "reasoning_effort")) {
+            if (effort_of(it, "chat_template_kwargs", "chat_template_kwargs.reasoning_effort",
+                          &o->reasoning_effort, e))
+                return -1;
+            continue;
+        }
+        if (tmpl == SRV_CHAT_HARMONY && !strcmp(it->string, "model_identity")) {
+            if (!cJSON_IsString(it))
+                return srv_error_set(e, 400, "chat_template_kwargs", NULL,
+                                     "chat_template_kwargs.model_identity must be a string");
+            o->model_identity = it->valuestring; /* root outlives the rendering */
+            continue;
+        }
         if (strcmp(it->string, "enable_thinking"))
             return srv_error_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
                                  "chat_template_kwargs.%.64s is not supported: the only "
-                                 "template switch is enable_thinking",
+                                 "template switches are enable_thinking (Qwen 3), "
+                                 "reasoning_effort and model_identity (gpt-oss)",
                                  it->string);
         if (!cJSON_IsBool(it))
             return srv_error_set(e, 400, "chat_template_kwargs", NULL,
@@ -371,11 +399,143 @@ static int add_reasoning(const cJSON *msg, int i, char **text, srv_error *e)
     return 0;
 }
 
+/* The top-level reasoning_effort (OpenAI's, for its reasoning models): gpt-oss's template takes
+ * it; with chat_template_kwargs.reasoning_effort too, both must agree. Other templates have no
+ * such line: a 400 rather than a value accepted and ignored. */
+static int parse_effort(const cJSON *root, enum srv_chat_tmpl tmpl, srv_chat_opts *o, srv_error *e)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
+    if (!it || cJSON_IsNull(it))
+        return 0;
+    if (tmpl != SRV_CHAT_HARMONY)
+        return srv_error_set(e, 400, "reasoning_effort", "unsupported_parameter",
+                             "'reasoning_effort' is not supported with this model's chat "
+                             "template (%s): only gpt-oss's (harmony) has a reasoning effort",
+                             srv_chat_name(tmpl));
+    const char *v = NULL;
+    if (effort_of(it, "reasoning_effort", "reasoning_effort", &v, e))
+        return -1;
+    if (o->reasoning_effort && strcmp(o->reasoning_effort, v))
+        return srv_error_set(e, 400, "reasoning_effort", NULL,
+                             "'reasoning_effort' (%s) and chat_template_kwargs.reasoning_effort "
+                             "(%s) disagree",
+                             v, o->reasoning_effort);
+    o->reasoning_effort = v;
+    return 0;
+}
+
+/* gpt-oss (harmony): messages with what the template reads beside each content (an
+ * assistant's reasoning_content and first tool call; a tool result as the JSON string tojson
+ * writes), checked against what the template refuses. */
+static int parse_messages_harmony(const cJSON *msgs, srv_chat_opts *opts, srv_request *r,
+                                  srv_error *e)
+{
+    int n = cJSON_GetArraySize(msgs);
+    srv_chat_msg *m = calloc((size_t)n, sizeof *m);
+    srv_chat_extra *x = calloc((size_t)n, sizeof *x);
+    char **owned = calloc((size_t)n * 3, sizeof *owned); /* content, thinking, call_args */
+    int rc = 0, i = 0;
+    if (!m || !x || !owned) {
+        rc = oom(e);
+        goto out;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, msgs)
+    {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        if (!cJSON_IsObject(it) || !cJSON_IsString(role)) {
+            rc = srv_error_set(e, 400, "messages", NULL, "messages[%d] needs a string 'role'", i);
+            goto out;
+        }
+        const char *ro = role->valuestring;
+        if (!strcmp(ro, "developer"))
+            ro = "system";
+        if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant") &&
+            strcmp(ro, "tool")) {
+            rc = srv_error_set(e, 400, "messages", NULL,
+                               "messages[%d]: role must be system, user, assistant or tool", i);
+            goto out;
+        }
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
+        bool has_calls = tc && !cJSON_IsNull(tc);
+        char **text = &owned[3 * i];
+        if (has_calls && strcmp(ro, "assistant")) {
+            rc = srv_error_set(e, 400, "messages", NULL,
+                               "messages[%d]: only assistant messages have tool_calls", i);
+            goto out;
+        }
+        if (has_calls && (rc = check_tool_calls(tc, i, e)))
+            goto out;
+        if (has_calls && (!content || cJSON_IsNull(content))) {
+            if (!(*text = strdup(""))) {
+                rc = oom(e);
+                goto out;
+            }
+        } else if ((rc = content_text(content, i, text, e))) {
+            goto out;
+        }
+        if (!strcmp(ro, "tool")) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "tool_call_id");
+            if (!cJSON_IsString(id)) {
+                rc = srv_error_set(e, 400, "messages", NULL,
+                                   "messages[%d]: a tool message needs a string 'tool_call_id'", i);
+                goto out;
+            }
+            const char *rr;
+            char *json = NULL;
+            if (srv_tools_render_result(SRV_CHAT_HARMONY, id->valuestring, *text, &rr, &json)) {
+                rc = oom(e);
+                goto out;
+            }
+            free(*text);
+            *text = json;
+        }
+        if (!strcmp(ro, "assistant")) {
+            const cJSON *rcj = cJSON_GetObjectItemCaseSensitive(it, "reasoning_content");
+            if (rcj && !cJSON_IsNull(rcj) && !cJSON_IsString(rcj)) {
+                rc = srv_error_set(e, 400, "messages", NULL,
+                                   "messages[%d].reasoning_content must be a string", i);
+                goto out;
+            }
+            x[i].thinking = cJSON_IsString(rcj) ? rcj->valuestring : NULL;
+            if (has_calls) {
+                const cJSON *fn =
+                    cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(tc, 0), "function");
+                x[i].call_name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+                if (srv_tools_render_call_args(SRV_CHAT_HARMONY, tc, &owned[3 * i + 2])) {
+                    rc = oom(e);
+                    goto out;
+                }
+                x[i].call_args = owned[3 * i + 2];
+            }
+        }
+        m[i].role = ro;
+        m[i].content = *text;
+        i++;
+    }
+    opts->extra = x;
+    size_t bad = 0;
+    const char *why = srv_chat_check(SRV_CHAT_HARMONY, m, (size_t)n, opts, &bad);
+    if (why)
+        rc = srv_error_set(e, 400, "messages", NULL, "messages[%zu]: %s", bad, why);
+    else if (srv_chat_render(SRV_CHAT_HARMONY, m, (size_t)n, opts, &r->prompt_text))
+        rc = oom(e);
+out:
+    if (owned)
+        for (int q = 0; q < 3 * n; q++)
+            free(owned[q]);
+    free(owned);
+    free(x);
+    free(m);
+    return rc;
+}
+
 static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_request *r, srv_error *e)
 {
     enum srv_chat_tmpl tmpl = fmt->tmpl;
     srv_chat_opts opts;
-    if (parse_template_kwargs(root, tmpl, &opts, e))
+    if (parse_template_kwargs(root, tmpl, &opts, e) || parse_effort(root, tmpl, &opts, e))
         return -1;
     opts.default_system = fmt->default_system;
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -386,6 +546,16 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
     int n = cJSON_GetArraySize(msgs);
     if (n == 0)
         return srv_error_set(e, 400, "messages", NULL, "'messages' must not be empty");
+    if (tmpl == SRV_CHAT_HARMONY) {
+        bool tools_on = r->tools && r->tool_choice != SRV_TOOLS_NONE;
+        char *tools_dev = NULL;
+        if (tools_on && srv_tools_render_system(tmpl, r->tools, &tools_dev))
+            return oom(e);
+        opts.tools_dev = tools_dev;
+        int rc = parse_messages_harmony(msgs, &opts, r, e);
+        free(tools_dev);
+        return rc;
+    }
     /* one more slot: the tools' system text when the request has no system message */
     char *tools_user = NULL; /* the tools' text where a template puts it in the first user turn */
     srv_chat_msg *m = calloc((size_t)n + 1, sizeof *m);
@@ -785,7 +955,6 @@ static const unsupported_field k_unsupported[] = {
     {"prediction", 2, NULL},
     {"store", 2, "false"},
     {"service_tier", 3, "\"auto\""},
-    {"reasoning_effort", 2, NULL},
     {"web_search_options", 2, NULL},
     {"verbosity", 2, NULL},
     {"best_of", 1, "1"},
@@ -1149,7 +1318,7 @@ out:
 
 /* The members the rendering reads: tool_choice decides whether the tools are rendered. */
 static const char *const k_template_fields[] = {"messages", "tools", "tool_choice",
-                                                "chat_template_kwargs"};
+                                                "chat_template_kwargs", "reasoning_effort"};
 
 bool srv_template_field(const char *name)
 {
@@ -1172,7 +1341,7 @@ int srv_template_parse(const char *body, size_t len, const srv_chat_fmt *fmt, sr
         if (!srv_template_field(it->string)) {
             srv_error_set(e, 400, it->string, "unsupported_parameter",
                           "'%.64s' has no effect on /apply-template: it renders messages, tools, "
-                          "tool_choice and chat_template_kwargs only",
+                          "tool_choice, chat_template_kwargs and reasoning_effort only",
                           it->string);
             cJSON_Delete(root);
             return -1;

@@ -11,9 +11,9 @@
 #include "common/buf.h"
 #include "common/status.h"
 
-static const char *k_names[SRV_CHAT_COUNT] = {"plain",  "chatml",   "llama2",  "llama3",
-                                              "zephyr", "mistral",  "gemma",   "phi3",
-                                              "qwen3",  "llama3.1", "llama3.2"};
+static const char *k_names[SRV_CHAT_COUNT] = {"plain",  "chatml",   "llama2",   "llama3",
+                                              "zephyr", "mistral",  "gemma",    "phi3",
+                                              "qwen3",  "llama3.1", "llama3.2", "harmony"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -33,6 +33,10 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
     if (!t || !*t)
         return SRV_CHAT_PLAIN;
 #define HAS(s) (strstr(t, (s)) != NULL)
+    /* gpt-oss's harmony: its messages open with <|start|> and name a channel (its template also
+     * holds "<|end|>", which would otherwise read as Phi-3's). */
+    if (HAS("<|start|>") && HAS("<|channel|>") && HAS("<|message|>"))
+        return SRV_CHAT_HARMONY;
     /* Order matters as in llama.cpp: ChatML markers first, then [INST] (Mistral's official
      * templates put the system message inside the first [INST] and lack <<SYS>>). */
     if (HAS("<|im_start|>"))
@@ -251,6 +255,131 @@ static void render_llama31(kvs_buf *b, const srv_chat_msg *m, size_t n, const ch
     kvs_buf_add(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+static const srv_chat_extra *extra_of(const srv_chat_opts *o, size_t i)
+{
+    static const srv_chat_extra none = {NULL, NULL, NULL};
+    return o && o->extra ? &o->extra[i] : &none;
+}
+
+static bool has_channel_tags(const char *s)
+{
+    return s && (strstr(s, "<|channel|>analysis<|message|>") ||
+                 strstr(s, "<|channel|>final<|message|>"));
+}
+
+const char *srv_chat_check(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
+                           const srv_chat_opts *opts, size_t *bad)
+{
+    if (t != SRV_CHAT_HARMONY)
+        return NULL;
+    bool called = false; /* the last assistant turn was a call (a final answer forgets it) */
+    size_t first = n && !strcmp(m[0].role, "system") ? 1 : 0;
+    for (size_t i = first; i < n; i++) {
+        const srv_chat_extra *x = extra_of(opts, i);
+        *bad = i;
+        if (!strcmp(m[i].role, "assistant")) {
+            if (has_channel_tags(m[i].content))
+                return "an assistant message's content holds <|channel|> tags: send the analysis "
+                       "text as reasoning_content and the final text as content";
+            if (has_channel_tags(x->thinking))
+                return "an assistant message's reasoning_content holds <|channel|> tags: send "
+                       "the analysis text alone";
+            if (x->call_name && *m[i].content && x->thinking && *x->thinking)
+                return "an assistant message with tool calls has both content and "
+                       "reasoning_content: the template writes one analysis message, send one";
+            called = x->call_name != NULL;
+        } else if (!strcmp(m[i].role, "tool") && !called) {
+            return "a tool message with no assistant tool call before it";
+        }
+    }
+    return NULL;
+}
+
+/* gpt-oss's harmony template (chat_template.h); every assistant turn is followed by a
+ * generation prompt here, so the template's training-only branch (the last assistant turn
+ * written with its reasoning and <|return|>) is never taken. */
+static void render_harmony(kvs_buf *b, const srv_chat_msg *m, size_t n, const srv_chat_opts *o)
+{
+    char today[32];
+    const char *date = o->date;
+    if (!date) { /* strftime_now("%Y-%m-%d"), local time as llama.cpp's Jinja gives it */
+        time_t now = time(NULL);
+        struct tm tm;
+        localtime_r(&now, &tm);
+        strftime(today, sizeof today, "%Y-%m-%d", &tm);
+        date = today;
+    }
+    kvs_buf_add(b, "<|start|>system<|message|>");
+    kvs_buf_add(b, o->model_identity
+                       ? o->model_identity
+                       : "You are ChatGPT, a large language model trained by OpenAI.");
+    kvs_buf_add(b, "\nKnowledge cutoff: 2024-06\nCurrent date: ");
+    kvs_buf_add(b, date);
+    kvs_buf_add(b, "\n\nReasoning: ");
+    kvs_buf_add(b, o->reasoning_effort ? o->reasoning_effort : "medium");
+    kvs_buf_add(b, "\n\n# Valid channels: analysis, commentary, final. Channel must be included "
+                   "for every message.");
+    if (o->tools_dev)
+        kvs_buf_add(b, "\nCalls to these tools must go to the commentary channel: 'functions'.");
+    kvs_buf_add(b, "<|end|>");
+    size_t i = 0;
+    const char *dev = "";
+    if (n && !strcmp(m[0].role, "system"))
+        dev = m[i++].content;
+    if (*dev || o->tools_dev) {
+        kvs_buf_add(b, "<|start|>developer<|message|>");
+        if (*dev) {
+            kvs_buf_add(b, "# Instructions\n\n");
+            kvs_buf_add(b, dev);
+            kvs_buf_add(b, "\n\n");
+        }
+        if (o->tools_dev) {
+            kvs_buf_add(b, "# Tools\n\n");
+            kvs_buf_add(b, o->tools_dev);
+        }
+        kvs_buf_add(b, "<|end|>");
+    }
+    const char *last_call = NULL;
+    for (; i < n; i++) {
+        const srv_chat_extra *x = extra_of(o, i);
+        if (!strcmp(m[i].role, "user")) {
+            kvs_buf_add(b, "<|start|>user<|message|>");
+            kvs_buf_add(b, m[i].content);
+            kvs_buf_add(b, "<|end|>");
+        } else if (!strcmp(m[i].role, "tool")) {
+            kvs_buf_add(b, "<|start|>functions.");
+            kvs_buf_add(b, last_call ? last_call : "");
+            kvs_buf_add(b, " to=assistant<|channel|>commentary<|message|>");
+            kvs_buf_add(b, m[i].content); /* already the JSON string tojson writes */
+            kvs_buf_add(b, "<|end|>");
+        } else if (!strcmp(m[i].role, "assistant") && x->call_name) {
+            /* the reasoning before a call stays only while no later turn answers finally */
+            bool answered = false;
+            for (size_t j = i + 1; j < n && !answered; j++)
+                answered = !strcmp(m[j].role, "assistant") && !extra_of(o, j)->call_name;
+            const char *analysis = *m[i].content ? m[i].content : x->thinking;
+            if (analysis && *analysis && !answered) {
+                kvs_buf_add(b, "<|start|>assistant<|channel|>analysis<|message|>");
+                kvs_buf_add(b, analysis);
+                kvs_buf_add(b, "<|end|>");
+            }
+            kvs_buf_add(b, "<|start|>assistant to=functions.");
+            kvs_buf_add(b, x->call_name);
+            kvs_buf_add(b, "<|channel|>commentary json<|message|>");
+            kvs_buf_add(b, x->call_args ? x->call_args : "{}");
+            kvs_buf_add(b, "<|call|>");
+            last_call = x->call_name;
+        } else if (!strcmp(m[i].role, "assistant")) {
+            kvs_buf_add(b, "<|start|>assistant<|channel|>final<|message|>");
+            kvs_buf_add(b, m[i].content);
+            kvs_buf_add(b, "<|end|>");
+            last_call = NULL;
+        }
+        /* later system messages: the template renders only the first */
+    }
+    kvs_buf_add(b, "<|start|>assistant");
+}
+
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
                     const srv_chat_opts *opts, char **out)
 {
@@ -352,6 +481,7 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
         break;
     }
     case SRV_CHAT_QWEN3: render_qwen3(&b, m, n, opts->enable_thinking); break;
+    case SRV_CHAT_HARMONY: render_harmony(&b, m, n, opts); break;
     case SRV_CHAT_COUNT: break;
     case SRV_CHAT_ZEPHYR:
         for (size_t i = 0; i < n; i++) {

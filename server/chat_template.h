@@ -23,6 +23,7 @@ enum srv_chat_tmpl {
     SRV_CHAT_QWEN3,   /* ChatML with <think> blocks and the enable_thinking switch */
     SRV_CHAT_LLAMA31, /* Llama 3.1 / 3.3: a system turn with the knowledge and "today" dates */
     SRV_CHAT_LLAMA32, /* Llama 3.2: the same with the real date of today */
+    SRV_CHAT_HARMONY, /* gpt-oss: OpenAI's harmony format (channels, a dated system message) */
     SRV_CHAT_COUNT
 };
 
@@ -41,8 +42,27 @@ typedef struct srv_chat_opts {
     /* Llama 3.1/3.2: the tools' text, written at the start of the first user turn (with
      * "Environment: ipython" in the system turn), as their templates do; NULL: no tools */
     const char *tools_user;
-    const char *date; /* Llama 3.2's "Today Date" ("01 Dec 2026"); NULL: today (local time) */
+    /* Llama 3.2's "Today Date" ("01 Dec 2026"), harmony's "Current date" ("2026-12-01"); NULL:
+     * today (local time) in the family's form */
+    const char *date;
+    /* Harmony: the system message's "Reasoning:" ("low", "medium", "high"); NULL: medium */
+    const char *reasoning_effort;
+    /* Harmony: the system message's first line; NULL: the template's "You are ChatGPT, ..." */
+    const char *model_identity;
+    /* Harmony: NULL, or one entry per message (parallel to msgs): what an assistant turn
+     * carries beside its content */
+    const struct srv_chat_extra *extra;
+    /* Harmony: the developer message's "# Tools" section (the functions namespace, as the
+     * template writes it); NULL: no tools */
+    const char *tools_dev;
 } srv_chat_opts;
+
+/* Harmony: an assistant message's reasoning and first tool call (the template renders one). */
+typedef struct srv_chat_extra {
+    const char *thinking;  /* reasoning_content, or NULL */
+    const char *call_name; /* the first tool call's function name; NULL: no tool calls */
+    const char *call_args; /* its arguments as the template's tojson writes them */
+} srv_chat_extra;
 
 typedef struct srv_chat_msg {
     const char *role;    /* "system", "user", "assistant" (others passed through) */
@@ -56,7 +76,7 @@ enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
 int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out);
 void srv_chat_fmt_free(srv_chat_fmt *f);
 /* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, qwen3, llama3.1, llama3.2,
- * plain. -1 if unknown. */
+ * harmony, plain. -1 if unknown. */
 int srv_chat_from_name(const char *name);
 const char *srv_chat_name(enum srv_chat_tmpl t);
 
@@ -64,8 +84,24 @@ const char *srv_chat_name(enum srv_chat_tmpl t);
 int srv_chat_has_thinking(enum srv_chat_tmpl t);
 
 /* Renders msgs (with the assistant generation prompt at the end) into a malloc'd string;
- * opts NULL: the defaults. Returns 0 and *out, or KVS_ENOMEM. */
+ * opts NULL: the defaults. Returns 0 and *out, or KVS_ENOMEM.
+ *
+ * HARMONY (gpt-oss's official template): a system message naming the model, its knowledge
+ * cutoff, today's date and the reasoning effort; the conversation's first system message as
+ * the developer message's "# Instructions" (later ones are not rendered); user turns; an
+ * assistant turn as its final channel (its reasoning dropped), or, with a tool call, the call on
+ * the commentary channel after its reasoning (content, or else extra's thinking) in the
+ * analysis channel unless a later assistant turn answers without calls; a tool result as a
+ * message from the last call's function, its content a JSON string. What the template refuses
+ * (srv_chat_check) must be refused before rendering. */
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
                     const srv_chat_opts *opts, char **out);
+
+/* What family t's template raises an exception on (harmony: channel tags inside an assistant's
+ * content or reasoning, a call with both content and reasoning, a tool result with no call
+ * before it): NULL if msgs render, else a static sentence saying why, and *bad the message's
+ * index. */
+const char *srv_chat_check(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
+                           const srv_chat_opts *opts, size_t *bad);
 
 #endif

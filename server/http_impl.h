@@ -143,6 +143,7 @@ typedef struct srv_conn {
     cJSON *resp_echo;   /* /v1/responses: the request's fields the response object repeats */
     uint32_t resp_seq;  /* /v1/responses streaming: sequence_number of the next event */
     bool resp_msg_open; /* /v1/responses streaming: the message item's events have begun */
+    int resp_msg_index; /* /v1/responses streaming: the message item's output_index */
     int status;         /* HTTP status sent */
     bool client_gone;
 
@@ -241,6 +242,9 @@ enum MHD_Result srv__route_generate(srv_conn *c);
 enum MHD_Result srv__generate(srv_conn *c);
 /* With tools on, reads choice idx's calls out of its text (see route_completions.c). */
 int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch);
+/* Whether c's answers are split into reasoning and content (a thinking template or harmony's
+ * channels, unless --reasoning-format none): chat and responses. */
+bool srv__splits_reasoning(const srv_conn *c);
 /* The error a choice that failed with status st gets (503 when cancelled by shutdown). */
 void srv__error_of_status(int st, srv_error *e);
 /* Appends a formatted SSE event (taken over; NULL = out of memory) to c's output. */

@@ -16,10 +16,23 @@
 
 #include "common/buf.h"
 
+/* gpt-oss (harmony) writes channels instead: after the prompt's "<|start|>assistant" comes
+ * <|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...
+ * (generation ends at <|return|> or <|call|>, end-of-generation tokens that write no text).
+ * With harmony set, the analysis channel is reasoning and the final channel (and commentary
+ * without a recipient) content, as llama.cpp's --reasoning-format auto gives them; a message
+ * to a function (" to=functions.NAME", before or after the channel) is placed in content as
+ * one piece, "<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>ARGS
+ * <|call|>" (no space before <|call|>), when it ends, for the tool-call reader. Output that does
+ * not open with a channel or a recipient is all content; headers are dropped, as is a header
+ * the output ends inside. */
 typedef struct srv_think {
     int state;    /* where the output is: before the first byte decides, inside, after */
     bool drop_nl; /* newlines here are the tags' own, dropped */
     kvs_buf held; /* bytes whose place is not known yet */
+    bool harmony; /* the format: set before the first feed */
+    int channel;  /* harmony: where the current message's body goes */
+    kvs_buf call; /* harmony: the current call's header and arguments */
 } srv_think;
 
 /* Places n more bytes of output: appended to reasoning or content as far as they are known.

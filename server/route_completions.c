@@ -98,13 +98,23 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
     return 0;
 }
 
-/* Whether this request's answers are split into reasoning and content (reasoning.h): chat
- * with a thinking template, unless --reasoning-format none. */
-static bool splits_reasoning(const srv_conn *c)
+bool srv__splits_reasoning(const srv_conn *c)
 {
     const char *f = c->srv->cfg->reasoning_format;
-    return c->route == R_CHAT && srv_chat_has_thinking(c->srv->chat.tmpl) &&
-           !(f && !strcmp(f, "none"));
+    enum srv_chat_tmpl t = c->srv->chat.tmpl;
+    return (c->route == R_CHAT || c->route == R_RESPONSES) &&
+           (srv_chat_has_thinking(t) || t == SRV_CHAT_HARMONY) && !(f && !strcmp(f, "none"));
+}
+
+/* A chat answer's split (reasoning.h); responses split theirs in route_responses.c. */
+static bool splits_reasoning(const srv_conn *c)
+{
+    return c->route == R_CHAT && srv__splits_reasoning(c);
+}
+
+static bool harmony(const srv_conn *c)
+{
+    return c->srv->chat.tmpl == SRV_CHAT_HARMONY;
 }
 
 static enum MHD_Result finish_full(srv_conn *c)
@@ -114,9 +124,9 @@ static enum MHD_Result finish_full(srv_conn *c)
         srv__error_of_status(c->fail_status, &e);
         return srv__send_error(c, &e);
     }
-    bool split = splits_reasoning(c);
+    bool split = srv__splits_reasoning(c);
     for (uint32_t i = 0; i < c->n_choices; i++)
-        if ((split && srv_choice_split_reasoning(&c->choices[i])) ||
+        if ((split && srv_choice_split_reasoning(&c->choices[i], harmony(c))) ||
             srv__read_tool_calls(c, i, &c->choices[i]))
             return srv__fail(c, 500, NULL, NULL, "out of memory");
     return srv__send_built(c, c->route == R_RESPONSES
@@ -169,6 +179,7 @@ static bool stream_tools_auto(srv_conn *c, srv_choice *ch, const sched_event *ev
 {
     kvs_buf r = {0}, t = {0};
     if (split) {
+        ch->think.harmony = harmony(c);
         srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
         if (ev->finish != SCHED_FINISH_NONE)
             srv_think_end(&ch->think, &r, &t);
@@ -208,6 +219,7 @@ static bool stream_tools_auto(srv_conn *c, srv_choice *ch, const sched_event *ev
 static bool stream_split(srv_conn *c, srv_choice *ch, const sched_event *ev)
 {
     kvs_buf r = {0}, t = {0};
+    ch->think.harmony = harmony(c);
     srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
     if (ev->finish != SCHED_FINISH_NONE)
         srv_think_end(&ch->think, &r, &t);
@@ -262,7 +274,7 @@ static bool format_event(srv_conn *c, const sched_event *ev)
             return false;
         if (ev->finish == SCHED_FINISH_NONE)
             return true;
-        if (split && srv_choice_split_reasoning(ch))
+        if (split && srv_choice_split_reasoning(ch, harmony(c)))
             return false;
         if (ch->reasoning &&
             !srv__out_append(c, srv_resp_reasoning_chunk(&c->rx, ev->choice, ch->reasoning,

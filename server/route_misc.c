@@ -221,8 +221,8 @@ static enum MHD_Result tokenize_chat(srv_conn *c, const cJSON *root, bool strs)
             continue;
         else if (!srv_template_field(it->string))
             why = "it has no effect on /tokenize with messages, which takes messages, tools, "
-                  "tool_choice, chat_template_kwargs, add_generation_prompt, add_special_tokens "
-                  "and return_token_strs only";
+                  "tool_choice, chat_template_kwargs, reasoning_effort, add_generation_prompt, "
+                  "add_special_tokens and return_token_strs only";
         else if (body)
             cJSON_AddItemToObject(body, it->string, cJSON_Duplicate(it, 1));
         if (why) {

@@ -155,16 +155,9 @@ static int refuse_fields(const cJSON *root, srv_error *e)
     static const struct {
         const char *name, *neutral;
     } k[] = {
-        {"previous_response_id", NULL},
-        {"conversation", NULL},
-        {"store", "false"},
-        {"background", "false"},
-        {"reasoning", NULL},
-        {"include", "[]"},
-        {"prompt", NULL},
-        {"max_tool_calls", NULL},
-        {"top_logprobs", NULL},
-        {"service_tier", "\"auto\""},
+        {"previous_response_id", NULL}, {"conversation", NULL}, {"store", "false"},
+        {"background", "false"},        {"include", "[]"},      {"prompt", NULL},
+        {"max_tool_calls", NULL},       {"top_logprobs", NULL}, {"service_tier", "\"auto\""},
         {"truncation", "\"disabled\""},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
@@ -187,8 +180,41 @@ static int refuse_fields(const cJSON *root, srv_error *e)
     return 0;
 }
 
+/* reasoning ({"effort": ...}): gpt-oss's template takes the effort (as the chat route's
+ * reasoning_effort); other templates have none, and summaries are not written: 400s. */
+static int reasoning_to_chat(const cJSON *root, enum srv_chat_tmpl tmpl, cJSON *chat, srv_error *e)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "reasoning");
+    if (!rs || cJSON_IsNull(rs))
+        return 0;
+    if (tmpl != SRV_CHAT_HARMONY)
+        return srv_error_set(e, 400, "reasoning", "unsupported_parameter",
+                             "'reasoning' is not supported with this model's chat template (%s): "
+                             "only gpt-oss's (harmony) takes a reasoning effort",
+                             srv_chat_name(tmpl));
+    if (!cJSON_IsObject(rs))
+        return bad(e, "reasoning", "'reasoning' must be an object");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, rs)
+    {
+        if (cJSON_IsNull(it))
+            continue;
+        if (strcmp(it->string, "effort"))
+            return srv_error_set(e, 400, "reasoning", "unsupported_parameter",
+                                 "reasoning.%.32s is not supported: only reasoning.effort",
+                                 it->string);
+        if (!cJSON_IsString(it) ||
+            (strcmp(it->valuestring, "low") && strcmp(it->valuestring, "medium") &&
+             strcmp(it->valuestring, "high")))
+            return bad(e, "reasoning.effort",
+                       "'reasoning.effort' must be \"low\", \"medium\" or \"high\"");
+        cJSON_AddStringToObject(chat, "reasoning_effort", it->valuestring);
+    }
+    return 0;
+}
+
 /* The chat request body for root (a Responses request). */
-static int to_chat(const cJSON *root, cJSON **out, srv_error *e)
+static int to_chat(const cJSON *root, enum srv_chat_tmpl tmpl, cJSON **out, srv_error *e)
 {
     *out = NULL;
     if (!cJSON_IsObject(root))
@@ -197,7 +223,7 @@ static int to_chat(const cJSON *root, cJSON **out, srv_error *e)
         return -1;
     cJSON *chat = cJSON_CreateObject();
     cJSON *msgs = cJSON_AddArrayToObject(chat, "messages");
-    if (input_messages(root, msgs, e)) {
+    if (input_messages(root, msgs, e) || reasoning_to_chat(root, tmpl, chat, e)) {
         cJSON_Delete(chat);
         return -1;
     }
@@ -332,7 +358,7 @@ enum MHD_Result srv__route_responses(srv_conn *c)
     if (srv_json_parse(c->body ? c->body : "", c->body_len, &root, &e))
         return srv__send_error(c, &e);
     cJSON *chat = NULL;
-    if (to_chat(root, &chat, &e)) {
+    if (to_chat(root, c->srv->chat.tmpl, &chat, &e)) {
         cJSON_Delete(root);
         return srv__send_error(c, &e);
     }
@@ -403,6 +429,27 @@ static cJSON *message_item(srv_conn *c, const char *text, size_t len, bool done)
     return m;
 }
 
+/* A thinking model's reasoning (reasoning.h) as a reasoning item before the message, its text
+ * as reasoning_text content (as vLLM gives gpt-oss's analysis channel); NULL text: none yet. */
+static cJSON *reasoning_item(srv_conn *c, const char *text, bool done)
+{
+    char id[64];
+    snprintf(id, sizeof id, "rs_%s", c->id + strlen("resp_"));
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", id);
+    cJSON_AddStringToObject(m, "type", "reasoning");
+    cJSON_AddArrayToObject(m, "summary");
+    cJSON *content = cJSON_AddArrayToObject(m, "content");
+    if (text) {
+        cJSON *p = cJSON_CreateObject();
+        cJSON_AddStringToObject(p, "type", "reasoning_text");
+        cJSON_AddStringToObject(p, "text", text);
+        cJSON_AddItemToArray(content, p);
+    }
+    cJSON_AddStringToObject(m, "status", done ? "completed" : "in_progress");
+    return m;
+}
+
 static cJSON *call_item(srv_conn *c, const cJSON *call, int i, bool with_args)
 {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
@@ -446,6 +493,8 @@ static cJSON *response_object(srv_conn *c, bool final)
     cJSON_AddStringToObject(r, "model", c->rx.model);
     cJSON *out = cJSON_AddArrayToObject(r, "output");
     if (final) {
+        if (ch->reasoning)
+            cJSON_AddItemToArray(out, reasoning_item(c, ch->reasoning, true));
         if (ch->len || !ch->tool_calls)
             cJSON_AddItemToArray(out, message_item(c, ch->text ? ch->text : "", ch->len, true));
         const cJSON *call;
@@ -549,10 +598,10 @@ static bool message_open(srv_conn *c)
     cJSON_AddStringToObject(part, "type", "output_text");
     cJSON_AddStringToObject(part, "text", "");
     cJSON_AddArrayToObject(part, "annotations");
-    cJSON *p = at(with("part", part), 0, id);
+    cJSON *p = at(with("part", part), c->resp_msg_index, id);
     cJSON_AddNumberToObject(p, "content_index", 0);
     return emit(c, "response.output_item.added",
-                at(with("item", message_item(c, NULL, 0, false)), 0, NULL)) &&
+                at(with("item", message_item(c, NULL, 0, false)), c->resp_msg_index, NULL)) &&
            emit(c, "response.content_part.added", p);
 }
 
@@ -560,7 +609,7 @@ static bool text_delta(srv_conn *c, const char *text, size_t len)
 {
     char id[64];
     snprintf(id, sizeof id, "msg_%s", c->id + strlen("resp_"));
-    cJSON *d = at(with("delta", srv_json_string_n(text, len)), 0, id);
+    cJSON *d = at(with("delta", srv_json_string_n(text, len)), c->resp_msg_index, id);
     cJSON_AddNumberToObject(d, "content_index", 0);
     return emit(c, "response.output_text.delta", d);
 }
@@ -570,17 +619,34 @@ static bool message_close(srv_conn *c, const srv_choice *ch)
     char id[64];
     snprintf(id, sizeof id, "msg_%s", c->id + strlen("resp_"));
     const char *t = ch->text ? ch->text : "";
-    cJSON *d = at(with("text", srv_json_string_n(t, ch->len)), 0, id);
+    cJSON *d = at(with("text", srv_json_string_n(t, ch->len)), c->resp_msg_index, id);
     cJSON_AddNumberToObject(d, "content_index", 0);
     cJSON *part = cJSON_CreateObject();
     cJSON_AddStringToObject(part, "type", "output_text");
     cJSON_AddItemToObject(part, "text", srv_json_string_n(t, ch->len));
     cJSON_AddArrayToObject(part, "annotations");
-    cJSON *p = at(with("part", part), 0, id);
+    cJSON *p = at(with("part", part), c->resp_msg_index, id);
     cJSON_AddNumberToObject(p, "content_index", 0);
     return emit(c, "response.output_text.done", d) && emit(c, "response.content_part.done", p) &&
            emit(c, "response.output_item.done",
-                at(with("item", message_item(c, t, ch->len, true)), 0, NULL));
+                at(with("item", message_item(c, t, ch->len, true)), c->resp_msg_index, NULL));
+}
+
+/* The reasoning item's events, at output_index 0, before the message's. */
+static bool reasoning_events(srv_conn *c, const char *text)
+{
+    char id[64];
+    snprintf(id, sizeof id, "rs_%s", c->id + strlen("resp_"));
+    cJSON *d = at(with("delta", cJSON_CreateString(text)), 0, id);
+    cJSON_AddNumberToObject(d, "content_index", 0);
+    cJSON *t = at(with("text", cJSON_CreateString(text)), 0, id);
+    cJSON_AddNumberToObject(t, "content_index", 0);
+    return emit(c, "response.output_item.added",
+                at(with("item", reasoning_item(c, NULL, false)), 0, NULL)) &&
+           emit(c, "response.reasoning_text.delta", d) &&
+           emit(c, "response.reasoning_text.done", t) &&
+           emit(c, "response.output_item.done",
+                at(with("item", reasoning_item(c, text, true)), 0, NULL));
 }
 
 bool srv__responses_event(srv_conn *c, const sched_event *ev)
@@ -599,23 +665,32 @@ bool srv__responses_event(srv_conn *c, const sched_event *ev)
         return emit(c, "error", o);
     }
     bool tools_on = c->rq.tools && c->rq.tool_choice != SRV_TOOLS_NONE;
+    /* a thinking model's text is held too: its reasoning item comes first */
+    bool split = srv__splits_reasoning(c), hold = tools_on || split;
     size_t before = ch->len;
     if (ev->choice != 0 || srv_choice_add(ch, ev))
         return ev->choice != 0;
-    if (!tools_on && ev->text_len &&
+    if (!hold && ev->text_len &&
         !(message_open(c) && text_delta(c, ch->text + before, ev->text_len)))
         return false;
     if (ev->finish == SCHED_FINISH_NONE)
         return true;
+    if (split && srv_choice_split_reasoning(ch, c->srv->chat.tmpl == SRV_CHAT_HARMONY))
+        return false;
+    if (ch->reasoning) {
+        if (!reasoning_events(c, ch->reasoning))
+            return false;
+        c->resp_msg_index = 1;
+    }
     /* with tools, the text was held: now it is known whether it is a call */
     if (tools_on && srv__read_tool_calls(c, 0, ch))
         return false;
-    int oi = 0;
+    int oi = c->resp_msg_index;
     if (ch->len || !ch->tool_calls) {
-        if (!message_open(c) || (tools_on && ch->len && !text_delta(c, ch->text, ch->len)) ||
+        if (!message_open(c) || (hold && ch->len && !text_delta(c, ch->text, ch->len)) ||
             !message_close(c, ch))
             return false;
-        oi = 1;
+        oi++;
     }
     const cJSON *call;
     int i = 0;

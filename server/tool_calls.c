@@ -17,7 +17,7 @@ static void tb_json(kvs_buf *b, const cJSON *j)
     srv_json_py(b, j, 0);
 }
 
-enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL };
+enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL, FAM_HARMONY };
 
 static enum family family_of(enum srv_chat_tmpl t)
 {
@@ -26,8 +26,228 @@ static enum family family_of(enum srv_chat_tmpl t)
     case SRV_CHAT_LLAMA31:
     case SRV_CHAT_LLAMA32: return FAM_LLAMA3;
     case SRV_CHAT_MISTRAL: return FAM_MISTRAL;
+    case SRV_CHAT_HARMONY: return FAM_HARMONY;
     default: return FAM_HERMES; /* ChatML's (and Qwen 3's) own form, and the generic one */
     }
+}
+
+static const cJSON *get(const cJSON *o, const char *k)
+{
+    return cJSON_GetObjectItemCaseSensitive(o, k);
+}
+
+static bool truthy(const cJSON *j)
+{
+    if (!j || cJSON_IsNull(j) || cJSON_IsFalse(j))
+        return false;
+    if (cJSON_IsString(j))
+        return j->valuestring[0] != '\0';
+    if (cJSON_IsArray(j) || cJSON_IsObject(j))
+        return j->child != NULL;
+    if (cJSON_IsNumber(j))
+        return j->valuedouble != 0;
+    return true;
+}
+
+static bool type_is(const cJSON *spec, const char *name)
+{
+    const cJSON *t = get(spec, "type");
+    return cJSON_IsString(t) && !strcmp(t->valuestring, name);
+}
+
+static bool in_list(const cJSON *list, const char *s)
+{
+    const cJSON *it;
+    cJSON_ArrayForEach(it, list)
+    {
+        if (cJSON_IsString(it) && !strcmp(it->valuestring, s))
+            return true;
+    }
+    return false;
+}
+
+/* Appends a Jinja string conversion of j: a string as itself, anything else as tojson. */
+static void add_str(kvs_buf *b, const cJSON *j)
+{
+    if (cJSON_IsString(j))
+        kvs_buf_add(b, j->valuestring);
+    else
+        srv_json_py(b, j, 0);
+}
+
+/* gpt-oss's render_typescript_type: a JSON schema as a TypeScript type, whitespace and all
+ * (the spaces its template leaves between two expressions are part of what the model read). */
+static void ts_type(kvs_buf *b, const cJSON *spec)
+{
+    const cJSON *t = get(spec, "type");
+    bool nullable = truthy(get(spec, "nullable"));
+    if (type_is(spec, "array")) {
+        const cJSON *items = get(spec, "items");
+        if (truthy(items)) {
+            if (type_is(items, "string"))
+                kvs_buf_add(b, "string[]");
+            else if (type_is(items, "number") || type_is(items, "integer"))
+                kvs_buf_add(b, "number[]");
+            else if (type_is(items, "boolean"))
+                kvs_buf_add(b, "boolean[]");
+            else {
+                kvs_buf inner = {0};
+                kvs_buf_add(&inner, "");
+                ts_type(&inner, items);
+                if (inner.oom)
+                    b->oom = true;
+                else if (!strcmp(inner.p, "object | object") || inner.len > 50)
+                    kvs_buf_add(b, "any[]");
+                else {
+                    kvs_buf_add(b, inner.p);
+                    kvs_buf_add(b, "[]");
+                }
+                kvs_buf_free(&inner);
+            }
+        } else {
+            kvs_buf_add(b, "any[]");
+        }
+        if (nullable)
+            kvs_buf_add(b, " | null");
+    } else if (cJSON_IsArray(t) && t->child) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, t)
+        {
+            if (it != t->child)
+                kvs_buf_add(b, " | ");
+            add_str(b, it);
+        }
+    } else if (truthy(get(spec, "oneOf"))) {
+        /* (the template's object-variant test sets a variable inside its loop, which Jinja's
+         * scoping drops: every variant is written) */
+        const cJSON *v, *one = get(spec, "oneOf");
+        cJSON_ArrayForEach(v, one)
+        {
+            ts_type(b, v);
+            if (truthy(get(v, "description"))) {
+                kvs_buf_add(b, "// ");
+                add_str(b, get(v, "description"));
+            }
+            if (get(v, "default")) {
+                kvs_buf_add(b, "                    // default: ");
+                srv_json_py(b, get(v, "default"), 0);
+            }
+            if (v->next)
+                kvs_buf_add(b, " | \n");
+        }
+    } else if (type_is(spec, "string")) {
+        const cJSON *en = get(spec, "enum");
+        if (truthy(en)) {
+            kvs_buf_add(b, "\"");
+            const cJSON *it;
+            cJSON_ArrayForEach(it, en)
+            {
+                if (it != en->child)
+                    kvs_buf_add(b, "\" | \"");
+                add_str(b, it);
+            }
+            kvs_buf_add(b, "\"");
+        } else {
+            kvs_buf_add(b, "string");
+            if (nullable)
+                kvs_buf_add(b, " | null");
+        }
+    } else if (type_is(spec, "number") || type_is(spec, "integer")) {
+        kvs_buf_add(b, "number");
+    } else if (type_is(spec, "boolean")) {
+        kvs_buf_add(b, "boolean");
+    } else if (type_is(spec, "object")) {
+        const cJSON *props = get(spec, "properties");
+        if (truthy(props)) {
+            kvs_buf_add(b, "{\n");
+            const cJSON *p;
+            cJSON_ArrayForEach(p, props)
+            {
+                kvs_buf_add(b, p->string);
+                if (!in_list(get(spec, "required"), p->string))
+                    kvs_buf_add(b, "?");
+                kvs_buf_add(b, ": \n                ");
+                ts_type(b, p);
+                if (p->next)
+                    kvs_buf_add(b, ", ");
+            }
+            kvs_buf_add(b, "}");
+        } else {
+            kvs_buf_add(b, "object");
+        }
+    } else {
+        kvs_buf_add(b, "any");
+    }
+}
+
+/* gpt-oss's render_tool_namespace("functions", tools). */
+static void harmony_tools(kvs_buf *b, const cJSON *tools)
+{
+    kvs_buf_add(b, "## functions\n\nnamespace functions {\n\n");
+    const cJSON *tool;
+    cJSON_ArrayForEach(tool, tools)
+    {
+        const cJSON *fn = get(tool, "function");
+        const cJSON *params = get(fn, "parameters");
+        const cJSON *props = get(params, "properties");
+        const cJSON *req = get(params, "required");
+        kvs_buf_add(b, "// ");
+        if (cJSON_IsString(get(fn, "description")))
+            kvs_buf_add(b, get(fn, "description")->valuestring);
+        kvs_buf_add(b, "\ntype ");
+        kvs_buf_add(b, get(fn, "name")->valuestring);
+        kvs_buf_add(b, " = ");
+        if (!truthy(params) || !truthy(props)) {
+            kvs_buf_add(b, "() => any;\n\n");
+            continue;
+        }
+        kvs_buf_add(b, "(_: {\n");
+        const cJSON *p;
+        cJSON_ArrayForEach(p, props)
+        {
+            if (truthy(get(p, "description"))) {
+                kvs_buf_add(b, "// ");
+                add_str(b, get(p, "description"));
+                kvs_buf_add(b, "\n");
+            }
+            kvs_buf_add(b, p->string);
+            if (!in_list(req, p->string))
+                kvs_buf_add(b, "?");
+            kvs_buf_add(b, ": ");
+            ts_type(b, p);
+            const cJSON *def = get(p, "default");
+            if (def) {
+                if (truthy(get(p, "enum"))) {
+                    kvs_buf_add(b, ", // default: ");
+                    add_str(b, def);
+                } else if (truthy(get(p, "oneOf"))) {
+                    kvs_buf_add(b, "// default: ");
+                    add_str(b, def);
+                } else {
+                    kvs_buf_add(b, ", // default: ");
+                    srv_json_py(b, def, 0);
+                }
+            }
+            kvs_buf_add(b, ",\n");
+        }
+        kvs_buf_add(b, "}) => any;\n\n");
+    }
+    kvs_buf_add(b, "} // namespace functions");
+}
+
+int srv_tools_render_call_args(enum srv_chat_tmpl t, const cJSON *tool_calls, char **out)
+{
+    (void)t;
+    const cJSON *fn = get(cJSON_GetArrayItem(tool_calls, 0), "function");
+    const cJSON *args = get(fn, "arguments");
+    cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+    kvs_buf b = {0};
+    if (parsed)
+        srv_json_py(&b, parsed, 0);
+    else
+        kvs_buf_add(&b, "{}");
+    cJSON_Delete(parsed);
+    return kvs_buf_take(&b, out);
 }
 
 int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out)
@@ -76,6 +296,7 @@ int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out
             tb_json(&b, tool);
         }
         break;
+    case FAM_HARMONY: harmony_tools(&b, tools); break;
     case FAM_MISTRAL:
         kvs_buf_add(&b, "[AVAILABLE_TOOLS]");
         tb_json(&b, tools);
@@ -124,6 +345,7 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
                 kvs_buf_add(&b, ", ");
             tb_json(&b, call);
             break;
+        case FAM_HARMONY: break; /* srv_tools_render_call_args and the renderer write them */
         }
         cJSON_Delete(call);
         i++;
@@ -166,6 +388,13 @@ int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const cha
             kvs_buf_add(&b, content);
         }
         break;
+    case FAM_HARMONY: { /* the template writes message.content|tojson */
+        *role = "tool";
+        cJSON *str = cJSON_CreateString(content);
+        srv_json_py(&b, str, 0);
+        cJSON_Delete(str);
+        break;
+    }
     case FAM_MISTRAL: {
         *role = "user";
         cJSON *r = cJSON_CreateObject();
@@ -250,6 +479,7 @@ size_t srv_tools_stream_safe(enum srv_chat_tmpl t, const char *text, size_t len)
     switch (family_of(t)) {
     case FAM_HERMES: return before_mark(text, len, "<tool_call>");
     case FAM_MISTRAL: return before_mark(text, len, "[TOOL_CALLS]");
+    case FAM_HARMONY: return before_mark(text, len, "<|start|>assistant to=functions.");
     case FAM_LLAMA3: {
         size_t i = 0;
         while (i < len && text[i] && strchr(" \t\r\n", text[i]))
@@ -271,7 +501,50 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
     kvs_buf rest = {0};
     int rc = 0;
     enum family f = forced ? FAM_LLAMA3 : family_of(t); /* forced: one bare object */
-    if (f == FAM_HERMES) {
+    if (f == FAM_HARMONY) {
+        /* the reasoning splitter's pieces (reasoning.h): <|start|>assistant to=functions.NAME
+         * <|channel|>commentary json<|message|>ARGS<|call|> */
+        static const char open[] = "<|start|>assistant to=functions.", mid[] = "<|message|>",
+                          close[] = "<|call|>";
+        const char *p = text, *end = text + len;
+        while (p < end && rc >= 0) {
+            const char *o = strstr(p, open), *m = o ? strstr(o, mid) : NULL;
+            const char *c = m ? strstr(m, close) : NULL;
+            if (!c || c >= end) {
+                kvs_buf_addn(&rest, p, (size_t)(end - p));
+                break;
+            }
+            const char *name = o + sizeof open - 1, *ne = name;
+            while (ne < m && *ne != '<' && *ne != ' ')
+                ne++;
+            const char *args = m + sizeof mid - 1;
+            cJSON *obj = cJSON_CreateObject();
+            cJSON *a = cJSON_ParseWithLength(args, (size_t)(c - args));
+            int added = 0;
+            if (!obj)
+                added = KVS_ENOMEM;
+            else if (a && cJSON_AddItemToObject(obj, "arguments", a)) {
+                a = NULL;
+                char nm[256];
+                size_t nl = (size_t)(ne - name) < sizeof nm - 1 ? (size_t)(ne - name) : 0;
+                memcpy(nm, name, nl);
+                nm[nl] = '\0';
+                added = nl && cJSON_AddStringToObject(obj, "name", nm)
+                            ? add_call(arr, obj, tools, id_base)
+                            : 0;
+            }
+            cJSON_Delete(a);
+            cJSON_Delete(obj);
+            if (added < 0) {
+                rc = added;
+                break;
+            }
+            kvs_buf_addn(&rest, p, (size_t)(o - p));
+            if (!added) /* not a call of one of the tools: it stays text */
+                kvs_buf_addn(&rest, o, (size_t)(c - o) + sizeof close - 1);
+            p = c + sizeof close - 1;
+        }
+    } else if (f == FAM_HERMES) {
         static const char open[] = "<tool_call>", close[] = "</tool_call>";
         const char *p = text, *end = text + len;
         while (p < end && rc >= 0) {

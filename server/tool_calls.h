@@ -16,6 +16,12 @@
  *   MISTRAL                      [AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS] in the system text;
  *                                calls are [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...];
  *                                a result is [TOOL_RESULTS]{...}[/TOOL_RESULTS] in a user turn
+ *   HARMONY (gpt-oss)            tools as a TypeScript namespace functions in the developer
+ *                                message; a call is <|start|>assistant to=functions.NAME
+ *                                <|channel|>commentary json<|message|>{...}<|call|> (the model
+ *                                writes the recipient after the channel as well: the reasoning
+ *                                splitter rewrites its calls to this form in the content); a
+ *                                result is a message from functions.NAME, a JSON string
  *   every other family (PLAIN…)  the generic form: CHATML's wording and <tool_call> tags
  *
  * A forced call (tool_choice "required" or a named function) is generated under the grammar of
@@ -40,6 +46,10 @@ int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out
  * (may be NULL). Returns 0 and a malloc'd *out, or KVS_ENOMEM. */
 int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSON *tool_calls,
                            char **out);
+
+/* Harmony (gpt-oss): the first call's arguments (tool_calls already validated) as its
+ * template's tojson writes them. Returns 0 and a malloc'd *out, or KVS_ENOMEM. */
+int srv_tools_render_call_args(enum srv_chat_tmpl t, const cJSON *tool_calls, char **out);
 
 /* A role "tool" message: the role its turn is rendered with (static) and its content
  * (malloc'd). Returns 0 or KVS_ENOMEM. */

@@ -66,6 +66,11 @@ static void test_detect(void **state)
                                      "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
                                      "{{- \"Cutting Knowledge Date: December 2023\\n\" }}"),
                      SRV_CHAT_LLAMA32);
+    /* gpt-oss: harmony's markers, though the template also writes Phi-3's <|end|> */
+    assert_int_equal(srv_chat_detect("{{- \"<|start|>system<|message|>\" }}{{- \"<|end|>\" }}"
+                                     "{{- \"<|start|>assistant<|channel|>final<|message|>\" + "
+                                     "message.content + \"<|end|>\" }}"),
+                     SRV_CHAT_HARMONY);
     assert_int_equal(srv_chat_detect("{{ message['content'] }}"), SRV_CHAT_PLAIN);
 }
 
@@ -254,6 +259,87 @@ static void test_llama31(void **state)
     check(SRV_CHAT_LLAMA31, k_conv + 1, 1, want);
 }
 
+#define HARMONY_SYSTEM(effort, tools)                                                              \
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"       \
+    "Knowledge cutoff: 2024-06\nCurrent date: 2026-12-01\n\nReasoning: " effort "\n\n# Valid "     \
+    "channels: analysis, commentary, final. Channel must be included for every message." tools     \
+    "<|end|>"
+
+/* gpt-oss (its official template, checked against llama-server's Jinja in peer_templates): the
+ * system message dated, the first system message as the developer's instructions, an assistant
+ * turn's final channel without its reasoning, and the generation prompt without a channel. */
+static void test_harmony(void **state)
+{
+    (void)state;
+    char *got = NULL;
+    srv_chat_opts o = {.enable_thinking = -1, .date = "2026-12-01"};
+    assert_int_equal(srv_chat_render(SRV_CHAT_HARMONY, k_conv, 4, &o, &got), 0);
+    assert_string_equal(got,
+                        HARMONY_SYSTEM("medium", "") "<|start|>developer<|message|># "
+                                                     "Instructions\n\nBe brief.\n\n<|end|>"
+                                                     "<|start|>user<|message|>Hi<|end|>"
+                                                     "<|start|>assistant<|channel|>final"
+                                                     "<|message|>Hello!<|end|><|start|>user"
+                                                     "<|message|>Bye<|end|><|start|>assistant");
+    free(got);
+    /* no system message: no developer message; a later system message is not written; the
+     * reasoning of an answer is dropped */
+    const srv_chat_msg m[] = {
+        {"user", "Hi"}, {"assistant", "Hello!"}, {"system", "Be brief."}, {"user", "Bye"}};
+    const srv_chat_extra x[] = {{NULL, NULL, NULL}, {"greet", NULL, NULL}, {0}, {0}};
+    o.extra = x;
+    o.reasoning_effort = "high";
+    assert_int_equal(srv_chat_render(SRV_CHAT_HARMONY, m, 4, &o, &got), 0);
+    assert_string_equal(got, HARMONY_SYSTEM("high", "") "<|start|>user<|message|>Hi<|end|>"
+                                                        "<|start|>assistant<|channel|>final"
+                                                        "<|message|>Hello!<|end|><|start|>user"
+                                                        "<|message|>Bye<|end|><|start|>assistant");
+    free(got);
+    /* a call: its reasoning on the analysis channel while no later turn answers; the result
+     * from the call's function; the tools in the developer message */
+    const srv_chat_msg c[] = {{"user", "Add"},
+                              {"assistant", ""},
+                              {"tool", "\"5\""},
+                              {"assistant", "It is 5."},
+                              {"user", "Thanks"}};
+    const srv_chat_extra cx[] = {{0}, {"use add", "add", "{\"a\": 2}"}, {0}, {0}, {0}};
+    srv_chat_opts t = {.enable_thinking = -1, .date = "2026-12-01", .extra = cx, .tools_dev = "T"};
+    const char *call = "<|start|>assistant to=functions.add<|channel|>commentary json<|message|>"
+                       "{\"a\": 2}<|call|><|start|>functions.add to=assistant<|channel|>"
+                       "commentary<|message|>\"5\"<|end|>";
+    const char *sys = HARMONY_SYSTEM("medium", "\nCalls to these tools must go to the commentary "
+                                               "channel: 'functions'.") "<|start|>developer"
+                                                                        "<|message|># Tools\n\nT"
+                                                                        "<|end|><|start|>user"
+                                                                        "<|message|>Add<|end|>";
+    char want[2048];
+    snprintf(want, sizeof want,
+             "%s<|start|>assistant<|channel|>analysis<|message|>use add<|end|>%s", sys, call);
+    assert_int_equal(srv_chat_render(SRV_CHAT_HARMONY, c, 3, &t, &got), 0);
+    assert_string_equal(got, strcat(want, "<|start|>assistant"));
+    free(got);
+    snprintf(want, sizeof want,
+             "%s%s<|start|>assistant<|channel|>final<|message|>It is 5.<|end|><|start|>user"
+             "<|message|>Thanks<|end|><|start|>assistant",
+             sys, call);
+    assert_int_equal(srv_chat_render(SRV_CHAT_HARMONY, c, 5, &t, &got), 0);
+    assert_string_equal(got, want);
+    free(got);
+    /* what the template raises on */
+    size_t bad = 99;
+    assert_null(srv_chat_check(SRV_CHAT_HARMONY, c, 5, &t, &bad));
+    assert_non_null(srv_chat_check(SRV_CHAT_HARMONY, c + 2, 1, &o, &bad)); /* result, no call */
+    assert_int_equal(bad, 0);
+    const srv_chat_msg tags[] = {{"user", "Hi"}, {"assistant", "<|channel|>final<|message|>x"}};
+    assert_non_null(srv_chat_check(SRV_CHAT_HARMONY, tags, 2, NULL, &bad));
+    assert_int_equal(bad, 1);
+    const srv_chat_extra both[] = {{0}, {"why", "add", "{}"}};
+    const srv_chat_msg callc[] = {{"user", "Hi"}, {"assistant", "preamble"}};
+    t.extra = both;
+    assert_non_null(srv_chat_check(SRV_CHAT_HARMONY, callc, 2, &t, &bad));
+    assert_null(srv_chat_check(SRV_CHAT_QWEN3, tags, 2, NULL, &bad));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -264,6 +350,7 @@ int main(void)
         cmocka_unit_test(test_mistral),        cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_phi3),           cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_llama31),        cmocka_unit_test(test_gemma_trailing_system),
+        cmocka_unit_test(test_harmony),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

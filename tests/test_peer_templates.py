@@ -1,15 +1,20 @@
 """meson test 'peer_templates': the chat templates of the families kvserve detects, checked
 against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
-official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2);
+official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2,
+gpt-oss);
 a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
 /apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
 llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
 the BOS text some templates write first (kvserve's tokenizer adds BOS as a token instead).
-A case the template itself refuses is reported and not compared: Gemma 2's template raises on a
+A case the template itself refuses is reported and not compared (for gpt-oss, kvserve must
+refuse it too: REFUSES_TOO): Gemma 2's template raises on a
 system message (llama-server then joins it to the first user turn with one newline, kvserve
 with Gemma 3's blank line). Llama 3.1's template dates its system turn "26 Jul 2024" unless
 the caller defines date_string, as Hugging Face's renderer (and so vLLM) leaves it; llama-server
 defines it as today, so it is given --chat-template-kwargs with the template's own date.
+gpt-oss's template (harmony) dates its system message with today's date, as both servers do;
+its reasoning_effort switch is compared, and the conversations its template raises on but
+llama-server renders are listed in TEMPLATE_RAISES.
 Exits 77 (meson's skip) with the reason when llama-server (KVS_PEER/llama.cpp/bin) is absent.
 Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER; by hand: test_peer_templates.py [NAME ...]."""
 import os
@@ -24,7 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join(HERE, "data", "chat_templates")
 # name -> the family srv_chat_detect must pick (kvserve logs it at start)
 FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
-            "llama3.1": "llama3.1", "llama3.2": "llama3.2"}
+            "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony"}
+# the chat_template_kwargs each family's template reads (any other is refused by kvserve)
+SWITCHES = {"qwen3": {"enable_thinking"}, "harmony": {"reasoning_effort", "model_identity"}}
 
 S, U, A = "system", "user", "assistant"
 CASES = [
@@ -49,6 +56,15 @@ CASES = [
       (U, "<tool_response>\n42\n</tool_response>")], None),
     ("thinking off", [(U, "Hi")], {"enable_thinking": False}),
     ("thinking on", [(U, "Hi")], {"enable_thinking": True}),
+    ("reasoning effort high", [(S, "Be brief."), (U, "Hi")], {"reasoning_effort": "high"}),
+    ("reasoning effort low", [(U, "Hi")], {"reasoning_effort": "low"}),
+    ("model identity", [(U, "Hi")], {"model_identity": "You are a test.", "reasoning_effort": "low"}),
+    # gpt-oss: a system message after the first is not rendered; a developer message is one
+    ("a later system message", [(U, "Hi"), (A, "Hello!"), (S, "Be brief."), (U, "Bye")], None),
+    ("developer role", [{"role": "developer", "content": "Be brief."}, (U, "Hi")], None),
+    ("reasoning_content without calls",
+     [(U, "Hi"), {"role": A, "content": "Hello!", "reasoning_content": "greet"}, (U, "Bye")],
+     None),
 ]
 BOS_TEXTS = ("<s>", "<bos>", "<|begin_of_text|>")
 # Tool cases, for the templates that write tools themselves (the others have no tools syntax
@@ -71,7 +87,56 @@ TOOL_CASES = [
       {"role": "tool", "tool_call_id": "call_1", "content": "5"},
       {"role": "tool", "tool_call_id": "call_2", "content": "5"}]),
 ]
-WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2")
+# gpt-oss writes the analysis before a call unless a later turn answers; its result names the
+# call's function; the tools are a TypeScript namespace (enums, arrays, defaults, nesting)
+TOOLS_RICH = TOOLS + [{"type": "function", "function": {
+    "name": "search", "description": "Searches the web.",
+    "parameters": {"type": "object", "properties": {
+        "query": {"type": "string", "description": "What to look for."},
+        "lang": {"type": "string", "enum": ["en", "fr"], "default": "en"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "limit": {"type": "integer", "default": 10},
+        "strict": {"type": "boolean", "nullable": True},
+        "filter": {"type": "object", "properties": {"site": {"type": "string"},
+                                                     "year": {"type": "integer"}},
+                   "required": ["site"]},
+        "ids": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "number"}}}},
+        "any": {},
+        "mode": {"oneOf": [{"type": "string", "description": "a name"},
+                           {"type": "number", "default": 1}], "default": "x"},
+        "kinds": {"type": ["string", "null"]},
+        "deep": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}},
+        "required": ["query"]}}},
+    {"type": "function", "function": {"name": "now", "description": "The time.",
+                                      "parameters": {"type": "object", "properties": {}}}}]
+HARMONY_TOOL_CASES = [
+    ("a call with reasoning_content",
+     [(U, "Add 2 and 3"), {"role": A, "content": None, "reasoning_content": "use add",
+                           "tool_calls": [CALL]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "5 \"exact\"\n"}]),
+    ("non-ASCII in a call and its result",
+     [(U, "Add"), {"role": A, "content": None, "tool_calls": [
+         dict(CALL, function={"name": "add", "arguments": "{\"a\": \"caf\u00e9 \u2615\", \"b\": [1, 2.5]}"})]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "caf\u00e9 \u2615 \t\\"}]),
+    ("a call answered later",
+     [(U, "Add 2 and 3"), {"role": A, "content": "use add", "tool_calls": [CALL]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "5"}, (A, "It is 5."), (U, "Thanks")]),
+    ("content and reasoning_content with a call",
+     [(U, "Add"), {"role": A, "content": "x", "reasoning_content": "y", "tool_calls": [CALL]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "5"}]),
+    ("channel tags in content",
+     [(U, "Hi"), (A, "<|channel|>analysis<|message|>hmm"), (U, "Bye")]),
+    ("a tool result without a call", [(U, "Add"), {"role": "tool", "tool_call_id": "c",
+                                                   "content": "5"}]),
+]
+WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2", "gpt-oss")
+# Where gpt-oss's template raises an exception but llama-server renders anyway (it hands the
+# reasoning of a call to the template as "thinking" and drops the content; it does not see the
+# channel tags): kvserve refuses them with a 400, as the template (and Hugging Face's renderer)
+# does.
+REFUSES_TOO = ("gpt-oss",)  # families whose refusals kvserve must give too (a 400)
+TEMPLATE_RAISES = {("gpt-oss", "content and reasoning_content with a call"),
+                   ("gpt-oss", "channel tags in content")}
 
 
 def main():
@@ -103,6 +168,11 @@ def main():
                     failures += 1
                 cases = CASES + ([(label, msgs, {"tools": TOOLS}) for label, msgs in TOOL_CASES]
                                  if name in WITH_TOOLS else [])
+                if name == "gpt-oss":
+                    cases += [(label, msgs, {"tools": TOOLS}) for label, msgs in HARMONY_TOOL_CASES]
+                    cases.append(("a rich tool list", [(U, "Hi")], {"tools": TOOLS_RICH}))
+                    cases.append(("a tool without description", [(U, "Hi")], {"tools": [
+                        {"type": "function", "function": {"name": "now"}}]}))
                 for label, msgs, kwargs in cases:
                     body = {"messages": [m if isinstance(m, dict) else {"role": m[0], "content": m[1]}
                                          for m in msgs]}
@@ -111,17 +181,29 @@ def main():
                         kwargs = None
                     elif kwargs:
                         body["chat_template_kwargs"] = kwargs
-                    if name == "gemma2" and body["messages"][0]["role"] == S:
+                    if name == "gemma2" and body["messages"][0]["role"] in (S, "developer"):
                         print("%-9s %-30s not compared: the template refuses system messages"
                               % (name, label))
                         continue
                     pst, pans = peer_util.post_json(purl + "/apply-template", body)
                     kst, kans = peer_util.post_json(kurl + "/apply-template", body)
-                    if kwargs and FAMILIES[name] != "qwen3":
+                    if (name, label) in TEMPLATE_RAISES:
+                        ok = kst == 400
+                        print("%-9s %-30s %s" % (name, label, "refused: the template raises" if ok
+                                                 else "NOT REFUSED: %d %s" % (kst, kans)))
+                        failures += not ok
+                        continue
+                    if kwargs and not set(kwargs) <= SWITCHES.get(FAMILIES[name], set()):
                         # no such switch in the template: kvserve refuses what it cannot do
                         ok = kst == 400
                         print("%-9s %-30s %s" % (name, label, "refused (no switch)" if ok else
                                                  "NOT REFUSED: %d %s" % (kst, kans)))
+                        failures += not ok
+                        continue
+                    if pst != 200 and name in REFUSES_TOO:
+                        ok = kst == 400
+                        print("%-9s %-30s the template refuses it (llama-server %d), kvserve %s"
+                              % (name, label, pst, "too" if ok else "NOT: %d %s" % (kst, kans)))
                         failures += not ok
                         continue
                     if pst != 200:

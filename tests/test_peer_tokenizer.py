@@ -2,7 +2,9 @@
 vocabularies of ../shared/models/vocab as they are, and GPT-2's under the pre-tokenizers that
 no shared vocabulary names (tokenizer.ggml.pre rewritten): llama-bpe (Llama 3, its digits in
 threes, its case-blind contractions, BOS added and whole words taken before merges), qwen2
-(Qwen 2 / 2.5 / 3: digits one by one), smaug-bpe (Llama 3's regex, merges as usual) and default.
+(Qwen 2 / 2.5 / 3: digits one by one), smaug-bpe (Llama 3's regex, merges as usual), default and
+gpt-4o (o200k: gpt-oss, Llama 4; words split at case changes), and harmony (gpt-4o with
+gpt-oss's special tokens appended: tests/e2e/harmony_vocab.py).
 Each rides in a tiny kvs-mkmodel file that both servers load; for every text (the test strings
 of every vocabulary's .inp file, and the cases below) kvserve's POST /tokenize must give
 llama-server's ids, with add_special_tokens true and false, and POST /detokenize of those ids
@@ -20,11 +22,14 @@ import tempfile
 
 import peer_util
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e"))
+import harmony_vocab  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCABS = ["llama-spm", "phi-3", "gpt-2", "starcoder", "refact", "deepseek-coder",
           "deepseek-llm", "falcon", "mpt"]
 SPM = ("llama-spm", "phi-3")
-PRES = ["llama-bpe", "qwen2", "smaug-bpe", "default"]  # on GPT-2's vocabulary
+PRES = ["llama-bpe", "qwen2", "smaug-bpe", "default", "gpt-4o"]  # on GPT-2's vocabulary
 SEP = "\n__ggml_vocab_test__\n"  # between the texts of a .inp file (llama.cpp's test-tokenizer-0)
 
 # Beyond the .inp files: what the Llama 3 and Qwen 2 regexes treat apart (digit runs, upper-case
@@ -52,6 +57,14 @@ EXTRA = [
     "12345678901234567890 1٢3 ４５６７",
     "don't DON'T it'll IT'LL 're 'VE 'Ll",
     "\ud83d\ude00\ud83d\ude00!!?? \u2026\u2014\u00bf\u00a1 \u00ab\u00bb",
+    # o200k (gpt-4o) splits words at case changes, keeps contractions on the word and slashes
+    # and line breaks on punctuation: camel case, acronyms, non-ASCII capitals, paths.
+    "CamelCaseWords HTTPServer iPhone XMLHttpRequest getHTTPResponseCode ABCdef aBC",
+    "ÀbcÉdef ÉCOLE Ångström ǅungla İstanbul ΣΊΣΥΦΟΣ Straße I'M they'Re DON'T",
+    "a/b//c */\n// comment\n http://x.org/a?b=1 ./run.sh ../..//\r\n",
+    # gpt-oss's harmony markers (special tokens in the harmony vocabulary, text elsewhere)
+    "<|start|>assistant<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant to=functions.f"
+    "<|channel|>commentary <|constrain|>json<|message|>{\"a\": 1}<|call|> x<|return|>",
 ]
 
 
@@ -116,7 +129,7 @@ def main():
                              "vocab")
     if not os.path.exists(os.path.join(vocab_dir, "ggml-vocab-gpt-2.gguf")):
         peer_util.skip("no vocabularies in %s" % vocab_dir)
-    every = VOCABS + ["gpt-2+" + p for p in PRES]
+    every = VOCABS + ["gpt-2+" + p for p in PRES] + ["gpt-2+harmony"]
     names = sys.argv[1:] or every
     if any(n not in every for n in names):
         print("names: " + " ".join(every))
@@ -127,7 +140,11 @@ def main():
         for name in names:
             base, _, pre = name.partition("+")
             vocab = os.path.join(vocab_dir, "ggml-vocab-%s.gguf" % base)
-            if pre:
+            if pre == "harmony":  # gpt-4o's pre-tokenizer and harmony's special tokens
+                vocab_pre = os.path.join(tmp, "vocab-harmony.gguf")
+                harmony_vocab.make(vocab, vocab_pre)
+                vocab = vocab_pre
+            elif pre:
                 vocab_pre = os.path.join(tmp, "vocab-%s.gguf" % pre)
                 with_pre(vocab, vocab_pre, pre)
                 vocab = vocab_pre

@@ -728,11 +728,11 @@ static void test_http_head(void **state)
 }
 
 /* Splits text whole, and fed at every cut point and byte by byte: every way gives the same. */
-static void think_split(const char *text, const char *want_r, const char *want_c)
+static void split_as(bool harmony, const char *text, const char *want_r, const char *want_c)
 {
     size_t n = strlen(text);
     for (size_t cut = 0; cut <= n + 1; cut++) {
-        srv_think t = {0};
+        srv_think t = {.harmony = harmony};
         kvs_buf r = {0}, c = {0};
         if (cut <= n) {
             srv_think_feed(&t, text, cut, &r, &c);
@@ -748,6 +748,68 @@ static void think_split(const char *text, const char *want_r, const char *want_c
         kvs_buf_free(&r);
         kvs_buf_free(&c);
     }
+}
+
+static void think_split(const char *text, const char *want_r, const char *want_c)
+{
+    split_as(false, text, want_r, want_c);
+}
+
+/* gpt-oss's channels (reasoning.h), as llama.cpp's --reasoning-format auto splits them. */
+static void test_harmony_split(void **state)
+{
+    (void)state;
+    const char *call = "<|start|>assistant to=functions.add<|channel|>commentary json<|message|>"
+                       "{\"a\": 2}<|call|>";
+    split_as(true,
+             "<|channel|>analysis<|message|>User says hi.<|end|><|start|>assistant<|channel|>"
+             "final<|message|>Hello! <|end of it|>",
+             "User says hi.", "Hello! <|end of it|>");
+    /* no analysis; a final answer cut by max_tokens */
+    split_as(true, "<|channel|>final<|message|>Hel", "", "Hel");
+    /* cut inside the analysis, or inside the next header: what was said is kept */
+    split_as(true, "<|channel|>analysis<|message|>hmm <|en", "hmm <|en", "");
+    split_as(true, "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|chan", "hmm", "");
+    /* not harmony at all: all content */
+    split_as(true, "Just text <|channel|>", "", "Just text <|channel|>");
+    split_as(true, "<|chan", "", "<|chan");
+    split_as(true, "", "", "");
+    /* a call, the recipient after the channel (and the constraint) or before it */
+    split_as(true,
+             "<|channel|>analysis<|message|>Use add.<|end|><|start|>assistant<|channel|>"
+             "commentary to=functions.add <|constrain|>json<|message|>{\"a\": 2}",
+             "Use add.", call);
+    split_as(true, " to=functions.add<|channel|>commentary json<|message|>{\"a\": 2}", "", call);
+    /* commentary without a recipient (a preamble) is content; reasoning parts are joined */
+    split_as(true,
+             "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary"
+             "<|message|>Let me check.<|end|><|start|>assistant<|channel|>analysis<|message|>b"
+             "<|end|><|start|>assistant<|channel|>final<|message|>c",
+             "ab", "Let me check.c");
+
+    /* the call read out of the content as message.tool_calls */
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"add\"}}]");
+    cJSON *calls = NULL;
+    char *rest = NULL;
+    char text[512];
+    snprintf(text, sizeof text, "Let me check.%s", call);
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_HARMONY, text, strlen(text), false, tools, "x", &calls, &rest), 1);
+    assert_string_equal(rest, "Let me check.");
+    const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+    assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "add");
+    assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"a\":2}");
+    cJSON_Delete(calls);
+    free(rest);
+    /* an unknown function stays text; streaming holds back from a call's start */
+    const char *other = "<|start|>assistant to=functions.sub<|channel|>commentary json"
+                        "<|message|>{}<|call|>";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_HARMONY, other, strlen(other), false, tools, "x", &calls, &rest),
+        0);
+    assert_int_equal(srv_tools_stream_safe(SRV_CHAT_HARMONY, text, strlen(text)),
+                     strlen("Let me check."));
+    cJSON_Delete(tools);
 }
 
 static void test_reasoning_split(void **state)
@@ -771,7 +833,7 @@ static void test_reasoning_split(void **state)
     ch.len = strlen(raw);
     ch.cap = ch.len + 1;
     ch.finish = SCHED_FINISH_STOP;
-    assert_int_equal(srv_choice_split_reasoning(&ch), 0);
+    assert_int_equal(srv_choice_split_reasoning(&ch, false), 0);
     assert_string_equal(ch.reasoning, "plan");
     assert_string_equal(ch.text, "Done.");
     srv_resp_ctx x = {.chat = true, .id = "chatcmpl-1", .model = "m", .n_top_logprobs = -1};
@@ -787,7 +849,7 @@ static void test_reasoning_split(void **state)
     /* Text without a block is left alone, with no reasoning. */
     ch.text = strdup("plain");
     ch.len = ch.cap = 5;
-    assert_int_equal(srv_choice_split_reasoning(&ch), 0);
+    assert_int_equal(srv_choice_split_reasoning(&ch, false), 0);
     assert_null(ch.reasoning);
     assert_string_equal(ch.text, "plain");
     srv_choice_free(&ch);
@@ -935,6 +997,7 @@ int main(void)
         cmocka_unit_test(test_cors_config),     cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_json_py),         cmocka_unit_test(test_tool_calls_stream_safe),
         cmocka_unit_test(test_relay_no_nagle),  cmocka_unit_test(test_embeddings),
+        cmocka_unit_test(test_harmony_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,184 @@
+"""gpt-oss's harmony format end to end, on a random-weight llama file whose vocabulary is
+GPT-2's with harmony's special tokens (harmony_vocab.py) and whose template is gpt-oss's
+official one (tests/data/chat_templates/gpt-oss.jinja): the template is detected; the markers
+tokenize to their tokens; a generation ends at <|return|> or <|call|> but not at <|end|>, which
+closes one message of several and is written out (as llama.cpp loads that vocabulary); the
+reasoning effort reaches the system message, a bad one is a 400 naming it. A random model does
+not write channels, so the splitting itself is checked in tests/test_server.c
+(test_harmony_split, whole and at every cut); here its wiring: output that never reaches a
+<|message|> is header only (no content, no reasoning) with --reasoning-format auto, the raw
+text with none, the same streamed and not."""
+import os
+import subprocess
+import tempfile
+import unittest
+
+import harmony_vocab
+from kvs_e2e import MKMODEL, MODELS, Server, require_server
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "gpt-oss.jinja")
+VOCAB = os.path.join(MODELS, "vocab", "ggml-vocab-gpt-2.gguf")
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Adds two numbers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "number"}},
+                   "required": ["a"]}}}]
+
+
+class Harmony(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        require_server()
+        if not MKMODEL or not os.access(MKMODEL, os.X_OK) or not os.path.exists(VOCAB):
+            raise unittest.SkipTest("KVS_MKMODEL or " + VOCAB + " missing")
+        cls.dir = tempfile.TemporaryDirectory()
+        vocab = os.path.join(cls.dir.name, "harmony-vocab.gguf")
+        cls.ids = harmony_vocab.make(VOCAB, vocab)
+        path = os.path.join(cls.dir.name, "harmony.gguf")
+        with open(TEMPLATE) as f:
+            template = f.read()
+        subprocess.run([MKMODEL, "--shape", "tiny", "--vocab", vocab, "-o", path,
+                        "--chat-template", template], check=True, capture_output=True)
+        cls.auto = Server(model=path)
+        cls.none = Server("--reasoning-format", "none", model=path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.auto.stop()
+        cls.none.stop()
+        cls.dir.cleanup()
+
+    def test_detected(self):
+        self.assertIn("chat template harmony", self.auto.stderr())
+
+    def test_markers_are_tokens(self):
+        st, out = self.auto.post("/tokenize", {"prompt": "<|start|>user<|message|>Hi<|end|>",
+                                               "add_special_tokens": False})
+        self.assertEqual(st, 200, out)
+        toks = out["tokens"]
+        self.assertEqual(toks[0], self.ids["<|start|>"])
+        self.assertEqual(toks[-1], self.ids["<|end|>"])
+        self.assertIn(self.ids["<|message|>"], toks)
+
+    def first(self, name, max_tokens=3):
+        body = {"prompt": "Hello", "max_tokens": max_tokens,
+                "logit_bias": {str(self.ids[name]): 100}}
+        st, out = self.auto.post("/v1/completions", body)
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        return c["finish_reason"], out["usage"]["completion_tokens"], c["text"]
+
+    def test_end_tokens(self):
+        self.assertEqual(self.first("<|return|>"), ("stop", 1, ""))
+        self.assertEqual(self.first("<|call|>"), ("stop", 1, ""))
+        # <|end|> closes a message, not the generation, and is text the splitter reads
+        self.assertEqual(self.first("<|end|>"), ("length", 3, "<|end|>" * 3))
+        self.assertEqual(self.first("<|channel|>"), ("length", 3, "<|channel|>" * 3))
+
+    def test_reasoning_effort(self):
+        msgs = [{"role": "user", "content": "Hi"}]
+        for body, effort in (({}, "medium"), ({"reasoning_effort": "low"}, "low"),
+                             ({"chat_template_kwargs": {"reasoning_effort": "high"}}, "high"),
+                             ({"reasoning_effort": "high",
+                               "chat_template_kwargs": {"reasoning_effort": "high"}}, "high"),
+                             ({"chat_template_kwargs": {"model_identity": "You are T."}},
+                              "medium")):
+            st, out = self.auto.post("/apply-template", dict(body, messages=msgs))
+            self.assertEqual(st, 200, out)
+            self.assertIn("\n\nReasoning: %s\n\n" % effort, out["prompt"])
+            ident = body.get("chat_template_kwargs", {}).get("model_identity")
+            self.assertTrue(out["prompt"].startswith("<|start|>system<|message|>%s\n" % (
+                ident or "You are ChatGPT, a large language model trained by OpenAI.")))
+        for body, param in (({"reasoning_effort": "max"}, "reasoning_effort"),
+                            ({"reasoning_effort": 1}, "reasoning_effort"),
+                            ({"chat_template_kwargs": {"reasoning_effort": "none"}},
+                             "chat_template_kwargs"),
+                            ({"reasoning_effort": "low",
+                              "chat_template_kwargs": {"reasoning_effort": "high"}},
+                             "reasoning_effort"),
+                            ({"chat_template_kwargs": {"enable_thinking": False}},
+                             "chat_template_kwargs"),
+                            ({"chat_template_kwargs": {"model_identity": 3}},
+                             "chat_template_kwargs"),
+                            ({"chat_template_kwargs": {"builtin_tools": ["python"]}},
+                             "chat_template_kwargs")):
+            st, out = self.auto.post("/v1/chat/completions",
+                                     dict(body, messages=msgs, max_tokens=2))
+            self.assertEqual(st, 400, (body, out))
+            self.assertEqual(out["error"]["param"], param, out)
+        st, out = self.auto.post("/v1/chat/completions",
+                                 {"messages": msgs, "max_tokens": 2, "reasoning_effort": "low"})
+        self.assertEqual(st, 200, out)
+
+    def test_responses_reasoning(self):
+        # /v1/responses renders through the same template: reasoning.effort is its effort
+        st, out = self.auto.post("/v1/responses", {"input": "Hi", "max_output_tokens": 2,
+                                                   "reasoning": {"effort": "high"}})
+        self.assertEqual(st, 200, out)
+        for body, param in (({"effort": "max"}, "reasoning.effort"),
+                            ({"summary": "auto"}, "reasoning"), ("low", "reasoning")):
+            st, out = self.auto.post("/v1/responses", {"input": "Hi", "max_output_tokens": 2,
+                                                       "reasoning": body})
+            self.assertEqual(st, 400, out)
+            self.assertEqual(out["error"]["param"], param, out)
+
+    def chat(self, srv, stream=False, **extra):
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                "temperature": 0}
+        body.update(extra)
+        if not stream:
+            st, out = srv.post("/v1/chat/completions", body)
+            self.assertEqual(st, 200, out)
+            m = out["choices"][0]["message"]
+            return m.get("content"), m.get("reasoning_content")
+        st, events, done = srv.stream("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(st, 200)
+        self.assertTrue(done)
+        deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+        return ("".join(d.get("content") or "" for d in deltas),
+                "".join(d.get("reasoning_content") or "" for d in deltas) or None)
+
+    def test_split_wiring(self):
+        header_only = {"logit_bias": {str(self.ids["<|channel|>"]): 100}}
+        self.assertEqual(self.chat(self.none, **header_only), ("<|channel|>" * 4, None))
+        self.assertIn(self.chat(self.auto, **header_only), (("", None), (None, None)))
+        self.assertEqual(self.chat(self.auto, stream=True, **header_only), ("", None))
+        # output that does not open with a channel is all content, as it came
+        plain, _ = self.chat(self.none)
+        if plain.startswith("<|channel|>") or plain.startswith(" to="):
+            self.skipTest("this random model happens to write a header")
+        self.assertEqual(self.chat(self.auto), (plain, None))
+        self.assertEqual(self.chat(self.auto, stream=True), (plain, None))
+
+    def test_tools(self):
+        st, out = self.auto.post("/apply-template", {"messages": [{"role": "user", "content": "Hi"}],
+                                                     "tools": TOOLS})
+        self.assertEqual(st, 200, out)
+        self.assertIn("<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace "
+                      "functions {\n\n// Adds two numbers.\ntype add = (_: {\na: number,\n}) => "
+                      "any;\n\n} // namespace functions<|end|>", out["prompt"])
+        st, out = self.auto.post("/v1/chat/completions",
+                                 {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS,
+                                  "max_tokens": 3})
+        self.assertEqual(st, 200, out)
+        # a forced call: the whole output is the call's JSON (the grammar applies from the first
+        # token, as for every family), read back as the call
+        st, out = self.auto.post("/v1/chat/completions",
+                                 {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS,
+                                  "tool_choice": "required", "max_tokens": 64})
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        if c["finish_reason"] == "length":
+            self.skipTest("this random model's arguments did not end in 64 tokens")
+        self.assertEqual(c["finish_reason"], "tool_calls", out)
+        self.assertEqual(c["message"]["tool_calls"][0]["function"]["name"], "add")
+        # a result with no call before it: the template raises, kvserve refuses
+        st, out = self.auto.post("/v1/chat/completions", {"messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "tool", "tool_call_id": "c1", "content": "5"}], "max_tokens": 3})
+        self.assertEqual(st, 400, out)
+        self.assertEqual(out["error"]["param"], "messages")
+
+
+if __name__ == "__main__":
+    unittest.main()
