@@ -1,4 +1,4 @@
-"""gpt-oss's harmony format end to end, on a random-weight llama file whose vocabulary is
+"""gpt-oss's harmony format end to end, on a random-weight gpt-oss file whose vocabulary is
 GPT-2's with harmony's special tokens (harmony_vocab.py) and whose template is gpt-oss's
 official one (tests/data/chat_templates/gpt-oss.jinja): the template is detected; the markers
 tokenize to their tokens; a generation ends at <|return|> or <|call|> but not at <|end|>, which
@@ -37,8 +37,9 @@ class Harmony(unittest.TestCase):
         path = os.path.join(cls.dir.name, "harmony.gguf")
         with open(TEMPLATE) as f:
             template = f.read()
-        subprocess.run([MKMODEL, "--shape", "tiny", "--vocab", vocab, "-o", path,
-                        "--chat-template", template], check=True, capture_output=True)
+        subprocess.run([MKMODEL, "--shape", "tiny", "--arch", "gpt-oss", "--vocab", vocab,
+                        "-o", path, "--chat-template", template], check=True,
+                       capture_output=True)
         cls.auto = Server(model=path)
         cls.none = Server("--reasoning-format", "none", model=path)
 
