@@ -560,6 +560,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c->choices);
     free(c->reqs);
     cJSON_Delete(c->resp_echo);
+    kvs_buf_free(&c->resp_rs_text);
     srv__echo_free(c);
     srv__embed_free(c);
     srv_request_free(&c->rq);

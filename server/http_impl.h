@@ -138,13 +138,15 @@ typedef struct srv_conn {
     char reqid[32];
     double t_start, t_first;
     enum phase phase;
-    bool checked;       /* answer_early has run */
-    bool preflight;     /* an OPTIONS request with CORS on: answered by answer_early */
-    cJSON *resp_echo;   /* /v1/responses: the request's fields the response object repeats */
-    uint32_t resp_seq;  /* /v1/responses streaming: sequence_number of the next event */
-    bool resp_msg_open; /* /v1/responses streaming: the message item's events have begun */
-    int resp_msg_index; /* /v1/responses streaming: the message item's output_index */
-    int status;         /* HTTP status sent */
+    bool checked;         /* answer_early has run */
+    bool preflight;       /* an OPTIONS request with CORS on: answered by answer_early */
+    cJSON *resp_echo;     /* /v1/responses: the request's fields the response object repeats */
+    uint32_t resp_seq;    /* /v1/responses streaming: sequence_number of the next event */
+    bool resp_msg_open;   /* /v1/responses streaming: the message item's events have begun */
+    int resp_msg_index;   /* /v1/responses streaming: the message item's output_index */
+    int resp_rs;          /* /v1/responses streaming: the reasoning item 0 none, 1 open, 2 done */
+    kvs_buf resp_rs_text; /* /v1/responses streaming: the reasoning sent so far */
+    int status;           /* HTTP status sent */
     bool client_gone;
 
     char *body;

@@ -649,6 +649,77 @@ static bool reasoning_events(srv_conn *c, const char *text)
                 at(with("item", reasoning_item(c, text, true)), 0, NULL));
 }
 
+/* The reasoning item's events as its text comes (a thinking model without tools): the item is
+ * added with the first reasoning, each piece is a reasoning_text delta, and the item is done
+ * when the answer begins or the output ends. */
+static bool reasoning_delta(srv_conn *c, const char *text, size_t len)
+{
+    char id[64];
+    snprintf(id, sizeof id, "rs_%s", c->id + strlen("resp_"));
+    if (!c->resp_rs) {
+        c->resp_rs = 1;
+        if (!emit(c, "response.output_item.added",
+                  at(with("item", reasoning_item(c, NULL, false)), 0, NULL)))
+            return false;
+    }
+    kvs_buf_addn(&c->resp_rs_text, text, len);
+    cJSON *d = at(with("delta", srv_json_string_n(text, len)), 0, id);
+    cJSON_AddNumberToObject(d, "content_index", 0);
+    return !c->resp_rs_text.oom && emit(c, "response.reasoning_text.delta", d);
+}
+
+static bool reasoning_close(srv_conn *c)
+{
+    if (c->resp_rs != 1)
+        return true;
+    c->resp_rs = 2;
+    c->resp_msg_index = 1;
+    char id[64];
+    snprintf(id, sizeof id, "rs_%s", c->id + strlen("resp_"));
+    const char *text = c->resp_rs_text.p ? c->resp_rs_text.p : "";
+    cJSON *t = at(with("text", cJSON_CreateString(text)), 0, id);
+    cJSON_AddNumberToObject(t, "content_index", 0);
+    return emit(c, "response.reasoning_text.done", t) &&
+           emit(c, "response.output_item.done",
+                at(with("item", reasoning_item(c, text, true)), 0, NULL));
+}
+
+/* A streamed event of a thinking model without tools: its text through the choice's splitter
+ * (reasoning.h, as the chat route streams it), reasoning as the reasoning item's deltas, the
+ * answer as the message's; the choice keeps the answer, and the reasoning once the output
+ * ends (the final response object). Reasoning placed after the answer has begun (no template
+ * writes it so) joins the reasoning text without events of its own. */
+static bool stream_split(srv_conn *c, srv_choice *ch, const sched_event *ev)
+{
+    kvs_buf r = {0}, t = {0};
+    ch->think.harmony = c->srv->chat.tmpl == SRV_CHAT_HARMONY;
+    srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
+    if (ev->finish != SCHED_FINISH_NONE)
+        srv_think_end(&ch->think, &r, &t);
+    sched_event content = *ev;
+    content.text = t.p ? t.p : "";
+    content.text_len = t.len;
+    size_t before = ch->len;
+    bool ok = !r.oom && !t.oom && !srv_choice_add(ch, &content);
+    if (ok && r.len)
+        ok = c->resp_rs == 2 ? (kvs_buf_addn(&c->resp_rs_text, r.p, r.len), !c->resp_rs_text.oom)
+                             : reasoning_delta(c, r.p, r.len);
+    if (ok && t.len)
+        ok = reasoning_close(c) && message_open(c) && text_delta(c, ch->text + before, t.len);
+    kvs_buf_free(&r);
+    kvs_buf_free(&t);
+    if (!ok || ev->finish == SCHED_FINISH_NONE)
+        return ok;
+    if (!reasoning_close(c))
+        return false;
+    if (c->resp_rs_text.len) { /* for the final response object */
+        free(ch->reasoning);
+        if (kvs_buf_take(&c->resp_rs_text, &ch->reasoning))
+            return false;
+    }
+    return message_open(c) && message_close(c, ch);
+}
+
 bool srv__responses_event(srv_conn *c, const sched_event *ev)
 {
     srv_choice *ch = &c->choices[0];
@@ -665,11 +736,16 @@ bool srv__responses_event(srv_conn *c, const sched_event *ev)
         return emit(c, "error", o);
     }
     bool tools_on = c->rq.tools && c->rq.tool_choice != SRV_TOOLS_NONE;
-    /* a thinking model's text is held too: its reasoning item comes first */
-    bool split = srv__splits_reasoning(c), hold = tools_on || split;
+    bool split = srv__splits_reasoning(c);
+    if (ev->choice != 0)
+        return true;
+    if (split && !tools_on)
+        return stream_split(c, ch, ev);
+    /* with tools a thinking model's text is held too: its reasoning item comes first */
+    bool hold = tools_on || split;
     size_t before = ch->len;
-    if (ev->choice != 0 || srv_choice_add(ch, ev))
-        return ev->choice != 0;
+    if (srv_choice_add(ch, ev))
+        return false;
     if (!hold && ev->text_len &&
         !(message_open(c) && text_delta(c, ch->text + before, ev->text_len)))
         return false;

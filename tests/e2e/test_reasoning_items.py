@@ -3,8 +3,8 @@ random-weight file whose vocabulary has Qwen 3's <think> as a token (GPT-2's, ma
 harmony_vocab.py) and whose template is Qwen 3's: logit_bias makes every generated token
 <think>, so the answer opens a think block it never closes: all reasoning, no content.
 Chat gives it as reasoning_content; /v1/responses as a reasoning item (reasoning_text content)
-before the message, and streamed as that item's events before the message's, the message at
-output_index 1."""
+before the message, and streamed as that item's events (a delta per token, as they come)
+before the message's, the message at output_index 1."""
 import json
 import os
 import subprocess
@@ -88,6 +88,9 @@ class ReasoningItems(unittest.TestCase):
                          [(0, "reasoning"), (1, "message")])
         text = [e for e in events if e["type"] == "response.reasoning_text.done"]
         self.assertEqual(text[0]["text"], "<think><think>")
+        # streamed as it comes (a delta per token), not held to the end of the output
+        deltas = [e["delta"] for e in events if e["type"] == "response.reasoning_text.delta"]
+        self.assertEqual(deltas, ["<think>", "<think>"])
         self.assertTrue(all(e["output_index"] == 1 for e in events
                             if e["type"].startswith("response.output_text")
                             or e["type"].startswith("response.content_part")))
