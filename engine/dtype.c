@@ -76,7 +76,7 @@ static const dtype_info TYPES[] = {
     {30, "BF16", 1, 2, bf16_to_f32, true},
     {34, "TQ1_0", 256, 54, NULL, false},
     {35, "TQ2_0", 256, 66, NULL, false},
-    {39, "MXFP4", 32, 17, NULL, false},
+    {39, "MXFP4", 32, 17, dtype__mxfp4_to_f32, false},
     /* newer than this table's layouts: named in refusals, not readable */
     {40, "NVFP4", 0, 0, NULL, false},
     {41, "Q1_0", 0, 0, NULL, false},
