@@ -23,9 +23,9 @@ MOE_ARGS = ["--arch", "qwen3moe", "--experts", "4", "--experts-used", "2"]
 WANT = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
         "IQ4_NL", "IQ4_XS", "MXFP4", "F16", "F32"}
 LOADABLE = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
-            "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"}
+            "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"}
 SUPPORTED = ("supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, "
-             "Q6_K, IQ4_NL, IQ4_XS")
+             "Q6_K, IQ4_NL, IQ4_XS, MXFP4")
 
 
 def skip(why):

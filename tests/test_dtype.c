@@ -500,9 +500,9 @@ static void test_zero_blocks(void **state)
 static void test_loadable(void **state)
 {
     (void)state;
-    static const char *const LOADS[] = {"F32",  "F16",  "BF16", "Q8_0",   "Q4_0",
-                                        "Q4_1", "Q5_0", "Q5_1", "Q2_K",   "Q3_K",
-                                        "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"};
+    static const char *const LOADS[] = {"F32",  "F16",    "BF16",   "Q8_0", "Q4_0", "Q4_1",
+                                        "Q5_0", "Q5_1",   "Q2_K",   "Q3_K", "Q4_K", "Q5_K",
+                                        "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"};
     enum { N_LOADS = sizeof LOADS / sizeof LOADS[0] };
     int n_loadable = 0;
     for (uint32_t id = 0; id < 64; id++) {
