@@ -76,7 +76,7 @@ static const dtype_info TYPES[] = {
     {30, "BF16", 1, 2, bf16_to_f32, true},
     {34, "TQ1_0", 256, 54, NULL, false},
     {35, "TQ2_0", 256, 66, NULL, false},
-    {39, "MXFP4", 32, 17, NULL, false},
+    {39, "MXFP4", 32, 17, dtype__mxfp4_to_f32, true},
     /* newer than this table's layouts: named in refusals, not readable */
     {40, "NVFP4", 0, 0, NULL, false},
     {41, "Q1_0", 0, 0, NULL, false},
@@ -110,5 +110,5 @@ uint64_t dtype_nbytes(uint32_t id, uint64_t n)
 const char *dtype_supported_list(void)
 {
     return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, "
-           "IQ4_XS";
+           "IQ4_XS, MXFP4";
 }

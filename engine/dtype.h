@@ -105,4 +105,21 @@ static inline float dtype_bf16_to_f32(uint16_t h)
     return f;
 }
 
+/* An E8M0 byte as MXFP4's block scale (gguf-py's e8m0_to_fp32_half, ggml's
+ * ggml_e8m0_to_fp32_half): the bits of the float 2^(e - 128), exact for every e (e = 0, 1 the
+ * subnormals 2^-128, 2^-127; e = 255 is 2^127, not a NaN). The low 16 bits are always zero, so
+ * the top half is the same value as a bfloat16. */
+static inline uint32_t dtype_e8m0_half_bits(uint8_t e)
+{
+    return e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+}
+
+static inline float dtype_e8m0_half_to_f32(uint8_t e)
+{
+    uint32_t bits = dtype_e8m0_half_bits(e);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 #endif

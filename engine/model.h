@@ -64,9 +64,9 @@ typedef struct engine_load_params {
      * "avx2" or "generic" force one (A/B runs, tests). Every table gives the same bits. */
     const char *kernels;
     /* Products' activations: NULL or "q8" = each row quantized to int8 blocks for the weight
-     * types with an integer kernel (Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS: faster,
-     * within a stated tolerance of the F32 result, batch-invariant); "f32" = every product on exact
-     * F32 panels. */
+     * types with an integer kernel (Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4:
+     * faster, within a stated tolerance of the F32 result, batch-invariant); "f32" = every product
+     * on exact F32 panels. */
     const char *activations;
     /* Tests only: run on this table, whatever kernels says (the AVX-512 kernels emulated over
      * simde, kern_avx512_emu_ops, which tests link and kvserve never does); NULL in kvserve. */

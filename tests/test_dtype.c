@@ -409,6 +409,72 @@ static void test_by_hand(void **state)
     assert_true(v[0] == -127.0f && v[15] == -127.0f && v[16] == 113.0f && v[255] == 113.0f);
 }
 
+/* MXFP4 (e (1) | qs (16)): its scale is an E8M0 byte, not an f16, so its blocks are made here
+ * apart from the table above: every exponent 0 .. 255 (the subnormal scales of e = 0, 1, the
+ * overflow to infinity of the large ones times 12; gguf-py gives e = 255 the finite 2^127, not a
+ * NaN), every nibble at every position. The want: ldexpf's 2^(e - 128) times the doubled E2M1
+ * level, in float32 as gguf-py's d * level. */
+static const int MX_LEVELS[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static void test_mxfp4(void **state)
+{
+    (void)state;
+    const dtype_info *dt = dtype_get(39);
+    assert_non_null(dt);
+    assert_string_equal(dt->name, "MXFP4");
+    assert_non_null(dt->to_f32);
+    assert_int_equal(dt->block, 32);
+    assert_int_equal(dt->block_bytes, 17);
+    uint8_t row[2 * 17];
+    float got[64];
+    for (int e = 0; e < 256; e++)
+        for (int s = 0; s < 16; s++) {
+            int q[64];
+            for (int b = 0; b < 2; b++) {
+                uint8_t *p = row + 17 * b;
+                p[0] = (uint8_t)(b ? 255 - e : e); /* the second block from the other end */
+                for (int j = 0; j < 32; j++)
+                    q[32 * b + j] = (j * 5 + s + 3 * b) % 16;
+                pack_nibbles32(q + 32 * b, p + 1);
+            }
+            dt->to_f32(row, got, 64);
+            for (int i = 0; i < 64; i++) {
+                float w = ldexpf(1.0f, row[17 * (i / 32)] - 128) * (float)MX_LEVELS[q[i]];
+                uint32_t wb, gb;
+                memcpy(&wb, &w, 4);
+                memcpy(&gb, &got[i], 4);
+                if (wb != gb)
+                    fail_msg("MXFP4 e=%d seed %d value %d: got %a (0x%08x), want %a (0x%08x)",
+                             row[17 * (i / 32)], s, i, (double)got[i], gb, (double)w, wb);
+            }
+        }
+
+    /* by hand (the bits gguf-py prints): e = 127 scales by 1/2, so nibble 1 is 0.5, 7 is 6, 15 is
+     * -6; e = 0, 1 are 2^-128 (0x00200000), 2^-127; e = 255 is 2^127 (0x7f000000), times 12 +inf;
+     * nibble 8 is +0 */
+    static const struct {
+        uint8_t e, byte; /* byte 0 of qs: value 0 low, value 16 high */
+        uint32_t v0, v16;
+    } HAND[] = {{127, 0x71, 0x3f000000, 0x40c00000}, {127, 0xf8, 0x00000000, 0xc0c00000},
+                {0, 0x01, 0x00200000, 0x00000000},   {1, 0x01, 0x00400000, 0x00000000},
+                {255, 0x71, 0x7f000000, 0x7f800000}, {254, 0xf1, 0x7e800000, 0xff800000},
+                {128, 0x95, 0x40c00000, 0xbf800000}};
+    for (size_t h = 0; h < sizeof HAND / sizeof HAND[0]; h++) {
+        memset(row, 0, 17);
+        row[0] = HAND[h].e;
+        row[1] = HAND[h].byte;
+        dt->to_f32(row, got, 32);
+        uint32_t b0, b16;
+        memcpy(&b0, &got[0], 4);
+        memcpy(&b16, &got[16], 4);
+        if (b0 != HAND[h].v0 || b16 != HAND[h].v16)
+            fail_msg("MXFP4 e=%d byte 0x%02x: 0x%08x 0x%08x, want 0x%08x 0x%08x", HAND[h].e,
+                     HAND[h].byte, b0, b16, HAND[h].v0, HAND[h].v16);
+        for (int i = 1; i < 32; i++)
+            assert_true(i == 16 || got[i] == 0.0f);
+    }
+}
+
 /* All-zero blocks widen to zeros (of either sign) in every type with a dequantizer. */
 static void test_zero_blocks(void **state)
 {
@@ -434,9 +500,9 @@ static void test_zero_blocks(void **state)
 static void test_loadable(void **state)
 {
     (void)state;
-    static const char *const LOADS[] = {"F32",  "F16",  "BF16", "Q8_0",   "Q4_0",
-                                        "Q4_1", "Q5_0", "Q5_1", "Q2_K",   "Q3_K",
-                                        "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"};
+    static const char *const LOADS[] = {"F32",  "F16",    "BF16",   "Q8_0", "Q4_0", "Q4_1",
+                                        "Q5_0", "Q5_1",   "Q2_K",   "Q3_K", "Q4_K", "Q5_K",
+                                        "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"};
     enum { N_LOADS = sizeof LOADS / sizeof LOADS[0] };
     int n_loadable = 0;
     for (uint32_t id = 0; id < 64; id++) {
@@ -462,9 +528,8 @@ static void test_loadable(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_exact),
-        cmocka_unit_test(test_by_hand),
-        cmocka_unit_test(test_zero_blocks),
+        cmocka_unit_test(test_exact),    cmocka_unit_test(test_by_hand),
+        cmocka_unit_test(test_mxfp4),    cmocka_unit_test(test_zero_blocks),
         cmocka_unit_test(test_loadable),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

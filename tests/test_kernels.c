@@ -128,13 +128,14 @@ static void expect_near_naive(const float *out, const float *x, const float *wid
 }
 
 /* Every table against the reference on one panel matrix, batch sizes 1..69 and 200 (two passes
- * of the panel loop, kern/panel_loop.h's PANEL_TC). */
-static void check_panels(const kern_mat *m, const float *wide)
+ * of the panel loop, kern/panel_loop.h's PANEL_TC). bscale: NULL, or a factor for each 32 inputs
+ * of x (mx_extreme's). */
+static void check_panels(const kern_mat *m, const float *wide, const float *bscale)
 {
     size_t n_out = m->n_out, n_in = m->n_in, T_max = 200;
     float *x = malloc(T_max * n_in * sizeof(float));
     for (size_t i = 0; i < T_max * n_in; i++)
-        x[i] = frand();
+        x[i] = frand() * (bscale ? bscale[i % n_in / 32] : 1.0f);
     float *want = malloc(T_max * n_out * sizeof(float)), *got = malloc(T_max * n_out * 4);
     float *scratch = malloc(KERN_PANEL * n_in * sizeof(float));
     float *xp = malloc(T_max * n_in * sizeof(float));
@@ -202,7 +203,7 @@ static void check_type(kern_type type, size_t n_in)
                               : type == KERN_F16 ? KERN_F16_PANEL
                                                  : KERN_Q8_0_PANEL);
     assert_int_equal(kern_panel_bytes(&pm), 0);
-    check_panels(&pm, wide);
+    check_panels(&pm, wide, NULL);
     float *rows = malloc(n_out * n_in * sizeof(float));
     kern_rows_to_f32(&pm, 3, n_out - 3, rows);
     assert_memory_equal(rows, wide + 3 * n_in, (n_out - 3) * n_in * sizeof(float));
@@ -250,15 +251,48 @@ static void *make_quant_rows(uint32_t id, size_t n_out, size_t n_in, float *wide
     return data;
 }
 
+/* MXFP4's exponents at their extremes (tools/quant_rows.h draws them in an f16 scale's range):
+ * row n's block b gets e = MX_BASE[b % 9] + n % 5 - 2, clamped to 0 .. 255, so that the rows
+ * have the subnormal scales of e = 0, 1, the smallest normal one (e = 2) and e = 251 .. 255 among
+ * ordinary ones; where e > 250 the nibbles are cut to levels 0 and +-1 so that no weight
+ * overflows. Each 32 inputs of x are to be scaled by bscale[b], 2^(128 - MX_BASE[b % 9]) kept
+ * within 2^-118 .. 2^122 (check_qdot's outliers are 8 times larger), so that every product stays
+ * near 1 on every path. */
+static const int MX_BASE[9] = {1, 254, 127, 3, 252, 130, 60, 200, 110};
+
+static void mx_extreme(uint8_t *data, float *wide, size_t n_out, size_t n_in, float *bscale)
+{
+    const dtype_info *dt = dtype_get(KERN_GGML_MXFP4);
+    size_t nb = n_in / 32;
+    for (size_t n = 0; n < n_out; n++)
+        for (size_t b = 0; b < nb; b++) {
+            uint8_t *blk = data + (n * nb + b) * 17;
+            int e = MX_BASE[b % 9] + (int)(n % 5) - 2;
+            e = e < 0 ? 0 : e > 255 ? 255 : e;
+            blk[0] = (uint8_t)e;
+            for (int j = 1; j < 17 && e > 250; j++)
+                blk[j] &= 0x99;
+            dt->to_f32(blk, wide + n * n_in + 32 * b, 32);
+        }
+    for (size_t b = 0; b < nb; b++) {
+        int s = 128 - MX_BASE[b % 9];
+        bscale[b] = ldexpf(1.0f, s < -118 ? -118 : s > 122 ? 122 : s);
+    }
+}
+
 /* A quantized type: packed panels widen back to to_f32's bits (rows and the embedding gather),
  * every table's products equal the reference's, batch-invariant. 37 rows: two whole panels and
- * a padded one. */
-static void check_quant(uint32_t id, size_t n_in)
+ * a padded one. extreme: MXFP4's rows made mx_extreme's. */
+static void check_quant_ex(uint32_t id, size_t n_in, bool extreme)
 {
     size_t n_out = 37;
     assert_int_equal(kern_quant_block(id), dtype_get(id)->block);
-    float *wide = malloc(n_out * n_in * sizeof(float));
+    float *wide = malloc(n_out * n_in * sizeof(float)), *bscale = NULL;
     void *data = make_quant_rows(id, n_out, n_in, wide);
+    if (extreme) {
+        bscale = malloc(n_in / 32 * sizeof(float));
+        mx_extreme(data, wide, n_out, n_in, bscale);
+    }
     kern_mat m;
     kern_mat_init_quant(&m, KERN_QUANT, id, data, n_out, n_in);
     assert_int_equal(m.row_bytes, dtype_nbytes(id, n_in));
@@ -280,22 +314,30 @@ static void check_quant(uint32_t id, size_t n_in)
     kern_rows_to_f32(&m, 4, 5, rows); /* the file's rows (an embedding read in place) */
     if (memcmp(rows, wide + 4 * n_in, 5 * n_in * sizeof(float)))
         fail_msg("%s file rows differ from to_f32 (n_in %zu)", dtype_name(id), n_in);
-    check_panels(&pm, wide);
+    check_panels(&pm, wide, bscale);
     free(rows);
     free(pdata);
     free(data);
     free(wide);
+    free(bscale);
+}
+
+static void check_quant(uint32_t id, size_t n_in)
+{
+    check_quant_ex(id, n_in, false);
 }
 
 static void test_quant_legacy(void **state)
 {
     (void)state;
-    static const uint32_t ids[] = {2, 3, 6, 7, 20}; /* Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL */
+    static const uint32_t ids[] = {2, 3, 6, 7, 20, 39}; /* Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL MXFP4 */
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         check_quant(ids[i], 32);
         check_quant(ids[i], 96);
         check_quant(ids[i], 288); /* a widened chunk of 256 inputs and a short one */
     }
+    check_quant_ex(KERN_GGML_MXFP4, 32, true);
+    check_quant_ex(KERN_GGML_MXFP4, 288, true);
 }
 
 static void test_quant_k(void **state)
@@ -324,7 +366,7 @@ static void first_rows(const kern_mat *m, size_t n, kern_mat *out)
         kern_mat_init(out, m->type, m->data, n, m->n_in);
 }
 
-static void check_qdot(uint32_t id, size_t n_in)
+static void check_qdot_ex(uint32_t id, size_t n_in, bool extreme)
 {
     /* Q4_K and Q4_0 also at 300 rows: the AMX tiles (kern/qdot_amx.c) take x 256 rows at a time */
     size_t n_out = 37, T = id == KERN_GGML_Q4_K || id == KERN_GGML_Q4_0 ? 300 : 70;
@@ -354,6 +396,13 @@ static void check_qdot(uint32_t id, size_t n_in)
         x[i] = frand() * (i % 97 == 0 ? 8.0f : 1.0f); /* an outlier now and then */
     for (size_t k = 0; k < n_in; k++)
         x[3 * n_in + k] = 0.0f; /* a zero row: d = 0, q = 0 */
+    float *bscale = NULL;
+    if (extreme) { /* MXFP4's extreme scales (mx_extreme), x scaled to match */
+        bscale = malloc(n_in / 32 * sizeof(float));
+        mx_extreme(data, wide, n_out, n_in, bscale);
+        for (size_t i = 0; i < T * n_in; i++)
+            x[i] *= bscale[i % n_in / 32];
+    }
     uint8_t *xq = malloc(T * xrb);
     kern_qx_quantize(fmt, x, T, n_in, n_in, xq);
     for (size_t t = 0; t < T; t++)
@@ -487,13 +536,20 @@ static void check_qdot(uint32_t id, size_t n_in)
     free(x);
     free(data);
     free(wide);
+    free(bscale);
+}
+
+static void check_qdot(uint32_t id, size_t n_in)
+{
+    check_qdot_ex(id, n_in, false);
 }
 
 static void test_qdot(void **state)
 {
     (void)state;
     static const uint32_t legacy[] = {KERN_GGML_Q8_0, KERN_GGML_Q4_0, KERN_GGML_Q4_1,
-                                      KERN_GGML_Q5_0, KERN_GGML_Q5_1, KERN_GGML_IQ4_NL};
+                                      KERN_GGML_Q5_0, KERN_GGML_Q5_1, KERN_GGML_IQ4_NL,
+                                      KERN_GGML_MXFP4};
     static const uint32_t kq[] = {KERN_GGML_Q2_K, KERN_GGML_Q3_K, KERN_GGML_Q4_K,
                                   KERN_GGML_Q5_K, KERN_GGML_Q6_K, KERN_GGML_IQ4_XS};
     for (size_t i = 0; i < sizeof legacy / sizeof legacy[0]; i++) {
@@ -502,6 +558,8 @@ static void test_qdot(void **state)
     }
     check_qdot(KERN_GGML_Q4_0, 1056); /* 33 blocks: past the AMX tiles' 32 built at once */
     check_qdot(KERN_GGML_Q8_0, 1056);
+    check_qdot_ex(KERN_GGML_MXFP4, 32, true); /* its scales' extremes */
+    check_qdot_ex(KERN_GGML_MXFP4, 288, true);
     for (size_t i = 0; i < sizeof kq / sizeof kq[0]; i++) {
         check_qdot(kq[i], 256);
         check_qdot(kq[i], 512);
@@ -580,14 +638,15 @@ static void test_qx_quantize_tables(void **state)
 }
 
 /* The integer path's oracle fails when it should: a weight changed by one step changes the
- * reference's result (Q4_K, Q4_0, Q8_0, Q5_1 and the IQ4 types through their single
+ * reference's result (Q4_K, Q4_0, Q8_0, Q5_1, the IQ4 types and MXFP4 through their single
  * accumulator), value 0 meeting the only activation. */
 static void test_qdot_is_sensitive(void **state)
 {
     (void)state;
     static const uint32_t ids[] = {KERN_GGML_Q4_K, KERN_GGML_Q4_0,   KERN_GGML_Q8_0,
-                                   KERN_GGML_Q5_1, KERN_GGML_IQ4_NL, KERN_GGML_IQ4_XS};
-    static const size_t byte0[] = {16, 2, 2, 8, 2, 8}; /* the lowest bit of value 0's quant */
+                                   KERN_GGML_Q5_1, KERN_GGML_IQ4_NL, KERN_GGML_IQ4_XS,
+                                   KERN_GGML_MXFP4};
+    static const size_t byte0[] = {16, 2, 2, 8, 2, 8, 1}; /* the lowest bit of value 0's quant */
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         size_t n_in = 256;
         float *wide = malloc(n_in * sizeof(float)), x[256];

@@ -837,12 +837,12 @@ static void check_model_act(const char *path, const char *arch, const char *wtyp
 }
 
 /* Both modes; q8 only where it changes something: a file whose projections have an integer
- * kernel (Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS). */
+ * kernel (Q8_0, Q4_0 .. Q5_1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4). */
 static void check_model(const char *path, const char *arch, const char *wtype)
 {
     check_model_act(path, arch, wtype, "f32");
-    static const char *const qdot[] = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",   "Q2_K",
-                                       "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"};
+    static const char *const qdot[] = {"Q8_0", "Q4_0", "Q4_1", "Q5_0",   "Q5_1",   "Q2_K", "Q3_K",
+                                       "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"};
     for (size_t i = 0; i < sizeof qdot / sizeof qdot[0]; i++)
         if (!strcmp(wtype, qdot[i]))
             check_model_act(path, arch, wtype, "q8");
@@ -1490,6 +1490,8 @@ static const quant_case QUANT_CASES[] = {
     /* a mixture of experts: K-quant expert stacks (gate and up Q4_K, down Q6_K in some layers),
      * on the integer path the grouped products of engine/moe.c */
     {"test_qwen3moe_q4_k_m", "Q4_K_M", "Q4_K", "moe", "qwen3moe"},
+    /* MXFP4_MOE: MXFP4 expert stacks (gpt-oss's type), the other matrices Q8_0 */
+    {"test_qwen3moe_mxfp4_moe", "MXFP4_MOE", "Q8_0", "moe", "qwen3moe"},
 };
 
 /* One row of QUANT_CASES (cmocka's initial state). */
@@ -1584,7 +1586,7 @@ struct edit {
     const char *drop;     /* tensor to leave out */
     const char *drop_key; /* metadata key to leave out */
     const char *add_vec;  /* F32 vector tensor of 4 values to add */
-    const char *foreign;  /* tensor stored as MXFP4 (a type kvserve has no kernels for) */
+    const char *foreign;  /* tensor stored as Q8_1 (a type kvserve has no kernels for) */
     const char *reshape;  /* tensor whose dims[1] gains one row */
 };
 
@@ -1632,7 +1634,7 @@ static void rewrite(const char *src, const char *dst, const edit *e)
             bool foreign = e->foreign && !strcmp(name, e->foreign);
             if (!foreign)
                 dims[1]++;
-            type = foreign ? 39 /* MXFP4 */ : t->type;
+            type = foreign ? 9 /* Q8_1 */ : t->type;
             uint64_t n = dims[0] * dims[1] * dims[2] * dims[3];
             free(scratch);
             scratch = calloc(1, ggml_type_nbytes(type, n));
@@ -1691,9 +1693,9 @@ static void test_refuse_tensor_type(void **st)
 {
     (void)st;
     edit e = {.foreign = "blk.1.ffn_up.weight"};
-    expect_refusal(&e, KVS_EUNSUPPORTED, "tensor blk.1.ffn_up.weight has type MXFP4",
+    expect_refusal(&e, KVS_EUNSUPPORTED, "tensor blk.1.ffn_up.weight has type Q8_1",
                    "; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, "
-                   "Q5_K, Q6_K, IQ4_NL, IQ4_XS");
+                   "Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4");
 }
 
 static void test_refuse_missing_tensor(void **st)

@@ -1,5 +1,6 @@
 """meson test 'peer_quants': a 110m-shape llama file quantized by llama.cpp's llama-quantize to
-each weight type below loads in kvserve, and its 32 greedy tokens (`kvserve generate
+each weight type below (MXFP4_MOE: a 110m-shape qwen3moe file, whose expert stacks it quantizes
+to MXFP4) loads in kvserve, and its 32 greedy tokens (`kvserve generate
 --prompt-ids` on the QUANTIZED file) equal llama.cpp's llama-server's on the same weights
 dequantized by llama.cpp (`llama-quantize --allow-requantize Q F32`): the same prompt ids, no
 BOS added by either, as in test_peer_families.py. tests/test_models.c holds kvserve's logits on
@@ -32,7 +33,13 @@ VOCAB = os.environ.get("KVS_VOCAB", os.path.join(peer_util.HERE, "..", "..", "sh
 # which llama-server answers with a 500 ("does not match the expected Content-only format"), as
 # qwen3's in test_peer_families.py.
 TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 2, "Q8_0": 1, "Q2_K": 1, "Q3_K_M": 1,
-         "Q4_K_M": 1, "Q5_K_M": 1, "Q6_K": 1, "IQ4_NL": 1, "IQ4_XS": 2}
+         "Q4_K_M": 1, "Q5_K_M": 1, "Q6_K": 1, "IQ4_NL": 1, "IQ4_XS": 2, "MXFP4_MOE": 1}
+# Types that quantize only a mixture of experts' stacks, made from test_peer_families.py's
+# qwen3moe file (8 experts of 256, 2 used, std 0.06), run with F32 K/V caches on both sides as
+# there (an expert is picked by a comparison, which llama.cpp's F16 cache rounding can move).
+MOE_TYPES = {"MXFP4_MOE"}
+MOE_ARGS = ["--arch", "qwen3moe", "--head-dim", "64", "--rope-base", "1000000", "--experts", "8",
+            "--experts-used", "2", "--expert-ffn", "256", "--weight-std", "0.06"]
 
 
 # The types with an integer kernel (--activations q8, the default): their activations are
@@ -43,7 +50,7 @@ TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 2, "Q8_0": 1, "Q2_K": 1, "Q3_K
 # run in the same way (bench/qfidelity.py: Q8_0 and kvserve q8 both leave it at token 4 of this
 # seed's 110m file, Q4_0 both at token 7; docs/BENCHMARKS.md, "Integer path fidelity").
 Q8_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M",
-            "Q6_K", "IQ4_NL", "IQ4_XS")
+            "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE")
 Q8_TIE = float(os.environ.get("Q8_TIE", "0.5"))
 
 
@@ -89,15 +96,18 @@ def main():
     failed = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kvs-peer-quants-") as tmp:
-        bases = {}  # seed: its F16 file, made once
+        bases = {}  # (seed, moe): its F16 file, made once
         for name in names:
-            seed = TYPES[name]
-            if seed not in bases:
-                bases[seed] = os.path.join(tmp, "f16-seed%d.gguf" % seed)
+            seed, moe = TYPES[name], name in MOE_TYPES
+            if (seed, moe) not in bases:
+                path = os.path.join(tmp, "f16-seed%d%s.gguf" % (seed, "-moe" if moe else ""))
                 subprocess.run([mkmodel, "--shape", "110m", "--type", "f16", "--vocab", VOCAB,
-                                "--weight-std", WEIGHT_STD, "--seed", str(seed), "-o",
-                                bases[seed]], check=True, capture_output=True)
-            base = bases[seed]
+                                "--weight-std", WEIGHT_STD, "--seed", str(seed), "-o", path]
+                               + (MOE_ARGS if moe else []), check=True, capture_output=True)
+                bases[(seed, moe)] = path
+            base = bases[(seed, moe)]
+            cache = ((["-ctk", "f32", "-ctv", "f32"], ["--kv-cache-type", "f32"]) if moe
+                     else ([], []))
             q = os.path.join(tmp, name + ".gguf")
             f32 = os.path.join(tmp, name + "-f32.gguf")
             try:
@@ -107,15 +117,16 @@ def main():
                 print("%s: %s" % (name, e))
                 failed.append(name)
                 continue
-            answer = peer_util.peer_tokens(server, f32, os.path.join(tmp, name + ".log"))
+            answer = peer_util.peer_tokens(server, f32, os.path.join(tmp, name + ".log"),
+                                           cache[0])
             os.unlink(f32)
             if answer is None:
                 failed.append(name)
                 os.unlink(q)
                 continue
             try:
-                got = peer_util.kvserve_tokens(kvserve, q, ["--activations", "f32"])
-                got8 = (peer_util.kvserve_tokens(kvserve, q, ["--activations", "q8"])
+                got = peer_util.kvserve_tokens(kvserve, q, ["--activations", "f32"] + cache[1])
+                got8 = (peer_util.kvserve_tokens(kvserve, q, ["--activations", "q8"] + cache[1])
                         if name in Q8_TYPES else None)
             except RuntimeError as e:
                 print("%s: %s" % (name, e))

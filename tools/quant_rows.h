@@ -1,7 +1,9 @@
 /* Random rows of a ggml quantized type for the tests and benchmarks (tests/test_kernels.c,
  * bench/bench_qmatmul.c): not part of any library kvserve links. Every byte pattern is a valid
  * block of these types except where an f16 scale widens a value to infinity or NaN, so each
- * block is drawn again until all its values are finite. */
+ * block is drawn again until all its values are finite. MXFP4's exponent byte e is drawn in 104 ..
+ * 143 (scales 2^-24 .. 2^15, an f16 scale's range), not over all of 2^-128 .. 2^127, where the
+ * sums of random rows would overflow float (tests/test_kernels.c tries the extremes apart). */
 #ifndef KVS_TOOLS_QUANT_ROWS_H
 #define KVS_TOOLS_QUANT_ROWS_H
 

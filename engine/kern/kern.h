@@ -11,7 +11,7 @@
  * one in-order FMA chain over k, whatever the batch and the column range, so a row's bits do not
  * depend on the rows it is batched with (what makes a cached step equal a recomputation).
  * Weights are multiplied exactly as widened F32 values (an F16 value, or scale * int8 rounded to
- * float; the block-quantized types Q4_0 .. Q6_K, IQ4_NL, IQ4_XS have panels of their own,
+ * float; the block-quantized types Q4_0 .. Q6_K, IQ4_NL, IQ4_XS, MXFP4 have panels of their own,
  * kern/quant.h, whose values are engine/dtype's to_f32 bit for bit). Every operation is
  * single-threaded; the engine splits columns between its threads.
  *
@@ -36,7 +36,7 @@ typedef enum kern_type {
     KERN_Q8_0_PANEL,
     KERN_QUANT_PANEL, /* kern/quant.h */
     KERN_QUANT_X8     /* the integer path's rows 8 at a time, interleaved (kern/qdot_pack.c;
-                         Q4_0 .. Q5_1, Q2_K .. Q6_K) */
+                         Q4_0 .. Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4) */
 } kern_type;
 
 #define KERN_PANEL 16
@@ -64,7 +64,7 @@ typedef struct kern_mat {
  * ceil(n_out / KERN_PANEL) * KERN_PANEL rows). */
 void kern_mat_init(kern_mat *m, kern_type type, const void *data, size_t n_out, size_t n_in);
 /* Values per block of ggml type id if it has quantized panels here (Q4_0, Q4_1, Q5_0, Q5_1,
- * Q2_K .. Q6_K, IQ4_NL, IQ4_XS: 32 or 256), else 0. */
+ * Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4: 32 or 256), else 0. */
 size_t kern_quant_block(uint32_t ggml_type);
 /* kern_mat_init for KERN_QUANT rows or KERN_QUANT_PANEL of a type kern_quant_block knows
  * (n_in a multiple of its block). */
@@ -86,7 +86,7 @@ void kern_rows_to_f32(const kern_mat *w, size_t r0, size_t nr, float *dst);
 typedef enum kern_qx {
     KERN_QX_NONE, /* no integer kernel for this weight type: it keeps its F32 panels */
     KERN_QX_32,   /* per 32 inputs a float d, the int16 sum and int8 q[32] (Q8_0, Q4_0 .. Q5_1,
-                     IQ4_NL) */
+                     IQ4_NL, MXFP4) */
     KERN_QX_256   /* per 256: float d, int16 sums of each 16 q, int8 q[256] (Q2_K .. Q6_K,
                      IQ4_XS) */
 } kern_qx;
@@ -198,7 +198,7 @@ static inline void kern_axpy_f16_n(const kern_ops *k, const kern_run *r, float *
  * activations are rounded to 8 bits), hence the --activations switch (engine_load_params). */
 
 /* The activation format the integer product of rows w takes (w of row type KERN_Q8_0 or
- * KERN_QUANT): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS have one; the
+ * KERN_QUANT): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, MXFP4 have one; the
  * unquantized types KERN_QX_NONE. */
 kern_qx kern_qdot_act(const kern_mat *w);
 /* Bytes of one quantized row of n_in inputs (n_in a multiple of the format's block). */
@@ -207,9 +207,9 @@ size_t kern_qx_row_bytes(kern_qx fmt, size_t n_in);
  * d = max|x| / 127, q = x * (127 / max|x|) rounded to nearest even (all zero if max|x| is 0 or
  * below 127 / FLT_MAX, whose reciprocal would overflow); a NaN input gets q = 0. */
 void kern_qx_quantize(kern_qx fmt, const float *x, size_t T, size_t ldx, size_t n_in, void *dst);
-/* Bytes kern_qdot_to_x8 writes for src: KERN_QUANT rows of Q4_0, Q4_1, Q5_0, Q5_1 or Q2_K .. Q6_K
- * with n_out a multiple of 8 (the integer path's interleaved layout, kern/qdot_pack.c); 0 for any
- * other matrix. */
+/* Bytes kern_qdot_to_x8 writes for src: KERN_QUANT rows of a type with an integer product, or
+ * KERN_Q8_0 rows, with n_out a multiple of 8 (the integer path's interleaved layout,
+ * kern/qdot_pack.c); 0 for any other matrix. */
 size_t kern_qdot_x8_bytes(const kern_mat *src);
 /* Copies src (kern_qdot_x8_bytes(src) > 0) into dst (that many bytes) as KERN_QUANT_X8, described
  * in out (which may be src): the same values, every table's qmatmul the same bits. */

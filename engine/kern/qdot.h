@@ -5,12 +5,13 @@
  * A weight block's product with an activation block is exact integer arithmetic. Nothing depends
  * on other rows, columns or the batch; each product is rounded, then summed (never fused).
  *
- * Every type, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (KERN_QX_32) and the K-quants Q2_K .. Q6_K,
- * IQ4_XS (KERN_QX_256): one float accumulator from 0, block by block:
+ * Every type, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 (KERN_QX_32) and the K-quants Q2_K
+ * .. Q6_K, IQ4_XS (KERN_QX_256): one float accumulator from 0, block by block:
  *     acc = acc + (d_w * d_x) * (float)S_b
  * S_b the block's exact integer sum (sub-block scales times their raw values' products, less
- * bias * sums of x: Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32; the IQ4 types' values are their
- * levels, lut[raw], with no bias), then for a type with mins
+ * bias * sums of x: Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32; the IQ4 types' and MXFP4's values
+ * are their levels, lut[raw], with no bias; MXFP4's d_w is its E8M0 byte's 2^(e - 128)), then
+ * for a type with mins
  *     acc = acc + (dm_w * d_x) * (float)M_b
  * each a product, then a sum, the min's term after the scale's. M_b is the K-quants' sub-block
  * mins times the sums of x (dm_w = -dmin), and Q4_1's and Q5_1's block sum of x sx (dm_w = m,
@@ -39,6 +40,7 @@
 #define KERN_GGML_Q6_K 14
 #define KERN_GGML_IQ4_NL 20
 #define KERN_GGML_IQ4_XS 23
+#define KERN_GGML_MXFP4 39
 
 /* A KERN_QX_32 row of nb blocks: the nb float scales d first, then the nb int16 sums of each
  * block's 32 q (Q4_0, Q5_0 take their bias of 8, 16 off through them; Q4_1, Q5_1 their min), then
@@ -140,18 +142,33 @@ typedef struct kern__q80x8 {
     int8_t qs[8][32];
 } kern__q80x8;
 
-/* The 32-value types' group layouts, spelled once for the packer (kern/qdot_pack.c) and the two
+/* KERN_QUANT_X8 MXFP4: Q4_0's groups with the rows' E8M0 exponent bytes e in place of the f16
+ * scales (the kernels widen them to 2^(e - 128)). 136 bytes, the file's 8 x 17. */
+typedef struct kern__mxfp4x8 {
+    uint8_t e[8];
+    uint8_t qs[4][32];
+} kern__mxfp4x8;
+
+/* The level tables the lut column below names: IQ4_NL's (ggml's kvalues_iq4nl), MXFP4's (E2M1's
+ * values doubled) */
+#define KERN_LUT_IQ4 1
+#define KERN_LUT_MXFP4 2
+
+/* The 32-value types' group layouts, spelled once for the packer (kern/qdot_pack.c) and the
  * kernel files: X(qtype, group struct, the file block's bytes, its m's and qh's offsets (0: none),
  * its quads; the group's m's and qh's offsets (0: none); the value bias (Q = nibble - bias), levels
- * looked up (IQ4_NL), signed bytes (Q8_0)). IQ4_NL's nibbles sit in Q4_0's layout. */
+ * looked up (KERN_LUT_IQ4, KERN_LUT_MXFP4; 0: none), signed bytes (Q8_0), an E8M0 scale byte (the
+ * file's first, the group's e[8]; MXFP4) rather than an f16). IQ4_NL's and MXFP4's nibbles sit in
+ * Q4_0's layout. */
 #define KERN_LEG_X8_TYPES(X)                                                                       \
-    X(KERN_GGML_Q4_0, kern__q40x8, 18, 0, 0, 4, 0, 0, 8, 0, 0)                                     \
-    X(KERN_GGML_IQ4_NL, kern__q40x8, 18, 0, 0, 4, 0, 0, 0, 1, 0)                                   \
-    X(KERN_GGML_Q4_1, kern__q41x8, 20, 2, 0, 4, offsetof(kern__q41x8, m), 0, 0, 0, 0)              \
-    X(KERN_GGML_Q5_0, kern__q50x8, 22, 0, 2, 4, 0, offsetof(kern__q50x8, qh), 16, 0, 0)            \
+    X(KERN_GGML_Q4_0, kern__q40x8, 18, 0, 0, 4, 0, 0, 8, 0, 0, 0)                                  \
+    X(KERN_GGML_IQ4_NL, kern__q40x8, 18, 0, 0, 4, 0, 0, 0, KERN_LUT_IQ4, 0, 0)                     \
+    X(KERN_GGML_MXFP4, kern__mxfp4x8, 17, 0, 0, 4, 0, 0, 0, KERN_LUT_MXFP4, 0, 1)                  \
+    X(KERN_GGML_Q4_1, kern__q41x8, 20, 2, 0, 4, offsetof(kern__q41x8, m), 0, 0, 0, 0, 0)           \
+    X(KERN_GGML_Q5_0, kern__q50x8, 22, 0, 2, 4, 0, offsetof(kern__q50x8, qh), 16, 0, 0, 0)         \
     X(KERN_GGML_Q5_1, kern__q51x8, 24, 2, 4, 4, offsetof(kern__q51x8, m),                          \
-      offsetof(kern__q51x8, qh), 0, 0, 0)                                                          \
-    X(KERN_GGML_Q8_0, kern__q80x8, 34, 0, 0, 8, 0, 0, 0, 0, 1)
+      offsetof(kern__q51x8, qh), 0, 0, 0, 0)                                                       \
+    X(KERN_GGML_Q8_0, kern__q80x8, 34, 0, 0, 8, 0, 0, 0, 0, 1, 0)
 
 /* KERN_QUANT_X8 IQ4_XS: the rows' f16 d, sc[j][r] row r's scale of 32-value sub-block j (its 6
  * bits less 32), then each sub-block as a Q4_0 block of the group: qs[j][k] holding in bytes

@@ -439,9 +439,10 @@ static void pair_q6k(const uint8_t *a, const uint8_t *c, size_t nb, const uint8_
 /* The 32-value types (kern__q40x8 .. kern__q80x8: bb bytes a block, m at mo, qh at ho, qs at qo;
  * 0: none): a block's B tile is grp_leg's w[k] as they are, row k quad k (values 4 k .. 4 k + 3):
  * the low nibbles of qs[k] for k < 4, the high ones of qs[k - 4] after, with qh's bit k at bit 4;
- * IQ4_NL's (lut) the signed levels they look up, Q8_0's (s8) qs[k] whole. Each block's own tile
- * product (its scale is the block's): tdpbssd for the signed values, tdpbsud for the unsigned
- * ones, then fold_leg16, the VNNI kernels' fold of that sum: the same integers, the same bits. */
+ * IQ4_NL's and MXFP4's (lut) the signed levels they look up, Q8_0's (s8) qs[k] whole. Each
+ * block's own tile product (its scale is the block's: MXFP4's from its E8M0 byte, e8): tdpbssd
+ * for the signed values, tdpbsud for the unsigned ones, then fold_leg16, the VNNI kernels' fold
+ * of that sum: the same integers, the same bits. */
 #define AMX_LB 32 /* blocks whose B tiles are built at once (16 KiB) */
 
 static inline __attribute__((always_inline)) void btile_leg(const uint8_t *qa, const uint8_t *qc,
@@ -449,7 +450,7 @@ static inline __attribute__((always_inline)) void btile_leg(const uint8_t *qa, c
                                                             uint8_t bt[8][64])
 {
     __m512i w[8]; /* signed levels: tdpbssd takes them as they are */
-    leg_vals(qa, qc, ho, qo, lut, s8, _mm512_broadcast_i32x4(kern__iq4_levels(0)), w);
+    leg_vals(qa, qc, ho, qo, lut, s8, _mm512_broadcast_i32x4(kern__lut_levels(lut, 0)), w);
     for (int k = 0; k < 8; k++)
         _mm512_store_si512((void *)bt[k], w[k]);
 }
@@ -468,8 +469,8 @@ static inline __attribute__((always_inline)) void btile_leg(const uint8_t *qa, c
     } while (0)
 
 static void pair_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, size_t mo, size_t ho,
-                     size_t qo, int bias, int lut, int s8, const uint8_t *x, size_t xrb, size_t tm,
-                     float (*acc)[16])
+                     size_t qo, int bias, int lut, int s8, int e8, const uint8_t *x, size_t xrb,
+                     size_t tm, float (*acc)[16])
 {
     _Alignas(64) uint8_t bt[AMX_LB][8][64];
     _Alignas(64) int32_t cs[4][16][16];
@@ -500,8 +501,7 @@ static void pair_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, s
                 __m512 dw[4], dm[4];
                 for (size_t i = 0; i < n; i++) {
                     const uint8_t *qa = a + (b + i) * bb, *qc = c + (b + i) * bb;
-                    dw[i] = f16x16((const uint16_t *)(const void *)qa,
-                                   (const uint16_t *)(const void *)qc);
+                    dw[i] = leg_scales16(qa, qc, e8);
                     dm[i] = mo ? f16x16((const uint16_t *)(const void *)(qa + mo),
                                         (const uint16_t *)(const void *)(qc + mo))
                                : _mm512_setzero_ps();
@@ -522,7 +522,7 @@ int kern__amx_takes(const kern_mat *w)
 {
     if (w->type != KERN_QUANT_X8)
         return 0;
-#define LEG(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8)                                        \
+#define LEG(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8, e8)                                    \
     if (w->qtype == id)                                                                            \
         return 1;
     KERN_LEG_X8_TYPES(LEG)
@@ -542,11 +542,11 @@ void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *
     int q6 = w->qtype == KERN_GGML_Q6_K;
     size_t bb = block_bytes_k(w->qtype); /* or the 32-value type's, below */
     size_t mo = 0, ho = 0, qo = 0;
-    int bias = 0, lut = 0, s8 = 0;
-#define LEG(id, T, file, mo_, ho_, nq, gm, gh, bias_, lut_, s8_)                                   \
+    int bias = 0, lut = 0, s8 = 0, e8 = 0;
+#define LEG(id, T, file, mo_, ho_, nq, gm, gh, bias_, lut_, s8_, e8_)                              \
     if (w->qtype == id) {                                                                          \
         bb = sizeof(T), mo = gm, ho = gh, qo = offsetof(T, qs);                                    \
-        bias = bias_, lut = lut_, s8 = s8_;                                                        \
+        bias = bias_, lut = lut_, s8 = s8_, e8 = e8_;                                              \
     }
     KERN_LEG_X8_TYPES(LEG)
 #undef LEG
@@ -563,7 +563,7 @@ void kern__qmatmul_x8_amx(const kern_mat *w, const void *xq, size_t T16, float *
             const uint8_t *x = (const uint8_t *)xq + t0 * xrb;
             memset(acc, 0, tm * sizeof acc[0]);
             if (leg)
-                pair_leg(a, c, nb, bb, mo, ho, qo, bias, lut, s8, x, xrb, tm, acc);
+                pair_leg(a, c, nb, bb, mo, ho, qo, bias, lut, s8, e8, x, xrb, tm, acc);
             else if (q6)
                 pair_q6k(a, c, nb, x, xrb, tm, acc);
             else

@@ -28,6 +28,7 @@ static kern_qrows8_fn rows8_for(const kern_mat *w)
     case KERN_GGML_Q5_K: return QROWS8(q5_k);
     case KERN_GGML_IQ4_NL: return QROWS8(iq4_nl);
     case KERN_GGML_IQ4_XS: return QROWS8(iq4_xs);
+    case KERN_GGML_MXFP4: return QROWS8(mxfp4);
     default: return QROWS8(q6_k);
     }
 }

@@ -1,7 +1,7 @@
-/* The AVX2 integer products of the IQ4 types (IQ4_NL: 32-value blocks, Q8_0's signed-level
- * kernels of kern/qdot_rows8.h over the nibbles' levels; IQ4_XS: 256-value super-blocks) over the
- * file's rows: each type's 8-row kernels and its entry point (kern/qdot_rows8.h says how they
- * work and how this file is built). */
+/* The AVX2 integer products of the types whose nibbles look levels up (IQ4_NL and MXFP4:
+ * 32-value blocks, Q8_0's signed-level kernels of kern/qdot_rows8.h over the nibbles' levels;
+ * IQ4_XS: 256-value super-blocks) over the file's rows: each type's 8-row kernels and its entry
+ * point (kern/qdot_rows8.h says how they work and how this file is built). */
 #include "engine/kern/qdot_rows8.h"
 
 /* IQ4_XS rows p[0..8) (136-byte blocks: d | scales_h (2) | scales_l (4) | qs (128)): sub-block j
@@ -131,11 +131,14 @@ INLINE void one_iq4xs(const uint8_t *const rows[8], const uint8_t *next, size_t 
 
 /* The entry points */
 /* clang-format off */
-#define ONE_IQ4_NL(rows, next, K, x, acc) one_s8(rows, next, (K) / 32, 1, x, acc)
-#define GRP_IQ4_NL(rows, next, K, x, xrb, tt, acc, si) grp_s8(rows, next, (K) / 32, 1, x, xrb, tt, acc)
+#define ONE_IQ4_NL(rows, next, K, x, acc) one_s8(rows, next, (K) / 32, KERN_LUT_IQ4, x, acc)
+#define GRP_IQ4_NL(rows, next, K, x, xrb, tt, acc, si) grp_s8(rows, next, (K) / 32, KERN_LUT_IQ4, x, xrb, tt, acc)
+#define ONE_MXFP4(rows, next, K, x, acc) one_s8(rows, next, (K) / 32, KERN_LUT_MXFP4, x, acc)
+#define GRP_MXFP4(rows, next, K, x, xrb, tt, acc, si) grp_s8(rows, next, (K) / 32, KERN_LUT_MXFP4, x, xrb, tt, acc)
 #define ONE_IQ4_XS(rows, next, K, x, acc) \
     one_iq4xs(rows, next, (K) / 256, (const kern__qx256 *)(const void *)(x), acc)
 #define GRP_IQ4_XS(rows, next, K, x, xrb, tt, acc, si) grp_iq4xs(rows, next, (K) / 256, x, xrb, tt, acc, si)
 /* clang-format on */
 QROWS8_DEFINE(QROWS8(iq4_nl), ONE_IQ4_NL, GRP_IQ4_NL)
 QROWS8_DEFINE(QROWS8(iq4_xs), ONE_IQ4_XS, GRP_IQ4_XS)
+QROWS8_DEFINE(QROWS8(mxfp4), ONE_MXFP4, GRP_MXFP4)

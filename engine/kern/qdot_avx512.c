@@ -10,8 +10,8 @@
 typedef void (*qtiles16_fn)(const kern_mat *w, const uint8_t *x, size_t xrb, size_t tt, float *out,
                             size_t ldo, size_t n0, size_t n1, int vnni);
 
-/* The entry point of w's type (kern_qdot_act admits only these; the IQ4 types' only with VNNI,
- * in the native build) */
+/* The entry point of w's type (kern_qdot_act admits only these; the IQ4 types' and MXFP4's only
+ * with VNNI, in the native build) */
 static qtiles16_fn tiles16_for(const kern_mat *w)
 {
     if (w->type == KERN_Q8_0)
@@ -28,6 +28,7 @@ static qtiles16_fn tiles16_for(const kern_mat *w)
 #ifndef KERN_AVX512_EMULATED
     case KERN_GGML_IQ4_NL: return QTILES16(iq4_nl);
     case KERN_GGML_IQ4_XS: return QTILES16(iq4_xs);
+    case KERN_GGML_MXFP4: return QTILES16(mxfp4);
 #endif
     default: return QTILES16(q6_k);
     }
@@ -112,9 +113,9 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
         kern__qmatmul_x8_avx2(w, xq, T, out, ldo, n0, n1);
         return;
     }
-    /* The IQ4 types have 16-row tiles with VNNI only (grpv_iq4nl, grpv_iq4xs): otherwise, and
-     * for one row, the AVX2 kernels */
-    if (kind == KERN_GGML_IQ4_NL || kind == KERN_GGML_IQ4_XS) {
+    /* The IQ4 types and MXFP4 have 16-row tiles with VNNI only (grpv_iq4nl, grpv_iq4xs,
+     * grpv_mxfp4): otherwise, and for one row, the AVX2 kernels */
+    if (kind == KERN_GGML_IQ4_NL || kind == KERN_GGML_IQ4_XS || kind == KERN_GGML_MXFP4) {
 #ifndef KERN_AVX512_EMULATED
         if (!vnni || T == 1)
 #endif

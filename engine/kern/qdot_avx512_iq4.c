@@ -1,6 +1,7 @@
-/* The AVX-512 integer products' 16-row tiles of the IQ4 types (IQ4_NL, IQ4_XS) over the file's
- * rows: VNNI kernels only (without VNNI, and for the emulated copy, the AVX2 kernels run every
- * tile: kern/qdot_avx512.c), and their entry points (kern/qdot_tiles16.h says how they work). */
+/* The AVX-512 integer products' 16-row tiles of the types whose nibbles look levels up (IQ4_NL,
+ * IQ4_XS, MXFP4) over the file's rows: VNNI kernels only (without VNNI, and for the emulated copy,
+ * the AVX2 kernels run every tile: kern/qdot_avx512.c), and their entry points
+ * (kern/qdot_tiles16.h says how they work). */
 #include "engine/kern/qdot_tiles16.h"
 
 #ifndef KERN_AVX512_EMULATED
@@ -23,6 +24,23 @@ VNNI void grpv_iq4nl(const uint8_t *const rows[16], const uint8_t *next, size_t 
         for (int k = 0; k < 8; k++)
             w[k] = _mm512_shuffle_epi8(lut, w[k]);
         fold_u128(w, f16x16(p, 0), xq, xrb, tt, nb, b, acc);
+    }
+}
+
+/* MXFP4: IQ4_NL's kernel over 17-byte blocks (the E8M0 byte, then the nibbles) with MXFP4's
+ * levels plus 128 (116 .. 140) */
+VNNI void grpv_mxfp4(const uint8_t *const rows[16], const uint8_t *next, size_t nb,
+                     const uint8_t *xq, size_t xrb, size_t tt, __m512 *acc)
+{
+    const __m512i lut = _mm512_broadcast_i32x4(kern__mxfp4_levels(1));
+    for (size_t b = 0; b < nb; b++) {
+        prefetch_next(next, b, 17);
+        const uint8_t *p[16];
+        __m512i w[8];
+        unpack_leg(rows, b, 17, 1, -1, p, w);
+        for (int k = 0; k < 8; k++)
+            w[k] = _mm512_shuffle_epi8(lut, w[k]);
+        fold_u128(w, e8m0x16(p), xq, xrb, tt, nb, b, acc);
     }
 }
 
@@ -76,7 +94,9 @@ VNNI void grpv_iq4xs(const uint8_t *const rows[16], const uint8_t *next, size_t 
 /* clang-format off */
 #define GRPV_IQ4_NL(rows, next, K, x, xrb, tt, acc, si) grpv_iq4nl(rows, next, (K) / 32, x, xrb, tt, acc)
 #define GRPV_IQ4_XS(rows, next, K, x, xrb, tt, acc, si) grpv_iq4xs(rows, next, (K) / 256, x, xrb, tt, acc, si)
+#define GRPV_MXFP4(rows, next, K, x, xrb, tt, acc, si) grpv_mxfp4(rows, next, (K) / 32, x, xrb, tt, acc)
 /* clang-format on */
 QTILES16_DEFINE(iq4_nl, GRPV_IQ4_NL, GRPV_IQ4_NL)
 QTILES16_DEFINE(iq4_xs, GRPV_IQ4_XS, GRPV_IQ4_XS)
+QTILES16_DEFINE(mxfp4, GRPV_MXFP4, GRPV_MXFP4)
 #endif

@@ -1,5 +1,5 @@
 /* The integer path's interleaved weight layout, KERN_QUANT_X8 (kern/qdot.h's kern__q4kx8): a
- * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K matrix's rows in groups of
+ * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q8_0, Q2_K .. Q6_K or IQ4_XS matrix's rows in groups of
  * 8, each block of the 8 rows stored together, their packed values in 4-byte quads transposed so
  * that lane r of a 32-byte vector is row r's quad, their scales and mins a byte each (Q2_K's byte
  * holds both). A kernel then loads its operands as they are needed: the tile kernels lose their
@@ -20,15 +20,17 @@
 #define Q6K_BYTES 210   /* ql (128) | qh (64) | scales (16) | d */
 #define IQ4XS_BYTES 136 /* d | scales_h (2) | scales_l (4) | qs (128) */
 
-/* The legacy 32-value types: the file's block (d | m | qh (4) | qs (16)), the group's */
+/* The legacy 32-value types: the file's block (d | m | qh (4) | qs (16); MXFP4's d is one E8M0
+ * byte), the group's */
 typedef struct leg_fmt {
     uint32_t id;
     int file, mo, ho, nq; /* a file block's bytes, its m's and qh's offsets (0: none), its quads */
+    int e8;               /* a byte's scale (MXFP4): the group's e[8], not d[8] */
     size_t group, gm, gh, gq; /* the group block's bytes, its m's, qh's (0: none), qs's offsets */
 } leg_fmt;
 
-#define LEG_ROW(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8)                                    \
-    {id, file, mo, ho, nq, sizeof(T), gm, gh, offsetof(T, qs)},
+#define LEG_ROW(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8, e8)                                \
+    {id, file, mo, ho, nq, e8, sizeof(T), gm, gh, offsetof(T, qs)},
 static const leg_fmt g_leg[] = {KERN_LEG_X8_TYPES(LEG_ROW)};
 #undef LEG_ROW
 
@@ -101,7 +103,10 @@ static void to_x8_leg(const kern_mat *src, const leg_fmt *lf, uint8_t *o)
             for (int r = 0; r < 8; r++) {
                 const uint8_t *p =
                     (const uint8_t *)src->data + (8 * g + r) * src->row_bytes + lf->file * b;
-                memcpy(o + 2 * r, p, 2);
+                if (lf->e8)
+                    o[r] = p[0];
+                else
+                    memcpy(o + 2 * r, p, 2);
                 if (lf->mo)
                     memcpy(o + lf->gm + 2 * r, p + lf->mo, 2);
                 if (lf->ho) {
@@ -273,7 +278,10 @@ void kern__x8_row(const kern_mat *w, size_t n, uint8_t *row)
         const uint8_t *q = (const uint8_t *)w->data + n / 8 * (w->n_in / 32) * lf->group;
         for (size_t b = 0; b < w->n_in / 32; b++, q += lf->group) {
             uint8_t *p = row + lf->file * b;
-            memcpy(p, q + 2 * r, 2);
+            if (lf->e8)
+                p[0] = q[r];
+            else
+                memcpy(p, q + 2 * r, 2);
             if (lf->mo)
                 memcpy(p + lf->mo, q + lf->gm + 2 * r, 2);
             if (lf->ho) {

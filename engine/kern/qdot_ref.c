@@ -24,7 +24,8 @@ kern_qx kern_qdot_act(const kern_mat *w)
     case KERN_GGML_Q4_1:
     case KERN_GGML_Q5_0:
     case KERN_GGML_Q5_1:
-    case KERN_GGML_IQ4_NL: return KERN_QX_32;
+    case KERN_GGML_IQ4_NL:
+    case KERN_GGML_MXFP4: return KERN_QX_32;
     case KERN_GGML_Q2_K:
     case KERN_GGML_Q3_K:
     case KERN_GGML_Q4_K:
@@ -72,9 +73,10 @@ static float dot_q8_0(const uint8_t *row, size_t nb, const uint8_t *xr)
     return acc;
 }
 
-/* One row of Q4_0, Q4_1, Q5_0, Q5_1 or IQ4_NL blocks times one quantized row: one accumulator,
- * block by block; Q = raw - bias, the bias taken off through the block's sum of x (IQ4_NL: Q =
- * lut[raw]), then for Q4_1 / Q5_1 the min's term m * sx (kern/qdot.h). */
+/* One row of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL or MXFP4 blocks times one quantized row: one
+ * accumulator, block by block; Q = raw - bias, the bias taken off through the block's sum of x
+ * (IQ4_NL, MXFP4: Q = lut[raw]; MXFP4's d its bf16), then for Q4_1 / Q5_1 the min's term m * sx
+ * (kern/qdot.h). */
 static float dot32(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
 {
     const kern_qfmt *f = kern__qfmt(w->qtype);
@@ -92,7 +94,7 @@ static float dot32(const kern_mat *w, const uint8_t *row, const uint8_t *xr)
         memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
         memcpy(&dx, xr + 4 * b, 4);
         sum -= f->bias * sx;
-        float p = (dtype_f16_to_f32(qb.d) * dx) * (float)sum;
+        float p = (kern__q_d(f, qb.d) * dx) * (float)sum;
         acc = acc + p;
         if (f->has_min) {
             float pm = (dtype_f16_to_f32(qb.dm) * dx) * (float)sx;

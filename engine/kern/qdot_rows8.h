@@ -1,7 +1,7 @@
 /* The AVX2 integer products over the file's rows (kern/qdot.h): the pieces every type's file
  * shares (kern/qdot_avx2_legacy.c: Q8_0, Q4_0 .. Q5_1; kern/qdot_avx2_k.c: Q2_K .. Q6_K;
- * kern/qdot_avx2_iq4.c: IQ4_NL, IQ4_XS) and the loop over rows of x and groups of 8 weight rows
- * (QROWS8_DEFINE) that each type's entry point is; kern/qdot_avx2.c picks the entry by type.
+ * kern/qdot_avx2_iq4.c: IQ4_NL, IQ4_XS, MXFP4) and the loop over rows of x and groups of 8 weight
+ * rows (QROWS8_DEFINE) that each type's entry point is; kern/qdot_avx2.c picks the entry by type.
  *
  * Every type takes 8 weight rows at a time, one per 32-bit lane: per block, each row's values
  * are unpacked with shifts and masks and the 8 rows transposed (an 8 x 8 transpose of 4-value
@@ -73,6 +73,8 @@ void QROWS8(iq4_nl)(const kern_mat *w, const void *xq, size_t T, float *out, siz
                     size_t n1);
 void QROWS8(iq4_xs)(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
                     size_t n1);
+void QROWS8(mxfp4)(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
+                   size_t n1);
 
 /* The sum of each of v[0..8)'s 8 int32 lanes, v[i]'s in lane i (integers: any order is exact). */
 INLINE __m256i hsum8(const __m256i v[8])
@@ -123,9 +125,10 @@ INLINE void prefetch_next(const uint8_t *next, size_t b, size_t bb)
     kern_prefetch_l2(next + 8 * bb * b, 8 * bb);
 }
 
-/* The IQ4 types' values are the signed levels lut[raw] (-127 .. 113): as for Q8_0, |w| meets x
- * carrying w's sign, and each maddubs (pairs of at most 2 * 127 * 127) is widened by its own
- * madd, here with the rows' sub-block scales as the int16 pairs where IQ4_XS has them. */
+/* The IQ4 types' values are the signed levels lut[raw] (-127 .. 113; MXFP4's -12 .. 12): as for
+ * Q8_0, |w| meets x carrying w's sign, and each maddubs (pairs of at most 2 * 127 * 127) is
+ * widened by its own madd, here with the rows' sub-block scales as the int16 pairs where IQ4_XS
+ * has them. */
 
 /* The level table in both 128-bit halves */
 INLINE __m256i iq4_lut(void)
@@ -194,29 +197,46 @@ INLINE __m256i dot_quads(__m256i w, __m256i x)
                            2 * (e0) + 1, 2 * (e0), 2 * (e0) + 1, 2 * (e0), 2 * (e0) + 1, 2 * (e0), \
                            2 * (e0) + 1, 2 * (e0)))
 
-/* Q8_0 rows p[0..8) (34-byte blocks: d | 32 int8; iq4 0) or IQ4_NL ones (18: d | 16 nibble
- * bytes, Q4_0's order; iq4 1) times activation rows xq[0 .. tt): maddubs takes unsigned weights,
+/* The scales of the 32-value signed types' blocks at p[0..8) (s8_kind's): the f16 at byte 0, or
+ * MXFP4's E8M0 byte there widened */
+INLINE __m256 s8_scales(const uint8_t *const p[8], int lut)
+{
+    if (lut != KERN_LUT_MXFP4)
+        return f16x8(p, 0);
+    return kern__e8m0_ps8(
+        _mm256_setr_epi32(p[0][0], p[1][0], p[2][0], p[3][0], p[4][0], p[5][0], p[6][0], p[7][0]));
+}
+
+/* A signed 32-value block's bytes (lut 0: Q8_0's 34, KERN_LUT_IQ4: IQ4_NL's 18, KERN_LUT_MXFP4:
+ * MXFP4's 17) and where its values start (after the f16 d, or MXFP4's byte e) */
+#define S8_BYTES(lut) ((lut) == 0 ? 34 : (lut) == KERN_LUT_IQ4 ? 18 : 17)
+#define S8_VALS(lut) ((lut) == KERN_LUT_MXFP4 ? 1 : 2)
+
+/* Q8_0 rows p[0..8) (34-byte blocks: d | 32 int8; lut 0), IQ4_NL ones (18: d | 16 nibble bytes,
+ * Q4_0's order; KERN_LUT_IQ4) or MXFP4 ones (17: e | 16 nibble bytes; KERN_LUT_MXFP4) times
+ * activation rows xq[0 .. tt): maddubs takes unsigned weights,
  * so |w| meets x carrying w's sign (sign_epi8 of the broadcast quad by each row's values);
  * products up to 128 * 127 leave no room to add two maddubs in int16, so each is widened by its
  * own madd. Transposing still pays: the 8 rows' block sums land in their lanes with no
  * horizontal sum. */
-INLINE void grp_s8(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int iq4,
+INLINE void grp_s8(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int lut,
                    const uint8_t *xq, size_t xrb, size_t tt, __m256 *acc)
 {
-    const __m256i one = _mm256_set1_epi16(1), lut = iq4_lut();
-    size_t bb = iq4 ? 18 : 34;
+    const __m256i one = _mm256_set1_epi16(1),
+                  levels = _mm256_broadcastsi128_si256(kern__lut_levels(lut, 0));
+    size_t bb = S8_BYTES(lut);
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, bb);
         const uint8_t *p[8];
         __m256i w[8], wa[8];
         for (int r = 0; r < 8; r++) {
             p[r] = rows[r] + bb * b;
-            w[r] = iq4 ? iq4_vals(p[r] + 2, lut) : ld(p[r] + 2);
+            w[r] = lut ? iq4_vals(p[r] + S8_VALS(lut), levels) : ld(p[r] + 2);
         }
         tr8(w);
         for (int k = 0; k < 8; k++)
             wa[k] = _mm256_sign_epi8(w[k], w[k]);
-        __m256 dw = f16x8(p, 0);
+        __m256 dw = s8_scales(p, lut);
         for (size_t t = 0; t < tt; t++) {
             const uint8_t *xr = xq + t * xrb;
             __m256i S = mul8s(w, wa, (const int8_t *)(xr + KERN_QX32_Q(nb) + 32 * b), one);
@@ -227,24 +247,24 @@ INLINE void grp_s8(const uint8_t *const rows[8], const uint8_t *next, size_t nb,
     }
 }
 
-/* Q8_0 (iq4 0) or IQ4_NL (iq4 1: the 32 levels of the block's nibbles for its int8 values) */
-INLINE void one_s8(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int iq4,
+/* Q8_0 (lut 0), IQ4_NL or MXFP4 (the 32 levels of the block's nibbles for its int8 values) */
+INLINE void one_s8(const uint8_t *const rows[8], const uint8_t *next, size_t nb, int lut,
                    const uint8_t *xr, __m256 *acc)
 {
-    const __m256i lut = iq4_lut();
-    size_t bb = iq4 ? 18 : 34;
+    const __m256i levels = _mm256_broadcastsi128_si256(kern__lut_levels(lut, 0));
+    size_t bb = S8_BYTES(lut);
     for (size_t b = 0; b < nb; b++) {
         prefetch_next(next, b, bb);
         const uint8_t *p[8];
         __m256i x = ld(xr + KERN_QX32_Q(nb) + 32 * b), s[8];
         for (int r = 0; r < 8; r++) {
             p[r] = rows[r] + bb * b;
-            __m256i w = iq4 ? iq4_vals(p[r] + 2, lut) : ld(p[r] + 2);
+            __m256i w = lut ? iq4_vals(p[r] + S8_VALS(lut), levels) : ld(p[r] + 2);
             s[r] = dot_quads(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
         }
         float dx;
         memcpy(&dx, xr + 4 * b, 4);
-        *acc = fold8(*acc, f16x8(p, 0), _mm256_set1_ps(dx), _mm256_cvtepi32_ps(hsum8(s)));
+        *acc = fold8(*acc, s8_scales(p, lut), _mm256_set1_ps(dx), _mm256_cvtepi32_ps(hsum8(s)));
     }
 }
 

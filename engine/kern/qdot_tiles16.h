@@ -1,8 +1,8 @@
 /* The AVX-512 integer products' 16-row tiles over the file's rows (kern/qdot.h): the pieces
  * every type's file shares (kern/qdot_avx512_legacy.c: Q8_0, Q4_0 .. Q5_1; kern/qdot_avx512_k.c:
- * Q2_K .. Q6_K; kern/qdot_avx512_iq4.c: IQ4_NL, IQ4_XS) and the loop over groups of 16 weight
- * rows (QTILES16_DEFINE) that each type's entry point is; kern/qdot_avx512.c picks the entry by
- * type and sends a lone row of x to the AVX2 kernels.
+ * Q2_K .. Q6_K; kern/qdot_avx512_iq4.c: IQ4_NL, IQ4_XS, MXFP4) and the loop over groups of 16
+ * weight rows (QTILES16_DEFINE) that each type's entry point is; kern/qdot_avx512.c picks the entry
+ * by type and sends a lone row of x to the AVX2 kernels.
  *
  * The AVX2 row kernels (kern/qdot_rows8.h) widened to 16 weight rows, one per 32-bit lane of a
  * zmm, each lane's float sum the reference's single accumulator. Per block each row's values
@@ -53,6 +53,8 @@ void QTILES16(iq4_nl)(const kern_mat *w, const uint8_t *x, size_t xrb, size_t tt
                       size_t ldo, size_t n0, size_t n1, int vnni);
 void QTILES16(iq4_xs)(const kern_mat *w, const uint8_t *x, size_t xrb, size_t tt, float *out,
                       size_t ldo, size_t n0, size_t n1, int vnni);
+void QTILES16(mxfp4)(const kern_mat *w, const uint8_t *x, size_t xrb, size_t tt, float *out,
+                     size_t ldo, size_t n0, size_t n1, int vnni);
 
 /* v[i] = pair(row i, row i + 8) of 8 int32 each  :=  v[k] whose lane r is int32 k of row r: the
  * 8 x 8 transpose of kern/qdot_rows8.h's tr8 in each 256-bit half (its in-lane unpacks are the same
@@ -107,6 +109,16 @@ INLINE __m512 f16x16(const uint8_t *const p[16], size_t off)
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(a)), _mm256_cvtph_ps(c), 1);
 }
 
+/* MXFP4's E8M0 byte at p[r] of each of the 16 rows as its scale 2^(e - 128), lanes 0..15 */
+INLINE __m512 e8m0x16(const uint8_t *const p[16])
+{
+    __m256 a = kern__e8m0_ps8(
+        _mm256_setr_epi32(p[0][0], p[1][0], p[2][0], p[3][0], p[4][0], p[5][0], p[6][0], p[7][0]));
+    __m256 c = kern__e8m0_ps8(_mm256_setr_epi32(p[8][0], p[9][0], p[10][0], p[11][0], p[12][0],
+                                                p[13][0], p[14][0], p[15][0]));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(a), c, 1);
+}
+
 /* While block b of a group of 16 rows is read, the next group's bytes of block b (the same share
  * of its contiguous 16 rows) are fetched: 16 short streams start each group, which the hardware
  * prefetchers learn too late (kern/qdot_rows8.h's prefetch_next). */
@@ -146,7 +158,7 @@ INLINE __attribute__((target("avx512vnni"))) __m512i dot16(__m512i s, const __m5
 
 /* Block b of 16 rows whose 32 values w (transposed quads) are the weights plus 128, unsigned,
  * times activation rows xq[0 .. tt) (KERN_QX_32): S = the vpdpbusd sum less 128 sx, folded with
- * the rows' scales dw (Q8_0 and IQ4_NL) */
+ * the rows' scales dw (Q8_0, IQ4_NL and MXFP4) */
 INLINE __attribute__((target("avx512vnni"))) void fold_u128(const __m512i w[8], __m512 dw,
                                                             const uint8_t *xq, size_t xrb,
                                                             size_t tt, size_t nb, size_t b,

@@ -4,6 +4,8 @@
 #ifndef KVS_ENGINE_KERN_QDOT_X86_H
 #define KVS_ENGINE_KERN_QDOT_X86_H
 
+#include "engine/kern/qdot.h"
+
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -33,6 +35,37 @@ static inline __attribute__((always_inline)) __m128i kern__iq4_levels(int plus12
     __m128i v =
         _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
     return plus128 ? _mm_xor_si128(v, _mm_set1_epi8((char)0x80)) : v;
+}
+
+/* MXFP4's 16 levels (E2M1's values doubled, kern/quant_pack.c's MXFP4_LEVELS), the same two
+ * ways */
+static inline __attribute__((always_inline)) __m128i kern__mxfp4_levels(int plus128)
+{
+    __m128i v = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    return plus128 ? _mm_xor_si128(v, _mm_set1_epi8((char)0x80)) : v;
+}
+
+/* The levels of table lut (kern/qdot.h's KERN_LUT_IQ4, KERN_LUT_MXFP4), the same two ways */
+static inline __attribute__((always_inline)) __m128i kern__lut_levels(int lut, int plus128)
+{
+    return lut == KERN_LUT_MXFP4 ? kern__mxfp4_levels(plus128) : kern__iq4_levels(plus128);
+}
+
+/* MXFP4's scales from its E8M0 bytes e (int32 lanes, 0 .. 255): 2^(e - 128), the bits of
+ * engine/dtype.h's dtype_e8m0_half_bits ((e - 1) << 23, or 0x00200000 << e for the subnormal
+ * e < 2) */
+static inline __attribute__((always_inline)) __m256 kern__e8m0_ps8(__m256i e)
+{
+    __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    __m256i lt2 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, lt2));
+}
+
+/* The 8 E8M0 bytes at p (a group's e[8]) as kern__e8m0_ps8's scales */
+static inline __attribute__((always_inline)) __m256 kern__e8m0x8(const uint8_t *p)
+{
+    return kern__e8m0_ps8(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)));
 }
 
 /* The 8 sub-block scales of the IQ4_XS block at p (d | scales_h | scales_l[4] | qs) as int16:

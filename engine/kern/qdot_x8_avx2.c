@@ -309,14 +309,21 @@ INLINE __m256i sdot8(const __m256i w[8], const __m256i wa[8], const int8_t *xs)
 #endif
 }
 
-/* IQ4_XS's and IQ4_NL's levels for sdot8: plus 128 with VNNI, signed otherwise */
-INLINE __m256i iq4_levels8(void)
+/* The levels of table lut (IQ4_XS's and IQ4_NL's, or MXFP4's) for sdot8: plus 128 with VNNI,
+ * signed otherwise */
+INLINE __m256i lut_levels8(int lut)
 {
 #ifdef KERN_QDOT_VNNI
-    return _mm256_broadcastsi128_si256(kern__iq4_levels(1));
+    return _mm256_broadcastsi128_si256(kern__lut_levels(lut, 1));
 #else
-    return _mm256_broadcastsi128_si256(kern__iq4_levels(0));
+    return _mm256_broadcastsi128_si256(kern__lut_levels(lut, 0));
 #endif
+}
+
+/* IQ4_XS's and IQ4_NL's */
+INLINE __m256i iq4_levels8(void)
+{
+    return lut_levels8(KERN_LUT_IQ4);
 }
 
 /* KERN_QUANT_X8 IQ4_XS (kern/qdot.h's kern__iq4xsx8): sub-block j as a Q4_0 block of the group,
@@ -361,31 +368,33 @@ INLINE void grp_iq4xsx8(const kern__iq4xsx8 *g, size_t nb, const uint8_t *xq, si
     }
 }
 
-/* KERN_QUANT_X8 Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 (kern/qdot.h's kern__q40x8 .. kern__q80x8:
- * bb bytes a block of the group, m at mo, qh at ho, qs at qo; 0: none): per block, qs[k]'s low
- * nibbles are values 4 k .. 4 k + 3 of the 8 rows (row r in lane r), the high ones values 16 + 4 k
- * ..: w[0 .. 8) meet the activation quads in order; bit k of qh, moved to bit 4, is w[k]'s fifth
- * bit; IQ4_NL's (lut) values are the levels its nibbles look up; Q8_0's (s8) are qs[k] whole. The
- * int16 form sums 8 maddubs of 4-bit values (|8 * 2 * 15 * 127| < 2^15), 4 of 5-bit ones (|4 * 2 *
- * 31 * 127| < 2^15), then madd by ones; signed values (IQ4_NL, Q8_0) meet x by the sign trick,
- * each maddubs madd'ed alone (|2 * 128 * 127| leaves no room for two). With VNNI 8 vpdpbusd, the
- * signed values plus 128 (unsigned: IQ4_NL's levels so looked up, Q8_0's w ^ 0x80) with 128 sx
- * taken off after. S = that - bias sx (Q = raw - bias through the block's activation sum), folded
- * as (d_w d_x) S, then for a min (m d_x) sx: the reference's integers and order (grp_leg and
- * grp_s8 over the file's rows). */
+/* KERN_QUANT_X8 Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 and Q8_0 (kern/qdot.h's kern__q40x8 ..
+ * kern__q80x8: bb bytes a block of the group, m at mo, qh at ho, qs at qo; 0: none; the rows'
+ * scales the f16 d at 0, or MXFP4's E8M0 bytes e there (e8)): per block, qs[k]'s low nibbles are
+ * values 4 k .. 4 k + 3 of the 8 rows (row r in lane r), the high ones values 16 + 4 k ..: w[0 ..
+ * 8) meet the activation quads in order; bit k of qh, moved to bit 4, is w[k]'s fifth bit;
+ * IQ4_NL's and MXFP4's (lut) values are the levels their nibbles look up in their tables; Q8_0's
+ * (s8) are qs[k] whole. The int16 form sums 8 maddubs of 4-bit values (|8 * 2 * 15 * 127| <
+ * 2^15), 4 of 5-bit ones (|4 * 2 * 31 * 127| < 2^15), then madd by ones; signed values (IQ4_NL,
+ * MXFP4, Q8_0) meet x by the sign trick, each maddubs madd'ed alone (|2 * 128 * 127| leaves no
+ * room for two). With VNNI 8 vpdpbusd, the signed values plus 128 (unsigned: the levels so looked
+ * up, Q8_0's w ^ 0x80) with 128 sx taken off after. S = that - bias sx (Q = raw - bias through
+ * the block's activation sum), folded as (d_w d_x) S, then for a min (m d_x) sx: the reference's
+ * integers and order (grp_leg and grp_s8 over the file's rows). */
 INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t ho, size_t qo,
-                      int bias, int lut, int s8, const uint8_t *xq, size_t xrb, size_t tt,
+                      int bias, int lut, int s8, int e8, const uint8_t *xq, size_t xrb, size_t tt,
                       __m256 *acc)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
-    const __m256i levels = iq4_levels8();
+    const __m256i levels = lut_levels8(lut);
 #ifdef KERN_QDOT_VNNI
     bias += lut || s8 ? 128 : 0;
 #endif
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *q = g + b * bb;
         kern_prefetch_l2(q + KERN_PF_AHEAD, bb);
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q));
+        __m256 d = e8 ? kern__e8m0x8(q)
+                      : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q));
         __m256 dm = mo ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(q + mo)))
                        : _mm256_setzero_ps();
         __m256i w[8];
@@ -444,10 +453,10 @@ INLINE void grp_legx8(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t 
 INLINE void grp_x8(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size_t xrb, size_t tt,
                    __m256 *acc, __m256i *si)
 {
-#define LEG(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8)                                        \
+#define LEG(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8, e8)                                    \
     if (w->qtype == id)                                                                            \
         grp_legx8((const uint8_t *)w->data + g * nb * sizeof(T), nb, sizeof(T), gm, gh,            \
-                  offsetof(T, qs), bias, lut, s8, xq, xrb, tt, acc);                               \
+                  offsetof(T, qs), bias, lut, s8, e8, xq, xrb, tt, acc);                           \
     else
     KERN_LEG_X8_TYPES(LEG)
 #undef LEG

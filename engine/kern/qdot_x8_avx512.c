@@ -127,15 +127,20 @@ INLINE __m512i sdot16(const __m512i w[8], const __mmask64 neg[8], const int8_t *
 #endif
 }
 
-/* The IQ4 levels for sdot16 (plus 128 with VNNI, signed otherwise), and w[k] made its operand:
- * without VNNI |w| with neg[k] where w < 0 */
-INLINE __m512i iq4_levels16(void)
+/* The levels of table lut (the IQ4 types', or MXFP4's) for sdot16 (plus 128 with VNNI, signed
+ * otherwise), and w[k] made its operand: without VNNI |w| with neg[k] where w < 0 */
+INLINE __m512i lut_levels16(int lut)
 {
 #ifdef KERN_QDOT_VNNI
-    return _mm512_broadcast_i32x4(kern__iq4_levels(1));
+    return _mm512_broadcast_i32x4(kern__lut_levels(lut, 1));
 #else
-    return _mm512_broadcast_i32x4(kern__iq4_levels(0));
+    return _mm512_broadcast_i32x4(kern__lut_levels(lut, 0));
 #endif
+}
+
+INLINE __m512i iq4_levels16(void)
+{
+    return lut_levels16(KERN_LUT_IQ4);
 }
 
 INLINE void signs16(__m512i w[8], __mmask64 neg[8])
@@ -191,10 +196,11 @@ INLINE void grp_iq4xs(const kern__iq4xsx8 *a, const kern__iq4xsx8 *c, size_t nb,
     }
 }
 
-/* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 (kern__q40x8 .. kern__q80x8: bb bytes a block of the
- * group, m at mo, qh at ho, qs at qo; 0: none): w[0 .. 4) the low nibbles of qs[k] (values 4 k ..
- * 4 k + 3 of each row), w[4 .. 8) the high ones (values 16 + 4 k ..), bit k of qh above w[k]'s
- * nibbles; IQ4_NL's (lut) the levels the nibbles look up, Q8_0's (s8) qs[k] whole. The int16 form
+/* Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 and Q8_0 (kern__q40x8 .. kern__q80x8: bb bytes a block of
+ * the group, m at mo, qh at ho, qs at qo; 0: none; the rows' scales f16, or MXFP4's E8M0 bytes
+ * (e8)): w[0 .. 4) the low nibbles of qs[k] (values 4 k .. 4 k + 3 of each row), w[4 .. 8) the
+ * high ones (values 16 + 4 k ..), bit k of qh above w[k]'s nibbles; IQ4_NL's and MXFP4's (lut)
+ * the levels the nibbles look up, Q8_0's (s8) qs[k] whole. The int16 form
  * sums 8 maddubs of 4-bit values (4 of 5-bit ones) and one madd by ones; signed values |w| against
  * x negated where w < 0 (AVX-512 has no vpsignb: a masked subtraction from 0, exact as |x| <=
  * 127), each maddubs madd'ed alone. With VNNI 8 vpdpbusd, the signed values plus 128 (IQ4_NL's
@@ -210,7 +216,7 @@ typedef struct leg_blk {
 } leg_blk;
 
 INLINE void leg_load(const uint8_t *a, const uint8_t *c, size_t b, size_t nb, size_t bb, size_t mo,
-                     size_t ho, size_t qo, int lut, int s8, __m512i levels, leg_blk *k)
+                     size_t ho, size_t qo, int lut, int s8, int e8, __m512i levels, leg_blk *k)
 {
     const uint8_t *qa = a + b * bb, *qc = c + b * bb;
     prefetch2(a, c, b, bb, nb);
@@ -222,7 +228,7 @@ INLINE void leg_load(const uint8_t *a, const uint8_t *c, size_t b, size_t nb, si
 #endif
     if (lut || s8)
         signs16(k->w, k->neg);
-    k->dw = f16x16((const uint16_t *)(const void *)qa, (const uint16_t *)(const void *)qc);
+    k->dw = leg_scales16(qa, qc, e8);
     k->dm = mo ? f16x16((const uint16_t *)(const void *)(qa + mo),
                         (const uint16_t *)(const void *)(qc + mo))
                : _mm512_setzero_ps();
@@ -264,18 +270,18 @@ INLINE __m512 leg_fold(__m512 acc, const leg_blk *k, const uint8_t *xr, size_t n
  * IQ4_NL 1.07x, Q8_0 1.06x, Q4_1 1.00x), 1.06x streaming; TinyLlama Q4_0 decode of 16 sequences
  * 1.065x, prefill 1.09x. Three or four blocks a pass: 0.93x, 0.79x (their values spill). */
 INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, size_t mo, size_t ho,
-                    size_t qo, int bias, int lut, int s8, const uint8_t *xq, size_t xrb, size_t tt,
-                    __m512 *acc)
+                    size_t qo, int bias, int lut, int s8, int e8, const uint8_t *xq, size_t xrb,
+                    size_t tt, __m512 *acc)
 {
-    const __m512i levels = iq4_levels16();
+    const __m512i levels = lut_levels16(lut);
 #ifdef KERN_QDOT_VNNI
     bias += lut || s8 ? 128 : 0;
 #endif
     size_t b = 0;
     for (; b + 2 <= nb; b += 2) {
         leg_blk k0, k1;
-        leg_load(a, c, b, nb, bb, mo, ho, qo, lut, s8, levels, &k0);
-        leg_load(a, c, b + 1, nb, bb, mo, ho, qo, lut, s8, levels, &k1);
+        leg_load(a, c, b, nb, bb, mo, ho, qo, lut, s8, e8, levels, &k0);
+        leg_load(a, c, b + 1, nb, bb, mo, ho, qo, lut, s8, e8, levels, &k1);
         for (size_t t = 0; t < tt; t++) {
             const uint8_t *xr = xq + t * xrb;
             __m512 s = leg_fold(acc[t], &k0, xr, nb, b, bias, lut, s8, ho, mo != 0);
@@ -284,7 +290,7 @@ INLINE void grp_leg(const uint8_t *a, const uint8_t *c, size_t nb, size_t bb, si
     }
     if (b < nb) {
         leg_blk k0;
-        leg_load(a, c, b, nb, bb, mo, ho, qo, lut, s8, levels, &k0);
+        leg_load(a, c, b, nb, bb, mo, ho, qo, lut, s8, e8, levels, &k0);
         for (size_t t = 0; t < tt; t++)
             acc[t] = leg_fold(acc[t], &k0, xq + t * xrb, nb, b, bias, lut, s8, ho, mo != 0);
     }
@@ -705,11 +711,11 @@ INLINE void grp2(const kern_mat *w, size_t g, size_t nb, const uint8_t *xq, size
 {
     size_t g2 = 8 * (g + 1) < w->n_out ? g + 1 : g;
     const uint8_t *q = w->data;
-#define LEG(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8)                                        \
+#define LEG(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8, e8)                                    \
     if (w->qtype == id) {                                                                          \
         size_t gb = nb * sizeof(T);                                                                \
         grp_leg(q + g * gb, q + g2 * gb, nb, sizeof(T), gm, gh, offsetof(T, qs), bias, lut, s8,    \
-                xq, xrb, tt, acc);                                                                 \
+                e8, xq, xrb, tt, acc);                                                             \
     } else
     KERN_LEG_X8_TYPES(LEG)
 #undef LEG

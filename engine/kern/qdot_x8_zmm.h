@@ -5,6 +5,7 @@
 #ifndef KVS_ENGINE_KERN_QDOT_X8_ZMM_H
 #define KVS_ENGINE_KERN_QDOT_X8_ZMM_H
 
+#include "engine/kern/qdot_x86.h"
 #include "engine/kern/qdot_zmm.h"
 
 /* 8 halves at a and 8 at c as floats, lanes 0..15 */
@@ -13,6 +14,20 @@ INLINE __m512 f16x16(const uint16_t *a, const uint16_t *c)
     __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)a));
     __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)c));
     return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+/* MXFP4's 8 E8M0 bytes at a and 8 at c as their scales 2^(e - 128), lanes 0..15 */
+INLINE __m512 e8x16(const uint8_t *a, const uint8_t *c)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(kern__e8m0x8(a)), kern__e8m0x8(c), 1);
+}
+
+/* The rows' scales of a 32-value block of both groups at qa, qc: f16 d, or MXFP4's E8M0 bytes
+ * (e8) */
+INLINE __m512 leg_scales16(const uint8_t *qa, const uint8_t *qc, int e8)
+{
+    return e8 ? e8x16(qa, qc)
+              : f16x16((const uint16_t *)(const void *)qa, (const uint16_t *)(const void *)qc);
 }
 
 /* 8 unsigned (u8x16) or signed (i8x16) bytes at a and 8 at c as int32 lanes 0..15 */
@@ -116,7 +131,7 @@ INLINE __m512i q6k_vals(const kern__q6kx8 *qa, const kern__q6kx8 *qc, int v, int
 /* One 32-value block of both groups (kern__q40x8 .. kern__q80x8 at qa, qc: qh at ho, qs at qo)
  * as w[k], quad k (values 4 k .. 4 k + 3) of the 16 rows: Q8_0's (s8) qs[k] whole, else the low
  * nibbles of qs[k] for k < 4 and the high ones of qs[k - 4] after, qh's bit k above w[k]'s nibble
- * (ho != 0), and IQ4_NL's (lut) looked up in levels */
+ * (ho != 0), and IQ4_NL's and MXFP4's (lut) looked up in levels (their table's) */
 INLINE void leg_vals(const uint8_t *qa, const uint8_t *qc, size_t ho, size_t qo, int lut, int s8,
                      __m512i levels, __m512i w[8])
 {

@@ -4,7 +4,8 @@
  *
  * Every supported type's weight is one formula over small integers and f16 scales, each type
  * being a choice of fields (struct kern_qfmt):
- *     S = f16(d) * sc         (sc = 1 without sub-block scales: Q4_0 .. Q5_1, IQ4_NL)
+ *     S = f16(d) * sc         (sc = 1 without sub-block scales: Q4_0 .. Q5_1, IQ4_NL, MXFP4;
+ *                              MXFP4's d is a bf16, its E8M0 byte's 2^(e - 128), exact)
  *     M = f16(dm) * mi        (mi = 1 without sub-block scales; M = -0 for types without a min)
  *     w = S * Q + M           Q = lut[raw] (IQ4) or raw - bias, raw = lo | hi << lo_bits
  * dm is stored negated for the K-quants (their value is S * q - dmin * m), so the sum is always
@@ -22,10 +23,12 @@
  *     lo_bits 2 and hi_bits 2: byte 32 m + t holds T[128 m + 32 s + t] at bits 2 s, 2 s + 1
  *     hi_bits 1: byte 32 m + t holds T[256 m + 32 s + t] at bit s
  * Per row that is exactly the file's bytes for Q4_0 .. Q5_1, IQ4_NL and Q6_K, and 4 bytes (Q3_K,
- * Q4_K, Q5_K), 2 (IQ4_XS) or 16 (Q2_K, whose scale nibbles become bytes) more per super-block. */
+ * Q4_K, Q5_K), 2 (IQ4_XS) or 16 (Q2_K, whose scale nibbles become bytes) more per super-block, 1
+ * more per block for MXFP4 (its exponent byte as a bf16 d). */
 #ifndef KVS_ENGINE_KERN_QUANT_H
 #define KVS_ENGINE_KERN_QUANT_H
 
+#include "engine/dtype.h"
 #include "engine/kern/kern.h"
 
 #include <stdbool.h>
@@ -50,12 +53,19 @@ typedef struct kern_qfmt {
     uint8_t hi_bits;     /* 0, 1 or 2 */
     uint8_t bias;        /* Q = raw - bias (without lut) */
     bool has_sc, has_min;
-    const int8_t *lut; /* Q = lut[raw] (IQ4), or NULL */
+    bool d_bf16;       /* d is a bf16 (MXFP4: its E8M0 scale widened), not an f16 */
+    const int8_t *lut; /* Q = lut[raw] (IQ4, MXFP4), or NULL */
     void (*decode)(const uint8_t *blk, kern_qblock *out);
 } kern_qfmt;
 
 /* The format of ggml type id, or NULL if kvserve has no kernels for it. */
 const kern_qfmt *kern__qfmt(uint32_t id);
+
+/* The value of a block's d bits (kern_qblock.d, a panel's d[16]) in format f. */
+static inline float kern__q_d(const kern_qfmt *f, uint16_t d)
+{
+    return f->d_bf16 ? dtype_bf16_to_f32(d) : dtype_f16_to_f32(d);
+}
 
 /* Byte offsets inside one panel super-block (all rows). */
 typedef struct kern_qoff {

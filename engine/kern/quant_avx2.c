@@ -120,11 +120,19 @@ INLINE __m256 cvtph8(const uint8_t *p)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
 }
 
+/* 8 bf16 at p as floats (MXFP4's d): each shifted into the top half of its float */
+INLINE __m256 bf16x8(const uint8_t *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
 /* S and M of the 16 rows (two vectors each) for sub-block j of a panel super-block. */
 INLINE void scales(const kern_qfmt *f, const kern_qoff *o, const uint8_t *ps, size_t j, __m256 S[2],
                    __m256 M[2])
 {
-    __m256 d0 = cvtph8(ps), d1 = cvtph8(ps + 16);
+    __m256 d0 = f->d_bf16 ? bf16x8(ps) : cvtph8(ps),
+           d1 = f->d_bf16 ? bf16x8(ps + 16) : cvtph8(ps + 16);
     if (f->has_sc) {
         __m128i sc = _mm_loadu_si128((const __m128i *)(const void *)(ps + o->sc + j * KERN_PANEL));
         S[0] = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));

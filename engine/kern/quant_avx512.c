@@ -120,11 +120,22 @@ static void expand(const kern_qfmt *f, const kern_qoff *o, const uint8_t *ps, in
         expand_t(f, o, ps, T, 0);
 }
 
+/* 16 bf16 at p as floats (MXFP4's d): each shifted into the top half of its float, in two ymm
+ * halves as k512_cvtph's emulated form */
+INLINE __m512 bf16x16(const uint8_t *p)
+{
+    __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 16)));
+    return _mm512_insertf32x8(
+        _mm512_castps256_ps512(_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16))),
+        _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)), 1);
+}
+
 /* S and M of the 16 rows for sub-block j of a panel super-block. */
 INLINE void scales(const kern_qfmt *f, const kern_qoff *o, const uint8_t *ps, size_t j, __m512 *S,
                    __m512 *M)
 {
-    __m512 d = k512_cvtph(ps);
+    __m512 d = f->d_bf16 ? bf16x16(ps) : k512_cvtph(ps);
     *S = f->has_sc ? _mm512_mul_ps(d, k512_i8_ps(ps + o->sc + j * KERN_PANEL)) : d;
     if (!f->has_min) {
         *M = _mm512_set1_ps(-0.0f);

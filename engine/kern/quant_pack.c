@@ -167,23 +167,35 @@ static void dec_iq4_xs(const uint8_t *p, kern_qblock *o)
     }
 }
 
+/* e (1) | qs (16): MXFP4, its E8M0 exponent widened to 2^(e - 128) as a bf16 (exact: the float's
+ * low 16 bits are zero for every e) */
+static void dec_mxfp4(const uint8_t *p, kern_qblock *o)
+{
+    o->d = (uint16_t)(dtype_e8m0_half_bits(p[0]) >> 16);
+    raw32(p + 1, 0, o->raw);
+}
+
 /* ggml's kvalues_iq4nl */
 static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                       1,    13,   25,  38,  53,  69,  89,  113};
 
+/* MXFP4's: E2M1's values doubled (engine/quant_mxfp4.c) */
+static const int8_t MXFP4_LEVELS[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
 static const kern_qfmt FORMATS[] = {
-    /* id, sb, sub, file bytes, lo, hi, bias, has_sc, has_min, lut, decode */
-    {2, 32, 32, 18, 4, 0, 8, false, false, NULL, dec_q4_0},           /* Q4_0 */
-    {3, 32, 32, 20, 4, 0, 0, false, true, NULL, dec_q4_1},            /* Q4_1 */
-    {6, 32, 32, 22, 4, 1, 16, false, false, NULL, dec_q5_0},          /* Q5_0 */
-    {7, 32, 32, 24, 4, 1, 0, false, true, NULL, dec_q5_1},            /* Q5_1 */
-    {10, 256, 16, 84, 2, 0, 0, true, true, NULL, dec_q2_k},           /* Q2_K */
-    {11, 256, 16, 110, 2, 1, 4, true, false, NULL, dec_q3_k},         /* Q3_K */
-    {12, 256, 32, 144, 4, 0, 0, true, true, NULL, dec_q4_k},          /* Q4_K */
-    {13, 256, 32, 176, 4, 1, 0, true, true, NULL, dec_q5_k},          /* Q5_K */
-    {14, 256, 16, 210, 4, 2, 32, true, false, NULL, dec_q6_k},        /* Q6_K */
-    {20, 32, 32, 18, 4, 0, 0, false, false, IQ4_LEVELS, dec_q4_0},    /* IQ4_NL */
-    {23, 256, 32, 136, 4, 0, 0, true, false, IQ4_LEVELS, dec_iq4_xs}, /* IQ4_XS */
+    /* id, sb, sub, file bytes, lo, hi, bias, has_sc, has_min, d_bf16, lut, decode */
+    {2, 32, 32, 18, 4, 0, 8, false, false, false, NULL, dec_q4_0},           /* Q4_0 */
+    {3, 32, 32, 20, 4, 0, 0, false, true, false, NULL, dec_q4_1},            /* Q4_1 */
+    {6, 32, 32, 22, 4, 1, 16, false, false, false, NULL, dec_q5_0},          /* Q5_0 */
+    {7, 32, 32, 24, 4, 1, 0, false, true, false, NULL, dec_q5_1},            /* Q5_1 */
+    {10, 256, 16, 84, 2, 0, 0, true, true, false, NULL, dec_q2_k},           /* Q2_K */
+    {11, 256, 16, 110, 2, 1, 4, true, false, false, NULL, dec_q3_k},         /* Q3_K */
+    {12, 256, 32, 144, 4, 0, 0, true, true, false, NULL, dec_q4_k},          /* Q4_K */
+    {13, 256, 32, 176, 4, 1, 0, true, true, false, NULL, dec_q5_k},          /* Q5_K */
+    {14, 256, 16, 210, 4, 2, 32, true, false, false, NULL, dec_q6_k},        /* Q6_K */
+    {20, 32, 32, 18, 4, 0, 0, false, false, false, IQ4_LEVELS, dec_q4_0},    /* IQ4_NL */
+    {23, 256, 32, 136, 4, 0, 0, true, false, false, IQ4_LEVELS, dec_iq4_xs}, /* IQ4_XS */
+    {39, 32, 32, 17, 4, 0, 0, false, false, true, MXFP4_LEVELS, dec_mxfp4},  /* MXFP4 */
 };
 
 const kern_qfmt *kern__qfmt(uint32_t id)
@@ -299,7 +311,7 @@ static float f16_at(const uint8_t *p)
 static void scale_min(const kern_qfmt *f, const kern_qoff *o, const uint8_t *ps, size_t j, size_t c,
                       float *S, float *M)
 {
-    float d = f16_at(ps + 2 * c);
+    float d = kern__q_d(f, u16_at(ps + 2 * c));
     *S = f->has_sc ? d * (float)(int8_t)ps[o->sc + j * KERN_PANEL + c] : d;
     if (!f->has_min)
         *M = -0.0f;

@@ -251,14 +251,14 @@ class Refusals(unittest.TestCase):
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")
 
-        def to_mxfp4(data):
+        def to_q8_1(data):
             off = tensor_type_offset(data, "blk.1.ffn_up.weight")
             self.assertEqual(struct.unpack_from("<I", data, off)[0], 0)  # F32
-            struct.pack_into("<I", data, off, 39)  # MXFP4: smaller, so it still fits its slot
-        patch(path, to_mxfp4)
+            struct.pack_into("<I", data, off, 9)  # Q8_1: smaller, so it still fits its slot
+        patch(path, to_q8_1)
         rc, err = serve_refused(path)
         self.assertNotEqual(rc, 0)
-        self.assertIn("tensor blk.1.ffn_up.weight has type MXFP4; supported: F32, F16, BF16, Q8_0, "
+        self.assertIn("tensor blk.1.ffn_up.weight has type Q8_1; supported: F32, F16, BF16, Q8_0, "
                       "Q4_0", err)
 
 
