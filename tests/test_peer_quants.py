@@ -1,5 +1,5 @@
 """meson test 'peer_quants': a 110m-shape llama file quantized by llama.cpp's llama-quantize to
-each weight type below (MXFP4_MOE: a 110m-shape qwen3moe file, whose expert stacks it quantizes
+each weight type below (MXFP4_MOE: a 110m-shape gpt-oss file, whose expert stacks it quantizes
 to MXFP4) loads in kvserve, and its 32 greedy tokens (`kvserve generate
 --prompt-ids` on the QUANTIZED file) equal llama.cpp's llama-server's on the same weights
 dequantized by llama.cpp (`llama-quantize --allow-requantize Q F32`): the same prompt ids, no
@@ -35,11 +35,12 @@ VOCAB = os.environ.get("KVS_VOCAB", os.path.join(peer_util.HERE, "..", "..", "sh
 TYPES = {"Q4_0": 1, "Q4_1": 1, "Q5_0": 1, "Q5_1": 2, "Q8_0": 1, "Q2_K": 1, "Q3_K_M": 1,
          "Q4_K_M": 1, "Q5_K_M": 1, "Q6_K": 1, "IQ4_NL": 1, "IQ4_XS": 2, "MXFP4_MOE": 1}
 # Types that quantize only a mixture of experts' stacks, made from test_peer_families.py's
-# qwen3moe file (8 experts of 256, 2 used, std 0.06), run with F32 K/V caches on both sides as
-# there (an expert is picked by a comparison, which llama.cpp's F16 cache rounding can move).
+# gpt-oss file (the family MXFP4 ships in: 8 experts of 256, 4 used, windows of 16, std 0.06),
+# run with F32 K/V caches on both sides as there (an expert is picked by a comparison, which
+# llama.cpp's F16 cache rounding can move).
 MOE_TYPES = {"MXFP4_MOE"}
-MOE_ARGS = ["--arch", "qwen3moe", "--head-dim", "64", "--rope-base", "1000000", "--experts", "8",
-            "--experts-used", "2", "--expert-ffn", "256", "--weight-std", "0.06"]
+MOE_ARGS = ["--arch", "gpt-oss", "--head-dim", "64", "--sliding-window", "16", "--experts", "8",
+            "--experts-used", "4", "--expert-ffn", "256", "--weight-std", "0.06"]
 
 
 # The types with an integer kernel (--activations q8, the default): their activations are
