@@ -554,6 +554,17 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
         opts.tools_dev = tools_dev;
         int rc = parse_messages_harmony(msgs, &opts, r, e);
         free(tools_dev);
+        if (!rc && r->tool_prefill) { /* the call's header: the output is its arguments */
+            kvs_buf b = {0};
+            kvs_buf_add(&b, r->prompt_text);
+            kvs_buf_add(&b, "<|channel|>commentary to=functions.");
+            kvs_buf_add(&b, r->tool_name);
+            kvs_buf_add(&b, " <|constrain|>json<|message|>");
+            free(r->prompt_text);
+            r->prompt_text = NULL;
+            if (kvs_buf_take(&b, &r->prompt_text))
+                rc = oom(e);
+        }
         return rc;
     }
     /* one more slot: the tools' system text when the request has no system message */
@@ -711,9 +722,42 @@ out:
     return rc;
 }
 
+/* gpt-oss with a named function: the grammar of its arguments alone (tool_prefill); the prompt
+ * then ends in the call's header as the model writes it, "<|channel|>commentary
+ * to=functions.NAME <|constrain|>json<|message|>" after "<|start|>assistant" (parse_messages),
+ * and the arguments end with <|call|>. */
+static int prefill_grammar(srv_request *r, srv_error *e)
+{
+    const cJSON *t, *params = NULL;
+    cJSON_ArrayForEach(t, r->tools)
+    {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (cJSON_IsString(name) && !strcmp(name->valuestring, r->tool_name)) {
+            params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+            break;
+        }
+    }
+    cJSON *empty = params ? NULL : cJSON_CreateObject(); /* no parameters: {} */
+    grammar_def *g = NULL;
+    char err[200];
+    int rc = params || empty
+                 ? srv_json_schema_compile(params ? params : empty, NULL, &g, err, sizeof err)
+                 : KVS_ENOMEM;
+    cJSON_Delete(empty);
+    if (rc == KVS_ENOMEM)
+        return oom(e);
+    if (rc) /* compiled already as part of the tools' grammar: not expected */
+        return srv_error_set(e, 400, "tools", NULL, "%s", err);
+    grammar_def_destroy(r->grammar);
+    r->grammar = g;
+    r->tool_prefill = true;
+    return 0;
+}
+
 /* tools, tool_choice, parallel_tool_calls (chat). A forced choice ("required" or a named
  * function) compiles the calls' grammar. */
-static int parse_tools(const cJSON *root, srv_request *r, srv_error *e)
+static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     r->tool_choice = SRV_TOOLS_NONE;
     r->parallel_tool_calls = true;
@@ -795,6 +839,8 @@ static int parse_tools(const cJSON *root, srv_request *r, srv_error *e)
             return srv_error_set(e, 400, !strncmp(err, "tool_choice", 11) ? "tool_choice" : "tools",
                                  NULL, "%s", err);
         r->format_type = "a forced tool call";
+        if (tmpl == SRV_CHAT_HARMONY && r->tool_choice == SRV_TOOLS_NAMED)
+            return prefill_grammar(r, e);
     }
     return 0;
 }
@@ -1157,7 +1203,7 @@ int srv_request_parse(const char *body, size_t len, bool chat, const srv_chat_fm
         goto out;
     if (refuse_unsupported(root, chat, e))
         goto out;
-    if (chat && parse_tools(root, r, e))
+    if (chat && parse_tools(root, fmt->tmpl, r, e))
         goto out;
     if (chat ? parse_messages(root, fmt, r, e) : parse_prompt(root, r, e))
         goto out;

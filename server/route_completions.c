@@ -83,8 +83,27 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
     snprintf(base, sizeof base, "%s_%u", c->id + (idl > 16 ? idl - 16 : 0), idx);
     cJSON *calls;
     char *rest;
-    int n = srv_tools_parse(c->srv->chat.tmpl, ch->text ? ch->text : "", ch->len, forced, rq->tools,
-                            base, &calls, &rest);
+    kvs_buf call = {0}; /* tool_prefill: the output is the arguments; read as a bare call */
+    if (rq->tool_prefill) {
+        cJSON *js = cJSON_CreateStringReference(rq->tool_name);
+        char *name = js ? cJSON_PrintUnformatted(js) : NULL;
+        cJSON_Delete(js);
+        kvs_buf_add(&call, "{\"name\": ");
+        kvs_buf_add(&call, name ? name : "\"\"");
+        kvs_buf_add(&call, ", \"arguments\": ");
+        kvs_buf_addn(&call, ch->text ? ch->text : "", ch->len);
+        kvs_buf_add(&call, "}");
+        bool failed = call.oom || !name;
+        free(name);
+        if (failed) {
+            kvs_buf_free(&call);
+            return KVS_ENOMEM;
+        }
+    }
+    const char *text = rq->tool_prefill ? call.p : ch->text ? ch->text : "";
+    int n = srv_tools_parse(c->srv->chat.tmpl, text, rq->tool_prefill ? call.len : ch->len, forced,
+                            rq->tools, base, &calls, &rest);
+    kvs_buf_free(&call);
     if (n <= 0)
         return n;
     if (!rq->parallel_tool_calls)

@@ -8,6 +8,7 @@ not write channels, so the splitting itself is checked in tests/test_server.c
 (test_harmony_split, whole and at every cut); here its wiring: output that never reaches a
 <|message|> is header only (no content, no reasoning) with --reasoning-format auto, the raw
 text with none, the same streamed and not."""
+import json
 import os
 import subprocess
 import tempfile
@@ -173,6 +174,25 @@ class Harmony(unittest.TestCase):
             self.skipTest("this random model's arguments did not end in 64 tokens")
         self.assertEqual(c["finish_reason"], "tool_calls", out)
         self.assertEqual(c["message"]["tool_calls"][0]["function"]["name"], "add")
+        # a named function: the prompt ends in that call's header, as gpt-oss writes calls,
+        # and the output is its arguments alone (their schema's grammar), read back as the call
+        named = {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS,
+                 "tool_choice": {"type": "function", "function": {"name": "add"}}}
+        st, out = self.auto.post("/apply-template", named)
+        self.assertEqual(st, 200, out)
+        self.assertTrue(out["prompt"].endswith(
+            "<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json"
+            "<|message|>"), out["prompt"][-120:])
+        st, out = self.auto.post("/v1/chat/completions", dict(named, max_tokens=64))
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        if c["finish_reason"] == "length":
+            self.skipTest("this random model's arguments did not end in 64 tokens")
+        self.assertEqual(c["finish_reason"], "tool_calls", out)
+        call = c["message"]["tool_calls"][0]["function"]
+        self.assertEqual(call["name"], "add")
+        self.assertIsInstance(json.loads(call["arguments"])["a"], (int, float))
+        self.assertIsNone(c["message"]["content"])
         # a result with no call before it: the template raises, kvserve refuses
         st, out = self.auto.post("/v1/chat/completions", {"messages": [
             {"role": "user", "content": "Hi"},
