@@ -712,9 +712,13 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
             int64_t te = gguf_find_tensor(m->file, "token_embd.weight");
             if (m->output.data != m->tok_embd.data && te >= 0)
                 bytes -= (double)gguf_tensor_at(m->file, te)->n_bytes;
-            log_info("experts: %u per layer of ffn %u, %u used per token: %.2fM params active, "
-                     "%.1f MiB of weights read per token",
-                     hp->n_expert, hp->n_ff_exp, hp->n_expert_used,
+            /* the experts' type, which an MXFP4_MOE or mixed file has apart from attention's */
+            int64_t ge = gguf_find_tensor(m->file, "blk.0.ffn_gate_exps.weight");
+            log_info("experts: %u per layer of ffn %u, %s, %u used per token: %.2fM params "
+                     "active, %.1f MiB of weights read per token",
+                     hp->n_expert, hp->n_ff_exp,
+                     ge >= 0 ? ggml_type_name(gguf_tensor_at(m->file, ge)->type) : "?",
+                     hp->n_expert_used,
                      ((double)m->n_params - unused * (double)m->expert_params) / 1e6,
                      bytes / (1024.0 * 1024.0));
         }

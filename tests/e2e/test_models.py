@@ -193,7 +193,7 @@ class MixtureOfExperts(unittest.TestCase):
     def test_batched_equals_alone(self):
         path = mkmodel("moe-batch.gguf", "--arch", "qwen3moe", "--head-dim", "32", "--type",
                        "q8_0", "--experts", "8", "--experts-used", "3", "--weight-std", "0.15")
-        self.batched_equals_alone(path, "experts: 8 per layer of ffn 128, 3 used per token")
+        self.batched_equals_alone(path, "experts: 8 per layer of ffn 128, Q8_0, 3 used per token")
 
     def test_gpt_oss_batched_equals_alone(self):
         """gpt-oss's parts (biases, sinks, the windowed layers' own arena, top-k softmax
@@ -201,7 +201,7 @@ class MixtureOfExperts(unittest.TestCase):
         path = mkmodel("gpt-oss-batch.gguf", "--arch", "gpt-oss", "--head-dim", "32", "--type",
                        "q8_0", "--experts", "8", "--experts-used", "3", "--expert-ffn", "64",
                        "--sliding-window", "4", "--weight-std", "0.15")
-        self.batched_equals_alone(path, "experts: 8 per layer of ffn 64, 3 used per token")
+        self.batched_equals_alone(path, "experts: 8 per layer of ffn 64, Q8_0, 3 used per token")
 
 
 class EmbeddingModel(unittest.TestCase):
