@@ -167,6 +167,7 @@ void sched__finish_seq_tokens(sched *s, seq_list *from, seq *q, enum sched_finis
     ev.status = status;
     ev.prompt_tokens = r->n_prompt;
     ev.completion_tokens = q->n_generated;
+    ev.generated = q->n_generated;
     ev.cached_tokens = r->cached_tokens;
     if (why != SCHED_FINISH_ERROR) {
         /* flush: an incomplete UTF-8 tail and any held-back stop-string prefix are text */
@@ -315,6 +316,7 @@ bool sched__sample_and_emit(sched *s, seq *q, const float *row_in, float *scratc
 
     sched_event ev = {0};
     ev.choice = q->choice;
+    ev.generated = q->n_generated;
     if (want_lp) {
         ev.tokens = malloc(sizeof info);
         if (ev.tokens) {

@@ -164,6 +164,7 @@ typedef struct sched_event {
     size_t text_len;
     sched_token_info *tokens; /* the tokens of this delta, when logprobs were asked for */
     uint32_t n_tokens;
+    uint32_t generated; /* tokens this choice has generated, this delta's included */
     /* The prompt's logprobs (sched_request_params.prompt_logprobs): tokens[i] is prompt token
      * i + 1's, n_tokens = n_prompt - 1; choice 0, no text, finish NONE. */
     bool prompt;

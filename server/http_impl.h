@@ -247,6 +247,9 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch);
 /* Whether c's answers are split into reasoning and content (a thinking template or harmony's
  * channels, unless --reasoning-format none): chat and responses. */
 bool srv__splits_reasoning(const srv_conn *c);
+/* Where the output is split so: counts its choice's reasoning tokens (srv_choice.count), from
+ * every event of the choice, streamed or not. */
+void srv__count_reasoning(srv_conn *c, const sched_event *ev);
 /* The error a choice that failed with status st gets (503 when cancelled by shutdown). */
 void srv__error_of_status(int st, srv_error *e);
 /* Appends a formatted SSE event (taken over; NULL = out of memory) to c's output. */

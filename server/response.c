@@ -67,6 +67,7 @@ void srv_choice_free(srv_choice *c)
     free(c->reasoning);
     cJSON_Delete(c->tool_calls);
     srv_think_free(&c->think);
+    srv_think_free(&c->count);
     memset(c, 0, sizeof *c);
 }
 
@@ -235,7 +236,10 @@ static void add_finish(cJSON *o, enum sched_finish f)
         cJSON_AddNullToObject(o, "finish_reason");
 }
 
-static void add_usage(cJSON *r, uint32_t prompt, uint32_t completion, int cached)
+/* reasoning: the completion's tokens a thinking model spent reasoning (srv_choice
+ * .reasoning_tokens), as OpenAI's completion_tokens_details; 0: none, left out. */
+static void add_usage(cJSON *r, uint32_t prompt, uint32_t completion, int cached,
+                      uint32_t reasoning)
 {
     cJSON *u = cJSON_AddObjectToObject(r, "usage");
     if (!u)
@@ -243,6 +247,11 @@ static void add_usage(cJSON *r, uint32_t prompt, uint32_t completion, int cached
     cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
     cJSON_AddNumberToObject(u, "total_tokens", (double)prompt + completion);
+    if (reasoning) {
+        cJSON *d = cJSON_AddObjectToObject(u, "completion_tokens_details");
+        if (d)
+            cJSON_AddNumberToObject(d, "reasoning_tokens", reasoning);
+    }
     if (cached >= 0) {
         cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
         if (d)
@@ -291,7 +300,7 @@ char *srv_resp_full(const srv_resp_ctx *x, const srv_choice *ch, uint32_t n, uin
 {
     cJSON *r = envelope(x, false);
     cJSON *choices = cJSON_AddArrayToObject(r, "choices");
-    uint32_t completion = 0;
+    uint32_t completion = 0, reasoning = 0;
     for (uint32_t i = 0; choices && i < n; i++) {
         cJSON *c = cJSON_CreateObject();
         cJSON_AddNumberToObject(c, "index", i);
@@ -322,8 +331,9 @@ char *srv_resp_full(const srv_resp_ctx *x, const srv_choice *ch, uint32_t n, uin
             add_finish(c, ch[i].finish);
         cJSON_AddItemToArray(choices, c);
         completion += ch[i].completion_tokens;
+        reasoning += ch[i].reasoning_tokens;
     }
-    add_usage(r, prompt_tokens, completion, (int)cached_tokens);
+    add_usage(r, prompt_tokens, completion, (int)cached_tokens, reasoning);
     char *s = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
     return s;
@@ -433,10 +443,10 @@ char *srv_resp_tool_calls_finish(const srv_resp_ctx *x, uint32_t idx)
 }
 
 char *srv_resp_usage_chunk(const srv_resp_ctx *x, uint32_t prompt_tokens,
-                           uint32_t completion_tokens)
+                           uint32_t completion_tokens, uint32_t reasoning_tokens)
 {
     cJSON *r = envelope(x, true);
     cJSON_AddArrayToObject(r, "choices");
-    add_usage(r, prompt_tokens, completion_tokens, -1);
+    add_usage(r, prompt_tokens, completion_tokens, -1, reasoning_tokens);
     return sse_of(r);
 }

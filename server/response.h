@@ -37,7 +37,11 @@ typedef struct srv_choice {
     cJSON *tool_calls; /* the calls read out of text (which then holds the rest), or NULL */
     char *reasoning;   /* the think block read out of text (message.reasoning_content), or NULL */
     srv_think think;   /* a stream's splitter state */
-    size_t sent;       /* a stream with tools: bytes of text already sent as content */
+    /* a thinking model's output through a splitter of its own (srv__count_reasoning): the
+     * tokens generated up to the last one that placed reasoning text */
+    srv_think count;
+    uint32_t reasoning_tokens;
+    size_t sent; /* a stream with tools: bytes of text already sent as content */
 } srv_choice;
 
 /* Appends an event's text and tokens to c; KVS_ENOMEM. */
@@ -66,9 +70,10 @@ int srv_choice_split_reasoning(srv_choice *c, bool harmony);
 char *srv_resp_tool_calls_chunk(const srv_resp_ctx *x, uint32_t idx, const cJSON *calls);
 /* The finishing chunk of a choice that ended in tool calls (finish_reason "tool_calls"). */
 char *srv_resp_tool_calls_finish(const srv_resp_ctx *x, uint32_t idx);
-/* The final usage chunk (choices: []), as an SSE event. */
+/* The final usage chunk (choices: []), as an SSE event; reasoning_tokens 0: no
+ * completion_tokens_details. */
 char *srv_resp_usage_chunk(const srv_resp_ctx *x, uint32_t prompt_tokens,
-                           uint32_t completion_tokens);
+                           uint32_t completion_tokens, uint32_t reasoning_tokens);
 /* "data: {json}\n\n" around an error body. */
 char *srv_sse_wrap(const char *json);
 /* A JSON string of n bytes of text (NUL bytes included, as \u0000); NULL on OOM. */

@@ -64,6 +64,8 @@ enum MHD_Result srv__pump_full(srv_conn *c)
         bool consumed = false;
         if (!srv__echo_event(c, &ev, &consumed))
             c->fail_status = KVS_ENOMEM;
+        if (!consumed)
+            srv__count_reasoning(c, &ev);
         if (!consumed && ev.choice < c->n_choices && srv_choice_add(&c->choices[ev.choice], &ev))
             c->fail_status = KVS_ENOMEM;
         sched_event_free(&ev);
@@ -123,6 +125,23 @@ bool srv__splits_reasoning(const srv_conn *c)
     enum srv_chat_tmpl t = c->srv->chat.tmpl;
     return (c->route == R_CHAT || c->route == R_RESPONSES) &&
            (srv_chat_has_thinking(t) || t == SRV_CHAT_HARMONY) && !(f && !strcmp(f, "none"));
+}
+
+void srv__count_reasoning(srv_conn *c, const sched_event *ev)
+{
+    if (ev->choice >= c->n_choices || ev->prompt || ev->finish == SCHED_FINISH_ERROR ||
+        !srv__splits_reasoning(c))
+        return;
+    srv_choice *ch = &c->choices[ev->choice];
+    kvs_buf r = {0}, t = {0};
+    ch->count.harmony = c->srv->chat.tmpl == SRV_CHAT_HARMONY;
+    srv_think_feed(&ch->count, ev->text ? ev->text : "", ev->text_len, &r, &t);
+    if (ev->finish != SCHED_FINISH_NONE)
+        srv_think_end(&ch->count, &r, &t);
+    if (r.len)
+        ch->reasoning_tokens = ev->generated;
+    kvs_buf_free(&r);
+    kvs_buf_free(&t);
 }
 
 /* A chat answer's split (reasoning.h); responses split theirs in route_responses.c. */
@@ -266,6 +285,7 @@ static bool format_event(srv_conn *c, const sched_event *ev)
     if (ev->choice >= c->n_choices)
         return true;
     srv_choice *ch = &c->choices[ev->choice];
+    srv__count_reasoning(c, ev);
     if (c->route == R_RESPONSES)
         return srv__responses_event(c, ev);
     bool consumed;
@@ -373,9 +393,12 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             continue;
         }
         if (r < 0) {
+            uint32_t reasoning = 0;
+            for (uint32_t i = 0; i < c->n_choices; i++)
+                reasoning += c->choices[i].reasoning_tokens;
             if (c->rq.include_usage &&
-                !srv__out_append(
-                    c, srv_resp_usage_chunk(&c->rx, c->prompt_tokens, c->completion_tokens)))
+                !srv__out_append(c, srv_resp_usage_chunk(&c->rx, c->prompt_tokens,
+                                                         c->completion_tokens, reasoning)))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             if (!srv__out_append(c, strdup("data: [DONE]\n\n")))
                 return MHD_CONTENT_READER_END_WITH_ERROR;

@@ -524,7 +524,7 @@ static cJSON *response_object(srv_conn *c, bool final)
                                 c->cached_tokens);
         cJSON_AddNumberToObject(u, "output_tokens", c->completion_tokens);
         cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "output_tokens_details"),
-                                "reasoning_tokens", 0);
+                                "reasoning_tokens", ch->reasoning_tokens);
         cJSON_AddNumberToObject(u, "total_tokens", c->prompt_tokens + c->completion_tokens);
     } else {
         cJSON_AddNullToObject(r, "usage");

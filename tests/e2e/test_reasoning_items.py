@@ -69,6 +69,8 @@ class ReasoningItems(unittest.TestCase):
         m = out["choices"][0]["message"]
         self.assertEqual(m["reasoning_content"], "<think><think>")
         self.assertEqual(m["content"], "")
+        # every token went to reasoning: the opening tag and the two that are its text
+        self.assertEqual(out["usage"]["completion_tokens_details"], {"reasoning_tokens": 3})
 
     def test_responses(self):
         body = {"input": "Hi", "max_output_tokens": 3, "logit_bias": self.bias()}
@@ -80,6 +82,7 @@ class ReasoningItems(unittest.TestCase):
                                                 "text": "<think><think>"}])
         self.assertEqual(items[0]["summary"], [])
         self.assertEqual(items[1]["content"][0]["text"], "")
+        self.assertEqual(out["usage"]["output_tokens_details"], {"reasoning_tokens": 3})
         events = self.events(dict(body, stream=True))
         names = [e["type"] for e in events]
         self.assertEqual(names[-1], "response.incomplete")
