@@ -127,6 +127,24 @@ int engine__load_moe(engine_model *m, uint32_t l, char *err, size_t err_len)
     return 0;
 }
 
+/* The k largest of p[0..n) into sel, largest first, and their values into val: repeated
+ * arg-max, so ties go to the lower index (and a NaN score cannot index out of range). */
+static void top_k(const float *p, uint32_t n, uint32_t k, int32_t *sel, float *val)
+{
+    for (uint32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (uint32_t e = 0; e < n; e++) {
+            bool taken = false;
+            for (uint32_t i = 0; i < j && !taken; i++)
+                taken = sel[i] == (int32_t)e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = (int32_t)e;
+        }
+        sel[j] = best;
+        val[j] = p[best];
+    }
+}
+
 /* Row t's experts and weights from its router scores p (n_expert, overwritten with the
  * probabilities): softmax, the k largest (repeated arg-max, so ties go to the lower index), and
  * their probabilities over their sum (at least 2^-14, as llama.cpp clamps it). */
@@ -143,20 +161,10 @@ static void route_row(float *p, uint32_t n, uint32_t k, int32_t *sel, float *wei
     float inv = (float)(1.0 / sum);
     for (uint32_t e = 0; e < n; e++)
         p[e] *= inv;
+    top_k(p, n, k, sel, weight);
     float wsum = 0;
-    for (uint32_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (uint32_t e = 0; e < n; e++) {
-            bool taken = false;
-            for (uint32_t i = 0; i < j && !taken; i++)
-                taken = sel[i] == (int32_t)e;
-            if (!taken && (best < 0 || p[e] > p[best]))
-                best = (int32_t)e;
-        }
-        sel[j] = best;
-        weight[j] = p[best];
-        wsum += p[best];
-    }
+    for (uint32_t j = 0; j < k; j++)
+        wsum += weight[j];
     wsum = wsum > 6.103515625e-5f ? wsum : 6.103515625e-5f;
     for (uint32_t j = 0; j < k; j++)
         weight[j] /= wsum;
@@ -167,18 +175,7 @@ static void route_row(float *p, uint32_t n, uint32_t k, int32_t *sel, float *wei
  * (llama.cpp's softmax_weight gating). */
 static void route_row_topk(const float *p, uint32_t n, uint32_t k, int32_t *sel, float *weight)
 {
-    for (uint32_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (uint32_t e = 0; e < n; e++) {
-            bool taken = false;
-            for (uint32_t i = 0; i < j && !taken; i++)
-                taken = sel[i] == (int32_t)e;
-            if (!taken && (best < 0 || p[e] > p[best]))
-                best = (int32_t)e;
-        }
-        sel[j] = best;
-        weight[j] = p[best];
-    }
+    top_k(p, n, k, sel, weight);
     float mx = weight[0], sum = 0; /* the first is the largest */
     for (uint32_t j = 0; j < k; j++) {
         weight[j] = expf(weight[j] - mx);

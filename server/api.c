@@ -424,6 +424,29 @@ static int parse_effort(const cJSON *root, enum srv_chat_tmpl tmpl, srv_chat_opt
     return 0;
 }
 
+/* messages[i]'s role (developer read as system: OpenAI's newer name for it), content and
+ * tool_calls (NULL when absent or null), checked as every template takes them; -1 with e. */
+static int message_head(const cJSON *it, int i, const char **ro, const cJSON **content,
+                        const cJSON **tc, srv_error *e)
+{
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+    if (!cJSON_IsObject(it) || !cJSON_IsString(role))
+        return srv_error_set(e, 400, "messages", NULL, "messages[%d] needs a string 'role'", i);
+    *ro = !strcmp(role->valuestring, "developer") ? "system" : role->valuestring;
+    if (strcmp(*ro, "system") && strcmp(*ro, "user") && strcmp(*ro, "assistant") &&
+        strcmp(*ro, "tool"))
+        return srv_error_set(e, 400, "messages", NULL,
+                             "messages[%d]: role must be system, user, assistant or tool", i);
+    *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+    *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
+    if (cJSON_IsNull(*tc))
+        *tc = NULL;
+    if (*tc && strcmp(*ro, "assistant"))
+        return srv_error_set(e, 400, "messages", NULL,
+                             "messages[%d]: only assistant messages have tool_calls", i);
+    return 0;
+}
+
 /* gpt-oss (harmony): messages with what the template reads beside each content (an
  * assistant's reasoning_content and first tool call; a tool result as the JSON string tojson
  * writes), checked against what the template refuses. */
@@ -442,29 +465,12 @@ static int parse_messages_harmony(const cJSON *msgs, srv_chat_opts *opts, srv_re
     const cJSON *it;
     cJSON_ArrayForEach(it, msgs)
     {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
-        if (!cJSON_IsObject(it) || !cJSON_IsString(role)) {
-            rc = srv_error_set(e, 400, "messages", NULL, "messages[%d] needs a string 'role'", i);
+        const char *ro;
+        const cJSON *content, *tc;
+        if ((rc = message_head(it, i, &ro, &content, &tc, e)))
             goto out;
-        }
-        const char *ro = role->valuestring;
-        if (!strcmp(ro, "developer"))
-            ro = "system";
-        if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant") &&
-            strcmp(ro, "tool")) {
-            rc = srv_error_set(e, 400, "messages", NULL,
-                               "messages[%d]: role must be system, user, assistant or tool", i);
-            goto out;
-        }
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
-        bool has_calls = tc && !cJSON_IsNull(tc);
+        bool has_calls = tc != NULL;
         char **text = &owned[3 * i];
-        if (has_calls && strcmp(ro, "assistant")) {
-            rc = srv_error_set(e, 400, "messages", NULL,
-                               "messages[%d]: only assistant messages have tool_calls", i);
-            goto out;
-        }
         if (has_calls && (rc = check_tool_calls(tc, i, e)))
             goto out;
         if (has_calls && (!content || cJSON_IsNull(content))) {
@@ -611,28 +617,11 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
     const cJSON *it;
     cJSON_ArrayForEach(it, msgs)
     {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
-        if (!cJSON_IsObject(it) || !cJSON_IsString(role)) {
-            rc = srv_error_set(e, 400, "messages", NULL, "messages[%d] needs a string 'role'", i);
+        const char *ro;
+        const cJSON *content, *tc;
+        if ((rc = message_head(it, i, &ro, &content, &tc, e)))
             goto out;
-        }
-        const char *ro = role->valuestring;
-        if (!strcmp(ro, "developer"))
-            ro = "system"; /* OpenAI's newer name for the system role */
-        if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant") &&
-            strcmp(ro, "tool")) {
-            rc = srv_error_set(e, 400, "messages", NULL,
-                               "messages[%d]: role must be system, user, assistant or tool", i);
-            goto out;
-        }
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
-        bool has_calls = tc && !cJSON_IsNull(tc);
-        if (has_calls && strcmp(ro, "assistant")) {
-            rc = srv_error_set(e, 400, "messages", NULL,
-                               "messages[%d]: only assistant messages have tool_calls", i);
-            goto out;
-        }
+        bool has_calls = tc != NULL;
         char *text = NULL;
         if (has_calls) {
             if ((rc = check_tool_calls(tc, i, e)))
