@@ -25,7 +25,8 @@ void kvs_buf_addn(kvs_buf *b, const char *s, size_t n)
         b->p = p;
         b->cap = cap;
     }
-    memcpy(b->p + b->len, s, n);
+    if (n) /* s may be NULL when there is nothing to add */
+        memcpy(b->p + b->len, s, n);
     b->len += n;
     b->p[b->len] = '\0';
 }
