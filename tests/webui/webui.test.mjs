@@ -85,12 +85,19 @@ test('chat: Enter sends, the reply streams in, the grid shows its blocks and the
         await page.fill('#max_tokens', '40');
         await page.fill('#temperature', '0.9');
         await page.fill('#prompt', 'Once upon a time');
+        // streamed: text appears while the reply is still running. Seen by an observer of the
+        // page's mutations rather than a poll: on a starved machine the whole stream may be
+        // buffered by the time the page runs, and read through in one go between two polls.
+        await page.evaluate(() => {
+            window.streamedText = false;
+            new MutationObserver(() => {
+                const m = document.querySelector('.msg.assistant.streaming .body');
+                if (m && m.textContent.length > 0)
+                    window.streamedText = true;
+            }).observe(document.body, { subtree: true, childList: true, characterData: true });
+        });
         await page.press('#prompt', 'Enter');
-        // streamed: text appears while the reply is still running
-        await page.waitForFunction(() => {
-            const m = document.querySelector('.msg.assistant.streaming .body');
-            return m && m.textContent.length > 0;
-        }, null, { timeout: 30000 });
+        await page.waitForFunction(() => window.streamedText, null, { timeout: 60000 });
         // the grid shows the running sequence's blocks
         await page.waitForFunction(() => Number(document.getElementById('kv-used').textContent) > 0 &&
             Number(document.getElementById('kv-running').textContent) >= 1, null, { timeout: 30000 });
