@@ -805,22 +805,25 @@ const kern_ops kern_avx512_ops = {.name = "avx512",
                                   AVX512_OPS};
 
 /* For CPUs whose vcvtph2ps issues beside the FMAs (AMD Zen 5; kern_select's "auto"): the F16
- * pair tiles convert their own halves however many tiles a pass has (avx512_panel_cvt). The same
- * bits: every table's matmul is the reference's. */
+ * pair tiles convert their own halves however many tiles a pass has (avx512_panel_cvt), and one
+ * row of the 32-value types runs on a zmm stream (kern__qmatmul_avx512_leg), both measured
+ * faster there only. The same bits: every table's products are the reference's. */
 const kern_ops kern_avx512_cvt_ops = {
     .name = "avx512",
-    .note = "F16 pairs converted in their tiles: this CPU converts halves beside its FMAs",
+    .note = "F16 pairs converted in their tiles, one row of Q4_0..Q8_0 on zmm: this CPU converts "
+            "halves beside its FMAs and runs zmm at full width",
     .matmul = avx512_matmul_cvt,
     .pack_x = avx512_pack_x,
     .pack_min_rows = PACK_MIN_ROWS,
-    .qmatmul = kern__qmatmul_avx512,
+    .qmatmul = kern__qmatmul_avx512_leg,
     AVX512_OPS};
 
 /* For CPUs that run AVX-512 as two 256-bit halves (AMD Zen 4; kern_select's "auto"): the panel
  * products on the AVX2 table's 256-bit tiles, which there beat the zmm ones (TinyLlama F16, two
  * threads, kvs-bench-engine batch: 64 rows 98 / 84 tok/s, 512 rows 99 / 83; 16 rows and one
  * row the same; docs/BENCHMARKS.md), and one row of Q2_K and Q3_K on the ymm kernel
- * (kern__qmatmul_avx512_halves). The same bits: every table's products are the reference's. */
+ * (kern__qmatmul_avx512_halves). The same bits: every table's products are the
+ * reference's. */
 const kern_ops kern_avx512_halves_ops = {
     .name = "avx512",
     .note = "F16/F32/Q8_0 panels and one row of Q2_K/Q3_K on AVX2's 256-bit kernels: this CPU "

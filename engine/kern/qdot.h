@@ -243,6 +243,10 @@ void kern__qmatmul_avx512(const kern_mat *w, const void *xq, size_t T, float *ou
                           size_t n0, size_t n1);
 void kern__qmatmul_avx512_emu(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
                               size_t n0, size_t n1);
+/* kern__qmatmul_avx512 with one row of the 32-value types on a zmm stream, for AMD Zen 5
+ * (kern_avx512_cvt_ops). The same bits. */
+void kern__qmatmul_avx512_leg(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                              size_t n0, size_t n1);
 /* kern__qmatmul_avx512 for CPUs that run AVX-512 as two 256-bit halves (kern_avx512_halves_ops):
  * one row of Q2_K and Q3_K on the ymm kernel, the rest as there. The same bits. */
 void kern__qmatmul_avx512_halves(const kern_mat *w, const void *xq, size_t T, float *out,

@@ -54,9 +54,27 @@ static inline size_t few_rows_ymm(const kern_mat *w)
     }
 }
 
-void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, float *out,
-                                   size_t ldo, size_t n0, size_t n1)
+/* Whether one row of w goes to its one-group zmm stream (kern/qdot_x8_avx512.c's one_row): Q4_K,
+ * Q5_K, IQ4_XS, Q2_K and Q3_K (one_q45k, one_iq4xs, one_q23k), and with leg the 32-value types
+ * (one_leg); Q6_K never (the same form gained 4 % on Zen 5). */
+static inline bool one_row_zmm(const kern_mat *w, bool leg)
 {
+    switch (w->qtype) {
+    case KERN_GGML_Q4_K:
+    case KERN_GGML_Q5_K:
+    case KERN_GGML_IQ4_XS:
+    case KERN_GGML_Q2_K:
+    case KERN_GGML_Q3_K: return true;
+    case KERN_GGML_Q6_K: return false;
+    default: return leg;
+    }
+}
+
+/* leg: one row of the 32-value types on zmm (kern__qmatmul_avx512_leg) */
+static void qmatmul(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo, size_t n0,
+                    size_t n1, bool leg)
+{
+    (void)leg; /* the emulated copy has no VNNI kernels */
     size_t xrb = kern_qx_row_bytes(kern_qdot_act(w), w->n_in);
     int kind = w->type == KERN_Q8_0 ? 0 : (int)w->qtype;
 #ifndef KERN_AVX512_EMULATED
@@ -98,10 +116,8 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     }
     if (w->type == KERN_QUANT_X8) {
 #if !defined(KERN_AVX512_EMULATED) && defined(KERN_HAVE_QDOT_VNNI)
-        /* one group's stream, zmm (one_q45k, one_q23k, one_iq4xs) */
-        if (vnni && (w->qtype == KERN_GGML_Q4_K || w->qtype == KERN_GGML_Q5_K ||
-                     w->qtype == KERN_GGML_Q2_K || w->qtype == KERN_GGML_Q3_K ||
-                     w->qtype == KERN_GGML_IQ4_XS)) {
+        /* one group's stream, zmm */
+        if (vnni && one_row_zmm(w, leg)) {
             kern__qmatmul_x8_avx512_vnni(w, xq, T, out, ldo, n0, n1);
             return;
         }
@@ -154,7 +170,24 @@ void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, 
     }
 }
 
+void KERN512(kern__qmatmul_avx512)(const kern_mat *w, const void *xq, size_t T, float *out,
+                                   size_t ldo, size_t n0, size_t n1)
+{
+    qmatmul(w, xq, T, out, ldo, n0, n1, false);
+}
+
 #ifndef KERN_AVX512_EMULATED
+/* Where zmm work is as cheap as ymm work a value (AMD Zen 5, kern_avx512_cvt_ops), one row of the
+ * 32-value types (Q4_0 .. Q8_0, IQ4_NL, MXFP4) on its zmm stream, one_leg: one Zen 5 core from
+ * the caches Q4_0 1.38x, Q8_0 1.30x, MXFP4 1.26x, Q5_0 1.29x; streaming MXFP4 1.19x. The same
+ * form measured 1.00x (IQ4_NL), 1.09x (Q4_0) and 0.92x (Q5_1) on an Intel Xeon core (zmm
+ * integer work issues on two ports there), so kern__qmatmul_avx512 keeps them on ymm. */
+void kern__qmatmul_avx512_leg(const kern_mat *w, const void *xq, size_t T, float *out, size_t ldo,
+                              size_t n0, size_t n1)
+{
+    qmatmul(w, xq, T, out, ldo, n0, n1, true);
+}
+
 /* Where AVX-512 runs as two 256-bit halves (AMD Zen 4), Q2_K's and Q3_K's one row stays on the
  * ymm kernel: there a zmm stream of one group (one_q45k's form) was the slower, 75 -> 55
  * Gweights/s for Q2_K and 51 -> 46 for Q3_K from the caches (docs/BENCHMARKS.md, "Q2_K and Q3_K

@@ -16,7 +16,8 @@
  * so it has none), and IQ4_XS: one_iq4xs (Intel Xeon core: 1.20x in the caches; TinyLlama
  * IQ4_XS decode 2 threads 1.12x, where the ymm kernel's one row was compute-bound), and Q2_K
  * and Q3_K: one_q23k (Zen 5 core in the caches: Q3_K 1.36x, Q2_K 1.29x; TinyLlama Q3_K_M decode
- * 2 threads 1.06x, Q2_K 1.10x, both cores streaming Q2_K 1.25x). From
+ * 2 threads 1.06x, Q2_K 1.10x, both cores streaming Q2_K 1.25x), and the 32-value types: one_leg
+ * (Zen 5 core in the caches: Q4_0 1.38x, Q8_0 1.30x, MXFP4 1.26x; streaming MXFP4 1.19x). From
  * two rows on, on one Zen 5 core (5632 x 2048, kvs-bench-qmatmul ... avx512 q8), the ymm kernels
  * ran at about 140 Gweights/s, the transposing 16-row tiles over the file's rows 150-250, these
  * 200-280 (docs/ARCHITECTURE.md, "The integer path"). The 32-value types and IQ4_XS joined the
@@ -703,6 +704,78 @@ INLINE void one_q23k(const uint8_t *g, size_t nb, int q3, const kern__qx256 *x, 
     }
 }
 
+/* One activation row of the 32-value types (kern__q40x8 .. kern__q80x8, the layout and the
+ * arguments of grp_leg), one group as it lies, as one_q45k: the 64 bytes qs[2 kp], qs[2 kp + 1]
+ * are one zmm (quad 2 kp of the 8 rows in lanes 0..7, quad 2 kp + 1 in lanes 8..15): their low
+ * nibbles meet activation quads 2 kp, 2 kp + 1 and the high ones quads 4 + 2 kp, 5 + 2 kp by
+ * vpdpbusd (Q8_0's bytes whole, quads 2 kp, 2 kp + 1 for kp < 4). For Q5_0 and Q5_1 the block's
+ * qh is loaded once as (qh, qh >> 1), so that bit k of the low half's bytes and bit k + 1 of the
+ * high half's sit at bit k of one zmm, moved to bit 4 above the nibble. The bias's 128 sx (plus
+ * the type's own, Q = raw - bias) starts the low half's chain; the halves, summed at the block's
+ * end, leave each row's S of grp_legx8 (integers, exact in any order), folded as there: the same
+ * bits, in half the vpdpbusd and loads of the ymm kernel, whose one row ran at 99 Gweights/s in a
+ * Zen 5 core's caches (Q4_0; Q4_K's one_q45k 131). */
+INLINE void one_leg(const uint8_t *g, size_t nb, size_t bb, size_t mo, size_t ho, size_t qo,
+                    int bias, int lut, int s8, int e8, const uint8_t *xr, __m256 *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+    const __m512i levels = lut_levels16(lut);
+    const int8_t *xq = (const int8_t *)(const void *)(xr + KERN_QX32_Q(nb));
+    bias += lut || s8 ? 128 : 0;
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *q = g + b * bb;
+        const int8_t *xs = xq + 32 * b;
+        kern_prefetch_l2(q + KERN_PF_AHEAD, bb);
+        int16_t sx;
+        float dx;
+        memcpy(&sx, xr + KERN_QX32_S(nb) + 2 * b, 2);
+        memcpy(&dx, xr + 4 * b, 4);
+        __m512i s = _mm512_maskz_set1_epi32(0x00ff, -bias * sx), u = _mm512_setzero_si512();
+        if (s8) {
+            for (int kp = 0; kp < 4; kp += 2) {
+                __m512i v0 = _mm512_loadu_si512((const void *)(q + qo + 64 * kp));
+                __m512i v1 = _mm512_loadu_si512((const void *)(q + qo + 64 * kp + 64));
+                v0 = _mm512_xor_si512(v0, _mm512_set1_epi8((char)0x80)); /* plus 128 */
+                v1 = _mm512_xor_si512(v1, _mm512_set1_epi8((char)0x80));
+                s = _mm512_dpbusd_epi32(s, v0, quads2(xs + 8 * kp));
+                u = _mm512_dpbusd_epi32(u, v1, quads2(xs + 8 * kp + 8));
+            }
+        } else {
+            __m512i h = _mm512_setzero_si512();
+            if (ho) {
+                __m256i h8 = _mm256_loadu_si256((const __m256i *)(const void *)(q + ho));
+                h = pair(h8, _mm256_srli_epi16(h8, 1)); /* bits past 6 are not read */
+            }
+            for (int kp = 0; kp < 2; kp++) {
+                __m512i v = _mm512_loadu_si512((const void *)(q + qo + 64 * kp));
+                __m512i lo = _mm512_and_si512(v, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (ho) { /* 0xf8 = a | b & c */
+                    lo = _mm512_ternarylogic_epi32(lo, bit_to4(h, 2 * kp), m10, 0xf8);
+                    hi = _mm512_ternarylogic_epi32(hi, bit_to4(h, 4 + 2 * kp), m10, 0xf8);
+                }
+                if (lut) {
+                    lo = _mm512_shuffle_epi8(levels, lo);
+                    hi = _mm512_shuffle_epi8(levels, hi);
+                }
+                s = _mm512_dpbusd_epi32(s, lo, quads2(xs + 8 * kp));
+                u = _mm512_dpbusd_epi32(u, hi, quads2(xs + 16 + 8 * kp));
+            }
+        }
+        __m512i t = _mm512_add_epi32(s, u);
+        __m256i S = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+        __m256 d = e8 ? kern__e8m0x8(q)
+                      : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)q));
+        __m256 vdx = _mm256_set1_ps(dx);
+        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(d, vdx), _mm256_cvtepi32_ps(S)));
+        if (mo) {
+            __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(q + mo)));
+            *acc = _mm256_add_ps(*acc,
+                                 _mm256_mul_ps(_mm256_mul_ps(dm, vdx), _mm256_set1_ps((float)sx)));
+        }
+    }
+}
+
 #endif
 
 /* Groups g and g + 1 of w (the last group twice where their count is odd) times xq[0 .. tt). */
@@ -754,8 +827,9 @@ INLINE void store8(float *out, size_t g, size_t n0, size_t n1, __m256 a)
     memcpy(out + 8 * g + c0, l + c0, (c1 - c0) * sizeof(float));
 }
 
-/* One activation row of Q2_K .. Q5_K or IQ4_XS, group by group on its one-stream kernel (each
- * call's type flag a constant, so that each kernel is built for its type); 0 for another type */
+/* One activation row of Q2_K .. Q5_K, IQ4_XS or the 32-value types, group by group on its
+ * one-stream kernel (each call's type flags constants, so that each kernel is built for its
+ * type); 0 for another type (Q6_K) */
 INLINE int one_row(const kern_mat *w, const void *xq, size_t nb, float *out, size_t n0, size_t n1)
 {
     uint32_t t = w->qtype;
@@ -765,8 +839,21 @@ INLINE int one_row(const kern_mat *w, const void *xq, size_t nb, float *out, siz
                       : t == KERN_GGML_Q5_K   ? sizeof(kern__q5kx8)
                       : t == KERN_GGML_IQ4_XS ? sizeof(kern__iq4xsx8)
                                               : 0);
-    if (!gb)
+    if (!gb) {
+#define LEG(id, T, file, mo, ho, nq, gm, gh, bias, lut, s8, e8)                                    \
+    if (t == id) {                                                                                 \
+        for (size_t g = n0 / 8; 8 * g < n1; g++) {                                                 \
+            __m256 a = _mm256_setzero_ps();                                                        \
+            one_leg((const uint8_t *)w->data + g * nb * sizeof(T), nb, sizeof(T), gm, gh,          \
+                    offsetof(T, qs), bias, lut, s8, e8, xq, &a);                                   \
+            store8(out, g, n0, n1, a);                                                             \
+        }                                                                                          \
+        return 1;                                                                                  \
+    }
+        KERN_LEG_X8_TYPES(LEG)
+#undef LEG
         return 0;
+    }
     for (size_t g = n0 / 8; 8 * g < n1; g++) {
         const uint8_t *p = (const uint8_t *)w->data + g * gb;
         __m256 a = _mm256_setzero_ps();
