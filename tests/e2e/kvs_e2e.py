@@ -112,6 +112,22 @@ class Server:
         finally:
             c.close()
 
+    def stream_typed(self, path, body):
+        """POSTs a streaming request whose events are typed (the Responses API's "event: T"
+        before each data line); returns (status, list of data objects, each checked to carry
+        "type": T)."""
+        st, _, data = self.request("POST", path, body)
+        if st != 200:
+            return st, [json.loads(data)]
+        out = []
+        for block in data.decode().split("\n\n"):
+            if block.strip():
+                name, line = block.split("\n")
+                assert name.startswith("event: ") and line.startswith("data: "), block
+                out.append(json.loads(line[len("data: "):]))
+                assert out[-1].get("type") == name[len("event: "):], block
+        return st, out
+
     def metrics(self):
         st, _, data = self.request("GET", "/metrics")
         assert st == 200
