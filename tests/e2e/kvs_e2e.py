@@ -35,6 +35,14 @@ def require_server(testcase=None):
         raise unittest.SkipTest(MODEL + " not found (tests read ../shared/models; see MODELS.md)")
 
 
+def require_mkmodel(vocab):
+    """For tests that write a random-weight model on a real vocabulary: raises SkipTest unless
+    the server, kvs-mkmodel (KVS_MKMODEL) and the vocabulary file vocab are all present."""
+    require_server()
+    if not MKMODEL or not os.access(MKMODEL, os.X_OK) or not os.path.exists(vocab):
+        raise unittest.SkipTest("KVS_MKMODEL or " + vocab + " missing")
+
+
 def load_reference():
     with open(REFERENCE) as f:
         return json.load(f)["cases"]

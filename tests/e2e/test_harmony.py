@@ -15,7 +15,7 @@ import tempfile
 import unittest
 
 import harmony_vocab
-from kvs_e2e import MKMODEL, MODELS, Server, require_server
+from kvs_e2e import MKMODEL, MODELS, Server, require_mkmodel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "gpt-oss.jinja")
@@ -29,9 +29,7 @@ TOOLS = [{"type": "function", "function": {
 class Harmony(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        require_server()
-        if not MKMODEL or not os.access(MKMODEL, os.X_OK) or not os.path.exists(VOCAB):
-            raise unittest.SkipTest("KVS_MKMODEL or " + VOCAB + " missing")
+        require_mkmodel(VOCAB)
         cls.dir = tempfile.TemporaryDirectory()
         vocab = os.path.join(cls.dir.name, "harmony-vocab.gguf")
         cls.ids = harmony_vocab.make(VOCAB, vocab)
