@@ -26,6 +26,7 @@ enum gkind {
     GK_INTEGER,
     GK_LITERALS,
     GK_ANYOF,
+    GK_PREFIXED, /* raw text (first, n: a range of the def's bytes), then a value of child */
 };
 
 typedef struct gnode {
@@ -65,6 +66,7 @@ struct grammar_def {
     int32_t *alts;
     char *bytes;
     uint32_t n_nodes;
+    bool lead_ws; /* whitespace may come before the root: not when it opens with raw text */
 };
 
 struct grammar_builder {
@@ -218,6 +220,25 @@ int grammar_builder_array(grammar_builder *b, int32_t items, int32_t *id)
     if (!valid_id(b, items))
         return KVS_EINVAL;
     return add_node(b, GK_ARRAY, items, id);
+}
+
+int grammar_builder_prefixed(grammar_builder *b, const char *text, size_t len, int32_t value,
+                             int32_t *id)
+{
+    if (!valid_id(b, value) || len == 0 || len > GRAMMAR_MAX_TEXT)
+        return KVS_EINVAL; /* a frame counts the matched bytes in 16 bits */
+    size_t n_bytes0 = b->n_bytes;
+    uint32_t off;
+    if (add_bytes(b, text, len, &off))
+        return KVS_ENOMEM;
+    int rc = add_node(b, GK_PREFIXED, value, id);
+    if (rc) {
+        b->n_bytes = n_bytes0;
+        return rc;
+    }
+    b->nodes[*id].first = off;
+    b->nodes[*id].n = (uint32_t)len;
+    return 0;
 }
 
 int grammar_builder_object(grammar_builder *b, int32_t *id)
@@ -541,6 +562,7 @@ static void compute_min_depth(grammar_def *d)
                         m = v + 1;
                 }
                 break;
+            case GK_PREFIXED: m = d->nodes[n->child].min_depth; break;
             case GK_ANYOF:
                 for (uint32_t k = 0; k < n->n; k++) {
                     uint32_t v = d->nodes[d->alts[n->first + k]].min_depth;
@@ -577,6 +599,7 @@ static void compute_first_bytes(const grammar_def *d, gnode *n)
         for (uint32_t k = 0; k < n->n; k++)
             FB_SET(d->bytes[d->lits[n->first + k].off]);
         break;
+    case GK_PREFIXED: FB_SET(d->bytes[n->first]); break;
     default: break;
     }
 #undef FB_SET
@@ -634,7 +657,7 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
     /* Every reference points at a resolved node; a reference to an undefined one fails. */
     for (size_t i = 0; i < b->n_nodes; i++) {
         gnode *n = &d->nodes[i];
-        if ((n->kind == GK_ARRAY || n->kind == GK_FREE_OBJECT)) {
+        if (n->kind == GK_ARRAY || n->kind == GK_FREE_OBJECT || n->kind == GK_PREFIXED) {
             n->child = resolved[n->child];
             if (n->child < 0) {
                 snprintf(err, err_len, "node %zu refers to an undefined node", i);
@@ -738,6 +761,13 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
         rc = KVS_EINVAL;
         goto fail;
     }
+    /* No gap before raw text: a prefixed root's first byte is its text's (gpt-oss's
+     * recipient follows the prompt's "to=functions." directly). */
+    const gnode *r = &d->nodes[d->root];
+    d->lead_ws = r->kind != GK_PREFIXED;
+    for (uint32_t k = 0; r->kind == GK_ANYOF && k < r->n; k++)
+        if (d->nodes[d->alts[r->first + k]].kind == GK_PREFIXED)
+            d->lead_ws = false;
     free(resolved);
     free(state);
     free(pfirst);
@@ -771,7 +801,7 @@ int grammar_def_json_object(const grammar_options *opts, grammar_def **out)
 
 /* ---- the automaton ---------------------------------------------------------------------- */
 
-enum fkind { F_ROOT, F_OBJ, F_KEY, F_ARR, F_STR, F_NUM, F_LIT };
+enum fkind { F_ROOT, F_OBJ, F_KEY, F_ARR, F_STR, F_NUM, F_LIT, F_PFX };
 enum { R_START, R_DONE };
 enum { O_OPEN, O_COLON, O_VALUE, O_AFTER, O_COMMA };
 enum { A_OPEN, A_AFTER, A_COMMA };
@@ -784,7 +814,8 @@ enum { N_START, N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 /* One stack frame. F_OBJ: a = next property index, b = current property. F_KEY (a property
  * name being matched; node is the object): a = bytes matched, b = lowest candidate still
  * alive. F_LIT: a = bytes matched, b = lowest literal still alive (literals are sorted, so
- * the alive ones are a run from b). */
+ * the alive ones are a run from b). F_PFX: a = bytes of the raw text matched; the value that
+ * follows takes the frame's place. */
 typedef struct gframe {
     uint32_t node;
     uint8_t kind, st;
@@ -1114,6 +1145,12 @@ static bool begin_simple(const grammar_def *d, gframe *f, uint16_t *depth, int32
         if (lit_byte(d, t, c) != 1)
             return false;
         break;
+    case GK_PREFIXED:
+        if ((uint8_t)d->bytes[n->first] != c)
+            return false;
+        t->kind = F_PFX;
+        t->a = 1;
+        break;
     default: return false;
     }
     (*depth)++;
@@ -1163,7 +1200,7 @@ static int cfg_byte(const grammar_def *d, gframe *f, uint16_t *depth, uint16_t *
         case F_ROOT:
             if (t->st == R_DONE)
                 return R_REJECT;
-            if (sp)
+            if (sp && d->lead_ws)
                 goto gap;
             t->st = R_DONE;
             return begin_value(d, f, depth, 0, d->root, c, out);
@@ -1294,6 +1331,16 @@ static int cfg_byte(const grammar_def *d, gframe *f, uint16_t *depth, uint16_t *
                 return R_ACCEPT;
             (*depth)--;
             continue;
+        case F_PFX:
+            if (t->a < n->n) {
+                if ((uint8_t)d->bytes[n->first + t->a] != c)
+                    return R_REJECT;
+                t->a++;
+                return R_ACCEPT;
+            }
+            /* the text is matched: c begins the value, with no gap, in this frame's place */
+            (*depth)--;
+            return begin_value(d, f, depth, 0, n->child, c, out);
         }
         return R_REJECT;
     gap: /* "" | " " | "\t" | "\n" [ \t]{0,max_ws}, as llama.cpp's json.gbnf */

@@ -12,7 +12,8 @@
  *                  stack of frames each; more than one only while anyOf alternatives are still
  *                  ambiguous). One thread at a time; n > 1 forks take grammar_clone copies.
  *
- * The language: exactly one JSON value of the def's root; before it and in each gap between
+ * The language: exactly one JSON value of the def's root (preceded by raw text where the def
+ * says so: grammar_builder_prefixed); before it and in each gap between
  * tokens of the JSON text, whitespace of the form "" | " " | "\t" | "\n" [ \t]{0,max_ws} (as
  * llama.cpp's json.gbnf: compact or pretty-printed text, but a model that loves whitespace
  * cannot loop on it, and wastes at most 1 + max_ws bytes per gap); no "\r"; none after the
@@ -83,6 +84,13 @@ int grammar_builder_object(grammar_builder *b, int32_t *id);
 /* Appends property `name` (raw UTF-8, len bytes; the builder escapes it as cJSON does). */
 int grammar_builder_property(grammar_builder *b, int32_t object, const char *name, size_t len,
                              int32_t value, bool required);
+/* Raw text, then a value of `value` with no whitespace between: the len bytes of text exactly
+ * (any bytes, not JSON; copied), e.g. gpt-oss's "NAME <|constrain|>json<|message|>" before a
+ * call's arguments, which a harmony vocabulary's special tokens spell too, their pieces being
+ * that text. A def whose root is one (or an anyOf with one among its alternatives) allows no
+ * whitespace before the root. KVS_EINVAL for len 0 or over GRAMMAR_MAX_TEXT. */
+int grammar_builder_prefixed(grammar_builder *b, const char *text, size_t len, int32_t value,
+                             int32_t *id);
 /* An object with any keys, every value matching `value`. */
 int grammar_builder_free_object(grammar_builder *b, int32_t value, int32_t *id);
 /* A value matching at least one of alts (n >= 1). Alternatives that are literal nodes are

@@ -79,6 +79,7 @@ void srv_request_free(srv_request *r)
     grammar_def_destroy(r->grammar);
     cJSON_Delete(r->tools);
     free(r->tool_name);
+    free(r->tool_prefill);
     for (size_t i = 0; i < r->n_more; i++) {
         free(r->more[i].text);
         free(r->more[i].ids);
@@ -560,12 +561,10 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
         opts.tools_dev = tools_dev;
         int rc = parse_messages_harmony(msgs, &opts, r, e);
         free(tools_dev);
-        if (!rc && r->tool_prefill) { /* the call's header: the output is its arguments */
+        if (!rc && r->tool_prefill) { /* the call's header, as far as it is known */
             kvs_buf b = {0};
             kvs_buf_add(&b, r->prompt_text);
-            kvs_buf_add(&b, "<|channel|>commentary to=functions.");
-            kvs_buf_add(&b, r->tool_name);
-            kvs_buf_add(&b, " <|constrain|>json<|message|>");
+            kvs_buf_add(&b, r->tool_prefill);
             free(r->prompt_text);
             r->prompt_text = NULL;
             if (kvs_buf_take(&b, &r->prompt_text))
@@ -711,36 +710,80 @@ out:
     return rc;
 }
 
-/* gpt-oss with a named function: the grammar of its arguments alone (tool_prefill); the prompt
- * then ends in the call's header as the model writes it, "<|channel|>commentary
- * to=functions.NAME <|constrain|>json<|message|>" after "<|start|>assistant" (parse_messages),
- * and the arguments end with <|call|>. */
+/* gpt-oss (harmony) with a forced call: the call is written as gpt-oss writes calls, after
+ * the prompt's "<|start|>assistant":
+ *   <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>
+ * The header's fixed part goes into the prompt (tool_prefill) and the grammar constrains the
+ * rest: a named function's arguments alone, or for "required" one of the tools' names, the
+ * header's end and that tool's arguments (srv_json_schema_compile_tool_texts: raw text, then
+ * JSON). <|constrain|> and <|message|> are special tokens, but the harmony vocabulary writes
+ * them out as their text (engine/tokenizer.c fix_harmony), so the grammar's vocabulary trie
+ * holds them as those bytes and a header spelled in text lets the model write them as the one
+ * token each it was trained on. The output ends at <|call|>, an end-of-generation token the
+ * grammar allows once the arguments are complete.
+ *
+ * llama.cpp's server (common_chat_params_init_gpt_oss) prefills nothing for "required": its
+ * grammar lets an analysis message (and a commentary preamble) come first, then the call.
+ * Here the call comes at once, as with a named function, because the grammar has no
+ * free-text node to hold reasoning in; the model is then asked for the call in its own
+ * format but without thinking first. The same goes for parallel_tool_calls: gpt-oss writes
+ * one call per message and ends its generation there, so a forced call is one call (as
+ * llama.cpp's grammar allows one), whatever parallel_tool_calls says. */
 static int prefill_grammar(srv_request *r, srv_error *e)
 {
+    static const char head[] = "<|channel|>commentary to=functions.",
+                      sep[] = " <|constrain|>json<|message|>";
     const cJSON *t, *params = NULL;
+    int i = 0;
     cJSON_ArrayForEach(t, r->tools)
     {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
-        if (cJSON_IsString(name) && !strcmp(name->valuestring, r->tool_name)) {
+        bool chosen = r->tool_name && !strcmp(name->valuestring, r->tool_name);
+        /* the header's name ends at a space or a marker (tool_calls.c, reasoning.c): a name
+         * with one could be written but not read back */
+        if ((!r->tool_name || chosen) && strpbrk(name->valuestring, " \t\n\r<"))
+            return srv_error_set(e, 400, "tools", NULL,
+                                 "tools[%d].function.name: a forced call of gpt-oss's format "
+                                 "cannot name a function whose name has whitespace or '<'",
+                                 i);
+        if (chosen)
             params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
-            break;
-        }
+        i++;
     }
-    cJSON *empty = params ? NULL : cJSON_CreateObject(); /* no parameters: {} */
     grammar_def *g = NULL;
     char err[200];
-    int rc = params || empty
+    int rc;
+    kvs_buf pre = {0};
+    kvs_buf_add(&pre, head);
+    if (r->tool_name) {
+        kvs_buf_add(&pre, r->tool_name);
+        kvs_buf_add(&pre, sep);
+        cJSON *empty = params ? NULL : cJSON_CreateObject(); /* no parameters: {} */
+        rc = params || empty
                  ? srv_json_schema_compile(params ? params : empty, NULL, &g, err, sizeof err)
                  : KVS_ENOMEM;
-    cJSON_Delete(empty);
-    if (rc == KVS_ENOMEM)
-        return oom(e);
-    if (rc) /* compiled already as part of the tools' grammar: not expected */
+        cJSON_Delete(empty);
+    } else {
+        rc = srv_json_schema_compile_tool_texts(r->tools, sep, NULL, &g, err, sizeof err);
+    }
+    if (!rc && pre.oom)
+        rc = KVS_ENOMEM;
+    if (rc) {
+        kvs_buf_free(&pre);
+        grammar_def_destroy(g);
+        if (rc == KVS_ENOMEM)
+            return oom(e);
+        /* compiled already as part of the tools' grammar: not expected */
         return srv_error_set(e, 400, "tools", NULL, "%s", err);
+    }
+    free(r->tool_prefill);
+    if (kvs_buf_take(&pre, &r->tool_prefill)) {
+        grammar_def_destroy(g);
+        return oom(e);
+    }
     grammar_def_destroy(r->grammar);
     r->grammar = g;
-    r->tool_prefill = true;
     return 0;
 }
 
@@ -828,7 +871,7 @@ static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *
             return srv_error_set(e, 400, !strncmp(err, "tool_choice", 11) ? "tool_choice" : "tools",
                                  NULL, "%s", err);
         r->format_type = "a forced tool call";
-        if (tmpl == SRV_CHAT_HARMONY && r->tool_choice == SRV_TOOLS_NAMED)
+        if (tmpl == SRV_CHAT_HARMONY)
             return prefill_grammar(r, e);
     }
     return 0;

@@ -87,10 +87,11 @@ typedef struct srv_request {
     enum { SRV_TOOLS_NONE = 0, SRV_TOOLS_AUTO, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } tool_choice;
     char *tool_name;
     bool parallel_tool_calls;
-    /* gpt-oss (harmony) with a named function: the prompt ends in that call's header, so the
-     * output is its arguments alone (grammar: its parameters), in the format the model writes
-     * calls in, where a bare {"name", "arguments"} object from the first token is not */
-    bool tool_prefill;
+    /* gpt-oss (harmony) with a forced call: the text the prompt ends in after
+     * "<|start|>assistant", the call's header as far as it is known (api.c prefill_grammar);
+     * the output continues it, in the format the model writes calls in, where a bare
+     * {"name", "arguments"} object from the first token is not. NULL: none */
+    char *tool_prefill;
 } srv_request;
 
 /* Parses a request body that must be exactly one JSON value: trailing data after it, and

@@ -4,6 +4,7 @@
  * Tools: one {"name", "arguments"} object per function, each parameters schema its own document. */
 #include "server/json_schema.h"
 
+#include "common/buf.h"
 #include "common/status.h"
 
 #include <stdarg.h>
@@ -494,8 +495,8 @@ int srv_json_schema_compile(const cJSON *schema, const grammar_options *opts, gr
     return rc;
 }
 
-/* One tool: {"name": "<its name>", "arguments": <its parameters>}, properties in that order. */
-static int compile_tool(compiler *c, const cJSON *tool, int i, int32_t *id)
+/* One tool's arguments: its parameters (a document of their own), or {} without them. */
+static int compile_args(compiler *c, const cJSON *tool, int i, int32_t *args_id)
 {
     const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
@@ -505,32 +506,58 @@ static int compile_tool(compiler *c, const cJSON *tool, int i, int32_t *id)
         return fail(c, KVS_EUNSUPPORTED, "tools[%d]: only {\"type\": \"function\"} tools", i);
     if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || !name->valuestring[0])
         return fail(c, KVS_EINVAL, "tools[%d].function.name must be a non-empty string", i);
+    if (!params) {
+        if (grammar_builder_object(c->b, args_id)) /* no parameters: {} */
+            return fail(c, KVS_ENOMEM, "out of memory");
+        return 0;
+    }
+    /* the parameters are a document of their own: "#" in their $refs is their root */
+    const cJSON *outer = c->root;
+    c->root = params;
+    int rc = compile(c, params, "#", args_id);
+    c->root = outer;
+    if (rc) {
+        char e[256];
+        snprintf(e, sizeof e, "%s", c->err);
+        return fail(c, rc, "tools[%d].function.parameters: %s", i, e);
+    }
+    return 0;
+}
+
+/* One tool's call. sep NULL: {"name": "<its name>", "arguments": <its parameters>}, properties
+ * in that order; else the raw text NAME sep, then the arguments. */
+static int compile_tool(compiler *c, const cJSON *tool, int i, const char *sep, int32_t *id)
+{
+    int32_t args_id, name_id;
+    int rc = compile_args(c, tool, i, &args_id);
+    if (rc)
+        return rc;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(tool, "function"), "name");
+    if (sep) {
+        kvs_buf t = {0};
+        kvs_buf_add(&t, name->valuestring);
+        kvs_buf_add(&t, sep);
+        rc = t.oom                      ? KVS_ENOMEM
+             : t.len > GRAMMAR_MAX_TEXT ? KVS_EINVAL
+                                        : grammar_builder_prefixed(c->b, t.p, t.len, args_id, id);
+        kvs_buf_free(&t);
+        if (rc)
+            return fail(c, rc, "tools[%d].function.name: %s", i,
+                        rc == KVS_EINVAL ? "too long" : "out of memory");
+        return 0;
+    }
     char *lit = cJSON_PrintUnformatted(name);
     if (!lit)
         return fail(c, KVS_ENOMEM, "out of memory");
     size_t len = strlen(lit);
-    int32_t name_id, args_id;
-    int rc = len > GRAMMAR_MAX_TEXT
-                 ? KVS_EINVAL
-                 : grammar_builder_literals(c->b, 1, (const char *const *)&lit, &len, &name_id);
+    rc = len > GRAMMAR_MAX_TEXT
+             ? KVS_EINVAL
+             : grammar_builder_literals(c->b, 1, (const char *const *)&lit, &len, &name_id);
     cJSON_free(lit);
     if (rc)
         return fail(c, rc, "tools[%d].function.name: %s", i,
                     rc == KVS_EINVAL ? "too long" : "out of memory");
-    if (params) {
-        /* the parameters are a document of their own: "#" in their $refs is their root */
-        const cJSON *outer = c->root;
-        c->root = params;
-        rc = compile(c, params, "#", &args_id);
-        c->root = outer;
-        if (rc) {
-            char e[256];
-            snprintf(e, sizeof e, "%s", c->err);
-            return fail(c, rc, "tools[%d].function.parameters: %s", i, e);
-        }
-    } else if (grammar_builder_object(c->b, &args_id)) { /* no parameters: {} */
-        return fail(c, KVS_ENOMEM, "out of memory");
-    }
     if (grammar_builder_object(c->b, id) ||
         grammar_builder_property(c->b, *id, "name", 4, name_id, true) ||
         grammar_builder_property(c->b, *id, "arguments", 9, args_id, true))
@@ -538,8 +565,8 @@ static int compile_tool(compiler *c, const cJSON *tool, int i, int32_t *id)
     return 0;
 }
 
-int srv_json_schema_compile_tools(const cJSON *tools, const char *only, const grammar_options *opts,
-                                  grammar_def **out, char *err, size_t err_len)
+static int compile_tools(const cJSON *tools, const char *only, const char *sep,
+                         const grammar_options *opts, grammar_def **out, char *err, size_t err_len)
 {
     char dummy[1];
     compiler c = {.err = err && err_len ? err : dummy,
@@ -564,7 +591,7 @@ int srv_json_schema_compile_tools(const cJSON *tools, const char *only, const gr
         bool wanted = !only || (cJSON_IsString(name) && strcmp(name->valuestring, only) == 0);
         /* every tool is checked, so a bad one is reported whichever is chosen */
         int32_t id;
-        if ((rc = compile_tool(&c, t, i, &id)) != 0)
+        if ((rc = compile_tool(&c, t, i, sep, &id)) != 0)
             break;
         if (wanted)
             alts[n_alts++] = id;
@@ -585,4 +612,17 @@ int srv_json_schema_compile_tools(const cJSON *tools, const char *only, const gr
     free(c.refs);
     free(alts);
     return rc;
+}
+
+int srv_json_schema_compile_tools(const cJSON *tools, const char *only, const grammar_options *opts,
+                                  grammar_def **out, char *err, size_t err_len)
+{
+    return compile_tools(tools, only, NULL, opts, out, err, err_len);
+}
+
+int srv_json_schema_compile_tool_texts(const cJSON *tools, const char *sep,
+                                       const grammar_options *opts, grammar_def **out, char *err,
+                                       size_t err_len)
+{
+    return compile_tools(tools, NULL, sep, opts, out, err, err_len);
 }

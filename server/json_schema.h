@@ -35,4 +35,13 @@ int srv_json_schema_compile(const cJSON *schema, const grammar_options *opts, gr
 int srv_json_schema_compile_tools(const cJSON *tools, const char *only, const grammar_options *opts,
                                   grammar_def **out, char *err, size_t err_len);
 
+/* Tool calls as raw text: NAME sep ARGS for any of tools, NAME a tool's name as it is (not
+ * JSON), sep raw text too, ARGS an instance of its parameters (grammar_builder_prefixed). For
+ * a prompt that already holds the call's text before the name: gpt-oss's
+ * "<|channel|>commentary to=functions." with sep " <|constrain|>json<|message|>". Errors as
+ * above. */
+int srv_json_schema_compile_tool_texts(const cJSON *tools, const char *sep,
+                                       const grammar_options *opts, grammar_def **out, char *err,
+                                       size_t err_len);
+
 #endif

@@ -85,24 +85,24 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
     snprintf(base, sizeof base, "%s_%u", c->id + (idl > 16 ? idl - 16 : 0), idx);
     cJSON *calls;
     char *rest;
-    kvs_buf call = {0}; /* tool_prefill: the output is the arguments; read as a bare call */
+    kvs_buf call = {0}, none = {0};
     if (rq->tool_prefill) {
-        cJSON *js = cJSON_CreateStringReference(rq->tool_name);
-        char *name = js ? cJSON_PrintUnformatted(js) : NULL;
-        cJSON_Delete(js);
-        kvs_buf_add(&call, "{\"name\": ");
-        kvs_buf_add(&call, name ? name : "\"\"");
-        kvs_buf_add(&call, ", \"arguments\": ");
-        kvs_buf_addn(&call, ch->text ? ch->text : "", ch->len);
-        kvs_buf_add(&call, "}");
-        bool failed = call.oom || !name;
-        free(name);
+        /* gpt-oss's forced call: the output continues the header the prompt ends in; both
+         * together are the call as the model writes it, which the harmony splitter turns
+         * into the form its call reader takes (reasoning.h), as for a call unforced */
+        srv_think t = {.harmony = true};
+        srv_think_feed(&t, rq->tool_prefill, strlen(rq->tool_prefill), &none, &call);
+        srv_think_feed(&t, ch->text ? ch->text : "", ch->len, &none, &call);
+        srv_think_end(&t, &none, &call);
+        bool failed = call.oom || none.oom;
+        kvs_buf_free(&none);
         if (failed) {
             kvs_buf_free(&call);
             return KVS_ENOMEM;
         }
+        forced = false;
     }
-    const char *text = rq->tool_prefill ? call.p : ch->text ? ch->text : "";
+    const char *text = rq->tool_prefill ? call.p ? call.p : "" : ch->text ? ch->text : "";
     int n = srv_tools_parse(c->srv->chat.tmpl, text, rq->tool_prefill ? call.len : ch->len, forced,
                             rq->tools, base, &calls, &rest);
     kvs_buf_free(&call);

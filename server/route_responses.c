@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "server/api.h"
 #include "server/http_impl.h"
+#include "server/tool_calls.h"
 
 /* ---------- request: responses -> chat ---------- */
 
@@ -684,90 +685,9 @@ static bool reasoning_close(srv_conn *c)
                 at(with("item", reasoning_item(c, text, true)), 0, NULL));
 }
 
-/* A streamed event of a thinking model without tools: its text through the choice's splitter
- * (reasoning.h, as the chat route streams it), reasoning as the reasoning item's deltas, the
- * answer as the message's; the choice keeps the answer, and the reasoning once the output
- * ends (the final response object). Reasoning placed after the answer has begun (no template
- * writes it so) joins the reasoning text without events of its own. */
-static bool stream_split(srv_conn *c, srv_choice *ch, const sched_event *ev)
+/* The calls' items (read at the end of the output), from output_index oi. */
+static bool call_events(srv_conn *c, const srv_choice *ch, int oi)
 {
-    kvs_buf r = {0}, t = {0};
-    ch->think.harmony = c->srv->chat.tmpl == SRV_CHAT_HARMONY;
-    srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
-    if (ev->finish != SCHED_FINISH_NONE)
-        srv_think_end(&ch->think, &r, &t);
-    sched_event content = *ev;
-    content.text = t.p ? t.p : "";
-    content.text_len = t.len;
-    size_t before = ch->len;
-    bool ok = !r.oom && !t.oom && !srv_choice_add(ch, &content);
-    if (ok && r.len)
-        ok = c->resp_rs == 2 ? (kvs_buf_addn(&c->resp_rs_text, r.p, r.len), !c->resp_rs_text.oom)
-                             : reasoning_delta(c, r.p, r.len);
-    if (ok && t.len)
-        ok = reasoning_close(c) && message_open(c) && text_delta(c, ch->text + before, t.len);
-    kvs_buf_free(&r);
-    kvs_buf_free(&t);
-    if (!ok || ev->finish == SCHED_FINISH_NONE)
-        return ok;
-    if (!reasoning_close(c))
-        return false;
-    if (c->resp_rs_text.len) { /* for the final response object */
-        free(ch->reasoning);
-        if (kvs_buf_take(&c->resp_rs_text, &ch->reasoning))
-            return false;
-    }
-    return message_open(c) && message_close(c, ch);
-}
-
-bool srv__responses_event(srv_conn *c, const sched_event *ev)
-{
-    srv_choice *ch = &c->choices[0];
-    if (ev->finish == SCHED_FINISH_ERROR) {
-        /* the stream ends with an error event (the Responses API's shape) */
-        srv_error e;
-        srv__error_of_status(ev->status, &e);
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "code",
-                                e.status == 503 ? "server_shutting_down" : "server_error");
-        cJSON_AddStringToObject(o, "message", e.message);
-        cJSON_AddNullToObject(o, "param");
-        c->ss = SS_END;
-        return emit(c, "error", o);
-    }
-    bool tools_on = c->rq.tools && c->rq.tool_choice != SRV_TOOLS_NONE;
-    bool split = srv__splits_reasoning(c);
-    if (ev->choice != 0)
-        return true;
-    if (split && !tools_on)
-        return stream_split(c, ch, ev);
-    /* with tools a thinking model's text is held too: its reasoning item comes first */
-    bool hold = tools_on || split;
-    size_t before = ch->len;
-    if (srv_choice_add(ch, ev))
-        return false;
-    if (!hold && ev->text_len &&
-        !(message_open(c) && text_delta(c, ch->text + before, ev->text_len)))
-        return false;
-    if (ev->finish == SCHED_FINISH_NONE)
-        return true;
-    if (split && srv_choice_split_reasoning(ch, c->srv->chat.tmpl == SRV_CHAT_HARMONY))
-        return false;
-    if (ch->reasoning) {
-        if (!reasoning_events(c, ch->reasoning))
-            return false;
-        c->resp_msg_index = 1;
-    }
-    /* with tools, the text was held: now it is known whether it is a call */
-    if (tools_on && srv__read_tool_calls(c, 0, ch))
-        return false;
-    int oi = c->resp_msg_index;
-    if (ch->len || !ch->tool_calls) {
-        if (!message_open(c) || (hold && ch->len && !text_delta(c, ch->text, ch->len)) ||
-            !message_close(c, ch))
-            return false;
-        oi++;
-    }
     const cJSON *call;
     int i = 0;
     cJSON_ArrayForEach(call, ch->tool_calls)
@@ -789,6 +709,116 @@ bool srv__responses_event(srv_conn *c, const sched_event *ev)
         i++;
     }
     return true;
+}
+
+/* A streamed event as it comes: a thinking model's text through the choice's splitter
+ * (reasoning.h, as the chat route streams it), reasoning as the reasoning item's deltas, the
+ * answer as the message's; the choice keeps the answer, and the reasoning once the output ends
+ * (the final response object). Reasoning placed after the answer has begun (no template
+ * writes it so) joins the reasoning text without events of its own. With tools (auto), the
+ * answer is sent as far as it cannot be the start of a call (srv_tools_stream_safe, as the
+ * chat route streams it: what is sent is a prefix of the content the whole answer parses to),
+ * and the rest when the output ends and its calls are read, the calls' items after the
+ * message. */
+static bool stream_live(srv_conn *c, srv_choice *ch, const sched_event *ev, bool split, bool tools)
+{
+    kvs_buf r = {0}, t = {0};
+    if (split) {
+        ch->think.harmony = c->srv->chat.tmpl == SRV_CHAT_HARMONY;
+        srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
+        if (ev->finish != SCHED_FINISH_NONE)
+            srv_think_end(&ch->think, &r, &t);
+    } else {
+        kvs_buf_addn(&t, ev->text, ev->text_len);
+    }
+    sched_event content = *ev;
+    content.text = t.p ? t.p : "";
+    content.text_len = t.len;
+    bool ok = !r.oom && !t.oom && !srv_choice_add(ch, &content);
+    if (ok && r.len)
+        ok = c->resp_rs == 2 ? (kvs_buf_addn(&c->resp_rs_text, r.p, r.len), !c->resp_rs_text.oom)
+                             : reasoning_delta(c, r.p, r.len);
+    kvs_buf_free(&r);
+    kvs_buf_free(&t);
+    /* the answer's bytes that can be sent now: all of them, or with tools those that cannot
+     * begin a call (the end waits for the calls to be read) */
+    size_t safe = !tools ? ch->len
+                  : ev->finish == SCHED_FINISH_NONE
+                      ? srv_tools_stream_safe(c->srv->chat.tmpl, ch->text ? ch->text : "", ch->len)
+                      : ch->sent;
+    if (ok && safe > ch->sent) {
+        ok = reasoning_close(c) && message_open(c) &&
+             text_delta(c, ch->text + ch->sent, safe - ch->sent);
+        ch->sent = safe;
+    }
+    if (!ok || ev->finish == SCHED_FINISH_NONE)
+        return ok;
+    if (!reasoning_close(c))
+        return false;
+    if (c->resp_rs_text.len) { /* for the final response object */
+        free(ch->reasoning);
+        if (kvs_buf_take(&c->resp_rs_text, &ch->reasoning))
+            return false;
+    }
+    if (tools) {
+        if (srv__read_tool_calls(c, 0, ch))
+            return false;
+        if (ch->len > ch->sent &&
+            !(message_open(c) && text_delta(c, ch->text + ch->sent, ch->len - ch->sent)))
+            return false;
+        ch->sent = ch->len;
+    }
+    /* no message when the whole answer was calls */
+    bool message = c->resp_msg_open || ch->len || !ch->tool_calls;
+    if (message && !(message_open(c) && message_close(c, ch)))
+        return false;
+    return call_events(c, ch, c->resp_msg_index + message);
+}
+
+bool srv__responses_event(srv_conn *c, const sched_event *ev)
+{
+    srv_choice *ch = &c->choices[0];
+    if (ev->finish == SCHED_FINISH_ERROR) {
+        /* the stream ends with an error event (the Responses API's shape) */
+        srv_error e;
+        srv__error_of_status(ev->status, &e);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "code",
+                                e.status == 503 ? "server_shutting_down" : "server_error");
+        cJSON_AddStringToObject(o, "message", e.message);
+        cJSON_AddNullToObject(o, "param");
+        c->ss = SS_END;
+        return emit(c, "error", o);
+    }
+    bool tools_on = c->rq.tools && c->rq.tool_choice != SRV_TOOLS_NONE;
+    bool split = srv__splits_reasoning(c);
+    if (ev->choice != 0)
+        return true;
+    if (!tools_on || c->rq.tool_choice == SRV_TOOLS_AUTO)
+        return stream_live(c, ch, ev, split, tools_on);
+    /* A forced call: the output is the call, held until it ends and is read (a thinking
+     * model's reasoning item first) */
+    if (srv_choice_add(ch, ev))
+        return false;
+    if (ev->finish == SCHED_FINISH_NONE)
+        return true;
+    if (split && srv_choice_split_reasoning(ch, c->srv->chat.tmpl == SRV_CHAT_HARMONY))
+        return false;
+    if (ch->reasoning) {
+        if (!reasoning_events(c, ch->reasoning))
+            return false;
+        c->resp_msg_index = 1;
+    }
+    if (srv__read_tool_calls(c, 0, ch))
+        return false;
+    int oi = c->resp_msg_index;
+    if (ch->len || !ch->tool_calls) {
+        if (!message_open(c) || (ch->len && !text_delta(c, ch->text, ch->len)) ||
+            !message_close(c, ch))
+            return false;
+        oi++;
+    }
+    return call_events(c, ch, oi);
 }
 
 bool srv__responses_end(srv_conn *c)

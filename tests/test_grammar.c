@@ -668,6 +668,57 @@ static void test_schema_objects(void **state)
     grammar_def_destroy(d);
 }
 
+/* Raw text before a value (grammar_builder_prefixed): the text exactly, then the value with no
+ * gap; alternatives whose texts share a prefix fork and die apart; no whitespace before a
+ * prefixed root; and masks equal the slow reference through the text and across its end. */
+static void test_prefixed(void **state)
+{
+    (void)state;
+    grammar_builder *b;
+    assert_int_equal(grammar_builder_create(&b), 0);
+    int32_t num, str, alt[2], root;
+    assert_int_equal(grammar_builder_number(b, true, &num), 0);
+    assert_int_equal(grammar_builder_string(b, &str), 0);
+    assert_int_equal(grammar_builder_prefixed(b, "x <|m|>", 7, num, &alt[0]), 0);
+    assert_int_equal(grammar_builder_prefixed(b, "xy <|m|>", 8, str, &alt[1]), 0);
+    assert_int_equal(grammar_builder_prefixed(b, "", 0, str, &root), KVS_EINVAL);
+    assert_int_equal(grammar_builder_any_of(b, 2, alt, &root), 0);
+    grammar_def *d = NULL;
+    char err[128];
+    assert_int_equal(grammar_builder_finish(b, root, NULL, &d, err, sizeof err), 0);
+    grammar_builder_destroy(b);
+    assert_true(accepts_s(d, "x <|m|>12"));
+    assert_true(accepts_s(d, "xy <|m|>\"s\""));
+    assert_false(accepts_s(d, "x <|m|>\"s\""));
+    assert_false(accepts_s(d, "xy <|m|>12"));
+    assert_false(accepts_s(d, " x <|m|>12"));
+    assert_false(accepts_s(d, "x <|m|> 12"));
+    assert_false(accepts_s(d, "x<|m|>12"));
+    assert_false(accepts_s(d, "x <|m|>"));
+    assert_false(accepts_s(d, "12"));
+    tok_vocab *v = load_spm();
+    if (v) {
+        grammar_vocab *gv;
+        assert_int_equal(grammar_vocab_create(v, NULL, 0, &gv), 0);
+        uint32_t *m = malloc(grammar_mask_words(grammar_vocab_n_tokens(gv)) * sizeof *m);
+        static const char *const at[] = {"", "x", "x <|", "xy <|m|>", "x <|m|>", "x <|m|>1"};
+        for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+            grammar *g;
+            assert_int_equal(grammar_create(d, &g), 0);
+            assert_true(grammar_accept_bytes(g, at[i], strlen(at[i])));
+            assert_true(grammar_mask(g, gv, m) > 0);
+            int32_t bad = -1;
+            if (mask_mismatches(g, gv, m, &bad))
+                fail_msg("after \"%s\": token %d", at[i], (int)bad);
+            grammar_destroy(g);
+        }
+        free(m);
+        grammar_vocab_destroy(gv);
+        tok_destroy(v);
+    }
+    grammar_def_destroy(d);
+}
+
 static void test_schema_literals_anyof_refs(void **state)
 {
     (void)state;
@@ -1280,6 +1331,7 @@ int main(void)
         cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_ambiguity_bound),
         cmocka_unit_test(test_tools),
+        cmocka_unit_test(test_prefixed),
         cmocka_unit_test(test_random_walks),
         cmocka_unit_test(test_random_walks_bpe),
         cmocka_unit_test(test_clone_independence),

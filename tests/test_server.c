@@ -21,6 +21,7 @@
 #include "server/config.h"
 #include "server/embeddings.h"
 #include "server/tool_calls.h"
+#include "engine/grammar.h"
 #include "server/json_py.h"
 #include "server/kv_view.h"
 #include "server/http_head.h"
@@ -812,6 +813,104 @@ static void test_harmony_split(void **state)
     cJSON_Delete(tools);
 }
 
+/* gpt-oss with tool_choice "required": the prompt ends in the fixed part of the call's header
+ * and the grammar allows only the rest of a call of one of the tools, in gpt-oss's format;
+ * that output, after the header, reads back as the call. */
+static void test_harmony_required(void **state)
+{
+    (void)state;
+    static const srv_chat_fmt harmony = {SRV_CHAT_HARMONY, NULL};
+    static const char tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"
+        ","
+        "{\"type\":\"function\",\"function\":{\"name\":\"add_all\"}}]";
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":"
+             "\"required\"}",
+             tools);
+    srv_request r;
+    srv_error e;
+    memset(&e, 0, sizeof e);
+    assert_int_equal(srv_request_parse(body, strlen(body), true, &harmony, &k_defaults, &r, &e), 0);
+    const char *head = "<|start|>assistant<|channel|>commentary to=functions.";
+    size_t pl = strlen(r.prompt_text);
+    assert_true(pl > strlen(head));
+    assert_string_equal(r.prompt_text + pl - strlen(head), head);
+    assert_string_equal(r.tool_prefill, "<|channel|>commentary to=functions.");
+    static const struct {
+        const char *text;
+        bool ok;
+    } cases[] = {
+        {"add <|constrain|>json<|message|>{\"a\": 1}", true},
+        {"add_all <|constrain|>json<|message|>{}", true},
+        {"add <|constrain|>json<|message|>{}", false},            /* add's schema */
+        {"add_all <|constrain|>json<|message|>{\"a\":1}", false}, /* no parameters: {} */
+        {" add <|constrain|>json<|message|>{\"a\": 1}", false},   /* no gap before the name */
+        {"add <|constrain|>json<|message|> {\"a\": 1}", false},   /* nor before the arguments */
+        {"sub <|constrain|>json<|message|>{}", false},
+        {"{\"name\": \"add\", \"arguments\": {\"a\": 1}}", false}, /* the generic form */
+        {"add <|constrain|>json<|message|>", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        grammar *g;
+        assert_int_equal(grammar_create(r.grammar, &g), 0);
+        bool ok =
+            grammar_accept_bytes(g, cases[i].text, strlen(cases[i].text)) && grammar_is_complete(g);
+        if (ok != cases[i].ok)
+            fail_msg("%s: %s", cases[i].text, ok ? "accepted" : "refused");
+        grammar_destroy(g);
+    }
+    /* read back: the header the prompt ends in, then the output, through the splitter */
+    srv_think t = {.harmony = true};
+    kvs_buf rs = {0}, content = {0};
+    const char *out = "add <|constrain|>json<|message|>{\"a\": 1}";
+    srv_think_feed(&t, r.tool_prefill, strlen(r.tool_prefill), &rs, &content);
+    srv_think_feed(&t, out, strlen(out), &rs, &content);
+    srv_think_end(&t, &rs, &content);
+    cJSON *calls = NULL;
+    char *rest = NULL;
+    assert_int_equal(srv_tools_parse(SRV_CHAT_HARMONY, content.p, content.len, false, r.tools, "x",
+                                     &calls, &rest),
+                     1);
+    assert_string_equal(rest, "");
+    const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+    assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "add");
+    assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"a\":1}");
+    cJSON_Delete(calls);
+    free(rest);
+    kvs_buf_free(&rs);
+    kvs_buf_free(&content);
+    srv_request_free(&r);
+
+    /* a named function: its whole header is in the prompt, the output is its arguments */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":"
+             "{\"type\":\"function\",\"function\":{\"name\":\"add\"}}}",
+             tools);
+    assert_int_equal(srv_request_parse(body, strlen(body), true, &harmony, &k_defaults, &r, &e), 0);
+    assert_string_equal(r.tool_prefill,
+                        "<|channel|>commentary to=functions.add <|constrain|>json<|message|>");
+    srv_request_free(&r);
+    /* other templates keep the generic form; a name the header cannot carry is a 400 */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":"
+             "\"required\"}",
+             tools);
+    assert_int_equal(parse(body, true, &r, &e), 0);
+    assert_null(r.tool_prefill);
+    srv_request_free(&r);
+    static const char spaced[] =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+        "\"function\":{\"name\":\"a b\"}}],\"tool_choice\":\"required\"}";
+    memset(&e, 0, sizeof e);
+    assert_int_not_equal(
+        srv_request_parse(spaced, strlen(spaced), true, &harmony, &k_defaults, &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "tools");
+}
+
 static void test_reasoning_split(void **state)
 {
     (void)state;
@@ -997,7 +1096,7 @@ int main(void)
         cmocka_unit_test(test_cors_config),     cmocka_unit_test(test_tool_calls),
         cmocka_unit_test(test_json_py),         cmocka_unit_test(test_tool_calls_stream_safe),
         cmocka_unit_test(test_relay_no_nagle),  cmocka_unit_test(test_embeddings),
-        cmocka_unit_test(test_harmony_split),
+        cmocka_unit_test(test_harmony_split),   cmocka_unit_test(test_harmony_required),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

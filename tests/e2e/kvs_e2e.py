@@ -35,6 +35,14 @@ def require_server(testcase=None):
         raise unittest.SkipTest(MODEL + " not found (tests read ../shared/models; see MODELS.md)")
 
 
+def require_mkmodel(vocab):
+    """For tests that write a random-weight model on a real vocabulary: raises SkipTest unless
+    the server, kvs-mkmodel (KVS_MKMODEL) and the vocabulary file vocab are all present."""
+    require_server()
+    if not MKMODEL or not os.access(MKMODEL, os.X_OK) or not os.path.exists(vocab):
+        raise unittest.SkipTest("KVS_MKMODEL or " + vocab + " missing")
+
+
 def load_reference():
     with open(REFERENCE) as f:
         return json.load(f)["cases"]
@@ -111,6 +119,22 @@ class Server:
             return 200, *parse_sse(r.read().decode())
         finally:
             c.close()
+
+    def stream_typed(self, path, body):
+        """POSTs a streaming request whose events are typed (the Responses API's "event: T"
+        before each data line); returns (status, list of data objects, each checked to carry
+        "type": T)."""
+        st, _, data = self.request("POST", path, body)
+        if st != 200:
+            return st, [json.loads(data)]
+        out = []
+        for block in data.decode().split("\n\n"):
+            if block.strip():
+                name, line = block.split("\n")
+                assert name.startswith("event: ") and line.startswith("data: "), block
+                out.append(json.loads(line[len("data: "):]))
+                assert out[-1].get("type") == name[len("event: "):], block
+        return st, out
 
     def metrics(self):
         st, _, data = self.request("GET", "/metrics")

@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 import unittest
 
-from kvs_e2e import MKMODEL, MODELS, Server, require_server
+from kvs_e2e import MKMODEL, MODELS, Server, require_mkmodel
 
 VOCAB = os.path.join(MODELS, "vocab", "ggml-vocab-phi-3.gguf")
 END, ENDOFTEXT, PLAIN = 32007, 32000, 1000  # <|end|>, <|endoftext|> (EOS), a word piece
@@ -17,9 +17,7 @@ END, ENDOFTEXT, PLAIN = 32007, 32000, 1000  # <|end|>, <|endoftext|> (EOS), a wo
 class EndTokens(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        require_server()
-        if not MKMODEL or not os.access(MKMODEL, os.X_OK) or not os.path.exists(VOCAB):
-            raise unittest.SkipTest("KVS_MKMODEL or " + VOCAB + " missing")
+        require_mkmodel(VOCAB)
         cls.dir = tempfile.TemporaryDirectory()
         path = os.path.join(cls.dir.name, "phi3-vocab.gguf")
         subprocess.run([MKMODEL, "--shape", "tiny", "--vocab", VOCAB, "-o", path], check=True,

@@ -15,7 +15,7 @@ import tempfile
 import unittest
 
 import harmony_vocab
-from kvs_e2e import MKMODEL, MODELS, Server, require_server
+from kvs_e2e import MKMODEL, MODELS, Server, require_mkmodel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "gpt-oss.jinja")
@@ -29,9 +29,7 @@ TOOLS = [{"type": "function", "function": {
 class Harmony(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        require_server()
-        if not MKMODEL or not os.access(MKMODEL, os.X_OK) or not os.path.exists(VOCAB):
-            raise unittest.SkipTest("KVS_MKMODEL or " + VOCAB + " missing")
+        require_mkmodel(VOCAB)
         cls.dir = tempfile.TemporaryDirectory()
         vocab = os.path.join(cls.dir.name, "harmony-vocab.gguf")
         cls.ids = harmony_vocab.make(VOCAB, vocab)
@@ -163,17 +161,7 @@ class Harmony(unittest.TestCase):
                                  {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS,
                                   "max_tokens": 3})
         self.assertEqual(st, 200, out)
-        # a forced call: the whole output is the call's JSON (the grammar applies from the first
-        # token, as for every family), read back as the call
-        st, out = self.auto.post("/v1/chat/completions",
-                                 {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS,
-                                  "tool_choice": "required", "max_tokens": 64})
-        self.assertEqual(st, 200, out)
-        c = out["choices"][0]
-        if c["finish_reason"] == "length":
-            self.skipTest("this random model's arguments did not end in 64 tokens")
-        self.assertEqual(c["finish_reason"], "tool_calls", out)
-        self.assertEqual(c["message"]["tool_calls"][0]["function"]["name"], "add")
+        # tool_choice required: see test_required
         # a named function: the prompt ends in that call's header, as gpt-oss writes calls,
         # and the output is its arguments alone (their schema's grammar), read back as the call
         named = {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS,
@@ -199,6 +187,103 @@ class Harmony(unittest.TestCase):
             {"role": "tool", "tool_call_id": "c1", "content": "5"}], "max_tokens": 3})
         self.assertEqual(st, 400, out)
         self.assertEqual(out["error"]["param"], "messages")
+
+
+    def test_responses_tools_stream(self):
+        # tools (auto) on gpt-oss's template: the answer streams through the channel splitter
+        # and the call-marker check as it comes, and adds up to the whole response's text
+        body = {"input": "Hi", "tools": [dict(t["function"], type="function") for t in TOOLS],
+                "max_output_tokens": 8, "temperature": 0}
+        st, whole = self.auto.post("/v1/responses", body)
+        self.assertEqual(st, 200, whole)
+        msgs = [o for o in whole["output"] if o["type"] == "message"]
+        if len(msgs) != 1 or "<" in msgs[0]["content"][0]["text"]:
+            self.skipTest("this random model wrote a header or a marker")
+        text = msgs[0]["content"][0]["text"]
+        st, events = self.auto.stream_typed("/v1/responses", dict(body, stream=True))
+        self.assertEqual(st, 200, events)
+        deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+        self.assertEqual("".join(deltas), text)
+        self.assertGreater(len(deltas), 1)
+
+    def test_required(self):
+        """tool_choice "required": the prompt ends in the fixed part of gpt-oss's call header
+        and the output is constrained to the rest of a call of one of the tools, in gpt-oss's
+        format (its name, " <|constrain|>json<|message|>", its arguments), read back as the
+        call: chat whole and streamed, and /v1/responses' function_call item. One call, as
+        gpt-oss ends its generation at a call's <|call|>."""
+        tools = TOOLS + [{"type": "function", "function": {
+            "name": "mul", "parameters": {"type": "object", "properties": {
+                "b": {"type": "integer"}}, "required": ["b"]}}}]
+        req = {"messages": [{"role": "user", "content": "Hi"}], "tools": tools,
+               "tool_choice": "required"}
+        st, out = self.auto.post("/apply-template", req)
+        self.assertEqual(st, 200, out)
+        self.assertTrue(out["prompt"].endswith(
+            "<|start|>assistant<|channel|>commentary to=functions."), out["prompt"][-120:])
+        body = dict(req, max_tokens=64, parallel_tool_calls=True)
+        for srv in (self.auto, self.none):
+            st, out = srv.post("/v1/chat/completions", body)
+            self.assertEqual(st, 200, out)
+            c = out["choices"][0]
+            if c["finish_reason"] == "length":
+                self.skipTest("this random model's call did not end in 64 tokens")
+            self.assertEqual(c["finish_reason"], "tool_calls", out)
+            self.assertIsNone(c["message"]["content"], out)
+            calls = c["message"]["tool_calls"]
+            self.assertEqual(len(calls), 1, calls)
+            fn = calls[0]["function"]
+            key = {"add": "a", "mul": "b"}[fn["name"]]
+            self.assertIsInstance(json.loads(fn["arguments"])[key], (int, float))
+        # streamed: the same call (greedy), as delta.tool_calls
+        st, events, done = self.auto.stream("/v1/chat/completions",
+                                            dict(body, stream=True, temperature=0))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        st, out = self.auto.post("/v1/chat/completions", dict(body, temperature=0))
+        self.assertEqual(st, 200, out)
+        if out["choices"][0]["finish_reason"] == "length":
+            self.skipTest("this random model's greedy call did not end in 64 tokens")
+        whole = out["choices"][0]["message"]["tool_calls"][0]["function"]
+        deltas = [e["choices"][0] for e in events if e.get("choices")]
+        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+        self.assertEqual(len(streamed), 1, deltas)
+        self.assertEqual(streamed[0]["function"]["name"], whole["name"])
+        self.assertEqual(streamed[0]["function"]["arguments"], whole["arguments"])
+        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
+        self.assertFalse("".join(d["delta"].get("content") or "" for d in deltas))
+        # /v1/responses: a function_call item, whole and streamed
+        rbody = {"input": "Hi", "tools": [dict(t["function"], type="function") for t in tools],
+                 "tool_choice": "required", "max_output_tokens": 64, "temperature": 0}
+        st, r = self.auto.post("/v1/responses", rbody)
+        self.assertEqual(st, 200, r)
+        calls = [o for o in r["output"] if o["type"] == "function_call"]
+        self.assertEqual(len(calls), 1, r["output"])
+        self.assertEqual((calls[0]["name"], calls[0]["arguments"]),
+                         (whole["name"], whole["arguments"]))
+        st, events = self.auto.stream_typed("/v1/responses", dict(rbody, stream=True))
+        self.assertEqual(st, 200, events)
+        args = [e["arguments"] for e in events
+                if e.get("type") == "response.function_call_arguments.done"]
+        self.assertEqual(args, [whole["arguments"]])
+        # <|constrain|> is a special token whose text the grammar matches: with " <" (GPT-2's
+        # token) barred, the model writes it as that one token, and the call still reads back
+        st, tk = self.auto.post("/tokenize", {"prompt": " <", "add_special_tokens": False})
+        self.assertEqual(st, 200, tk)
+        st, out = self.auto.post("/v1/chat/completions", dict(
+            body, logprobs=True, logit_bias={str(tk["tokens"][0]): -100,
+                                             str(self.ids["<|constrain|>"]): 30}))
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        if c["finish_reason"] == "length":
+            self.skipTest("this random model's call did not end in 64 tokens")
+        self.assertIn("<|constrain|>", [t["token"] for t in c["logprobs"]["content"]])
+        self.assertEqual(len(c["message"]["tool_calls"]), 1, c)
+        # a name gpt-oss's header cannot carry is a 400 naming tools
+        bad = dict(req, tools=[{"type": "function", "function": {"name": "two words"}}])
+        st, out = self.auto.post("/v1/chat/completions", bad)
+        self.assertEqual(st, 400, out)
+        self.assertEqual(out["error"]["param"], "tools", out)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import tempfile
 import unittest
 
 import harmony_vocab
-from kvs_e2e import MKMODEL, MODELS, Server, require_server
+from kvs_e2e import MKMODEL, MODELS, Server, require_mkmodel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "qwen3.jinja")
@@ -22,9 +22,7 @@ VOCAB = os.path.join(MODELS, "vocab", "ggml-vocab-gpt-2.gguf")
 class ReasoningItems(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        require_server()
-        if not MKMODEL or not os.access(MKMODEL, os.X_OK) or not os.path.exists(VOCAB):
-            raise unittest.SkipTest("KVS_MKMODEL or " + VOCAB + " missing")
+        require_mkmodel(VOCAB)
         cls.dir = tempfile.TemporaryDirectory()
         vocab = os.path.join(cls.dir.name, "think-vocab.gguf")
         cls.think = harmony_vocab.make(VOCAB, vocab, extra=["<think>", "</think>"])["<think>"]
