@@ -42,6 +42,9 @@ FAMILIES = {
     # the even layers, top-4-then-softmax routing over 8 experts, the clamped SwiGLU.
     "gpt-oss": ["--head-dim", "64", "--sliding-window", "16", "--experts", "8",
                 "--experts-used", "4", "--expert-ffn", "256", "--weight-std", "0.06"],
+    # smollm3: llama's layer, NORM pairs, layers 3, 7 and 11 of the 12 unrotated (NoPE), tied
+    # embeddings and rope base 5e6 as SmolLM3-3B
+    "smollm3": ["--tied", "--rope-base", "5000000"],
 }
 ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3"}  # rows whose name is not their --arch
 # The mixtures of experts run in F32 weights and F32 K/V caches on both sides. An expert is
