@@ -963,6 +963,12 @@ static const family_case FAMILY_CASES[] = {
      "smollm3",
      "Q8_0",
      {"--arch", "smollm3", "--type", "q8_0", "--tied", "--shape", "swa7"}},
+    /* YaRN (its 128k setting), whose magnitude the NoPE layer does not take either */
+    {"test_smollm3_yarn_f32",
+     "smollm3-yarn-f32.gguf",
+     "smollm3",
+     "F32",
+     {"--arch", "smollm3", "--yarn", "4", "--shape", "swa7"}},
 };
 
 /* One row of FAMILY_CASES (cmocka's initial state). */
