@@ -45,7 +45,7 @@ struct engine_arch {
 /* The registry's rows, one per family file. */
 extern const engine_arch engine__arch_llama, engine__arch_qwen2, engine__arch_qwen3,
     engine__arch_qwen3moe, engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3,
-    engine__arch_gpt_oss;
+    engine__arch_gpt_oss, engine__arch_smollm3;
 
 /* The family named name[0..len), or NULL. */
 const engine_arch *engine__arch_find(const char *name, size_t len);
@@ -114,8 +114,9 @@ void engine__quantize_rows(engine_ctx *c, kern_qx fmt, const float *in, size_t r
                            void *dst);
 /* out (rows, w->n_out) = in (rows, w->n_in) * w^T. */
 void engine__matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows);
-/* Rotates each row's queries c->q and keys c->k by its position with layer l's RoPE set, and
- * writes the keys c->k and values c->v into layer l of the arena at each row's slot. */
+/* Rotates each row's queries c->q and keys c->k by its position with layer l's RoPE set (unless
+ * the layer is a NoPE one), and writes the keys c->k and values c->v into layer l of the arena at
+ * each row's slot. */
 void engine__rope_store(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
 /* The MoE MLP of layer weights w over the rows xn (rows, n_embd) (normed): each row's
  * n_expert_used experts' outputs, weighted, replace it in xn. */

@@ -395,10 +395,13 @@ void engine__rope_store(engine_ctx *c, engine_kv *kv, const engine_batch *b, uin
     const float *cs = c->rope_cs + (size_t)c->m->layers[l].rope_set * c->max_tokens * R * 2;
     uint8_t *kl = kv->k + kv->layer_off[l], *vl = kv->v + kv->layer_off[l];
     const int32_t *slot = kv->group[l] == ENGINE_KV_WINDOWED ? c->wslot : c->slot;
+    bool no_rope = c->m->layers[l].no_rope;
     for (size_t t = 0; t < T; t++) {
-        rope(c->q + t * Q, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs + t * R * 2);
-        rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type,
-             cs + t * R * 2);
+        if (!no_rope) {
+            rope(c->q + t * Q, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs + t * R * 2);
+            rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type,
+                 cs + t * R * 2);
+        }
         size_t off = (size_t)slot[t] * kv_dim * kv->esz;
         if (kv->type == ENGINE_KV_F16) {
             c->kern->to_f16((uint16_t *)(void *)(kl + off), c->k + t * kv_dim, kv_dim);

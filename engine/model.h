@@ -29,7 +29,8 @@ typedef enum engine_rope_type { ENGINE_ROPE_NORM, ENGINE_ROPE_NEOX } engine_rope
 /* Keys are read under "<arch>." (llama.*, qwen2.*, ...). */
 typedef struct engine_hparams {
     const char *arch;     /* general.architecture: "llama", "qwen2", "qwen3", "qwen3moe",
-                             "gemma2", "gemma3", "phi3", "gpt-oss" (static string) */
+                             "gemma2", "gemma3", "phi3", "gpt-oss", "smollm3" (static
+                             string) */
     uint32_t n_ctx_train; /* llama.context_length */
     uint32_t n_embd;      /* llama.embedding_length */
     uint32_t n_layer;     /* llama.block_count */

@@ -45,6 +45,7 @@ typedef struct layer_weights {
     const float *post_ffn_norm; /* (n_embd) or NULL: norm of the MLP output (gemma) */
     uint32_t window;            /* attends to the last `window` positions only; 0: all */
     uint32_t rope_set;          /* index into engine_model.rope */
+    bool no_rope; /* queries and keys go unrotated (smollm3's NoPE layers): rope_set unused */
 } layer_weights;
 
 /* One RoPE frequency table: angle of pair j at position p is p * scale * base^(-2j/n_rot)

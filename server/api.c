@@ -326,7 +326,7 @@ static int effort_of(const cJSON *it, const char *param, const char *what, const
 }
 
 /* chat_template_kwargs (as vLLM and llama.cpp's server take it): the switches kvserve's
- * templates have are Qwen 3's enable_thinking and gpt-oss's reasoning_effort and
+ * templates have are Qwen 3's and SmolLM3's enable_thinking and gpt-oss's reasoning_effort and
  * model_identity (its builtin_tools, whose calls nothing here would read, are refused). There
  * is no Jinja here, so any other key, or a switch on a template without it, would be a value
  * accepted and ignored: a 400 instead. */
@@ -360,7 +360,7 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
         if (strcmp(it->string, "enable_thinking"))
             return srv_error_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
                                  "chat_template_kwargs.%.64s is not supported: the only "
-                                 "template switches are enable_thinking (Qwen 3), "
+                                 "template switches are enable_thinking (Qwen 3, SmolLM3), "
                                  "reasoning_effort and model_identity (gpt-oss)",
                                  it->string);
         if (!cJSON_IsBool(it))
@@ -377,8 +377,9 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
 }
 
 /* An assistant turn sent back with its reasoning_content (as vLLM and llama.cpp return it):
- * for a thinking template, the reasoning goes back in front as the think block the template
- * reads it from (the template then keeps or drops it by its own rule). */
+ * for Qwen 3's template, the reasoning goes back in front as the think block the template
+ * reads it from (the template then keeps or drops it by its own rule). SmolLM3's template
+ * reads content only, so there the reasoning is not rendered (as llama.cpp renders it). */
 static int add_reasoning(const cJSON *msg, int i, char **text, srv_error *e)
 {
     const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
@@ -668,7 +669,7 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
             prev_tool = true;
         } else if ((rc = content_text(content, i, &texts[k], e))) {
             goto out;
-        } else if (!strcmp(ro, "assistant") && srv_chat_has_thinking(tmpl) &&
+        } else if (!strcmp(ro, "assistant") && tmpl == SRV_CHAT_QWEN3 &&
                    (rc = add_reasoning(it, i, &texts[k], e))) {
             goto out;
         }

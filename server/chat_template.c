@@ -11,9 +11,9 @@
 #include "common/buf.h"
 #include "common/status.h"
 
-static const char *k_names[SRV_CHAT_COUNT] = {"plain",  "chatml",   "llama2",   "llama3",
-                                              "zephyr", "mistral",  "gemma",    "phi3",
-                                              "qwen3",  "llama3.1", "llama3.2", "harmony"};
+static const char *k_names[SRV_CHAT_COUNT] = {"plain",    "chatml",  "llama2", "llama3", "zephyr",
+                                              "mistral",  "gemma",   "phi3",   "qwen3",  "llama3.1",
+                                              "llama3.2", "harmony", "smollm3"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -39,6 +39,10 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
         return SRV_CHAT_HARMONY;
     /* Order matters as in llama.cpp: ChatML markers first, then [INST] (Mistral's official
      * templates put the system message inside the first [INST] and lack <<SYS>>). */
+    /* SmolLM3's ChatML opens with a metadata system turn naming its reasoning mode (its template
+     * also reads enable_thinking, which would otherwise read as Qwen 3's). */
+    if (HAS("<|im_start|>") && HAS("Reasoning Mode: ") && HAS("/no_think"))
+        return SRV_CHAT_SMOLLM3;
     if (HAS("<|im_start|>"))
         return HAS("enable_thinking") ? SRV_CHAT_QWEN3 : SRV_CHAT_CHATML;
     if (!strncmp(t, "mistral", 7) || HAS("[INST]")) {
@@ -132,7 +136,7 @@ static void sb_add_trim(kvs_buf *b, const char *s)
 
 int srv_chat_has_thinking(enum srv_chat_tmpl t)
 {
-    return t == SRV_CHAT_QWEN3;
+    return t == SRV_CHAT_QWEN3 || t == SRV_CHAT_SMOLLM3;
 }
 
 static bool is_nl(char c)
@@ -221,6 +225,127 @@ static void render_qwen3(kvs_buf *b, const srv_chat_msg *m, size_t n, int enable
     kvs_buf_add(b, "<|im_start|>assistant\n");
     if (enable_thinking == 0)
         kvs_buf_add(b, "<think>\n\n</think>\n\n");
+}
+
+/* SmolLM3's custom instructions when a conversation gives none, in /think mode. */
+static const char k_smollm3_think[] =
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face. Your role as an "
+    "assistant involves thoroughly exploring questions through a systematic thinking process "
+    "before providing the final precise and accurate solutions. This requires engaging in a "
+    "comprehensive cycle of analysis, summarizing, exploration, reassessment, reflection, "
+    "backtracking, and iteration to develop well-considered thinking process. Please "
+    "structure your response into two main sections: Thought and Solution using the specified "
+    "format: <think> Thought section </think> Solution section. In the Thought section, "
+    "detail your reasoning process in steps. Each step should include detailed considerations "
+    "such as analysing questions, summarizing relevant findings, brainstorming new ideas, "
+    "verifying the accuracy of the current steps, refining any errors, and revisiting "
+    "previous steps. In the Solution section, based on various attempts, explorations, and "
+    "reflections from the Thought section, systematically present the final solution that you "
+    "deem correct. The Solution section should be logical, accurate, and concise and detail "
+    "necessary steps needed to reach the conclusion.\n\n";
+
+/* s without its trailing whitespace (Python's rstrip()), as a length. */
+static size_t rstrip_len(const char *s, size_t n)
+{
+    while (n && (is_space(s[n - 1]) || s[n - 1] == '\v' || s[n - 1] == '\f'))
+        n--;
+    return n;
+}
+
+/* b += s with every occurrence of each of the n_cut needles removed, one needle after another
+ * (Python's s.replace(a, "").replace(b, "")), then right-stripped. */
+static void add_cut_rstrip(kvs_buf *b, const char *s, const char *const *cut, size_t n_cut)
+{
+    kvs_buf t = {0}, u = {0};
+    kvs_buf_add(&t, s);
+    for (size_t k = 0; k < n_cut && !t.oom; k++) {
+        u.len = 0;
+        kvs_buf_add(&u, "");
+        size_t nl = strlen(cut[k]);
+        for (const char *p = t.p, *q; !u.oom; p = q + nl) {
+            q = strstr(p, cut[k]);
+            if (!q) {
+                kvs_buf_add(&u, p);
+                break;
+            }
+            kvs_buf_addn(&u, p, (size_t)(q - p));
+        }
+        kvs_buf tmp = t;
+        t = u;
+        u = tmp;
+    }
+    if (t.oom || u.oom)
+        b->oom = true;
+    else
+        kvs_buf_addn(b, t.p, rstrip_len(t.p, t.len));
+    free(t.p);
+    free(u.p);
+}
+
+/* SmolLM3 (its official template; srv_chat_render's header says what it writes). */
+static void render_smollm3(kvs_buf *b, const srv_chat_msg *m, size_t n, int enable_thinking,
+                           const char *date)
+{
+    bool think = enable_thinking != 0; /* the template's default: /think */
+    const char *sys = n && !strcmp(m[0].role, "system") ? m[0].content : NULL;
+    if (sys && strstr(sys, "/no_think"))
+        think = false;
+    else if (sys && strstr(sys, "/think"))
+        think = true;
+    static const char *const modes[] = {"/no_think", "/think"};
+    kvs_buf_add(b, "<|im_start|>system\n");
+    if (sys && strstr(sys, "/system_override")) {
+        kvs_buf custom = {0};
+        add_cut_rstrip(&custom, sys, modes, 2);
+        kvs_buf_add(&custom, "");
+        static const char *const override[] = {"/system_override"};
+        if (!custom.oom)
+            add_cut_rstrip(b, custom.p, override, 1);
+        b->oom |= custom.oom;
+        free(custom.p);
+        kvs_buf_add(b, "<|im_end|>\n");
+    } else {
+        char today[64];
+        if (!date) { /* strftime_now("%d %B %Y") */
+            time_t now = time(NULL);
+            struct tm tm;
+            localtime_r(&now, &tm);
+            strftime(today, sizeof today, "%d %B %Y", &tm);
+            date = today;
+        }
+        kvs_buf_add(b, "## Metadata\n\nKnowledge Cutoff Date: June 2025\nToday Date: ");
+        kvs_buf_add(b, date);
+        kvs_buf_add(b, think ? "\nReasoning Mode: /think\n\n" : "\nReasoning Mode: /no_think\n\n");
+        kvs_buf_add(b, "## Custom Instructions\n\n");
+        size_t before = b->len;
+        if (sys)
+            add_cut_rstrip(b, sys, modes, 2);
+        if (b->len > before)
+            kvs_buf_add(b, "\n\n");
+        else
+            kvs_buf_add(b, think
+                               ? k_smollm3_think
+                               : "You are a helpful AI assistant named SmolLM, trained by Hugging "
+                                 "Face.\n\n");
+        /* no <|im_end|>: the template writes it only after its tools section */
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *role = m[i].role, *c = m[i].content;
+        if (!strcmp(role, "assistant")) {
+            kvs_buf_add(b, think ? "<|im_start|>assistant\n"
+                                 : "<|im_start|>assistant\n<think>\n\n</think>\n");
+            while (*c == '\n')
+                c++;
+        } else if (!strcmp(role, "user") || !strcmp(role, "tool")) {
+            kvs_buf_add(b, "<|im_start|>user\n");
+        } else {
+            continue; /* system messages (the first is the header's), other roles: not written */
+        }
+        kvs_buf_add(b, c);
+        kvs_buf_add(b, "<|im_end|>\n");
+    }
+    kvs_buf_add(b,
+                think ? "<|im_start|>assistant\n" : "<|im_start|>assistant\n<think>\n\n</think>\n");
 }
 
 /* Llama 3.1 / 3.2 / 3.3: the first system message (trimmed) goes after the knowledge-cutoff
@@ -482,6 +607,7 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
     }
     case SRV_CHAT_QWEN3: render_qwen3(&b, m, n, opts->enable_thinking); break;
     case SRV_CHAT_HARMONY: render_harmony(&b, m, n, opts); break;
+    case SRV_CHAT_SMOLLM3: render_smollm3(&b, m, n, opts->enable_thinking, opts->date); break;
     case SRV_CHAT_COUNT: break;
     case SRV_CHAT_ZEPHYR:
         for (size_t i = 0; i < n; i++) {

@@ -24,6 +24,7 @@ enum srv_chat_tmpl {
     SRV_CHAT_LLAMA31, /* Llama 3.1 / 3.3: a system turn with the knowledge and "today" dates */
     SRV_CHAT_LLAMA32, /* Llama 3.2: the same with the real date of today */
     SRV_CHAT_HARMONY, /* gpt-oss: OpenAI's harmony format (channels, a dated system message) */
+    SRV_CHAT_SMOLLM3, /* SmolLM3: ChatML under a dated metadata system turn, /think, /no_think */
     SRV_CHAT_COUNT
 };
 
@@ -42,8 +43,9 @@ typedef struct srv_chat_opts {
     /* Llama 3.1/3.2: the tools' text, written at the start of the first user turn (with
      * "Environment: ipython" in the system turn), as their templates do; NULL: no tools */
     const char *tools_user;
-    /* Llama 3.2's "Today Date" ("01 Dec 2026"), harmony's "Current date" ("2026-12-01"); NULL:
-     * today (local time) in the family's form */
+    /* Llama 3.2's "Today Date" ("01 Dec 2026"), harmony's "Current date" ("2026-12-01"),
+     * SmolLM3's "Today Date" ("01 December 2026"); NULL: today (local time) in the family's
+     * form */
     const char *date;
     /* Harmony: the system message's "Reasoning:" ("low", "medium", "high"); NULL: medium */
     const char *reasoning_effort;
@@ -76,11 +78,12 @@ enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
 int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out);
 void srv_chat_fmt_free(srv_chat_fmt *f);
 /* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, qwen3, llama3.1, llama3.2,
- * harmony, plain. -1 if unknown. */
+ * harmony, smollm3, plain. -1 if unknown. */
 int srv_chat_from_name(const char *name);
 const char *srv_chat_name(enum srv_chat_tmpl t);
 
-/* Whether the family has a thinking switch (chat_template_kwargs.enable_thinking). */
+/* Whether the family has a thinking switch (chat_template_kwargs.enable_thinking): Qwen 3,
+ * SmolLM3. */
 int srv_chat_has_thinking(enum srv_chat_tmpl t);
 
 /* Renders msgs (with the assistant generation prompt at the end) into a malloc'd string;
@@ -93,7 +96,17 @@ int srv_chat_has_thinking(enum srv_chat_tmpl t);
  * the commentary channel after its reasoning (content, or else extra's thinking) in the
  * analysis channel unless a later assistant turn answers without calls; a tool result as a
  * message from the last call's function, its content a JSON string. What the template refuses
- * (srv_chat_check) must be refused before rendering. */
+ * (srv_chat_check) must be refused before rendering.
+ *
+ * SMOLLM3 (SmolLM3-3B's official template): a system turn of metadata (knowledge cutoff,
+ * today's date, "Reasoning Mode: /think" or "/no_think") and custom instructions (the first
+ * system message with /think and /no_think removed, which also switch the mode; else the
+ * template's default text), which the template leaves without <|im_end|> unless it writes its
+ * tools section (never here: kvserve passes no xml_tools); a first system message containing
+ * /system_override replaces that turn (closed); user and tool turns as ChatML user turns;
+ * assistant turns with their leading newlines dropped, after an empty think block in /no_think
+ * mode; other system messages are not written; the generation prompt opens an assistant turn,
+ * with an empty think block in /no_think mode. */
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
                     const srv_chat_opts *opts, char **out);
 

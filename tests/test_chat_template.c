@@ -71,6 +71,13 @@ static void test_detect(void **state)
                                      "{{- \"<|start|>assistant<|channel|>final<|message|>\" + "
                                      "message.content + \"<|end|>\" }}"),
                      SRV_CHAT_HARMONY);
+    /* SmolLM3: ChatML that reads enable_thinking too, but under its metadata system turn */
+    assert_int_equal(
+        srv_chat_detect("{%- if enable_thinking -%}{%- set reasoning_mode = \"/think\" "
+                        "-%}{%- else -%}{%- set reasoning_mode = \"/no_think\" -%}"
+                        "{%- endif -%}{{- \"<|im_start|>system\\n\" -}}{{- "
+                        "\"Reasoning Mode: \" + reasoning_mode + \"\\n\\n\" -}}"),
+        SRV_CHAT_SMOLLM3);
     assert_int_equal(srv_chat_detect("{{ message['content'] }}"), SRV_CHAT_PLAIN);
 }
 
@@ -237,6 +244,55 @@ static void test_qwen3(void **state)
     assert_false(srv_chat_has_thinking(SRV_CHAT_CHATML));
 }
 
+/* SmolLM3 (byte for byte against llama.cpp's Jinja: peer_templates): the metadata system turn,
+ * left open; the system message's switches over enable_thinking; /system_override. */
+static void test_smollm3(void **state)
+{
+    (void)state;
+    static const char head[] = "<|im_start|>system\n## Metadata\n\nKnowledge Cutoff Date: June "
+                               "2025\nToday Date: 01 Dec 2026\nReasoning Mode: ";
+    char want[2048];
+    snprintf(want, sizeof want,
+             "%s/think\n\n## Custom Instructions\n\nBe brief.\n\n<|im_start|>user\nHi<|im_end|>\n"
+             "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+             "<|im_start|>assistant\n",
+             head);
+    check(SRV_CHAT_SMOLLM3, k_conv, 4, want);
+    const srv_chat_msg off[] = {
+        {"system", " /no_think"}, {"user", "Hi"}, {"assistant", "\nYo"}, {"tool", "5"}};
+    snprintf(want, sizeof want,
+             "%s/no_think\n\n## Custom Instructions\n\nYou are a helpful AI assistant named "
+             "SmolLM, trained by Hugging Face.\n\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>"
+             "assistant\n<think>\n\n</think>\nYo<|im_end|>\n<|im_start|>user\n5<|im_end|>\n"
+             "<|im_start|>assistant\n<think>\n\n</think>\n",
+             head);
+    check(SRV_CHAT_SMOLLM3, off, 4, want);
+    const srv_chat_msg over[] = {{"system", "You are Bob. /system_override /think \n"},
+                                 {"user", "Hi"}};
+    check(SRV_CHAT_SMOLLM3, over, 2,
+          "<|im_start|>system\nYou are Bob.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+          "<|im_start|>assistant\n");
+    /* the template's default instructions in /think mode, and enable_thinking off */
+    char *got = NULL;
+    srv_chat_opts o = {.enable_thinking = -1, .date = "01 Dec 2026"};
+    assert_int_equal(srv_chat_render(SRV_CHAT_SMOLLM3, k_conv + 1, 1, &o, &got), 0);
+    assert_non_null(strstr(got, "Reasoning Mode: /think\n\n## Custom Instructions\n\nYou are a "
+                                "helpful AI assistant named SmolLM, trained by Hugging Face. Your "
+                                "role"));
+    assert_non_null(strstr(got, "necessary steps needed to reach the conclusion.\n\n"
+                                "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
+    free(got);
+    o.enable_thinking = 0;
+    assert_int_equal(srv_chat_render(SRV_CHAT_SMOLLM3, k_conv, 2, &o, &got), 0);
+    snprintf(want, sizeof want,
+             "%s/no_think\n\n## Custom Instructions\n\nBe brief.\n\n<|im_start|>user\nHi"
+             "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n",
+             head);
+    assert_string_equal(got, want);
+    free(got);
+    assert_true(srv_chat_has_thinking(SRV_CHAT_SMOLLM3));
+}
+
 static void test_llama31(void **state)
 {
     (void)state;
@@ -350,7 +406,7 @@ int main(void)
         cmocka_unit_test(test_mistral),        cmocka_unit_test(test_gemma),
         cmocka_unit_test(test_phi3),           cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_llama31),        cmocka_unit_test(test_gemma_trailing_system),
-        cmocka_unit_test(test_harmony),
+        cmocka_unit_test(test_harmony),        cmocka_unit_test(test_smollm3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

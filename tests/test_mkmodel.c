@@ -408,6 +408,12 @@ static void test_family_layouts(void **state)
          {"blk.1.attn_q_norm.weight", "blk.1.ffn_gate_inp.weight", "blk.1.ffn_down_exps.weight",
           NULL},
          {"blk.1.ffn_gate.weight", "blk.1.ffn_up.weight", NULL}},
+        /* llama's tensors; its NoPE layers are llama.cpp's constant, in no key */
+        {"smollm3",
+         {NULL},
+         3 + 2 * 9,
+         {"blk.1.ffn_gate.weight", "output.weight", NULL},
+         {"blk.1.attn_q.bias", "rope_freqs.weight", NULL}},
     };
     for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
         char path[512], key[128];
@@ -432,14 +438,18 @@ static void test_family_layouts(void **state)
             tensor(f, fam[i].has[k]);
         for (size_t k = 0; fam[i].lacks[k]; k++)
             assert_true(gguf_find_tensor(f, fam[i].lacks[k]) < 0);
-        bool wide = strcmp(fam[i].arch, "phi3") != 0; /* heads of 32: Q is 128 wide */
-        const gguf_tensor *q = tensor(f, wide ? "blk.0.attn_q.weight" : "blk.0.attn_qkv.weight");
+        bool phi3 = !strcmp(fam[i].arch, "phi3"), smollm3 = !strcmp(fam[i].arch, "smollm3");
+        bool wide = !phi3 && !smollm3; /* heads of 32: Q is 128 wide */
+        const gguf_tensor *q = tensor(f, phi3 ? "blk.0.attn_qkv.weight" : "blk.0.attn_q.weight");
         assert_int_equal(q->dims[0], 64);
-        assert_int_equal(q->dims[1], wide ? 128 : 64 + 2 * 32);
+        assert_int_equal(q->dims[1], wide ? 128 : phi3 ? 64 + 2 * 32 : 64);
         const gguf_tensor *o = tensor(f, "blk.0.attn_output.weight");
         assert_int_equal(o->dims[0], wide ? 128 : 64);
         assert_int_equal(o->dims[1], 64);
-        if (wide) {
+        if (smollm3) { /* heads of dim / n_heads, all of each rotated: no key_length */
+            assert_true(gguf_find_key(f, "smollm3.attention.key_length") < 0);
+            assert_int_equal(u32(f, "smollm3.rope.dimension_count"), 16);
+        } else if (wide) {
             snprintf(key, sizeof key, "%s.attention.key_length", fam[i].arch);
             assert_int_equal(u32(f, key), 32);
             snprintf(key, sizeof key, "%s.attention.value_length", fam[i].arch);

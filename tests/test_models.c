@@ -3,7 +3,8 @@
  * qwen2 with Q/K/V biases and NEOX RoPE, Llama 3 rope base and rope_freqs, linear rope scaling;
  * qwen3 with Q/K norms and its own head size; gemma2 with post norms, GELU, soft-capping and
  * sliding windows; gemma3 with Q/K norms, the 5:1 window pattern and two RoPE bases; phi3 with
- * fused QKV and gate/up; the mixtures of experts of qwen3moe and Mixtral) are written by the real
+ * fused QKV and gate/up; the mixtures of experts of qwen3moe and Mixtral; gpt-oss; smollm3 with its
+ * unrotated every-fourth layers) are written by the real
  * kvs-mkmodel (path in argv[1]) into a temp dir, loaded with engine_model_load, and
  * engine_forward's logits (a prefill, then cached decode steps through a scattered block table) are
  * compared with a deliberately naive reference forward written here: plain loops, F32 weights
@@ -142,7 +143,9 @@ typedef struct ref_model {
     double attn_scale;
     uint32_t n_swa, swa_pattern; /* 0 = no windowed layers */
     float base_swa;              /* RoPE base of the windowed layers (gemma3), 0: base */
-    float *freqs;                /* (n_rot / 2) or NULL */
+    uint32_t
+        nope_step; /* smollm3: layer l rotates nothing when (l + 1) % nope_step == 0; 0: none */
+    float *freqs;  /* (n_rot / 2) or NULL */
     float *embd, *out_norm, *out;
     ref_layer *L;
 } ref_model;
@@ -249,7 +252,9 @@ static void ref_load(ref_model *r, const char *path)
     char key[128];
     snprintf(key, sizeof key, "%s.expert_count", arch);
     bool moe = gguf_find_key(f, key) >= 0; /* qwen3moe, or llama with experts (Mixtral) */
-    r->neox = strcmp(arch, "llama") != 0;
+    bool smollm3 = !strcmp(arch, "smollm3");
+    r->neox = strcmp(arch, "llama") != 0 && !smollm3;
+    r->nope_step = smollm3 ? 4 : 0; /* llama.cpp's n_no_rope_layer_step: no key in the file */
     r->gelu = gemma2 || gemma3;
     r->dim = ref_u32(f, arch, "embedding_length");
     r->n_layer = ref_u32(f, arch, "block_count");
@@ -466,6 +471,7 @@ typedef struct ref_opts {
     bool one_base;         /* gemma3's windowed layers on the global RoPE base */
     bool no_sinks;         /* gpt-oss: no sink logits */
     bool no_yarn;          /* plain linear scaling in place of YaRN */
+    bool rope_all;         /* smollm3: rotate its NoPE layers too */
     uint32_t experts_used; /* qwen3moe: 0, the file's expert_used_count; else this many */
 } ref_opts;
 
@@ -592,6 +598,8 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                 ref_head_norm(kt, L->k_norm, r->n_kv, r->hd, r->eps);
             }
             bool swa_base = swa && !o->one_base;
+            if (r->nope_step && (l + 1) % r->nope_step == 0 && !o->rope_all)
+                continue; /* a NoPE layer: queries and keys as projected */
             for (uint32_t h = 0; h < r->n_head; h++)
                 ref_rope(rr, neox, !o->no_freqs, qt + h * r->hd, t, swa_base);
             for (uint32_t h = 0; h < r->n_kv; h++)
@@ -855,7 +863,7 @@ typedef struct family_case {
     const char *file; /* written by kvs-mkmodel's tiny shape with args */
     const char *arch; /* the architecture and weight type the engine must report */
     const char *wtype;
-    const char *args[16]; /* NULL-terminated */
+    const char *args[16]; /* NULL-terminated; a --shape there overrides tiny (the last wins) */
 } family_case;
 
 static const family_case FAMILY_CASES[] = {
@@ -943,6 +951,24 @@ static const family_case FAMILY_CASES[] = {
      "Q8_0",
      {"--arch", "gpt-oss", "--head-dim", "32", "--experts", "6", "--experts-used", "2", "--type",
       "q8_0", "--sliding-window", "4", "--seed", "3"}},
+    /* smollm3 on seven layers (tiny has two): layer 3 unrotated among rotated ones (NORM pairs),
+     * untied, then tied in Q8_0 */
+    {"test_smollm3_f32",
+     "smollm3-f32.gguf",
+     "smollm3",
+     "F32",
+     {"--arch", "smollm3", "--rope-base", "5000000", "--shape", "swa7"}},
+    {"test_smollm3_q8_0_tied",
+     "smollm3-q8-tied.gguf",
+     "smollm3",
+     "Q8_0",
+     {"--arch", "smollm3", "--type", "q8_0", "--tied", "--shape", "swa7"}},
+    /* YaRN (its 128k setting), whose magnitude the NoPE layer does not take either */
+    {"test_smollm3_yarn_f32",
+     "smollm3-yarn-f32.gguf",
+     "smollm3",
+     "F32",
+     {"--arch", "smollm3", "--yarn", "4", "--shape", "swa7"}},
 };
 
 /* One row of FAMILY_CASES (cmocka's initial state). */
@@ -1347,6 +1373,8 @@ static void test_family_reference_is_sensitive(void **st)
         {"sens-gemma3.gguf",
          {"--arch", "gemma3", "--sliding-window", "4", "--rope-base", "1000000", NULL},
          {.one_base = true}},
+        /* smollm3's NoPE layer (3 of swa7's 7) rotated as the others */
+        {"sens-smollm3.gguf", {"--arch", "smollm3", "--shape", "swa7", NULL}, {.rope_all = true}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char p[512];
@@ -1684,7 +1712,8 @@ static void test_refuse_architecture(void **st)
     (void)st;
     edit e = {.arch = "mamba"};
     expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'mamba' is not supported",
-                   "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss");
+                   "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, "
+                   "smollm3");
     edit e2 = {.arch = "gemma"}; /* Gemma 1: not implemented */
     expect_refusal(&e2, KVS_EUNSUPPORTED, "'gemma'", NULL);
 }
@@ -1809,6 +1838,16 @@ static void test_refuse_family_files(void **st)
                         "gemma3.attention.sliding_window_pattern = 4", NULL);
     edit cap = {.f32_key = "gemma3.attn_logit_softcapping", .f32_val = 50.0f};
     expect_refusal_from(gemma3, &cap, KVS_EUNSUPPORTED, "gemma3.attn_logit_softcapping", NULL);
+
+    /* smollm3: llama.cpp's graph for it has no RoPE frequency factors, and turns whole heads */
+    const char *smol_freqs[] = {"--arch", "smollm3", "--rope-freqs", NULL};
+    edit none = {0};
+    expect_refusal_from(smol_freqs, &none, KVS_EUNSUPPORTED, "rope_freqs.weight in a smollm3 file",
+                        NULL);
+    const char *smol[] = {"--arch", "smollm3", NULL};
+    edit rd = {.u32_key = "smollm3.rope.dimension_count", .u32_val = 8};
+    expect_refusal_from(smol, &rd, KVS_EUNSUPPORTED, "smollm3.rope.dimension_count = 8",
+                        "head size 16");
 
     const char *phi3[] = {"--arch", "phi3", NULL};
     edit lr = {.add_vec = "rope_factors_long.weight"};

@@ -42,8 +42,14 @@ FAMILIES = {
     # the even layers, top-4-then-softmax routing over 8 experts, the clamped SwiGLU.
     "gpt-oss": ["--head-dim", "64", "--sliding-window", "16", "--experts", "8",
                 "--experts-used", "4", "--expert-ffn", "256", "--weight-std", "0.06"],
+    # smollm3: llama's layer, NORM pairs, layers 3, 7 and 11 of the 12 unrotated (NoPE), tied
+    # embeddings and rope base 5e6 as SmolLM3-3B
+    "smollm3": ["--tied", "--rope-base", "5000000"],
+    # smollm3 with YaRN (factor 2 over the file's context, as its 128k setting): the NoPE layers
+    # take no YaRN magnitude either (llama.cpp applies it inside its RoPE)
+    "smollm3-yarn": ["--tied", "--rope-base", "5000000", "--yarn", "2"],
 }
-ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3"}  # rows whose name is not their --arch
+ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3"}  # rows whose name is not their --arch
 # The mixtures of experts run in F32 weights and F32 K/V caches on both sides. An expert is
 # picked by a comparison, so a rounding moves a token's routing where two experts' scores are
 # close, and its output with it: llama.cpp rounds activations to F16 to multiply F16 weights, and

@@ -1,7 +1,7 @@
 """meson test 'peer_templates': the chat templates of the families kvserve detects, checked
 against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
 official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2,
-gpt-oss);
+gpt-oss, SmolLM3);
 a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
 /apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
 llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
@@ -14,7 +14,8 @@ the caller defines date_string, as Hugging Face's renderer (and so vLLM) leaves 
 defines it as today, so it is given --chat-template-kwargs with the template's own date.
 gpt-oss's template (harmony) dates its system message with today's date, as both servers do;
 its reasoning_effort switch is compared, and the conversations its template raises on but
-llama-server renders are listed in TEMPLATE_RAISES.
+llama-server renders are listed in TEMPLATE_RAISES. SmolLM3's dates its system turn with today's
+date too; its /think, /no_think and /system_override in the system message are compared.
 Exits 77 (meson's skip) with the reason when llama-server (KVS_PEER/llama.cpp/bin) is absent.
 Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER; by hand: test_peer_templates.py [NAME ...]."""
 import os
@@ -29,9 +30,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join(HERE, "data", "chat_templates")
 # name -> the family srv_chat_detect must pick (kvserve logs it at start)
 FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
-            "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony"}
+            "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony",
+            "smollm3": "smollm3"}
 # the chat_template_kwargs each family's template reads (any other is refused by kvserve)
-SWITCHES = {"qwen3": {"enable_thinking"}, "harmony": {"reasoning_effort", "model_identity"}}
+SWITCHES = {"qwen3": {"enable_thinking"}, "harmony": {"reasoning_effort", "model_identity"},
+            "smollm3": {"enable_thinking"}}
 
 S, U, A = "system", "user", "assistant"
 CASES = [
@@ -129,6 +132,20 @@ HARMONY_TOOL_CASES = [
     ("a tool result without a call", [(U, "Add"), {"role": "tool", "tool_call_id": "c",
                                                    "content": "5"}]),
 ]
+# SmolLM3: the system message's switches and override, which beat enable_thinking; a system
+# message that is only a switch (the default instructions then); a later system message
+SMOLLM3_CASES = [
+    ("/no_think in the system message", [(S, "Be brief. /no_think"), (U, "Hi"), (A, "\n\nHello!"),
+                                         (U, "Bye")], None),
+    ("/think beats enable_thinking", [(S, "/think  Be brief.\n "), (U, "Hi")],
+     {"enable_thinking": False}),
+    ("/no_think alone", [(S, "/no_think"), (U, "Hi")], None),
+    ("/system_override", [(S, "You are Bob. /system_override /no_think\n"), (U, "Hi")], None),
+    ("a later /no_think system message", [(U, "Hi"), (A, "Hello!"), (S, "/no_think"), (U, "Bye")],
+     None),
+    ("thinking off, two exchanges", [(U, "Hi"), (A, "Hello!"), (U, "Bye")],
+     {"enable_thinking": False}),
+]
 WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2", "gpt-oss")
 # Where gpt-oss's template raises an exception but llama-server renders anyway (it hands the
 # reasoning of a call to the template as "thinking" and drops the content; it does not see the
@@ -168,6 +185,8 @@ def main():
                     failures += 1
                 cases = CASES + ([(label, msgs, {"tools": TOOLS}) for label, msgs in TOOL_CASES]
                                  if name in WITH_TOOLS else [])
+                if name == "smollm3":
+                    cases += SMOLLM3_CASES
                 if name == "gpt-oss":
                     cases += [(label, msgs, {"tools": TOOLS}) for label, msgs in HARMONY_TOOL_CASES]
                     cases.append(("a rich tool list", [(U, "Hi")], {"tools": TOOLS_RICH}))

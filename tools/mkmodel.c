@@ -1,6 +1,6 @@
 /* kvs-mkmodel: writes a random-weight GGUF of a named shape in the layout llama.cpp's converters
- * write for one family (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3), for load, speed and
- * model-support tests.
+ * write for one family (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3),
+ * for load, speed and model-support tests.
  * Weights are a deterministic function of (seed, tensor index, element index): N(0, 0.02^2)
  * for matrices (a MoE router: N(0, max(0.02, 1/sqrt(dim))^2)), exactly 1.0 for norms; tensor
  * data is generated row-block by row-block while the file is written, so multi-GB shapes need
@@ -50,6 +50,9 @@ static const shape SHAPES[] = {
     /* gpt-oss-20b's shape: pass --arch gpt-oss --head-dim 64 (MOE_SHAPES: 32 experts, 4 used,
      * expert ffn 2880) */
     {"gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088},
+    /* SmolLM3-3B's shape: pass --arch smollm3 --tied --rope-base 5000000 (its config ties the
+     * embeddings; rope_theta 5e6) */
+    {"smollm3-3b", 2048, 36, 16, 4, 11008, 128256},
 };
 
 /* --arch qwen3moe's defaults of a shape not listed here: 8 experts, 2 used, expert ffn the
@@ -287,7 +290,10 @@ static void usage(FILE *fp)
             "            norms, soft-capping 50/30, sliding window on even layers); gemma3 (post\n"
             "            norms, Q/K norms, 5 windowed layers to 1 global); phi3 (fused attn_qkv\n"
             "            and gate/up in ffn_up); qwen3moe (qwen3 with a mixture of experts: an\n"
-            "            F32 router ffn_gate_inp and 3-D ffn_{gate,up,down}_exps for the FFN).\n"
+            "            F32 router ffn_gate_inp and 3-D ffn_{gate,up,down}_exps for the FFN);\n"
+            "            gpt-oss (biases, attention sinks, experts, YaRN, windows on even\n"
+            "            layers); smollm3 (llama's tensors; no RoPE on every fourth layer, which\n"
+            "            llama.cpp fixes for the architecture: no metadata key).\n"
             "            gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n"
             "  --head-dim  attention.key_length/value_length (qwen3, qwen3moe, gemma;\n"
@@ -423,8 +429,8 @@ static int parse_args(int argc, char **argv, opts *o)
             }
             o->n_layers = (uint32_t)n;
         } else if (!strcmp(a, "--arch")) {
-            static const char *const archs[] = {"llama",  "qwen2",  "qwen3", "qwen3moe",
-                                                "gemma2", "gemma3", "phi3",  "gpt-oss"};
+            static const char *const archs[] = {"llama",  "qwen2", "qwen3",   "qwen3moe", "gemma2",
+                                                "gemma3", "phi3",  "gpt-oss", "smollm3"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
                 if (!strcmp(val, archs[k]))
@@ -432,7 +438,7 @@ static int parse_args(int argc, char **argv, opts *o)
             if (!o->arch) {
                 fprintf(stderr,
                         "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
-                        "qwen3moe, gemma2, gemma3, phi3, gpt-oss)\n",
+                        "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3)\n",
                         val);
                 return -1;
             }
@@ -678,7 +684,7 @@ static int build(gen *g, const opts *o)
     bool moe = o->n_expert > 0; /* qwen3moe, or llama with experts (Mixtral) */
     bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
     bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
-    bool gpt_oss = !strcmp(o->arch, "gpt-oss");
+    bool gpt_oss = !strcmp(o->arch, "gpt-oss"), smollm3 = !strcmp(o->arch, "smollm3");
     uint32_t ftype = o->type == GGML_TYPE_F32   ? FTYPE_ALL_F32
                      : o->type == GGML_TYPE_F16 ? FTYPE_MOSTLY_F16
                                                 : FTYPE_MOSTLY_Q8_0;
@@ -697,7 +703,7 @@ static int build(gen *g, const opts *o)
         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count"), sh->n_heads)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count_kv"), sh->n_kv_heads)) ||
         (rc = gguf_writer_add_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"),
-                                  qwen2 || qwen3 || gemma ? 1e-6f : 1e-5f)) ||
+                                  qwen2 || qwen3 || gemma || smollm3 ? 1e-6f : 1e-5f)) ||
         (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), o->rope_base)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), head_dim)))
         return rc;

@@ -1,5 +1,6 @@
 """Model support end to end: kvserve serves GGUFs that kvs-mkmodel writes in each family's
-layout (llama, qwen2, qwen3, gemma2, gemma3 with sliding windows, phi3), picks the chat template family from the file's tokenizer.chat_template, and
+layout (llama, qwen2, qwen3, gemma2, gemma3 with sliding windows, phi3, qwen3moe, gpt-oss,
+smollm3), picks the chat template family from the file's tokenizer.chat_template, and
 refuses at start a model it cannot run, naming what is unsupported. Needs KVSERVE_BIN and
 KVS_MKMODEL (not the shared models)."""
 import json
@@ -204,6 +205,15 @@ class MixtureOfExperts(unittest.TestCase):
         self.batched_equals_alone(path, "experts: 8 per layer of ffn 64, Q8_0, 3 used per token")
 
 
+class NoPE(unittest.TestCase):
+    def test_smollm3_batched_equals_alone(self):
+        """smollm3's unrotated layers (3 of seven) keep a row's bits whatever shares its steps,
+        as the rotated ones do (Q8_0, the integer path)."""
+        path = mkmodel("smollm3-batch.gguf", "--shape", "swa7", "--arch", "smollm3", "--type",
+                       "q8_0", "--tied", "--weight-std", "0.15")
+        MixtureOfExperts.batched_equals_alone(self, path, ": smollm3, 7 layers")
+
+
 class EmbeddingModel(unittest.TestCase):
     def test_pooling_and_eos_from_the_file(self):
         """A qwen3 file written as an embedding model (pooling last, add_eos_token): its inputs
@@ -246,7 +256,7 @@ class Refusals(unittest.TestCase):
         rc, err = serve_refused(path)
         self.assertNotEqual(rc, 0)
         self.assertIn("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
-                      "qwen3moe, gemma2, gemma3, phi3, gpt-oss)", err)
+                      "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3)", err)
 
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")

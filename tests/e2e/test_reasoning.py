@@ -1,5 +1,5 @@
-"""--reasoning-format on a model whose chat template thinks (Qwen 3's official template on a
-random tiny model). A random model does not write <think> blocks, so this checks the wiring
+"""--reasoning-format on a model whose chat template thinks (Qwen 3's official template, and
+SmolLM3's, on a random tiny model). A random model does not write <think> blocks, so this checks the wiring
 around the splitter (tests/test_server.c test_reasoning_split checks the splitting itself,
 whole and streamed at every cut): with auto, an answer without a think block is unchanged, has
 no reasoning_content, and streams to the same text; the template's switch and a bad value
@@ -12,23 +12,27 @@ import unittest
 from kvs_e2e import BIN, MKMODEL, Server, require_server
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "qwen3.jinja")
+TEMPLATES = os.path.join(HERE, "..", "data", "chat_templates")
 
 
 class Reasoning(unittest.TestCase):
+    FAMILY = "qwen3"  # the template file's name and the family kvserve must detect
+    NO_THINK_TAIL = "<|im_start|>assistant\n<think>\n\n</think>\n\n"  # enable_thinking false
+    CTX = 512
+
     @classmethod
     def setUpClass(cls):
         require_server()
         if not MKMODEL or not os.access(MKMODEL, os.X_OK):
             raise unittest.SkipTest("KVS_MKMODEL missing")
         cls.dir = tempfile.TemporaryDirectory()
-        cls.path = os.path.join(cls.dir.name, "qwen3-template.gguf")
-        with open(TEMPLATE) as f:
+        cls.path = os.path.join(cls.dir.name, cls.FAMILY + "-template.gguf")
+        with open(os.path.join(TEMPLATES, cls.FAMILY + ".jinja")) as f:
             template = f.read()
         subprocess.run([MKMODEL, "--shape", "tiny", "-o", cls.path, "--chat-template", template],
                        check=True, capture_output=True)
-        cls.auto = Server(model=cls.path)
-        cls.none = Server("--reasoning-format", "none", model=cls.path)
+        cls.auto = Server(model=cls.path, ctx=cls.CTX)
+        cls.none = Server("--reasoning-format", "none", model=cls.path, ctx=cls.CTX)
 
     @classmethod
     def tearDownClass(cls):
@@ -39,7 +43,7 @@ class Reasoning(unittest.TestCase):
     BODY = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "temperature": 0}
 
     def test_detected(self):
-        self.assertIn("chat template qwen3", self.auto.stderr())
+        self.assertIn("chat template " + self.FAMILY, self.auto.stderr())
 
     def test_plain_answer_unchanged(self):
         st, a = self.auto.post("/v1/chat/completions", self.BODY)
@@ -66,8 +70,7 @@ class Reasoning(unittest.TestCase):
         tmpl = {k: body[k] for k in ("messages", "chat_template_kwargs")}
         st, out = self.auto.post("/apply-template", tmpl)
         self.assertEqual(st, 200, out)
-        self.assertTrue(out["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
-                        out)
+        self.assertTrue(out["prompt"].endswith(self.NO_THINK_TAIL), out)
         st, out = self.auto.post("/v1/chat/completions", body)
         self.assertEqual(st, 200, out)
 
@@ -77,6 +80,23 @@ class Reasoning(unittest.TestCase):
                            timeout=60)
         self.assertEqual(r.returncode, 2)
         self.assertIn("unknown --reasoning-format 'deepseek-r1' (auto|none)", r.stderr)
+
+
+class SmolLM3Reasoning(Reasoning):
+    """The same wiring with SmolLM3's template, whose system message switches too."""
+    FAMILY = "smollm3"
+    NO_THINK_TAIL = "<|im_start|>assistant\n<think>\n\n</think>\n"
+    CTX = 2048  # its default /think instructions are 1.1k tokens of the byte vocabulary
+
+    def test_system_switch(self):
+        for sys_text, mode in (("Be brief. /no_think", "/no_think"), ("/think", "/think")):
+            st, out = self.auto.post("/apply-template", {
+                "messages": [{"role": "system", "content": sys_text},
+                             {"role": "user", "content": "Hi"}],
+                "chat_template_kwargs": {"enable_thinking": mode == "/think"}})
+            self.assertEqual(st, 200, out)
+            self.assertIn("Reasoning Mode: " + mode + "\n", out["prompt"])
+            self.assertEqual(out["prompt"].endswith(self.NO_THINK_TAIL), mode == "/no_think")
 
 
 if __name__ == "__main__":
