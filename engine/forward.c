@@ -396,9 +396,11 @@ void engine__rope_store(engine_ctx *c, engine_kv *kv, const engine_batch *b, uin
     uint8_t *kl = kv->k + kv->layer_off[l], *vl = kv->v + kv->layer_off[l];
     const int32_t *slot = kv->group[l] == ENGINE_KV_WINDOWED ? c->wslot : c->slot;
     for (size_t t = 0; t < T; t++) {
-        rope(c->q + t * Q, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs + t * R * 2);
-        rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type,
-             cs + t * R * 2);
+        if (!c->m->no_rope) { /* granite with rope.scaling.finetuned false: none */
+            rope(c->q + t * Q, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs + t * R * 2);
+            rope(c->k + t * kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type,
+                 cs + t * R * 2);
+        }
         size_t off = (size_t)slot[t] * kv_dim * kv->esz;
         if (kv->type == ENGINE_KV_F16) {
             c->kern->to_f16((uint16_t *)(void *)(kl + off), c->k + t * kv_dim, kv_dim);
@@ -453,6 +455,9 @@ int engine_forward_hidden(engine_ctx *c, engine_kv *kv, const engine_batch *b, f
     }
     if (n_out)
         engine__matmul(c, logits_out, c->xn, &m->output, n_out);
+    if (n_out && m->logit_mul != 1.0f) /* granite's logit_scale: ggml_scale by 1 / scale */
+        for (size_t i = 0; i < n_out * hp->n_vocab; i++)
+            logits_out[i] *= m->logit_mul;
     if (n_out && m->final_softcap > 0) /* gemma 2's soft-capping of logits */
         c->kern->softcap(logits_out, n_out * hp->n_vocab, 1.0f, m->final_softcap);
     /* Hidden states wanted as such (embeddings): the same norm, written out. */

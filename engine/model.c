@@ -1,5 +1,5 @@
-/* Loading a model from GGUF: opens the file, picks the family (arch.h: llama, qwen2, qwen3,
- * gemma2, gemma3, phi3) from general.architecture, reads the hyper-parameters every family shares
+/* Loading a model from GGUF: opens the file, picks the family (arch.h, its registry in arch.c)
+ * from general.architecture, reads the hyper-parameters every family shares
  * and then the family's own, the tokenizer, every tensor with its shape (the family's list), and
  * packs the weight matrices into the kernels' panel layout (F32, F16, Q8_0 and the block-quantized
  * types keep their type; BF16 is widened to F32 first; norm vectors are F32), then picks the kernel
@@ -408,6 +408,7 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     m->rope[0] = (rope_params){hp->rope_base, hp->rope_freq_scale};
     m->n_rope = 1;
     m->embd_scale = 1.0f;
+    m->logit_mul = 1.0f;
     m->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     return m->arch->load_hparams ? m->arch->load_hparams(m, err, err_len) : 0;
 }

@@ -73,6 +73,11 @@ struct engine_model {
     float attn_scale;       /* attention scores are q.k times it (1 / sqrt(head_dim) by default) */
     float attn_softcap;     /* > 0: scores become cap * tanh(score / cap) before the softmax */
     float final_softcap;    /* > 0: logits become cap * tanh(logit / cap) */
+    float logit_mul;        /* logits are multiplied by it (granite: 1 / logit_scale); 1 */
+    float residual_scale;   /* != 0: a sublayer's output is times it before the residual add
+                               (granite); 0: added as it is */
+    bool no_rope;           /* queries and keys are not rotated (granite's rope.scaling.finetuned
+                               false): positions enter through the causal mask only */
     engine_pooling pooling; /* <arch>.pooling_type, NONE when absent or another value */
     uint32_t weight_type;
     uint64_t n_params;
