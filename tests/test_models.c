@@ -140,6 +140,10 @@ typedef struct ref_model {
     float beta_fast, beta_slow;
     float embd_scale, attn_cap, final_cap; /* caps: 0 = none */
     double attn_scale;
+    /* granite: each sublayer's output times res_scale before its residual add (0: none), the
+     * logits times logit_mul (1 / logit_scale; else 1), and RoPE off when no_rope */
+    float res_scale, logit_mul;
+    bool no_rope;
     uint32_t n_swa, swa_pattern; /* 0 = no windowed layers */
     float base_swa;              /* RoPE base of the windowed layers (gemma3), 0: base */
     float *freqs;                /* (n_rot / 2) or NULL */
@@ -246,10 +250,11 @@ static void ref_load(ref_model *r, const char *path)
     memset(r, 0, sizeof *r);
     bool gemma2 = !strcmp(arch, "gemma2"), gemma3 = !strcmp(arch, "gemma3");
     bool phi3 = !strcmp(arch, "phi3"), gpt_oss = !strcmp(arch, "gpt-oss");
+    bool granite = !strncmp(arch, "granite", 7);
     char key[128];
     snprintf(key, sizeof key, "%s.expert_count", arch);
     bool moe = gguf_find_key(f, key) >= 0; /* qwen3moe, or llama with experts (Mixtral) */
-    r->neox = strcmp(arch, "llama") != 0;
+    r->neox = strcmp(arch, "llama") != 0 && !granite;
     r->gelu = gemma2 || gemma3;
     r->dim = ref_u32(f, arch, "embedding_length");
     r->n_layer = ref_u32(f, arch, "block_count");
@@ -271,6 +276,19 @@ static void ref_load(ref_model *r, const char *path)
     gguf_get_u32(f, key, &r->hd);
     r->embd_scale = r->gelu ? sqrtf((float)r->dim) : 1.0f;
     r->attn_scale = 1.0 / sqrt((double)r->hd);
+    r->logit_mul = 1.0f;
+    if (granite) { /* llama.cpp's granite graph: 0 or absent leaves each as llama's */
+        float es = ref_f32(f, arch, "embedding_scale", 0.0f);
+        float as = ref_f32(f, arch, "attention.scale", 0.0f);
+        r->embd_scale = es != 0.0f ? es : 1.0f;
+        r->attn_scale = as != 0.0f ? as : r->attn_scale;
+        r->res_scale = ref_f32(f, arch, "residual_scale", 0.0f);
+        r->logit_mul = 1.0f / ref_f32(f, arch, "logit_scale", 0.0f);
+        int ft = 1;
+        snprintf(key, sizeof key, "%s.rope.scaling.finetuned", arch);
+        gguf_get_bool(f, key, &ft);
+        r->no_rope = !ft;
+    }
     if (gemma2) {
         r->attn_cap = ref_f32(f, arch, "attn_logit_softcapping", 50.0f);
         r->final_cap = ref_f32(f, arch, "final_logit_softcapping", 30.0f);
@@ -467,6 +485,9 @@ typedef struct ref_opts {
     bool no_sinks;         /* gpt-oss: no sink logits */
     bool no_yarn;          /* plain linear scaling in place of YaRN */
     uint32_t experts_used; /* qwen3moe: 0, the file's expert_used_count; else this many */
+    /* granite: one of its scalars left out (llama's value in its place), or RoPE run where the
+     * file switches it off */
+    bool no_embd_scale, no_attn_scale, no_res_scale, no_logit_scale, rope_anyway;
 } ref_opts;
 
 static double ref_cap(double x, double cap)
@@ -570,7 +591,11 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
     const ref_model *rr = o->no_yarn ? &plain : r;
     for (int t = 0; t < n; t++)
         for (uint32_t i = 0; i < D; i++)
-            x[(size_t)t * D + i] = r->embd[(size_t)tok[t] * D + i] * r->embd_scale;
+            x[(size_t)t * D + i] =
+                r->embd[(size_t)tok[t] * D + i] * (o->no_embd_scale ? 1.0f : r->embd_scale);
+    double attn_scale = o->no_attn_scale ? 1.0 / sqrt((double)r->hd) : r->attn_scale;
+    float res = o->no_res_scale ? 0.0f : r->res_scale;
+    bool rope = !r->no_rope || o->rope_anyway;
     for (uint32_t l = 0; l < r->n_layer; l++) {
         const ref_layer *L = &r->L[l];
         bool swa = !o->no_window && r->swa_pattern && l % r->swa_pattern < r->swa_pattern - 1;
@@ -592,9 +617,9 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                 ref_head_norm(kt, L->k_norm, r->n_kv, r->hd, r->eps);
             }
             bool swa_base = swa && !o->one_base;
-            for (uint32_t h = 0; h < r->n_head; h++)
+            for (uint32_t h = 0; rope && h < r->n_head; h++)
                 ref_rope(rr, neox, !o->no_freqs, qt + h * r->hd, t, swa_base);
-            for (uint32_t h = 0; h < r->n_kv; h++)
+            for (uint32_t h = 0; rope && h < r->n_kv; h++)
                 ref_rope(rr, neox, !o->no_freqs, kt + h * r->hd, t, swa_base);
         }
         double cap = o->no_softcap ? 0 : r->attn_cap;
@@ -608,7 +633,7 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                     for (uint32_t i = 0; i < r->hd; i++)
                         s += (double)q[(size_t)t * QD + h * r->hd + i] *
                              k[(size_t)p * KV + kh * r->hd + i];
-                    sc[p] = (float)ref_cap(s * r->attn_scale, cap);
+                    sc[p] = (float)ref_cap(s * attn_scale, cap);
                     if (sc[p] > mx)
                         mx = sc[p];
                 }
@@ -630,13 +655,13 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
             if (L->post_attn)
                 ref_rmsnorm(tmp, tmp, L->post_attn, D, r->eps);
             for (uint32_t i = 0; i < D; i++)
-                x[(size_t)t * D + i] += tmp[i];
+                x[(size_t)t * D + i] += res != 0.0f ? tmp[i] * res : tmp[i];
         }
         for (int t = 0; t < n && L->router; t++) {
             ref_rmsnorm(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
             ref_moe(r, L, o->experts_used ? o->experts_used : r->n_expert_used, xn, tmp);
             for (uint32_t i = 0; i < D; i++)
-                x[(size_t)t * D + i] += tmp[i];
+                x[(size_t)t * D + i] += res != 0.0f ? tmp[i] * res : tmp[i];
         }
         for (int t = 0; t < n && !L->router; t++) {
             ref_rmsnorm(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
@@ -654,7 +679,7 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
             if (L->post_ffn)
                 ref_rmsnorm(tmp, tmp, L->post_ffn, D, r->eps);
             for (uint32_t i = 0; i < D; i++)
-                x[(size_t)t * D + i] += tmp[i];
+                x[(size_t)t * D + i] += res != 0.0f ? tmp[i] * res : tmp[i];
         }
     }
     for (int t = 0; t < n; t++) {
@@ -665,6 +690,8 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
         ref_matvec(lt, r->out, xn, r->vocab, D);
         for (uint32_t i = 0; !o->no_softcap && r->final_cap > 0 && i < r->vocab; i++)
             lt[i] = (float)ref_cap(lt[i], r->final_cap);
+        for (uint32_t i = 0; !o->no_logit_scale && r->logit_mul != 1.0f && i < r->vocab; i++)
+            lt[i] *= r->logit_mul;
     }
     free(x), free(xn), free(q), free(k), free(v), free(att), free(tmp), free(g), free(u), free(sc);
 }
@@ -943,6 +970,26 @@ static const family_case FAMILY_CASES[] = {
      "Q8_0",
      {"--arch", "gpt-oss", "--head-dim", "32", "--experts", "6", "--experts-used", "2", "--type",
       "q8_0", "--sliding-window", "4", "--seed", "3"}},
+    /* granite: llama (NORM RoPE) with kvs-mkmodel's embedding_scale 2.5, attention.scale 0.2
+     * (1/sqrt(16) is 0.25), residual_scale 0.6 and logit_scale 3; without RoPE; and granitemoe,
+     * the same with Mixtral's routing over 8 experts of feed_forward_length, 2 used */
+    {"test_granite_f32", "granite-f32.gguf", "granite", "F32", {"--arch", "granite"}},
+    {"test_granite_q8_0",
+     "granite-q8.gguf",
+     "granite",
+     "Q8_0",
+     {"--arch", "granite", "--type", "q8_0", "--seed", "2"}},
+    {"test_granite_no_rope",
+     "granite-norope.gguf",
+     "granite",
+     "F32",
+     {"--arch", "granite", "--no-rope"}},
+    {"test_granitemoe_f32", "granitemoe-f32.gguf", "granitemoe", "F32", {"--arch", "granitemoe"}},
+    {"test_granitemoe_q8_0",
+     "granitemoe-q8.gguf",
+     "granitemoe",
+     "Q8_0",
+     {"--arch", "granitemoe", "--experts", "4", "--type", "q8_0", "--seed", "3"}},
 };
 
 /* One row of FAMILY_CASES (cmocka's initial state). */
@@ -1347,6 +1394,15 @@ static void test_family_reference_is_sensitive(void **st)
         {"sens-gemma3.gguf",
          {"--arch", "gemma3", "--sliding-window", "4", "--rope-base", "1000000", NULL},
          {.one_base = true}},
+        /* granite's four scalars, its RoPE switch, and granitemoe's routing */
+        {"sens-granite.gguf", {"--arch", "granite", NULL}, {.no_embd_scale = true}},
+        {"sens-granite.gguf", {"--arch", "granite", NULL}, {.no_attn_scale = true}},
+        {"sens-granite.gguf", {"--arch", "granite", NULL}, {.no_res_scale = true}},
+        {"sens-granite.gguf", {"--arch", "granite", NULL}, {.no_logit_scale = true}},
+        {"sens-granite-norope.gguf",
+         {"--arch", "granite", "--no-rope", NULL},
+         {.rope_anyway = true}},
+        {"sens-granitemoe.gguf", {"--arch", "granitemoe", NULL}, {.experts_used = 1}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char p[512];
@@ -1684,7 +1740,8 @@ static void test_refuse_architecture(void **st)
     (void)st;
     edit e = {.arch = "mamba"};
     expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'mamba' is not supported",
-                   "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss");
+                   "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, "
+                   "granite, granitemoe");
     edit e2 = {.arch = "gemma"}; /* Gemma 1: not implemented */
     expect_refusal(&e2, KVS_EUNSUPPORTED, "'gemma'", NULL);
 }
@@ -1817,6 +1874,27 @@ static void test_refuse_family_files(void **st)
     expect_refusal_from(phi3, &qkv, KVS_EFORMAT, "blk.1.attn_qkv.weight", "expected [64, 128]");
     edit up = {.drop = "blk.0.ffn_up.weight"};
     expect_refusal_from(phi3, &up, KVS_EFORMAT, "missing tensor blk.0.ffn_up.weight", NULL);
+
+    /* granite: what llama.cpp requires, and what it would run but this engine does not */
+    const char *granite[] = {"--arch", "granite", NULL};
+    edit ls = {.drop_key = "granite.logit_scale"};
+    expect_refusal_from(granite, &ls, KVS_ENOKEY, "missing metadata key granite.logit_scale", NULL);
+    edit ls0 = {.f32_key = "granite.logit_scale", .f32_val = 0.0f};
+    expect_refusal_from(granite, &ls0, KVS_EFORMAT, "granite.logit_scale is 0", NULL);
+    edit ft = {.str_key = "granite.rope.scaling.finetuned", .str_val = "yes"};
+    expect_refusal_from(granite, &ft, KVS_EKEYTYPE, "granite.rope.scaling.finetuned", "not a bool");
+    edit rd = {.u32_key = "granite.rope.dimension_count", .u32_val = 8};
+    expect_refusal_from(granite, &rd, KVS_EUNSUPPORTED, "granite.rope.dimension_count = 8",
+                        "head size 16");
+    edit fb = {.add_vec = "blk.1.ffn_up.bias"};
+    expect_refusal_from(granite, &fb, KVS_EUNSUPPORTED, "blk.1.ffn_up.bias", "not supported");
+    const char *gmoe[] = {"--arch", "granitemoe", NULL};
+    edit sh = {.u32_key = "granitemoe.expert_shared_feed_forward_length", .u32_val = 64};
+    expect_refusal_from(gmoe, &sh, KVS_EUNSUPPORTED,
+                        "granitemoe.expert_shared_feed_forward_length = 64", "granitemoeshared");
+    edit ef = {.u32_key = "granitemoe.expert_feed_forward_length", .u32_val = 64};
+    expect_refusal_from(gmoe, &ef, KVS_EUNSUPPORTED, "granitemoe.expert_feed_forward_length = 64",
+                        "feed_forward_length = 128");
 }
 
 /* Linear rope scaling (rope.scaling.factor 4) is run, not refused: positions are divided. */
