@@ -10,7 +10,10 @@
  *   granite.logit_scale      the logits times 1 / it (required, as llama.cpp requires it).
  * rope.scaling.finetuned (a bool, true when absent) switches RoPE: false runs without it. The
  * experts are Mixtral's routing (softmax, top k, renormalized) and feed_forward_length wide;
- * granitemoeshared's shared expert (expert_shared_feed_forward_length) is refused. */
+ * granitemoeshared (Granite 3.x MoE with expert_shared_feed_forward_length, converted as
+ * granitemoe) adds a shared expert, a SwiGLU MLP (ffn_{gate,up,down}_shexp) run for every token
+ * on the same normed input, its output added to the routed experts' sum before the residual
+ * scale. */
 #include "engine/arch.h"
 
 #include "common/status.h"
@@ -69,15 +72,15 @@ static int load_granite_hparams(engine_model *m, char *err, size_t err_len)
                               "%s.expert_feed_forward_length = %u differs from "
                               "feed_forward_length = %u (not supported)",
                               hp->arch, hp->n_ff_exp, hp->n_ff);
-    uint32_t shexp = 0;
-    if ((rc = engine__arch_u32(m, "expert_shared_feed_forward_length", &shexp, false, 0, UINT32_MAX,
-                               err, err_len)))
+    if ((rc = engine__arch_u32(m, "expert_shared_feed_forward_length", &hp->n_ff_shexp, false, 0,
+                               262144, err, err_len)))
         return rc;
-    if (shexp)
+    /* llama.cpp reads a shared expert only beside routed ones */
+    if (hp->n_ff_shexp && !hp->n_expert)
         return status_set_err(err, err_len, KVS_EUNSUPPORTED,
-                              "%s.expert_shared_feed_forward_length = %u: granitemoeshared's "
-                              "shared expert is not supported",
-                              hp->arch, shexp);
+                              "%s.expert_shared_feed_forward_length = %u without experts (not "
+                              "supported)",
+                              hp->arch, hp->n_ff_shexp);
     return 0;
 }
 
@@ -88,9 +91,8 @@ static int load_granite_layer(engine_model *m, uint32_t l, char *err, size_t err
         return rc;
     /* llama.cpp's optional biases: the output projection's is run; the others (no Granite 3.x
      * model has them) are refused by name rather than ignored. */
-    static const char *const refused[] = {"attn_q.bias",          "attn_k.bias", "attn_v.bias",
-                                          "ffn_gate.bias",        "ffn_up.bias", "ffn_down.bias",
-                                          "ffn_gate_shexp.weight"};
+    static const char *const refused[] = {"attn_q.bias",   "attn_k.bias", "attn_v.bias",
+                                          "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         char name[96];
         snprintf(name, sizeof name, "blk.%u.%s", l, refused[i]);
@@ -98,8 +100,17 @@ static int load_granite_layer(engine_model *m, uint32_t l, char *err, size_t err
             return status_set_err(err, err_len, KVS_EUNSUPPORTED, "%s: not supported for %s", name,
                                   m->hp.arch);
     }
-    return engine__load_layer_vec(m, l, "attn_output.bias", m->hp.n_embd, false, &m->layers[l].bo,
-                                  err, err_len);
+    const engine_hparams *hp = &m->hp;
+    layer_weights *w = &m->layers[l];
+    uint64_t E = hp->n_embd, S = hp->n_ff_shexp;
+    if (S && ((rc = engine__load_layer_mat(m, l, "ffn_gate_shexp.weight", E, S, true, &w->sh_gate,
+                                           err, err_len)) ||
+              (rc = engine__load_layer_mat(m, l, "ffn_up_shexp.weight", E, S, true, &w->sh_up, err,
+                                           err_len)) ||
+              (rc = engine__load_layer_mat(m, l, "ffn_down_shexp.weight", S, E, true, &w->sh_down,
+                                           err, err_len))))
+        return rc;
+    return engine__load_layer_vec(m, l, "attn_output.bias", E, false, &w->bo, err, err_len);
 }
 
 /* The sublayer output xn (rows, n) times the residual scale, then added to x. */
@@ -130,7 +141,16 @@ static void granite_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, u
     add_scaled(c, c->x, c->xn, T * E);
 
     engine__norm_rows(c, c->xn, c->x, w->ffn_norm, T, E);
-    if (w->experts) {
+    if (w->experts && w->sh_down.data) {
+        /* the shared expert first, into att (free now, n_embd wide: granite's heads fill the
+         * width), since the routed experts' sum replaces xn; then moe_out + shexp, as llama.cpp */
+        const kern_mat *gate_up[2] = {&w->sh_gate, &w->sh_up};
+        float *gate_up_out[2] = {c->gate, c->up};
+        engine__matmuls(c, c->xn, T, 2, gate_up, gate_up_out, ENGINE_GLU_SILU);
+        engine__matmul(c, c->att, c->gate, &w->sh_down, T);
+        engine__moe_ffn(c, w, c->xn, T);
+        kern_add(c->xn, c->att, T * E);
+    } else if (w->experts) {
         engine__moe_ffn(c, w, c->xn, T);
     } else {
         const kern_mat *gate_up[2] = {&w->w_gate, &w->w_up};

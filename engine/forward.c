@@ -24,6 +24,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     size_t T = max_tokens, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
            KV = (size_t)hp->n_head_kv * hp->head_dim,
            F = hp->n_expert ? hp->n_ff_exp : hp->n_ff; /* an MoE model has no dense MLP */
+    F = F > hp->n_ff_shexp ? F : hp->n_ff_shexp;       /* and a shared expert may be wider */
     c->m = m;
     c->max_tokens = max_tokens;
     c->n_threads = n_threads ? n_threads : 1;

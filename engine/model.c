@@ -482,8 +482,10 @@ static void progress_add(load_progress *lp, uint64_t bytes)
 static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t err_len)
 {
     bool tied = m->output.data == m->tok_embd.data;
-    /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 stacks of experts. */
-    size_t X = m->hp.n_expert, per_layer = X ? 5 + 3 * X : 7;
+    /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 stacks of experts (+ a
+     * shared expert's 3). */
+    size_t X = m->hp.n_expert, SH = X && m->hp.n_ff_shexp ? 3 : 0;
+    size_t per_layer = X ? 5 + 3 * X + SH : 7;
     size_t n_mats = (size_t)m->hp.n_layer * per_layer + 2;
     /* An expert stack's copies go into one mapping, each slice 64-byte aligned: one mapping per
      * matrix would be 18k of them for Qwen3-30B-A3B (and three VMAs each, against the kernel's
@@ -510,12 +512,14 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
             layer_weights *w = &m->layers[(i - 1) / per_layer];
             size_t k = (i - 1) % per_layer;
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-            in_stack = w->experts && k >= 5;
+            kern_mat *shared[3] = {&w->sh_gate, &w->sh_up, &w->sh_down};
+            in_stack = w->experts && k >= 5 && k < 5 + 3 * X;
             e = in_stack ? (k - 5) % X : 0;
             /* stack by stack: every expert's gate, then every up, then every down */
             mat = k < 4 || !w->experts ? mats[k]
                   : k == 4             ? &w->router
-                                       : &w->experts[e * 3 + (k - 5) / X];
+                  : in_stack           ? &w->experts[e * 3 + (k - 5) / X]
+                                       : shared[k - 5 - 3 * X];
         }
         /* The integer path reads an interleaved copy where the table has kernels of its own
          * (kern/qdot_pack.c: the same bytes in another order, at most 3.6% more), the file's

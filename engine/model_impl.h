@@ -37,11 +37,13 @@ typedef struct layer_weights {
     kern_mat w_up;               /* (n_ff, n_embd) */
     kern_mat w_down;             /* (n_embd, n_ff) */
     kern_mat router;             /* (n_expert, n_embd) of an MoE layer (ffn_gate_inp), else empty */
-    kern_mat *experts;     /* [n_expert][3] of an MoE layer: gate, up (n_ff_exp, n_embd) and down
-                              (n_embd, n_ff_exp) of each expert, in place of w_gate..; else NULL */
-    const float *router_b; /* (n_expert) or NULL: the router's bias (gpt-oss) */
-    const float *exp_b[3]; /* (n_expert, n_ff_exp) gate, up and (n_expert, n_embd) down biases
-                              of the experts, or NULL (gpt-oss) */
+    kern_mat *experts;       /* [n_expert][3] of an MoE layer: gate, up (n_ff_exp, n_embd) and down
+                                (n_embd, n_ff_exp) of each expert, in place of w_gate..; else NULL */
+    const float *router_b;   /* (n_expert) or NULL: the router's bias (gpt-oss) */
+    const float *exp_b[3];   /* (n_expert, n_ff_exp) gate, up and (n_expert, n_embd) down biases
+                                of the experts, or NULL (gpt-oss) */
+    kern_mat sh_gate, sh_up; /* (n_ff_shexp, n_embd) a shared expert's (granitemoeshared) */
+    kern_mat sh_down;        /* (n_embd, n_ff_shexp); all three empty without one */
     const float *post_ffn_norm; /* (n_embd) or NULL: norm of the MLP output (gemma) */
     uint32_t window;            /* attends to the last `window` positions only; 0: all */
     uint32_t rope_set;          /* index into engine_model.rope */

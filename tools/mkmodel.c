@@ -317,6 +317,8 @@ static void usage(FILE *fp)
             "            attention.scale, residual_scale, logit_scale (default 2.5,0.2,0.6,3;\n"
             "            0: the key not written)\n"
             "  --no-rope granite: rope.scaling.finetuned false (no RoPE)\n"
+            "  --shared-expert-ffn N  granitemoe: a shared expert N wide\n"
+            "            (expert_shared_feed_forward_length, ffn_*_shexp: granitemoeshared)\n"
             "  --weight-std  std of the random matrices (default %.2f; larger makes\n"
             "            attention sharper, so tests see position effects)\n",
             WEIGHT_STD);
@@ -358,7 +360,8 @@ typedef struct opts {
     /* granite's embedding_scale, attention.scale, residual_scale, logit_scale (0: not
      * written) */
     float granite[4];
-    bool no_rope; /* granite: rope.scaling.finetuned false */
+    bool no_rope;       /* granite: rope.scaling.finetuned false */
+    uint32_t shexp_ffn; /* granitemoe: a shared expert this wide (granitemoeshared); 0: none */
 } opts;
 
 static int parse_args(int argc, char **argv, opts *o)
@@ -502,6 +505,12 @@ static int parse_args(int argc, char **argv, opts *o)
                 fprintf(stderr, "kvs-mkmodel: bad weight std '%s'\n", val);
                 return -1;
             }
+        } else if (!strcmp(a, "--shared-expert-ffn")) {
+            if (!parse_u64(val, 1u << 20, &n) || n == 0) {
+                fprintf(stderr, "kvs-mkmodel: bad shared expert width '%s'\n", val);
+                return -1;
+            }
+            o->shexp_ffn = (uint32_t)n;
         } else if (!strcmp(a, "--granite-scales")) {
             float *g = o->granite;
             int used = 0;
@@ -539,6 +548,10 @@ static int parse_args(int argc, char **argv, opts *o)
     bool mixtral = (!strcmp(o->arch, "llama") && o->n_expert) || !strcmp(o->arch, "granitemoe");
     if (o->no_rope && !granite) {
         fprintf(stderr, "kvs-mkmodel: --no-rope is for granite only\n");
+        return -1;
+    }
+    if (o->shexp_ffn && strcmp(o->arch, "granitemoe")) {
+        fprintf(stderr, "kvs-mkmodel: --shared-expert-ffn is for granitemoe only\n");
         return -1;
     }
     if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma) {
@@ -768,6 +781,9 @@ static int build(gen *g, const opts *o)
     }
     if (o->no_rope && (rc = gguf_writer_add_bool(w, ARCH_KEY("rope.scaling.finetuned"), 0)))
         return rc;
+    if (o->shexp_ffn &&
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_shared_feed_forward_length"), o->shexp_ffn)))
+        return rc;
     if (gemma2 && ((rc = gguf_writer_add_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f)) ||
                    (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
         return rc;
@@ -791,6 +807,7 @@ static int build(gen *g, const opts *o)
     g->tmp_len = sh->dim > 2 * sh->ffn ? sh->dim : 2 * sh->ffn;
     g->tmp_len = g->tmp_len > q_dim ? g->tmp_len : q_dim;
     g->tmp_len = g->tmp_len > o->expert_ffn ? g->tmp_len : o->expert_ffn;
+    g->tmp_len = g->tmp_len > o->shexp_ffn ? g->tmp_len : o->shexp_ffn;
     g->tmp = malloc(g->tmp_len * sizeof *g->tmp);
     g->cap_fills = 3 + 24 * (size_t)n_layers;
     g->fills = calloc(g->cap_fills, sizeof *g->fills);
@@ -826,6 +843,9 @@ static int build(gen *g, const opts *o)
             {"ffn_gate_exps", sh->dim, eff, ne, moe},
             {"ffn_down_exps", eff, sh->dim, ne, moe},
             {"ffn_up_exps", sh->dim, eff, ne, moe},
+            {"ffn_gate_shexp", sh->dim, o->shexp_ffn, 0, o->shexp_ffn > 0},
+            {"ffn_up_shexp", sh->dim, o->shexp_ffn, 0, o->shexp_ffn > 0},
+            {"ffn_down_shexp", o->shexp_ffn, sh->dim, 0, o->shexp_ffn > 0},
             {"post_ffw_norm", sh->dim, 0, 0, gemma},
         };
         for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
