@@ -125,6 +125,8 @@ typedef struct ref_layer {
     /* gpt-oss: the output projection's bias, each head's sink logit, the router's bias and the
      * experts' biases (slice e of each stack expert e's); NULL elsewhere */
     float *bo, *sinks, *router_b, *gate_exps_b, *up_exps_b, *down_exps_b;
+    /* granitemoeshared: the shared expert (sh_ffn rows of dim; down: dim rows of sh_ffn) */
+    float *sh_gate, *sh_up, *sh_down;
 } ref_layer;
 
 typedef struct ref_model {
@@ -144,6 +146,7 @@ typedef struct ref_model {
      * logits times logit_mul (1 / logit_scale; else 1), and RoPE off when no_rope */
     float res_scale, logit_mul;
     bool no_rope;
+    uint32_t sh_ffn;             /* granitemoeshared's shared expert width; 0: none */
     uint32_t n_swa, swa_pattern; /* 0 = no windowed layers */
     float base_swa;              /* RoPE base of the windowed layers (gemma3), 0: base */
     float *freqs;                /* (n_rot / 2) or NULL */
@@ -288,6 +291,8 @@ static void ref_load(ref_model *r, const char *path)
         snprintf(key, sizeof key, "%s.rope.scaling.finetuned", arch);
         gguf_get_bool(f, key, &ft);
         r->no_rope = !ft;
+        snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", arch);
+        gguf_get_u32(f, key, &r->sh_ffn);
     }
     if (gemma2) {
         r->attn_cap = ref_f32(f, arch, "attn_logit_softcapping", 50.0f);
@@ -404,6 +409,14 @@ static void ref_load(ref_model *r, const char *path)
                 assert_non_null(*bdst[k] = ref_tensor(f, name));
             }
         }
+        if (r->sh_ffn) {
+            snprintf(name, sizeof name, "blk.%u.ffn_gate_shexp.weight", l);
+            L->sh_gate = ref_tensor_dims(f, name, r->dim, r->sh_ffn, 0);
+            snprintf(name, sizeof name, "blk.%u.ffn_up_shexp.weight", l);
+            L->sh_up = ref_tensor_dims(f, name, r->dim, r->sh_ffn, 0);
+            snprintf(name, sizeof name, "blk.%u.ffn_down_shexp.weight", l);
+            L->sh_down = ref_tensor_dims(f, name, r->sh_ffn, r->dim, 0);
+        }
         if (r->gelu)
             assert_true(L->post_attn && L->post_ffn);
     }
@@ -488,6 +501,7 @@ typedef struct ref_opts {
     /* granite: one of its scalars left out (llama's value in its place), or RoPE run where the
      * file switches it off */
     bool no_embd_scale, no_attn_scale, no_res_scale, no_logit_scale, rope_anyway;
+    bool no_shexp; /* granitemoeshared: the shared expert left out */
 } ref_opts;
 
 static double ref_cap(double x, double cap)
@@ -660,6 +674,20 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
         for (int t = 0; t < n && L->router; t++) {
             ref_rmsnorm(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
             ref_moe(r, L, o->experts_used ? o->experts_used : r->n_expert_used, xn, tmp);
+            if (L->sh_down && !o->no_shexp) { /* moe_out + the shared expert's SwiGLU */
+                float *sg = malloc(r->sh_ffn * sizeof(float)),
+                      *su = malloc(r->sh_ffn * sizeof(float));
+                float *sy = malloc(D * sizeof(float));
+                assert_true(sg && su && sy);
+                ref_matvec(sg, L->sh_gate, xn, r->sh_ffn, D);
+                ref_matvec(su, L->sh_up, xn, r->sh_ffn, D);
+                for (uint32_t i = 0; i < r->sh_ffn; i++)
+                    sg[i] = (float)((double)sg[i] / (1 + exp(-(double)sg[i])) * su[i]);
+                ref_matvec(sy, L->sh_down, sg, D, r->sh_ffn);
+                for (uint32_t i = 0; i < D; i++)
+                    tmp[i] += sy[i];
+                free(sg), free(su), free(sy);
+            }
             for (uint32_t i = 0; i < D; i++)
                 x[(size_t)t * D + i] += res != 0.0f ? tmp[i] * res : tmp[i];
         }
@@ -985,6 +1013,17 @@ static const family_case FAMILY_CASES[] = {
      "F32",
      {"--arch", "granite", "--no-rope"}},
     {"test_granitemoe_f32", "granitemoe-f32.gguf", "granitemoe", "F32", {"--arch", "granitemoe"}},
+    /* granitemoeshared (converted as granitemoe): a shared expert of 96 beside the routed ones */
+    {"test_granitemoe_shared_f32",
+     "granitemoe-shared-f32.gguf",
+     "granitemoe",
+     "F32",
+     {"--arch", "granitemoe", "--shared-expert-ffn", "96"}},
+    {"test_granitemoe_shared_q8_0",
+     "granitemoe-shared-q8.gguf",
+     "granitemoe",
+     "Q8_0",
+     {"--arch", "granitemoe", "--shared-expert-ffn", "64", "--type", "q8_0", "--seed", "2"}},
     {"test_granitemoe_q8_0",
      "granitemoe-q8.gguf",
      "granitemoe",
@@ -1403,6 +1442,9 @@ static void test_family_reference_is_sensitive(void **st)
          {"--arch", "granite", "--no-rope", NULL},
          {.rope_anyway = true}},
         {"sens-granitemoe.gguf", {"--arch", "granitemoe", NULL}, {.experts_used = 1}},
+        {"sens-granitemoe-shared.gguf",
+         {"--arch", "granitemoe", "--shared-expert-ffn", "96", NULL},
+         {.no_shexp = true}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char p[512];
@@ -1890,8 +1932,14 @@ static void test_refuse_family_files(void **st)
     expect_refusal_from(granite, &fb, KVS_EUNSUPPORTED, "blk.1.ffn_up.bias", "not supported");
     const char *gmoe[] = {"--arch", "granitemoe", NULL};
     edit sh = {.u32_key = "granitemoe.expert_shared_feed_forward_length", .u32_val = 64};
-    expect_refusal_from(gmoe, &sh, KVS_EUNSUPPORTED,
-                        "granitemoe.expert_shared_feed_forward_length = 64", "granitemoeshared");
+    expect_refusal_from(gmoe, &sh, KVS_EFORMAT, "missing tensor blk.0.ffn_gate_shexp.weight", NULL);
+    const char *dense[] = {"--arch", "granite", NULL};
+    edit dsh = {.u32_key = "granite.expert_shared_feed_forward_length", .u32_val = 64};
+    expect_refusal_from(dense, &dsh, KVS_EUNSUPPORTED,
+                        "granite.expert_shared_feed_forward_length = 64 without experts", NULL);
+    const char *gsh[] = {"--arch", "granitemoe", "--shared-expert-ffn", "96", NULL};
+    edit shs = {.reshape = "blk.1.ffn_down_shexp.weight"};
+    expect_refusal_from(gsh, &shs, KVS_EFORMAT, "blk.1.ffn_down_shexp.weight", "expected [96, 64]");
     edit ef = {.u32_key = "granitemoe.expert_feed_forward_length", .u32_val = 64};
     expect_refusal_from(gmoe, &ef, KVS_EUNSUPPORTED, "granitemoe.expert_feed_forward_length = 64",
                         "feed_forward_length = 128");

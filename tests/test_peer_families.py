@@ -49,8 +49,12 @@ FAMILIES = {
     "granite-norope": ["--no-rope"],  # F16: its 32 tokens agree
     # granitemoe: the same scalars, Mixtral's routing over 4 experts of feed_forward_length, 2 used
     "granitemoe": ["--experts", "4", "--experts-used", "2", "--weight-std", "0.06"],
+    # granitemoeshared (a granitemoe file): the same with a shared expert 1024 wide
+    "granitemoe-shared": ["--experts", "4", "--experts-used", "2", "--weight-std", "0.06",
+                          "--shared-expert-ffn", "1024"],
 }
-ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "granite-norope": "granite"}  # rows whose name is not their --arch
+ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "granite-norope": "granite",
+        "granitemoe-shared": "granitemoe"}  # rows whose name is not their --arch
 # The mixtures of experts run in F32 weights and F32 K/V caches on both sides. An expert is
 # picked by a comparison, so a rounding moves a token's routing where two experts' scores are
 # close, and its output with it: llama.cpp rounds activations to F16 to multiply F16 weights, and
@@ -59,7 +63,7 @@ ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "granite-norope": "granite"} 
 # they are within 1e-4 and all 32 tokens equal. granite too: its logit_scale (3) flattens a
 # random model's distribution (top logprobs near -8.6, neighbours 0.001 apart), and on F16 files
 # two seeds parted at token 19 on such near-ties (0.0009 and 0.003), after 19 equal tokens.
-F32 = {"qwen3moe", "mixtral", "gpt-oss", "granite", "granitemoe"}
+F32 = {"qwen3moe", "mixtral", "gpt-oss", "granite", "granitemoe", "granitemoe-shared"}
 
 
 def main():

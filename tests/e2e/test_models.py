@@ -204,11 +204,12 @@ class MixtureOfExperts(unittest.TestCase):
         self.batched_equals_alone(path, "experts: 8 per layer of ffn 64, Q8_0, 3 used per token")
 
     def test_granitemoe_batched_equals_alone(self):
-        """granitemoe's scalars (embedding, attention, residual and logit scales) and Mixtral's
-        routing over experts of feed_forward_length keep a row's bits whatever shares its
-        steps."""
+        """granitemoe's scalars (embedding, attention, residual and logit scales), Mixtral's
+        routing over experts of feed_forward_length and granitemoeshared's shared expert keep a
+        row's bits whatever shares its steps."""
         path = mkmodel("granitemoe-batch.gguf", "--arch", "granitemoe", "--type", "q8_0",
-                       "--experts", "8", "--experts-used", "3", "--weight-std", "0.15")
+                       "--experts", "8", "--experts-used", "3", "--weight-std", "0.15",
+                       "--shared-expert-ffn", "64")
         self.batched_equals_alone(path, "experts: 8 per layer of ffn 128, Q8_0, 3 used per token")
 
 
