@@ -48,6 +48,9 @@ static int load_granite_hparams(engine_model *m, char *err, size_t err_len)
         return rc;
     if (logit == 0.0f)
         return status_set_err(err, err_len, KVS_EFORMAT, "%s.logit_scale is 0", hp->arch);
+    if (fabsf(logit) < 1e-6f) /* its reciprocal would overflow the logits */
+        return status_set_err(err, err_len, KVS_EFORMAT, "%s.logit_scale = %g out of range",
+                              hp->arch, (double)logit);
     m->logit_mul = 1.0f / logit; /* llama.cpp scales the logits by this float */
     if (embd != 0.0f)
         m->embd_scale = embd;
