@@ -11,9 +11,9 @@
 #include "common/buf.h"
 #include "common/status.h"
 
-static const char *k_names[SRV_CHAT_COUNT] = {"plain",    "chatml",  "llama2", "llama3", "zephyr",
-                                              "mistral",  "gemma",   "phi3",   "qwen3",  "llama3.1",
-                                              "llama3.2", "harmony", "granite"};
+static const char *k_names[SRV_CHAT_COUNT] = {
+    "plain", "chatml", "llama2",   "llama3",   "zephyr",  "mistral", "gemma",
+    "phi3",  "qwen3",  "llama3.1", "llama3.2", "harmony", "granite", "granite3.0"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -39,7 +39,7 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
         return SRV_CHAT_HARMONY;
     /* IBM Granite 3.x: roles between <|start_of_role|> and <|end_of_role|> */
     if (HAS("<|start_of_role|>") && HAS("<|end_of_role|>"))
-        return SRV_CHAT_GRANITE;
+        return HAS("Knowledge Cutoff Date") ? SRV_CHAT_GRANITE : SRV_CHAT_GRANITE30;
     /* Order matters as in llama.cpp: ChatML markers first, then [INST] (Mistral's official
      * templates put the system message inside the first [INST] and lack <<SYS>>). */
     if (HAS("<|im_start|>"))
@@ -428,6 +428,28 @@ static void render_granite(kvs_buf *b, const srv_chat_msg *m, size_t n, const sr
     }
 }
 
+/* Granite 3.0's template (chat_template.h). */
+static void render_granite30(kvs_buf *b, const srv_chat_msg *m, size_t n, const srv_chat_opts *o)
+{
+    if (o->tools_user) {
+        kvs_buf_add(b, "<|start_of_role|>available_tools<|end_of_role|>\n");
+        kvs_buf_add(b, o->tools_user);
+        kvs_buf_add(b, "<|end_of_text|>\n");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(m[i].role, "system") || !strcmp(m[i].role, "user") ||
+            !strcmp(m[i].role, "assistant")) {
+            kvs_buf_add(b, "<|start_of_role|>");
+            kvs_buf_add(b, m[i].role);
+            kvs_buf_add(b, "<|end_of_role|>");
+            kvs_buf_add(b, m[i].content);
+            kvs_buf_add(b, "<|end_of_text|>\n");
+        }
+        if (i == n - 1)
+            kvs_buf_add(b, "<|start_of_role|>assistant<|end_of_role|>");
+    }
+}
+
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
                     const srv_chat_opts *opts, char **out)
 {
@@ -531,6 +553,7 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
     case SRV_CHAT_QWEN3: render_qwen3(&b, m, n, opts->enable_thinking); break;
     case SRV_CHAT_HARMONY: render_harmony(&b, m, n, opts); break;
     case SRV_CHAT_GRANITE: render_granite(&b, m, n, opts); break;
+    case SRV_CHAT_GRANITE30: render_granite30(&b, m, n, opts); break;
     case SRV_CHAT_COUNT: break;
     case SRV_CHAT_ZEPHYR:
         for (size_t i = 0; i < n; i++) {

@@ -25,6 +25,7 @@ enum srv_chat_tmpl {
     SRV_CHAT_LLAMA32, /* Llama 3.2: the same with the real date of today */
     SRV_CHAT_HARMONY, /* gpt-oss: OpenAI's harmony format (channels, a dated system message) */
     SRV_CHAT_GRANITE, /* Granite 3.1: <|start_of_role|>..., a default system message dated today */
+    SRV_CHAT_GRANITE30, /* Granite 3.0: the same turns, no default system message */
     SRV_CHAT_COUNT
 };
 
@@ -79,7 +80,7 @@ enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
 int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out);
 void srv_chat_fmt_free(srv_chat_fmt *f);
 /* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, qwen3, llama3.1, llama3.2,
- * harmony, granite, plain. -1 if unknown. */
+ * harmony, granite, granite3.0, plain. -1 if unknown. */
 int srv_chat_from_name(const char *name);
 const char *srv_chat_name(enum srv_chat_tmpl t);
 
@@ -102,7 +103,11 @@ int srv_chat_has_thinking(enum srv_chat_tmpl t);
  * system message or else the template's default (its knowledge cutoff, today's date, "You are
  * Granite, developed by IBM. You are a helpful AI assistant."); then every other message as a
  * turn of its role, untrimmed; the generation prompt follows the last of them (a conversation of
- * one system message gets none, as the template writes it). */
+ * one system message gets none, as the template writes it).
+ *
+ * GRANITE30 (Granite 3.0's official template): the tools first (an available_tools turn), then
+ * system, user and assistant messages as turns of their role (a tool result, role tool, is not
+ * written: the template knows only its own tool_response role), and the generation prompt. */
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
                     const srv_chat_opts *opts, char **out);
 

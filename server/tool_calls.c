@@ -27,7 +27,8 @@ static enum family family_of(enum srv_chat_tmpl t)
     case SRV_CHAT_LLAMA32: return FAM_LLAMA3;
     case SRV_CHAT_MISTRAL: return FAM_MISTRAL;
     case SRV_CHAT_HARMONY: return FAM_HARMONY;
-    case SRV_CHAT_GRANITE: return FAM_GRANITE;
+    case SRV_CHAT_GRANITE:
+    case SRV_CHAT_GRANITE30: return FAM_GRANITE;
     default: return FAM_HERMES; /* ChatML's (and Qwen 3's) own form, and the generic one */
     }
 }
@@ -298,7 +299,18 @@ int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out
         }
         break;
     case FAM_HARMONY: harmony_tools(&b, tools); break;
-    case FAM_GRANITE: srv_json_py(&b, tools, 4); break; /* its tools turn: tools|tojson(indent=4) */
+    case FAM_GRANITE:
+        if (t == SRV_CHAT_GRANITE) { /* 3.1's tools turn: tools|tojson(indent=4) */
+            srv_json_py(&b, tools, 4);
+            break;
+        }
+        cJSON_ArrayForEach(tool, tools) /* 3.0's: each tool so, a blank line between */
+        {
+            if (tool != tools->child)
+                kvs_buf_add(&b, "\n\n");
+            srv_json_py(&b, tool, 4);
+        }
+        break;
     case FAM_MISTRAL:
         kvs_buf_add(&b, "[AVAILABLE_TOOLS]");
         tb_json(&b, tools);
@@ -362,7 +374,8 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
 
 bool srv_tools_in_user_turn(enum srv_chat_tmpl t)
 {
-    return t == SRV_CHAT_LLAMA31 || t == SRV_CHAT_LLAMA32 || t == SRV_CHAT_GRANITE;
+    return t == SRV_CHAT_LLAMA31 || t == SRV_CHAT_LLAMA32 || t == SRV_CHAT_GRANITE ||
+           t == SRV_CHAT_GRANITE30;
 }
 
 bool srv_tools_merge_results(enum srv_chat_tmpl t)

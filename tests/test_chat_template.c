@@ -74,6 +74,10 @@ static void test_detect(void **state)
     assert_int_equal(srv_chat_detect("{{- '<|start_of_role|>' + message['role'] + "
                                      "'<|end_of_role|>' + message['content'] + "
                                      "'<|end_of_text|>\\n' }}"),
+                     SRV_CHAT_GRANITE30);
+    assert_int_equal(srv_chat_detect("{%- set system_message = \"Knowledge Cutoff Date: April "
+                                     "2024.\\nToday's Date: \" %}{{- '<|start_of_role|>system"
+                                     "<|end_of_role|>' + system_message }}"),
                      SRV_CHAT_GRANITE);
     assert_int_equal(srv_chat_detect("{{ message['content'] }}"), SRV_CHAT_PLAIN);
 }
@@ -294,6 +298,14 @@ static void test_granite(void **state)
                                 "with access to the following tools. When a tool is required"));
     assert_non_null(strstr(got, "request.<|end_of_text|>\n<|start_of_role|>tools<|end_of_role|>"
                                 "[]<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Hi"));
+    free(got);
+    /* Granite 3.0: no default system message, the tools first, a tool result not written */
+    o.tools_user = "{}";
+    const srv_chat_msg conv30[] = {{"user", "Hi"}, {"tool", "5"}};
+    assert_int_equal(srv_chat_render(SRV_CHAT_GRANITE30, conv30, 2, &o, &got), 0);
+    assert_string_equal(got, "<|start_of_role|>available_tools<|end_of_role|>\n{}<|end_of_text|>\n"
+                             "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n"
+                             "<|start_of_role|>assistant<|end_of_role|>");
     free(got);
 }
 
