@@ -24,6 +24,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     size_t T = max_tokens, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
            KV = (size_t)hp->n_head_kv * hp->head_dim,
            F = hp->n_expert ? hp->n_ff_exp : hp->n_ff; /* an MoE model has no dense MLP */
+    F = F > hp->n_ff_shexp ? F : hp->n_ff_shexp;       /* and a shared expert may be wider */
     c->m = m;
     c->max_tokens = max_tokens;
     c->n_threads = n_threads ? n_threads : 1;
@@ -456,6 +457,9 @@ int engine_forward_hidden(engine_ctx *c, engine_kv *kv, const engine_batch *b, f
     }
     if (n_out)
         engine__matmul(c, logits_out, c->xn, &m->output, n_out);
+    if (n_out && m->logit_mul != 1.0f) /* granite's logit_scale: ggml_scale by 1 / scale */
+        for (size_t i = 0; i < n_out * hp->n_vocab; i++)
+            logits_out[i] *= m->logit_mul;
     if (n_out && m->final_softcap > 0) /* gemma 2's soft-capping of logits */
         c->kern->softcap(logits_out, n_out * hp->n_vocab, 1.0f, m->final_softcap);
     /* Hidden states wanted as such (embeddings): the same norm, written out. */

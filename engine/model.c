@@ -1,5 +1,5 @@
-/* Loading a model from GGUF: opens the file, picks the family (arch.h: llama, qwen2, qwen3,
- * gemma2, gemma3, phi3) from general.architecture, reads the hyper-parameters every family shares
+/* Loading a model from GGUF: opens the file, picks the family (arch.h, its registry in arch.c)
+ * from general.architecture, reads the hyper-parameters every family shares
  * and then the family's own, the tokenizer, every tensor with its shape (the family's list), and
  * packs the weight matrices into the kernels' panel layout (F32, F16, Q8_0 and the block-quantized
  * types keep their type; BF16 is widened to F32 first; norm vectors are F32), then picks the kernel
@@ -408,6 +408,7 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     m->rope[0] = (rope_params){hp->rope_base, hp->rope_freq_scale};
     m->n_rope = 1;
     m->embd_scale = 1.0f;
+    m->logit_mul = 1.0f;
     m->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     return m->arch->load_hparams ? m->arch->load_hparams(m, err, err_len) : 0;
 }
@@ -481,8 +482,10 @@ static void progress_add(load_progress *lp, uint64_t bytes)
 static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t err_len)
 {
     bool tied = m->output.data == m->tok_embd.data;
-    /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 stacks of experts. */
-    size_t X = m->hp.n_expert, per_layer = X ? 5 + 3 * X : 7;
+    /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 stacks of experts (+ a
+     * shared expert's 3). */
+    size_t X = m->hp.n_expert, SH = X && m->hp.n_ff_shexp ? 3 : 0;
+    size_t per_layer = X ? 5 + 3 * X + SH : 7;
     size_t n_mats = (size_t)m->hp.n_layer * per_layer + 2;
     /* An expert stack's copies go into one mapping, each slice 64-byte aligned: one mapping per
      * matrix would be 18k of them for Qwen3-30B-A3B (and three VMAs each, against the kernel's
@@ -509,12 +512,14 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
             layer_weights *w = &m->layers[(i - 1) / per_layer];
             size_t k = (i - 1) % per_layer;
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-            in_stack = w->experts && k >= 5;
+            kern_mat *shared[3] = {&w->sh_gate, &w->sh_up, &w->sh_down};
+            in_stack = w->experts && k >= 5 && k < 5 + 3 * X;
             e = in_stack ? (k - 5) % X : 0;
             /* stack by stack: every expert's gate, then every up, then every down */
             mat = k < 4 || !w->experts ? mats[k]
                   : k == 4             ? &w->router
-                                       : &w->experts[e * 3 + (k - 5) / X];
+                  : in_stack           ? &w->experts[e * 3 + (k - 5) / X]
+                                       : shared[k - 5 - 3 * X];
         }
         /* The integer path reads an interleaved copy where the table has kernels of its own
          * (kern/qdot_pack.c: the same bytes in another order, at most 3.6% more), the file's

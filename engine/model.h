@@ -54,7 +54,9 @@ typedef struct engine_hparams {
     uint32_t swa_pattern; /* layer l is windowed when l % swa_pattern < swa_pattern - 1; 0: none */
     uint32_t n_expert;    /* <arch>.expert_count: experts per layer's MLP; 0: a dense MLP */
     uint32_t n_expert_used; /* <arch>.expert_used_count: experts each token runs through */
-    uint32_t n_ff_exp; /* <arch>.expert_feed_forward_length (default n_ff): an expert's width */
+    uint32_t n_ff_exp;   /* <arch>.expert_feed_forward_length (default n_ff): an expert's width */
+    uint32_t n_ff_shexp; /* a shared expert's width, run for every token beside the routed ones
+                            (granitemoeshared's expert_shared_feed_forward_length); 0: none */
 } engine_hparams;
 
 typedef struct engine_model engine_model;

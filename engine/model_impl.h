@@ -37,15 +37,18 @@ typedef struct layer_weights {
     kern_mat w_up;               /* (n_ff, n_embd) */
     kern_mat w_down;             /* (n_embd, n_ff) */
     kern_mat router;             /* (n_expert, n_embd) of an MoE layer (ffn_gate_inp), else empty */
-    kern_mat *experts;     /* [n_expert][3] of an MoE layer: gate, up (n_ff_exp, n_embd) and down
-                              (n_embd, n_ff_exp) of each expert, in place of w_gate..; else NULL */
-    const float *router_b; /* (n_expert) or NULL: the router's bias (gpt-oss) */
-    const float *exp_b[3]; /* (n_expert, n_ff_exp) gate, up and (n_expert, n_embd) down biases
-                              of the experts, or NULL (gpt-oss) */
+    kern_mat *experts;       /* [n_expert][3] of an MoE layer: gate, up (n_ff_exp, n_embd) and down
+                                (n_embd, n_ff_exp) of each expert, in place of w_gate..; else NULL */
+    const float *router_b;   /* (n_expert) or NULL: the router's bias (gpt-oss) */
+    const float *exp_b[3];   /* (n_expert, n_ff_exp) gate, up and (n_expert, n_embd) down biases
+                                of the experts, or NULL (gpt-oss) */
+    kern_mat sh_gate, sh_up; /* (n_ff_shexp, n_embd) a shared expert's (granitemoeshared) */
+    kern_mat sh_down;        /* (n_embd, n_ff_shexp); all three empty without one */
     const float *post_ffn_norm; /* (n_embd) or NULL: norm of the MLP output (gemma) */
     uint32_t window;            /* attends to the last `window` positions only; 0: all */
     uint32_t rope_set;          /* index into engine_model.rope */
-    bool no_rope; /* queries and keys go unrotated (smollm3's NoPE layers): rope_set unused */
+    bool no_rope; /* queries and keys go unrotated (smollm3's NoPE layers, every layer of a
+                     granite file with rope.scaling.finetuned false): rope_set unused */
 } layer_weights;
 
 /* One RoPE frequency table: angle of pair j at position p is p * scale * base^(-2j/n_rot)
@@ -74,6 +77,11 @@ struct engine_model {
     float attn_scale;       /* attention scores are q.k times it (1 / sqrt(head_dim) by default) */
     float attn_softcap;     /* > 0: scores become cap * tanh(score / cap) before the softmax */
     float final_softcap;    /* > 0: logits become cap * tanh(logit / cap) */
+    float logit_mul;        /* logits are multiplied by it (granite: 1 / logit_scale); 1 */
+    float residual_scale;   /* != 0: a sublayer's output is times it before the residual add
+                               (granite); 0: added as it is */
+    bool no_rope;           /* granite's rope.scaling.finetuned false: every layer's no_rope
+                               (positions enter through the causal mask only) */
     engine_pooling pooling; /* <arch>.pooling_type, NONE when absent or another value */
     uint32_t weight_type;
     uint64_t n_params;

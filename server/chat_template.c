@@ -11,9 +11,9 @@
 #include "common/buf.h"
 #include "common/status.h"
 
-static const char *k_names[SRV_CHAT_COUNT] = {"plain",    "chatml",  "llama2", "llama3", "zephyr",
-                                              "mistral",  "gemma",   "phi3",   "qwen3",  "llama3.1",
-                                              "llama3.2", "harmony", "smollm3"};
+static const char *k_names[SRV_CHAT_COUNT] = {
+    "plain", "chatml",   "llama2",   "llama3",  "zephyr",  "mistral", "gemma",     "phi3",
+    "qwen3", "llama3.1", "llama3.2", "harmony", "smollm3", "granite", "granite3.0"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -37,6 +37,9 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
      * holds "<|end|>", which would otherwise read as Phi-3's). */
     if (HAS("<|start|>") && HAS("<|channel|>") && HAS("<|message|>"))
         return SRV_CHAT_HARMONY;
+    /* IBM Granite 3.x: roles between <|start_of_role|> and <|end_of_role|> */
+    if (HAS("<|start_of_role|>") && HAS("<|end_of_role|>"))
+        return HAS("Knowledge Cutoff Date") ? SRV_CHAT_GRANITE : SRV_CHAT_GRANITE30;
     /* Order matters as in llama.cpp: ChatML markers first, then [INST] (Mistral's official
      * templates put the system message inside the first [INST] and lack <<SYS>>). */
     /* SmolLM3's ChatML opens with a metadata system turn naming its reasoning mode (its template
@@ -505,6 +508,73 @@ static void render_harmony(kvs_buf *b, const srv_chat_msg *m, size_t n, const sr
     kvs_buf_add(b, "<|start|>assistant");
 }
 
+/* Granite 3.1's template (chat_template.h). */
+static void render_granite(kvs_buf *b, const srv_chat_msg *m, size_t n, const srv_chat_opts *o)
+{
+    size_t i = 0;
+    kvs_buf_add(b, "<|start_of_role|>system<|end_of_role|>");
+    if (n && !strcmp(m[0].role, "system")) {
+        kvs_buf_add(b, m[i++].content);
+    } else {
+        char today[64];
+        const char *date = o->date;
+        if (!date) { /* strftime_now('%B %d, %Y'), local time as llama.cpp's Jinja gives it */
+            time_t now = time(NULL);
+            struct tm tm;
+            localtime_r(&now, &tm);
+            strftime(today, sizeof today, "%B %d, %Y", &tm);
+            date = today;
+        }
+        kvs_buf_add(b, "Knowledge Cutoff Date: April 2024.\nToday's Date: ");
+        kvs_buf_add(b, date);
+        kvs_buf_add(b, ".\nYou are Granite, developed by IBM.");
+        kvs_buf_add(b, o->tools_user
+                           ? " You are a helpful AI assistant with access to the following tools. "
+                             "When a tool is required to answer the user's query, respond with "
+                             "<|tool_call|> followed by a JSON list of tools used. If a tool does "
+                             "not exist in the provided list of tools, notify the user that you do "
+                             "not have the ability to fulfill the request."
+                           : " You are a helpful AI assistant.");
+    }
+    kvs_buf_add(b, "<|end_of_text|>\n");
+    if (o->tools_user) {
+        kvs_buf_add(b, "<|start_of_role|>tools<|end_of_role|>");
+        kvs_buf_add(b, o->tools_user);
+        kvs_buf_add(b, "<|end_of_text|>\n");
+    }
+    for (; i < n; i++) {
+        kvs_buf_add(b, "<|start_of_role|>");
+        kvs_buf_add(b, m[i].role);
+        kvs_buf_add(b, "<|end_of_role|>");
+        kvs_buf_add(b, m[i].content);
+        kvs_buf_add(b, "<|end_of_text|>\n");
+        if (i == n - 1)
+            kvs_buf_add(b, "<|start_of_role|>assistant<|end_of_role|>");
+    }
+}
+
+/* Granite 3.0's template (chat_template.h). */
+static void render_granite30(kvs_buf *b, const srv_chat_msg *m, size_t n, const srv_chat_opts *o)
+{
+    if (o->tools_user) {
+        kvs_buf_add(b, "<|start_of_role|>available_tools<|end_of_role|>\n");
+        kvs_buf_add(b, o->tools_user);
+        kvs_buf_add(b, "<|end_of_text|>\n");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(m[i].role, "system") || !strcmp(m[i].role, "user") ||
+            !strcmp(m[i].role, "assistant")) {
+            kvs_buf_add(b, "<|start_of_role|>");
+            kvs_buf_add(b, m[i].role);
+            kvs_buf_add(b, "<|end_of_role|>");
+            kvs_buf_add(b, m[i].content);
+            kvs_buf_add(b, "<|end_of_text|>\n");
+        }
+        if (i == n - 1)
+            kvs_buf_add(b, "<|start_of_role|>assistant<|end_of_role|>");
+    }
+}
+
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
                     const srv_chat_opts *opts, char **out)
 {
@@ -608,6 +678,8 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
     case SRV_CHAT_QWEN3: render_qwen3(&b, m, n, opts->enable_thinking); break;
     case SRV_CHAT_HARMONY: render_harmony(&b, m, n, opts); break;
     case SRV_CHAT_SMOLLM3: render_smollm3(&b, m, n, opts->enable_thinking, opts->date); break;
+    case SRV_CHAT_GRANITE: render_granite(&b, m, n, opts); break;
+    case SRV_CHAT_GRANITE30: render_granite30(&b, m, n, opts); break;
     case SRV_CHAT_COUNT: break;
     case SRV_CHAT_ZEPHYR:
         for (size_t i = 0; i < n; i++) {

@@ -25,6 +25,8 @@ enum srv_chat_tmpl {
     SRV_CHAT_LLAMA32, /* Llama 3.2: the same with the real date of today */
     SRV_CHAT_HARMONY, /* gpt-oss: OpenAI's harmony format (channels, a dated system message) */
     SRV_CHAT_SMOLLM3, /* SmolLM3: ChatML under a dated metadata system turn, /think, /no_think */
+    SRV_CHAT_GRANITE, /* Granite 3.1: <|start_of_role|>..., a default system message dated today */
+    SRV_CHAT_GRANITE30, /* Granite 3.0: the same turns, no default system message */
     SRV_CHAT_COUNT
 };
 
@@ -41,10 +43,12 @@ typedef struct srv_chat_opts {
     int enable_thinking;        /* -1: the template's default; 0 or 1 (templates with the switch) */
     const char *default_system; /* srv_chat_fmt's, or NULL */
     /* Llama 3.1/3.2: the tools' text, written at the start of the first user turn (with
-     * "Environment: ipython" in the system turn), as their templates do; NULL: no tools */
+     * "Environment: ipython" in the system turn), as their templates do; Granite: its tools
+     * turn's text (and the default system text that says so); NULL: no tools */
     const char *tools_user;
     /* Llama 3.2's "Today Date" ("01 Dec 2026"), harmony's "Current date" ("2026-12-01"),
-     * SmolLM3's "Today Date" ("01 December 2026"); NULL: today (local time) in the family's
+     * SmolLM3's "Today Date" ("01 December 2026"), Granite's "Today's Date" ("December 01,
+     * 2026"); NULL: today (local time) in the family's
      * form */
     const char *date;
     /* Harmony: the system message's "Reasoning:" ("low", "medium", "high"); NULL: medium */
@@ -78,7 +82,7 @@ enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
 int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out);
 void srv_chat_fmt_free(srv_chat_fmt *f);
 /* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, qwen3, llama3.1, llama3.2,
- * harmony, smollm3, plain. -1 if unknown. */
+ * harmony, smollm3, granite, granite3.0, plain. -1 if unknown. */
 int srv_chat_from_name(const char *name);
 const char *srv_chat_name(enum srv_chat_tmpl t);
 
@@ -106,7 +110,17 @@ int srv_chat_has_thinking(enum srv_chat_tmpl t);
  * /system_override replaces that turn (closed); user and tool turns as ChatML user turns;
  * assistant turns with their leading newlines dropped, after an empty think block in /no_think
  * mode; other system messages are not written; the generation prompt opens an assistant turn,
- * with an empty think block in /no_think mode. */
+ * with an empty think block in /no_think mode.
+ *
+ * GRANITE (Granite 3.1's official template): a system turn always, the conversation's first
+ * system message or else the template's default (its knowledge cutoff, today's date, "You are
+ * Granite, developed by IBM. You are a helpful AI assistant."); then every other message as a
+ * turn of its role, untrimmed; the generation prompt follows the last of them (a conversation of
+ * one system message gets none, as the template writes it).
+ *
+ * GRANITE30 (Granite 3.0's official template): the tools first (an available_tools turn), then
+ * system, user and assistant messages as turns of their role (a tool result, role tool, is not
+ * written: the template knows only its own tool_response role), and the generation prompt. */
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
                     const srv_chat_opts *opts, char **out);
 

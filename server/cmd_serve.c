@@ -86,7 +86,8 @@ int cmd_serve(int argc, char **argv)
     if (cfg.chat_template && (forced_tmpl = srv_chat_from_name(cfg.chat_template)) < 0) {
         fprintf(stderr,
                 "kvserve serve: unknown --chat-template '%s' "
-                "(chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|plain)\n",
+                "(chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|harmony|"
+                "granite|granite3.0|plain)\n",
                 cfg.chat_template);
         srv_config_free(&cfg);
         return 2;

@@ -60,7 +60,9 @@ static const opt k_opts[] = {
     {"shutdown-timeout", 0, OPT_DBL, OFF(shutdown_timeout), "30",
      "seconds to let in-flight requests finish after SIGINT/SIGTERM"},
     {"chat-template", 0, OPT_STR, OFF(chat_template), "",
-     "chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|plain (default: "
+     "chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|harmony|granite|"
+     "granite3.0|plain "
+     "(default: "
      "detect from the model)"},
     {"reasoning-format", 0, OPT_STR, OFF(reasoning_format), "auto",
      "auto|none: with a thinking chat template (Qwen 3), auto returns the <think> block as "

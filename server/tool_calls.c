@@ -17,7 +17,7 @@ static void tb_json(kvs_buf *b, const cJSON *j)
     srv_json_py(b, j, 0);
 }
 
-enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL, FAM_HARMONY };
+enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL, FAM_HARMONY, FAM_GRANITE };
 
 static enum family family_of(enum srv_chat_tmpl t)
 {
@@ -27,6 +27,8 @@ static enum family family_of(enum srv_chat_tmpl t)
     case SRV_CHAT_LLAMA32: return FAM_LLAMA3;
     case SRV_CHAT_MISTRAL: return FAM_MISTRAL;
     case SRV_CHAT_HARMONY: return FAM_HARMONY;
+    case SRV_CHAT_GRANITE:
+    case SRV_CHAT_GRANITE30: return FAM_GRANITE;
     default: return FAM_HERMES; /* ChatML's (and Qwen 3's) own form, and the generic one */
     }
 }
@@ -297,6 +299,18 @@ int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out
         }
         break;
     case FAM_HARMONY: harmony_tools(&b, tools); break;
+    case FAM_GRANITE:
+        if (t == SRV_CHAT_GRANITE) { /* 3.1's tools turn: tools|tojson(indent=4) */
+            srv_json_py(&b, tools, 4);
+            break;
+        }
+        cJSON_ArrayForEach(tool, tools) /* 3.0's: each tool so, a blank line between */
+        {
+            if (tool != tools->child)
+                kvs_buf_add(&b, "\n\n");
+            srv_json_py(&b, tool, 4);
+        }
+        break;
     case FAM_MISTRAL:
         kvs_buf_add(&b, "[AVAILABLE_TOOLS]");
         tb_json(&b, tools);
@@ -314,6 +328,8 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
     enum family f = family_of(t);
     if (f == FAM_MISTRAL)
         kvs_buf_add(&b, "[TOOL_CALLS][");
+    if (f == FAM_GRANITE) /* Granite 3.1's template writes an assistant's content alone */
+        return kvs_buf_take(&b, out);
     const cJSON *tc;
     int i = 0;
     cJSON_ArrayForEach(tc, tool_calls)
@@ -345,7 +361,8 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
                 kvs_buf_add(&b, ", ");
             tb_json(&b, call);
             break;
-        case FAM_HARMONY: break; /* srv_tools_render_call_args and the renderer write them */
+        case FAM_HARMONY: /* srv_tools_render_call_args and the renderer write them */
+        case FAM_GRANITE: break;
         }
         cJSON_Delete(call);
         i++;
@@ -357,7 +374,8 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
 
 bool srv_tools_in_user_turn(enum srv_chat_tmpl t)
 {
-    return t == SRV_CHAT_LLAMA31 || t == SRV_CHAT_LLAMA32;
+    return t == SRV_CHAT_LLAMA31 || t == SRV_CHAT_LLAMA32 || t == SRV_CHAT_GRANITE ||
+           t == SRV_CHAT_GRANITE30;
 }
 
 bool srv_tools_merge_results(enum srv_chat_tmpl t)
@@ -387,6 +405,10 @@ int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const cha
         } else {
             kvs_buf_add(&b, content);
         }
+        break;
+    case FAM_GRANITE: /* a turn of role tool, its content as it is */
+        *role = "tool";
+        kvs_buf_add(&b, content);
         break;
     case FAM_HARMONY: { /* the template writes message.content|tojson */
         *role = "tool";
@@ -479,6 +501,7 @@ size_t srv_tools_stream_safe(enum srv_chat_tmpl t, const char *text, size_t len)
     switch (family_of(t)) {
     case FAM_HERMES: return before_mark(text, len, "<tool_call>");
     case FAM_MISTRAL: return before_mark(text, len, "[TOOL_CALLS]");
+    case FAM_GRANITE: return before_mark(text, len, "<|tool_call|>");
     case FAM_HARMONY: return before_mark(text, len, "<|start|>assistant to=functions.");
     case FAM_LLAMA3: {
         size_t i = 0;
@@ -589,11 +612,11 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
         }
         if (!arr)
             rc = KVS_ENOMEM;
-    } else {
-        static const char mark[] = "[TOOL_CALLS]";
+    } else { /* Mistral's [TOOL_CALLS] or Granite's <|tool_call|>, then a JSON list */
+        const char *mark = f == FAM_GRANITE ? "<|tool_call|>" : "[TOOL_CALLS]";
         const char *m = strstr(text, mark);
         if (m && m < text + len) {
-            const char *body = m + sizeof mark - 1, *jend = NULL;
+            const char *body = m + strlen(mark), *jend = NULL;
             cJSON *j = parse_at(body, len - (size_t)(body - text), &jend);
             const cJSON *it;
             int n = 0;

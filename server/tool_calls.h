@@ -22,6 +22,12 @@
  *                                writes the recipient after the channel as well: the reasoning
  *                                splitter rewrites its calls to this form in the content); a
  *                                result is a message from functions.NAME, a JSON string
+ *   GRANITE (Granite 3.1)        tools as tojson(indent=4) in a tools turn after the system
+ *                                turn (its default system text then says it has tools); the model
+ *                                calls with <|tool_call|>[{"name": ..., "arguments": {...}}, ...];
+ *                                an earlier call is not written back (the template writes an
+ *                                assistant turn's content alone); a result is a turn of role
+ *                                tool, its content as it is
  *   every other family (PLAIN…)  the generic form: CHATML's wording and <tool_call> tags
  *
  * A forced call (tool_choice "required" or a named function) is generated under the grammar of
@@ -58,8 +64,9 @@ int srv_tools_render_call_args(enum srv_chat_tmpl t, const cJSON *tool_calls, ch
 int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const char *content,
                             const char **role, char **out);
 
-/* Whether the family's template writes the tools into the first user turn (Llama 3.1/3.2:
- * srv_tools_render_system's text then goes there, srv_chat_opts.tools_user). */
+/* Whether the family's template places the tools itself (Llama 3.1/3.2: in the first user
+ * turn; Granite: in a turn of their own): srv_tools_render_system's text then goes to
+ * srv_chat_opts.tools_user. */
 bool srv_tools_in_user_turn(enum srv_chat_tmpl t);
 /* Whether results in a row are one turn (their texts a line apart): Hermes-style families. */
 bool srv_tools_merge_results(enum srv_chat_tmpl t);

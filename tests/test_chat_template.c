@@ -78,6 +78,14 @@ static void test_detect(void **state)
                         "{%- endif -%}{{- \"<|im_start|>system\\n\" -}}{{- "
                         "\"Reasoning Mode: \" + reasoning_mode + \"\\n\\n\" -}}"),
         SRV_CHAT_SMOLLM3);
+    assert_int_equal(srv_chat_detect("{{- '<|start_of_role|>' + message['role'] + "
+                                     "'<|end_of_role|>' + message['content'] + "
+                                     "'<|end_of_text|>\\n' }}"),
+                     SRV_CHAT_GRANITE30);
+    assert_int_equal(srv_chat_detect("{%- set system_message = \"Knowledge Cutoff Date: April "
+                                     "2024.\\nToday's Date: \" %}{{- '<|start_of_role|>system"
+                                     "<|end_of_role|>' + system_message }}"),
+                     SRV_CHAT_GRANITE);
     assert_int_equal(srv_chat_detect("{{ message['content'] }}"), SRV_CHAT_PLAIN);
 }
 
@@ -315,6 +323,48 @@ static void test_llama31(void **state)
     check(SRV_CHAT_LLAMA31, k_conv + 1, 1, want);
 }
 
+/* Granite 3.1 (its official template, checked against llama-server's Jinja in peer_templates):
+ * the first system message or the dated default, each turn untrimmed, the generation prompt
+ * after the last turn only; with tools, the default's tools sentence and a tools turn. */
+static void test_granite(void **state)
+{
+    (void)state;
+    check(SRV_CHAT_GRANITE, k_conv, 4,
+          "<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>\n"
+          "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n"
+          "<|start_of_role|>assistant<|end_of_role|>Hello!<|end_of_text|>\n"
+          "<|start_of_role|>user<|end_of_role|>Bye<|end_of_text|>\n"
+          "<|start_of_role|>assistant<|end_of_role|>");
+    char *got = NULL;
+    srv_chat_opts o = {.enable_thinking = -1, .date = "December 01, 2026"};
+    assert_int_equal(srv_chat_render(SRV_CHAT_GRANITE, k_conv + 1, 1, &o, &got), 0);
+    assert_string_equal(got, "<|start_of_role|>system<|end_of_role|>Knowledge Cutoff Date: April "
+                             "2024.\nToday's Date: December 01, 2026.\nYou are Granite, developed "
+                             "by IBM. You are a helpful AI assistant.<|end_of_text|>\n"
+                             "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n"
+                             "<|start_of_role|>assistant<|end_of_role|>");
+    free(got);
+    /* a system message alone: no turn after it, so no generation prompt (as the template) */
+    assert_int_equal(srv_chat_render(SRV_CHAT_GRANITE, k_conv, 1, &o, &got), 0);
+    assert_string_equal(got, "<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>\n");
+    free(got);
+    o.tools_user = "[]";
+    assert_int_equal(srv_chat_render(SRV_CHAT_GRANITE, k_conv + 1, 1, &o, &got), 0);
+    assert_non_null(strstr(got, "You are Granite, developed by IBM. You are a helpful AI assistant "
+                                "with access to the following tools. When a tool is required"));
+    assert_non_null(strstr(got, "request.<|end_of_text|>\n<|start_of_role|>tools<|end_of_role|>"
+                                "[]<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Hi"));
+    free(got);
+    /* Granite 3.0: no default system message, the tools first, a tool result not written */
+    o.tools_user = "{}";
+    const srv_chat_msg conv30[] = {{"user", "Hi"}, {"tool", "5"}};
+    assert_int_equal(srv_chat_render(SRV_CHAT_GRANITE30, conv30, 2, &o, &got), 0);
+    assert_string_equal(got, "<|start_of_role|>available_tools<|end_of_role|>\n{}<|end_of_text|>\n"
+                             "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n"
+                             "<|start_of_role|>assistant<|end_of_role|>");
+    free(got);
+}
+
 #define HARMONY_SYSTEM(effort, tools)                                                              \
     "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"       \
     "Knowledge cutoff: 2024-06\nCurrent date: 2026-12-01\n\nReasoning: " effort "\n\n# Valid "     \
@@ -407,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_phi3),           cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_llama31),        cmocka_unit_test(test_gemma_trailing_system),
         cmocka_unit_test(test_harmony),        cmocka_unit_test(test_smollm3),
+        cmocka_unit_test(test_granite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -126,6 +126,8 @@ typedef struct ref_layer {
     /* gpt-oss: the output projection's bias, each head's sink logit, the router's bias and the
      * experts' biases (slice e of each stack expert e's); NULL elsewhere */
     float *bo, *sinks, *router_b, *gate_exps_b, *up_exps_b, *down_exps_b;
+    /* granitemoeshared: the shared expert (sh_ffn rows of dim; down: dim rows of sh_ffn) */
+    float *sh_gate, *sh_up, *sh_down;
 } ref_layer;
 
 typedef struct ref_model {
@@ -141,6 +143,11 @@ typedef struct ref_model {
     float beta_fast, beta_slow;
     float embd_scale, attn_cap, final_cap; /* caps: 0 = none */
     double attn_scale;
+    /* granite: each sublayer's output times res_scale before its residual add (0: none), the
+     * logits times logit_mul (1 / logit_scale; else 1), and RoPE off when no_rope */
+    float res_scale, logit_mul;
+    bool no_rope;
+    uint32_t sh_ffn;             /* granitemoeshared's shared expert width; 0: none */
     uint32_t n_swa, swa_pattern; /* 0 = no windowed layers */
     float base_swa;              /* RoPE base of the windowed layers (gemma3), 0: base */
     uint32_t
@@ -249,11 +256,12 @@ static void ref_load(ref_model *r, const char *path)
     memset(r, 0, sizeof *r);
     bool gemma2 = !strcmp(arch, "gemma2"), gemma3 = !strcmp(arch, "gemma3");
     bool phi3 = !strcmp(arch, "phi3"), gpt_oss = !strcmp(arch, "gpt-oss");
+    bool granite = !strncmp(arch, "granite", 7);
     char key[128];
     snprintf(key, sizeof key, "%s.expert_count", arch);
     bool moe = gguf_find_key(f, key) >= 0; /* qwen3moe, or llama with experts (Mixtral) */
     bool smollm3 = !strcmp(arch, "smollm3");
-    r->neox = strcmp(arch, "llama") != 0 && !smollm3;
+    r->neox = strcmp(arch, "llama") != 0 && !smollm3 && !granite;
     r->nope_step = smollm3 ? 4 : 0; /* llama.cpp's n_no_rope_layer_step: no key in the file */
     r->gelu = gemma2 || gemma3;
     r->dim = ref_u32(f, arch, "embedding_length");
@@ -276,6 +284,21 @@ static void ref_load(ref_model *r, const char *path)
     gguf_get_u32(f, key, &r->hd);
     r->embd_scale = r->gelu ? sqrtf((float)r->dim) : 1.0f;
     r->attn_scale = 1.0 / sqrt((double)r->hd);
+    r->logit_mul = 1.0f;
+    if (granite) { /* llama.cpp's granite graph: 0 or absent leaves each as llama's */
+        float es = ref_f32(f, arch, "embedding_scale", 0.0f);
+        float as = ref_f32(f, arch, "attention.scale", 0.0f);
+        r->embd_scale = es != 0.0f ? es : 1.0f;
+        r->attn_scale = as != 0.0f ? as : r->attn_scale;
+        r->res_scale = ref_f32(f, arch, "residual_scale", 0.0f);
+        r->logit_mul = 1.0f / ref_f32(f, arch, "logit_scale", 0.0f);
+        int ft = 1;
+        snprintf(key, sizeof key, "%s.rope.scaling.finetuned", arch);
+        gguf_get_bool(f, key, &ft);
+        r->no_rope = !ft;
+        snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", arch);
+        gguf_get_u32(f, key, &r->sh_ffn);
+    }
     if (gemma2) {
         r->attn_cap = ref_f32(f, arch, "attn_logit_softcapping", 50.0f);
         r->final_cap = ref_f32(f, arch, "final_logit_softcapping", 30.0f);
@@ -391,6 +414,14 @@ static void ref_load(ref_model *r, const char *path)
                 assert_non_null(*bdst[k] = ref_tensor(f, name));
             }
         }
+        if (r->sh_ffn) {
+            snprintf(name, sizeof name, "blk.%u.ffn_gate_shexp.weight", l);
+            L->sh_gate = ref_tensor_dims(f, name, r->dim, r->sh_ffn, 0);
+            snprintf(name, sizeof name, "blk.%u.ffn_up_shexp.weight", l);
+            L->sh_up = ref_tensor_dims(f, name, r->dim, r->sh_ffn, 0);
+            snprintf(name, sizeof name, "blk.%u.ffn_down_shexp.weight", l);
+            L->sh_down = ref_tensor_dims(f, name, r->sh_ffn, r->dim, 0);
+        }
         if (r->gelu)
             assert_true(L->post_attn && L->post_ffn);
     }
@@ -473,6 +504,10 @@ typedef struct ref_opts {
     bool no_yarn;          /* plain linear scaling in place of YaRN */
     bool rope_all;         /* smollm3: rotate its NoPE layers too */
     uint32_t experts_used; /* qwen3moe: 0, the file's expert_used_count; else this many */
+    /* granite: one of its scalars left out (llama's value in its place), or RoPE run where the
+     * file switches it off */
+    bool no_embd_scale, no_attn_scale, no_res_scale, no_logit_scale, rope_anyway;
+    bool no_shexp; /* granitemoeshared: the shared expert left out */
 } ref_opts;
 
 static double ref_cap(double x, double cap)
@@ -576,7 +611,11 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
     const ref_model *rr = o->no_yarn ? &plain : r;
     for (int t = 0; t < n; t++)
         for (uint32_t i = 0; i < D; i++)
-            x[(size_t)t * D + i] = r->embd[(size_t)tok[t] * D + i] * r->embd_scale;
+            x[(size_t)t * D + i] =
+                r->embd[(size_t)tok[t] * D + i] * (o->no_embd_scale ? 1.0f : r->embd_scale);
+    double attn_scale = o->no_attn_scale ? 1.0 / sqrt((double)r->hd) : r->attn_scale;
+    float res = o->no_res_scale ? 0.0f : r->res_scale;
+    bool rope = !r->no_rope || o->rope_anyway;
     for (uint32_t l = 0; l < r->n_layer; l++) {
         const ref_layer *L = &r->L[l];
         bool swa = !o->no_window && r->swa_pattern && l % r->swa_pattern < r->swa_pattern - 1;
@@ -600,9 +639,9 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
             bool swa_base = swa && !o->one_base;
             if (r->nope_step && (l + 1) % r->nope_step == 0 && !o->rope_all)
                 continue; /* a NoPE layer: queries and keys as projected */
-            for (uint32_t h = 0; h < r->n_head; h++)
+            for (uint32_t h = 0; rope && h < r->n_head; h++)
                 ref_rope(rr, neox, !o->no_freqs, qt + h * r->hd, t, swa_base);
-            for (uint32_t h = 0; h < r->n_kv; h++)
+            for (uint32_t h = 0; rope && h < r->n_kv; h++)
                 ref_rope(rr, neox, !o->no_freqs, kt + h * r->hd, t, swa_base);
         }
         double cap = o->no_softcap ? 0 : r->attn_cap;
@@ -616,7 +655,7 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                     for (uint32_t i = 0; i < r->hd; i++)
                         s += (double)q[(size_t)t * QD + h * r->hd + i] *
                              k[(size_t)p * KV + kh * r->hd + i];
-                    sc[p] = (float)ref_cap(s * r->attn_scale, cap);
+                    sc[p] = (float)ref_cap(s * attn_scale, cap);
                     if (sc[p] > mx)
                         mx = sc[p];
                 }
@@ -638,13 +677,27 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
             if (L->post_attn)
                 ref_rmsnorm(tmp, tmp, L->post_attn, D, r->eps);
             for (uint32_t i = 0; i < D; i++)
-                x[(size_t)t * D + i] += tmp[i];
+                x[(size_t)t * D + i] += res != 0.0f ? tmp[i] * res : tmp[i];
         }
         for (int t = 0; t < n && L->router; t++) {
             ref_rmsnorm(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
             ref_moe(r, L, o->experts_used ? o->experts_used : r->n_expert_used, xn, tmp);
+            if (L->sh_down && !o->no_shexp) { /* moe_out + the shared expert's SwiGLU */
+                float *sg = malloc(r->sh_ffn * sizeof(float)),
+                      *su = malloc(r->sh_ffn * sizeof(float));
+                float *sy = malloc(D * sizeof(float));
+                assert_true(sg && su && sy);
+                ref_matvec(sg, L->sh_gate, xn, r->sh_ffn, D);
+                ref_matvec(su, L->sh_up, xn, r->sh_ffn, D);
+                for (uint32_t i = 0; i < r->sh_ffn; i++)
+                    sg[i] = (float)((double)sg[i] / (1 + exp(-(double)sg[i])) * su[i]);
+                ref_matvec(sy, L->sh_down, sg, D, r->sh_ffn);
+                for (uint32_t i = 0; i < D; i++)
+                    tmp[i] += sy[i];
+                free(sg), free(su), free(sy);
+            }
             for (uint32_t i = 0; i < D; i++)
-                x[(size_t)t * D + i] += tmp[i];
+                x[(size_t)t * D + i] += res != 0.0f ? tmp[i] * res : tmp[i];
         }
         for (int t = 0; t < n && !L->router; t++) {
             ref_rmsnorm(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
@@ -662,7 +715,7 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
             if (L->post_ffn)
                 ref_rmsnorm(tmp, tmp, L->post_ffn, D, r->eps);
             for (uint32_t i = 0; i < D; i++)
-                x[(size_t)t * D + i] += tmp[i];
+                x[(size_t)t * D + i] += res != 0.0f ? tmp[i] * res : tmp[i];
         }
     }
     for (int t = 0; t < n; t++) {
@@ -673,6 +726,8 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
         ref_matvec(lt, r->out, xn, r->vocab, D);
         for (uint32_t i = 0; !o->no_softcap && r->final_cap > 0 && i < r->vocab; i++)
             lt[i] = (float)ref_cap(lt[i], r->final_cap);
+        for (uint32_t i = 0; !o->no_logit_scale && r->logit_mul != 1.0f && i < r->vocab; i++)
+            lt[i] *= r->logit_mul;
     }
     free(x), free(xn), free(q), free(k), free(v), free(att), free(tmp), free(g), free(u), free(sc);
 }
@@ -969,6 +1024,37 @@ static const family_case FAMILY_CASES[] = {
      "smollm3",
      "F32",
      {"--arch", "smollm3", "--yarn", "4", "--shape", "swa7"}},
+    /* granite: llama (NORM RoPE) with kvs-mkmodel's embedding_scale 2.5, attention.scale 0.2
+     * (1/sqrt(16) is 0.25), residual_scale 0.6 and logit_scale 3; without RoPE; and granitemoe,
+     * the same with Mixtral's routing over 8 experts of feed_forward_length, 2 used */
+    {"test_granite_f32", "granite-f32.gguf", "granite", "F32", {"--arch", "granite"}},
+    {"test_granite_q8_0",
+     "granite-q8.gguf",
+     "granite",
+     "Q8_0",
+     {"--arch", "granite", "--type", "q8_0", "--seed", "2"}},
+    {"test_granite_no_rope",
+     "granite-norope.gguf",
+     "granite",
+     "F32",
+     {"--arch", "granite", "--no-rope"}},
+    {"test_granitemoe_f32", "granitemoe-f32.gguf", "granitemoe", "F32", {"--arch", "granitemoe"}},
+    /* granitemoeshared (converted as granitemoe): a shared expert of 96 beside the routed ones */
+    {"test_granitemoe_shared_f32",
+     "granitemoe-shared-f32.gguf",
+     "granitemoe",
+     "F32",
+     {"--arch", "granitemoe", "--shared-expert-ffn", "96"}},
+    {"test_granitemoe_shared_q8_0",
+     "granitemoe-shared-q8.gguf",
+     "granitemoe",
+     "Q8_0",
+     {"--arch", "granitemoe", "--shared-expert-ffn", "64", "--type", "q8_0", "--seed", "2"}},
+    {"test_granitemoe_q8_0",
+     "granitemoe-q8.gguf",
+     "granitemoe",
+     "Q8_0",
+     {"--arch", "granitemoe", "--experts", "4", "--type", "q8_0", "--seed", "3"}},
 };
 
 /* One row of FAMILY_CASES (cmocka's initial state). */
@@ -1375,6 +1461,18 @@ static void test_family_reference_is_sensitive(void **st)
          {.one_base = true}},
         /* smollm3's NoPE layer (3 of swa7's 7) rotated as the others */
         {"sens-smollm3.gguf", {"--arch", "smollm3", "--shape", "swa7", NULL}, {.rope_all = true}},
+        /* granite's four scalars, its RoPE switch, and granitemoe's routing */
+        {"sens-granite.gguf", {"--arch", "granite", NULL}, {.no_embd_scale = true}},
+        {"sens-granite.gguf", {"--arch", "granite", NULL}, {.no_attn_scale = true}},
+        {"sens-granite.gguf", {"--arch", "granite", NULL}, {.no_res_scale = true}},
+        {"sens-granite.gguf", {"--arch", "granite", NULL}, {.no_logit_scale = true}},
+        {"sens-granite-norope.gguf",
+         {"--arch", "granite", "--no-rope", NULL},
+         {.rope_anyway = true}},
+        {"sens-granitemoe.gguf", {"--arch", "granitemoe", NULL}, {.experts_used = 1}},
+        {"sens-granitemoe-shared.gguf",
+         {"--arch", "granitemoe", "--shared-expert-ffn", "96", NULL},
+         {.no_shexp = true}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char p[512];
@@ -1713,7 +1811,7 @@ static void test_refuse_architecture(void **st)
     edit e = {.arch = "mamba"};
     expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'mamba' is not supported",
                    "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, "
-                   "smollm3");
+                   "smollm3, granite, granitemoe");
     edit e2 = {.arch = "gemma"}; /* Gemma 1: not implemented */
     expect_refusal(&e2, KVS_EUNSUPPORTED, "'gemma'", NULL);
 }
@@ -1856,6 +1954,33 @@ static void test_refuse_family_files(void **st)
     expect_refusal_from(phi3, &qkv, KVS_EFORMAT, "blk.1.attn_qkv.weight", "expected [64, 128]");
     edit up = {.drop = "blk.0.ffn_up.weight"};
     expect_refusal_from(phi3, &up, KVS_EFORMAT, "missing tensor blk.0.ffn_up.weight", NULL);
+
+    /* granite: what llama.cpp requires, and what it would run but this engine does not */
+    const char *granite[] = {"--arch", "granite", NULL};
+    edit ls = {.drop_key = "granite.logit_scale"};
+    expect_refusal_from(granite, &ls, KVS_ENOKEY, "missing metadata key granite.logit_scale", NULL);
+    edit ls0 = {.f32_key = "granite.logit_scale", .f32_val = 0.0f};
+    expect_refusal_from(granite, &ls0, KVS_EFORMAT, "granite.logit_scale is 0", NULL);
+    edit ft = {.str_key = "granite.rope.scaling.finetuned", .str_val = "yes"};
+    expect_refusal_from(granite, &ft, KVS_EKEYTYPE, "granite.rope.scaling.finetuned", "not a bool");
+    edit grd = {.u32_key = "granite.rope.dimension_count", .u32_val = 8};
+    expect_refusal_from(granite, &grd, KVS_EUNSUPPORTED, "granite.rope.dimension_count = 8",
+                        "head size 16");
+    edit fb = {.add_vec = "blk.1.ffn_up.bias"};
+    expect_refusal_from(granite, &fb, KVS_EUNSUPPORTED, "blk.1.ffn_up.bias", "not supported");
+    const char *gmoe[] = {"--arch", "granitemoe", NULL};
+    edit sh = {.u32_key = "granitemoe.expert_shared_feed_forward_length", .u32_val = 64};
+    expect_refusal_from(gmoe, &sh, KVS_EFORMAT, "missing tensor blk.0.ffn_gate_shexp.weight", NULL);
+    const char *dense[] = {"--arch", "granite", NULL};
+    edit dsh = {.u32_key = "granite.expert_shared_feed_forward_length", .u32_val = 64};
+    expect_refusal_from(dense, &dsh, KVS_EUNSUPPORTED,
+                        "granite.expert_shared_feed_forward_length = 64 without experts", NULL);
+    const char *gsh[] = {"--arch", "granitemoe", "--shared-expert-ffn", "96", NULL};
+    edit shs = {.reshape = "blk.1.ffn_down_shexp.weight"};
+    expect_refusal_from(gsh, &shs, KVS_EFORMAT, "blk.1.ffn_down_shexp.weight", "expected [96, 64]");
+    edit ef = {.u32_key = "granitemoe.expert_feed_forward_length", .u32_val = 64};
+    expect_refusal_from(gmoe, &ef, KVS_EUNSUPPORTED, "granitemoe.expert_feed_forward_length = 64",
+                        "feed_forward_length = 128");
 }
 
 /* Linear rope scaling (rope.scaling.factor 4) is run, not refused: positions are divided. */

@@ -48,15 +48,28 @@ FAMILIES = {
     # smollm3 with YaRN (factor 2 over the file's context, as its 128k setting): the NoPE layers
     # take no YaRN magnitude either (llama.cpp applies it inside its RoPE)
     "smollm3-yarn": ["--tied", "--rope-base", "5000000", "--yarn", "2"],
+    # granite: llama with kvs-mkmodel's embedding_scale 2.5, attention.scale 0.2 (1/sqrt(64) is
+    # 0.125), residual_scale 0.6, logit_scale 3; and the same without RoPE
+    # (rope.scaling.finetuned false)
+    "granite": [],
+    "granite-norope": ["--no-rope"],  # F16: its 32 tokens agree
+    # granitemoe: the same scalars, Mixtral's routing over 4 experts of feed_forward_length, 2 used
+    "granitemoe": ["--experts", "4", "--experts-used", "2", "--weight-std", "0.06"],
+    # granitemoeshared (a granitemoe file): the same with a shared expert 1024 wide
+    "granitemoe-shared": ["--experts", "4", "--experts-used", "2", "--weight-std", "0.06",
+                          "--shared-expert-ffn", "1024"],
 }
-ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3"}  # rows whose name is not their --arch
+ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
+        "granite-norope": "granite", "granitemoe-shared": "granitemoe"}  # rows whose name is not their --arch
 # The mixtures of experts run in F32 weights and F32 K/V caches on both sides. An expert is
 # picked by a comparison, so a rounding moves a token's routing where two experts' scores are
 # close, and its output with it: llama.cpp rounds activations to F16 to multiply F16 weights, and
 # more than the cached values with an F16 cache. On F16 files the mixtral row's logprobs were up
 # to 2.5e-2 apart and its tokens parted at token 1 to 14 (four seeds, F16 or F32 caches); in F32
-# they are within 1e-4 and all 32 tokens equal.
-F32 = {"qwen3moe", "mixtral", "gpt-oss"}
+# they are within 1e-4 and all 32 tokens equal. granite too: its logit_scale (3) flattens a
+# random model's distribution (top logprobs near -8.6, neighbours 0.001 apart), and on F16 files
+# two seeds parted at token 19 on such near-ties (0.0009 and 0.003), after 19 equal tokens.
+F32 = {"qwen3moe", "mixtral", "gpt-oss", "granite", "granitemoe", "granitemoe-shared"}
 
 
 def main():

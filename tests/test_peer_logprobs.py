@@ -14,7 +14,10 @@ nats at most; a wrong row or token is off by tenths). With F16 (a cache, or weig
 rounds the other operand of its products to F16 too, kvserve keeps it F32: 3e-3 and 1.3e-2 nats
 apart, llama.cpp's rounding rather than either's error.
 Exits 77 (meson's skip) with the reason when llama-server or the models are absent.
-Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER, KVS_SHARED_MODELS, TOL."""
+A third file is the same shape as granite (kvs-mkmodel's four scalars: logit_scale 3 divides
+the logits, which greedy tokens do not show but logprobs do).
+Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER, KVS_SHARED_MODELS, TOL; by hand:
+test_peer_logprobs.py [stories260K|110m-f32|granite-f32 ...]."""
 import json
 import os
 import subprocess
@@ -120,8 +123,18 @@ def main():
         subprocess.run([mkmodel, "--shape", "110m", "--type", "f32", "--vocab", VOCAB,
                         "--weight-std", "0.05", "--seed", "1", "-o", f32], check=True,
                        capture_output=True)
+        # granite: its logit_scale divides the logits, so the logprobs show it where greedy
+        # tokens cannot; and its embedding, attention and residual scales
+        granite = os.path.join(tmp, "granite-f32.gguf")
+        subprocess.run([mkmodel, "--shape", "110m", "--type", "f32", "--vocab", VOCAB,
+                        "--arch", "granite", "--weight-std", "0.05", "--seed", "1", "-o",
+                        granite], check=True, capture_output=True)
+        only = sys.argv[1:]
         for name, model, ids_fn in [("stories260K", stories, lambda url: stories_ids),
-                                    ("110m-f32", f32, greedy_after_prompt)]:
+                                    ("110m-f32", f32, greedy_after_prompt),
+                                    ("granite-f32", granite, greedy_after_prompt)]:
+            if only and name not in only:
+                continue
             try:
                 got = run(name, model, ids_fn, kvserve, bindir, tmp)
             except RuntimeError as e:

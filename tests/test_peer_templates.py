@@ -1,7 +1,7 @@
 """meson test 'peer_templates': the chat templates of the families kvserve detects, checked
 against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
 official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2,
-gpt-oss, SmolLM3);
+gpt-oss, SmolLM3, Granite 3.0 and 3.1);
 a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
 /apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
 llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
@@ -16,6 +16,9 @@ gpt-oss's template (harmony) dates its system message with today's date, as both
 its reasoning_effort switch is compared, and the conversations its template raises on but
 llama-server renders are listed in TEMPLATE_RAISES. SmolLM3's dates its system turn with today's
 date too; its /think, /no_think and /system_override in the system message are compared.
+Granite 3.1's template dates its default system message with today's date too; it writes an
+assistant turn's content alone (earlier calls are not in its prompt), so kvserve leaves them out
+as well.
 Exits 77 (meson's skip) with the reason when llama-server (KVS_PEER/llama.cpp/bin) is absent.
 Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER; by hand: test_peer_templates.py [NAME ...]."""
 import os
@@ -31,7 +34,7 @@ TEMPLATES = os.path.join(HERE, "data", "chat_templates")
 # name -> the family srv_chat_detect must pick (kvserve logs it at start)
 FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
             "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony",
-            "smollm3": "smollm3"}
+            "smollm3": "smollm3", "granite3.1": "granite", "granite3.0": "granite3.0"}
 # the chat_template_kwargs each family's template reads (any other is refused by kvserve)
 SWITCHES = {"qwen3": {"enable_thinking"}, "harmony": {"reasoning_effort", "model_identity"},
             "smollm3": {"enable_thinking"}}
@@ -146,7 +149,7 @@ SMOLLM3_CASES = [
     ("thinking off, two exchanges", [(U, "Hi"), (A, "Hello!"), (U, "Bye")],
      {"enable_thinking": False}),
 ]
-WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2", "gpt-oss")
+WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2", "gpt-oss", "granite3.1", "granite3.0")
 # Where gpt-oss's template raises an exception but llama-server renders anyway (it hands the
 # reasoning of a call to the template as "thinking" and drops the content; it does not see the
 # channel tags): kvserve refuses them with a 400, as the template (and Hugging Face's renderer)
@@ -192,6 +195,10 @@ def main():
                     cases.append(("a rich tool list", [(U, "Hi")], {"tools": TOOLS_RICH}))
                     cases.append(("a tool without description", [(U, "Hi")], {"tools": [
                         {"type": "function", "function": {"name": "now"}}]}))
+                if name.startswith("granite"):  # the generation prompt follows the last turn
+                    cases.append(("a system message alone", [(S, "Be brief.")], None))
+                    cases.append(("a tool role", [(U, "Hi"), {"role": "tool", "tool_call_id": "c",
+                                                              "content": "5"}], None))
                 for label, msgs, kwargs in cases:
                     body = {"messages": [m if isinstance(m, dict) else {"role": m[0], "content": m[1]}
                                          for m in msgs]}

@@ -291,6 +291,8 @@ static void test_tool_calls_stream_safe(void **state)
                       "Ok [TOOL_CALLS][{\"name\": \"add\", \"arguments\": {}}]", 3);
     stream_safe_holds(SRV_CHAT_LLAMA3, tools, " {\"name\": \"add\", \"parameters\": {}}", 0);
     stream_safe_holds(SRV_CHAT_LLAMA3, tools, "It is 4.", 8);
+    stream_safe_holds(SRV_CHAT_GRANITE, tools,
+                      "Ok <|tool_call|>[{\"name\": \"add\", \"arguments\": {}}]", 3);
     cJSON_Delete(tools);
 }
 
@@ -358,6 +360,13 @@ static void test_tool_calls(void **state)
                      "\"arguments\":{}}]";
     assert_int_equal(
         srv_tools_parse(SRV_CHAT_MISTRAL, mi, strlen(mi), false, tools, "z", &calls, &rest), 2);
+    cJSON_Delete(calls);
+    free(rest);
+    /* Granite: <|tool_call|> and a JSON list, the text before it content */
+    const char *gr = "Sure.<|tool_call|>[{\"name\": \"add\", \"arguments\": {\"a\": 2}}]";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_GRANITE, gr, strlen(gr), false, tools, "g", &calls, &rest), 1);
+    assert_string_equal(rest, "Sure.");
     cJSON_Delete(calls);
     free(rest);
     /* forced: the whole text is one object, whatever the family */

@@ -1,10 +1,9 @@
 /* kvs-mkmodel: writes a random-weight GGUF of a named shape in the layout llama.cpp's converters
- * write for one family (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3),
- * for load, speed and model-support tests.
- * Weights are a deterministic function of (seed, tensor index, element index): N(0, 0.02^2)
- * for matrices (a MoE router: N(0, max(0.02, 1/sqrt(dim))^2)), exactly 1.0 for norms; tensor
- * data is generated row-block by row-block while the file is written, so multi-GB shapes need
- * only a few MB of memory. */
+ * write for one family (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3,
+ * granite, granitemoe), for load, speed and model-support tests. Weights are a deterministic
+ * function of (seed, tensor index, element index): N(0, 0.02^2) for matrices (a MoE router:
+ * N(0, max(0.02, 1/sqrt(dim))^2)), exactly 1.0 for norms; tensor data is generated row-block by
+ * row-block while the file is written, so multi-GB shapes need only a few MB of memory. */
 #include "common/status.h"
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
@@ -293,15 +292,18 @@ static void usage(FILE *fp)
             "            F32 router ffn_gate_inp and 3-D ffn_{gate,up,down}_exps for the FFN);\n"
             "            gpt-oss (biases, attention sinks, experts, YaRN, windows on even\n"
             "            layers); smollm3 (llama's tensors; no RoPE on every fourth layer, which\n"
-            "            llama.cpp fixes for the architecture: no metadata key).\n"
+            "            llama.cpp fixes for the architecture: no metadata key);\n"
+            "            granite (llama with four scalars: --granite-scales); granitemoe\n"
+            "            (granite with Mixtral's experts of feed_forward_length: --experts).\n"
             "            gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n"
             "  --head-dim  attention.key_length/value_length (qwen3, qwen3moe, gemma;\n"
             "            default dim / heads)\n"
-            "  --experts N  qwen3moe, gpt-oss: expert_count (default the shape's, else 8); llama:\n"
-            "            Mixtral's layout, N experts of feed_forward_length\n"
-            "  --experts-used K  qwen3moe or llama with --experts: expert_used_count, the\n"
-            "            experts each token uses (default the shape's, else 2)\n"
+            "  --experts N  qwen3moe, gpt-oss, granitemoe: expert_count (default the shape's,\n"
+            "            else 8); llama: Mixtral's layout, N experts of feed_forward_length\n"
+            "  --experts-used K  qwen3moe, granitemoe or llama with --experts:\n"
+            "            expert_used_count, the experts each token uses (default the\n"
+            "            shape's, else 2)\n"
             "  --expert-ffn F  qwen3moe: expert_feed_forward_length, one expert's hidden size\n"
             "            (default the shape's, else its ffn; feed_forward_length stays the\n"
             "            shape's ffn)\n"
@@ -317,6 +319,12 @@ static void usage(FILE *fp)
             "  --pooling N  <arch>.pooling_type N (an embedding model's: 1 mean, 2 cls,\n"
             "            3 last)\n"
             "  --add-eos tokenizer.ggml.add_eos_token true (inputs end with EOS)\n"
+            "  --granite-scales E,A,R,L  granite, granitemoe: embedding_scale,\n"
+            "            attention.scale, residual_scale, logit_scale (default 2.5,0.2,0.6,3;\n"
+            "            0: the key not written)\n"
+            "  --no-rope granite: rope.scaling.finetuned false (no RoPE)\n"
+            "  --shared-expert-ffn N  granitemoe: a shared expert N wide\n"
+            "            (expert_shared_feed_forward_length, ffn_*_shexp: granitemoeshared)\n"
             "  --weight-std  std of the random matrices (default %.2f; larger makes\n"
             "            attention sharper, so tests see position effects)\n",
             WEIGHT_STD);
@@ -355,6 +363,11 @@ typedef struct opts {
     bool add_eos;              /* tokenizer.ggml.add_eos_token true */
     double weight_std;         /* of the random matrices */
     uint32_t n_expert, n_expert_used, expert_ffn; /* qwen3moe, llama's Mixtral; else 0 */
+    /* granite's embedding_scale, attention.scale, residual_scale, logit_scale (0: not
+     * written) */
+    float granite[4];
+    bool no_rope;       /* granite: rope.scaling.finetuned false */
+    uint32_t shexp_ffn; /* granitemoe: a shared expert this wide (granitemoeshared); 0: none */
 } opts;
 
 static int parse_args(int argc, char **argv, opts *o)
@@ -364,7 +377,8 @@ static int parse_args(int argc, char **argv, opts *o)
                 .ctx = 2048,
                 .arch = "llama",
                 .rope_base = 0.0f,
-                .weight_std = WEIGHT_STD};
+                .weight_std = WEIGHT_STD,
+                .granite = {2.5f, 0.2f, 0.6f, 3.0f}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -381,6 +395,10 @@ static int parse_args(int argc, char **argv, opts *o)
         }
         if (!strcmp(a, "--add-eos")) {
             o->add_eos = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-rope")) {
+            o->no_rope = true;
             continue;
         }
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -429,8 +447,9 @@ static int parse_args(int argc, char **argv, opts *o)
             }
             o->n_layers = (uint32_t)n;
         } else if (!strcmp(a, "--arch")) {
-            static const char *const archs[] = {"llama",  "qwen2", "qwen3",   "qwen3moe", "gemma2",
-                                                "gemma3", "phi3",  "gpt-oss", "smollm3"};
+            static const char *const archs[] = {"llama",   "qwen2",   "qwen3",     "qwen3moe",
+                                                "gemma2",  "gemma3",  "phi3",      "gpt-oss",
+                                                "smollm3", "granite", "granitemoe"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
                 if (!strcmp(val, archs[k]))
@@ -438,7 +457,7 @@ static int parse_args(int argc, char **argv, opts *o)
             if (!o->arch) {
                 fprintf(stderr,
                         "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
-                        "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3)\n",
+                        "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe)\n",
                         val);
                 return -1;
             }
@@ -492,6 +511,21 @@ static int parse_args(int argc, char **argv, opts *o)
                 fprintf(stderr, "kvs-mkmodel: bad weight std '%s'\n", val);
                 return -1;
             }
+        } else if (!strcmp(a, "--shared-expert-ffn")) {
+            if (!parse_u64(val, 1u << 20, &n) || n == 0) {
+                fprintf(stderr, "kvs-mkmodel: bad shared expert width '%s'\n", val);
+                return -1;
+            }
+            o->shexp_ffn = (uint32_t)n;
+        } else if (!strcmp(a, "--granite-scales")) {
+            float *g = o->granite;
+            int used = 0;
+            if (sscanf(val, "%f,%f,%f,%f%n", &g[0], &g[1], &g[2], &g[3], &used) != 4 || val[used] ||
+                !(g[0] >= 0 && g[1] >= 0 && g[2] >= 0 && g[3] >= 0 && g[0] < 1e4f && g[1] < 1e4f &&
+                  g[2] < 1e4f && g[3] < 1e4f)) {
+                fprintf(stderr, "kvs-mkmodel: bad granite scales '%s' (E,A,R,L)\n", val);
+                return -1;
+            }
         } else if (!strcmp(a, "--chat-template")) {
             o->chat_template = val;
         } else if (!strcmp(a, "--pooling")) {
@@ -514,20 +548,30 @@ static int parse_args(int argc, char **argv, opts *o)
     }
     bool gpt_oss = !strcmp(o->arch, "gpt-oss"), gemma = !strncmp(o->arch, "gemma", 5);
     bool moe = !strcmp(o->arch, "qwen3moe") || gpt_oss;
-    /* llama with --experts: Mixtral's layout (experts as wide as feed_forward_length) */
-    bool mixtral = !strcmp(o->arch, "llama") && o->n_expert;
+    bool granite = !strncmp(o->arch, "granite", 7);
+    /* llama with --experts, and granitemoe: Mixtral's layout (experts as wide as
+     * feed_forward_length) */
+    bool mixtral = (!strcmp(o->arch, "llama") && o->n_expert) || !strcmp(o->arch, "granitemoe");
+    if (o->no_rope && !granite) {
+        fprintf(stderr, "kvs-mkmodel: --no-rope is for granite only\n");
+        return -1;
+    }
+    if (o->shexp_ffn && strcmp(o->arch, "granitemoe")) {
+        fprintf(stderr, "kvs-mkmodel: --shared-expert-ffn is for granitemoe only\n");
+        return -1;
+    }
     if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma) {
         fprintf(stderr, "kvs-mkmodel: --head-dim is for qwen3, qwen3moe, gemma and gpt-oss only\n");
         return -1;
     }
     if ((o->n_expert || o->n_expert_used || o->expert_ffn) && !moe && !mixtral) {
         fprintf(stderr, "kvs-mkmodel: --experts, --experts-used and --expert-ffn are for "
-                        "qwen3moe, gpt-oss, and llama with --experts (Mixtral)\n");
+                        "qwen3moe, gpt-oss, granitemoe and llama with --experts (Mixtral)\n");
         return -1;
     }
     if (mixtral && o->expert_ffn) {
-        fprintf(stderr, "kvs-mkmodel: llama's experts are feed_forward_length wide: no "
-                        "--expert-ffn\n");
+        fprintf(stderr, "kvs-mkmodel: llama's and granitemoe's experts are "
+                        "feed_forward_length wide: no --expert-ffn\n");
         return -1;
     }
     if (moe || mixtral) {
@@ -681,7 +725,8 @@ static int build(gen *g, const opts *o)
     uint32_t q_dim = head_dim * sh->n_heads, kv_dim = head_dim * sh->n_kv_heads;
     bool qwen2 = !strcmp(o->arch, "qwen2"), qwen3moe = !strcmp(o->arch, "qwen3moe");
     bool qwen3 = !strcmp(o->arch, "qwen3") || qwen3moe; /* qwen3moe is qwen3 but for the FFN */
-    bool moe = o->n_expert > 0; /* qwen3moe, or llama with experts (Mixtral) */
+    bool moe = o->n_expert > 0; /* qwen3moe, gpt-oss, granitemoe, llama with experts (Mixtral) */
+    bool granite = !strncmp(o->arch, "granite", 7);
     bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
     bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
     bool gpt_oss = !strcmp(o->arch, "gpt-oss"), smollm3 = !strcmp(o->arch, "smollm3");
@@ -731,6 +776,20 @@ static int build(gen *g, const opts *o)
          (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.factor"), yarn)) ||
          (rc = gguf_writer_add_u32(w, ARCH_KEY("rope.scaling.original_context_length"), yarn_ctx))))
         return rc;
+    /* granite's four scalars, each only when non-zero (as the converter: absent when the
+     * config has none), and RoPE's switch */
+    static const char *const gscale[4] = {"%s.embedding_scale", "%s.attention.scale",
+                                          "%s.residual_scale", "%s.logit_scale"};
+    for (int i = 0; granite && i < 4; i++) {
+        snprintf(key, sizeof key, gscale[i], o->arch);
+        if (o->granite[i] != 0.0f && (rc = gguf_writer_add_f32(w, key, o->granite[i])))
+            return rc;
+    }
+    if (o->no_rope && (rc = gguf_writer_add_bool(w, ARCH_KEY("rope.scaling.finetuned"), 0)))
+        return rc;
+    if (o->shexp_ffn &&
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_shared_feed_forward_length"), o->shexp_ffn)))
+        return rc;
     if (gemma2 && ((rc = gguf_writer_add_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f)) ||
                    (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
         return rc;
@@ -754,6 +813,7 @@ static int build(gen *g, const opts *o)
     g->tmp_len = sh->dim > 2 * sh->ffn ? sh->dim : 2 * sh->ffn;
     g->tmp_len = g->tmp_len > q_dim ? g->tmp_len : q_dim;
     g->tmp_len = g->tmp_len > o->expert_ffn ? g->tmp_len : o->expert_ffn;
+    g->tmp_len = g->tmp_len > o->shexp_ffn ? g->tmp_len : o->shexp_ffn;
     g->tmp = malloc(g->tmp_len * sizeof *g->tmp);
     g->cap_fills = 3 + 24 * (size_t)n_layers;
     g->fills = calloc(g->cap_fills, sizeof *g->fills);
@@ -789,6 +849,9 @@ static int build(gen *g, const opts *o)
             {"ffn_gate_exps", sh->dim, eff, ne, moe},
             {"ffn_down_exps", eff, sh->dim, ne, moe},
             {"ffn_up_exps", sh->dim, eff, ne, moe},
+            {"ffn_gate_shexp", sh->dim, o->shexp_ffn, 0, o->shexp_ffn > 0},
+            {"ffn_up_shexp", sh->dim, o->shexp_ffn, 0, o->shexp_ffn > 0},
+            {"ffn_down_shexp", o->shexp_ffn, sh->dim, 0, o->shexp_ffn > 0},
             {"post_ffw_norm", sh->dim, 0, 0, gemma},
         };
         for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {

@@ -204,6 +204,15 @@ class MixtureOfExperts(unittest.TestCase):
                        "--sliding-window", "4", "--weight-std", "0.15")
         self.batched_equals_alone(path, "experts: 8 per layer of ffn 64, Q8_0, 3 used per token")
 
+    def test_granitemoe_batched_equals_alone(self):
+        """granitemoe's scalars (embedding, attention, residual and logit scales), Mixtral's
+        routing over experts of feed_forward_length and granitemoeshared's shared expert keep a
+        row's bits whatever shares its steps."""
+        path = mkmodel("granitemoe-batch.gguf", "--arch", "granitemoe", "--type", "q8_0",
+                       "--experts", "8", "--experts-used", "3", "--weight-std", "0.15",
+                       "--shared-expert-ffn", "64")
+        self.batched_equals_alone(path, "experts: 8 per layer of ffn 128, Q8_0, 3 used per token")
+
 
 class NoPE(unittest.TestCase):
     def test_smollm3_batched_equals_alone(self):
@@ -256,7 +265,7 @@ class Refusals(unittest.TestCase):
         rc, err = serve_refused(path)
         self.assertNotEqual(rc, 0)
         self.assertIn("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
-                      "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3)", err)
+                      "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe)", err)
 
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")
