@@ -82,6 +82,9 @@ int engine__arch_f32(const engine_model *m, const char *suffix, float *out, char
                      size_t err_len);
 /* Whether "<arch>.<suffix>" is present at all. */
 bool engine__arch_has(const engine_model *m, const char *suffix);
+/* 0 if RoPE turns whole heads (rope.dimension_count = the head size), which llama.cpp asserts for
+ * some families (smollm3, granite); else KVS_EUNSUPPORTED naming the key. */
+int engine__arch_whole_rope(const engine_model *m, char *err, size_t err_len);
 
 /* The llama layer's tensors (norms, Q/K/V/O, SwiGLU MLP) with the layer's shapes: shared by the
  * families whose layer is llama's plus something. */

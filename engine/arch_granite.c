@@ -63,12 +63,8 @@ static int load_granite_hparams(engine_model *m, char *err, size_t err_len)
     if (rc && rc != KVS_ENOKEY)
         return status_set_err(err, err_len, rc, "metadata key %s is not a bool", key);
     m->no_rope = !finetuned;
-    /* llama.cpp's granite graph asserts RoPE over the whole head. */
-    if (hp->n_rot != hp->head_dim)
-        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
-                              "%s.rope.dimension_count = %u differs from the head size %u (not "
-                              "supported)",
-                              hp->arch, hp->n_rot, hp->head_dim);
+    if ((rc = engine__arch_whole_rope(m, err, err_len))) /* llama.cpp's granite graph asserts it */
+        return rc;
     /* llama.cpp makes granite's experts feed_forward_length wide, whatever this key says. */
     if (hp->n_expert && hp->n_ff_exp != hp->n_ff)
         return status_set_err(err, err_len, KVS_EUNSUPPORTED,

@@ -21,13 +21,7 @@ static int load_smollm3_hparams(engine_model *m, char *err, size_t err_len)
                               "rope_freqs.weight in a smollm3 file is not supported (its RoPE "
                               "has no frequency factors)");
     /* llama.cpp asserts that RoPE turns whole heads (n_rot == head size) for this family. */
-    const engine_hparams *hp = &m->hp;
-    if (hp->n_rot != hp->head_dim)
-        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
-                              "smollm3.rope.dimension_count = %u differs from the head size %u "
-                              "(not supported)",
-                              hp->n_rot, hp->head_dim);
-    return 0;
+    return engine__arch_whole_rope(m, err, err_len);
 }
 
 static int load_smollm3_layer(engine_model *m, uint32_t l, char *err, size_t err_len)

@@ -228,6 +228,17 @@ bool engine__arch_has(const engine_model *m, const char *suffix)
     return gguf_find_key(m->file, arch_key(m, suffix, key, sizeof key)) >= 0;
 }
 
+int engine__arch_whole_rope(const engine_model *m, char *err, size_t err_len)
+{
+    const engine_hparams *hp = &m->hp;
+    if (hp->n_rot == hp->head_dim)
+        return 0;
+    return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                          "%s.rope.dimension_count = %u differs from the head size %u (not "
+                          "supported)",
+                          hp->arch, hp->n_rot, hp->head_dim);
+}
+
 #define get_arch_u32 engine__arch_u32
 #define get_arch_f32 engine__arch_f32
 
