@@ -34,7 +34,7 @@ static const sampler_params k_defaults = {.temperature = 1, .top_p = 1, .repetit
 
 static int parse(const char *body, bool chat, srv_request *r, srv_error *e)
 {
-    static const srv_chat_fmt plain = {SRV_CHAT_PLAIN, NULL};
+    static const srv_chat_fmt plain = {.tmpl = SRV_CHAT_PLAIN};
     return srv_request_parse(body, strlen(body), chat, &plain, &k_defaults, r, e);
 }
 
@@ -828,7 +828,7 @@ static void test_harmony_split(void **state)
 static void test_harmony_required(void **state)
 {
     (void)state;
-    static const srv_chat_fmt harmony = {SRV_CHAT_HARMONY, NULL};
+    static const srv_chat_fmt harmony = {.tmpl = SRV_CHAT_HARMONY};
     static const char tools[] =
         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"
         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"

@@ -6,7 +6,12 @@ the template is detected; the role markers tokenize to their tokens; <|end_of_te
 generation; <|tool_call|> is printed in the output (a Granite vocabulary's call marker is made
 user-defined at load, engine/tokenizer.c fix_granite) and reaches the call reader (which reads
 <|tool_call|>[...] back as calls: tests/test_server.c); a forced call (tool_choice required or named: output
-constrained to the call's JSON) comes back as tool_calls, whole and streamed."""
+constrained to the call's JSON) comes back as tool_calls, whole and streamed. Granite 3.3's
+template (granite3.3.jinja) on the same vocabulary with <think> and </think> appended as
+user-defined tokens, a test device (Granite 3.3 writes them as text): chat_template_kwargs.thinking
+adds its reasoning system text, enable_thinking and documents are 400s naming them, and an
+answer opening with <think> comes back as reasoning_content (the splitting itself:
+tests/test_server.c), whole and streamed alike."""
 import json
 import os
 import subprocess
@@ -127,6 +132,82 @@ class Granite(unittest.TestCase):
     def test_named(self):
         fn = self.forced({"type": "function", "function": {"name": "mul"}})
         self.assertEqual(fn["name"], "mul")
+
+
+class Granite33(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        require_mkmodel(VOCAB)
+        cls.dir = tempfile.TemporaryDirectory()
+        vocab = os.path.join(cls.dir.name, "granite-vocab.gguf")
+        cls.ids = harmony_vocab.append(VOCAB, vocab, SPECIALS, ["<think>", "</think>"],
+                                       eos="<|end_of_text|>")
+        path = os.path.join(cls.dir.name, "granite33.gguf")
+        with open(os.path.join(HERE, "..", "data", "chat_templates", "granite3.3.jinja")) as f:
+            template = f.read()
+        subprocess.run([MKMODEL, "--shape", "tiny", "--arch", "granite", "--vocab", vocab,
+                        "-o", path, "--chat-template", template], check=True,
+                       capture_output=True)
+        cls.srv = Server(ctx=2048, model=path)
+        cls.none = Server("--reasoning-format", "none", ctx=2048, model=path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        cls.none.stop()
+        cls.dir.cleanup()
+
+    def test_detected(self):
+        self.assertIn("chat template granite3.3", self.srv.stderr())
+
+    def test_thinking_switch(self):
+        prompts = {}
+        for kw in (None, {"thinking": False}, {"thinking": True}):
+            body = {"messages": MSGS}
+            if kw is not None:
+                body["chat_template_kwargs"] = kw
+            st, out = self.srv.post("/apply-template", body)
+            self.assertEqual(st, 200, out)
+            prompts[json.dumps(kw)] = out["prompt"]
+        self.assertEqual(prompts["null"], prompts['{"thinking": false}'])
+        self.assertNotIn("<think>", prompts["null"])
+        self.assertIn("Write your thoughts between <think></think> and write your response "
+                      "between <response></response> for each user query.<|end_of_text|>",
+                      prompts['{"thinking": true}'])
+        for body, param, why in (
+                ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs",
+                 "chat_template_kwargs.thinking"),
+                ({"chat_template_kwargs": {"thinking": "yes"}}, "chat_template_kwargs",
+                 "must be a boolean"),
+                ({"chat_template_kwargs": {"documents": []}}, "chat_template_kwargs",
+                 "documents is not supported"),
+                ({"documents": [{"doc_id": 1, "text": "x"}]}, "documents", "not supported")):
+            st, out = self.srv.post("/v1/chat/completions",
+                                    dict(body, messages=MSGS, max_tokens=1))
+            self.assertEqual(st, 400, out)
+            self.assertEqual(out["error"]["param"], param, out)
+            self.assertIn(why, out["error"]["message"])
+
+    def chat(self, srv, stream=False):
+        body = {"messages": MSGS, "max_tokens": 3, "temperature": 0,
+                "logit_bias": {str(self.ids["<think>"]): 100}}
+        if not stream:
+            st, out = srv.post("/v1/chat/completions", body)
+            self.assertEqual(st, 200, out)
+            m = out["choices"][0]["message"]
+            return m.get("content") or None, m.get("reasoning_content")
+        st, events, done = srv.stream("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        d = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+        return ("".join(x.get("content") or "" for x in d) or None,
+                "".join(x.get("reasoning_content") or "" for x in d) or None)
+
+    def test_split_wiring(self):
+        # <think> three times: a think block never closed, all reasoning; with none, content
+        self.assertEqual(self.chat(self.srv), (None, "<think><think>"))
+        self.assertEqual(self.chat(self.srv, stream=True), (None, "<think><think>"))
+        self.assertEqual(self.chat(self.none), ("<think>" * 3, None))
 
 
 if __name__ == "__main__":
