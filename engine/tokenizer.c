@@ -108,15 +108,16 @@ static void fix_harmony(tok_vocab *v)
 }
 
 /* IBM Granite 3.x's vocabulary (known by its role markers): a call is written as <|tool_call|>
- * then a JSON list, and 3.3 answers in <think>...</think><response>...</response>. Their
- * tokenizer stores these as special (control, in llama.cpp's conversion), so they would print
- * nothing and a call would lose its marker; llama-server prints them as its granite format's
- * "preserved tokens". Here they become user-defined, so they print wherever output is decoded
- * (the call reader and reasoning splitter, server/tool_calls.c and reasoning.c, read them).
- * Prompt side: the server tokenizes with special tokens parsed, so user text holding
- * "<|tool_call|>" became that token before and still does; without parse_special (kvserve
- * generate, tok_encode(..., false)) a user-defined token is matched in text too, so there that
- * text now becomes the one token instead of its characters' pieces, as for gpt-oss's markers. */
+ * then a JSON list. Its tokenizer marks <|tool_call|> special, which llama.cpp's converter
+ * stores as a control token, so it would print nothing and a call would lose its marker;
+ * llama-server prints it as one of its granite format's "preserved tokens". Here it becomes
+ * user-defined, so it prints wherever output is decoded (server/tool_calls.c reads it). So do
+ * 3.3's <think>, </think>, <response>, </response> where a vocabulary has them as control
+ * tokens (Granite 3.3's own has them as plain text). Prompt side: the server tokenizes with
+ * special tokens parsed, so user text holding "<|tool_call|>" became that token before and
+ * still does; without parse_special (kvserve generate, tok_encode(..., false)) a user-defined
+ * token is matched in text too, so there that text now becomes the one token instead of its
+ * characters' pieces, as for gpt-oss's markers. */
 static void fix_granite(tok_vocab *v)
 {
     static const char *const shown[] = {"<|tool_call|>", "<think>", "</think>", "<response>",
