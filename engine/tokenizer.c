@@ -107,6 +107,30 @@ static void fix_harmony(tok_vocab *v)
     v->flags[end] = (uint8_t)((v->flags[end] & ~TOK__CONTROL) | TOK__USER_DEFINED);
 }
 
+/* IBM Granite 3.x's vocabulary (known by its role markers): a call is written as <|tool_call|>
+ * then a JSON list. Its tokenizer marks <|tool_call|> special, which llama.cpp's converter
+ * stores as a control token, so it would print nothing and a call would lose its marker;
+ * llama-server prints it as one of its granite format's "preserved tokens". Here it becomes
+ * user-defined, so it prints wherever output is decoded (server/tool_calls.c reads it). So do
+ * 3.3's <think>, </think>, <response>, </response> where a vocabulary has them as control
+ * tokens (Granite 3.3's own has them as plain text). Prompt side: the server tokenizes with
+ * special tokens parsed, so user text holding "<|tool_call|>" became that token before and
+ * still does; without parse_special (kvserve generate, tok_encode(..., false)) a user-defined
+ * token is matched in text too, so there that text now becomes the one token instead of its
+ * characters' pieces, as for gpt-oss's markers. */
+static void fix_granite(tok_vocab *v)
+{
+    static const char *const shown[] = {"<|tool_call|>", "<think>", "</think>", "<response>",
+                                        "</response>"};
+    if (by_text(v, "<|start_of_role|>") < 0 || by_text(v, "<|end_of_role|>") < 0)
+        return;
+    for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++) {
+        int32_t id = by_text(v, shown[i]);
+        if (id >= 0 && (v->flags[id] & TOK__CONTROL))
+            v->flags[id] = (uint8_t)((v->flags[id] & ~TOK__CONTROL) | TOK__USER_DEFINED);
+    }
+}
+
 /* The end-of-generation set, as llama.cpp's llama_vocab builds special_eog_ids: EOS, EOT, EOM
  * and the end-of-turn markers by text. */
 static int find_eog(tok_vocab *v, const gguf_file *f)
@@ -139,6 +163,7 @@ static int find_eog(tok_vocab *v, const gguf_file *f)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         add_eog(v, tok__map_get(&v->token_map, names[i], strlen(names[i])));
     fix_harmony(v);
+    fix_granite(v);
     return 0;
 }
 

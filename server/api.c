@@ -326,7 +326,8 @@ static int effort_of(const cJSON *it, const char *param, const char *what, const
 }
 
 /* chat_template_kwargs (as vLLM and llama.cpp's server take it): the switches kvserve's
- * templates have are Qwen 3's and SmolLM3's enable_thinking and gpt-oss's reasoning_effort and
+ * templates have are Qwen 3's and SmolLM3's enable_thinking, Granite 3.2's and 3.3's thinking
+ * (their documents and controls are not taken: 400s) and gpt-oss's reasoning_effort and
  * model_identity (its builtin_tools, whose calls nothing here would read, are refused). There
  * is no Jinja here, so any other key, or a switch on a template without it, would be a value
  * accepted and ignored: a 400 instead. */
@@ -357,20 +358,30 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
             o->model_identity = it->valuestring; /* root outlives the rendering */
             continue;
         }
-        if (strcmp(it->string, "enable_thinking"))
+        /* Granite 3.2's and 3.3's templates read "thinking" (llama-server hands it to them as
+         * it is; vLLM and Hugging Face's renderer too), the others "enable_thinking" */
+        bool granite = tmpl == SRV_CHAT_GRANITE32 || tmpl == SRV_CHAT_GRANITE33;
+        if (strcmp(it->string, "enable_thinking") && strcmp(it->string, "thinking"))
             return srv_error_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
                                  "chat_template_kwargs.%.64s is not supported: the only "
                                  "template switches are enable_thinking (Qwen 3, SmolLM3), "
-                                 "reasoning_effort and model_identity (gpt-oss)",
+                                 "thinking (Granite 3.2, 3.3), reasoning_effort and "
+                                 "model_identity (gpt-oss)",
                                  it->string);
         if (!cJSON_IsBool(it))
             return srv_error_set(e, 400, "chat_template_kwargs", NULL,
-                                 "chat_template_kwargs.enable_thinking must be a boolean");
+                                 "chat_template_kwargs.%s must be a boolean", it->string);
         if (!srv_chat_has_thinking(tmpl))
             return srv_error_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
-                                 "chat_template_kwargs.enable_thinking: this model's chat "
-                                 "template (%s) has no thinking switch",
-                                 srv_chat_name(tmpl));
+                                 "chat_template_kwargs.%s: this model's chat template (%s) has "
+                                 "no thinking switch",
+                                 it->string, srv_chat_name(tmpl));
+        if (granite != !strcmp(it->string, "thinking"))
+            return srv_error_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
+                                 "chat_template_kwargs.%s: this model's chat template (%s) "
+                                 "names its thinking switch chat_template_kwargs.%s",
+                                 it->string, srv_chat_name(tmpl),
+                                 granite ? "thinking" : "enable_thinking");
         o->enable_thinking = cJSON_IsTrue(it);
     }
     return 0;
@@ -546,6 +557,7 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
     if (parse_template_kwargs(root, tmpl, &opts, e) || parse_effort(root, tmpl, &opts, e))
         return -1;
     opts.default_system = fmt->default_system;
+    opts.granite_spaced = fmt->granite_spaced;
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!msgs || cJSON_IsNull(msgs))
         return srv_error_set(e, 400, "messages", NULL, "'messages' is required");
@@ -1038,6 +1050,10 @@ static const unsupported_field k_unsupported[] = {
     {"verbosity", 2, NULL},
     {"best_of", 1, "1"},
     {"suffix", 1, "\"\""},
+    /* not OpenAI's: vLLM's chat field handing RAG documents to the template (Granite's, Command
+     * R's); there is no Jinja here to write them, and a request whose documents were dropped
+     * would be answered as if it had none */
+    {"documents", 2, "[]"},
 };
 
 static int refuse_unsupported(const cJSON *root, bool chat, srv_error *e)

@@ -12,8 +12,9 @@
 #include "common/status.h"
 
 static const char *k_names[SRV_CHAT_COUNT] = {
-    "plain", "chatml",   "llama2",   "llama3",  "zephyr",  "mistral", "gemma",     "phi3",
-    "qwen3", "llama3.1", "llama3.2", "harmony", "smollm3", "granite", "granite3.0"};
+    "plain",   "chatml",  "llama2",     "llama3",     "zephyr",    "mistral",
+    "gemma",   "phi3",    "qwen3",      "llama3.1",   "llama3.2",  "harmony",
+    "smollm3", "granite", "granite3.0", "granite3.2", "granite3.3"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -37,9 +38,15 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
      * holds "<|end|>", which would otherwise read as Phi-3's). */
     if (HAS("<|start|>") && HAS("<|channel|>") && HAS("<|message|>"))
         return SRV_CHAT_HARMONY;
-    /* IBM Granite 3.x: roles between <|start_of_role|> and <|end_of_role|> */
-    if (HAS("<|start_of_role|>") && HAS("<|end_of_role|>"))
-        return HAS("Knowledge Cutoff Date") ? SRV_CHAT_GRANITE : SRV_CHAT_GRANITE30;
+    /* IBM Granite 3.x: roles between <|start_of_role|> and <|end_of_role|>; 3.1 on dates its
+     * default system message, 3.2 adds a thinking text to it, 3.3 asks for <think> blocks */
+    if (HAS("<|start_of_role|>") && HAS("<|end_of_role|>")) {
+        if (!HAS("Knowledge Cutoff Date"))
+            return SRV_CHAT_GRANITE30;
+        if (HAS("<think></think>"))
+            return SRV_CHAT_GRANITE33;
+        return HAS("Here is my thought process:") ? SRV_CHAT_GRANITE32 : SRV_CHAT_GRANITE;
+    }
     /* Order matters as in llama.cpp: ChatML markers first, then [INST] (Mistral's official
      * templates put the system message inside the first [INST] and lack <<SYS>>). */
     /* SmolLM3's ChatML opens with a metadata system turn naming its reasoning mode (its template
@@ -113,6 +120,8 @@ int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out)
 {
     out->tmpl = srv_chat_detect(tmpl);
     out->default_system = NULL;
+    out->granite_spaced = tmpl && strstr(tmpl, "Knowledge Cutoff Date: April 2024. Today's Date") &&
+                          out->tmpl != SRV_CHAT_GRANITE30;
     return out->tmpl == SRV_CHAT_CHATML ? default_system_of(tmpl, &out->default_system) : 0;
 }
 
@@ -139,7 +148,8 @@ static void sb_add_trim(kvs_buf *b, const char *s)
 
 int srv_chat_has_thinking(enum srv_chat_tmpl t)
 {
-    return t == SRV_CHAT_QWEN3 || t == SRV_CHAT_SMOLLM3;
+    return t == SRV_CHAT_QWEN3 || t == SRV_CHAT_SMOLLM3 || t == SRV_CHAT_GRANITE32 ||
+           t == SRV_CHAT_GRANITE33;
 }
 
 static bool is_nl(char c)
@@ -508,8 +518,27 @@ static void render_harmony(kvs_buf *b, const srv_chat_msg *m, size_t n, const sr
     kvs_buf_add(b, "<|start|>assistant");
 }
 
-/* Granite 3.1's template (chat_template.h). */
-static void render_granite(kvs_buf *b, const srv_chat_msg *m, size_t n, const srv_chat_opts *o)
+/* Granite 3.2's and 3.3's default system text with thinking on (after "You are Granite,
+ * developed by IBM."): they differ in how the thoughts and the response are marked. */
+#define GRANITE_THINK_TEXT                                                                         \
+    " You are a helpful AI assistant.\nRespond to every user query in a comprehensive and "        \
+    "detailed way. You can write down your thoughts and reasoning process before responding. In "  \
+    "the thought process, engage in a comprehensive cycle of analysis, summarization, "            \
+    "exploration, reassessment, reflection, backtracing, and iteration to develop "                \
+    "well-considered thinking process. In the response section, based on various attempts, "       \
+    "explorations, and reflections from the thoughts section, systematically present the final "   \
+    "solution that you deem correct. The response should summarize the thought process. Write "    \
+    "your thoughts "
+static const char k_granite_think32[] =
+    GRANITE_THINK_TEXT "after 'Here is my thought process:' and write your response after 'Here "
+                       "is my response:' for each user query.";
+static const char k_granite_think33[] =
+    GRANITE_THINK_TEXT "between <think></think> and write your response between "
+                       "<response></response> for each user query.";
+
+/* Granite 3.1's, 3.2's and 3.3's templates (t; chat_template.h). */
+static void render_granite(kvs_buf *b, enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
+                           const srv_chat_opts *o)
 {
     size_t i = 0;
     kvs_buf_add(b, "<|start_of_role|>system<|end_of_role|>");
@@ -525,20 +554,36 @@ static void render_granite(kvs_buf *b, const srv_chat_msg *m, size_t n, const sr
             strftime(today, sizeof today, "%B %d, %Y", &tm);
             date = today;
         }
-        kvs_buf_add(b, "Knowledge Cutoff Date: April 2024.\nToday's Date: ");
+        const char *sep = o->granite_spaced ? " " : "\n";
+        kvs_buf_add(b, "Knowledge Cutoff Date: April 2024.");
+        kvs_buf_add(b, sep);
+        kvs_buf_add(b, "Today's Date: ");
         kvs_buf_add(b, date);
-        kvs_buf_add(b, ".\nYou are Granite, developed by IBM.");
-        kvs_buf_add(b, o->tools_user
-                           ? " You are a helpful AI assistant with access to the following tools. "
-                             "When a tool is required to answer the user's query, respond with "
-                             "<|tool_call|> followed by a JSON list of tools used. If a tool does "
-                             "not exist in the provided list of tools, notify the user that you do "
-                             "not have the ability to fulfill the request."
-                           : " You are a helpful AI assistant.");
+        kvs_buf_add(b, ".");
+        kvs_buf_add(b, sep);
+        kvs_buf_add(b, "You are Granite, developed by IBM.");
+        /* the templates' branches: tools, else (3.2, 3.3) thinking, else the plain text */
+        if (o->tools_user && t == SRV_CHAT_GRANITE33)
+            kvs_buf_add(b, " You are a helpful assistant with access to the following tools. When "
+                           "a tool is required to answer the user's query, respond only with "
+                           "<|tool_call|> followed by a JSON list of tools used. If a tool does "
+                           "not exist in the provided list of tools, notify the user that you do "
+                           "not have the ability to fulfill the request.");
+        else if (o->tools_user)
+            kvs_buf_add(b, " You are a helpful AI assistant with access to the following tools. "
+                           "When a tool is required to answer the user's query, respond with "
+                           "<|tool_call|> followed by a JSON list of tools used. If a tool does "
+                           "not exist in the provided list of tools, notify the user that you do "
+                           "not have the ability to fulfill the request.");
+        else if (o->enable_thinking == 1 && t != SRV_CHAT_GRANITE)
+            kvs_buf_add(b, t == SRV_CHAT_GRANITE33 ? k_granite_think33 : k_granite_think32);
+        else
+            kvs_buf_add(b, " You are a helpful AI assistant.");
     }
     kvs_buf_add(b, "<|end_of_text|>\n");
     if (o->tools_user) {
-        kvs_buf_add(b, "<|start_of_role|>tools<|end_of_role|>");
+        kvs_buf_add(b, t == SRV_CHAT_GRANITE33 ? "<|start_of_role|>available_tools<|end_of_role|>"
+                                               : "<|start_of_role|>tools<|end_of_role|>");
         kvs_buf_add(b, o->tools_user);
         kvs_buf_add(b, "<|end_of_text|>\n");
     }
@@ -678,7 +723,9 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
     case SRV_CHAT_QWEN3: render_qwen3(&b, m, n, opts->enable_thinking); break;
     case SRV_CHAT_HARMONY: render_harmony(&b, m, n, opts); break;
     case SRV_CHAT_SMOLLM3: render_smollm3(&b, m, n, opts->enable_thinking, opts->date); break;
-    case SRV_CHAT_GRANITE: render_granite(&b, m, n, opts); break;
+    case SRV_CHAT_GRANITE:
+    case SRV_CHAT_GRANITE32:
+    case SRV_CHAT_GRANITE33: render_granite(&b, t, m, n, opts); break;
     case SRV_CHAT_GRANITE30: render_granite30(&b, m, n, opts); break;
     case SRV_CHAT_COUNT: break;
     case SRV_CHAT_ZEPHYR:

@@ -27,6 +27,8 @@ enum srv_chat_tmpl {
     SRV_CHAT_SMOLLM3, /* SmolLM3: ChatML under a dated metadata system turn, /think, /no_think */
     SRV_CHAT_GRANITE, /* Granite 3.1: <|start_of_role|>..., a default system message dated today */
     SRV_CHAT_GRANITE30, /* Granite 3.0: the same turns, no default system message */
+    SRV_CHAT_GRANITE32, /* Granite 3.2: 3.1's with the thinking switch (a reasoning system text) */
+    SRV_CHAT_GRANITE33, /* Granite 3.3: 3.2's, tools in an available_tools turn, <think> */
     SRV_CHAT_COUNT
 };
 
@@ -36,12 +38,19 @@ typedef struct srv_chat_fmt {
     /* ChatML: the system turn's text the template writes when a conversation has none (Qwen
      * 2.5's "You are Qwen, created by Alibaba Cloud. ...", SmolLM2's), malloc'd; NULL: none */
     char *default_system;
+    /* Granite 3.x: the template's default system text joins its knowledge cutoff, today's date
+     * and "You are Granite" with spaces, not newlines (as the copy of Granite 3.3's template
+     * in llama.cpp's models/templates does) */
+    int granite_spaced;
 } srv_chat_fmt;
 
 /* What a request may change in a rendering (chat_template_kwargs), and the model's defaults. */
 typedef struct srv_chat_opts {
-    int enable_thinking;        /* -1: the template's default; 0 or 1 (templates with the switch) */
+    /* -1: the template's default; 0 or 1 (templates with the switch: Qwen 3's and SmolLM3's
+     * enable_thinking, Granite 3.2's and 3.3's thinking) */
+    int enable_thinking;
     const char *default_system; /* srv_chat_fmt's, or NULL */
+    int granite_spaced;         /* srv_chat_fmt's */
     /* Llama 3.1/3.2: the tools' text, written at the start of the first user turn (with
      * "Environment: ipython" in the system turn), as their templates do; Granite: its tools
      * turn's text (and the default system text that says so); NULL: no tools */
@@ -82,12 +91,13 @@ enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
 int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out);
 void srv_chat_fmt_free(srv_chat_fmt *f);
 /* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, qwen3, llama3.1, llama3.2,
- * harmony, smollm3, granite, granite3.0, plain. -1 if unknown. */
+ * harmony, smollm3, granite, granite3.0, granite3.2, granite3.3, plain. -1 if unknown. */
 int srv_chat_from_name(const char *name);
 const char *srv_chat_name(enum srv_chat_tmpl t);
 
-/* Whether the family has a thinking switch (chat_template_kwargs.enable_thinking): Qwen 3,
- * SmolLM3. */
+/* Whether the family has a thinking switch and its answers may open with a <think> block
+ * (split into reasoning_content): Qwen 3, SmolLM3 (chat_template_kwargs.enable_thinking),
+ * Granite 3.2 and 3.3 (chat_template_kwargs.thinking). */
 int srv_chat_has_thinking(enum srv_chat_tmpl t);
 
 /* Renders msgs (with the assistant generation prompt at the end) into a malloc'd string;
@@ -117,6 +127,14 @@ int srv_chat_has_thinking(enum srv_chat_tmpl t);
  * Granite, developed by IBM. You are a helpful AI assistant."); then every other message as a
  * turn of its role, untrimmed; the generation prompt follows the last of them (a conversation of
  * one system message gets none, as the template writes it).
+ *
+ * GRANITE32, GRANITE33 (Granite 3.2's and 3.3's official templates): GRANITE's, whose default
+ * system message, with thinking on (opts->enable_thinking 1; the template's default is off)
+ * and no tools, asks for the thoughts and the response apart: 3.2's after "Here is my thought
+ * process:" and "Here is my response:", 3.3's between <think></think> and
+ * <response></response>. 3.3 words the tools sentence of its default system message its own
+ * way and names its tools turn available_tools. Their documents and controls are not rendered
+ * (the request has no way to give them).
  *
  * GRANITE30 (Granite 3.0's official template): the tools first (an available_tools turn), then
  * system, user and assistant messages as turns of their role (a tool result, role tool, is not

@@ -61,7 +61,7 @@ int cmd_serve(int argc, char **argv)
     int exit_code = 1;
     engine_model *model = NULL;
     sched *sc = NULL;
-    srv_chat_fmt chat = {SRV_CHAT_PLAIN, NULL};
+    srv_chat_fmt chat = {.tmpl = SRV_CHAT_PLAIN};
     srv_server *srv = NULL;
 
     if (srv_config_parse(&cfg, argc, argv, err, sizeof err)) {
@@ -87,7 +87,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr,
                 "kvserve serve: unknown --chat-template '%s' "
                 "(chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|harmony|"
-                "granite|granite3.0|plain)\n",
+                "granite|granite3.0|granite3.2|granite3.3|plain)\n",
                 cfg.chat_template);
         srv_config_free(&cfg);
         return 2;

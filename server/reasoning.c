@@ -5,9 +5,15 @@
 
 enum { ST_START = 0, ST_IN, ST_OUT };
 
-static const char k_open[] = "<think>", k_close[] = "</think>";
-#define OPEN_N (sizeof k_open - 1)
-#define CLOSE_N (sizeof k_close - 1)
+static const char k_think_open[] = "<think>", k_think_close[] = "</think>";
+static const char k_g32_open[] = "Here is my thought process:",
+                  k_g32_close[] = "Here is my response:";
+
+void srv_think_set_format(srv_think *t, enum srv_chat_tmpl tmpl)
+{
+    t->harmony = tmpl == SRV_CHAT_HARMONY;
+    t->granite32 = tmpl == SRV_CHAT_GRANITE32;
+}
 
 /* The length of the longest suffix of s[0..n) that is a proper prefix of tag. */
 static size_t partial_tag(const char *s, size_t n, const char *tag, size_t tag_n)
@@ -155,16 +161,19 @@ void srv_think_feed(srv_think *t, const char *s, size_t n, kvs_buf *reasoning, k
     }
     const char *b = t->held.p;
     size_t len = t->held.len, i = 0;
+    const char *k_open = t->granite32 ? k_g32_open : k_think_open;
+    const char *k_close = t->granite32 ? k_g32_close : k_think_close;
+    const size_t open_n = strlen(k_open), close_n = strlen(k_close);
     if (t->harmony)
         i = harmony_feed(t, b, len, reasoning, content);
     while (!t->harmony && i < len) {
         const char *p = b + i;
         size_t rest = len - i;
         if (t->state == ST_START) {
-            if (rest < OPEN_N && !memcmp(p, k_open, rest))
+            if (rest < open_n && !memcmp(p, k_open, rest))
                 break; /* "<thi": may still open the block */
-            if (rest >= OPEN_N && !memcmp(p, k_open, OPEN_N)) {
-                i += OPEN_N;
+            if (rest >= open_n && !memcmp(p, k_open, open_n)) {
+                i += open_n;
                 t->state = ST_IN;
                 t->drop_nl = true;
             } else {
@@ -185,21 +194,21 @@ void srv_think_feed(srv_think *t, const char *s, size_t n, kvs_buf *reasoning, k
             break;
         }
         const char *close = NULL;
-        for (size_t k = 0; k + CLOSE_N <= rest && !close; k++)
-            if (!memcmp(p + k, k_close, CLOSE_N))
+        for (size_t k = 0; k + close_n <= rest && !close; k++)
+            if (!memcmp(p + k, k_close, close_n))
                 close = p + k;
         if (close) {
             size_t r = (size_t)(close - p);
             while (r && p[r - 1] == '\n')
                 r--;
             kvs_buf_addn(reasoning, p, r);
-            i += (size_t)(close - p) + CLOSE_N;
+            i += (size_t)(close - p) + close_n;
             t->state = ST_OUT;
             t->drop_nl = true;
             continue;
         }
         /* Hold what may be the start of </think> and the newlines before it. */
-        size_t k = rest - partial_tag(p, rest, k_close, CLOSE_N);
+        size_t k = rest - partial_tag(p, rest, k_close, close_n);
         while (k && p[k - 1] == '\n')
             k--;
         kvs_buf_addn(reasoning, p, k);

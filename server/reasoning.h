@@ -15,6 +15,7 @@
 #include <stddef.h>
 
 #include "common/buf.h"
+#include "server/chat_template.h"
 
 /* gpt-oss (harmony) writes channels instead: after the prompt's "<|start|>assistant" comes
  * <|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...
@@ -30,10 +31,18 @@ typedef struct srv_think {
     int state;    /* where the output is: before the first byte decides, inside, after */
     bool drop_nl; /* newlines here are the tags' own, dropped */
     kvs_buf held; /* bytes whose place is not known yet */
-    bool harmony; /* the format: set before the first feed */
+    bool harmony; /* the format: set before the first feed (srv_think_set_format) */
+    /* Granite 3.2, asked to think, writes "Here is my thought process:" ... "Here is my
+     * response:" ...: those phrases take the tags' place (as vLLM's granite reasoning parser
+     * reads them; llama.cpp's server does not split them) */
+    bool granite32;
     int channel;  /* harmony: where the current message's body goes */
     kvs_buf call; /* harmony: the current call's header and arguments */
 } srv_think;
+
+/* Sets the format t splits for chat template tmpl's output: harmony's channels, Granite 3.2's
+ * phrases, else <think> tags. Before the first feed. */
+void srv_think_set_format(srv_think *t, enum srv_chat_tmpl tmpl);
 
 /* Places n more bytes of output: appended to reasoning or content as far as they are known.
  * A zeroed srv_think starts an output. */

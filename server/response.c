@@ -71,9 +71,10 @@ void srv_choice_free(srv_choice *c)
     memset(c, 0, sizeof *c);
 }
 
-int srv_choice_split_reasoning(srv_choice *c, bool harmony)
+int srv_choice_split_reasoning(srv_choice *c, enum srv_chat_tmpl tmpl)
 {
-    srv_think t = {.harmony = harmony};
+    srv_think t = {0};
+    srv_think_set_format(&t, tmpl);
     kvs_buf r = {0}, content = {0};
     srv_think_feed(&t, c->text ? c->text : "", c->len, &r, &content);
     srv_think_end(&t, &r, &content);

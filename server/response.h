@@ -62,9 +62,10 @@ char *srv_resp_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size
 /* A chat delta of reasoning text (delta.reasoning_content), with the tokens' logprobs if any. */
 char *srv_resp_reasoning_chunk(const srv_resp_ctx *x, uint32_t idx, const char *text, size_t len,
                                const sched_token_info *toks, uint32_t n_toks);
-/* Moves c's think block (reasoning.h; harmony: its analysis channel, the text keeping the
- * final channel and calls) out of its text into c->reasoning; KVS_ENOMEM. */
-int srv_choice_split_reasoning(srv_choice *c, bool harmony);
+/* Moves c's think block (reasoning.h, in chat template tmpl's format: harmony's analysis
+ * channel, the text keeping the final channel and calls; Granite 3.2's thought process) out of
+ * its text into c->reasoning; KVS_ENOMEM. */
+int srv_choice_split_reasoning(srv_choice *c, enum srv_chat_tmpl tmpl);
 /* A chat delta carrying choice idx's tool calls whole (an OpenAI tool_calls array; each
  * entry gets its "index"). */
 char *srv_resp_tool_calls_chunk(const srv_resp_ctx *x, uint32_t idx, const cJSON *calls);

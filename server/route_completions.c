@@ -134,7 +134,7 @@ void srv__count_reasoning(srv_conn *c, const sched_event *ev)
         return;
     srv_choice *ch = &c->choices[ev->choice];
     kvs_buf r = {0}, t = {0};
-    ch->count.harmony = c->srv->chat.tmpl == SRV_CHAT_HARMONY;
+    srv_think_set_format(&ch->count, c->srv->chat.tmpl);
     srv_think_feed(&ch->count, ev->text ? ev->text : "", ev->text_len, &r, &t);
     if (ev->finish != SCHED_FINISH_NONE)
         srv_think_end(&ch->count, &r, &t);
@@ -150,11 +150,6 @@ static bool splits_reasoning(const srv_conn *c)
     return c->route == R_CHAT && srv__splits_reasoning(c);
 }
 
-static bool harmony(const srv_conn *c)
-{
-    return c->srv->chat.tmpl == SRV_CHAT_HARMONY;
-}
-
 static enum MHD_Result finish_full(srv_conn *c)
 {
     if (c->fail_status) {
@@ -164,7 +159,7 @@ static enum MHD_Result finish_full(srv_conn *c)
     }
     bool split = srv__splits_reasoning(c);
     for (uint32_t i = 0; i < c->n_choices; i++)
-        if ((split && srv_choice_split_reasoning(&c->choices[i], harmony(c))) ||
+        if ((split && srv_choice_split_reasoning(&c->choices[i], c->srv->chat.tmpl)) ||
             srv__read_tool_calls(c, i, &c->choices[i]))
             return srv__fail(c, 500, NULL, NULL, "out of memory");
     return srv__send_built(c, c->route == R_RESPONSES
@@ -217,7 +212,7 @@ static bool stream_tools_auto(srv_conn *c, srv_choice *ch, const sched_event *ev
 {
     kvs_buf r = {0}, t = {0};
     if (split) {
-        ch->think.harmony = harmony(c);
+        srv_think_set_format(&ch->think, c->srv->chat.tmpl);
         srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
         if (ev->finish != SCHED_FINISH_NONE)
             srv_think_end(&ch->think, &r, &t);
@@ -257,7 +252,7 @@ static bool stream_tools_auto(srv_conn *c, srv_choice *ch, const sched_event *ev
 static bool stream_split(srv_conn *c, srv_choice *ch, const sched_event *ev)
 {
     kvs_buf r = {0}, t = {0};
-    ch->think.harmony = harmony(c);
+    srv_think_set_format(&ch->think, c->srv->chat.tmpl);
     srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
     if (ev->finish != SCHED_FINISH_NONE)
         srv_think_end(&ch->think, &r, &t);
@@ -313,7 +308,7 @@ static bool format_event(srv_conn *c, const sched_event *ev)
             return false;
         if (ev->finish == SCHED_FINISH_NONE)
             return true;
-        if (split && srv_choice_split_reasoning(ch, harmony(c)))
+        if (split && srv_choice_split_reasoning(ch, c->srv->chat.tmpl))
             return false;
         if (ch->reasoning &&
             !srv__out_append(c, srv_resp_reasoning_chunk(&c->rx, ev->choice, ch->reasoning,

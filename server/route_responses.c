@@ -724,7 +724,7 @@ static bool stream_live(srv_conn *c, srv_choice *ch, const sched_event *ev, bool
 {
     kvs_buf r = {0}, t = {0};
     if (split) {
-        ch->think.harmony = c->srv->chat.tmpl == SRV_CHAT_HARMONY;
+        srv_think_set_format(&ch->think, c->srv->chat.tmpl);
         srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
         if (ev->finish != SCHED_FINISH_NONE)
             srv_think_end(&ch->think, &r, &t);
@@ -802,7 +802,7 @@ bool srv__responses_event(srv_conn *c, const sched_event *ev)
         return false;
     if (ev->finish == SCHED_FINISH_NONE)
         return true;
-    if (split && srv_choice_split_reasoning(ch, c->srv->chat.tmpl == SRV_CHAT_HARMONY))
+    if (split && srv_choice_split_reasoning(ch, c->srv->chat.tmpl))
         return false;
     if (ch->reasoning) {
         if (!reasoning_events(c, ch->reasoning))

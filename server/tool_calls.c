@@ -28,7 +28,9 @@ static enum family family_of(enum srv_chat_tmpl t)
     case SRV_CHAT_MISTRAL: return FAM_MISTRAL;
     case SRV_CHAT_HARMONY: return FAM_HARMONY;
     case SRV_CHAT_GRANITE:
-    case SRV_CHAT_GRANITE30: return FAM_GRANITE;
+    case SRV_CHAT_GRANITE30:
+    case SRV_CHAT_GRANITE32:
+    case SRV_CHAT_GRANITE33: return FAM_GRANITE;
     default: return FAM_HERMES; /* ChatML's (and Qwen 3's) own form, and the generic one */
     }
 }
@@ -300,7 +302,7 @@ int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out
         break;
     case FAM_HARMONY: harmony_tools(&b, tools); break;
     case FAM_GRANITE:
-        if (t == SRV_CHAT_GRANITE) { /* 3.1's tools turn: tools|tojson(indent=4) */
+        if (t != SRV_CHAT_GRANITE30) { /* 3.1's to 3.3's tools turn: tools|tojson(indent=4) */
             srv_json_py(&b, tools, 4);
             break;
         }
@@ -375,7 +377,7 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
 bool srv_tools_in_user_turn(enum srv_chat_tmpl t)
 {
     return t == SRV_CHAT_LLAMA31 || t == SRV_CHAT_LLAMA32 || t == SRV_CHAT_GRANITE ||
-           t == SRV_CHAT_GRANITE30;
+           t == SRV_CHAT_GRANITE30 || t == SRV_CHAT_GRANITE32 || t == SRV_CHAT_GRANITE33;
 }
 
 bool srv_tools_merge_results(enum srv_chat_tmpl t)

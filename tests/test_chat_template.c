@@ -86,6 +86,21 @@ static void test_detect(void **state)
                                      "2024.\\nToday's Date: \" %}{{- '<|start_of_role|>system"
                                      "<|end_of_role|>' + system_message }}"),
                      SRV_CHAT_GRANITE);
+    /* Granite 3.2 and 3.3: the dated default with a thinking text (3.3's asks for <think>) */
+    assert_int_equal(srv_chat_detect("{%- set system_message = \"Knowledge Cutoff Date: April "
+                                     "2024.\" %}{%- elif thinking %}{%- set system_message = "
+                                     "system_message + \" Write your thoughts after 'Here is my "
+                                     "thought process:'\" %}{{- '<|start_of_role|>system"
+                                     "<|end_of_role|>' + system_message }}"),
+                     SRV_CHAT_GRANITE32);
+    assert_int_equal(srv_chat_detect("{%- set system_message = \"Knowledge Cutoff Date: April "
+                                     "2024.\" %}{%- elif thinking %}{%- set system_message = "
+                                     "system_message + \" Write your thoughts between "
+                                     "<think></think>\" %}{{- '<|start_of_role|>system"
+                                     "<|end_of_role|>' + system_message }}"),
+                     SRV_CHAT_GRANITE33);
+    assert_int_equal(srv_chat_from_name("granite3.2"), SRV_CHAT_GRANITE32);
+    assert_int_equal(srv_chat_from_name("granite3.3"), SRV_CHAT_GRANITE33);
     assert_int_equal(srv_chat_detect("{{ message['content'] }}"), SRV_CHAT_PLAIN);
 }
 
@@ -355,6 +370,63 @@ static void test_granite(void **state)
     assert_non_null(strstr(got, "request.<|end_of_text|>\n<|start_of_role|>tools<|end_of_role|>"
                                 "[]<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Hi"));
     free(got);
+    /* Granite 3.2 and 3.3: thinking (off by default) changes the default system text only,
+     * and tools take its place; 3.3 words the tools sentence and names the tools turn its own
+     * way */
+    o.tools_user = NULL;
+    static const char *const think[] = {"Write your thoughts after 'Here is my thought "
+                                        "process:' and write your response after 'Here is my "
+                                        "response:' for each user query.<|end_of_text|>",
+                                        "Write your thoughts between <think></think> and write "
+                                        "your response between <response></response> for each "
+                                        "user query.<|end_of_text|>"};
+    for (int v = 0; v < 2; v++) {
+        enum srv_chat_tmpl t = v ? SRV_CHAT_GRANITE33 : SRV_CHAT_GRANITE32;
+        o.enable_thinking = -1;
+        o.tools_user = NULL;
+        assert_int_equal(srv_chat_render(t, k_conv + 1, 1, &o, &got), 0);
+        assert_non_null(strstr(got, "by IBM. You are a helpful AI assistant.<|end_of_text|>\n"));
+        free(got);
+        o.enable_thinking = 1;
+        assert_int_equal(srv_chat_render(t, k_conv + 1, 1, &o, &got), 0);
+        assert_non_null(strstr(got, "by IBM. You are a helpful AI assistant.\nRespond to every "
+                                    "user query in a comprehensive and detailed way."));
+        assert_non_null(strstr(got, think[v]));
+        free(got);
+        assert_int_equal(srv_chat_render(t, k_conv, 2, &o, &got), 0); /* its system message */
+        assert_null(strstr(got, "Respond to every"));
+        free(got);
+        o.tools_user = "[]";
+        assert_int_equal(srv_chat_render(t, k_conv + 1, 1, &o, &got), 0);
+        assert_null(strstr(got, "Respond to every"));
+        assert_non_null(strstr(got, v ? "You are a helpful assistant with access to the following "
+                                        "tools. When a tool is required to answer the user's "
+                                        "query, respond only with <|tool_call|>"
+                                      : "You are a helpful AI assistant with access to the "
+                                        "following tools. When a tool is required to answer the "
+                                        "user's query, respond with <|tool_call|>"));
+        assert_non_null(strstr(got, v ? "<|start_of_role|>available_tools<|end_of_role|>[]"
+                                      : "<|start_of_role|>tools<|end_of_role|>[]"));
+        free(got);
+    }
+    o.enable_thinking = -1;
+    /* the variant of 3.3's template that joins its date line with spaces (llama.cpp's copy) */
+    srv_chat_fmt f;
+    assert_int_equal(srv_chat_fmt_detect("{%- set system_message = \"Knowledge Cutoff Date: "
+                                         "April 2024. Today's Date: \" %}<think></think>"
+                                         "<|start_of_role|><|end_of_role|>",
+                                         &f),
+                     0);
+    assert_int_equal(f.tmpl, SRV_CHAT_GRANITE33);
+    assert_true(f.granite_spaced);
+    o.tools_user = NULL;
+    o.granite_spaced = f.granite_spaced;
+    assert_int_equal(srv_chat_render(SRV_CHAT_GRANITE33, k_conv + 1, 1, &o, &got), 0);
+    assert_non_null(strstr(got, "system<|end_of_role|>Knowledge Cutoff Date: April 2024. Today's "
+                                "Date: December 01, 2026. You are Granite, developed by IBM. You "
+                                "are a helpful AI assistant.<|end_of_text|>"));
+    free(got);
+    o.granite_spaced = 0;
     /* Granite 3.0: no default system message, the tools first, a tool result not written */
     o.tools_user = "{}";
     const srv_chat_msg conv30[] = {{"user", "Hi"}, {"tool", "5"}};

@@ -1,7 +1,7 @@
 """meson test 'peer_templates': the chat templates of the families kvserve detects, checked
 against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
 official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2,
-gpt-oss, SmolLM3, Granite 3.0 and 3.1);
+gpt-oss, SmolLM3, Granite 3.0, 3.1, 3.2 and 3.3);
 a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
 /apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
 llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
@@ -18,7 +18,9 @@ llama-server renders are listed in TEMPLATE_RAISES. SmolLM3's dates its system t
 date too; its /think, /no_think and /system_override in the system message are compared.
 Granite 3.1's template dates its default system message with today's date too; it writes an
 assistant turn's content alone (earlier calls are not in its prompt), so kvserve leaves them out
-as well.
+as well. Granite 3.2's and 3.3's read chat_template_kwargs.thinking (llama-server hands the
+kwargs to the template as they are), compared on and off, with tools and a system message
+(which both take over from it).
 Exits 77 (meson's skip) with the reason when llama-server (KVS_PEER/llama.cpp/bin) is absent.
 Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER; by hand: test_peer_templates.py [NAME ...]."""
 import os
@@ -34,10 +36,21 @@ TEMPLATES = os.path.join(HERE, "data", "chat_templates")
 # name -> the family srv_chat_detect must pick (kvserve logs it at start)
 FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
             "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony",
-            "smollm3": "smollm3", "granite3.1": "granite", "granite3.0": "granite3.0"}
+            "smollm3": "smollm3", "granite3.1": "granite", "granite3.0": "granite3.0",
+            "granite3.2": "granite3.2", "granite3.3": "granite3.3",
+            "granite3.3-spaced": "granite3.3"}
+# variants made here from a file: name -> (file, [(old, new)])
+VARIANTS = {
+    # the copy of Granite 3.3's template in llama.cpp's models/templates joins the default
+    # system message's date line with spaces
+    "granite3.3-spaced": ("granite3.3", [("April 2024.\\nToday's Date: \" + strftime_now"
+                                          "('%B %d, %Y') + \".\\nYou are Granite",
+                                          "April 2024. Today's Date: \" + strftime_now"
+                                          "('%B %d, %Y') + \". You are Granite")]),
+}
 # the chat_template_kwargs each family's template reads (any other is refused by kvserve)
 SWITCHES = {"qwen3": {"enable_thinking"}, "harmony": {"reasoning_effort", "model_identity"},
-            "smollm3": {"enable_thinking"}}
+            "smollm3": {"enable_thinking"}, "granite3.2": {"thinking"}, "granite3.3": {"thinking"}}
 
 S, U, A = "system", "user", "assistant"
 CASES = [
@@ -149,7 +162,19 @@ SMOLLM3_CASES = [
     ("thinking off, two exchanges", [(U, "Hi"), (A, "Hello!"), (U, "Bye")],
      {"enable_thinking": False}),
 ]
-WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2", "gpt-oss", "granite3.1", "granite3.0")
+WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2", "gpt-oss", "granite3.1", "granite3.0",
+              "granite3.2", "granite3.3")
+# Granite 3.2 and 3.3: the thinking switch, which only the default system message reads (a
+# conversation's own system message, or tools, take its place)
+GRANITE_THINKING_CASES = [
+    ("granite thinking on", [(U, "Hi")], {"chat_template_kwargs": {"thinking": True}}),
+    ("granite thinking off", [(U, "Hi"), (A, "Hello!"), (U, "Bye")],
+     {"chat_template_kwargs": {"thinking": False}}),
+    ("granite thinking and a system message", [(S, "Be brief."), (U, "Hi")],
+     {"chat_template_kwargs": {"thinking": True}}),
+    ("granite thinking and tools", [(U, "Add 2 and 3")],
+     {"chat_template_kwargs": {"thinking": True}, "tools": TOOLS}),
+]
 # Where gpt-oss's template raises an exception but llama-server renders anyway (it hands the
 # reasoning of a call to the template as "thinking" and drops the content; it does not see the
 # channel tags): kvserve refuses them with a 400, as the template (and Hugging Face's renderer)
@@ -165,8 +190,12 @@ def main():
     failures = compared = 0
     with tempfile.TemporaryDirectory(prefix="kvs-peer-templates-") as tmp:
         for name in names:
-            with open(os.path.join(TEMPLATES, name + ".jinja")) as f:
+            base, edits = VARIANTS.get(name, (name, []))
+            with open(os.path.join(TEMPLATES, base + ".jinja")) as f:
                 template = f.read()
+            for old, new in edits:
+                assert old in template, (name, old)
+                template = template.replace(old, new)
             model = os.path.join(tmp, name + ".gguf")
             subprocess.run([mkmodel, "--shape", "tiny", "-o", model, "--chat-template", template],
                            check=True, capture_output=True)
@@ -187,7 +216,7 @@ def main():
                                                                 FAMILIES[name]))
                     failures += 1
                 cases = CASES + ([(label, msgs, {"tools": TOOLS}) for label, msgs in TOOL_CASES]
-                                 if name in WITH_TOOLS else [])
+                                 if name in WITH_TOOLS or name in VARIANTS else [])
                 if name == "smollm3":
                     cases += SMOLLM3_CASES
                 if name == "gpt-oss":
@@ -195,6 +224,8 @@ def main():
                     cases.append(("a rich tool list", [(U, "Hi")], {"tools": TOOLS_RICH}))
                     cases.append(("a tool without description", [(U, "Hi")], {"tools": [
                         {"type": "function", "function": {"name": "now"}}]}))
+                if FAMILIES[name] in ("granite3.2", "granite3.3"):
+                    cases += GRANITE_THINKING_CASES
                 if name.startswith("granite"):  # the generation prompt follows the last turn
                     cases.append(("a system message alone", [(S, "Be brief.")], None))
                     cases.append(("a tool role", [(U, "Hi"), {"role": "tool", "tool_call_id": "c",
@@ -202,9 +233,9 @@ def main():
                 for label, msgs, kwargs in cases:
                     body = {"messages": [m if isinstance(m, dict) else {"role": m[0], "content": m[1]}
                                          for m in msgs]}
-                    if kwargs and "tools" in kwargs:
+                    if kwargs and ("tools" in kwargs or "chat_template_kwargs" in kwargs):
                         body.update(kwargs)
-                        kwargs = None
+                        kwargs = body.get("chat_template_kwargs")
                     elif kwargs:
                         body["chat_template_kwargs"] = kwargs
                     if name == "gemma2" and body["messages"][0]["role"] in (S, "developer"):

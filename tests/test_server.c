@@ -34,7 +34,7 @@ static const sampler_params k_defaults = {.temperature = 1, .top_p = 1, .repetit
 
 static int parse(const char *body, bool chat, srv_request *r, srv_error *e)
 {
-    static const srv_chat_fmt plain = {SRV_CHAT_PLAIN, NULL};
+    static const srv_chat_fmt plain = {.tmpl = SRV_CHAT_PLAIN};
     return srv_request_parse(body, strlen(body), chat, &plain, &k_defaults, r, e);
 }
 
@@ -738,11 +738,13 @@ static void test_http_head(void **state)
 }
 
 /* Splits text whole, and fed at every cut point and byte by byte: every way gives the same. */
-static void split_as(bool harmony, const char *text, const char *want_r, const char *want_c)
+static void split_as(enum srv_chat_tmpl tmpl, const char *text, const char *want_r,
+                     const char *want_c)
 {
     size_t n = strlen(text);
     for (size_t cut = 0; cut <= n + 1; cut++) {
-        srv_think t = {.harmony = harmony};
+        srv_think t = {0};
+        srv_think_set_format(&t, tmpl);
         kvs_buf r = {0}, c = {0};
         if (cut <= n) {
             srv_think_feed(&t, text, cut, &r, &c);
@@ -762,7 +764,25 @@ static void split_as(bool harmony, const char *text, const char *want_r, const c
 
 static void think_split(const char *text, const char *want_r, const char *want_c)
 {
-    split_as(false, text, want_r, want_c);
+    split_as(SRV_CHAT_QWEN3, text, want_r, want_c);
+}
+
+/* Granite 3.2's phrases in the tags' place (as vLLM's granite reasoning parser reads them);
+ * Granite 3.3's <think> as Qwen 3's, its <response> tags left in the content (as llama-server
+ * leaves them). */
+static void test_granite_split(void **state)
+{
+    (void)state;
+    split_as(SRV_CHAT_GRANITE32,
+             "Here is my thought process:\n\nA TSP.\n\nHere is my response:\n\nUse a heuristic.",
+             "A TSP.", "Use a heuristic.");
+    split_as(SRV_CHAT_GRANITE32, "Here is my thought process: hmm", " hmm", "");
+    split_as(SRV_CHAT_GRANITE32, "Here is my", "", "Here is my");
+    split_as(SRV_CHAT_GRANITE32, "Hello! Here is my thought process:", "",
+             "Hello! Here is my thought process:");
+    split_as(SRV_CHAT_GRANITE32, "<think>a</think>b", "", "<think>a</think>b");
+    split_as(SRV_CHAT_GRANITE33, "<think>a</think><response>b</response>", "a",
+             "<response>b</response>");
 }
 
 /* gpt-oss's channels (reasoning.h), as llama.cpp's --reasoning-format auto splits them. */
@@ -771,27 +791,29 @@ static void test_harmony_split(void **state)
     (void)state;
     const char *call = "<|start|>assistant to=functions.add<|channel|>commentary json<|message|>"
                        "{\"a\": 2}<|call|>";
-    split_as(true,
+    split_as(SRV_CHAT_HARMONY,
              "<|channel|>analysis<|message|>User says hi.<|end|><|start|>assistant<|channel|>"
              "final<|message|>Hello! <|end of it|>",
              "User says hi.", "Hello! <|end of it|>");
     /* no analysis; a final answer cut by max_tokens */
-    split_as(true, "<|channel|>final<|message|>Hel", "", "Hel");
+    split_as(SRV_CHAT_HARMONY, "<|channel|>final<|message|>Hel", "", "Hel");
     /* cut inside the analysis, or inside the next header: what was said is kept */
-    split_as(true, "<|channel|>analysis<|message|>hmm <|en", "hmm <|en", "");
-    split_as(true, "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|chan", "hmm", "");
+    split_as(SRV_CHAT_HARMONY, "<|channel|>analysis<|message|>hmm <|en", "hmm <|en", "");
+    split_as(SRV_CHAT_HARMONY, "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|chan",
+             "hmm", "");
     /* not harmony at all: all content */
-    split_as(true, "Just text <|channel|>", "", "Just text <|channel|>");
-    split_as(true, "<|chan", "", "<|chan");
-    split_as(true, "", "", "");
+    split_as(SRV_CHAT_HARMONY, "Just text <|channel|>", "", "Just text <|channel|>");
+    split_as(SRV_CHAT_HARMONY, "<|chan", "", "<|chan");
+    split_as(SRV_CHAT_HARMONY, "", "", "");
     /* a call, the recipient after the channel (and the constraint) or before it */
-    split_as(true,
+    split_as(SRV_CHAT_HARMONY,
              "<|channel|>analysis<|message|>Use add.<|end|><|start|>assistant<|channel|>"
              "commentary to=functions.add <|constrain|>json<|message|>{\"a\": 2}",
              "Use add.", call);
-    split_as(true, " to=functions.add<|channel|>commentary json<|message|>{\"a\": 2}", "", call);
+    split_as(SRV_CHAT_HARMONY, " to=functions.add<|channel|>commentary json<|message|>{\"a\": 2}",
+             "", call);
     /* commentary without a recipient (a preamble) is content; reasoning parts are joined */
-    split_as(true,
+    split_as(SRV_CHAT_HARMONY,
              "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary"
              "<|message|>Let me check.<|end|><|start|>assistant<|channel|>analysis<|message|>b"
              "<|end|><|start|>assistant<|channel|>final<|message|>c",
@@ -828,7 +850,7 @@ static void test_harmony_split(void **state)
 static void test_harmony_required(void **state)
 {
     (void)state;
-    static const srv_chat_fmt harmony = {SRV_CHAT_HARMONY, NULL};
+    static const srv_chat_fmt harmony = {.tmpl = SRV_CHAT_HARMONY};
     static const char tools[] =
         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"
         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"
@@ -941,7 +963,7 @@ static void test_reasoning_split(void **state)
     ch.len = strlen(raw);
     ch.cap = ch.len + 1;
     ch.finish = SCHED_FINISH_STOP;
-    assert_int_equal(srv_choice_split_reasoning(&ch, false), 0);
+    assert_int_equal(srv_choice_split_reasoning(&ch, SRV_CHAT_QWEN3), 0);
     assert_string_equal(ch.reasoning, "plan");
     assert_string_equal(ch.text, "Done.");
     srv_resp_ctx x = {.chat = true, .id = "chatcmpl-1", .model = "m", .n_top_logprobs = -1};
@@ -957,7 +979,7 @@ static void test_reasoning_split(void **state)
     /* Text without a block is left alone, with no reasoning. */
     ch.text = strdup("plain");
     ch.len = ch.cap = 5;
-    assert_int_equal(srv_choice_split_reasoning(&ch, false), 0);
+    assert_int_equal(srv_choice_split_reasoning(&ch, SRV_CHAT_QWEN3), 0);
     assert_null(ch.reasoning);
     assert_string_equal(ch.text, "plain");
     srv_choice_free(&ch);
@@ -1096,16 +1118,17 @@ static void test_embeddings(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_completion_ok),   cmocka_unit_test(test_chat_ok),
-        cmocka_unit_test(test_reasoning_split), cmocka_unit_test(test_rejects),
-        cmocka_unit_test(test_error_json),      cmocka_unit_test(test_config),
-        cmocka_unit_test(test_default_json),    cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_kv_view),         cmocka_unit_test(test_http_head),
-        cmocka_unit_test(test_chunk_lines),     cmocka_unit_test(test_new_fields),
-        cmocka_unit_test(test_cors_config),     cmocka_unit_test(test_tool_calls),
-        cmocka_unit_test(test_json_py),         cmocka_unit_test(test_tool_calls_stream_safe),
-        cmocka_unit_test(test_relay_no_nagle),  cmocka_unit_test(test_embeddings),
-        cmocka_unit_test(test_harmony_split),   cmocka_unit_test(test_harmony_required),
+        cmocka_unit_test(test_completion_ok),    cmocka_unit_test(test_chat_ok),
+        cmocka_unit_test(test_reasoning_split),  cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_error_json),       cmocka_unit_test(test_config),
+        cmocka_unit_test(test_default_json),     cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_kv_view),          cmocka_unit_test(test_http_head),
+        cmocka_unit_test(test_chunk_lines),      cmocka_unit_test(test_new_fields),
+        cmocka_unit_test(test_cors_config),      cmocka_unit_test(test_tool_calls),
+        cmocka_unit_test(test_json_py),          cmocka_unit_test(test_tool_calls_stream_safe),
+        cmocka_unit_test(test_relay_no_nagle),   cmocka_unit_test(test_embeddings),
+        cmocka_unit_test(test_harmony_split),    cmocka_unit_test(test_granite_split),
+        cmocka_unit_test(test_harmony_required),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

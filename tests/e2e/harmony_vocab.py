@@ -42,6 +42,13 @@ def make(src, dst, extra=()):
     """Writes the harmony vocabulary made from src (a metadata-only GGUF) to dst, with the
     texts of extra appended after SPECIALS as user-defined tokens (as Qwen 3's <think>);
     returns the ids of SPECIALS and extra."""
+    return append(src, dst, SPECIALS, extra, eos="<|return|>", pre="gpt-4o")
+
+
+def append(src, dst, control, user=(), eos=None, pre=None):
+    """Writes src's vocabulary (a metadata-only GGUF) to dst with the texts of control appended
+    as control tokens, then those of user as user-defined ones; EOS becomes the token of text
+    eos and the pre-tokenizer pre where given. Returns the appended texts' ids."""
     with open(src, "rb") as f:
         d = f.read()
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", d, 4)
@@ -55,20 +62,22 @@ def make(src, dst, extra=()):
         kvs.append([key, t, v])
     kv = {k: e for e in kvs for k in [e[0]]}
     tokens = kv["tokenizer.ggml.tokens"][2][1]
-    added = SPECIALS + list(extra)
+    added = list(control) + list(user)
     ids = list(range(len(tokens), len(tokens) + len(added)))
     tokens += added
     if "tokenizer.ggml.token_type" in kv:
-        kv["tokenizer.ggml.token_type"][2][1].extend([CONTROL] * len(SPECIALS) +
-                                                     [USER_DEFINED] * len(extra))
+        kv["tokenizer.ggml.token_type"][2][1].extend([CONTROL] * len(control) +
+                                                     [USER_DEFINED] * len(user))
     if "tokenizer.ggml.scores" in kv:
         kv["tokenizer.ggml.scores"][2][1].extend([0.0] * len(added))
-    kv["tokenizer.ggml.pre"][2] = "gpt-4o"
-    eos = [e for e in kvs if e[0] == "tokenizer.ggml.eos_token_id"]
-    if not eos:
-        eos = [["tokenizer.ggml.eos_token_id", 4, 0]]
-        kvs.append(eos[0])
-    eos[0][1:] = [4, ids[SPECIALS.index("<|return|>")]]
+    if pre is not None:
+        kv["tokenizer.ggml.pre"][2] = pre
+    if eos is not None:
+        e = [x for x in kvs if x[0] == "tokenizer.ggml.eos_token_id"]
+        if not e:
+            e = [["tokenizer.ggml.eos_token_id", 4, 0]]
+            kvs.append(e[0])
+        e[0][1:] = [4, ids[added.index(eos)]]
     out = [b"GGUF", struct.pack("<IQQ", version, 0, len(kvs))]
     for key, t, v in kvs:
         k = key.encode()

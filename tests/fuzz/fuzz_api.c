@@ -31,8 +31,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     bool chat = data[0] & 1;
     /* the family, and for ChatML a default system turn (Qwen 2.5's form) half the time */
-    srv_chat_fmt fmt = {(enum srv_chat_tmpl)((data[0] >> 1) % SRV_CHAT_COUNT),
-                        (data[0] & 0x80) ? (char *)"You are a test." : NULL};
+    srv_chat_fmt fmt = {.tmpl = (enum srv_chat_tmpl)((data[0] >> 1) % SRV_CHAT_COUNT),
+                        .default_system = (data[0] & 0x80) ? (char *)"You are a test." : NULL};
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
     sampler_params defaults = sampler_default_params();

@@ -1,0 +1,214 @@
+"""IBM Granite 3.x end to end, on a random-weight granite file whose vocabulary is GPT-2's with
+Granite's special tokens appended as control tokens (<|end_of_text|> as EOS, <|start_of_role|>,
+<|end_of_role|>, <|tool_call|>, as llama.cpp's converter stores Granite's special added tokens)
+and whose template is Granite 3.1's official one (tests/data/chat_templates/granite3.1.jinja):
+the template is detected; the role markers tokenize to their tokens; <|end_of_text|> ends a
+generation; <|tool_call|> is printed in the output (a Granite vocabulary's call marker is made
+user-defined at load, engine/tokenizer.c fix_granite) and reaches the call reader (which reads
+<|tool_call|>[...] back as calls: tests/test_server.c); a forced call (tool_choice required or named: output
+constrained to the call's JSON) comes back as tool_calls, whole and streamed. Granite 3.3's
+template (granite3.3.jinja) on the same vocabulary with <think> and </think> appended as
+user-defined tokens, a test device (Granite 3.3 writes them as text): chat_template_kwargs.thinking
+adds its reasoning system text, enable_thinking and documents are 400s naming them, and an
+answer opening with <think> comes back as reasoning_content (the splitting itself:
+tests/test_server.c), whole and streamed alike."""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+import harmony_vocab
+from kvs_e2e import MKMODEL, MODELS, Server, require_mkmodel
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "granite3.1.jinja")
+VOCAB = os.path.join(MODELS, "vocab", "ggml-vocab-gpt-2.gguf")
+SPECIALS = ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"]
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Adds two numbers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "number"}},
+                   "required": ["a"]}}},
+    {"type": "function", "function": {
+        "name": "mul", "parameters": {"type": "object", "properties": {
+            "b": {"type": "integer"}}, "required": ["b"]}}}]
+MSGS = [{"role": "user", "content": "Hi"}]
+
+
+class Granite(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        require_mkmodel(VOCAB)
+        cls.dir = tempfile.TemporaryDirectory()
+        vocab = os.path.join(cls.dir.name, "granite-vocab.gguf")
+        cls.ids = harmony_vocab.append(VOCAB, vocab, SPECIALS, eos="<|end_of_text|>")
+        path = os.path.join(cls.dir.name, "granite.gguf")
+        with open(TEMPLATE) as f:
+            template = f.read()
+        subprocess.run([MKMODEL, "--shape", "tiny", "--arch", "granite", "--vocab", vocab,
+                        "-o", path, "--chat-template", template], check=True,
+                       capture_output=True)
+        cls.srv = Server(ctx=2048, model=path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        cls.dir.cleanup()
+
+    def test_detected(self):
+        self.assertIn("chat template granite", self.srv.stderr())
+
+    def test_markers_are_tokens(self):
+        text = "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|><|tool_call|>"
+        st, out = self.srv.post("/tokenize", {"prompt": text, "add_special_tokens": False})
+        self.assertEqual(st, 200, out)
+        toks = out["tokens"]
+        self.assertEqual(toks[0], self.ids["<|start_of_role|>"])
+        self.assertIn(self.ids["<|end_of_role|>"], toks)
+        self.assertEqual(toks[-2:], [self.ids["<|end_of_text|>"], self.ids["<|tool_call|>"]])
+
+    def first(self, name, max_tokens=3):
+        body = {"prompt": "Hello", "max_tokens": max_tokens,
+                "logit_bias": {str(self.ids[name]): 100}}
+        st, out = self.srv.post("/v1/completions", body)
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        return c["finish_reason"], out["usage"]["completion_tokens"], c["text"]
+
+    def test_end_tokens(self):
+        # <|end_of_text|> (Granite's EOS) ends the generation and prints nothing
+        self.assertEqual(self.first("<|end_of_text|>"), ("stop", 1, ""))
+        # the call marker is printed; the role markers stay control tokens (printing nothing)
+        self.assertEqual(self.first("<|tool_call|>"), ("length", 3, "<|tool_call|>" * 3))
+        self.assertEqual(self.first("<|start_of_role|>"), ("length", 3, ""))
+
+    def test_marker_reaches_call_reader(self):
+        # tools on (auto), the model made to open with the marker: its text reaches the call
+        # reader, which holds back what follows it (no valid list follows from a random model,
+        # so the text stays content, marker included), the same streamed and whole
+        body = {"messages": MSGS, "tools": TOOLS, "max_tokens": 2, "temperature": 0,
+                "logit_bias": {str(self.ids["<|tool_call|>"]): 100}}
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        msg = out["choices"][0]["message"]
+        self.assertEqual(msg["content"], "<|tool_call|>" * 2, out)
+        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                       if e.get("choices"))
+        self.assertEqual(text, msg["content"])
+
+    def forced(self, choice):
+        body = {"messages": MSGS, "tools": TOOLS, "tool_choice": choice, "max_tokens": 64,
+                "temperature": 0}
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        if c["finish_reason"] == "length":
+            self.skipTest("this random model's call did not end in 64 tokens")
+        self.assertEqual(c["finish_reason"], "tool_calls", out)
+        self.assertIsNone(c["message"]["content"], out)
+        calls = c["message"]["tool_calls"]
+        self.assertEqual(len(calls), 1, calls)
+        fn = calls[0]["function"]
+        key = {"add": "a", "mul": "b"}[fn["name"]]
+        self.assertIsInstance(json.loads(fn["arguments"])[key], (int, float))
+        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        deltas = [e["choices"][0] for e in events if e.get("choices")]
+        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+        self.assertEqual(len(streamed), 1, deltas)
+        self.assertEqual(streamed[0]["function"]["name"], fn["name"])
+        self.assertEqual(streamed[0]["function"]["arguments"], fn["arguments"])
+        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
+        self.assertFalse("".join(d["delta"].get("content") or "" for d in deltas))
+        return fn
+
+    def test_required(self):
+        self.forced("required")
+
+    def test_named(self):
+        fn = self.forced({"type": "function", "function": {"name": "mul"}})
+        self.assertEqual(fn["name"], "mul")
+
+
+class Granite33(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        require_mkmodel(VOCAB)
+        cls.dir = tempfile.TemporaryDirectory()
+        vocab = os.path.join(cls.dir.name, "granite-vocab.gguf")
+        cls.ids = harmony_vocab.append(VOCAB, vocab, SPECIALS, ["<think>", "</think>"],
+                                       eos="<|end_of_text|>")
+        path = os.path.join(cls.dir.name, "granite33.gguf")
+        with open(os.path.join(HERE, "..", "data", "chat_templates", "granite3.3.jinja")) as f:
+            template = f.read()
+        subprocess.run([MKMODEL, "--shape", "tiny", "--arch", "granite", "--vocab", vocab,
+                        "-o", path, "--chat-template", template], check=True,
+                       capture_output=True)
+        cls.srv = Server(ctx=2048, model=path)
+        cls.none = Server("--reasoning-format", "none", ctx=2048, model=path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        cls.none.stop()
+        cls.dir.cleanup()
+
+    def test_detected(self):
+        self.assertIn("chat template granite3.3", self.srv.stderr())
+
+    def test_thinking_switch(self):
+        prompts = {}
+        for kw in (None, {"thinking": False}, {"thinking": True}):
+            body = {"messages": MSGS}
+            if kw is not None:
+                body["chat_template_kwargs"] = kw
+            st, out = self.srv.post("/apply-template", body)
+            self.assertEqual(st, 200, out)
+            prompts[json.dumps(kw)] = out["prompt"]
+        self.assertEqual(prompts["null"], prompts['{"thinking": false}'])
+        self.assertNotIn("<think>", prompts["null"])
+        self.assertIn("Write your thoughts between <think></think> and write your response "
+                      "between <response></response> for each user query.<|end_of_text|>",
+                      prompts['{"thinking": true}'])
+        for body, param, why in (
+                ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs",
+                 "chat_template_kwargs.thinking"),
+                ({"chat_template_kwargs": {"thinking": "yes"}}, "chat_template_kwargs",
+                 "must be a boolean"),
+                ({"chat_template_kwargs": {"documents": []}}, "chat_template_kwargs",
+                 "documents is not supported"),
+                ({"documents": [{"doc_id": 1, "text": "x"}]}, "documents", "not supported")):
+            st, out = self.srv.post("/v1/chat/completions",
+                                    dict(body, messages=MSGS, max_tokens=1))
+            self.assertEqual(st, 400, out)
+            self.assertEqual(out["error"]["param"], param, out)
+            self.assertIn(why, out["error"]["message"])
+
+    def chat(self, srv, stream=False):
+        body = {"messages": MSGS, "max_tokens": 3, "temperature": 0,
+                "logit_bias": {str(self.ids["<think>"]): 100}}
+        if not stream:
+            st, out = srv.post("/v1/chat/completions", body)
+            self.assertEqual(st, 200, out)
+            m = out["choices"][0]["message"]
+            return m.get("content") or None, m.get("reasoning_content")
+        st, events, done = srv.stream("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        d = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+        return ("".join(x.get("content") or "" for x in d) or None,
+                "".join(x.get("reasoning_content") or "" for x in d) or None)
+
+    def test_split_wiring(self):
+        # <think> three times: a think block never closed, all reasoning; with none, content
+        self.assertEqual(self.chat(self.srv), (None, "<think><think>"))
+        self.assertEqual(self.chat(self.srv, stream=True), (None, "<think><think>"))
+        self.assertEqual(self.chat(self.none), ("<think>" * 3, None))
+
+
+if __name__ == "__main__":
+    unittest.main()
