@@ -295,6 +295,20 @@ static void add_cut_rstrip(kvs_buf *b, const char *s, const char *const *cut, si
     free(u.p);
 }
 
+/* date, or else today (local time, as llama.cpp's Jinja gives strftime_now) in the template's
+ * strftime format fmt, written into buf */
+static const char *date_or_today(const char *date, const char *fmt, char *buf, size_t cap)
+{
+    if (date)
+        return date;
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    if (!strftime(buf, cap, fmt, &tm))
+        buf[0] = '\0';
+    return buf;
+}
+
 /* SmolLM3 (its official template; srv_chat_render's header says what it writes). */
 static void render_smollm3(kvs_buf *b, const srv_chat_msg *m, size_t n, int enable_thinking,
                            const char *date)
@@ -319,13 +333,7 @@ static void render_smollm3(kvs_buf *b, const srv_chat_msg *m, size_t n, int enab
         kvs_buf_add(b, "<|im_end|>\n");
     } else {
         char today[64];
-        if (!date) { /* strftime_now("%d %B %Y") */
-            time_t now = time(NULL);
-            struct tm tm;
-            localtime_r(&now, &tm);
-            strftime(today, sizeof today, "%d %B %Y", &tm);
-            date = today;
-        }
+        date = date_or_today(date, "%d %B %Y", today, sizeof today);
         kvs_buf_add(b, "## Metadata\n\nKnowledge Cutoff Date: June 2025\nToday Date: ");
         kvs_buf_add(b, date);
         kvs_buf_add(b, think ? "\nReasoning Mode: /think\n\n" : "\nReasoning Mode: /no_think\n\n");
@@ -439,14 +447,7 @@ const char *srv_chat_check(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n
 static void render_harmony(kvs_buf *b, const srv_chat_msg *m, size_t n, const srv_chat_opts *o)
 {
     char today[32];
-    const char *date = o->date;
-    if (!date) { /* strftime_now("%Y-%m-%d"), local time as llama.cpp's Jinja gives it */
-        time_t now = time(NULL);
-        struct tm tm;
-        localtime_r(&now, &tm);
-        strftime(today, sizeof today, "%Y-%m-%d", &tm);
-        date = today;
-    }
+    const char *date = date_or_today(o->date, "%Y-%m-%d", today, sizeof today);
     kvs_buf_add(b, "<|start|>system<|message|>");
     kvs_buf_add(b, o->model_identity
                        ? o->model_identity
@@ -546,14 +547,7 @@ static void render_granite(kvs_buf *b, enum srv_chat_tmpl t, const srv_chat_msg 
         kvs_buf_add(b, m[i++].content);
     } else {
         char today[64];
-        const char *date = o->date;
-        if (!date) { /* strftime_now('%B %d, %Y'), local time as llama.cpp's Jinja gives it */
-            time_t now = time(NULL);
-            struct tm tm;
-            localtime_r(&now, &tm);
-            strftime(today, sizeof today, "%B %d, %Y", &tm);
-            date = today;
-        }
+        const char *date = date_or_today(o->date, "%B %d, %Y", today, sizeof today);
         const char *sep = o->granite_spaced ? " " : "\n";
         kvs_buf_add(b, "Knowledge Cutoff Date: April 2024.");
         kvs_buf_add(b, sep);
@@ -711,13 +705,8 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
     case SRV_CHAT_LLAMA31: render_llama31(&b, m, n, "26 Jul 2024", opts->tools_user); break;
     case SRV_CHAT_LLAMA32: {
         char today[32];
-        if (!opts->date) { /* strftime_now("%d %b %Y") as llama.cpp's and HF's Jinja give it */
-            time_t now = time(NULL);
-            struct tm tm;
-            localtime_r(&now, &tm);
-            strftime(today, sizeof today, "%d %b %Y", &tm);
-        }
-        render_llama31(&b, m, n, opts->date ? opts->date : today, opts->tools_user);
+        render_llama31(&b, m, n, date_or_today(opts->date, "%d %b %Y", today, sizeof today),
+                       opts->tools_user);
         break;
     }
     case SRV_CHAT_QWEN3: render_qwen3(&b, m, n, opts->enable_thinking); break;
