@@ -247,6 +247,10 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch);
 /* Whether c's answers are split into reasoning and content (a thinking template or harmony's
  * channels, unless --reasoning-format none): chat and responses. */
 bool srv__splits_reasoning(const srv_conn *c);
+/* Event ev's text through th (set to the model's template's format), its reasoning appended to
+ * r and its content to t as far as they are placed; at the choice's end, what th held. */
+void srv__split_event(const srv_conn *c, srv_think *th, const sched_event *ev, kvs_buf *r,
+                      kvs_buf *t);
 /* Where the output is split so: counts its choice's reasoning tokens (srv_choice.count), from
  * every event of the choice, streamed or not. */
 void srv__count_reasoning(srv_conn *c, const sched_event *ev);

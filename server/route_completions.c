@@ -127,6 +127,15 @@ bool srv__splits_reasoning(const srv_conn *c)
            (srv_chat_has_thinking(t) || t == SRV_CHAT_HARMONY) && !(f && !strcmp(f, "none"));
 }
 
+void srv__split_event(const srv_conn *c, srv_think *th, const sched_event *ev, kvs_buf *r,
+                      kvs_buf *t)
+{
+    srv_think_set_format(th, c->srv->chat.tmpl);
+    srv_think_feed(th, ev->text ? ev->text : "", ev->text_len, r, t);
+    if (ev->finish != SCHED_FINISH_NONE)
+        srv_think_end(th, r, t);
+}
+
 void srv__count_reasoning(srv_conn *c, const sched_event *ev)
 {
     if (ev->choice >= c->n_choices || ev->prompt || ev->finish == SCHED_FINISH_ERROR ||
@@ -134,10 +143,7 @@ void srv__count_reasoning(srv_conn *c, const sched_event *ev)
         return;
     srv_choice *ch = &c->choices[ev->choice];
     kvs_buf r = {0}, t = {0};
-    srv_think_set_format(&ch->count, c->srv->chat.tmpl);
-    srv_think_feed(&ch->count, ev->text ? ev->text : "", ev->text_len, &r, &t);
-    if (ev->finish != SCHED_FINISH_NONE)
-        srv_think_end(&ch->count, &r, &t);
+    srv__split_event(c, &ch->count, ev, &r, &t);
     if (r.len)
         ch->reasoning_tokens = ev->generated;
     kvs_buf_free(&r);
@@ -212,10 +218,7 @@ static bool stream_tools_auto(srv_conn *c, srv_choice *ch, const sched_event *ev
 {
     kvs_buf r = {0}, t = {0};
     if (split) {
-        srv_think_set_format(&ch->think, c->srv->chat.tmpl);
-        srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
-        if (ev->finish != SCHED_FINISH_NONE)
-            srv_think_end(&ch->think, &r, &t);
+        srv__split_event(c, &ch->think, ev, &r, &t);
     } else {
         kvs_buf_addn(&t, ev->text, ev->text_len);
     }
@@ -252,10 +255,7 @@ static bool stream_tools_auto(srv_conn *c, srv_choice *ch, const sched_event *ev
 static bool stream_split(srv_conn *c, srv_choice *ch, const sched_event *ev)
 {
     kvs_buf r = {0}, t = {0};
-    srv_think_set_format(&ch->think, c->srv->chat.tmpl);
-    srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
-    if (ev->finish != SCHED_FINISH_NONE)
-        srv_think_end(&ch->think, &r, &t);
+    srv__split_event(c, &ch->think, ev, &r, &t);
     bool ok = !r.oom && !t.oom;
     const sched_token_info *toks = ev->tokens;
     uint32_t nt = c->rx.n_top_logprobs >= 0 ? ev->n_tokens : 0;

@@ -724,10 +724,7 @@ static bool stream_live(srv_conn *c, srv_choice *ch, const sched_event *ev, bool
 {
     kvs_buf r = {0}, t = {0};
     if (split) {
-        srv_think_set_format(&ch->think, c->srv->chat.tmpl);
-        srv_think_feed(&ch->think, ev->text, ev->text_len, &r, &t);
-        if (ev->finish != SCHED_FINISH_NONE)
-            srv_think_end(&ch->think, &r, &t);
+        srv__split_event(c, &ch->think, ev, &r, &t);
     } else {
         kvs_buf_addn(&t, ev->text, ev->text_len);
     }
