@@ -494,7 +494,7 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
 {
     bool tied = m->output.data == m->tok_embd.data;
     /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 stacks of experts (+ a
-     * shared expert's 3). */
+     * shared expert's 3); an MoE model's dense layers (ernie4_5-moe) use the first 7 of theirs. */
     size_t X = m->hp.n_expert, SH = X && m->hp.n_ff_shexp ? 3 : 0;
     size_t per_layer = X ? 5 + 3 * X + SH : 7;
     size_t n_mats = (size_t)m->hp.n_layer * per_layer + 2;
@@ -524,6 +524,8 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
             size_t k = (i - 1) % per_layer;
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
             kern_mat *shared[3] = {&w->sh_gate, &w->sh_up, &w->sh_down};
+            if (!w->experts && k >= 7) /* a dense layer of an MoE model (ernie4_5-moe) */
+                continue;
             in_stack = w->experts && k >= 5 && k < 5 + 3 * X;
             e = in_stack ? (k - 5) % X : 0;
             /* stack by stack: every expert's gate, then every up, then every down */
