@@ -730,8 +730,14 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
             int64_t te = gguf_find_tensor(m->file, "token_embd.weight");
             if (m->output.data != m->tok_embd.data && te >= 0)
                 bytes -= (double)gguf_tensor_at(m->file, te)->n_bytes;
-            /* the experts' type, which an MXFP4_MOE or mixed file has apart from attention's */
-            int64_t ge = gguf_find_tensor(m->file, "blk.0.ffn_gate_exps.weight");
+            /* the experts' type, which an MXFP4_MOE or mixed file has apart from attention's:
+             * of the first layer with experts (ernie4_5-moe's first layers are dense) */
+            int64_t ge = -1;
+            for (uint32_t l = 0; l < hp->n_layer && ge < 0; l++) {
+                char name[64];
+                snprintf(name, sizeof name, "blk.%u.ffn_gate_exps.weight", l);
+                ge = gguf_find_tensor(m->file, name);
+            }
             log_info("experts: %u per layer of ffn %u, %s, %u used per token: %.2fM params "
                      "active, %.1f MiB of weights read per token",
                      hp->n_expert, hp->n_ff_exp,
