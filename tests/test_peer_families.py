@@ -58,6 +58,13 @@ FAMILIES = {
     # granitemoeshared (a granitemoe file): the same with a shared expert 1024 wide
     "granitemoe-shared": ["--experts", "4", "--experts-used", "2", "--weight-std", "0.06",
                           "--shared-expert-ffn", "1024"],
+    # ernie4_5 (ERNIE-4.5-0.3B's layout): llama's tensors, NORM pairs
+    "ernie4_5": [],
+    # ernie4_5-moe: layer 0 dense (leading_dense_block_count 1), experts on the other 11: 8 of 256,
+    # 2 used, picked on the probabilities plus exp_probs_b (std 0.1), weighed without it; a shared
+    # expert of 512
+    "ernie4_5-moe": ["--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
+                     "--shared-expert-ffn", "512", "--weight-std", "0.06"],
 }
 ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
         "granite-norope": "granite", "granitemoe-shared": "granitemoe"}  # rows whose name is not their --arch
@@ -69,7 +76,8 @@ ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
 # they are within 1e-4 and all 32 tokens equal. granite too: its logit_scale (3) flattens a
 # random model's distribution (top logprobs near -8.6, neighbours 0.001 apart), and on F16 files
 # two seeds parted at token 19 on such near-ties (0.0009 and 0.003), after 19 equal tokens.
-F32 = {"qwen3moe", "mixtral", "gpt-oss", "granite", "granitemoe", "granitemoe-shared"}
+F32 = {"qwen3moe", "mixtral", "gpt-oss", "granite", "granitemoe", "granitemoe-shared",
+       "ernie4_5-moe"}
 
 
 def main():
