@@ -62,7 +62,12 @@ FAMILIES = {
     "ernie4_5": [],
     # ernie4_5-moe: layer 0 dense (leading_dense_block_count 1), experts on the other 11: 8 of 256,
     # 2 used, picked on the probabilities plus exp_probs_b (std 0.1), weighed without it; a shared
-    # expert of 512
+    # expert of 512. By hand, kvserve without the selection bias, or with it in the weights too,
+    # parts at token 1, without the shared expert at token 0; with leading_dense_block_count 0
+    # too all 32 tokens agree. interleave_moe_layer_step above 1 (no ERNIE 4.5 release has one)
+    # is compared with test_models' reference only: llama.cpp (d32676d) loads experts on every
+    # layer from the lead ("tensor 'blk.2.ffn_gate_inp.weight' not found" for step 2, lead 2)
+    # while its graph runs the dense MLP on the layers the step leaves out.
     "ernie4_5-moe": ["--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
                      "--shared-expert-ffn", "512", "--weight-std", "0.06"],
 }
