@@ -1,9 +1,10 @@
 /* kvs-mkmodel: writes a random-weight GGUF of a named shape in the layout llama.cpp's converters
  * write for one family (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3,
- * granite, granitemoe, ernie4_5, ernie4_5-moe), for load, speed and model-support tests. Weights are a deterministic
- * function of (seed, tensor index, element index): N(0, 0.02^2) for matrices (a MoE router:
- * N(0, max(0.02, 1/sqrt(dim))^2)), exactly 1.0 for norms; tensor data is generated row-block by
- * row-block while the file is written, so multi-GB shapes need only a few MB of memory. */
+ * granite, granitemoe, ernie4_5, ernie4_5-moe), for load, speed and model-support tests. Weights
+ * are a deterministic function of (seed, tensor index, element index): N(0, 0.02^2) for matrices (a
+ * MoE router: N(0, max(0.02, 1/sqrt(dim))^2)), exactly 1.0 for norms; tensor data is generated
+ * row-block by row-block while the file is written, so multi-GB shapes need only a few MB of
+ * memory. */
 #include "common/status.h"
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
