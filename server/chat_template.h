@@ -27,6 +27,7 @@ enum srv_chat_tmpl {
     SRV_CHAT_SMOLLM3, /* SmolLM3: ChatML under a dated metadata system turn, /think, /no_think */
     SRV_CHAT_GRANITE, /* Granite 3.1: <|start_of_role|>..., a default system message dated today */
     SRV_CHAT_GRANITE30, /* Granite 3.0: the same turns, no default system message */
+    SRV_CHAT_ERNIE45,   /* ERNIE 4.5: "User: ...\n", "Assistant: ...<|end_of_sentence|>" */
     SRV_CHAT_COUNT
 };
 
@@ -120,7 +121,13 @@ int srv_chat_has_thinking(enum srv_chat_tmpl t);
  *
  * GRANITE30 (Granite 3.0's official template): the tools first (an available_tools turn), then
  * system, user and assistant messages as turns of their role (a tool result, role tool, is not
- * written: the template knows only its own tool_response role), and the generation prompt. */
+ * written: the template knows only its own tool_response role), and the generation prompt.
+ *
+ * ERNIE45 (ERNIE 4.5's official template): <|begin_of_sentence|> (its cls_token, not the
+ * vocabulary's BOS <s>, so written here), then each system message's content and a newline,
+ * each user turn as "User: " content and a newline, each assistant turn as "Assistant: " content
+ * and <|end_of_sentence|>, all untrimmed; other roles (a tool result) are not written, as the
+ * template writes none; the generation prompt "Assistant: ". */
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
                     const srv_chat_opts *opts, char **out);
 

@@ -1,7 +1,7 @@
 """meson test 'peer_templates': the chat templates of the families kvserve detects, checked
 against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
 official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2,
-gpt-oss, SmolLM3, Granite 3.0 and 3.1);
+gpt-oss, SmolLM3, Granite 3.0 and 3.1, ERNIE 4.5);
 a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
 /apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
 llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
@@ -34,7 +34,8 @@ TEMPLATES = os.path.join(HERE, "data", "chat_templates")
 # name -> the family srv_chat_detect must pick (kvserve logs it at start)
 FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
             "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony",
-            "smollm3": "smollm3", "granite3.1": "granite", "granite3.0": "granite3.0"}
+            "smollm3": "smollm3", "granite3.1": "granite", "granite3.0": "granite3.0",
+            "ernie4.5": "ernie4.5"}
 # the chat_template_kwargs each family's template reads (any other is refused by kvserve)
 SWITCHES = {"qwen3": {"enable_thinking"}, "harmony": {"reasoning_effort", "model_identity"},
             "smollm3": {"enable_thinking"}}
