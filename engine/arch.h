@@ -28,6 +28,10 @@ struct engine_arch {
     /* Whether attention.key_length / value_length may differ from embedding_length /
      * head_count (the Q and output projections are then n_head * head_dim wide). */
     bool free_head_dim;
+    /* With free_head_dim: key_length / value_length may be absent, the heads then
+     * embedding_length / head_count wide (ernie, as llama.cpp's default); else they are
+     * required. */
+    bool head_dim_default;
     /* Whether a file may hold a mixture-of-experts MLP (<arch>.expert_count > 0, moe.c) in
      * place of the dense one; other families refuse such files at load. */
     bool moe;

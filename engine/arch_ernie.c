@@ -1,6 +1,7 @@
 /* Baidu's ERNIE 4.5 text models (general.architecture ernie4_5: ERNIE-4.5-0.3B; ernie4_5-moe:
  * ERNIE-4.5-21B-A3B and 300B-A47B): the llama block (NORM RoPE turning whole heads, as llama.cpp
- * has it) with optional Q/K/V biases. In ernie4_5-moe layer l runs a mixture of experts when
+ * has it) with optional Q/K/V biases, heads of attention.key_length values where the file says
+ * (else embedding_length / head_count). In ernie4_5-moe layer l runs a mixture of experts when
  * l >= leading_dense_block_count and (l + 1) % interleave_moe_layer_step == 0, else the dense
  * SwiGLU MLP of feed_forward_length. Its experts (expert_feed_forward_length wide) are picked by
  * softmax probability plus a per-expert selection bias (exp_probs_b.bias, optional), weighed by
@@ -65,6 +66,12 @@ static int load_ernie_hparams(engine_model *m, char *err, size_t err_len)
                               "%s.expert_shared_count = %u with "
                               "expert_shared_feed_forward_length = %u",
                               hp->arch, n_shared, hp->n_ff_shexp);
+    /* the shared expert's output waits in the attention buffer, n_head * head_dim wide */
+    if (hp->n_ff_shexp && (uint64_t)hp->n_head * hp->head_dim < hp->n_embd)
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "%s: a shared expert with heads narrower than embedding_length / "
+                              "head_count (%u heads of %u) is not supported",
+                              hp->arch, hp->n_head, hp->head_dim);
     m->moe_step = step;
     m->moe_lead = lead;
     m->moe_dense = lead > 0 || step > 1;
@@ -178,7 +185,7 @@ static void ernie_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uin
     kern_add(c->x, c->xn, T * E);
 
     engine__norm_rows(c, c->xn, c->x, w->ffn_norm, T, E);
-    /* the shared expert first, into att (free now, n_embd wide: ernie's heads fill the width),
+    /* the shared expert first, into att (free now, at least n_embd wide: load_ernie_hparams),
      * since the routed experts' sum replaces xn; then moe_out + shexp, as llama.cpp */
     const kern_mat *gate_up[2] = {&w->sh_gate, &w->sh_up};
     float *gate_up_out[2] = {c->gate, c->up};
@@ -189,9 +196,13 @@ static void ernie_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uin
     kern_add(c->x, c->xn, T * E);
 }
 
+/* Heads of attention.key_length values where the file says (ERNIE's converter writes a config's
+ * head_dim), else embedding_length / head_count, as llama.cpp reads them. */
 const engine_arch engine__arch_ernie4_5 = {
     .name = "ernie4_5",
     .rope_type = ENGINE_ROPE_NORM,
+    .free_head_dim = true,
+    .head_dim_default = true,
     .load_hparams = load_ernie_hparams,
     .load_layer = load_ernie_layer,
     .layer = ernie_layer,
@@ -200,6 +211,8 @@ const engine_arch engine__arch_ernie4_5 = {
 const engine_arch engine__arch_ernie4_5_moe = {
     .name = "ernie4_5-moe",
     .rope_type = ENGINE_ROPE_NORM,
+    .free_head_dim = true,
+    .head_dim_default = true,
     .moe = true,
     .load_hparams = load_ernie_hparams,
     .load_layer = load_ernie_layer,

@@ -367,7 +367,10 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     if ((rc = get_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err,
                            err_len)))
         return rc;
-    if ((!m->arch->free_head_dim && hp->n_embd % hp->n_head) || hp->n_head % hp->n_head_kv)
+    bool head_from_width =
+        !m->arch->free_head_dim ||
+        (m->arch->head_dim_default && !engine__arch_has(m, "attention.key_length"));
+    if ((head_from_width && hp->n_embd % hp->n_head) || hp->n_head % hp->n_head_kv)
         return status_set_err(err, err_len, KVS_EFORMAT,
                               "embedding_length %u, head_count %u, head_count_kv %u do not divide",
                               hp->n_embd, hp->n_head, hp->n_head_kv);
@@ -377,8 +380,8 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     static const char *const head_keys[] = {"attention.key_length", "attention.value_length"};
     uint32_t lens[2] = {hp->head_dim, hp->head_dim};
     for (size_t i = 0; i < 2; i++) {
-        if ((rc = get_arch_u32(m, head_keys[i], &lens[i], m->arch->free_head_dim, 1, MAX_EMBD, err,
-                               err_len)))
+        bool required = m->arch->free_head_dim && !m->arch->head_dim_default;
+        if ((rc = get_arch_u32(m, head_keys[i], &lens[i], required, 1, MAX_EMBD, err, err_len)))
             return rc;
         if (!m->arch->free_head_dim && lens[i] != hp->head_dim)
             return status_set_err(err, err_len, KVS_EUNSUPPORTED,

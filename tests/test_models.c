@@ -1082,6 +1082,17 @@ static const family_case FAMILY_CASES[] = {
      * lead of 1, then every second layer), 1, 3, 5 experts (8 of 96, 2 used, picked on the
      * probabilities plus exp_probs_b) beside a shared expert of 80 */
     {"test_ernie4_5_f32", "ernie4_5-f32.gguf", "ernie4_5", "F32", {"--arch", "ernie4_5"}},
+    /* heads of attention.key_length (32: Q 128 wide on a width of 64) */
+    {"test_ernie4_5_head_dim_f32",
+     "ernie4_5-hd-f32.gguf",
+     "ernie4_5",
+     "F32",
+     {"--arch", "ernie4_5", "--head-dim", "32"}},
+    {"test_ernie4_5_moe_head_dim_f32",
+     "ernie4_5-moe-hd-f32.gguf",
+     "ernie4_5-moe",
+     "F32",
+     {"--arch", "ernie4_5-moe", "--head-dim", "32", "--shared-expert-ffn", "80", "--seed", "2"}},
     {"test_ernie4_5_q8_0",
      "ernie4_5-q8.gguf",
      "ernie4_5",
@@ -2072,6 +2083,11 @@ static void test_refuse_family_files(void **st)
                         "not supported");
     edit eob = {.add_vec = "blk.1.attn_output.bias"};
     expect_refusal_from(emoe, &eob, KVS_EUNSUPPORTED, "blk.1.attn_output.bias", "not supported");
+    const char *narrow[] = {
+        "--arch", "ernie4_5-moe", "--head-dim", "8", "--shared-expert-ffn", "32", NULL};
+    edit none2 = {0};
+    expect_refusal_from(narrow, &none2, KVS_EUNSUPPORTED, "a shared expert with heads narrower",
+                        "4 heads of 8");
     edit efe = {.drop_key = "ernie4_5-moe.expert_feed_forward_length"};
     expect_refusal_from(emoe, &efe, KVS_ENOKEY,
                         "missing metadata key ernie4_5-moe.expert_feed_forward_length", NULL);

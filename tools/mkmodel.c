@@ -301,7 +301,8 @@ static void usage(FILE *fp)
             "            exp_probs_b.bias of std 0.1 each, --shared-expert-ffn).\n"
             "            gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n"
-            "  --head-dim  attention.key_length/value_length (qwen3, qwen3moe, gemma;\n"
+            "  --head-dim  attention.key_length/value_length (qwen3, qwen3moe, gemma,\n"
+            "            gpt-oss, ernie4_5, ernie4_5-moe;\n"
             "            default dim / heads)\n"
             "  --experts N  qwen3moe, gpt-oss, granitemoe: expert_count (default the shape's,\n"
             "            else 8); llama: Mixtral's layout, N experts of feed_forward_length\n"
@@ -590,8 +591,9 @@ static int parse_args(int argc, char **argv, opts *o)
                 "kvs-mkmodel: --dense-lead, --moe-step and --no-probs-bias are for ernie4_5-moe\n");
         return -1;
     }
-    if (o->head_dim && strcmp(o->arch, "qwen3") && (!moe || ernie_moe) && !gemma) {
-        fprintf(stderr, "kvs-mkmodel: --head-dim is for qwen3, qwen3moe, gemma and gpt-oss only\n");
+    if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma && strcmp(o->arch, "ernie4_5")) {
+        fprintf(stderr,
+                "kvs-mkmodel: --head-dim is for qwen3, qwen3moe, gemma, gpt-oss and ernie\n");
         return -1;
     }
     if ((o->n_expert || o->n_expert_used || o->expert_ffn) && !moe && !mixtral) {
@@ -783,7 +785,9 @@ static int build(gen *g, const opts *o)
         (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), o->rope_base)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), head_dim)))
         return rc;
-    if ((qwen3 || gemma || gpt_oss) &&
+    /* ernie: only with --head-dim, as its converter writes a config's head_dim */
+    bool ernie = !strncmp(o->arch, "ernie4_5", 8);
+    if ((qwen3 || gemma || gpt_oss || (ernie && o->head_dim)) &&
         ((rc = gguf_writer_add_u32(w, ARCH_KEY("attention.key_length"), head_dim)) ||
          (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.value_length"), head_dim))))
         return rc;
