@@ -28,6 +28,10 @@ struct engine_arch {
     /* Whether attention.key_length / value_length may differ from embedding_length /
      * head_count (the Q and output projections are then n_head * head_dim wide). */
     bool free_head_dim;
+    /* With free_head_dim: key_length / value_length may be absent, the heads then
+     * embedding_length / head_count wide (ernie, as llama.cpp's default); else they are
+     * required. */
+    bool head_dim_default;
     /* Whether a file may hold a mixture-of-experts MLP (<arch>.expert_count > 0, moe.c) in
      * place of the dense one; other families refuse such files at load. */
     bool moe;
@@ -45,7 +49,8 @@ struct engine_arch {
 /* The registry's rows, one per family file. */
 extern const engine_arch engine__arch_llama, engine__arch_qwen2, engine__arch_qwen3,
     engine__arch_qwen3moe, engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3,
-    engine__arch_gpt_oss, engine__arch_smollm3, engine__arch_granite, engine__arch_granitemoe;
+    engine__arch_gpt_oss, engine__arch_smollm3, engine__arch_granite, engine__arch_granitemoe,
+    engine__arch_ernie4_5, engine__arch_ernie4_5_moe;
 
 /* The family named name[0..len), or NULL. */
 const engine_arch *engine__arch_find(const char *name, size_t len);

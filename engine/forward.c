@@ -25,6 +25,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
            KV = (size_t)hp->n_head_kv * hp->head_dim,
            F = hp->n_expert ? hp->n_ff_exp : hp->n_ff; /* an MoE model has no dense MLP */
     F = F > hp->n_ff_shexp ? F : hp->n_ff_shexp;       /* and a shared expert may be wider */
+    F = m->moe_dense && hp->n_ff > F ? hp->n_ff : F;   /* as may its dense layers' (ernie) */
     c->m = m;
     c->max_tokens = max_tokens;
     c->n_threads = n_threads ? n_threads : 1;

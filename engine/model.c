@@ -367,7 +367,10 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     if ((rc = get_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err,
                            err_len)))
         return rc;
-    if ((!m->arch->free_head_dim && hp->n_embd % hp->n_head) || hp->n_head % hp->n_head_kv)
+    bool head_from_width =
+        !m->arch->free_head_dim ||
+        (m->arch->head_dim_default && !engine__arch_has(m, "attention.key_length"));
+    if ((head_from_width && hp->n_embd % hp->n_head) || hp->n_head % hp->n_head_kv)
         return status_set_err(err, err_len, KVS_EFORMAT,
                               "embedding_length %u, head_count %u, head_count_kv %u do not divide",
                               hp->n_embd, hp->n_head, hp->n_head_kv);
@@ -377,8 +380,8 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
     static const char *const head_keys[] = {"attention.key_length", "attention.value_length"};
     uint32_t lens[2] = {hp->head_dim, hp->head_dim};
     for (size_t i = 0; i < 2; i++) {
-        if ((rc = get_arch_u32(m, head_keys[i], &lens[i], m->arch->free_head_dim, 1, MAX_EMBD, err,
-                               err_len)))
+        bool required = m->arch->free_head_dim && !m->arch->head_dim_default;
+        if ((rc = get_arch_u32(m, head_keys[i], &lens[i], required, 1, MAX_EMBD, err, err_len)))
             return rc;
         if (!m->arch->free_head_dim && lens[i] != hp->head_dim)
             return status_set_err(err, err_len, KVS_EUNSUPPORTED,
@@ -494,7 +497,7 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
 {
     bool tied = m->output.data == m->tok_embd.data;
     /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 stacks of experts (+ a
-     * shared expert's 3). */
+     * shared expert's 3); an MoE model's dense layers (ernie4_5-moe) use the first 7 of theirs. */
     size_t X = m->hp.n_expert, SH = X && m->hp.n_ff_shexp ? 3 : 0;
     size_t per_layer = X ? 5 + 3 * X + SH : 7;
     size_t n_mats = (size_t)m->hp.n_layer * per_layer + 2;
@@ -524,6 +527,8 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
             size_t k = (i - 1) % per_layer;
             kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
             kern_mat *shared[3] = {&w->sh_gate, &w->sh_up, &w->sh_down};
+            if (!w->experts && k >= 7) /* a dense layer of an MoE model (ernie4_5-moe) */
+                continue;
             in_stack = w->experts && k >= 5 && k < 5 + 3 * X;
             e = in_stack ? (k - 5) % X : 0;
             /* stack by stack: every expert's gate, then every up, then every down */
@@ -728,8 +733,14 @@ int engine_model_load(const char *path, const engine_load_params *p, engine_mode
             int64_t te = gguf_find_tensor(m->file, "token_embd.weight");
             if (m->output.data != m->tok_embd.data && te >= 0)
                 bytes -= (double)gguf_tensor_at(m->file, te)->n_bytes;
-            /* the experts' type, which an MXFP4_MOE or mixed file has apart from attention's */
-            int64_t ge = gguf_find_tensor(m->file, "blk.0.ffn_gate_exps.weight");
+            /* the experts' type, which an MXFP4_MOE or mixed file has apart from attention's:
+             * of the first layer with experts (ernie4_5-moe's first layers are dense) */
+            int64_t ge = -1;
+            for (uint32_t l = 0; l < hp->n_layer && ge < 0; l++) {
+                char name[64];
+                snprintf(name, sizeof name, "blk.%u.ffn_gate_exps.weight", l);
+                ge = gguf_find_tensor(m->file, name);
+            }
             log_info("experts: %u per layer of ffn %u, %s, %u used per token: %.2fM params "
                      "active, %.1f MiB of weights read per token",
                      hp->n_expert, hp->n_ff_exp,

@@ -37,13 +37,15 @@ typedef struct layer_weights {
     kern_mat w_up;               /* (n_ff, n_embd) */
     kern_mat w_down;             /* (n_embd, n_ff) */
     kern_mat router;             /* (n_expert, n_embd) of an MoE layer (ffn_gate_inp), else empty */
-    kern_mat *experts;       /* [n_expert][3] of an MoE layer: gate, up (n_ff_exp, n_embd) and down
-                                (n_embd, n_ff_exp) of each expert, in place of w_gate..; else NULL */
-    const float *router_b;   /* (n_expert) or NULL: the router's bias (gpt-oss) */
-    const float *exp_b[3];   /* (n_expert, n_ff_exp) gate, up and (n_expert, n_embd) down biases
-                                of the experts, or NULL (gpt-oss) */
-    kern_mat sh_gate, sh_up; /* (n_ff_shexp, n_embd) a shared expert's (granitemoeshared) */
-    kern_mat sh_down;        /* (n_embd, n_ff_shexp); all three empty without one */
+    kern_mat *experts;        /* [n_expert][3] of an MoE layer: gate, up (n_ff_exp, n_embd) and down
+                                 (n_embd, n_ff_exp) of each expert, in place of w_gate..; else NULL */
+    const float *router_b;    /* (n_expert) or NULL: the router's bias (gpt-oss) */
+    const float *exp_probs_b; /* (n_expert) or NULL: added to the probabilities to pick the
+                                 experts, not to their weights (ernie4_5-moe's exp_probs_b) */
+    const float *exp_b[3];    /* (n_expert, n_ff_exp) gate, up and (n_expert, n_embd) down biases
+                                 of the experts, or NULL (gpt-oss) */
+    kern_mat sh_gate, sh_up;  /* (n_ff_shexp, n_embd) a shared expert's (granitemoeshared) */
+    kern_mat sh_down;         /* (n_embd, n_ff_shexp); all three empty without one */
     const float *post_ffn_norm; /* (n_embd) or NULL: norm of the MLP output (gemma) */
     uint32_t window;            /* attends to the last `window` positions only; 0: all */
     uint32_t rope_set;          /* index into engine_model.rope */
@@ -82,6 +84,10 @@ struct engine_model {
                                (granite); 0: added as it is */
     bool no_rope;           /* granite's rope.scaling.finetuned false: every layer's no_rope
                                (positions enter through the causal mask only) */
+    bool moe_dense;         /* an MoE model with dense MLP layers as well (ernie4_5-moe's leading
+                               and interleaved ones): w_gate.. n_ff wide beside the experts */
+    uint32_t moe_lead;      /* ernie4_5-moe: layers l >= moe_lead with (l + 1) % moe_step == 0 */
+    uint32_t moe_step;      /* run experts, the others the dense MLP */
     engine_pooling pooling; /* <arch>.pooling_type, NONE when absent or another value */
     uint32_t weight_type;
     uint64_t n_params;
@@ -134,8 +140,9 @@ struct engine_ctx {
     float *k;              /* (max_tokens, kv_dim) */
     float *v;              /* (max_tokens, kv_dim) */
     float *att;            /* (max_tokens, n_head * head_dim) attention output before wo */
-    float *gate;           /* (max_tokens, n_ff, or an MoE model's n_ff_exp) */
-    float *up;             /* (max_tokens, n_ff, or an MoE model's n_ff_exp) */
+    float *gate;           /* (max_tokens, n_ff, or an MoE model's n_ff_exp; the widest of the
+                              layers' MLPs) */
+    float *up;             /* (max_tokens, as gate) */
     engine_moe_buf *moe;   /* an MoE model's routing and expert buffers (moe.c), else NULL */
     float *scores;         /* (n_threads, ATTN_SCORES(n_head)) each thread's attention weights */
     float *attn_part;      /* (ATTN_WAVE, n_head, head_dim + 2) a wave's span results */

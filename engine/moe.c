@@ -5,6 +5,8 @@
  * are summed. As llama.cpp's build_moe_ffn with softmax gating and normalized weights: the
  * experts in descending order of probability (ties: the lower index), each output times its
  * weight, then summed from the first in that order, so the sum is what llama.cpp adds up.
+ * ernie4_5-moe picks its experts on the probabilities plus a per-expert bias (exp_probs_b), the
+ * weights still the unbiased probabilities renormalized.
  * gpt-oss (arch_gpt_oss.c) routes and activates its own way (engine_arch.moe_route, moe_act):
  * the router's bias added, the k highest logits weighed by a softmax over them, the experts'
  * biases added, its clamped SwiGLU.
@@ -28,6 +30,7 @@
 
 struct engine_moe_buf {
     float *logits;   /* (max_tokens, n_expert) the router's scores, then probabilities */
+    float *scratch;  /* (n_expert) a row's probabilities plus a selection bias */
     int32_t *sel;    /* (max_tokens, n_used) each row's experts, most probable first */
     float *weight;   /* (max_tokens, n_used) their weights */
     uint32_t *first; /* (n_expert + 1) where each expert's rows begin in order */
@@ -50,6 +53,7 @@ engine_moe_buf *engine__moe_buf_create(const engine_model *m, uint32_t max_token
     if (!b)
         return NULL;
     b->logits = malloc(T * X * sizeof *b->logits);
+    b->scratch = malloc(X * sizeof *b->scratch);
     b->sel = malloc(T * K * sizeof *b->sel);
     b->weight = malloc(T * K * sizeof *b->weight);
     b->first = malloc((X + 1) * sizeof *b->first);
@@ -60,8 +64,8 @@ engine_moe_buf *engine__moe_buf_create(const engine_model *m, uint32_t max_token
     b->gate = malloc(T * K * F * sizeof *b->gate);
     b->up = malloc(T * K * F * sizeof *b->up);
     b->y = malloc(T * K * E * sizeof *b->y);
-    bool ok = b->logits && b->sel && b->weight && b->first && b->order && b->act && b->item0 &&
-              b->in && b->gate && b->up && b->y;
+    bool ok = b->logits && b->scratch && b->sel && b->weight && b->first && b->order && b->act &&
+              b->item0 && b->in && b->gate && b->up && b->y;
     /* bytes per input of either format < 40 / 32 (kern_qx_row_bytes), as forward.c's */
     for (int f = 0; f < 2 && m->n_qdot; f++)
         ok = ok && (b->xq[f] = malloc(T * K * (max_in / 32 + 1) * 40));
@@ -77,6 +81,7 @@ void engine__moe_buf_destroy(engine_moe_buf *b)
     if (!b)
         return;
     free(b->logits);
+    free(b->scratch);
     free(b->sel);
     free(b->weight);
     free(b->first);
@@ -147,8 +152,12 @@ static void top_k(const float *p, uint32_t n, uint32_t k, int32_t *sel, float *v
 
 /* Row t's experts and weights from its router scores p (n_expert, overwritten with the
  * probabilities): softmax, the k largest (repeated arg-max, so ties go to the lower index), and
- * their probabilities over their sum (at least 2^-14, as llama.cpp clamps it). */
-static void route_row(float *p, uint32_t n, uint32_t k, int32_t *sel, float *weight)
+ * their probabilities over their sum (at least 2^-14, as llama.cpp clamps it). With a selection
+ * bias sb (n_expert; ernie4_5-moe's exp_probs_b, NULL: none) the k largest of p + sb are picked,
+ * their weights still their unbiased probabilities (llama.cpp's build_moe_ffn with probs_b);
+ * scratch (n_expert) holds the biased ones. */
+static void route_row(float *p, uint32_t n, uint32_t k, const float *sb, float *scratch,
+                      int32_t *sel, float *weight)
 {
     float mx = p[0];
     for (uint32_t e = 1; e < n; e++)
@@ -161,7 +170,15 @@ static void route_row(float *p, uint32_t n, uint32_t k, int32_t *sel, float *wei
     float inv = (float)(1.0 / sum);
     for (uint32_t e = 0; e < n; e++)
         p[e] *= inv;
-    top_k(p, n, k, sel, weight);
+    if (sb) {
+        for (uint32_t e = 0; e < n; e++)
+            scratch[e] = p[e] + sb[e];
+        top_k(scratch, n, k, sel, weight);
+        for (uint32_t j = 0; j < k; j++)
+            weight[j] = p[sel[j]];
+    } else {
+        top_k(p, n, k, sel, weight);
+    }
     float wsum = 0;
     for (uint32_t j = 0; j < k; j++)
         wsum += weight[j];
@@ -311,7 +328,8 @@ void engine__moe_ffn(engine_ctx *c, const layer_weights *w, float *xn, size_t ro
         if (c->m->arch->moe_route == ENGINE_MOE_TOPK_SOFTMAX)
             route_row_topk(p, (uint32_t)X, (uint32_t)K, b->sel + t * K, b->weight + t * K);
         else
-            route_row(p, (uint32_t)X, (uint32_t)K, b->sel + t * K, b->weight + t * K);
+            route_row(p, (uint32_t)X, (uint32_t)K, w->exp_probs_b, b->scratch, b->sel + t * K,
+                      b->weight + t * K);
         for (size_t j = 0; j < K; j++)
             b->first[b->sel[t * K + j] + 1]++;
     }

@@ -12,9 +12,9 @@
 #include "common/status.h"
 
 static const char *k_names[SRV_CHAT_COUNT] = {
-    "plain",   "chatml",  "llama2",     "llama3",     "zephyr",    "mistral",
-    "gemma",   "phi3",    "qwen3",      "llama3.1",   "llama3.2",  "harmony",
-    "smollm3", "granite", "granite3.0", "granite3.2", "granite3.3"};
+    "plain",   "chatml",  "llama2",     "llama3",     "zephyr",     "mistral",
+    "gemma",   "phi3",    "qwen3",      "llama3.1",   "llama3.2",   "harmony",
+    "smollm3", "granite", "granite3.0", "granite3.2", "granite3.3", "ernie4.5"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -47,6 +47,9 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
             return SRV_CHAT_GRANITE33;
         return HAS("Here is my thought process:") ? SRV_CHAT_GRANITE32 : SRV_CHAT_GRANITE;
     }
+    /* ERNIE 4.5: its cls_token opens, its sep_token closes an assistant turn */
+    if (HAS("<|begin_of_sentence|>") && HAS("<|end_of_sentence|>") && HAS("Assistant: "))
+        return SRV_CHAT_ERNIE45;
     /* Order matters as in llama.cpp: ChatML markers first, then [INST] (Mistral's official
      * templates put the system message inside the first [INST] and lack <<SYS>>). */
     /* SmolLM3's ChatML opens with a metadata system turn naming its reasoning mode (its template
@@ -716,6 +719,18 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
     case SRV_CHAT_GRANITE32:
     case SRV_CHAT_GRANITE33: render_granite(&b, t, m, n, opts); break;
     case SRV_CHAT_GRANITE30: render_granite30(&b, m, n, opts); break;
+    case SRV_CHAT_ERNIE45:
+        kvs_buf_add(&b, "<|begin_of_sentence|>");
+        for (size_t i = 0; i < n; i++) {
+            bool user = !strcmp(m[i].role, "user"), asst = !strcmp(m[i].role, "assistant");
+            if (!user && !asst && strcmp(m[i].role, "system"))
+                continue;
+            kvs_buf_add(&b, user ? "User: " : asst ? "Assistant: " : "");
+            kvs_buf_add(&b, m[i].content);
+            kvs_buf_add(&b, asst ? "<|end_of_sentence|>" : "\n");
+        }
+        kvs_buf_add(&b, "Assistant: ");
+        break;
     case SRV_CHAT_COUNT: break;
     case SRV_CHAT_ZEPHYR:
         for (size_t i = 0; i < n; i++) {

@@ -29,6 +29,7 @@ enum srv_chat_tmpl {
     SRV_CHAT_GRANITE30, /* Granite 3.0: the same turns, no default system message */
     SRV_CHAT_GRANITE32, /* Granite 3.2: 3.1's with the thinking switch (a reasoning system text) */
     SRV_CHAT_GRANITE33, /* Granite 3.3: 3.2's, tools in an available_tools turn, <think> */
+    SRV_CHAT_ERNIE45,   /* ERNIE 4.5: "User: ...\n", "Assistant: ...<|end_of_sentence|>" */
     SRV_CHAT_COUNT
 };
 
@@ -138,7 +139,13 @@ int srv_chat_has_thinking(enum srv_chat_tmpl t);
  *
  * GRANITE30 (Granite 3.0's official template): the tools first (an available_tools turn), then
  * system, user and assistant messages as turns of their role (a tool result, role tool, is not
- * written: the template knows only its own tool_response role), and the generation prompt. */
+ * written: the template knows only its own tool_response role), and the generation prompt.
+ *
+ * ERNIE45 (ERNIE 4.5's official template): <|begin_of_sentence|> (its cls_token, not the
+ * vocabulary's BOS <s>, so written here), then each system message's content and a newline,
+ * each user turn as "User: " content and a newline, each assistant turn as "Assistant: " content
+ * and <|end_of_sentence|>, all untrimmed; other roles (a tool result) are not written, as the
+ * template writes none; the generation prompt "Assistant: ". */
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
                     const srv_chat_opts *opts, char **out);
 

@@ -101,6 +101,11 @@ static void test_detect(void **state)
                      SRV_CHAT_GRANITE33);
     assert_int_equal(srv_chat_from_name("granite3.2"), SRV_CHAT_GRANITE32);
     assert_int_equal(srv_chat_from_name("granite3.3"), SRV_CHAT_GRANITE33);
+    /* ERNIE 4.5: its cls_token and sep_token around "User: " / "Assistant: " turns */
+    assert_int_equal(srv_chat_detect("{%- set cls_token = \"<|begin_of_sentence|>\" -%}{%- set "
+                                     "sep_token = \"<|end_of_sentence|>\" -%}{{- \"Assistant: \" "
+                                     "+ message[\"content\"] + sep_token -}}"),
+                     SRV_CHAT_ERNIE45);
     assert_int_equal(srv_chat_detect("{{ message['content'] }}"), SRV_CHAT_PLAIN);
 }
 
@@ -437,6 +442,19 @@ static void test_granite(void **state)
     free(got);
 }
 
+/* ERNIE 4.5 (its official template, checked against llama-server's Jinja in peer_templates): its
+ * cls_token first, system text and user turns each ending in a newline, assistant turns in its
+ * sep_token, contents untrimmed; a tool result not written (the template writes no other role) */
+static void test_ernie45(void **state)
+{
+    (void)state;
+    check(SRV_CHAT_ERNIE45, k_conv, 4,
+          "<|begin_of_sentence|>Be brief.\nUser: Hi\nAssistant: Hello!<|end_of_sentence|>"
+          "User: Bye\nAssistant: ");
+    const srv_chat_msg tool[] = {{"user", " Hi "}, {"tool", "5"}};
+    check(SRV_CHAT_ERNIE45, tool, 2, "<|begin_of_sentence|>User:  Hi \nAssistant: ");
+}
+
 #define HARMONY_SYSTEM(effort, tools)                                                              \
     "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"       \
     "Knowledge cutoff: 2024-06\nCurrent date: 2026-12-01\n\nReasoning: " effort "\n\n# Valid "     \
@@ -529,7 +547,7 @@ int main(void)
         cmocka_unit_test(test_phi3),           cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_llama31),        cmocka_unit_test(test_gemma_trailing_system),
         cmocka_unit_test(test_harmony),        cmocka_unit_test(test_smollm3),
-        cmocka_unit_test(test_granite),
+        cmocka_unit_test(test_granite),        cmocka_unit_test(test_ernie45),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

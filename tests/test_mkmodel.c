@@ -481,6 +481,71 @@ static void test_family_layouts(void **state)
     assert_int_equal(access(path, F_OK), -1);
 }
 
+/* ernie4_5-moe as llama.cpp's loader and its converter have it: the placement keys, experts on
+ * the layers they leave (here a lead of 1 and a step of 2 on seven layers: 1, 3, 5), an F32
+ * selection bias exp_probs_b.bias [experts] of std 0.1 beside each router, a shared expert with
+ * expert_shared_count 1; the dense layers llama's MLP. The options are ernie4_5-moe's alone. */
+static void test_ernie_moe_layout(void **state)
+{
+    (void)state;
+    char path[512];
+    out_path(path, sizeof path, "ernie.gguf");
+    const char *args[] = {
+        "--shape", "swa7",         "--arch", "ernie4_5-moe",        "--moe-step", "2",  "--experts",
+        "8",       "--expert-ffn", "96",     "--shared-expert-ffn", "32",         "-o", path,
+        NULL};
+    assert_int_equal(run_tool(args), 0);
+    gguf_file *f = NULL;
+    assert_int_equal(gguf_open(path, &f, NULL, 0), 0);
+    assert_int_equal(u32(f, "ernie4_5-moe.interleave_moe_layer_step"), 2);
+    assert_int_equal(u32(f, "ernie4_5-moe.leading_dense_block_count"), 1);
+    assert_int_equal(u32(f, "ernie4_5-moe.expert_count"), 8);
+    assert_int_equal(u32(f, "ernie4_5-moe.expert_feed_forward_length"), 96);
+    assert_int_equal(u32(f, "ernie4_5-moe.expert_shared_count"), 1);
+    assert_int_equal(u32(f, "ernie4_5-moe.expert_shared_feed_forward_length"), 32);
+    for (uint32_t l = 0; l < 7; l++) {
+        bool moe = l % 2 == 1;
+        char name[64];
+        snprintf(name, sizeof name, "blk.%u.ffn_gate.weight", l);
+        assert_int_equal(gguf_find_tensor(f, name) >= 0, !moe);
+        snprintf(name, sizeof name, "blk.%u.ffn_up_exps.weight", l);
+        assert_int_equal(gguf_find_tensor(f, name) >= 0, moe);
+        snprintf(name, sizeof name, "blk.%u.ffn_down_shexp.weight", l);
+        assert_int_equal(gguf_find_tensor(f, name) >= 0, moe);
+        snprintf(name, sizeof name, "blk.%u.exp_probs_b.bias", l);
+        assert_int_equal(gguf_find_tensor(f, name) >= 0, moe);
+    }
+    const gguf_tensor *b = tensor(f, "blk.3.exp_probs_b.bias");
+    assert_int_equal(b->type, GGML_TYPE_F32);
+    assert_int_equal(b->n_dims, 1);
+    assert_int_equal(b->dims[0], 8);
+    double sq = 0;
+    for (uint64_t i = 0; i < b->n_elements; i++)
+        sq += (double)get_f32(b, i) * get_f32(b, i);
+    assert_true(sq > 0); /* not the 1.0 of a norm */
+    assert_true(get_f32(b, 0) != get_f32(b, 1));
+    gguf_close(f);
+    const char *nob[] = {"--shape",         "tiny", "--arch", "ernie4_5-moe",
+                         "--no-probs-bias", "-o",   path,     NULL};
+    assert_int_equal(run_tool(nob), 0);
+    assert_int_equal(gguf_open(path, &f, NULL, 0), 0);
+    assert_true(gguf_find_tensor(f, "blk.1.exp_probs_b.bias") < 0);
+    assert_true(gguf_find_tensor(f, "blk.1.ffn_gate_inp.weight") >= 0);
+    assert_true(gguf_find_tensor(f, "blk.0.ffn_gate.weight") >= 0);
+    assert_int_equal(u32(f, "ernie4_5-moe.expert_shared_count"), 0);
+    gguf_close(f);
+    unlink(path);
+    const char *step[] = {"--shape", "tiny", "--arch", "qwen3moe", "--moe-step",
+                          "2",       "-o",   path,     NULL};
+    assert_int_equal(run_tool(step), 2);
+    const char *step0[] = {"--shape", "tiny", "--arch", "ernie4_5-moe", "--moe-step", "0",
+                           "-o",      path,   NULL};
+    assert_int_equal(run_tool(step0), 2);
+    const char *dense[] = {"--shape", "tiny", "--arch", "ernie4_5", "--shared-expert-ffn",
+                           "32",      "-o",   path,     NULL};
+    assert_int_equal(run_tool(dense), 2);
+}
+
 /* qwen3moe's mixture of experts as llama.cpp's loader asks: the expert keys, an F32 router
  * [dim, experts] whatever --type (llama-quantize keeps it F32), and expert stacks [dim, expert
  * ffn, experts] and [expert ffn, dim, experts] of --type; defaults 8 experts, 2 used, the shape's
@@ -609,10 +674,10 @@ int main(int argc, char **argv)
     }
     tool = argv[1];
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_f32_shape),      cmocka_unit_test(test_f16_q8_0_match_f32),
-        cmocka_unit_test(test_deterministic),  cmocka_unit_test(test_vocab_copy),
-        cmocka_unit_test(test_family_layouts), cmocka_unit_test(test_moe_layout),
-        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_f32_shape),        cmocka_unit_test(test_f16_q8_0_match_f32),
+        cmocka_unit_test(test_deterministic),    cmocka_unit_test(test_vocab_copy),
+        cmocka_unit_test(test_family_layouts),   cmocka_unit_test(test_moe_layout),
+        cmocka_unit_test(test_ernie_moe_layout), cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests_name("mkmodel", tests, setup, teardown);
 }

@@ -126,8 +126,10 @@ typedef struct ref_layer {
     /* gpt-oss: the output projection's bias, each head's sink logit, the router's bias and the
      * experts' biases (slice e of each stack expert e's); NULL elsewhere */
     float *bo, *sinks, *router_b, *gate_exps_b, *up_exps_b, *down_exps_b;
-    /* granitemoeshared: the shared expert (sh_ffn rows of dim; down: dim rows of sh_ffn) */
+    /* granitemoeshared, ernie4_5-moe: the shared expert (sh_ffn rows of dim; down: dim rows of
+     * sh_ffn) */
     float *sh_gate, *sh_up, *sh_down;
+    float *probs_b; /* ernie4_5-moe: (n_expert) added to the probabilities to pick experts */
 } ref_layer;
 
 typedef struct ref_model {
@@ -147,7 +149,10 @@ typedef struct ref_model {
      * logits times logit_mul (1 / logit_scale; else 1), and RoPE off when no_rope */
     float res_scale, logit_mul;
     bool no_rope;
-    uint32_t sh_ffn;             /* granitemoeshared's shared expert width; 0: none */
+    uint32_t sh_ffn; /* granitemoeshared's shared expert width; 0: none */
+    /* ernie4_5-moe: layer l runs experts when l >= moe_lead and (l + 1) % moe_step == 0, else
+     * the dense MLP (moe_step 0: every layer of an MoE file runs experts) */
+    uint32_t moe_lead, moe_step;
     uint32_t n_swa, swa_pattern; /* 0 = no windowed layers */
     float base_swa;              /* RoPE base of the windowed layers (gemma3), 0: base */
     uint32_t
@@ -261,7 +266,8 @@ static void ref_load(ref_model *r, const char *path)
     snprintf(key, sizeof key, "%s.expert_count", arch);
     bool moe = gguf_find_key(f, key) >= 0; /* qwen3moe, or llama with experts (Mixtral) */
     bool smollm3 = !strcmp(arch, "smollm3");
-    r->neox = strcmp(arch, "llama") != 0 && !smollm3 && !granite;
+    bool ernie = !strncmp(arch, "ernie4_5", 8), ernie_moe = !strcmp(arch, "ernie4_5-moe");
+    r->neox = strcmp(arch, "llama") != 0 && !smollm3 && !granite && !ernie; /* ernie: NORM */
     r->nope_step = smollm3 ? 4 : 0; /* llama.cpp's n_no_rope_layer_step: no key in the file */
     r->gelu = gemma2 || gemma3;
     r->dim = ref_u32(f, arch, "embedding_length");
@@ -278,6 +284,12 @@ static void ref_load(ref_model *r, const char *path)
         r->ffn_exp = r->ffn;
         gguf_get_u32(f, key, &r->ffn_exp);
         assert_true(r->n_expert_used >= 1 && r->n_expert_used <= r->n_expert);
+    }
+    if (ernie_moe) { /* llama.cpp's ernie4_5-moe graph: the placement from these two keys */
+        r->moe_lead = ref_u32(f, arch, "leading_dense_block_count");
+        r->moe_step = ref_u32(f, arch, "interleave_moe_layer_step");
+        snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", arch);
+        gguf_get_u32(f, key, &r->sh_ffn);
     }
     r->hd = r->dim / r->n_head;
     snprintf(key, sizeof key, "%s.attention.key_length", arch);
@@ -355,16 +367,18 @@ static void ref_load(ref_model *r, const char *path)
             L->gate_up = ref_tensor(f, name);
             assert_true(L->qkv && L->gate_up);
         }
+        /* this layer's MLP: experts in an MoE file, but for ernie4_5-moe's dense layers */
+        bool lmoe = moe && (!r->moe_step || (l >= r->moe_lead && (l + 1) % r->moe_step == 0));
         for (size_t k = 0; k < 12; k++) {
             bool fused = phi3 && (k == 1 || k == 2 || k == 3 || k == 9 || k == 10);
             if (fused)
                 continue;
             snprintf(name, sizeof name, "blk.%u.%s", l, names[k]);
             *dst[k] = ref_tensor(f, name);
-            if (k < 5 || (k > 7 && !(moe && k > 8) && !(gpt_oss && k == 8)))
+            if (k < 5 || (k > 7 && !(lmoe && k > 8) && !(gpt_oss && k == 8)))
                 assert_non_null(*dst[k]);
         }
-        if (moe) {
+        if (lmoe) {
             uint64_t D = r->dim, FE = r->ffn_exp, E = r->n_expert;
             snprintf(name, sizeof name, "blk.%u.ffn_gate_inp.weight", l);
             L->router = ref_tensor_dims(f, name, D, E, 0);
@@ -375,6 +389,8 @@ static void ref_load(ref_model *r, const char *path)
             snprintf(name, sizeof name, "blk.%u.ffn_down_exps.weight", l);
             L->down_exps = ref_tensor_dims(f, name, FE, D, E);
             assert_true(!L->gate && !L->up && !L->down);
+            snprintf(name, sizeof name, "blk.%u.exp_probs_b.bias", l);
+            L->probs_b = ernie_moe ? ref_tensor(f, name) : NULL;
         }
         if (phi3) {
             size_t KV = (size_t)r->n_kv * r->hd;
@@ -414,7 +430,7 @@ static void ref_load(ref_model *r, const char *path)
                 assert_non_null(*bdst[k] = ref_tensor(f, name));
             }
         }
-        if (r->sh_ffn) {
+        if (r->sh_ffn && lmoe) {
             snprintf(name, sizeof name, "blk.%u.ffn_gate_shexp.weight", l);
             L->sh_gate = ref_tensor_dims(f, name, r->dim, r->sh_ffn, 0);
             snprintf(name, sizeof name, "blk.%u.ffn_up_shexp.weight", l);
@@ -507,7 +523,9 @@ typedef struct ref_opts {
     /* granite: one of its scalars left out (llama's value in its place), or RoPE run where the
      * file switches it off */
     bool no_embd_scale, no_attn_scale, no_res_scale, no_logit_scale, rope_anyway;
-    bool no_shexp; /* granitemoeshared: the shared expert left out */
+    bool no_shexp; /* granitemoeshared, ernie4_5-moe: the shared expert left out */
+    /* ernie4_5-moe: the experts picked without the selection bias, or weighed with it too */
+    bool no_probs_b, probs_b_weights;
 } ref_opts;
 
 static double ref_cap(double x, double cap)
@@ -525,9 +543,11 @@ static void ref_head_norm(float *x, const float *w, uint32_t n_heads, uint32_t h
 /* An MoE FFN of one row xn (dim, normed) into out (dim), as llama.cpp's build_moe_ffn for
  * QWEN3MOE and LLAMA: the softmax of the router's logits; the n_used most probable experts, most
  * probable first; their probabilities renormalized to sum 1 (the sum clamped below at 2^-14); out =
- * the sum over those slots, in that order, of weight * down_e(silu(gate_e(xn)) * up_e(xn)). */
-static void ref_moe(const ref_model *r, const ref_layer *L, uint32_t n_used, const float *xn,
-                    float *out)
+ * the sum over those slots, in that order, of weight * down_e(silu(gate_e(xn)) * up_e(xn)).
+ * ernie4_5-moe: the experts are the n_used largest of probability + probs_b, in that order, their
+ * weights still the probabilities (unless o says otherwise). */
+static void ref_moe(const ref_model *r, const ref_layer *L, const ref_opts *o, uint32_t n_used,
+                    const float *xn, float *out)
 {
     uint32_t D = r->dim, FE = r->ffn_exp, E = r->n_expert;
     float *lg = malloc(E * sizeof(float)), *g = malloc(FE * sizeof(float));
@@ -546,13 +566,21 @@ static void ref_moe(const ref_model *r, const ref_layer *L, uint32_t n_used, con
         sum += p[e] = exp(lg[e] - mx);
     for (uint32_t e = 0; e < E; e++)
         p[e] /= sum;
+    double *ps = malloc(E * sizeof(double)); /* the selection's scores */
+    assert_non_null(ps);
+    bool probs_b = L->probs_b && !o->no_probs_b;
+    for (uint32_t e = 0; e < E; e++)
+        ps[e] = probs_b ? (double)(float)p[e] + L->probs_b[e] : p[e];
+    if (probs_b && o->probs_b_weights)
+        for (uint32_t e = 0; e < E; e++)
+            p[e] = ps[e];
     uint32_t sel[64];
     assert_true(n_used <= 64);
     double wsum = 0;
     for (uint32_t k = 0; k < n_used; k++) { /* the most probable expert not yet taken */
         uint32_t best = E;
         for (uint32_t e = 0; e < E; e++)
-            if (!taken[e] && (best == E || p[e] > p[best]))
+            if (!taken[e] && (best == E || ps[e] > ps[best]))
                 best = e;
         taken[best] = true;
         sel[k] = best;
@@ -590,7 +618,7 @@ static void ref_moe(const ref_model *r, const ref_layer *L, uint32_t n_used, con
     }
     for (uint32_t i = 0; i < D; i++)
         out[i] = (float)acc[i];
-    free(lg), free(g), free(u), free(y), free(p), free(acc), free(taken);
+    free(lg), free(g), free(u), free(y), free(p), free(ps), free(acc), free(taken);
 }
 
 /* logits (n, vocab) of every position of tok[0..n), recomputing the whole sequence, and if
@@ -681,7 +709,7 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
         }
         for (int t = 0; t < n && L->router; t++) {
             ref_rmsnorm(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
-            ref_moe(r, L, o->experts_used ? o->experts_used : r->n_expert_used, xn, tmp);
+            ref_moe(r, L, o, o->experts_used ? o->experts_used : r->n_expert_used, xn, tmp);
             if (L->sh_down && !o->no_shexp) { /* moe_out + the shared expert's SwiGLU */
                 float *sg = malloc(r->sh_ffn * sizeof(float)),
                       *su = malloc(r->sh_ffn * sizeof(float));
@@ -1050,6 +1078,38 @@ static const family_case FAMILY_CASES[] = {
      "granitemoe",
      "Q8_0",
      {"--arch", "granitemoe", "--shared-expert-ffn", "64", "--type", "q8_0", "--seed", "2"}},
+    /* ernie4_5: llama's block, NORM pairs; ernie4_5-moe on seven layers: 0, 2, 4, 6 dense (a
+     * lead of 1, then every second layer), 1, 3, 5 experts (8 of 96, 2 used, picked on the
+     * probabilities plus exp_probs_b) beside a shared expert of 80 */
+    {"test_ernie4_5_f32", "ernie4_5-f32.gguf", "ernie4_5", "F32", {"--arch", "ernie4_5"}},
+    /* heads of attention.key_length (32: Q 128 wide on a width of 64) */
+    {"test_ernie4_5_head_dim_f32",
+     "ernie4_5-hd-f32.gguf",
+     "ernie4_5",
+     "F32",
+     {"--arch", "ernie4_5", "--head-dim", "32"}},
+    {"test_ernie4_5_moe_head_dim_f32",
+     "ernie4_5-moe-hd-f32.gguf",
+     "ernie4_5-moe",
+     "F32",
+     {"--arch", "ernie4_5-moe", "--head-dim", "32", "--shared-expert-ffn", "80", "--seed", "2"}},
+    {"test_ernie4_5_q8_0",
+     "ernie4_5-q8.gguf",
+     "ernie4_5",
+     "Q8_0",
+     {"--arch", "ernie4_5", "--type", "q8_0", "--seed", "2"}},
+    {"test_ernie4_5_moe_f32",
+     "ernie4_5-moe-f32.gguf",
+     "ernie4_5-moe",
+     "F32",
+     {"--arch", "ernie4_5-moe", "--shape", "swa7", "--experts", "8", "--experts-used", "2",
+      "--expert-ffn", "96", "--shared-expert-ffn", "80", "--moe-step", "2"}},
+    {"test_ernie4_5_moe_q8_0",
+     "ernie4_5-moe-q8.gguf",
+     "ernie4_5-moe",
+     "Q8_0",
+     {"--arch", "ernie4_5-moe", "--shape", "swa7", "--experts", "6", "--shared-expert-ffn", "64",
+      "--moe-step", "2", "--type", "q8_0", "--seed", "3"}},
     {"test_granitemoe_q8_0",
      "granitemoe-q8.gguf",
      "granitemoe",
@@ -1419,7 +1479,7 @@ static void test_family_reference_is_sensitive(void **st)
     (void)st;
     static const struct {
         const char *name;
-        const char *args[12];
+        const char *args[16];
         ref_opts o;
     } cases[] = {
         {"", {NULL}, {.no_softcap = true}}, /* make_strong_caps */
@@ -1473,6 +1533,15 @@ static void test_family_reference_is_sensitive(void **st)
         {"sens-granitemoe-shared.gguf",
          {"--arch", "granitemoe", "--shared-expert-ffn", "96", NULL},
          {.no_shexp = true}},
+    /* ernie4_5-moe: the experts picked without the selection bias, weighed with it too, and
+     * without the shared expert */
+#define ERNIE_SENS                                                                                 \
+    {"--arch", "ernie4_5-moe",        "--shape", "swa7",       "--experts", "8", "--expert-ffn",   \
+     "96",     "--shared-expert-ffn", "80",      "--moe-step", "2",         NULL}
+        {"sens-ernie4_5-moe.gguf", ERNIE_SENS, {.no_probs_b = true}},
+        {"sens-ernie4_5-moe.gguf", ERNIE_SENS, {.probs_b_weights = true}},
+        {"sens-ernie4_5-moe.gguf", ERNIE_SENS, {.no_shexp = true}},
+#undef ERNIE_SENS
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char p[512];
@@ -1811,7 +1880,7 @@ static void test_refuse_architecture(void **st)
     edit e = {.arch = "mamba"};
     expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'mamba' is not supported",
                    "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, "
-                   "smollm3, granite, granitemoe");
+                   "smollm3, granite, granitemoe, ernie4_5, ernie4_5-moe");
     edit e2 = {.arch = "gemma"}; /* Gemma 1: not implemented */
     expect_refusal(&e2, KVS_EUNSUPPORTED, "'gemma'", NULL);
 }
@@ -1981,6 +2050,57 @@ static void test_refuse_family_files(void **st)
     edit ef = {.u32_key = "granitemoe.expert_feed_forward_length", .u32_val = 64};
     expect_refusal_from(gmoe, &ef, KVS_EUNSUPPORTED, "granitemoe.expert_feed_forward_length = 64",
                         "feed_forward_length = 128");
+
+    /* ernie4_5-moe: the layers' kinds come from the keys, so a key that disagrees with the
+     * tensors is a refusal naming the tensor, not a layer run the other way */
+    const char *emoe[] = {
+        "--arch", "ernie4_5-moe", "--shape", "swa7", "--shared-expert-ffn",
+        "32",     "--moe-step",   "2",       NULL}; /* experts on layers 1, 3, 5 */
+    edit nostep = {.drop_key = "ernie4_5-moe.interleave_moe_layer_step"};
+    expect_refusal_from(emoe, &nostep, KVS_ENOKEY,
+                        "missing metadata key ernie4_5-moe.interleave_moe_layer_step", NULL);
+    edit nolead = {.drop_key = "ernie4_5-moe.leading_dense_block_count"};
+    expect_refusal_from(emoe, &nolead, KVS_ENOKEY,
+                        "missing metadata key ernie4_5-moe.leading_dense_block_count", NULL);
+    edit step0 = {.u32_key = "ernie4_5-moe.interleave_moe_layer_step", .u32_val = 0};
+    expect_refusal_from(emoe, &step0, KVS_EFORMAT, "ernie4_5-moe.interleave_moe_layer_step", NULL);
+    edit step1 = {.u32_key = "ernie4_5-moe.interleave_moe_layer_step", .u32_val = 1};
+    expect_refusal_from(emoe, &step1, KVS_EUNSUPPORTED, "blk.2.ffn_gate.weight",
+                        "(a mixture-of-experts layer)");
+    edit step3 = {.u32_key = "ernie4_5-moe.interleave_moe_layer_step", .u32_val = 3};
+    expect_refusal_from(emoe, &step3, KVS_EFORMAT, "missing tensor blk.1.ffn_gate.weight", NULL);
+    edit lead2 = {.u32_key = "ernie4_5-moe.leading_dense_block_count", .u32_val = 2};
+    expect_refusal_from(emoe, &lead2, KVS_EFORMAT, "missing tensor blk.1.ffn_gate.weight", NULL);
+    edit shc = {.u32_key = "ernie4_5-moe.expert_shared_count", .u32_val = 0};
+    expect_refusal_from(emoe, &shc, KVS_EFORMAT, "ernie4_5-moe.expert_shared_count = 0",
+                        "expert_shared_feed_forward_length = 32");
+    edit shd = {.drop = "blk.3.ffn_up_shexp.weight"};
+    expect_refusal_from(emoe, &shd, KVS_EFORMAT, "missing tensor blk.3.ffn_up_shexp.weight", NULL);
+    edit pbd = {.add_vec = "blk.2.exp_probs_b.bias"};
+    expect_refusal_from(emoe, &pbd, KVS_EUNSUPPORTED, "blk.2.exp_probs_b.bias", "(a dense layer)");
+    edit ews = {.f32_key = "ernie4_5-moe.expert_weights_scale", .f32_val = 2.0f};
+    expect_refusal_from(emoe, &ews, KVS_EUNSUPPORTED, "ernie4_5-moe.expert_weights_scale",
+                        "not supported");
+    edit eob = {.add_vec = "blk.1.attn_output.bias"};
+    expect_refusal_from(emoe, &eob, KVS_EUNSUPPORTED, "blk.1.attn_output.bias", "not supported");
+    const char *narrow[] = {
+        "--arch", "ernie4_5-moe", "--head-dim", "8", "--shared-expert-ffn", "32", NULL};
+    edit none2 = {0};
+    expect_refusal_from(narrow, &none2, KVS_EUNSUPPORTED, "a shared expert with heads narrower",
+                        "4 heads of 8");
+    edit efe = {.drop_key = "ernie4_5-moe.expert_feed_forward_length"};
+    expect_refusal_from(emoe, &efe, KVS_ENOKEY,
+                        "missing metadata key ernie4_5-moe.expert_feed_forward_length", NULL);
+    const char *ernie[] = {"--arch", "ernie4_5", NULL};
+    edit dstep = {.u32_key = "ernie4_5.interleave_moe_layer_step", .u32_val = 1};
+    expect_refusal_from(ernie, &dstep, KVS_EUNSUPPORTED, "ernie4_5.interleave_moe_layer_step",
+                        "a dense family");
+    edit dexp = {.u32_key = "ernie4_5.expert_count", .u32_val = 4};
+    expect_refusal_from(ernie, &dexp, KVS_EUNSUPPORTED, "ernie4_5.expert_count = 4", NULL);
+    edit drd = {.u32_key = "ernie4_5.rope.dimension_count", .u32_val = 8};
+    expect_refusal_from(ernie, &drd, KVS_EUNSUPPORTED, "ernie4_5.rope.dimension_count = 8", NULL);
+    edit dub = {.add_vec = "blk.0.ffn_up.bias"};
+    expect_refusal_from(ernie, &dub, KVS_EUNSUPPORTED, "blk.0.ffn_up.bias", "not supported");
 }
 
 /* Linear rope scaling (rope.scaling.factor 4) is run, not refused: positions are divided. */

@@ -1,9 +1,10 @@
 /* kvs-mkmodel: writes a random-weight GGUF of a named shape in the layout llama.cpp's converters
  * write for one family (llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3,
- * granite, granitemoe), for load, speed and model-support tests. Weights are a deterministic
- * function of (seed, tensor index, element index): N(0, 0.02^2) for matrices (a MoE router:
- * N(0, max(0.02, 1/sqrt(dim))^2)), exactly 1.0 for norms; tensor data is generated row-block by
- * row-block while the file is written, so multi-GB shapes need only a few MB of memory. */
+ * granite, granitemoe, ernie4_5, ernie4_5-moe), for load, speed and model-support tests. Weights
+ * are a deterministic function of (seed, tensor index, element index): N(0, 0.02^2) for matrices (a
+ * MoE router: N(0, max(0.02, 1/sqrt(dim))^2)), exactly 1.0 for norms; tensor data is generated
+ * row-block by row-block while the file is written, so multi-GB shapes need only a few MB of
+ * memory. */
 #include "common/status.h"
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
@@ -294,10 +295,14 @@ static void usage(FILE *fp)
             "            layers); smollm3 (llama's tensors; no RoPE on every fourth layer, which\n"
             "            llama.cpp fixes for the architecture: no metadata key);\n"
             "            granite (llama with four scalars: --granite-scales); granitemoe\n"
-            "            (granite with Mixtral's experts of feed_forward_length: --experts).\n"
+            "            (granite with Mixtral's experts of feed_forward_length: --experts);\n"
+            "            ernie4_5 (llama's tensors); ernie4_5-moe (ernie4_5 with experts on\n"
+            "            the layers --dense-lead and --moe-step leave, an F32 selection bias\n"
+            "            exp_probs_b.bias of std 0.1 each, --shared-expert-ffn).\n"
             "            gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n"
-            "  --head-dim  attention.key_length/value_length (qwen3, qwen3moe, gemma;\n"
+            "  --head-dim  attention.key_length/value_length (qwen3, qwen3moe, gemma,\n"
+            "            gpt-oss, ernie4_5, ernie4_5-moe;\n"
             "            default dim / heads)\n"
             "  --experts N  qwen3moe, gpt-oss, granitemoe: expert_count (default the shape's,\n"
             "            else 8); llama: Mixtral's layout, N experts of feed_forward_length\n"
@@ -323,8 +328,12 @@ static void usage(FILE *fp)
             "            attention.scale, residual_scale, logit_scale (default 2.5,0.2,0.6,3;\n"
             "            0: the key not written)\n"
             "  --no-rope granite: rope.scaling.finetuned false (no RoPE)\n"
-            "  --shared-expert-ffn N  granitemoe: a shared expert N wide\n"
+            "  --shared-expert-ffn N  granitemoe, ernie4_5-moe: a shared expert N wide\n"
             "            (expert_shared_feed_forward_length, ffn_*_shexp: granitemoeshared)\n"
+            "  --dense-lead N  ernie4_5-moe: leading_dense_block_count (default 1)\n"
+            "  --moe-step N  ernie4_5-moe: interleave_moe_layer_step, experts on the layers\n"
+            "            l >= the lead with (l + 1) %% N == 0 (default 1)\n"
+            "  --no-probs-bias  ernie4_5-moe: no exp_probs_b.bias\n"
             "  --weight-std  std of the random matrices (default %.2f; larger makes\n"
             "            attention sharper, so tests see position effects)\n",
             WEIGHT_STD);
@@ -367,7 +376,9 @@ typedef struct opts {
      * written) */
     float granite[4];
     bool no_rope;       /* granite: rope.scaling.finetuned false */
-    uint32_t shexp_ffn; /* granitemoe: a shared expert this wide (granitemoeshared); 0: none */
+    uint32_t shexp_ffn; /* granitemoe, ernie4_5-moe: a shared expert this wide; 0: none */
+    uint32_t dense_lead, moe_step; /* ernie4_5-moe: the layers of experts (default 1, 1) */
+    bool no_probs_bias;            /* ernie4_5-moe: no exp_probs_b.bias */
 } opts;
 
 static int parse_args(int argc, char **argv, opts *o)
@@ -378,6 +389,8 @@ static int parse_args(int argc, char **argv, opts *o)
                 .arch = "llama",
                 .rope_base = 0.0f,
                 .weight_std = WEIGHT_STD,
+                .dense_lead = 1,
+                .moe_step = 1,
                 .granite = {2.5f, 0.2f, 0.6f, 3.0f}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -399,6 +412,10 @@ static int parse_args(int argc, char **argv, opts *o)
         }
         if (!strcmp(a, "--no-rope")) {
             o->no_rope = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-probs-bias")) {
+            o->no_probs_bias = true;
             continue;
         }
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -447,9 +464,9 @@ static int parse_args(int argc, char **argv, opts *o)
             }
             o->n_layers = (uint32_t)n;
         } else if (!strcmp(a, "--arch")) {
-            static const char *const archs[] = {"llama",   "qwen2",   "qwen3",     "qwen3moe",
-                                                "gemma2",  "gemma3",  "phi3",      "gpt-oss",
-                                                "smollm3", "granite", "granitemoe"};
+            static const char *const archs[] = {
+                "llama",   "qwen2",   "qwen3",   "qwen3moe",   "gemma2",   "gemma3",      "phi3",
+                "gpt-oss", "smollm3", "granite", "granitemoe", "ernie4_5", "ernie4_5-moe"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
                 if (!strcmp(val, archs[k]))
@@ -457,7 +474,8 @@ static int parse_args(int argc, char **argv, opts *o)
             if (!o->arch) {
                 fprintf(stderr,
                         "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
-                        "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe)\n",
+                        "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe, "
+                        "ernie4_5, ernie4_5-moe)\n",
                         val);
                 return -1;
             }
@@ -517,6 +535,13 @@ static int parse_args(int argc, char **argv, opts *o)
                 return -1;
             }
             o->shexp_ffn = (uint32_t)n;
+        } else if (!strcmp(a, "--dense-lead") || !strcmp(a, "--moe-step")) {
+            bool step = !strcmp(a, "--moe-step");
+            if (!parse_u64(val, 1024, &n) || (step && n == 0)) {
+                fprintf(stderr, "kvs-mkmodel: bad %s '%s'\n", a + 2, val);
+                return -1;
+            }
+            *(step ? &o->moe_step : &o->dense_lead) = (uint32_t)n;
         } else if (!strcmp(a, "--granite-scales")) {
             float *g = o->granite;
             int used = 0;
@@ -547,7 +572,8 @@ static int parse_args(int argc, char **argv, opts *o)
         return -1;
     }
     bool gpt_oss = !strcmp(o->arch, "gpt-oss"), gemma = !strncmp(o->arch, "gemma", 5);
-    bool moe = !strcmp(o->arch, "qwen3moe") || gpt_oss;
+    bool ernie_moe = !strcmp(o->arch, "ernie4_5-moe");
+    bool moe = !strcmp(o->arch, "qwen3moe") || gpt_oss || ernie_moe;
     bool granite = !strncmp(o->arch, "granite", 7);
     /* llama with --experts, and granitemoe: Mixtral's layout (experts as wide as
      * feed_forward_length) */
@@ -556,12 +582,18 @@ static int parse_args(int argc, char **argv, opts *o)
         fprintf(stderr, "kvs-mkmodel: --no-rope is for granite only\n");
         return -1;
     }
-    if (o->shexp_ffn && strcmp(o->arch, "granitemoe")) {
-        fprintf(stderr, "kvs-mkmodel: --shared-expert-ffn is for granitemoe only\n");
+    if (o->shexp_ffn && strcmp(o->arch, "granitemoe") && !ernie_moe) {
+        fprintf(stderr, "kvs-mkmodel: --shared-expert-ffn is for granitemoe and ernie4_5-moe\n");
         return -1;
     }
-    if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma) {
-        fprintf(stderr, "kvs-mkmodel: --head-dim is for qwen3, qwen3moe, gemma and gpt-oss only\n");
+    if ((o->dense_lead != 1 || o->moe_step != 1 || o->no_probs_bias) && !ernie_moe) {
+        fprintf(stderr,
+                "kvs-mkmodel: --dense-lead, --moe-step and --no-probs-bias are for ernie4_5-moe\n");
+        return -1;
+    }
+    if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma && strcmp(o->arch, "ernie4_5")) {
+        fprintf(stderr,
+                "kvs-mkmodel: --head-dim is for qwen3, qwen3moe, gemma, gpt-oss and ernie\n");
         return -1;
     }
     if ((o->n_expert || o->n_expert_used || o->expert_ffn) && !moe && !mixtral) {
@@ -727,6 +759,7 @@ static int build(gen *g, const opts *o)
     bool qwen3 = !strcmp(o->arch, "qwen3") || qwen3moe; /* qwen3moe is qwen3 but for the FFN */
     bool moe = o->n_expert > 0; /* qwen3moe, gpt-oss, granitemoe, llama with experts (Mixtral) */
     bool granite = !strncmp(o->arch, "granite", 7);
+    bool ernie_moe = !strcmp(o->arch, "ernie4_5-moe");
     bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
     bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
     bool gpt_oss = !strcmp(o->arch, "gpt-oss"), smollm3 = !strcmp(o->arch, "smollm3");
@@ -752,7 +785,9 @@ static int build(gen *g, const opts *o)
         (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), o->rope_base)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), head_dim)))
         return rc;
-    if ((qwen3 || gemma || gpt_oss) &&
+    /* ernie: only with --head-dim, as its converter writes a config's head_dim */
+    bool ernie = !strncmp(o->arch, "ernie4_5", 8);
+    if ((qwen3 || gemma || gpt_oss || (ernie && o->head_dim)) &&
         ((rc = gguf_writer_add_u32(w, ARCH_KEY("attention.key_length"), head_dim)) ||
          (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.value_length"), head_dim))))
         return rc;
@@ -765,8 +800,15 @@ static int build(gen *g, const opts *o)
     if (moe &&
         ((rc = gguf_writer_add_u32(w, ARCH_KEY("expert_count"), o->n_expert)) ||
          (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_used_count"), o->n_expert_used)) ||
-         ((qwen3moe || gpt_oss) &&
+         ((qwen3moe || gpt_oss || ernie_moe) &&
           (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_feed_forward_length"), o->expert_ffn)))))
+        return rc;
+    /* as ERNIE's converter: the layers of experts, and the shared experts' count beside their
+     * width (one, as wide as --shared-expert-ffn) */
+    if (ernie_moe &&
+        ((rc = gguf_writer_add_u32(w, ARCH_KEY("interleave_moe_layer_step"), o->moe_step)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("leading_dense_block_count"), o->dense_lead)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_shared_count"), o->shexp_ffn ? 1 : 0))))
         return rc;
     /* gpt-oss's YaRN: factor 32 over an original context of 4096. */
     float yarn = o->yarn ? o->yarn : gpt_oss ? 32.0f : 0.0f;
@@ -826,6 +868,9 @@ static int build(gen *g, const opts *o)
          * tensor's values come from its index). d1 = 0 marks a norm vector; d2 > 0 a stack of
          * d2 matrices (qwen3moe's experts, matrix e the contiguous slice e). */
         uint64_t ne = o->n_expert, eff = o->expert_ffn;
+        /* ernie4_5-moe: experts on the layers its lead and step leave, the others dense */
+        bool dense = !moe || (ernie_moe && (l < o->dense_lead || (l + 1) % o->moe_step));
+        bool lmoe = !dense, shexp = o->shexp_ffn > 0 && lmoe;
         struct {
             const char *suffix;
             uint64_t d0, d1, d2;
@@ -842,25 +887,31 @@ static int build(gen *g, const opts *o)
             {"attn_sinks", sh->n_heads, 0, 0, gpt_oss},
             {"post_attention_norm", sh->dim, 0, 0, gemma || gpt_oss},
             {"ffn_norm", sh->dim, 0, 0, !gpt_oss},
-            {"ffn_gate", sh->dim, sh->ffn, 0, !phi3 && !moe},
-            {"ffn_down", sh->ffn, sh->dim, 0, !moe},
-            {"ffn_up", sh->dim, phi3 ? 2 * (uint64_t)sh->ffn : sh->ffn, 0, !moe},
-            {"ffn_gate_inp", sh->dim, ne, 0, moe},
-            {"ffn_gate_exps", sh->dim, eff, ne, moe},
-            {"ffn_down_exps", eff, sh->dim, ne, moe},
-            {"ffn_up_exps", sh->dim, eff, ne, moe},
-            {"ffn_gate_shexp", sh->dim, o->shexp_ffn, 0, o->shexp_ffn > 0},
-            {"ffn_up_shexp", sh->dim, o->shexp_ffn, 0, o->shexp_ffn > 0},
-            {"ffn_down_shexp", o->shexp_ffn, sh->dim, 0, o->shexp_ffn > 0},
+            {"ffn_gate", sh->dim, sh->ffn, 0, !phi3 && dense},
+            {"ffn_down", sh->ffn, sh->dim, 0, dense},
+            {"ffn_up", sh->dim, phi3 ? 2 * (uint64_t)sh->ffn : sh->ffn, 0, dense},
+            {"ffn_gate_inp", sh->dim, ne, 0, lmoe},
+            {"exp_probs_b", ne, 0, 0, lmoe && ernie_moe && !o->no_probs_bias},
+            {"ffn_gate_exps", sh->dim, eff, ne, lmoe},
+            {"ffn_down_exps", eff, sh->dim, ne, lmoe},
+            {"ffn_up_exps", sh->dim, eff, ne, lmoe},
+            {"ffn_gate_shexp", sh->dim, o->shexp_ffn, 0, shexp},
+            {"ffn_up_shexp", sh->dim, o->shexp_ffn, 0, shexp},
+            {"ffn_down_shexp", o->shexp_ffn, sh->dim, 0, shexp},
             {"post_ffw_norm", sh->dim, 0, 0, gemma},
         };
         for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
             if (!L[k].on)
                 continue;
             char tn[96];
-            snprintf(tn, sizeof tn, "blk.%u.%s.weight", l, L[k].suffix);
+            bool probs_b = !strcmp(L[k].suffix, "exp_probs_b");
+            snprintf(tn, sizeof tn, "blk.%u.%s.%s", l, L[k].suffix, probs_b ? "bias" : "weight");
             uint64_t dims[3] = {L[k].d0, L[k].d1, L[k].d2};
-            if (L[k].d2)
+            if (probs_b)
+                /* a selection bias of std 0.1 beside probabilities of ~1 / n_expert: it changes
+                 * which experts are picked for a good part of the rows */
+                rc = gen_tensor_ex(g, tn, L[k].d0, 0, 0.1);
+            else if (L[k].d2)
                 rc = gen_add(g, tn, 3, dims, g->wtype, g->std);
             else if (!strcmp(L[k].suffix, "ffn_gate_inp"))
                 /* The router stays F32 (llama-quantize keeps it so). Its inputs are RMS-normed

@@ -196,6 +196,16 @@ class MixtureOfExperts(unittest.TestCase):
                        "q8_0", "--experts", "8", "--experts-used", "3", "--weight-std", "0.15")
         self.batched_equals_alone(path, "experts: 8 per layer of ffn 128, Q8_0, 3 used per token")
 
+    def test_ernie4_5_moe_batched_equals_alone(self):
+        """ernie4_5-moe's dense layers among the expert ones (a lead of 1, then every second
+        layer), its selection bias (exp_probs_b) and its shared expert keep a row's bits
+        whatever shares its steps."""
+        path = mkmodel("ernie4_5-moe-batch.gguf", "--shape", "swa7", "--arch", "ernie4_5-moe",
+                       "--type", "q8_0", "--experts", "8", "--experts-used", "3",
+                       "--expert-ffn", "64", "--moe-step", "2", "--weight-std", "0.15",
+                       "--shared-expert-ffn", "64")
+        self.batched_equals_alone(path, "experts: 8 per layer of ffn 64, Q8_0, 3 used per token")
+
     def test_gpt_oss_batched_equals_alone(self):
         """gpt-oss's parts (biases, sinks, the windowed layers' own arena, top-k softmax
         routing) keep a row's bits whatever shares its steps; windows of 4 positions."""
@@ -212,6 +222,16 @@ class MixtureOfExperts(unittest.TestCase):
                        "--experts", "8", "--experts-used", "3", "--weight-std", "0.15",
                        "--shared-expert-ffn", "64")
         self.batched_equals_alone(path, "experts: 8 per layer of ffn 128, Q8_0, 3 used per token")
+
+    def test_ernie4_5_moe_batched_equals_alone(self):
+        """ernie4_5-moe's dense layers among the expert ones (a lead of 1, then every second
+        layer), its selection bias (exp_probs_b) and its shared expert keep a row's bits
+        whatever shares its steps."""
+        path = mkmodel("ernie4_5-moe-batch.gguf", "--shape", "swa7", "--arch", "ernie4_5-moe",
+                       "--type", "q8_0", "--experts", "8", "--experts-used", "3",
+                       "--expert-ffn", "64", "--moe-step", "2", "--weight-std", "0.15",
+                       "--shared-expert-ffn", "64")
+        self.batched_equals_alone(path, "experts: 8 per layer of ffn 64, Q8_0, 3 used per token")
 
 
 class NoPE(unittest.TestCase):
@@ -265,7 +285,8 @@ class Refusals(unittest.TestCase):
         rc, err = serve_refused(path)
         self.assertNotEqual(rc, 0)
         self.assertIn("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
-                      "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe)", err)
+                      "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe, "
+                      "ernie4_5, ernie4_5-moe)", err)
 
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")
