@@ -99,8 +99,13 @@ int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_
 void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
 
 /* An MoE layer's router and experts (moe.c) into m->layers[l], in place of the dense MLP's
- * three matrices: for families with .moe, when the file has experts (hp.n_expert > 0). */
+ * three matrices, and a shared expert's where the file has one (hp.n_ff_shexp > 0): for
+ * families with .moe, on the layers engine__layer_moe names. */
 int engine__load_moe(engine_model *m, uint32_t l, char *err, size_t err_len);
+/* Whether layer l runs experts: every layer of a file with experts (hp.n_expert > 0), except
+ * where the model has dense layers too (engine_model.moe_dense: ernie4_5-moe's leading and
+ * interleaved ones). */
+bool engine__layer_moe(const engine_model *m, uint32_t l);
 
 /* ---- one step (forward.c, attention.c, moe.c) ---- */
 

@@ -102,15 +102,9 @@ static int load_granite_layer(engine_model *m, uint32_t l, char *err, size_t err
     const engine_hparams *hp = &m->hp;
     layer_weights *w = &m->layers[l];
     w->no_rope = m->no_rope;
-    uint64_t E = hp->n_embd, S = hp->n_ff_shexp;
-    if (S && ((rc = engine__load_layer_mat(m, l, "ffn_gate_shexp.weight", E, S, true, &w->sh_gate,
-                                           err, err_len)) ||
-              (rc = engine__load_layer_mat(m, l, "ffn_up_shexp.weight", E, S, true, &w->sh_up, err,
-                                           err_len)) ||
-              (rc = engine__load_layer_mat(m, l, "ffn_down_shexp.weight", S, E, true, &w->sh_down,
-                                           err, err_len))))
-        return rc;
-    return engine__load_layer_vec(m, l, "attn_output.bias", E, false, &w->bo, err, err_len);
+    /* (a shared expert, granitemoeshared's, comes with the experts: engine__load_moe) */
+    return engine__load_layer_vec(m, l, "attn_output.bias", hp->n_embd, false, &w->bo, err,
+                                  err_len);
 }
 
 /* The sublayer output xn (rows, n) times the residual scale, then added to x. */
@@ -141,16 +135,7 @@ static void granite_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, u
     add_scaled(c, c->x, c->xn, T * E);
 
     engine__norm_rows(c, c->xn, c->x, w->ffn_norm, T, E);
-    if (w->experts && w->sh_down.data) {
-        /* the shared expert first, into att (free now, n_embd wide: granite's heads fill the
-         * width), since the routed experts' sum replaces xn; then moe_out + shexp, as llama.cpp */
-        const kern_mat *gate_up[2] = {&w->sh_gate, &w->sh_up};
-        float *gate_up_out[2] = {c->gate, c->up};
-        engine__matmuls(c, c->xn, T, 2, gate_up, gate_up_out, ENGINE_GLU_SILU);
-        engine__matmul(c, c->att, c->gate, &w->sh_down, T);
-        engine__moe_ffn(c, w, c->xn, T);
-        kern_add(c->xn, c->att, T * E);
-    } else if (w->experts) {
+    if (w->experts) { /* and a shared expert where the layer has one */
         engine__moe_ffn(c, w, c->xn, T);
     } else {
         const kern_mat *gate_up[2] = {&w->w_gate, &w->w_up};

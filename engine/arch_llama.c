@@ -30,7 +30,8 @@ int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_
         {"ffn_down.weight", F, E, NULL, &w->w_down},
     };
     /* With experts, the last three are theirs (moe.c). */
-    size_t n_spec = sizeof spec / sizeof spec[0] - (hp->n_expert ? 3 : 0);
+    bool moe = engine__layer_moe(m, l);
+    size_t n_spec = sizeof spec / sizeof spec[0] - (moe ? 3 : 0);
     for (size_t k = 0; k < n_spec; k++) {
         int rc = spec[k].vec ? engine__load_layer_vec(m, l, spec[k].suffix, spec[k].d0, true,
                                                       spec[k].vec, err, err_len)
@@ -39,7 +40,7 @@ int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_
         if (rc)
             return rc;
     }
-    return hp->n_expert ? engine__load_moe(m, l, err, err_len) : 0;
+    return moe ? engine__load_moe(m, l, err, err_len) : 0;
 }
 
 static int load_qwen2_layer(engine_model *m, uint32_t l, char *err, size_t err_len)

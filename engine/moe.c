@@ -97,6 +97,11 @@ void engine__moe_buf_destroy(engine_moe_buf *b)
     free(b);
 }
 
+bool engine__layer_moe(const engine_model *m, uint32_t l)
+{
+    return m->hp.n_expert && (!m->moe_dense || (l >= m->moe_lead && (l + 1) % m->moe_step == 0));
+}
+
 int engine__load_moe(engine_model *m, uint32_t l, char *err, size_t err_len)
 {
     const engine_hparams *hp = &m->hp;
@@ -129,6 +134,15 @@ int engine__load_moe(engine_model *m, uint32_t l, char *err, size_t err_len)
         m->expert_params += m->n_params - params;
         m->expert_bytes += m->weight_bytes - bytes;
     }
+    /* a shared expert (granitemoeshared, ernie4_5-moe: expert_shared_feed_forward_length) */
+    uint64_t S = hp->n_ff_shexp;
+    if (S && ((rc = engine__load_layer_mat(m, l, "ffn_gate_shexp.weight", E, S, true, &w->sh_gate,
+                                           err, err_len)) ||
+              (rc = engine__load_layer_mat(m, l, "ffn_up_shexp.weight", E, S, true, &w->sh_up, err,
+                                           err_len)) ||
+              (rc = engine__load_layer_mat(m, l, "ffn_down_shexp.weight", S, E, true, &w->sh_down,
+                                           err, err_len))))
+        return rc;
     return 0;
 }
 
@@ -388,10 +402,21 @@ void engine__moe_ffn(engine_ctx *c, const layer_weights *w, float *xn, size_t ro
         for (size_t d = 0; d < E; d++)
             y[d] = o[d] * wt;
     }
+    /* A shared expert runs on the same rows (xn, still the input), into b->in, whose outputs
+     * are in y now; added to the routed sum, moe_out + shexp as llama.cpp adds them. */
+    bool shared = w->sh_down.data != NULL;
+    if (shared) {
+        const kern_mat *gate_up[2] = {&w->sh_gate, &w->sh_up};
+        float *gate_up_out[2] = {c->gate, c->up};
+        engine__matmuls(c, xn, rows, 2, gate_up, gate_up_out, ENGINE_GLU_SILU);
+        engine__matmul(c, b->in, c->gate, &w->sh_down, rows);
+    }
     for (size_t t = 0; t < rows; t++) {
         float *dst = xn + t * E;
         memcpy(dst, b->y + t * K * E, E * sizeof *dst);
         for (size_t j = 1; j < K; j++)
             kern_add(dst, b->y + (t * K + j) * E, E);
+        if (shared)
+            kern_add(dst, b->in + t * E, E);
     }
 }
