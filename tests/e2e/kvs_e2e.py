@@ -43,6 +43,17 @@ def require_mkmodel(vocab):
         raise unittest.SkipTest("KVS_MKMODEL or " + vocab + " missing")
 
 
+def forced_first(test, srv, token, max_tokens=3, **extra):
+    """A completion of "Hello" whose every token is pushed to token id `token` (logit_bias +100):
+    (finish_reason, completion_tokens, text), for tests of how a special token ends or prints."""
+    body = {"prompt": "Hello", "max_tokens": max_tokens, "logit_bias": {str(token): 100}}
+    body.update(extra)
+    st, out = srv.post("/v1/completions", body)
+    test.assertEqual(st, 200, out)
+    c = out["choices"][0]
+    return c["finish_reason"], out["usage"]["completion_tokens"], c["text"]
+
+
 def load_reference():
     with open(REFERENCE) as f:
         return json.load(f)["cases"]

@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 import unittest
 
-from kvs_e2e import MKMODEL, MODELS, Server, require_mkmodel
+from kvs_e2e import MKMODEL, MODELS, Server, forced_first, require_mkmodel
 
 VOCAB = os.path.join(MODELS, "vocab", "ggml-vocab-phi-3.gguf")
 END, ENDOFTEXT, PLAIN = 32007, 32000, 1000  # <|end|>, <|endoftext|> (EOS), a word piece
@@ -30,11 +30,7 @@ class EndTokens(unittest.TestCase):
         cls.dir.cleanup()
 
     def first(self, token, **extra):
-        body = {"prompt": "Hello", "max_tokens": 4, "logit_bias": {str(token): 100}}
-        body.update(extra)
-        st, out = self.srv.post("/v1/completions", body)
-        self.assertEqual(st, 200, out)
-        return out["choices"][0]["finish_reason"], out["usage"]["completion_tokens"]
+        return forced_first(self, self.srv, token, 4, **extra)[:2]
 
     def test_end_of_turn_marker_stops(self):
         self.assertEqual(self.first(END), ("stop", 1))

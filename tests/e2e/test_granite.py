@@ -19,7 +19,7 @@ import tempfile
 import unittest
 
 import harmony_vocab
-from kvs_e2e import MKMODEL, MODELS, Server, require_mkmodel
+from kvs_e2e import MKMODEL, MODELS, Server, forced_first, require_mkmodel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "granite3.1.jinja")
@@ -68,12 +68,7 @@ class Granite(unittest.TestCase):
         self.assertEqual(toks[-2:], [self.ids["<|end_of_text|>"], self.ids["<|tool_call|>"]])
 
     def first(self, name, max_tokens=3):
-        body = {"prompt": "Hello", "max_tokens": max_tokens,
-                "logit_bias": {str(self.ids[name]): 100}}
-        st, out = self.srv.post("/v1/completions", body)
-        self.assertEqual(st, 200, out)
-        c = out["choices"][0]
-        return c["finish_reason"], out["usage"]["completion_tokens"], c["text"]
+        return forced_first(self, self.srv, self.ids[name], max_tokens)
 
     def test_end_tokens(self):
         # <|end_of_text|> (Granite's EOS) ends the generation and prints nothing
