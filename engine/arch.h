@@ -35,6 +35,12 @@ struct engine_arch {
     /* Whether a file may hold a mixture-of-experts MLP (<arch>.expert_count > 0, moe.c) in
      * place of the dense one; other families refuse such files at load. */
     bool moe;
+    /* Whether attention.head_count_kv may be one count per layer, 0 marking a layer whose
+     * recurrent block stands in for attention (lfm2's short convolutions); others refuse it. */
+    bool recurrent;
+    /* The final norm's tensor; NULL: output_norm.weight (lfm2's converter names it
+     * token_embd_norm.weight). */
+    const char *output_norm;
     engine_moe_route moe_route;
     engine_moe_act moe_act;
     /* Family metadata after the common keys (model.c's load_hparams); NULL: none. Refuses
@@ -50,7 +56,7 @@ struct engine_arch {
 extern const engine_arch engine__arch_llama, engine__arch_qwen2, engine__arch_qwen3,
     engine__arch_qwen3moe, engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3,
     engine__arch_gpt_oss, engine__arch_smollm3, engine__arch_granite, engine__arch_granitemoe,
-    engine__arch_ernie4_5, engine__arch_ernie4_5_moe;
+    engine__arch_ernie4_5, engine__arch_ernie4_5_moe, engine__arch_lfm2;
 
 /* The family named name[0..len), or NULL. */
 const engine_arch *engine__arch_find(const char *name, size_t len);
@@ -97,6 +103,9 @@ int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_
 /* The llama layer body (arch_llama.c), for families that differ from llama only in loading: the
  * Q/K/V biases (qwen2) and the per-head Q/K norms (qwen3) where the layer has them. */
 void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
+/* The llama layer's second half over the batch's rows: RMSNorm of c->x, the SwiGLU MLP (or
+ * the experts), added to c->x. */
+void engine__llama_ffn(engine_ctx *c, uint32_t l, size_t rows);
 
 /* An MoE layer's router and experts (moe.c) into m->layers[l], in place of the dense MLP's
  * three matrices, and a shared expert's where the file has one (hp.n_ff_shexp > 0): for

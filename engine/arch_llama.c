@@ -88,7 +88,13 @@ void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, ui
     for (size_t t = 0; w->bo && t < T; t++)
         kern_add(c->xn + t * E, w->bo, E);
     kern_add(c->x, c->xn, T * E);
+    engine__llama_ffn(c, l, T);
+}
 
+void engine__llama_ffn(engine_ctx *c, uint32_t l, size_t T)
+{
+    const layer_weights *w = &c->m->layers[l];
+    size_t E = c->m->hp.n_embd;
     engine__norm_rows(c, c->xn, c->x, w->ffn_norm, T, E);
     if (w->experts) {
         engine__moe_ffn(c, w, c->xn, T);

@@ -377,7 +377,7 @@ void engine__attention(engine_ctx *c, const engine_kv *kv, const engine_batch *b
                   .kv = kv,
                   .b = b,
                   .kl = kv->k + kv->layer_off[l],
-                  .vl = kv->v + kv->layer_off[l],
+                  .vl = kv->v + kv->v_off[l],
                   .windowed_table = kv->group[l] == ENGINE_KV_WINDOWED,
                   .window = window};
     uint64_t macs = 0;    /* of the whole batch: a tiny model's attention stays on this thread */

@@ -26,6 +26,8 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
            F = hp->n_expert ? hp->n_ff_exp : hp->n_ff; /* an MoE model has no dense MLP */
     F = F > hp->n_ff_shexp ? F : hp->n_ff_shexp;       /* and a shared expert may be wider */
     F = m->moe_dense && hp->n_ff > F ? hp->n_ff : F;   /* as may its dense layers' (ernie) */
+    for (uint32_t l = 0; l < hp->n_layer; l++)         /* a short convolution's B, C and x (lfm2) */
+        F = m->layers[l].conv_len && F < 3 * E ? 3 * E : F;
     c->m = m;
     c->max_tokens = max_tokens;
     c->n_threads = n_threads ? n_threads : 1;
@@ -395,7 +397,7 @@ void engine__rope_store(engine_ctx *c, engine_kv *kv, const engine_batch *b, uin
     size_t T = b->n_tokens, Q = (size_t)hp->n_head * hp->head_dim,
            kv_dim = (size_t)hp->n_head_kv * hp->head_dim, R = hp->n_rot / 2;
     const float *cs = c->rope_cs + (size_t)c->m->layers[l].rope_set * c->max_tokens * R * 2;
-    uint8_t *kl = kv->k + kv->layer_off[l], *vl = kv->v + kv->layer_off[l];
+    uint8_t *kl = kv->k + kv->layer_off[l], *vl = kv->v + kv->v_off[l];
     const int32_t *slot = kv->group[l] == ENGINE_KV_WINDOWED ? c->wslot : c->slot;
     bool no_rope = c->m->layers[l].no_rope;
     for (size_t t = 0; t < T; t++) {

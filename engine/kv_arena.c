@@ -42,19 +42,43 @@ uint32_t engine_model_window(const engine_model *m)
     return w;
 }
 
-size_t engine_kv_block_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size)
+/* Bytes of layer l's K and of its V per token slot. A short-convolution layer (lfm2) keeps the
+ * product B*x of each position (n_embd values) in its K rows and has no V: F32 whatever the
+ * cache type, as llama.cpp keeps its convolution states, and the window its layer holds is a
+ * few positions per sequence. */
+static void slot_bytes(const engine_model *m, engine_kv_type type, uint32_t l, size_t *k, size_t *v)
 {
     const engine_hparams *hp = &m->hp;
-    return (size_t)2 * hp->n_layer * block_size * hp->n_head_kv * hp->head_dim * kv_esz(type);
+    if (m->layers[l].conv_len) {
+        *k = (size_t)hp->n_embd * sizeof(float);
+        *v = 0;
+        return;
+    }
+    *k = *v = (size_t)hp->n_head_kv * hp->head_dim * kv_esz(type);
+}
+
+static size_t group_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size,
+                          int group)
+{
+    size_t total = 0;
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+        int g = m->layers[l].window > 0 ? ENGINE_KV_WINDOWED : ENGINE_KV_GLOBAL;
+        size_t k, v;
+        slot_bytes(m, type, l, &k, &v);
+        total += group < 0 || g == group ? (k + v) * block_size : 0;
+    }
+    return total;
+}
+
+size_t engine_kv_block_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size)
+{
+    return group_bytes(m, type, block_size, -1);
 }
 
 size_t engine_kv_group_block_bytes(const engine_model *m, engine_kv_type type, uint32_t block_size,
                                    int group)
 {
-    const engine_hparams *hp = &m->hp;
-    uint32_t nw = layers_windowed(m);
-    uint32_t n = group == ENGINE_KV_WINDOWED ? nw : hp->n_layer - nw;
-    return (size_t)2 * n * block_size * hp->n_head_kv * hp->head_dim * kv_esz(type);
+    return group_bytes(m, type, block_size, group);
 }
 
 static int kv_create(const engine_model *m, engine_kv_type type, uint32_t n_blocks,
@@ -76,23 +100,32 @@ static int kv_create(const engine_model *m, engine_kv_type type, uint32_t n_bloc
     kv->n_layer = m->hp.n_layer;
     kv->kv_dim = m->hp.n_head_kv * m->hp.head_dim;
     kv->layer_off = malloc(kv->n_layer * sizeof *kv->layer_off);
+    kv->v_off = malloc(kv->n_layer * sizeof *kv->v_off);
+    kv->k_row = malloc(kv->n_layer * sizeof *kv->k_row);
+    kv->v_row = malloc(kv->n_layer * sizeof *kv->v_row);
     kv->group = malloc(kv->n_layer);
-    if (!kv->layer_off || !kv->group) {
+    if (!kv->layer_off || !kv->v_off || !kv->k_row || !kv->v_row || !kv->group) {
         engine_kv_destroy(kv);
         return KVS_ENOMEM;
     }
-    size_t row = (size_t)kv->kv_dim * kv->esz, total = 0;
+    size_t k_total = 0, v_total = 0;
     for (uint32_t l = 0; l < kv->n_layer; l++) {
         bool w = n_wblocks && m->layers[l].window > 0;
+        size_t k_row, v_row, slots = (size_t)(w ? n_wblocks : n_blocks) * block_size;
+        slot_bytes(m, type, l, &k_row, &v_row);
         kv->group[l] = w ? ENGINE_KV_WINDOWED : ENGINE_KV_GLOBAL;
-        kv->layer_off[l] = total;
-        total += (size_t)(w ? n_wblocks : n_blocks) * block_size * row;
+        kv->k_row[l] = k_row;
+        kv->v_row[l] = v_row;
+        kv->layer_off[l] = k_total;
+        kv->v_off[l] = v_total;
+        k_total += slots * k_row;
+        v_total += slots * v_row;
     }
     /* faulted in now, as llama.cpp clears its KV buffer at start: a block's first use never
      * pays page faults in the middle of a step (4-5 % of a 16-client 110m benchmark, which
      * touched most of a fresh 256 MiB pool), and RSS is flat from the start */
-    kv->k = kvs_huge_alloc(total, true);
-    kv->v = kvs_huge_alloc(total, true);
+    kv->k = kvs_huge_alloc(k_total, true);
+    kv->v = kvs_huge_alloc(v_total ? v_total : 1, true);
     if (!kv->k || !kv->v) {
         engine_kv_destroy(kv);
         return KVS_ENOMEM;
@@ -124,18 +157,21 @@ void engine_kv_destroy(engine_kv *kv)
     kvs_huge_free(kv->k);
     kvs_huge_free(kv->v);
     free(kv->layer_off);
+    free(kv->v_off);
+    free(kv->k_row);
+    free(kv->v_row);
     free(kv->group);
     free(kv);
 }
 
 void engine_kv_copy_block(engine_kv *kv, int group, int32_t src, int32_t dst)
 {
-    size_t blk = (size_t)kv->block_size * kv->kv_dim * kv->esz;
     for (uint32_t l = 0; l < kv->n_layer; l++) {
         if (kv->n_wblocks && kv->group[l] != group)
             continue;
-        size_t base = kv->layer_off[l];
-        memcpy(kv->k + base + (size_t)dst * blk, kv->k + base + (size_t)src * blk, blk);
-        memcpy(kv->v + base + (size_t)dst * blk, kv->v + base + (size_t)src * blk, blk);
+        size_t kblk = (size_t)kv->block_size * kv->k_row[l], kb = kv->layer_off[l];
+        size_t vblk = (size_t)kv->block_size * kv->v_row[l], vb = kv->v_off[l];
+        memcpy(kv->k + kb + (size_t)dst * kblk, kv->k + kb + (size_t)src * kblk, kblk);
+        memcpy(kv->v + vb + (size_t)dst * vblk, kv->v + vb + (size_t)src * vblk, vblk);
     }
 }

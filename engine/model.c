@@ -322,6 +322,61 @@ static int load_rope_scaling(engine_model *m, char *err, size_t err_len)
     return 0;
 }
 
+/* attention.head_count_kv: one count, or one per layer (lfm2's converter), where 0 marks a
+ * layer without attention: the family's recurrent block in its place (engine_arch.recurrent:
+ * layer_weights.recurrent); the layers with attention must agree on the count. */
+static int load_kv_heads(engine_model *m, char *err, size_t err_len)
+{
+    engine_hparams *hp = &m->hp;
+    char key[128];
+    enum gguf_type et;
+    uint64_t n;
+    const void *data;
+    hp->n_head_kv = hp->n_head;
+    if (gguf_get_arr(m->file, arch_key(m, "attention.head_count_kv", key, sizeof key), &et, &n,
+                     &data))
+        return get_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err,
+                            err_len);
+    static const size_t esz[GGUF_TYPE_COUNT_] = {
+        [GGUF_TYPE_UINT8] = 1,  [GGUF_TYPE_INT8] = 1,   [GGUF_TYPE_UINT16] = 2,
+        [GGUF_TYPE_INT16] = 2,  [GGUF_TYPE_UINT32] = 4, [GGUF_TYPE_INT32] = 4,
+        [GGUF_TYPE_UINT64] = 8, [GGUF_TYPE_INT64] = 8};
+    if ((unsigned)et >= GGUF_TYPE_COUNT_ || !esz[et] || n != hp->n_layer)
+        return status_set_err(err, err_len, KVS_EFORMAT,
+                              "%s is not an integer per layer (%llu values, %u layers)", key,
+                              (unsigned long long)n, hp->n_layer);
+    if (!m->arch->recurrent)
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "%s per layer is not supported for %s (one count for every layer)",
+                              key, hp->arch);
+    uint32_t common = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const uint8_t *p = (const uint8_t *)data + (size_t)l * esz[et];
+        int64_t v = 0;
+        bool is_signed = et == GGUF_TYPE_INT8 || et == GGUF_TYPE_INT16 || et == GGUF_TYPE_INT32 ||
+                         et == GGUF_TYPE_INT64;
+        uint64_t u = 0;
+        memcpy(&u, p, esz[et]); /* little-endian, as the file */
+        if (is_signed && esz[et] < 8 && (u >> (esz[et] * 8 - 1)) & 1)
+            u |= ~0ull << (esz[et] * 8); /* sign-extended */
+        v = (int64_t)u;
+        if (v < 0 || v > hp->n_head || (v && hp->n_head % v))
+            return status_set_err(err, err_len, KVS_EFORMAT,
+                                  "%s[%u] = %lld does not divide head_count %u", key, l,
+                                  (long long)v, hp->n_head);
+        if (v && common && v != common)
+            return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                                  "%s differs between layers (%u and %lld): not supported", key,
+                                  common, (long long)v);
+        common = v ? (uint32_t)v : common;
+        m->layers[l].recurrent = v == 0;
+    }
+    if (!common)
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED, "%s: no layer has attention", key);
+    hp->n_head_kv = common;
+    return 0;
+}
+
 static int load_hparams(engine_model *m, char *err, size_t err_len)
 {
     engine_hparams *hp = &m->hp;
@@ -346,6 +401,9 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
         (rc = get_arch_u32(m, "attention.head_count", &hp->n_head, true, 1, MAX_HEADS, err,
                            err_len)))
         return rc;
+    m->layers = calloc(hp->n_layer, sizeof *m->layers);
+    if (!m->layers)
+        return status_set_err(err, err_len, KVS_ENOMEM, "out of memory");
     /* Mixtral-style files say llama but hold expert tensors (ffn_*_exps) instead of one MLP;
      * families whose layer has no expert path refuse them. */
     if ((rc = get_arch_u32(m, "expert_count", &hp->n_expert, false, 0, MAX_EXPERTS, err, err_len)))
@@ -363,9 +421,7 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
                                err, err_len)))
             return rc;
     }
-    hp->n_head_kv = hp->n_head;
-    if ((rc = get_arch_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, 1, hp->n_head, err,
-                           err_len)))
+    if ((rc = load_kv_heads(m, err, err_len)))
         return rc;
     bool head_from_width =
         !m->arch->free_head_dim ||
@@ -440,7 +496,8 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
                               "%s.vocab_size = %u but the tokenizer has %u tokens", hp->arch,
                               n_vocab_key, hp->n_vocab);
     if ((rc = load_mat(m, "token_embd.weight", E, V, true, &m->tok_embd, err, err_len)) ||
-        (rc = load_tensor(m, "output_norm.weight", E, 1, true, &m->output_norm, err, err_len)) ||
+        (rc = load_tensor(m, m->arch->output_norm ? m->arch->output_norm : "output_norm.weight", E,
+                          1, true, &m->output_norm, err, err_len)) ||
         (rc = load_mat(m, "output.weight", E, V, false, &m->output, err, err_len)))
         return rc;
     if (!m->output.data)
@@ -453,15 +510,15 @@ static int load_weights(engine_model *m, char *err, size_t err_len)
             return status_set_err(err, err_len, KVS_EFORMAT,
                                   "rope_freqs.weight[%u] = %g is not positive", j,
                                   (double)m->rope_freqs[j]);
-    m->layers = calloc(hp->n_layer, sizeof *m->layers);
-    if (!m->layers)
-        return status_set_err(err, err_len, KVS_ENOMEM, "out of memory");
     for (uint32_t l = 0; l < hp->n_layer; l++)
         if ((rc = m->arch->load_layer(m, l, err, err_len)))
             return rc;
-    int64_t q = gguf_find_tensor(m->file, "blk.0.attn_q.weight");
-    if (q < 0) /* phi3's fused Q/K/V */
-        q = gguf_find_tensor(m->file, "blk.0.attn_qkv.weight");
+    /* the file's type: its first layer's Q (phi3: fused Q/K/V; lfm2: a convolution's input) */
+    static const char *const first[] = {"blk.0.attn_q.weight", "blk.0.attn_qkv.weight",
+                                        "blk.0.shortconv.in_proj.weight", "token_embd.weight"};
+    int64_t q = -1;
+    for (size_t i = 0; q < 0; i++)
+        q = gguf_find_tensor(m->file, first[i]);
     m->weight_type = gguf_tensor_at(m->file, q)->type;
     return 0;
 }
@@ -499,7 +556,7 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
     /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 stacks of experts (+ a
      * shared expert's 3); an MoE model's dense layers (ernie4_5-moe) use the first 7 of theirs. */
     size_t X = m->hp.n_expert, SH = X && m->hp.n_ff_shexp ? 3 : 0;
-    size_t per_layer = X ? 5 + 3 * X + SH : 7;
+    size_t per_layer = X ? 5 + 3 * X + SH + 2 : 9; /* + a short convolution's two */
     size_t n_mats = (size_t)m->hp.n_layer * per_layer + 2;
     /* An expert stack's copies go into one mapping, each slice 64-byte aligned: one mapping per
      * matrix would be 18k of them for Qwen3-30B-A3B (and three VMAs each, against the kernel's
@@ -525,9 +582,10 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
         } else {
             layer_weights *w = &m->layers[(i - 1) / per_layer];
             size_t k = (i - 1) % per_layer;
-            kern_mat *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+            kern_mat *mats[9] = {&w->wq,   &w->wk,     &w->wv,      &w->wo,      &w->w_gate,
+                                 &w->w_up, &w->w_down, &w->conv_in, &w->conv_out};
             kern_mat *shared[3] = {&w->sh_gate, &w->sh_up, &w->sh_down};
-            if (!w->experts && k >= 7) /* a dense layer of an MoE model (ernie4_5-moe) */
+            if (!w->experts && k >= 9) /* a dense layer of an MoE model (ernie4_5-moe) */
                 continue;
             in_stack = w->experts && k >= 5 && k < 5 + 3 * X;
             e = in_stack ? (k - 5) % X : 0;
@@ -535,7 +593,10 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
             mat = k < 4 || !w->experts ? mats[k]
                   : k == 4             ? &w->router
                   : in_stack           ? &w->experts[e * 3 + (k - 5) / X]
-                                       : shared[k - 5 - 3 * X];
+                  : k < 5 + 3 * X + SH ? shared[k - 5 - 3 * X]
+                                       : mats[7 + k - (5 + 3 * X + SH)];
+            if (!mat->data) /* a matrix this layer does not have (attention or convolution) */
+                continue;
         }
         /* The integer path reads an interleaved copy where the table has kernels of its own
          * (kern/qdot_pack.c: the same bytes in another order, at most 3.6% more), the file's

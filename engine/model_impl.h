@@ -47,10 +47,18 @@ typedef struct layer_weights {
     kern_mat sh_gate, sh_up;  /* (n_ff_shexp, n_embd) a shared expert's (granitemoeshared) */
     kern_mat sh_down;         /* (n_embd, n_ff_shexp); all three empty without one */
     const float *post_ffn_norm; /* (n_embd) or NULL: norm of the MLP output (gemma) */
-    uint32_t window;            /* attends to the last `window` positions only; 0: all */
-    uint32_t rope_set;          /* index into engine_model.rope */
-    bool no_rope; /* queries and keys go unrotated (smollm3's NoPE layers, every layer of a
-                     granite file with rope.scaling.finetuned false): rope_set unused */
+    /* A short-convolution layer (lfm2) in place of attention: in_proj's B, C and x rows, the
+     * depthwise taps, out_proj; conv_len 0 on an attention layer. */
+    kern_mat conv_in;    /* (3 n_embd, n_embd) */
+    kern_mat conv_out;   /* (n_embd, n_embd) */
+    const float *conv_w; /* (n_embd, conv_len): channel i's taps, oldest position first */
+    uint32_t conv_len;   /* taps: the layer reads its last conv_len positions' B*x */
+    bool recurrent;      /* head_count_kv 0 for this layer in the file: the family's recurrent block
+                            (lfm2's convolution) in place of attention */
+    uint32_t window;     /* attends to the last `window` positions only; 0: all */
+    uint32_t rope_set;   /* index into engine_model.rope */
+    bool no_rope;        /* queries and keys go unrotated (smollm3's NoPE layers, every layer of a
+                            granite file with rope.scaling.finetuned false): rope_set unused */
 } layer_weights;
 
 /* One RoPE frequency table: angle of pair j at position p is p * scale * base^(-2j/n_rot)
@@ -111,7 +119,11 @@ struct engine_kv {
     uint32_t n_wblocks; /* blocks of the windowed group of a split arena, 0: single arena */
     uint8_t *k;         /* each layer's (n_slots of its group, kv_dim) one after another */
     uint8_t *v;
-    size_t *layer_off; /* [n_layer] byte offset of layer l's K (and V) in k (and v) */
+    size_t *layer_off; /* [n_layer] byte offset of layer l's K in k */
+    size_t *v_off;     /* [n_layer] byte offset of layer l's V in v */
+    size_t *k_row;     /* [n_layer] bytes of a slot's K: kv_dim * esz, or a short-convolution
+                          layer's B*x (n_embd F32 values) */
+    size_t *v_row;     /* [n_layer] bytes of a slot's V: kv_dim * esz, or 0 (a convolution) */
     uint8_t *group;    /* [n_layer] ENGINE_KV_GLOBAL / ENGINE_KV_WINDOWED (all global: single) */
 };
 

@@ -73,6 +73,9 @@ FAMILIES = {
     # while its graph runs the dense MLP on the layers the step leaves out.
     "ernie4_5-moe": ["--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
                      "--shared-expert-ffn", "512", "--weight-std", "0.06"],
+    # lfm2: short convolutions of 3 taps (std 1) on 8 of the 12 layers, attention with Q/K norms
+    # and NEOX pairs on layers 2, 5, 8 and 11, token_embd_norm as the final norm
+    "lfm2": [],
 }
 ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
         "granite-norope": "granite", "granitemoe-shared": "granitemoe", "ernie4_5-hd": "ernie4_5"}  # rows whose name is not their --arch

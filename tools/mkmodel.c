@@ -298,9 +298,14 @@ static void usage(FILE *fp)
             "            (granite with Mixtral's experts of feed_forward_length: --experts);\n"
             "            ernie4_5 (llama's tensors); ernie4_5-moe (ernie4_5 with experts on\n"
             "            the layers --dense-lead and --moe-step leave, an F32 selection bias\n"
-            "            exp_probs_b.bias of std 0.1 each, --shared-expert-ffn).\n"
+            "            exp_probs_b.bias of std 0.1 each, --shared-expert-ffn); lfm2 (a\n"
+            "            short convolution of 3 taps (std 1, F32) in place of attention on\n"
+            "            the layers l with l %% 3 != 2 but the last, Q/K norms on the others,\n"
+            "            head_count_kv per layer (0 on the convolutions), token_embd_norm).\n"
             "            gemma is always tied, phi3 never\n"
-            "  --tied    no output.weight: the output projection reuses token_embd\n"
+            "  --tied    no output.weight: the output projection reuses token_embd\n");
+    fprintf(fp, /* two strings: C99 compilers need take only 4095 bytes in one */
+
             "  --head-dim  attention.key_length/value_length (qwen3, qwen3moe, gemma,\n"
             "            gpt-oss, ernie4_5, ernie4_5-moe;\n"
             "            default dim / heads)\n"
@@ -465,8 +470,8 @@ static int parse_args(int argc, char **argv, opts *o)
             o->n_layers = (uint32_t)n;
         } else if (!strcmp(a, "--arch")) {
             static const char *const archs[] = {
-                "llama",   "qwen2",   "qwen3",   "qwen3moe",   "gemma2",   "gemma3",      "phi3",
-                "gpt-oss", "smollm3", "granite", "granitemoe", "ernie4_5", "ernie4_5-moe"};
+                "llama",   "qwen2",   "qwen3",   "qwen3moe",   "gemma2",   "gemma3",       "phi3",
+                "gpt-oss", "smollm3", "granite", "granitemoe", "ernie4_5", "ernie4_5-moe", "lfm2"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
                 if (!strcmp(val, archs[k]))
@@ -475,7 +480,7 @@ static int parse_args(int argc, char **argv, opts *o)
                 fprintf(stderr,
                         "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
                         "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe, "
-                        "ernie4_5, ernie4_5-moe)\n",
+                        "ernie4_5, ernie4_5-moe, lfm2)\n",
                         val);
                 return -1;
             }
@@ -748,6 +753,13 @@ static int add_vocab(gguf_writer *w, const opts *o, uint32_t *n_vocab)
     return rc;
 }
 
+/* lfm2: whether layer l of n is a short convolution (kvs-mkmodel's pattern: attention on every
+ * third layer from 2 and on the last, so any file has one) */
+static bool lfm2_conv(uint32_t l, uint32_t n)
+{
+    return l % 3 != 2 && l + 1 != n;
+}
+
 static int build(gen *g, const opts *o)
 {
     const shape *sh = o->shape;
@@ -763,6 +775,11 @@ static int build(gen *g, const opts *o)
     bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
     bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
     bool gpt_oss = !strcmp(o->arch, "gpt-oss"), smollm3 = !strcmp(o->arch, "smollm3");
+    bool lfm2 = !strcmp(o->arch, "lfm2");
+    /* lfm2's converter: one KV head count per layer, 0 on the convolutions */
+    int32_t kv_heads[1024];
+    for (uint32_t l = 0; l < n_layers && l < 1024; l++)
+        kv_heads[l] = lfm2 && lfm2_conv(l, n_layers) ? 0 : (int32_t)sh->n_kv_heads;
     uint32_t ftype = o->type == GGML_TYPE_F32   ? FTYPE_ALL_F32
                      : o->type == GGML_TYPE_F16 ? FTYPE_MOSTLY_F16
                                                 : FTYPE_MOSTLY_Q8_0;
@@ -779,7 +796,9 @@ static int build(gen *g, const opts *o)
         (rc = gguf_writer_add_u32(w, ARCH_KEY("block_count"), n_layers)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("feed_forward_length"), sh->ffn)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count"), sh->n_heads)) ||
-        (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count_kv"), sh->n_kv_heads)) ||
+        (rc = lfm2 ? gguf_writer_add_arr(w, ARCH_KEY("attention.head_count_kv"), GGUF_TYPE_INT32,
+                                         kv_heads, n_layers)
+                   : gguf_writer_add_u32(w, ARCH_KEY("attention.head_count_kv"), sh->n_kv_heads)) ||
         (rc = gguf_writer_add_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"),
                                   qwen2 || qwen3 || gemma || smollm3 ? 1e-6f : 1e-5f)) ||
         (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), o->rope_base)) ||
@@ -832,6 +851,8 @@ static int build(gen *g, const opts *o)
     if (o->shexp_ffn &&
         (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_shared_feed_forward_length"), o->shexp_ffn)))
         return rc;
+    if (lfm2 && (rc = gguf_writer_add_u32(w, ARCH_KEY("shortconv.l_cache"), 3)))
+        return rc;
     if (gemma2 && ((rc = gguf_writer_add_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f)) ||
                    (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
         return rc;
@@ -871,6 +892,7 @@ static int build(gen *g, const opts *o)
         /* ernie4_5-moe: experts on the layers its lead and step leave, the others dense */
         bool dense = !moe || (ernie_moe && (l < o->dense_lead || (l + 1) % o->moe_step));
         bool lmoe = !dense, shexp = o->shexp_ffn > 0 && lmoe;
+        bool conv = lfm2 && lfm2_conv(l, n_layers), attn = !phi3 && !conv;
         struct {
             const char *suffix;
             uint64_t d0, d1, d2;
@@ -878,12 +900,15 @@ static int build(gen *g, const opts *o)
         } L[] = {
             {"attn_norm", sh->dim, 0, 0, true},
             {"attn_qkv", sh->dim, q_dim + 2 * kv_dim, 0, phi3},
-            {"attn_q", sh->dim, q_dim, 0, !phi3},
-            {"attn_k", sh->dim, kv_dim, 0, !phi3},
-            {"attn_v", sh->dim, kv_dim, 0, !phi3},
-            {"attn_q_norm", head_dim, 0, 0, qwen3 || gemma3},
-            {"attn_k_norm", head_dim, 0, 0, qwen3 || gemma3},
-            {"attn_output", q_dim, sh->dim, 0, true},
+            {"attn_q", sh->dim, q_dim, 0, attn},
+            {"attn_k", sh->dim, kv_dim, 0, attn},
+            {"attn_v", sh->dim, kv_dim, 0, attn},
+            {"attn_q_norm", head_dim, 0, 0, qwen3 || gemma3 || (lfm2 && attn)},
+            {"attn_k_norm", head_dim, 0, 0, qwen3 || gemma3 || (lfm2 && attn)},
+            {"attn_output", q_dim, sh->dim, 0, !conv},
+            {"shortconv.conv", 3, sh->dim, 0, conv},
+            {"shortconv.in_proj", sh->dim, 3 * (uint64_t)sh->dim, 0, conv},
+            {"shortconv.out_proj", sh->dim, sh->dim, 0, conv},
             {"attn_sinks", sh->n_heads, 0, 0, gpt_oss},
             {"post_attention_norm", sh->dim, 0, 0, gemma || gpt_oss},
             {"ffn_norm", sh->dim, 0, 0, !gpt_oss},
@@ -913,6 +938,10 @@ static int build(gen *g, const opts *o)
                 rc = gen_tensor_ex(g, tn, L[k].d0, 0, 0.1);
             else if (L[k].d2)
                 rc = gen_add(g, tn, 3, dims, g->wtype, g->std);
+            else if (!strcmp(L[k].suffix, "shortconv.conv"))
+                /* F32 (llama-quantize keeps rows of 3 so); taps of std 1, so the convolution
+                 * weighs in beside the attention layers */
+                rc = gen_add(g, tn, 2, dims, GGML_TYPE_F32, 1.0);
             else if (!strcmp(L[k].suffix, "ffn_gate_inp"))
                 /* The router stays F32 (llama-quantize keeps it so). Its inputs are RMS-normed
                  * to 1 each, so its logits' std is its std times sqrt(dim): at 1/sqrt(dim),
@@ -947,7 +976,7 @@ static int build(gen *g, const opts *o)
             }
         }
     }
-    if ((rc = gen_tensor(g, "output_norm.weight", sh->dim, 0)))
+    if ((rc = gen_tensor(g, lfm2 ? "token_embd_norm.weight" : "output_norm.weight", sh->dim, 0)))
         return rc;
     if (!o->tied && (rc = gen_tensor(g, "output.weight", sh->dim, n_vocab)))
         return rc;
