@@ -130,6 +130,9 @@ typedef struct ref_layer {
      * sh_ffn) */
     float *sh_gate, *sh_up, *sh_down;
     float *probs_b; /* ernie4_5-moe: (n_expert) added to the probabilities to pick experts */
+    /* lfm2's convolution layers (NULL on its attention layers): in_proj (3 dim rows of dim: B, C,
+     * x), the taps (dim rows of taps, oldest position first), out_proj (dim rows of dim) */
+    float *conv_in, *conv, *conv_out;
 } ref_layer;
 
 typedef struct ref_model {
@@ -154,6 +157,7 @@ typedef struct ref_model {
      * the dense MLP (moe_step 0: every layer of an MoE file runs experts) */
     uint32_t moe_lead, moe_step;
     uint32_t n_swa, swa_pattern; /* 0 = no windowed layers */
+    uint32_t taps;               /* lfm2: shortconv.l_cache */
     float base_swa;              /* RoPE base of the windowed layers (gemma3), 0: base */
     uint32_t
         nope_step; /* smollm3: layer l rotates nothing when (l + 1) % nope_step == 0; 0: none */
@@ -273,7 +277,23 @@ static void ref_load(ref_model *r, const char *path)
     r->dim = ref_u32(f, arch, "embedding_length");
     r->n_layer = ref_u32(f, arch, "block_count");
     r->n_head = ref_u32(f, arch, "attention.head_count");
-    r->n_kv = ref_u32(f, arch, "attention.head_count_kv");
+    bool lfm2 = !strcmp(arch, "lfm2");
+    if (lfm2) { /* one count per layer, 0 on the convolutions: the attention layers' count */
+        enum gguf_type et;
+        uint64_t cnt;
+        const void *kvh;
+        snprintf(key, sizeof key, "%s.attention.head_count_kv", arch);
+        assert_int_equal(gguf_get_arr(f, key, &et, &cnt, &kvh), 0);
+        assert_true(et == GGUF_TYPE_INT32 && cnt == r->n_layer);
+        for (uint64_t i = 0; i < cnt; i++) {
+            int32_t h;
+            memcpy(&h, (const uint8_t *)kvh + 4 * i, 4);
+            r->n_kv = h ? (uint32_t)h : r->n_kv;
+        }
+        r->taps = ref_u32(f, arch, "shortconv.l_cache");
+    } else {
+        r->n_kv = ref_u32(f, arch, "attention.head_count_kv");
+    }
     r->ffn = ref_u32(f, arch, "feed_forward_length");
     r->vocab = ref_u32(f, arch, "vocab_size");
     if (moe) {
@@ -344,7 +364,7 @@ static void ref_load(ref_model *r, const char *path)
     r->scale = 1.0f / ref_f32(f, arch, "rope.scaling.factor", 1.0f);
     r->freqs = ref_tensor(f, "rope_freqs.weight");
     r->embd = ref_tensor(f, "token_embd.weight");
-    r->out_norm = ref_tensor(f, "output_norm.weight");
+    r->out_norm = ref_tensor(f, lfm2 ? "token_embd_norm.weight" : "output_norm.weight");
     r->out = ref_tensor(f, "output.weight");
     if (!r->out)
         r->out = ref_tensor(f, "token_embd.weight");
@@ -367,6 +387,16 @@ static void ref_load(ref_model *r, const char *path)
             L->gate_up = ref_tensor(f, name);
             assert_true(L->qkv && L->gate_up);
         }
+        snprintf(name, sizeof name, "blk.%u.shortconv.in_proj.weight", l);
+        L->conv_in = lfm2 && gguf_find_tensor(f, name) >= 0
+                         ? ref_tensor_dims(f, name, r->dim, 3 * (uint64_t)r->dim, 0)
+                         : NULL;
+        if (L->conv_in) {
+            snprintf(name, sizeof name, "blk.%u.shortconv.conv.weight", l);
+            L->conv = ref_tensor_dims(f, name, r->taps, r->dim, 0);
+            snprintf(name, sizeof name, "blk.%u.shortconv.out_proj.weight", l);
+            L->conv_out = ref_tensor_dims(f, name, r->dim, r->dim, 0);
+        }
         /* this layer's MLP: experts in an MoE file, but for ernie4_5-moe's dense layers */
         bool lmoe = moe && (!r->moe_step || (l >= r->moe_lead && (l + 1) % r->moe_step == 0));
         for (size_t k = 0; k < 12; k++) {
@@ -375,7 +405,8 @@ static void ref_load(ref_model *r, const char *path)
                 continue;
             snprintf(name, sizeof name, "blk.%u.%s", l, names[k]);
             *dst[k] = ref_tensor(f, name);
-            if (k < 5 || (k > 7 && !(lmoe && k > 8) && !(gpt_oss && k == 8)))
+            if ((k < 5 && (!L->conv_in || k == 0)) ||
+                (k > 7 && !(lmoe && k > 8) && !(gpt_oss && k == 8)))
                 assert_non_null(*dst[k]);
         }
         if (lmoe) {
@@ -414,7 +445,7 @@ static void ref_load(ref_model *r, const char *path)
             snprintf(name, sizeof name, "blk.%u.%s", l, extra[k]);
             *edst[k] = ref_tensor(f, name);
         }
-        if (gemma3 || !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe"))
+        if (gemma3 || !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe") || (lfm2 && !L->conv_in))
             assert_true(L->q_norm && L->k_norm);
         if (gpt_oss) { /* its post_attention_norm is the MLP's pre-norm; biases everywhere */
             assert_true(!L->ffn_norm && L->post_attn && L->bq && L->bk && L->bv);
@@ -526,6 +557,7 @@ typedef struct ref_opts {
     bool no_shexp; /* granitemoeshared, ernie4_5-moe: the shared expert left out */
     /* ernie4_5-moe: the experts picked without the selection bias, or weighed with it too */
     bool no_probs_b, probs_b_weights;
+    bool conv_own_only; /* lfm2: each convolution reads its own position's B*x only */
 } ref_opts;
 
 static double ref_cap(double x, double cap)
@@ -621,6 +653,42 @@ static void ref_moe(const ref_model *r, const ref_layer *L, const ref_opts *o, u
     free(lg), free(g), free(u), free(y), free(p), free(ps), free(acc), free(taken);
 }
 
+/* lfm2's convolution layer over the n rows of x (n, dim), as llama.cpp's shortconv block and
+ * Hugging Face's Lfm2ShortConv: B, C, x = in_proj(rmsnorm(row)); channel i's sum over the taps k
+ * (oldest first) of conv[i][k] times B*x of position t - (taps - 1) + k (none before 0); C times
+ * it through out_proj, added to the row. */
+static void ref_conv(const ref_model *r, const ref_layer *L, const ref_opts *o, float *x, int n,
+                     float res)
+{
+    uint32_t D = r->dim;
+    float *bcx = malloc((size_t)n * 3 * D * sizeof(float)), *xn = malloc(D * sizeof(float));
+    float *bx = malloc((size_t)n * D * sizeof(float)), *y = malloc(D * sizeof(float));
+    float *tmp = malloc(D * sizeof(float));
+    assert_true(bcx && xn && bx && y && tmp);
+    for (int t = 0; t < n; t++) {
+        float *bt = bcx + (size_t)t * 3 * D;
+        ref_rmsnorm(xn, x + (size_t)t * D, L->attn_norm, D, r->eps);
+        ref_matvec(bt, L->conv_in, xn, 3 * D, D);
+        for (uint32_t i = 0; i < D; i++)
+            bx[(size_t)t * D + i] = bt[i] * bt[2 * D + i];
+    }
+    for (int t = 0; t < n; t++) {
+        for (uint32_t i = 0; i < D; i++) {
+            double s = 0;
+            for (uint32_t k = 0; k < r->taps; k++) {
+                int p = t - (int)(r->taps - 1) + (int)k;
+                if (p >= 0 && (!o->conv_own_only || p == t))
+                    s += (double)L->conv[(size_t)i * r->taps + k] * bx[(size_t)p * D + i];
+            }
+            y[i] = (float)(s * bcx[(size_t)t * 3 * D + D + i]);
+        }
+        ref_matvec(tmp, L->conv_out, y, D, D);
+        for (uint32_t i = 0; i < D; i++)
+            x[(size_t)t * D + i] += res != 0.0f ? tmp[i] * res : tmp[i];
+    }
+    free(bcx), free(xn), free(bx), free(y), free(tmp);
+}
+
 /* logits (n, vocab) of every position of tok[0..n), recomputing the whole sequence, and if
  * hidden is not NULL the hidden states after the final norm (n, dim) the logits come from. */
 static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *tok, int n,
@@ -648,7 +716,9 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
         const ref_layer *L = &r->L[l];
         bool swa = !o->no_window && r->swa_pattern && l % r->swa_pattern < r->swa_pattern - 1;
         int window = swa ? (int)r->n_swa : 0;
-        for (int t = 0; t < n; t++) {
+        if (L->conv_in)
+            ref_conv(r, L, o, x, n, res);
+        for (int t = 0; t < n && !L->conv_in; t++) {
             ref_rmsnorm(xn, x + (size_t)t * D, L->attn_norm, D, r->eps);
             float *qt = q + (size_t)t * QD, *kt = k + (size_t)t * KV, *vt = v + (size_t)t * KV;
             ref_matvec(qt, L->wq, xn, QD, D);
@@ -673,7 +743,7 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                 ref_rope(rr, neox, !o->no_freqs, kt + h * r->hd, t, swa_base);
         }
         double cap = o->no_softcap ? 0 : r->attn_cap;
-        for (int t = 0; t < n; t++) {
+        for (int t = 0; t < n && !L->conv_in; t++) {
             int p0 = window && t + 1 > window ? t + 1 - window : 0;
             for (uint32_t h = 0; h < r->n_head; h++) {
                 uint32_t kh = h / (r->n_head / r->n_kv);
@@ -1116,6 +1186,15 @@ static const family_case FAMILY_CASES[] = {
      "Q8_0",
      {"--arch", "ernie4_5-moe", "--shape", "swa7", "--experts", "6", "--shared-expert-ffn", "64",
       "--moe-step", "2", "--type", "q8_0", "--seed", "3"}},
+    /* lfm2 on seven layers: convolutions of 3 taps on 0, 1, 3, 4 (B*x of the two positions
+     * before each row read back from the cache), attention with Q/K norms on 2, 5, 6; tied in
+     * Q8_0 */
+    {"test_lfm2_f32", "lfm2-f32.gguf", "lfm2", "F32", {"--arch", "lfm2", "--shape", "swa7"}},
+    {"test_lfm2_q8_0_tied",
+     "lfm2-q8-tied.gguf",
+     "lfm2",
+     "Q8_0",
+     {"--arch", "lfm2", "--shape", "swa7", "--type", "q8_0", "--tied", "--seed", "2"}},
     {"test_granitemoe_q8_0",
      "granitemoe-q8.gguf",
      "granitemoe",
@@ -1548,6 +1627,8 @@ static void test_family_reference_is_sensitive(void **st)
         {"sens-ernie4_5-moe.gguf", ERNIE_SENS, {.probs_b_weights = true}},
         {"sens-ernie4_5-moe.gguf", ERNIE_SENS, {.no_shexp = true}},
 #undef ERNIE_SENS
+        /* lfm2's convolution over the positions before a row, not its own alone */
+        {"sens-lfm2.gguf", {"--arch", "lfm2", "--shape", "swa7", NULL}, {.conv_own_only = true}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char p[512];

@@ -223,16 +223,6 @@ class MixtureOfExperts(unittest.TestCase):
                        "--shared-expert-ffn", "64")
         self.batched_equals_alone(path, "experts: 8 per layer of ffn 128, Q8_0, 3 used per token")
 
-    def test_ernie4_5_moe_batched_equals_alone(self):
-        """ernie4_5-moe's dense layers among the expert ones (a lead of 1, then every second
-        layer), its selection bias (exp_probs_b) and its shared expert keep a row's bits
-        whatever shares its steps."""
-        path = mkmodel("ernie4_5-moe-batch.gguf", "--shape", "swa7", "--arch", "ernie4_5-moe",
-                       "--type", "q8_0", "--experts", "8", "--experts-used", "3",
-                       "--expert-ffn", "64", "--moe-step", "2", "--weight-std", "0.15",
-                       "--shared-expert-ffn", "64")
-        self.batched_equals_alone(path, "experts: 8 per layer of ffn 64, Q8_0, 3 used per token")
-
 
 class NoPE(unittest.TestCase):
     def test_smollm3_batched_equals_alone(self):
@@ -241,6 +231,16 @@ class NoPE(unittest.TestCase):
         path = mkmodel("smollm3-batch.gguf", "--shape", "swa7", "--arch", "smollm3", "--type",
                        "q8_0", "--tied", "--weight-std", "0.15")
         MixtureOfExperts.batched_equals_alone(self, path, ": smollm3, 7 layers")
+
+
+class ShortConvolutions(unittest.TestCase):
+    def test_lfm2_batched_equals_alone(self):
+        """lfm2's convolution layers read the B*x rows of a row's last 3 positions back from
+        the windowed group's blocks: eight sequences in one step each read their own (Q8_0, the
+        integer path), with every bit of what each gives alone."""
+        path = mkmodel("lfm2-batch.gguf", "--shape", "swa7", "--arch", "lfm2", "--type", "q8_0",
+                       "--weight-std", "0.15")
+        MixtureOfExperts.batched_equals_alone(self, path, ": lfm2, 7 layers")
 
 
 class EmbeddingModel(unittest.TestCase):
@@ -286,7 +286,7 @@ class Refusals(unittest.TestCase):
         self.assertNotEqual(rc, 0)
         self.assertIn("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
                       "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe, "
-                      "ernie4_5, ernie4_5-moe)", err)
+                      "ernie4_5, ernie4_5-moe, lfm2)", err)
 
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")
