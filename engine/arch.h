@@ -13,6 +13,8 @@ typedef enum engine_moe_route {
     ENGINE_MOE_SOFTMAX_NORM, /* softmax over every expert, the k most probable, their
                                 probabilities renormalized to sum to 1 (Mixtral, Qwen3) */
     ENGINE_MOE_TOPK_SOFTMAX, /* the k highest scores, a softmax over those k (gpt-oss) */
+    ENGINE_MOE_SIGMOID_NORM, /* a sigmoid of each score, the k largest, renormalized as
+                                SOFTMAX_NORM's (lfm2moe) */
 } engine_moe_route;
 
 /* An expert's activation of its gate g and up u (moe.c). */
@@ -56,7 +58,7 @@ struct engine_arch {
 extern const engine_arch engine__arch_llama, engine__arch_qwen2, engine__arch_qwen3,
     engine__arch_qwen3moe, engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3,
     engine__arch_gpt_oss, engine__arch_smollm3, engine__arch_granite, engine__arch_granitemoe,
-    engine__arch_ernie4_5, engine__arch_ernie4_5_moe, engine__arch_lfm2;
+    engine__arch_ernie4_5, engine__arch_ernie4_5_moe, engine__arch_lfm2, engine__arch_lfm2moe;
 
 /* The family named name[0..len), or NULL. */
 const engine_arch *engine__arch_find(const char *name, size_t len);

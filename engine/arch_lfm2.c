@@ -14,7 +14,12 @@
  * keys: so a prefix hit, a fork and a recomputation all see the same values, and the layer's
  * window (l_cache) lets the windowed group of a split arena hold only the last block or two of
  * each sequence. With attention.sliding_window > 0 the attention layers are windowed too, as
- * llama.cpp reads that key for this family. */
+ * llama.cpp reads that key for this family.
+ *
+ * lfm2moe (LFM2-8B-A1B, LFM2-24B-A2B): the same blocks, with a mixture of experts in place of the
+ * MLP on the layers from leading_dense_block_count on (moe.c): sigmoid gating (its
+ * expert_gating_func, 2; the other values are refused), the experts picked on the probabilities
+ * plus a per-expert bias (exp_probs_b.bias) and weighed by their probabilities renormalized. */
 #include "engine/arch.h"
 
 #include "common/status.h"
@@ -39,6 +44,43 @@ static int load_lfm2_hparams(engine_model *m, char *err, size_t err_len)
     return 0;
 }
 
+/* llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID */
+#define GATING_SIGMOID 2
+
+static int load_lfm2moe_hparams(engine_model *m, char *err, size_t err_len)
+{
+    engine_hparams *hp = &m->hp;
+    uint32_t gating = 0, lead = 0;
+    int rc = load_lfm2_hparams(m, err, err_len);
+    if (rc ||
+        (rc = engine__arch_u32(m, "expert_gating_func", &gating, true, 0, UINT32_MAX, err,
+                               err_len)) ||
+        (rc = engine__arch_u32(m, "leading_dense_block_count", &lead, false, 0, hp->n_layer, err,
+                               err_len)))
+        return rc;
+    if (gating != GATING_SIGMOID)
+        return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                              "%s.expert_gating_func = %u is not supported (2, sigmoid, as LFM2's "
+                              "converter writes)",
+                              hp->arch, gating);
+    if (!hp->n_expert || !engine__arch_has(m, "expert_feed_forward_length"))
+        return status_set_err(err, err_len, KVS_ENOKEY,
+                              "%s needs expert_count > 0 and expert_feed_forward_length", hp->arch);
+    /* llama.cpp's expert_weights_scale and _norm are not read for this family: its graph
+     * normalizes and does not scale */
+    static const char *const refused[] = {"expert_weights_scale", "expert_weights_norm",
+                                          "expert_shared_count",
+                                          "expert_shared_feed_forward_length"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        if (engine__arch_has(m, refused[i]))
+            return status_set_err(err, err_len, KVS_EUNSUPPORTED, "%s.%s: not supported for %s",
+                                  hp->arch, refused[i], hp->arch);
+    m->moe_lead = lead;
+    m->moe_step = 1;
+    m->moe_dense = lead > 0;
+    return 0;
+}
+
 static int load_conv_layer(engine_model *m, uint32_t l, char *err, size_t err_len)
 {
     const engine_hparams *hp = &m->hp;
@@ -57,7 +99,7 @@ static int load_conv_layer(engine_model *m, uint32_t l, char *err, size_t err_le
         (rc = engine__load_layer_vec(m, l, "ffn_norm.weight", E, true, &w->ffn_norm, err, err_len)))
         return rc;
     if (engine__layer_moe(m, l))
-        return engine__load_moe(m, l, err, err_len);
+        return 0; /* load_lfm2_layer loads the experts */
     if ((rc = engine__load_layer_mat(m, l, "ffn_gate.weight", E, F, true, &w->w_gate, err,
                                      err_len)) ||
         (rc = engine__load_layer_mat(m, l, "ffn_up.weight", E, F, true, &w->w_up, err, err_len)))
@@ -67,17 +109,25 @@ static int load_conv_layer(engine_model *m, uint32_t l, char *err, size_t err_le
 
 static int load_lfm2_layer(engine_model *m, uint32_t l, char *err, size_t err_len)
 {
-    if (m->layers[l].conv_len)
-        return load_conv_layer(m, l, err, err_len);
-    int rc = engine__load_llama_layer(m, l, err, err_len);
-    if (rc)
-        return rc;
     layer_weights *w = &m->layers[l];
     uint32_t hd = m->hp.head_dim;
-    if ((rc = engine__load_layer_vec(m, l, "attn_q_norm.weight", hd, true, &w->q_norm, err,
-                                     err_len)))
+    int rc;
+    if (w->conv_len) {
+        if ((rc = load_conv_layer(m, l, err, err_len)))
+            return rc;
+    } else if ((rc = engine__load_llama_layer(m, l, err, err_len)) ||
+               (rc = engine__load_layer_vec(m, l, "attn_q_norm.weight", hd, true, &w->q_norm, err,
+                                            err_len)) ||
+               (rc = engine__load_layer_vec(m, l, "attn_k_norm.weight", hd, true, &w->k_norm, err,
+                                            err_len))) {
         return rc;
-    return engine__load_layer_vec(m, l, "attn_k_norm.weight", hd, true, &w->k_norm, err, err_len);
+    }
+    if (!engine__layer_moe(m, l))
+        return 0;
+    if (!w->experts && (rc = engine__load_moe(m, l, err, err_len))) /* llama's loader takes them */
+        return rc;
+    return engine__load_layer_vec(m, l, "exp_probs_b.bias", m->hp.n_expert, true, &w->exp_probs_b,
+                                  err, err_len);
 }
 
 /* Position pos's B * x in a layer's rows kl (row bytes a slot), through a block table. */
@@ -147,6 +197,18 @@ const engine_arch engine__arch_lfm2 = {
     .recurrent = true,
     .output_norm = "token_embd_norm.weight",
     .load_hparams = load_lfm2_hparams,
+    .load_layer = load_lfm2_layer,
+    .layer = lfm2_layer,
+};
+
+const engine_arch engine__arch_lfm2moe = {
+    .name = "lfm2moe",
+    .rope_type = ENGINE_ROPE_NEOX,
+    .recurrent = true,
+    .moe = true,
+    .moe_route = ENGINE_MOE_SIGMOID_NORM,
+    .output_norm = "token_embd_norm.weight",
+    .load_hparams = load_lfm2moe_hparams,
     .load_layer = load_lfm2_layer,
     .layer = lfm2_layer,
 };

@@ -6,7 +6,8 @@
  * experts in descending order of probability (ties: the lower index), each output times its
  * weight, then summed from the first in that order, so the sum is what llama.cpp adds up.
  * ernie4_5-moe picks its experts on the probabilities plus a per-expert bias (exp_probs_b), the
- * weights still the unbiased probabilities renormalized.
+ * weights still the unbiased probabilities renormalized; lfm2moe the same on sigmoid gating
+ * (each score's sigmoid in place of the softmax).
  * gpt-oss (arch_gpt_oss.c) routes and activates its own way (engine_arch.moe_route, moe_act):
  * the router's bias added, the k highest logits weighed by a softmax over them, the experts'
  * biases added, its clamped SwiGLU.
@@ -165,25 +166,30 @@ static void top_k(const float *p, uint32_t n, uint32_t k, int32_t *sel, float *v
 }
 
 /* Row t's experts and weights from its router scores p (n_expert, overwritten with the
- * probabilities): softmax, the k largest (repeated arg-max, so ties go to the lower index), and
- * their probabilities over their sum (at least 2^-14, as llama.cpp clamps it). With a selection
- * bias sb (n_expert; ernie4_5-moe's exp_probs_b, NULL: none) the k largest of p + sb are picked,
- * their weights still their unbiased probabilities (llama.cpp's build_moe_ffn with probs_b);
- * scratch (n_expert) holds the biased ones. */
-static void route_row(float *p, uint32_t n, uint32_t k, const float *sb, float *scratch,
-                      int32_t *sel, float *weight)
+ * probabilities): softmax (or with sigmoid, each score's sigmoid: lfm2moe), the k largest (repeated
+ * arg-max, so ties go to the lower index), and their probabilities over their sum (at least 2^-14,
+ * as llama.cpp clamps it). With a selection bias sb (n_expert; ernie4_5-moe's exp_probs_b, NULL:
+ * none) the k largest of p + sb are picked, their weights still their unbiased probabilities
+ * (llama.cpp's build_moe_ffn with probs_b); scratch (n_expert) holds the biased ones. */
+static void route_row(float *p, uint32_t n, uint32_t k, bool sigmoid, const float *sb,
+                      float *scratch, int32_t *sel, float *weight)
 {
-    float mx = p[0];
-    for (uint32_t e = 1; e < n; e++)
-        mx = p[e] > mx ? p[e] : mx;
-    double sum = 0;
-    for (uint32_t e = 0; e < n; e++) {
-        p[e] = expf(p[e] - mx);
-        sum += p[e];
+    if (sigmoid) { /* ggml's sigmoid gating: each expert's probability on its own */
+        for (uint32_t e = 0; e < n; e++)
+            p[e] = 1.0f / (1.0f + expf(-p[e]));
+    } else {
+        float mx = p[0];
+        for (uint32_t e = 1; e < n; e++)
+            mx = p[e] > mx ? p[e] : mx;
+        double sum = 0;
+        for (uint32_t e = 0; e < n; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += p[e];
+        }
+        float inv = (float)(1.0 / sum);
+        for (uint32_t e = 0; e < n; e++)
+            p[e] *= inv;
     }
-    float inv = (float)(1.0 / sum);
-    for (uint32_t e = 0; e < n; e++)
-        p[e] *= inv;
     if (sb) {
         for (uint32_t e = 0; e < n; e++)
             scratch[e] = p[e] + sb[e];
@@ -342,8 +348,8 @@ void engine__moe_ffn(engine_ctx *c, const layer_weights *w, float *xn, size_t ro
         if (c->m->arch->moe_route == ENGINE_MOE_TOPK_SOFTMAX)
             route_row_topk(p, (uint32_t)X, (uint32_t)K, b->sel + t * K, b->weight + t * K);
         else
-            route_row(p, (uint32_t)X, (uint32_t)K, w->exp_probs_b, b->scratch, b->sel + t * K,
-                      b->weight + t * K);
+            route_row(p, (uint32_t)X, (uint32_t)K, c->m->arch->moe_route == ENGINE_MOE_SIGMOID_NORM,
+                      w->exp_probs_b, b->scratch, b->sel + t * K, b->weight + t * K);
         for (size_t j = 0; j < K; j++)
             b->first[b->sel[t * K + j] + 1]++;
     }

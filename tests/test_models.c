@@ -142,6 +142,7 @@ typedef struct ref_model {
     bool topk_softmax; /* gpt-oss: the k highest router logits, a softmax over them; else the
                           softmax's k most probable, renormalized */
     bool oai_glu;      /* gpt-oss's clamped SwiGLU in the experts */
+    bool sigmoid;      /* lfm2moe: each router logit's sigmoid in place of the softmax */
     float eps, base, scale;
     /* YaRN (rope.scaling.type yarn): original context, ramp corners; yarn_orig 0: none */
     uint32_t yarn_orig;
@@ -277,7 +278,7 @@ static void ref_load(ref_model *r, const char *path)
     r->dim = ref_u32(f, arch, "embedding_length");
     r->n_layer = ref_u32(f, arch, "block_count");
     r->n_head = ref_u32(f, arch, "attention.head_count");
-    bool lfm2 = !strcmp(arch, "lfm2");
+    bool lfm2 = !strncmp(arch, "lfm2", 4), lfm2moe = !strcmp(arch, "lfm2moe");
     if (lfm2) { /* one count per layer, 0 on the convolutions: the attention layers' count */
         enum gguf_type et;
         uint64_t cnt;
@@ -304,6 +305,12 @@ static void ref_load(ref_model *r, const char *path)
         r->ffn_exp = r->ffn;
         gguf_get_u32(f, key, &r->ffn_exp);
         assert_true(r->n_expert_used >= 1 && r->n_expert_used <= r->n_expert);
+    }
+    if (lfm2moe) { /* llama.cpp's lfm2moe graph: dense layers first, then experts */
+        r->moe_lead = ref_u32(f, arch, "leading_dense_block_count");
+        r->moe_step = 1;
+        r->sigmoid = ref_u32(f, arch, "expert_gating_func") == 2;
+        assert_true(r->sigmoid);
     }
     if (ernie_moe) { /* llama.cpp's ernie4_5-moe graph: the placement from these two keys */
         r->moe_lead = ref_u32(f, arch, "leading_dense_block_count");
@@ -421,7 +428,8 @@ static void ref_load(ref_model *r, const char *path)
             L->down_exps = ref_tensor_dims(f, name, FE, D, E);
             assert_true(!L->gate && !L->up && !L->down);
             snprintf(name, sizeof name, "blk.%u.exp_probs_b.bias", l);
-            L->probs_b = ernie_moe ? ref_tensor(f, name) : NULL;
+            L->probs_b = ernie_moe || lfm2moe ? ref_tensor(f, name) : NULL;
+            assert_true(!lfm2moe || L->probs_b);
         }
         if (phi3) {
             size_t KV = (size_t)r->n_kv * r->hd;
@@ -557,7 +565,8 @@ typedef struct ref_opts {
     bool no_shexp; /* granitemoeshared, ernie4_5-moe: the shared expert left out */
     /* ernie4_5-moe: the experts picked without the selection bias, or weighed with it too */
     bool no_probs_b, probs_b_weights;
-    bool conv_own_only; /* lfm2: each convolution reads its own position's B*x only */
+    bool conv_own_only;  /* lfm2: each convolution reads its own position's B*x only */
+    bool softmax_gating; /* lfm2moe: a softmax over the router's logits, not their sigmoids */
 } ref_opts;
 
 static double ref_cap(double x, double cap)
@@ -594,9 +603,10 @@ static void ref_moe(const ref_model *r, const ref_layer *L, const ref_opts *o, u
     double mx = lg[0], sum = 0;
     for (uint32_t e = 1; e < E; e++)
         mx = fmax(mx, lg[e]);
+    bool sigmoid = r->sigmoid && !o->softmax_gating;
     for (uint32_t e = 0; e < E; e++)
-        sum += p[e] = exp(lg[e] - mx);
-    for (uint32_t e = 0; e < E; e++)
+        sum += p[e] = sigmoid ? 1 / (1 + exp(-(double)lg[e])) : exp(lg[e] - mx);
+    for (uint32_t e = 0; !sigmoid && e < E; e++)
         p[e] /= sum;
     double *ps = malloc(E * sizeof(double)); /* the selection's scores */
     assert_non_null(ps);
@@ -1195,6 +1205,22 @@ static const family_case FAMILY_CASES[] = {
      "lfm2",
      "Q8_0",
      {"--arch", "lfm2", "--shape", "swa7", "--type", "q8_0", "--tied", "--seed", "2"}},
+    /* lfm2moe on seven layers: layer 0 dense, experts on the others (8 of 96, 2 used, sigmoid
+     * gating, picked on the probabilities plus exp_probs_b); in Q8_0, seed 2: seeds 1, 4 and 5
+     * had a routing call close enough for --activations q8's rounding to pick another expert
+     * (0.15-0.24 from the reference, against 0.076 here, lfm2's 0.074) */
+    {"test_lfm2moe_f32",
+     "lfm2moe-f32.gguf",
+     "lfm2moe",
+     "F32",
+     {"--arch", "lfm2moe", "--shape", "swa7", "--experts", "8", "--experts-used", "2",
+      "--expert-ffn", "96"}},
+    {"test_lfm2moe_q8_0",
+     "lfm2moe-q8.gguf",
+     "lfm2moe",
+     "Q8_0",
+     {"--arch", "lfm2moe", "--shape", "swa7", "--experts", "6", "--experts-used", "2", "--type",
+      "q8_0", "--seed", "2"}},
     {"test_granitemoe_q8_0",
      "granitemoe-q8.gguf",
      "granitemoe",
@@ -1629,6 +1655,13 @@ static void test_family_reference_is_sensitive(void **st)
 #undef ERNIE_SENS
         /* lfm2's convolution over the positions before a row, not its own alone */
         {"sens-lfm2.gguf", {"--arch", "lfm2", "--shape", "swa7", NULL}, {.conv_own_only = true}},
+        /* lfm2moe's selection bias, and its gating (a softmax in place of the sigmoids) */
+        {"sens-lfm2moe.gguf",
+         {"--arch", "lfm2moe", "--shape", "swa7", "--expert-ffn", "96", NULL},
+         {.no_probs_b = true}},
+        {"sens-lfm2moe.gguf",
+         {"--arch", "lfm2moe", "--shape", "swa7", "--expert-ffn", "96", NULL},
+         {.softmax_gating = true}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char p[512];

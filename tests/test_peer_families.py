@@ -76,6 +76,10 @@ FAMILIES = {
     # lfm2: short convolutions of 3 taps (std 1) on 8 of the 12 layers, attention with Q/K norms
     # and NEOX pairs on layers 2, 5, 8 and 11, token_embd_norm as the final norm
     "lfm2": [],
+    # lfm2moe: the same layers, the MLP of layer 0 dense (leading_dense_block_count 1), experts on
+    # the others: 8 of 256, 2 used, sigmoid gating, picked on the probabilities plus exp_probs_b
+    "lfm2moe": ["--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
+                "--weight-std", "0.06"],
 }
 ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
         "granite-norope": "granite", "granitemoe-shared": "granitemoe", "ernie4_5-hd": "ernie4_5"}  # rows whose name is not their --arch
@@ -88,7 +92,7 @@ ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
 # random model's distribution (top logprobs near -8.6, neighbours 0.001 apart), and on F16 files
 # two seeds parted at token 19 on such near-ties (0.0009 and 0.003), after 19 equal tokens.
 F32 = {"qwen3moe", "mixtral", "gpt-oss", "granite", "granitemoe", "granitemoe-shared",
-       "ernie4_5-moe", "ernie4_5-hd"}
+       "ernie4_5-moe", "ernie4_5-hd", "lfm2moe"}
 
 
 def main():

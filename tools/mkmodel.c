@@ -301,7 +301,9 @@ static void usage(FILE *fp)
             "            exp_probs_b.bias of std 0.1 each, --shared-expert-ffn); lfm2 (a\n"
             "            short convolution of 3 taps (std 1, F32) in place of attention on\n"
             "            the layers l with l %% 3 != 2 but the last, Q/K norms on the others,\n"
-            "            head_count_kv per layer (0 on the convolutions), token_embd_norm).\n"
+            "            head_count_kv per layer (0 on the convolutions), token_embd_norm);\n"
+            "            lfm2moe (lfm2 with experts after --dense-lead dense layers, sigmoid\n"
+            "            gating, exp_probs_b.bias of std 0.1).\n"
             "            gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n");
     fprintf(fp, /* two strings: C99 compilers need take only 4095 bytes in one */
@@ -335,7 +337,7 @@ static void usage(FILE *fp)
             "  --no-rope granite: rope.scaling.finetuned false (no RoPE)\n"
             "  --shared-expert-ffn N  granitemoe, ernie4_5-moe: a shared expert N wide\n"
             "            (expert_shared_feed_forward_length, ffn_*_shexp: granitemoeshared)\n"
-            "  --dense-lead N  ernie4_5-moe: leading_dense_block_count (default 1)\n"
+            "  --dense-lead N  ernie4_5-moe, lfm2moe: leading_dense_block_count (default 1)\n"
             "  --moe-step N  ernie4_5-moe: interleave_moe_layer_step, experts on the layers\n"
             "            l >= the lead with (l + 1) %% N == 0 (default 1)\n"
             "  --no-probs-bias  ernie4_5-moe: no exp_probs_b.bias\n"
@@ -469,9 +471,10 @@ static int parse_args(int argc, char **argv, opts *o)
             }
             o->n_layers = (uint32_t)n;
         } else if (!strcmp(a, "--arch")) {
-            static const char *const archs[] = {
-                "llama",   "qwen2",   "qwen3",   "qwen3moe",   "gemma2",   "gemma3",       "phi3",
-                "gpt-oss", "smollm3", "granite", "granitemoe", "ernie4_5", "ernie4_5-moe", "lfm2"};
+            static const char *const archs[] = {"llama",        "qwen2",   "qwen3",      "qwen3moe",
+                                                "gemma2",       "gemma3",  "phi3",       "gpt-oss",
+                                                "smollm3",      "granite", "granitemoe", "ernie4_5",
+                                                "ernie4_5-moe", "lfm2",    "lfm2moe"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
                 if (!strcmp(val, archs[k]))
@@ -480,7 +483,7 @@ static int parse_args(int argc, char **argv, opts *o)
                 fprintf(stderr,
                         "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
                         "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe, "
-                        "ernie4_5, ernie4_5-moe, lfm2)\n",
+                        "ernie4_5, ernie4_5-moe, lfm2, lfm2moe)\n",
                         val);
                 return -1;
             }
@@ -577,8 +580,8 @@ static int parse_args(int argc, char **argv, opts *o)
         return -1;
     }
     bool gpt_oss = !strcmp(o->arch, "gpt-oss"), gemma = !strncmp(o->arch, "gemma", 5);
-    bool ernie_moe = !strcmp(o->arch, "ernie4_5-moe");
-    bool moe = !strcmp(o->arch, "qwen3moe") || gpt_oss || ernie_moe;
+    bool ernie_moe = !strcmp(o->arch, "ernie4_5-moe"), lfm2moe = !strcmp(o->arch, "lfm2moe");
+    bool moe = !strcmp(o->arch, "qwen3moe") || gpt_oss || ernie_moe || lfm2moe;
     bool granite = !strncmp(o->arch, "granite", 7);
     /* llama with --experts, and granitemoe: Mixtral's layout (experts as wide as
      * feed_forward_length) */
@@ -591,9 +594,9 @@ static int parse_args(int argc, char **argv, opts *o)
         fprintf(stderr, "kvs-mkmodel: --shared-expert-ffn is for granitemoe and ernie4_5-moe\n");
         return -1;
     }
-    if ((o->dense_lead != 1 || o->moe_step != 1 || o->no_probs_bias) && !ernie_moe) {
-        fprintf(stderr,
-                "kvs-mkmodel: --dense-lead, --moe-step and --no-probs-bias are for ernie4_5-moe\n");
+    if ((o->moe_step != 1 || o->no_probs_bias || (o->dense_lead != 1 && !lfm2moe)) && !ernie_moe) {
+        fprintf(stderr, "kvs-mkmodel: --dense-lead (also lfm2moe), --moe-step and "
+                        "--no-probs-bias are for ernie4_5-moe\n");
         return -1;
     }
     if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma && strcmp(o->arch, "ernie4_5")) {
@@ -771,11 +774,11 @@ static int build(gen *g, const opts *o)
     bool qwen3 = !strcmp(o->arch, "qwen3") || qwen3moe; /* qwen3moe is qwen3 but for the FFN */
     bool moe = o->n_expert > 0; /* qwen3moe, gpt-oss, granitemoe, llama with experts (Mixtral) */
     bool granite = !strncmp(o->arch, "granite", 7);
-    bool ernie_moe = !strcmp(o->arch, "ernie4_5-moe");
+    bool ernie_moe = !strcmp(o->arch, "ernie4_5-moe"), lfm2moe = !strcmp(o->arch, "lfm2moe");
     bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
     bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
     bool gpt_oss = !strcmp(o->arch, "gpt-oss"), smollm3 = !strcmp(o->arch, "smollm3");
-    bool lfm2 = !strcmp(o->arch, "lfm2");
+    bool lfm2 = !strncmp(o->arch, "lfm2", 4); /* lfm2, lfm2moe */
     /* lfm2's converter: one KV head count per layer, 0 on the convolutions */
     int32_t kv_heads[1024];
     for (uint32_t l = 0; l < n_layers && l < 1024; l++)
@@ -819,8 +822,13 @@ static int build(gen *g, const opts *o)
     if (moe &&
         ((rc = gguf_writer_add_u32(w, ARCH_KEY("expert_count"), o->n_expert)) ||
          (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_used_count"), o->n_expert_used)) ||
-         ((qwen3moe || gpt_oss || ernie_moe) &&
+         ((qwen3moe || gpt_oss || ernie_moe || lfm2moe) &&
           (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_feed_forward_length"), o->expert_ffn)))))
+        return rc;
+    /* as LFM2's converter: the dense layers first, sigmoid gating (llama.cpp's 2) */
+    if (lfm2moe &&
+        ((rc = gguf_writer_add_u32(w, ARCH_KEY("leading_dense_block_count"), o->dense_lead)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("expert_gating_func"), 2))))
         return rc;
     /* as ERNIE's converter: the layers of experts, and the shared experts' count beside their
      * width (one, as wide as --shared-expert-ffn) */
@@ -890,7 +898,8 @@ static int build(gen *g, const opts *o)
          * d2 matrices (qwen3moe's experts, matrix e the contiguous slice e). */
         uint64_t ne = o->n_expert, eff = o->expert_ffn;
         /* ernie4_5-moe: experts on the layers its lead and step leave, the others dense */
-        bool dense = !moe || (ernie_moe && (l < o->dense_lead || (l + 1) % o->moe_step));
+        bool dense = !moe || (ernie_moe && (l < o->dense_lead || (l + 1) % o->moe_step)) ||
+                     (lfm2moe && l < o->dense_lead);
         bool lmoe = !dense, shexp = o->shexp_ffn > 0 && lmoe;
         bool conv = lfm2 && lfm2_conv(l, n_layers), attn = !phi3 && !conv;
         struct {
@@ -916,7 +925,7 @@ static int build(gen *g, const opts *o)
             {"ffn_down", sh->ffn, sh->dim, 0, dense},
             {"ffn_up", sh->dim, phi3 ? 2 * (uint64_t)sh->ffn : sh->ffn, 0, dense},
             {"ffn_gate_inp", sh->dim, ne, 0, lmoe},
-            {"exp_probs_b", ne, 0, 0, lmoe && ernie_moe && !o->no_probs_bias},
+            {"exp_probs_b", ne, 0, 0, lmoe && ((ernie_moe && !o->no_probs_bias) || lfm2moe)},
             {"ffn_gate_exps", sh->dim, eff, ne, lmoe},
             {"ffn_down_exps", eff, sh->dim, ne, lmoe},
             {"ffn_up_exps", sh->dim, eff, ne, lmoe},
