@@ -53,6 +53,13 @@ static const shape SHAPES[] = {
     /* SmolLM3-3B's shape: pass --arch smollm3 --tied --rope-base 5000000 (its config ties the
      * embeddings; rope_theta 5e6) */
     {"smollm3-3b", 2048, 36, 16, 4, 11008, 128256},
+    /* LFM2-1.2B's shape: pass --arch lfm2 --tied --rope-base 1000000 (kvs-mkmodel puts its
+     * attention on 6 of the 16 layers, as the model: 2, 5, 8, 11, 14, 15 here, 2, 5, 8, 10, 12,
+     * 14 there) */
+    {"lfm2-1.2b", 2048, 16, 32, 8, 8192, 65536},
+    /* LFM2-8B-A1B's shape: pass --arch lfm2moe --tied --dense-lead 2 (MOE_SHAPES: 32 experts, 4
+     * used, expert ffn 1792; feed_forward_length is its dense layers' 7168) */
+    {"lfm2-8b-a1b", 2048, 24, 32, 8, 7168, 65536},
 };
 
 /* --arch qwen3moe's defaults of a shape not listed here: 8 experts, 2 used, expert ffn the
@@ -64,6 +71,7 @@ static const struct moe_shape {
     {"moe", 8, 2, 256},
     {"qwen3-30b-a3b", 128, 8, 768},
     {"gpt-oss-20b", 32, 4, 2880},
+    {"lfm2-8b-a1b", 32, 4, 1792},
 };
 
 /* llama.cpp's LLAMA_FTYPE values for general.file_type. */
