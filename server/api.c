@@ -589,11 +589,15 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
     char *tools_user = NULL; /* the tools' text where a template puts it in the first user turn */
     srv_chat_msg *m = calloc((size_t)n + 1, sizeof *m);
     char **texts = calloc((size_t)n + 1, sizeof *texts);
+    /* what an assistant turn carries beside its content (LFM2.5-8B-A1B: its calls), owned */
+    srv_chat_extra *x = calloc((size_t)n + 1, sizeof *x);
+    char **calls = calloc((size_t)n + 1, sizeof *calls);
     int rc = 0, i = 0, k = 0;
-    if (!m || !texts) {
+    if (!m || !texts || !x || !calls) {
         rc = oom(e);
         goto out;
     }
+    opts.extra = x;
     bool tools_on = r->tools && r->tool_choice != SRV_TOOLS_NONE;
     if (tools_on && srv_tools_in_user_turn(tmpl)) {
         if (srv_tools_render_system(tmpl, r->tools, &tools_user)) {
@@ -642,6 +646,9 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
                 goto out;
             int rr = srv_tools_render_calls(tmpl, text, tc, &texts[k]);
             free(text);
+            if (!rr)
+                rr = srv_tools_render_calls_apart(tmpl, tc, &calls[k]);
+            x[k].calls = calls[k];
             if (rr) {
                 rc = oom(e);
                 goto out;
@@ -687,15 +694,16 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
         }
         if (k == 1 && tools_on && !tools_user && !strcmp(ro, "system") && i == 0) {
             /* the request's own system message first, then the tools */
-            size_t a = strlen(texts[1]), b = strlen(texts[0]);
-            char *s = malloc(a + b + 3);
+            const char *sep = srv_tools_system_sep(tmpl, texts[1]);
+            size_t a = strlen(texts[1]), b = strlen(texts[0]), c = strlen(sep);
+            char *s = malloc(a + b + c + 1);
             if (!s) {
                 rc = oom(e);
                 goto out;
             }
             memcpy(s, texts[1], a);
-            memcpy(s + a, "\n\n", 2);
-            memcpy(s + a + 2, texts[0], b + 1);
+            memcpy(s + a, sep, c);
+            memcpy(s + a + c, texts[0], b + 1);
             free(texts[0]);
             free(texts[1]);
             texts[1] = NULL;
@@ -718,7 +726,12 @@ out:
     if (texts)
         for (int q = 0; q <= n; q++)
             free(texts[q]);
+    if (calls)
+        for (int q = 0; q <= n; q++)
+            free(calls[q]);
     free(texts);
+    free(calls);
+    free(x);
     free(m);
     return rc;
 }
