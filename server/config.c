@@ -65,9 +65,8 @@ static const opt k_opts[] = {
      "(default: "
      "detect from the model)"},
     {"reasoning-format", 0, OPT_STR, OFF(reasoning_format), "auto",
-     "auto|none: with a thinking chat template (Qwen 3, SmolLM3, Granite 3.2/3.3), auto returns "
-     "the <think> block as "
-     "reasoning_content beside content; none leaves it in content"},
+     "auto|none: with a thinking chat template (Qwen 3, SmolLM3, Granite 3.2/3.3, LFM2.5), auto "
+     "returns the <think> block as reasoning_content beside content; none leaves it in content"},
     {"pooling", 0, OPT_STR, OFF(pooling), "auto",
      "auto|mean|cls|last: how /v1/embeddings pools an input's hidden states (auto: the file's "
      "<arch>.pooling_type, else last, as vLLM pools a decoder-only model)"},
