@@ -31,7 +31,7 @@ enum srv_chat_tmpl {
     SRV_CHAT_GRANITE33, /* Granite 3.3: 3.2's, tools in an available_tools turn, <think> */
     SRV_CHAT_ERNIE45,   /* ERNIE 4.5: "User: ...\n", "Assistant: ...<|end_of_sentence|>" */
     SRV_CHAT_LFM2,      /* Liquid AI LFM2: ChatML, tools in <|tool_list_start|>, results wrapped */
-    SRV_CHAT_LFM25,     /* LFM2.5 (1.2B): ChatML, earlier answers' <think> blocks dropped */
+    SRV_CHAT_LFM25,     /* LFM2.5-1.2B: ChatML, earlier answers' <think> blocks dropped */
     SRV_CHAT_LFM25_8B,  /* LFM2.5-8B-A1B: LFM2.5's, dated tools, earlier calls written back */
     SRV_CHAT_COUNT
 };
@@ -156,7 +156,21 @@ int srv_chat_may_think(enum srv_chat_tmpl t);
  * vocabulary's BOS <s>, so written here), then each system message's content and a newline,
  * each user turn as "User: " content and a newline, each assistant turn as "Assistant: " content
  * and <|end_of_sentence|>, all untrimmed; other roles (a tool result) are not written, as the
- * template writes none; the generation prompt "Assistant: ". */
+ * template writes none; the generation prompt "Assistant: ".
+ *
+ * LFM2 (Liquid AI LFM2's official template): ChatML under the vocabulary's BOS <|startoftext|>
+ * (added by the tokenizer); a first system message (the tools' text after it, server/api.c)
+ * is a system turn only when not empty; every other message a turn of its role, untrimmed (a
+ * tool result already wrapped in <|tool_response_start|>...<|tool_response_end|>,
+ * tool_calls.h); an earlier call is not written back, as the template writes content alone.
+ *
+ * LFM25 (LFM2.5-1.2B-Instruct's template): LFM2's, but the assistant turns before the last
+ * one, where they hold </think>, are only their text after the last </think>, stripped
+ * (keep_past_thinking, off by default, is not offered). A tool result is written as it is.
+ *
+ * LFM25_8B (LFM2.5-8B-A1B's template, llama.cpp's models/templates copy): LFM25's, but the
+ * <think> blocks are dropped from the assistant turns before the last user turn, and an
+ * assistant turn's calls (opts->extra[i].calls) follow its content. */
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
                     const srv_chat_opts *opts, char **out);
 
