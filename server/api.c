@@ -327,8 +327,9 @@ static int effort_of(const cJSON *it, const char *param, const char *what, const
 
 /* chat_template_kwargs (as vLLM and llama.cpp's server take it): the switches kvserve's
  * templates have are Qwen 3's and SmolLM3's enable_thinking, Granite 3.2's and 3.3's thinking
- * (their documents and controls are not taken: 400s) and gpt-oss's reasoning_effort and
- * model_identity (its builtin_tools, whose calls nothing here would read, are refused). There
+ * (their documents and controls are not taken: 400s), LFM2.5's keep_past_thinking (8B's
+ * preserve_thinking) and gpt-oss's reasoning_effort and model_identity (its builtin_tools,
+ * whose calls nothing here would read, are refused). There
  * is no Jinja here, so any other key, or a switch on a template without it, would be a value
  * accepted and ignored: a 400 instead. */
 static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv_chat_opts *o,
@@ -358,6 +359,15 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
             o->model_identity = it->valuestring; /* root outlives the rendering */
             continue;
         }
+        /* LFM2.5's templates keep earlier answers' think blocks on their own switch */
+        if ((tmpl == SRV_CHAT_LFM25 && !strcmp(it->string, "keep_past_thinking")) ||
+            (tmpl == SRV_CHAT_LFM25_8B && !strcmp(it->string, "preserve_thinking"))) {
+            if (!cJSON_IsBool(it))
+                return srv_error_set(e, 400, "chat_template_kwargs", NULL,
+                                     "chat_template_kwargs.%s must be a boolean", it->string);
+            o->keep_thinking = cJSON_IsTrue(it);
+            continue;
+        }
         /* Granite 3.2's and 3.3's templates read "thinking" (llama-server hands it to them as
          * it is; vLLM and Hugging Face's renderer too), the others "enable_thinking" */
         bool granite = tmpl == SRV_CHAT_GRANITE32 || tmpl == SRV_CHAT_GRANITE33;
@@ -365,7 +375,8 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
             return srv_error_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
                                  "chat_template_kwargs.%.64s is not supported: the only "
                                  "template switches are enable_thinking (Qwen 3, SmolLM3), "
-                                 "thinking (Granite 3.2, 3.3), reasoning_effort and "
+                                 "thinking (Granite 3.2, 3.3), keep_past_thinking (LFM2.5), "
+                                 "preserve_thinking (LFM2.5-8B-A1B), reasoning_effort and "
                                  "model_identity (gpt-oss)",
                                  it->string);
         if (!cJSON_IsBool(it))

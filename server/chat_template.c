@@ -669,7 +669,7 @@ static void render_lfm2(kvs_buf *b, enum srv_chat_tmpl t, const srv_chat_msg *m,
         /* LFM2.5: an earlier answer keeps only its text after the last </think>, stripped
          * (1.2B's: every answer but the last; 8B's: those before the last user turn) */
         bool past = t == SRV_CHAT_LFM25 ? i != last_asst : last_user < n && i < last_user;
-        if (asst && t != SRV_CHAT_LFM2 && past) {
+        if (asst && t != SRV_CHAT_LFM2 && past && !o->keep_thinking) {
             const char *end = find_last(c, cn, "</think>");
             if (end) {
                 cn -= (size_t)(end + 8 - c);

@@ -55,6 +55,9 @@ typedef struct srv_chat_opts {
     int enable_thinking;
     const char *default_system; /* srv_chat_fmt's, or NULL */
     int granite_spaced;         /* srv_chat_fmt's */
+    /* LFM2.5: earlier answers keep their think blocks (its 1.2B template's keep_past_thinking,
+     * 8B's preserve_thinking; off by default, as there) */
+    int keep_thinking;
     /* Llama 3.1/3.2: the tools' text, written at the start of the first user turn (with
      * "Environment: ipython" in the system turn), as their templates do; Granite: its tools
      * turn's text (and the default system text that says so); NULL: no tools */
@@ -165,11 +168,12 @@ int srv_chat_may_think(enum srv_chat_tmpl t);
  * tool_calls.h); an earlier call is not written back, as the template writes content alone.
  *
  * LFM25 (LFM2.5-1.2B-Instruct's template): LFM2's, but the assistant turns before the last
- * one, where they hold </think>, are only their text after the last </think>, stripped
- * (keep_past_thinking, off by default, is not offered). A tool result is written as it is.
+ * one, where they hold </think>, are only their text after the last </think>, stripped, unless
+ * opts->keep_thinking (its keep_past_thinking). A tool result is written as it is.
  *
  * LFM25_8B (LFM2.5-8B-A1B's template, llama.cpp's models/templates copy): LFM25's, but the
- * <think> blocks are dropped from the assistant turns before the last user turn, and an
+ * <think> blocks are dropped from the assistant turns before the last user turn (unless
+ * opts->keep_thinking, its preserve_thinking), and an
  * assistant turn's calls (opts->extra[i].calls) follow its content. */
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
                     const srv_chat_opts *opts, char **out);

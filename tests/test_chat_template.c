@@ -502,6 +502,14 @@ static void test_lfm2(void **state)
                  turns[t - SRV_CHAT_LFM2], last[t - SRV_CHAT_LFM2]);
         check((enum srv_chat_tmpl)t, think, 5, want);
     }
+    /* keep_past_thinking (1.2B) and preserve_thinking (8B): every answer as it is */
+    srv_chat_opts keep = {.enable_thinking = -1, .keep_thinking = 1};
+    for (int t = SRV_CHAT_LFM25; t <= SRV_CHAT_LFM25_8B; t++) {
+        char *got = NULL;
+        assert_int_equal(srv_chat_render((enum srv_chat_tmpl)t, think, 5, &keep, &got), 0);
+        assert_non_null(strstr(got, "assistant\n<think>a</think>b</think>\n c \n<|im_end|>"));
+        free(got);
+    }
     /* an answer after the last user turn but not the last answer: 1.2B drops its think
      * block, 8B keeps it */
     const srv_chat_msg after[] = {

@@ -23,7 +23,8 @@ kwargs to the template as they are), compared on and off, with tools and a syste
 (which both take over from it).
 LFM2's and LFM2.5's are compared with tools (two, one without parameters), an empty system
 message, earlier answers' think blocks, and calls whose arguments LFM2.5-8B-A1B's template writes
-back in Python form (strings, numbers, True/False/None, lists and dicts); llama-server (d32676d)
+back in Python form (strings, numbers, True/False/None, lists and dicts), and the switches that
+keep earlier answers' think blocks (keep_past_thinking, 8B's preserve_thinking); llama-server (d32676d)
 hands them no "thinking" field (8B's template reads one), so reasoning_content is not rendered by
 either.
 Exits 77 (meson's skip) with the reason when llama-server (KVS_PEER/llama.cpp/bin) is absent.
@@ -57,7 +58,8 @@ VARIANTS = {
 }
 # the chat_template_kwargs each family's template reads (any other is refused by kvserve)
 SWITCHES = {"qwen3": {"enable_thinking"}, "harmony": {"reasoning_effort", "model_identity"},
-            "smollm3": {"enable_thinking"}, "granite3.2": {"thinking"}, "granite3.3": {"thinking"}}
+            "smollm3": {"enable_thinking"}, "granite3.2": {"thinking"}, "granite3.3": {"thinking"},
+            "lfm2.5": {"keep_past_thinking"}, "lfm2.5-8b": {"preserve_thinking"}}
 
 S, U, A = "system", "user", "assistant"
 CASES = [
@@ -178,13 +180,17 @@ WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2", "gpt-oss", "granite3.1
 # user turn), tools with an empty system message, calls' arguments in Python form (8B writes
 # them back: strings quoted as they are, True/None, lists and dicts), a call after content
 # with a think block, tool results in a row, two tools
+LFM2_THINK = [(U, "Hi"), (A, "<think>\nhmm\n</think>\n\n Hello! "), (U, "Bye"),
+              (A, "<think>a</think>b</think>  c "), (U, "x"), (A, " <think>y</think> z "),
+              {"role": "tool", "tool_call_id": "c", "content": "5"}]
 LFM2_CASES = [
     ("an empty system message", [(S, ""), (U, "Hi")], None),
     ("a later system message", [(U, "Hi"), (A, "Hello!"), (S, "Be brief."), (U, "Bye")], None),
-    ("think blocks in earlier answers",
-     [(U, "Hi"), (A, "<think>\nhmm\n</think>\n\n Hello! "), (U, "Bye"),
-      (A, "<think>a</think>b</think>  c "), (U, "x"), (A, " <think>y</think> z "),
-      {"role": "tool", "tool_call_id": "c", "content": "5"}], None),
+    ("think blocks in earlier answers", LFM2_THINK, None),
+    # the switches that keep them: 1.2B's keep_past_thinking, 8B's preserve_thinking
+    ("keep_past_thinking", LFM2_THINK, {"keep_past_thinking": True}),
+    ("keep_past_thinking off", LFM2_THINK, {"keep_past_thinking": False}),
+    ("preserve_thinking", LFM2_THINK, {"preserve_thinking": True}),
 ]
 LFM2_TOOL_CASES = [
     ("tools and an empty system message", [(S, ""), (U, "Add 2 and 3")]),

@@ -8,7 +8,8 @@ detected; the markers tokenize to their tokens; <|im_end|> ends a generation; <|
 role markers not. Two user-defined tokens are test devices, so that a random model can be made to
 write a whole answer in one token: a call block, <|tool_call_start|>[add(a=1, b='x'), mul(b=2)]
 <|tool_call_end|> after some text (and a stop string after it), comes back as two tool_calls whole and streamed (the reading
-itself: tests/test_server.c), and <think>plan</think>Done as reasoning_content and content.
+itself: tests/test_server.c), and <think>plan</think>Done as reasoning_content and content;
+enable_thinking is a 400 (no such switch), keep_past_thinking keeps earlier think blocks.
 A forced call (tool_choice required or named) is generated as the generic JSON object (not LFM2's
 Python form) and comes back as tool_calls."""
 import json
@@ -125,6 +126,18 @@ class Lfm25(unittest.TestCase):
         st, out = self.srv.post("/v1/chat/completions", body)
         self.assertEqual(st, 400, out)
         self.assertIn("no thinking switch", out["error"]["message"])
+        # its own switch keeps earlier answers' think blocks; 8B's name for it is not its own
+        st, out = self.srv.post("/apply-template", {
+            "messages": [{"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "<think>a</think>b"},
+                         {"role": "user", "content": "Bye"}],
+            "chat_template_kwargs": {"keep_past_thinking": True}})
+        self.assertEqual(st, 200, out)
+        self.assertIn("<think>a</think>b<|im_end|>", out["prompt"])
+        body["chat_template_kwargs"] = {"preserve_thinking": True}
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 400, out)
+        self.assertIn("keep_past_thinking (LFM2.5)", out["error"]["message"])
 
     def forced(self, choice):
         body = {"messages": MSGS, "tools": TOOLS, "tool_choice": choice, "max_tokens": 64,
