@@ -91,7 +91,7 @@ static const pre_def k_pre[] = {
      {"[\r\n]", RE_DEEPSEEK_LETTERS, RE_DEEPSEEK_PUNCT, "\\s+$", RE_DEEPSEEK_CJK, "\\p{N}+"},
      false,
      false},
-    {{"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", NULL},
+    {{"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "lfm2", NULL},
      {RE_LLAMA3, NULL},
      true,
      true},

@@ -131,6 +131,24 @@ static void fix_granite(tok_vocab *v)
     }
 }
 
+/* Liquid AI's LFM2 and LFM2.5 vocabulary (known by its <|tool_list_start|> and
+ * <|tool_call_start|> tokens): a call is written between <|tool_call_start|> and
+ * <|tool_call_end|>, which it holds as control tokens, so they would print nothing; llama-server
+ * prints them (and <think>, </think>) as its LFM2 format's preserved tokens. Here they become
+ * user-defined, as fix_granite's, so server/tool_calls.c and the think splitter read them. */
+static void fix_lfm2(tok_vocab *v)
+{
+    static const char *const shown[] = {"<|tool_call_start|>", "<|tool_call_end|>", "<think>",
+                                        "</think>"};
+    if (by_text(v, "<|tool_list_start|>") < 0 || by_text(v, "<|tool_call_start|>") < 0)
+        return;
+    for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++) {
+        int32_t id = by_text(v, shown[i]);
+        if (id >= 0 && (v->flags[id] & TOK__CONTROL))
+            v->flags[id] = (uint8_t)((v->flags[id] & ~TOK__CONTROL) | TOK__USER_DEFINED);
+    }
+}
+
 /* The end-of-generation set, as llama.cpp's llama_vocab builds special_eog_ids: EOS, EOT, EOM
  * and the end-of-turn markers by text. */
 static int find_eog(tok_vocab *v, const gguf_file *f)
@@ -164,6 +182,7 @@ static int find_eog(tok_vocab *v, const gguf_file *f)
         add_eog(v, tok__map_get(&v->token_map, names[i], strlen(names[i])));
     fix_harmony(v);
     fix_granite(v);
+    fix_lfm2(v);
     return 0;
 }
 

@@ -327,8 +327,9 @@ static int effort_of(const cJSON *it, const char *param, const char *what, const
 
 /* chat_template_kwargs (as vLLM and llama.cpp's server take it): the switches kvserve's
  * templates have are Qwen 3's and SmolLM3's enable_thinking, Granite 3.2's and 3.3's thinking
- * (their documents and controls are not taken: 400s) and gpt-oss's reasoning_effort and
- * model_identity (its builtin_tools, whose calls nothing here would read, are refused). There
+ * (their documents and controls are not taken: 400s), LFM2.5's keep_past_thinking (8B's
+ * preserve_thinking) and gpt-oss's reasoning_effort and model_identity (its builtin_tools,
+ * whose calls nothing here would read, are refused). There
  * is no Jinja here, so any other key, or a switch on a template without it, would be a value
  * accepted and ignored: a 400 instead. */
 static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv_chat_opts *o,
@@ -358,6 +359,15 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
             o->model_identity = it->valuestring; /* root outlives the rendering */
             continue;
         }
+        /* LFM2.5's templates keep earlier answers' think blocks on their own switch */
+        if ((tmpl == SRV_CHAT_LFM25 && !strcmp(it->string, "keep_past_thinking")) ||
+            (tmpl == SRV_CHAT_LFM25_8B && !strcmp(it->string, "preserve_thinking"))) {
+            if (!cJSON_IsBool(it))
+                return srv_error_set(e, 400, "chat_template_kwargs", NULL,
+                                     "chat_template_kwargs.%s must be a boolean", it->string);
+            o->keep_thinking = cJSON_IsTrue(it);
+            continue;
+        }
         /* Granite 3.2's and 3.3's templates read "thinking" (llama-server hands it to them as
          * it is; vLLM and Hugging Face's renderer too), the others "enable_thinking" */
         bool granite = tmpl == SRV_CHAT_GRANITE32 || tmpl == SRV_CHAT_GRANITE33;
@@ -365,7 +375,8 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
             return srv_error_set(e, 400, "chat_template_kwargs", "unsupported_parameter",
                                  "chat_template_kwargs.%.64s is not supported: the only "
                                  "template switches are enable_thinking (Qwen 3, SmolLM3), "
-                                 "thinking (Granite 3.2, 3.3), reasoning_effort and "
+                                 "thinking (Granite 3.2, 3.3), keep_past_thinking (LFM2.5), "
+                                 "preserve_thinking (LFM2.5-8B-A1B), reasoning_effort and "
                                  "model_identity (gpt-oss)",
                                  it->string);
         if (!cJSON_IsBool(it))
@@ -589,11 +600,15 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
     char *tools_user = NULL; /* the tools' text where a template puts it in the first user turn */
     srv_chat_msg *m = calloc((size_t)n + 1, sizeof *m);
     char **texts = calloc((size_t)n + 1, sizeof *texts);
+    /* what an assistant turn carries beside its content (LFM2.5-8B-A1B: its calls), owned */
+    srv_chat_extra *x = calloc((size_t)n + 1, sizeof *x);
+    char **calls = calloc((size_t)n + 1, sizeof *calls);
     int rc = 0, i = 0, k = 0;
-    if (!m || !texts) {
+    if (!m || !texts || !x || !calls) {
         rc = oom(e);
         goto out;
     }
+    opts.extra = x;
     bool tools_on = r->tools && r->tool_choice != SRV_TOOLS_NONE;
     if (tools_on && srv_tools_in_user_turn(tmpl)) {
         if (srv_tools_render_system(tmpl, r->tools, &tools_user)) {
@@ -642,6 +657,9 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
                 goto out;
             int rr = srv_tools_render_calls(tmpl, text, tc, &texts[k]);
             free(text);
+            if (!rr)
+                rr = srv_tools_render_calls_apart(tmpl, tc, &calls[k]);
+            x[k].calls = calls[k];
             if (rr) {
                 rc = oom(e);
                 goto out;
@@ -687,15 +705,16 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
         }
         if (k == 1 && tools_on && !tools_user && !strcmp(ro, "system") && i == 0) {
             /* the request's own system message first, then the tools */
-            size_t a = strlen(texts[1]), b = strlen(texts[0]);
-            char *s = malloc(a + b + 3);
+            const char *sep = srv_tools_system_sep(tmpl, texts[1]);
+            size_t a = strlen(texts[1]), b = strlen(texts[0]), c = strlen(sep);
+            char *s = malloc(a + b + c + 1);
             if (!s) {
                 rc = oom(e);
                 goto out;
             }
             memcpy(s, texts[1], a);
-            memcpy(s + a, "\n\n", 2);
-            memcpy(s + a + 2, texts[0], b + 1);
+            memcpy(s + a, sep, c);
+            memcpy(s + a + c, texts[0], b + 1);
             free(texts[0]);
             free(texts[1]);
             texts[1] = NULL;
@@ -718,7 +737,12 @@ out:
     if (texts)
         for (int q = 0; q <= n; q++)
             free(texts[q]);
+    if (calls)
+        for (int q = 0; q <= n; q++)
+            free(calls[q]);
     free(texts);
+    free(calls);
+    free(x);
     free(m);
     return rc;
 }

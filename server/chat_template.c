@@ -12,9 +12,9 @@
 #include "common/status.h"
 
 static const char *k_names[SRV_CHAT_COUNT] = {
-    "plain",   "chatml",  "llama2",     "llama3",     "zephyr",     "mistral",
-    "gemma",   "phi3",    "qwen3",      "llama3.1",   "llama3.2",   "harmony",
-    "smollm3", "granite", "granite3.0", "granite3.2", "granite3.3", "ernie4.5"};
+    "plain",      "chatml",     "llama2",     "llama3",   "zephyr",  "mistral", "gemma",
+    "phi3",       "qwen3",      "llama3.1",   "llama3.2", "harmony", "smollm3", "granite",
+    "granite3.0", "granite3.2", "granite3.3", "ernie4.5", "lfm2",    "lfm2.5",  "lfm2.5-8b"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -50,6 +50,15 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
     /* ERNIE 4.5: its cls_token opens, its sep_token closes an assistant turn */
     if (HAS("<|begin_of_sentence|>") && HAS("<|end_of_sentence|>") && HAS("Assistant: "))
         return SRV_CHAT_ERNIE45;
+    /* Liquid AI's LFM2 family: ChatML whose system turn lists the tools after "List of tools: ";
+     * LFM2's between <|tool_list_start|> and <|tool_list_end|> (as llama.cpp's
+     * is_lfm2_template knows it), LFM2.5's bare, LFM2.5-8B-A1B's after today's date, its
+     * template writing calls back (<|tool_call_start|>) */
+    if (HAS("<|im_start|>") && HAS("List of tools: ")) {
+        if (HAS("<|tool_list_start|>") && HAS("<|tool_list_end|>"))
+            return SRV_CHAT_LFM2;
+        return HAS("<|tool_call_start|>") ? SRV_CHAT_LFM25_8B : SRV_CHAT_LFM25;
+    }
     /* Order matters as in llama.cpp: ChatML markers first, then [INST] (Mistral's official
      * templates put the system message inside the first [INST] and lack <<SYS>>). */
     /* SmolLM3's ChatML opens with a metadata system turn naming its reasoning mode (its template
@@ -153,6 +162,11 @@ int srv_chat_has_thinking(enum srv_chat_tmpl t)
 {
     return t == SRV_CHAT_QWEN3 || t == SRV_CHAT_SMOLLM3 || t == SRV_CHAT_GRANITE32 ||
            t == SRV_CHAT_GRANITE33;
+}
+
+int srv_chat_may_think(enum srv_chat_tmpl t)
+{
+    return srv_chat_has_thinking(t) || t == SRV_CHAT_LFM25 || t == SRV_CHAT_LFM25_8B;
 }
 
 static bool is_nl(char c)
@@ -406,7 +420,7 @@ static void render_llama31(kvs_buf *b, const srv_chat_msg *m, size_t n, const ch
 
 static const srv_chat_extra *extra_of(const srv_chat_opts *o, size_t i)
 {
-    static const srv_chat_extra none = {NULL, NULL, NULL};
+    static const srv_chat_extra none = {0};
     return o && o->extra ? &o->extra[i] : &none;
 }
 
@@ -617,6 +631,60 @@ static void render_granite30(kvs_buf *b, const srv_chat_msg *m, size_t n, const 
     }
 }
 
+/* Jinja's trim (Python's strip()): s[0..n) without its leading and trailing whitespace. */
+static void strip_ws(const char **s, size_t *n)
+{
+    while (*n && (is_space(**s) || **s == '\v' || **s == '\f'))
+        (*s)++, (*n)--;
+    *n = rstrip_len(*s, *n);
+}
+
+/* Liquid AI's LFM2, LFM2.5 and LFM2.5-8B-A1B templates (chat_template.h). */
+static void render_lfm2(kvs_buf *b, enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
+                        const srv_chat_opts *o)
+{
+    size_t i = 0;
+    if (n && !strcmp(m[0].role, "system")) {
+        if (*m[0].content) { /* the templates write no system turn for an empty text */
+            kvs_buf_add(b, "<|im_start|>system\n");
+            kvs_buf_add(b, m[0].content);
+            kvs_buf_add(b, "<|im_end|>\n");
+        }
+        i = 1;
+    }
+    size_t last_asst = n, last_user = n; /* n: none */
+    for (size_t j = i; j < n; j++) {
+        if (!strcmp(m[j].role, "assistant"))
+            last_asst = j;
+        else if (!strcmp(m[j].role, "user"))
+            last_user = j;
+    }
+    for (; i < n; i++) {
+        const char *c = m[i].content;
+        size_t cn = strlen(c);
+        kvs_buf_add(b, "<|im_start|>");
+        kvs_buf_add(b, m[i].role);
+        kvs_buf_add(b, "\n");
+        bool asst = !strcmp(m[i].role, "assistant");
+        /* LFM2.5: an earlier answer keeps only its text after the last </think>, stripped
+         * (1.2B's: every answer but the last; 8B's: those before the last user turn) */
+        bool past = t == SRV_CHAT_LFM25 ? i != last_asst : last_user < n && i < last_user;
+        if (asst && t != SRV_CHAT_LFM2 && past && !o->keep_thinking) {
+            const char *end = find_last(c, cn, "</think>");
+            if (end) {
+                cn -= (size_t)(end + 8 - c);
+                c = end + 8;
+                strip_ws(&c, &cn);
+            }
+        }
+        kvs_buf_addn(b, c, cn);
+        if (asst && t == SRV_CHAT_LFM25_8B && extra_of(o, i)->calls)
+            kvs_buf_add(b, extra_of(o, i)->calls);
+        kvs_buf_add(b, "<|im_end|>\n");
+    }
+    kvs_buf_add(b, "<|im_start|>assistant\n");
+}
+
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
                     const srv_chat_opts *opts, char **out)
 {
@@ -731,6 +799,9 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
         }
         kvs_buf_add(&b, "Assistant: ");
         break;
+    case SRV_CHAT_LFM2:
+    case SRV_CHAT_LFM25:
+    case SRV_CHAT_LFM25_8B: render_lfm2(&b, t, m, n, opts); break;
     case SRV_CHAT_COUNT: break;
     case SRV_CHAT_ZEPHYR:
         for (size_t i = 0; i < n; i++) {

@@ -30,6 +30,9 @@ enum srv_chat_tmpl {
     SRV_CHAT_GRANITE32, /* Granite 3.2: 3.1's with the thinking switch (a reasoning system text) */
     SRV_CHAT_GRANITE33, /* Granite 3.3: 3.2's, tools in an available_tools turn, <think> */
     SRV_CHAT_ERNIE45,   /* ERNIE 4.5: "User: ...\n", "Assistant: ...<|end_of_sentence|>" */
+    SRV_CHAT_LFM2,      /* Liquid AI LFM2: ChatML, tools in <|tool_list_start|>, results wrapped */
+    SRV_CHAT_LFM25,     /* LFM2.5-1.2B: ChatML, earlier answers' <think> blocks dropped */
+    SRV_CHAT_LFM25_8B,  /* LFM2.5-8B-A1B: LFM2.5's, dated tools, earlier calls written back */
     SRV_CHAT_COUNT
 };
 
@@ -52,6 +55,9 @@ typedef struct srv_chat_opts {
     int enable_thinking;
     const char *default_system; /* srv_chat_fmt's, or NULL */
     int granite_spaced;         /* srv_chat_fmt's */
+    /* LFM2.5: earlier answers keep their think blocks (its 1.2B template's keep_past_thinking,
+     * 8B's preserve_thinking; off by default, as there) */
+    int keep_thinking;
     /* Llama 3.1/3.2: the tools' text, written at the start of the first user turn (with
      * "Environment: ipython" in the system turn), as their templates do; Granite: its tools
      * turn's text (and the default system text that says so); NULL: no tools */
@@ -73,11 +79,15 @@ typedef struct srv_chat_opts {
     const char *tools_dev;
 } srv_chat_opts;
 
-/* Harmony: an assistant message's reasoning and first tool call (the template renders one). */
+/* Harmony: an assistant message's reasoning and first tool call (the template renders one).
+ * LFM2.5-8B: an assistant message's calls. */
 typedef struct srv_chat_extra {
     const char *thinking;  /* reasoning_content, or NULL */
     const char *call_name; /* the first tool call's function name; NULL: no tool calls */
     const char *call_args; /* its arguments as the template's tojson writes them */
+    /* LFM2.5-8B: the calls as its template writes them after the content
+     * (<|tool_call_start|>[f(a=1)]<|tool_call_end|>), or NULL */
+    const char *calls;
 } srv_chat_extra;
 
 typedef struct srv_chat_msg {
@@ -92,7 +102,8 @@ enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
 int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out);
 void srv_chat_fmt_free(srv_chat_fmt *f);
 /* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, qwen3, llama3.1, llama3.2,
- * harmony, smollm3, granite, granite3.0, granite3.2, granite3.3, plain. -1 if unknown. */
+ * harmony, smollm3, granite, granite3.0, granite3.2, granite3.3, ernie4.5, lfm2, lfm2.5,
+ * lfm2.5-8b, plain. -1 if unknown. */
 int srv_chat_from_name(const char *name);
 const char *srv_chat_name(enum srv_chat_tmpl t);
 
@@ -100,6 +111,9 @@ const char *srv_chat_name(enum srv_chat_tmpl t);
  * (split into reasoning_content): Qwen 3, SmolLM3 (chat_template_kwargs.enable_thinking),
  * Granite 3.2 and 3.3 (chat_template_kwargs.thinking). */
 int srv_chat_has_thinking(enum srv_chat_tmpl t);
+/* Whether the family's answers may open with a <think> block, split into reasoning_content:
+ * those with the switch, and LFM2.5's (its thinking models think always; no switch). */
+int srv_chat_may_think(enum srv_chat_tmpl t);
 
 /* Renders msgs (with the assistant generation prompt at the end) into a malloc'd string;
  * opts NULL: the defaults. Returns 0 and *out, or KVS_ENOMEM.
@@ -145,7 +159,22 @@ int srv_chat_has_thinking(enum srv_chat_tmpl t);
  * vocabulary's BOS <s>, so written here), then each system message's content and a newline,
  * each user turn as "User: " content and a newline, each assistant turn as "Assistant: " content
  * and <|end_of_sentence|>, all untrimmed; other roles (a tool result) are not written, as the
- * template writes none; the generation prompt "Assistant: ". */
+ * template writes none; the generation prompt "Assistant: ".
+ *
+ * LFM2 (Liquid AI LFM2's official template): ChatML under the vocabulary's BOS <|startoftext|>
+ * (added by the tokenizer); a first system message (the tools' text after it, server/api.c)
+ * is a system turn only when not empty; every other message a turn of its role, untrimmed (a
+ * tool result already wrapped in <|tool_response_start|>...<|tool_response_end|>,
+ * tool_calls.h); an earlier call is not written back, as the template writes content alone.
+ *
+ * LFM25 (LFM2.5-1.2B-Instruct's template): LFM2's, but the assistant turns before the last
+ * one, where they hold </think>, are only their text after the last </think>, stripped, unless
+ * opts->keep_thinking (its keep_past_thinking). A tool result is written as it is.
+ *
+ * LFM25_8B (LFM2.5-8B-A1B's template, llama.cpp's models/templates copy): LFM25's, but the
+ * <think> blocks are dropped from the assistant turns before the last user turn (unless
+ * opts->keep_thinking, its preserve_thinking), and an
+ * assistant turn's calls (opts->extra[i].calls) follow its content. */
 int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *msgs, size_t n,
                     const srv_chat_opts *opts, char **out);
 

@@ -124,7 +124,7 @@ bool srv__splits_reasoning(const srv_conn *c)
     const char *f = c->srv->cfg->reasoning_format;
     enum srv_chat_tmpl t = c->srv->chat.tmpl;
     return (c->route == R_CHAT || c->route == R_RESPONSES) &&
-           (srv_chat_has_thinking(t) || t == SRV_CHAT_HARMONY) && !(f && !strcmp(f, "none"));
+           (srv_chat_may_think(t) || t == SRV_CHAT_HARMONY) && !(f && !strcmp(f, "none"));
 }
 
 void srv__split_event(const srv_conn *c, srv_think *th, const sched_event *ev, kvs_buf *r,

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/buf.h"
 #include "common/status.h"
@@ -17,7 +18,7 @@ static void tb_json(kvs_buf *b, const cJSON *j)
     srv_json_py(b, j, 0);
 }
 
-enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL, FAM_HARMONY, FAM_GRANITE };
+enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL, FAM_HARMONY, FAM_GRANITE, FAM_LFM2 };
 
 static enum family family_of(enum srv_chat_tmpl t)
 {
@@ -31,6 +32,9 @@ static enum family family_of(enum srv_chat_tmpl t)
     case SRV_CHAT_GRANITE30:
     case SRV_CHAT_GRANITE32:
     case SRV_CHAT_GRANITE33: return FAM_GRANITE;
+    case SRV_CHAT_LFM2:
+    case SRV_CHAT_LFM25:
+    case SRV_CHAT_LFM25_8B: return FAM_LFM2;
     default: return FAM_HERMES; /* ChatML's (and Qwen 3's) own form, and the generic one */
     }
 }
@@ -318,7 +322,127 @@ int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out
         tb_json(&b, tools);
         kvs_buf_add(&b, "[/AVAILABLE_TOOLS]");
         break;
+    case FAM_LFM2:
+        if (t == SRV_CHAT_LFM25_8B) { /* today (local time, as strftime_now), then tools|tojson */
+            char today[32];
+            time_t now = time(NULL);
+            struct tm tm;
+            localtime_r(&now, &tm);
+            if (!strftime(today, sizeof today, "%Y-%m-%d", &tm))
+                today[0] = '\0';
+            kvs_buf_add(&b, "Today's date: ");
+            kvs_buf_add(&b, today);
+            kvs_buf_add(&b, "\n\nList of tools: ");
+            tb_json(&b, tools);
+            break;
+        }
+        /* each tool tojson, ", " between: the same bytes as the list's tojson */
+        kvs_buf_add(&b,
+                    t == SRV_CHAT_LFM2 ? "List of tools: <|tool_list_start|>" : "List of tools: ");
+        tb_json(&b, tools);
+        if (t == SRV_CHAT_LFM2)
+            kvs_buf_add(&b, "<|tool_list_end|>");
+        break;
     }
+    return kvs_buf_take(&b, out);
+}
+
+const char *srv_tools_system_sep(enum srv_chat_tmpl t, const char *system)
+{
+    if (family_of(t) != FAM_LFM2)
+        return "\n\n";
+    if (!*system) /* the templates add a separator only after a system text */
+        return "";
+    return t == SRV_CHAT_LFM25_8B ? "\n\n" : "\n";
+}
+
+/* A string inside a list or dict as llama.cpp's Jinja writes it: in single quotes, its
+ * characters as they are (none escaped), unless it holds a single quote: then as a JSON string
+ * (Python's repr would write 'x"y\'z' where llama.cpp writes "x\"y'z"). */
+static void py_repr_str(kvs_buf *b, const char *s)
+{
+    if (strchr(s, '\'')) {
+        cJSON *j = cJSON_CreateString(s);
+        srv_json_py(b, j, 0);
+        cJSON_Delete(j);
+        return;
+    }
+    kvs_buf_add(b, "'");
+    kvs_buf_add(b, s);
+    kvs_buf_add(b, "'");
+}
+
+/* Jinja's `| string` of j, as llama.cpp's renderer writes it: Python's str() (True, False,
+ * None; a list's or dict's items by repr), numbers as JSON writes them. */
+static void py_str(kvs_buf *b, const cJSON *j, bool repr)
+{
+    if (cJSON_IsBool(j))
+        kvs_buf_add(b, cJSON_IsTrue(j) ? "True" : "False");
+    else if (cJSON_IsNull(j))
+        kvs_buf_add(b, "None");
+    else if (cJSON_IsString(j) && repr)
+        py_repr_str(b, j->valuestring);
+    else if (cJSON_IsString(j))
+        kvs_buf_add(b, j->valuestring);
+    else if (cJSON_IsArray(j) || cJSON_IsObject(j)) {
+        bool obj = cJSON_IsObject(j);
+        kvs_buf_add(b, obj ? "{" : "[");
+        const cJSON *it;
+        cJSON_ArrayForEach(it, j)
+        {
+            if (it != j->child)
+                kvs_buf_add(b, ", ");
+            if (obj) {
+                py_repr_str(b, it->string);
+                kvs_buf_add(b, ": ");
+            }
+            py_str(b, it, true);
+        }
+        kvs_buf_add(b, obj ? "}" : "]");
+    } else
+        srv_json_py(b, j, 0);
+}
+
+int srv_tools_render_calls_apart(enum srv_chat_tmpl t, const cJSON *tool_calls, char **out)
+{
+    *out = NULL;
+    if (t != SRV_CHAT_LFM25_8B)
+        return 0;
+    /* its format_arg_value: a string in single quotes as it is, a mapping tojson, anything
+     * else `| string` */
+    kvs_buf b = {0};
+    kvs_buf_add(&b, "<|tool_call_start|>[");
+    const cJSON *tc;
+    cJSON_ArrayForEach(tc, tool_calls)
+    {
+        const cJSON *fn = get(tc, "function");
+        const cJSON *args = get(fn, "arguments");
+        cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+        if (tc != tool_calls->child)
+            kvs_buf_add(&b, ", ");
+        kvs_buf_add(&b, get(fn, "name")->valuestring);
+        kvs_buf_add(&b, "(");
+        const cJSON *a, *obj = cJSON_IsObject(parsed) ? parsed : NULL;
+        cJSON_ArrayForEach(a, obj)
+        {
+            if (a != parsed->child)
+                kvs_buf_add(&b, ", ");
+            kvs_buf_add(&b, a->string);
+            kvs_buf_add(&b, "=");
+            if (cJSON_IsString(a)) {
+                kvs_buf_add(&b, "'");
+                kvs_buf_add(&b, a->valuestring);
+                kvs_buf_add(&b, "'");
+            } else if (cJSON_IsObject(a)) {
+                tb_json(&b, a);
+            } else {
+                py_str(&b, a, false);
+            }
+        }
+        kvs_buf_add(&b, ")");
+        cJSON_Delete(parsed);
+    }
+    kvs_buf_add(&b, "]<|tool_call_end|>");
     return kvs_buf_take(&b, out);
 }
 
@@ -330,7 +454,9 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
     enum family f = family_of(t);
     if (f == FAM_MISTRAL)
         kvs_buf_add(&b, "[TOOL_CALLS][");
-    if (f == FAM_GRANITE) /* Granite 3.1's template writes an assistant's content alone */
+    /* Granite 3.1's and LFM2's templates write an assistant's content alone (LFM2.5-8B's
+     * calls go apart: srv_tools_render_calls_apart) */
+    if (f == FAM_GRANITE || f == FAM_LFM2)
         return kvs_buf_take(&b, out);
     const cJSON *tc;
     int i = 0;
@@ -364,7 +490,8 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
             tb_json(&b, call);
             break;
         case FAM_HARMONY: /* srv_tools_render_call_args and the renderer write them */
-        case FAM_GRANITE: break;
+        case FAM_GRANITE:
+        case FAM_LFM2: break;
         }
         cJSON_Delete(call);
         i++;
@@ -411,6 +538,14 @@ int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const cha
     case FAM_GRANITE: /* a turn of role tool, its content as it is */
         *role = "tool";
         kvs_buf_add(&b, content);
+        break;
+    case FAM_LFM2: /* a turn of role tool; LFM2's wraps the content in its markers */
+        *role = "tool";
+        if (t == SRV_CHAT_LFM2)
+            kvs_buf_add(&b, "<|tool_response_start|>");
+        kvs_buf_add(&b, content);
+        if (t == SRV_CHAT_LFM2)
+            kvs_buf_add(&b, "<|tool_response_end|>");
         break;
     case FAM_HARMONY: { /* the template writes message.content|tojson */
         *role = "tool";
@@ -504,6 +639,7 @@ size_t srv_tools_stream_safe(enum srv_chat_tmpl t, const char *text, size_t len)
     case FAM_HERMES: return before_mark(text, len, "<tool_call>");
     case FAM_MISTRAL: return before_mark(text, len, "[TOOL_CALLS]");
     case FAM_GRANITE: return before_mark(text, len, "<|tool_call|>");
+    case FAM_LFM2: return before_mark(text, len, "<|tool_call_start|>");
     case FAM_HARMONY: return before_mark(text, len, "<|start|>assistant to=functions.");
     case FAM_LLAMA3: {
         size_t i = 0;
@@ -513,6 +649,284 @@ size_t srv_tools_stream_safe(enum srv_chat_tmpl t, const char *text, size_t len)
     }
     }
     return 0;
+}
+
+/* ---- LFM2's calls: a Python list of calls, [f(a=1, b="x"), g()] ---- */
+
+/* A cursor over the bytes [p, end) of one call block. */
+typedef struct py_cur {
+    const char *p, *end;
+} py_cur;
+
+static void py_ws(py_cur *c)
+{
+    while (c->p < c->end && strchr(" \t\r\n", *c->p) && *c->p)
+        c->p++;
+}
+
+static bool py_eat(py_cur *c, char ch)
+{
+    py_ws(c);
+    if (c->p < c->end && *c->p == ch) {
+        c->p++;
+        return true;
+    }
+    return false;
+}
+
+static bool py_ident_char(char ch, bool first)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_' ||
+           (!first && ((ch >= '0' && ch <= '9') || ch == '.' || ch == '-'));
+}
+
+/* An identifier (a function name may hold dots and dashes, as tool names do) into buf. */
+static bool py_ident(py_cur *c, char *buf, size_t cap)
+{
+    py_ws(c);
+    size_t n = 0;
+    while (c->p < c->end && py_ident_char(*c->p, n == 0)) {
+        if (n + 1 >= cap)
+            return false;
+        buf[n++] = *c->p++;
+    }
+    buf[n] = '\0';
+    return n > 0;
+}
+
+/* Appends code point u as UTF-8. */
+static void utf8_add(kvs_buf *b, uint32_t u)
+{
+    char o[4];
+    size_t n;
+    if (u < 0x80) {
+        o[0] = (char)u;
+        n = 1;
+    } else if (u < 0x800) {
+        o[0] = (char)(0xC0 | u >> 6);
+        o[1] = (char)(0x80 | (u & 0x3F));
+        n = 2;
+    } else if (u < 0x10000) {
+        o[0] = (char)(0xE0 | u >> 12);
+        o[1] = (char)(0x80 | (u >> 6 & 0x3F));
+        o[2] = (char)(0x80 | (u & 0x3F));
+        n = 3;
+    } else {
+        o[0] = (char)(0xF0 | u >> 18);
+        o[1] = (char)(0x80 | (u >> 12 & 0x3F));
+        o[2] = (char)(0x80 | (u >> 6 & 0x3F));
+        o[3] = (char)(0x80 | (u & 0x3F));
+        n = 4;
+    }
+    kvs_buf_addn(b, o, n);
+}
+
+/* n hex digits at p as a number; -1 if they are not all hex. */
+static long hex_n(const char *p, const char *end, int n)
+{
+    long v = 0;
+    for (int i = 0; i < n; i++) {
+        if (p + i >= end)
+            return -1;
+        char ch = p[i];
+        int d = ch >= '0' && ch <= '9'   ? ch - '0'
+                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                         : -1;
+        if (d < 0)
+            return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* A Python string literal in single or double quotes, its escapes decoded (an unknown escape
+ * keeps its backslash, as Python's). NULL if unterminated or on allocation failure. */
+static cJSON *py_string(py_cur *c)
+{
+    char q = *c->p++;
+    kvs_buf b = {0};
+    kvs_buf_add(&b, "");
+    while (c->p < c->end && *c->p != q) {
+        char ch = *c->p++;
+        if (ch != '\\') {
+            kvs_buf_addn(&b, &ch, 1);
+            continue;
+        }
+        if (c->p >= c->end)
+            break;
+        char e = *c->p++;
+        long u = -1;
+        int hex = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
+        if (hex && (u = hex_n(c->p, c->end, hex)) >= 0 && u <= 0x10FFFF) {
+            c->p += hex;
+            utf8_add(&b, (uint32_t)u);
+            continue;
+        }
+        const char *plain = strchr("nrtbfv0", e);
+        if (plain && e) {
+            static const char k_out[] = "\n\r\t\b\f\v";
+            char o = k_out[plain - "nrtbfv0"];
+            kvs_buf_addn(&b, &o, 1);
+        } else if (e == '\\' || e == '\'' || e == '"') {
+            kvs_buf_addn(&b, &e, 1);
+        } else if (e == '\n') { /* a line continuation */
+        } else {
+            kvs_buf_addn(&b, &ch, 1);
+            kvs_buf_addn(&b, &e, 1);
+        }
+    }
+    cJSON *s = NULL;
+    if (c->p < c->end && !b.oom) {
+        c->p++; /* the closing quote */
+        s = cJSON_CreateString(b.p);
+    }
+    free(b.p);
+    return s;
+}
+
+static cJSON *py_value(py_cur *c, int depth);
+
+/* Items up to close (a list's ']', a tuple's ')', a dict's '}'), a trailing comma allowed;
+ * into a JSON array, or for a dict an object whose keys are string literals. */
+static cJSON *py_items(py_cur *c, char close, bool dict, int depth)
+{
+    cJSON *out = dict ? cJSON_CreateObject() : cJSON_CreateArray();
+    while (out) {
+        if (py_eat(c, close))
+            return out;
+        char *key = NULL;
+        if (dict) {
+            py_ws(c);
+            cJSON *k = c->p < c->end && (*c->p == '\'' || *c->p == '"') ? py_string(c) : NULL;
+            if (!k || !py_eat(c, ':')) {
+                cJSON_Delete(k);
+                break;
+            }
+            key = k->valuestring;
+            k->valuestring = NULL;
+            cJSON_Delete(k);
+        }
+        cJSON *v = py_value(c, depth + 1);
+        bool ok = v && (dict ? cJSON_AddItemToObject(out, key, v) : cJSON_AddItemToArray(out, v));
+        cJSON_free(key);
+        if (!ok) {
+            cJSON_Delete(v);
+            break;
+        }
+        if (!py_eat(c, ',')) {
+            if (py_eat(c, close))
+                return out;
+            break;
+        }
+    }
+    cJSON_Delete(out);
+    return NULL;
+}
+
+/* A Python literal (or JSON's): a string, a number, True/False/None (true/false/null), a list
+ * or tuple (a JSON array), a dict. NULL if it is none of them. */
+static cJSON *py_value(py_cur *c, int depth)
+{
+    py_ws(c);
+    if (c->p >= c->end || depth > 64)
+        return NULL;
+    char ch = *c->p;
+    if (ch == '\'' || ch == '"')
+        return py_string(c);
+    if (ch == '[' || ch == '(' || ch == '{') {
+        c->p++;
+        return py_items(c, ch == '[' ? ']' : ch == '(' ? ')' : '}', ch == '{', depth);
+    }
+    static const struct {
+        const char *word;
+        int kind; /* 0 false, 1 true, 2 null */
+    } k_words[] = {{"True", 1}, {"true", 1}, {"False", 0}, {"false", 0}, {"None", 2}, {"null", 2}};
+    for (size_t i = 0; i < sizeof k_words / sizeof k_words[0]; i++) {
+        size_t n = strlen(k_words[i].word);
+        if ((size_t)(c->end - c->p) >= n && !memcmp(c->p, k_words[i].word, n) &&
+            (c->p + n == c->end || !py_ident_char(c->p[n], false))) {
+            c->p += n;
+            return k_words[i].kind == 2 ? cJSON_CreateNull() : cJSON_CreateBool(k_words[i].kind);
+        }
+    }
+    /* a number: JSON's form, a leading '+' allowed */
+    char num[64];
+    size_t n = 0;
+    while (c->p + n < c->end && n < sizeof num - 1 && strchr("+-0123456789.eE", c->p[n]) && c->p[n])
+        num[n] = c->p[n], n++;
+    num[n] = '\0';
+    if (!n)
+        return NULL;
+    char *e;
+    double d = strtod(num, &e);
+    if (e != num + n || !(num[0] == '-' || num[0] == '+' || (num[0] >= '0' && num[0] <= '9')))
+        return NULL;
+    c->p += n;
+    return cJSON_CreateNumber(d);
+}
+
+/* One call block's body ([f(a=1), g()], the brackets optional) into calls. Returns the number
+ * of calls naming one of tools (0 if the body is not a list of calls), or KVS_ENOMEM. */
+static int py_calls(const char *body, size_t len, const cJSON *tools, const char *id_base,
+                    cJSON *calls)
+{
+    py_cur c = {body, body + len};
+    bool bracket = py_eat(&c, '[');
+    cJSON *found = cJSON_CreateArray();
+    if (!found)
+        return KVS_ENOMEM;
+    bool ok = true;
+    while (ok) {
+        char name[256];
+        cJSON *obj = NULL, *args = NULL;
+        ok = py_ident(&c, name, sizeof name) && py_eat(&c, '(');
+        /* name=value pairs up to ')', a trailing comma allowed */
+        args = ok ? cJSON_CreateObject() : NULL;
+        ok = ok && args;
+        bool closed = ok && py_eat(&c, ')');
+        while (ok && !closed) { /* name=value, ..., a trailing comma allowed */
+            char key[256];
+            cJSON *v = py_ident(&c, key, sizeof key) && py_eat(&c, '=') ? py_value(&c, 0) : NULL;
+            ok = v && cJSON_AddItemToObject(args, key, v);
+            if (!ok)
+                cJSON_Delete(v);
+            else if (py_eat(&c, ','))
+                closed = py_eat(&c, ')');
+            else
+                ok = closed = py_eat(&c, ')');
+        }
+        obj = ok && args ? cJSON_CreateObject() : NULL;
+        ok = obj && cJSON_AddStringToObject(obj, "name", name) &&
+             cJSON_AddItemToObject(obj, "arguments", args);
+        if (ok)
+            args = NULL;
+        else
+            cJSON_Delete(args);
+        if (ok)
+            cJSON_AddItemToArray(found, obj);
+        else
+            cJSON_Delete(obj);
+        if (ok && !py_eat(&c, ','))
+            break;
+    }
+    if (ok && bracket)
+        ok = py_eat(&c, ']');
+    py_ws(&c);
+    ok = ok && c.p == c.end;
+    int n = 0;
+    const cJSON *it, *list = ok ? found : NULL;
+    cJSON_ArrayForEach(it, list)
+    {
+        int added = add_call(calls, it, tools, id_base);
+        if (added < 0) {
+            n = added;
+            break;
+        }
+        n += added;
+    }
+    cJSON_Delete(found);
+    return n;
 }
 
 int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool forced,
@@ -593,6 +1007,28 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
             if (!added) /* not a call: it stays text */
                 kvs_buf_addn(&rest, o, (size_t)(stop - o) + (c && c < end ? sizeof close - 1 : 0));
             p = c && c < end ? c + sizeof close - 1 : end;
+        }
+    } else if (f == FAM_LFM2) {
+        /* <|tool_call_start|>[f(a=1), ...]<|tool_call_end|>, the text around them content */
+        static const char open[] = "<|tool_call_start|>", close[] = "<|tool_call_end|>";
+        const char *p = text, *end = text + len;
+        while (p < end && rc >= 0) {
+            const char *o = strstr(p, open);
+            const char *body = o ? o + sizeof open - 1 : NULL;
+            const char *c = body ? strstr(body, close) : NULL;
+            if (!c || c >= end) { /* an unclosed block stays text */
+                kvs_buf_addn(&rest, p, (size_t)(end - p));
+                break;
+            }
+            int added = py_calls(body, (size_t)(c - body), tools, id_base, arr);
+            if (added < 0) {
+                rc = added;
+                break;
+            }
+            kvs_buf_addn(&rest, p, (size_t)(o - p));
+            if (!added) /* not calls of the tools: it stays text */
+                kvs_buf_addn(&rest, o, (size_t)(c - o) + sizeof close - 1);
+            p = c + sizeof close - 1;
         }
     } else if (f == FAM_LLAMA3) {
         /* one or more objects separated by ";" making up the whole text */

@@ -28,13 +28,25 @@
  *                                an earlier call is not written back (the template writes an
  *                                assistant turn's content alone); a result is a turn of role
  *                                tool, its content as it is
+ *   LFM2 (Liquid AI LFM2, LFM2.5) the tools as "List of tools: [...]" (each tool tojson) after
+ *                                the system text, a line apart (LFM2's between <|tool_list_start|>
+ *                                and <|tool_list_end|>; LFM2.5-8B-A1B's a blank line apart, after
+ *                                "Today's date: YYYY-MM-DD"); the model calls with
+ *                                <|tool_call_start|>[f(a=1, b="x"), g()]<|tool_call_end|>, Python
+ *                                calls whose arguments are Python literals (True, None, 'x', [..],
+ *                                {..}; JSON's true, false, null too), the text around the block
+ *                                content; an earlier call is not written back, but by
+ *                                LFM2.5-8B-A1B's template (in Python form, after the content); a
+ *                                result is a turn of role tool (LFM2's wrapped in
+ *                                <|tool_response_start|>...<|tool_response_end|>)
  *   every other family (PLAIN…)  the generic form: CHATML's wording and <tool_call> tags
  *
  * A forced call (tool_choice "required" or a named function) is generated under the grammar of
  * srv_json_schema_compile_tools from the first token: the whole text is then one
- * {"name", "arguments"} object, whatever the family, except HARMONY's, whose prompt ends in the
- * call's header (server/api.h tool_prefill) and whose output is read as an unforced call once
- * the header is put back before it. Pure functions, any thread. */
+ * {"name", "arguments"} object, whatever the family (LFM2's too, not in its Python form), except
+ * HARMONY's, whose prompt ends in the call's header (server/api.h tool_prefill) and whose output
+ * is read as an unforced call once the header is put back before it. Pure functions, any
+ * thread. */
 #ifndef KVS_SERVER_TOOL_CALLS_H
 #define KVS_SERVER_TOOL_CALLS_H
 
@@ -54,6 +66,16 @@ int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out
  * (may be NULL). Returns 0 and a malloc'd *out, or KVS_ENOMEM. */
 int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSON *tool_calls,
                            char **out);
+
+/* What separates a request's system text from the tools' text (srv_tools_render_system) in
+ * the system turn: "\n\n", but for LFM2 and LFM2.5 "\n" (LFM2.5-8B-A1B "\n\n"), and nothing
+ * after an empty system text. Static. */
+const char *srv_tools_system_sep(enum srv_chat_tmpl t, const char *system);
+
+/* The calls family t's template writes apart from an assistant's content (LFM2.5-8B-A1B: its
+ * Python form, <|tool_call_start|>[f(a=1, b='x')]<|tool_call_end|>, after the content: for
+ * srv_chat_extra.calls): 0 and a malloc'd *out, *out NULL for the other families; KVS_ENOMEM. */
+int srv_tools_render_calls_apart(enum srv_chat_tmpl t, const cJSON *tool_calls, char **out);
 
 /* Harmony (gpt-oss): the first call's arguments (tool_calls already validated) as its
  * template's tojson writes them. Returns 0 and a malloc'd *out, or KVS_ENOMEM. */
@@ -82,9 +104,9 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
 
 /* How many leading bytes of text (a stream's answer so far, len bytes, not forced) are content
  * whatever comes next, so they can be streamed before the answer ends: up to where a call's
- * marker (<tool_call>, [TOOL_CALLS]) starts or may be starting, none while a Llama 3 answer is
- * blank or opens with "{" (its calls are the whole text). Those bytes are always a prefix of
- * srv_tools_parse's *content (or of the text, when it finds no calls). */
+ * marker (<tool_call>, [TOOL_CALLS], <|tool_call_start|>) starts or may be starting, none while a
+ * Llama 3 answer is blank or opens with "{" (its calls are the whole text). Those bytes are always
+ * a prefix of srv_tools_parse's *content (or of the text, when it finds no calls). */
 size_t srv_tools_stream_safe(enum srv_chat_tmpl t, const char *text, size_t len);
 
 #endif

@@ -106,6 +106,19 @@ static void test_detect(void **state)
                                      "sep_token = \"<|end_of_sentence|>\" -%}{{- \"Assistant: \" "
                                      "+ message[\"content\"] + sep_token -}}"),
                      SRV_CHAT_ERNIE45);
+    /* Liquid AI's LFM2 family: its tool list between markers, LFM2.5's bare, LFM2.5-8B-A1B's
+     * writing calls back; "List of tools: " alone, without ChatML, is not one */
+    assert_int_equal(srv_chat_detect("{{- \"<|im_start|>system\\n\" -}}{%- set p = \"List of "
+                                     "tools: <|tool_list_start|>[\" -%}]<|tool_list_end|>"),
+                     SRV_CHAT_LFM2);
+    assert_int_equal(srv_chat_detect("{{- \"<|im_start|>\" -}}{%- set p = \"List of tools: [\" "
+                                     "-%}{%- if \"</think>\" in content -%}"),
+                     SRV_CHAT_LFM25);
+    assert_int_equal(srv_chat_detect("{{- \"<|im_start|>\" -}}\"List of tools: \" + (tools | "
+                                     "tojson){{- \"<|tool_call_start|>[\" -}}"),
+                     SRV_CHAT_LFM25_8B);
+    assert_int_equal(srv_chat_detect("List of tools: <|tool_list_start|>"), SRV_CHAT_PLAIN);
+    assert_int_equal(srv_chat_from_name("lfm2.5-8b"), SRV_CHAT_LFM25_8B);
     assert_int_equal(srv_chat_detect("{{ message['content'] }}"), SRV_CHAT_PLAIN);
 }
 
@@ -455,6 +468,79 @@ static void test_ernie45(void **state)
     check(SRV_CHAT_ERNIE45, tool, 2, "<|begin_of_sentence|>User:  Hi \nAssistant: ");
 }
 
+/* Liquid AI's LFM2 and LFM2.5 (their official templates, checked against llama-server's Jinja
+ * in peer_templates): ChatML, no system turn for an empty system text, a later system message a
+ * turn of its own; LFM2.5 keeps an earlier answer's text after its last </think>, stripped (the
+ * 1.2B template: every answer but the last; 8B's: the answers before the last user turn), and
+ * 8B's writes an answer's calls after its content. */
+static void test_lfm2(void **state)
+{
+    (void)state;
+    for (int t = SRV_CHAT_LFM2; t <= SRV_CHAT_LFM25_8B; t++) {
+        check((enum srv_chat_tmpl)t, k_conv, 4,
+              "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+              "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+              "<|im_start|>assistant\n");
+        const srv_chat_msg empty[] = {{"system", ""}, {"user", "Hi"}, {"system", " x "}};
+        check((enum srv_chat_tmpl)t, empty, 3,
+              "<|im_start|>user\nHi<|im_end|>\n<|im_start|>system\n x <|im_end|>\n"
+              "<|im_start|>assistant\n");
+    }
+    const srv_chat_msg think[] = {{"user", "Hi"},
+                                  {"assistant", "<think>a</think>b</think>\n c \n"},
+                                  {"user", "Bye"},
+                                  {"assistant", " <think>d</think> e "},
+                                  {"tool", "5"}};
+    const char *turns[] = {"<think>a</think>b</think>\n c \n", "c", "c"};
+    const char *last[] = {" <think>d</think> e ", " <think>d</think> e ", " <think>d</think> e "};
+    for (int t = SRV_CHAT_LFM2; t <= SRV_CHAT_LFM25_8B; t++) {
+        char want[512];
+        snprintf(want, sizeof want,
+                 "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n%s<|im_end|>\n"
+                 "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n%s<|im_end|>\n"
+                 "<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n",
+                 turns[t - SRV_CHAT_LFM2], last[t - SRV_CHAT_LFM2]);
+        check((enum srv_chat_tmpl)t, think, 5, want);
+    }
+    /* keep_past_thinking (1.2B) and preserve_thinking (8B): every answer as it is */
+    srv_chat_opts keep = {.enable_thinking = -1, .keep_thinking = 1};
+    for (int t = SRV_CHAT_LFM25; t <= SRV_CHAT_LFM25_8B; t++) {
+        char *got = NULL;
+        assert_int_equal(srv_chat_render((enum srv_chat_tmpl)t, think, 5, &keep, &got), 0);
+        assert_non_null(strstr(got, "assistant\n<think>a</think>b</think>\n c \n<|im_end|>"));
+        free(got);
+    }
+    /* an answer after the last user turn but not the last answer: 1.2B drops its think
+     * block, 8B keeps it */
+    const srv_chat_msg after[] = {
+        {"user", "Hi"}, {"assistant", "<think>a</think>b"}, {"tool", "5"}, {"assistant", "c"}};
+    check(SRV_CHAT_LFM25, after, 4,
+          "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n<|im_start|>tool\n"
+          "5<|im_end|>\n<|im_start|>assistant\nc<|im_end|>\n<|im_start|>assistant\n");
+    check(SRV_CHAT_LFM25_8B, after, 4,
+          "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>a</think>b<|im_end|>\n"
+          "<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\nc<|im_end|>\n"
+          "<|im_start|>assistant\n");
+    /* 8B: the calls after the content (the content's think block dropped first) */
+    const srv_chat_msg call[] = {
+        {"user", "Add"}, {"assistant", "<think>p</think> Ok. "}, {"tool", "5"}, {"user", "Thanks"}};
+    const srv_chat_extra x[] = {
+        {0}, {NULL, NULL, NULL, "<|tool_call_start|>[add(a=1)]<|tool_call_end|>"}, {0}, {0}};
+    srv_chat_opts o = {.enable_thinking = -1, .extra = x};
+    char *got = NULL;
+    assert_int_equal(srv_chat_render(SRV_CHAT_LFM25_8B, call, 4, &o, &got), 0);
+    assert_string_equal(got,
+                        "<|im_start|>user\nAdd<|im_end|>\n<|im_start|>assistant\nOk.<|tool_call_"
+                        "start|>[add(a=1)]<|tool_call_end|><|im_end|>\n<|im_start|>tool\n5<|im_"
+                        "end|>\n<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n");
+    free(got);
+    assert_false(srv_chat_has_thinking(SRV_CHAT_LFM25));
+    assert_true(srv_chat_may_think(SRV_CHAT_LFM25));
+    assert_true(srv_chat_may_think(SRV_CHAT_LFM25_8B));
+    assert_false(srv_chat_may_think(SRV_CHAT_LFM2));
+    assert_true(srv_chat_may_think(SRV_CHAT_QWEN3));
+}
+
 #define HARMONY_SYSTEM(effort, tools)                                                              \
     "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"       \
     "Knowledge cutoff: 2024-06\nCurrent date: 2026-12-01\n\nReasoning: " effort "\n\n# Valid "     \
@@ -482,7 +568,7 @@ static void test_harmony(void **state)
      * reasoning of an answer is dropped */
     const srv_chat_msg m[] = {
         {"user", "Hi"}, {"assistant", "Hello!"}, {"system", "Be brief."}, {"user", "Bye"}};
-    const srv_chat_extra x[] = {{NULL, NULL, NULL}, {"greet", NULL, NULL}, {0}, {0}};
+    const srv_chat_extra x[] = {{NULL, NULL, NULL, NULL}, {"greet", NULL, NULL, NULL}, {0}, {0}};
     o.extra = x;
     o.reasoning_effort = "high";
     assert_int_equal(srv_chat_render(SRV_CHAT_HARMONY, m, 4, &o, &got), 0);
@@ -498,7 +584,7 @@ static void test_harmony(void **state)
                               {"tool", "\"5\""},
                               {"assistant", "It is 5."},
                               {"user", "Thanks"}};
-    const srv_chat_extra cx[] = {{0}, {"use add", "add", "{\"a\": 2}"}, {0}, {0}, {0}};
+    const srv_chat_extra cx[] = {{0}, {"use add", "add", "{\"a\": 2}", NULL}, {0}, {0}, {0}};
     srv_chat_opts t = {.enable_thinking = -1, .date = "2026-12-01", .extra = cx, .tools_dev = "T"};
     const char *call = "<|start|>assistant to=functions.add<|channel|>commentary json<|message|>"
                        "{\"a\": 2}<|call|><|start|>functions.add to=assistant<|channel|>"
@@ -529,7 +615,7 @@ static void test_harmony(void **state)
     const srv_chat_msg tags[] = {{"user", "Hi"}, {"assistant", "<|channel|>final<|message|>x"}};
     assert_non_null(srv_chat_check(SRV_CHAT_HARMONY, tags, 2, NULL, &bad));
     assert_int_equal(bad, 1);
-    const srv_chat_extra both[] = {{0}, {"why", "add", "{}"}};
+    const srv_chat_extra both[] = {{0}, {"why", "add", "{}", NULL}};
     const srv_chat_msg callc[] = {{"user", "Hi"}, {"assistant", "preamble"}};
     t.extra = both;
     assert_non_null(srv_chat_check(SRV_CHAT_HARMONY, callc, 2, &t, &bad));
@@ -548,6 +634,7 @@ int main(void)
         cmocka_unit_test(test_llama31),        cmocka_unit_test(test_gemma_trailing_system),
         cmocka_unit_test(test_harmony),        cmocka_unit_test(test_smollm3),
         cmocka_unit_test(test_granite),        cmocka_unit_test(test_ernie45),
+        cmocka_unit_test(test_lfm2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,7 @@
 """meson test 'peer_templates': the chat templates of the families kvserve detects, checked
 against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
 official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2,
-gpt-oss, SmolLM3, Granite 3.0, 3.1, 3.2 and 3.3, ERNIE 4.5);
+gpt-oss, SmolLM3, Granite 3.0, 3.1, 3.2 and 3.3, ERNIE 4.5, LFM2, LFM2.5, LFM2.5-8B-A1B);
 a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
 /apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
 llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
@@ -21,8 +21,15 @@ assistant turn's content alone (earlier calls are not in its prompt), so kvserve
 as well. Granite 3.2's and 3.3's read chat_template_kwargs.thinking (llama-server hands the
 kwargs to the template as they are), compared on and off, with tools and a system message
 (which both take over from it).
+LFM2's and LFM2.5's are compared with tools (two, one without parameters), an empty system
+message, earlier answers' think blocks, and calls whose arguments LFM2.5-8B-A1B's template writes
+back in Python form (strings, numbers, True/False/None, lists and dicts), and the switches that
+keep earlier answers' think blocks (keep_past_thinking, 8B's preserve_thinking); llama-server (d32676d)
+hands them no "thinking" field (8B's template reads one), so reasoning_content is not rendered by
+either.
 Exits 77 (meson's skip) with the reason when llama-server (KVS_PEER/llama.cpp/bin) is absent.
 Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER; by hand: test_peer_templates.py [NAME ...]."""
+import json
 import os
 import re
 import subprocess
@@ -38,7 +45,8 @@ FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": 
             "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony",
             "smollm3": "smollm3", "granite3.1": "granite", "granite3.0": "granite3.0",
             "granite3.2": "granite3.2", "granite3.3": "granite3.3",
-            "granite3.3-spaced": "granite3.3", "ernie4.5": "ernie4.5"}
+            "granite3.3-spaced": "granite3.3", "ernie4.5": "ernie4.5",
+            "lfm2": "lfm2", "lfm2.5": "lfm2.5", "lfm2.5-8b": "lfm2.5-8b"}
 # variants made here from a file: name -> (file, [(old, new)])
 VARIANTS = {
     # the copy of Granite 3.3's template in llama.cpp's models/templates joins the default
@@ -50,7 +58,8 @@ VARIANTS = {
 }
 # the chat_template_kwargs each family's template reads (any other is refused by kvserve)
 SWITCHES = {"qwen3": {"enable_thinking"}, "harmony": {"reasoning_effort", "model_identity"},
-            "smollm3": {"enable_thinking"}, "granite3.2": {"thinking"}, "granite3.3": {"thinking"}}
+            "smollm3": {"enable_thinking"}, "granite3.2": {"thinking"}, "granite3.3": {"thinking"},
+            "lfm2.5": {"keep_past_thinking"}, "lfm2.5-8b": {"preserve_thinking"}}
 
 S, U, A = "system", "user", "assistant"
 CASES = [
@@ -128,6 +137,8 @@ TOOLS_RICH = TOOLS + [{"type": "function", "function": {
         "required": ["query"]}}},
     {"type": "function", "function": {"name": "now", "description": "The time.",
                                       "parameters": {"type": "object", "properties": {}}}}]
+TOOLS_LFM2 = TOOLS + [{"type": "function", "function": {"name": "now", "description": "The time.",
+                                                    "parameters": {"type": "object", "properties": {}}}}]
 HARMONY_TOOL_CASES = [
     ("a call with reasoning_content",
      [(U, "Add 2 and 3"), {"role": A, "content": None, "reasoning_content": "use add",
@@ -163,7 +174,36 @@ SMOLLM3_CASES = [
      {"enable_thinking": False}),
 ]
 WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2", "gpt-oss", "granite3.1", "granite3.0",
-              "granite3.2", "granite3.3")
+              "granite3.2", "granite3.3", "lfm2", "lfm2.5", "lfm2.5-8b")
+# LFM2 and LFM2.5: an empty system message (no system turn), a later one (a turn of its own),
+# earlier answers' think blocks (LFM2.5 keeps the last answer's, 8B the answers' after the last
+# user turn), tools with an empty system message, calls' arguments in Python form (8B writes
+# them back: strings quoted as they are, True/None, lists and dicts), a call after content
+# with a think block, tool results in a row, two tools
+LFM2_THINK = [(U, "Hi"), (A, "<think>\nhmm\n</think>\n\n Hello! "), (U, "Bye"),
+              (A, "<think>a</think>b</think>  c "), (U, "x"), (A, " <think>y</think> z "),
+              {"role": "tool", "tool_call_id": "c", "content": "5"}]
+LFM2_CASES = [
+    ("an empty system message", [(S, ""), (U, "Hi")], None),
+    ("a later system message", [(U, "Hi"), (A, "Hello!"), (S, "Be brief."), (U, "Bye")], None),
+    ("think blocks in earlier answers", LFM2_THINK, None),
+    # the switches that keep them: 1.2B's keep_past_thinking, 8B's preserve_thinking
+    ("keep_past_thinking", LFM2_THINK, {"keep_past_thinking": True}),
+    ("keep_past_thinking off", LFM2_THINK, {"keep_past_thinking": False}),
+    ("preserve_thinking", LFM2_THINK, {"preserve_thinking": True}),
+]
+LFM2_TOOL_CASES = [
+    ("tools and an empty system message", [(S, ""), (U, "Add 2 and 3")]),
+    ("a call with Python values",
+     [(U, "Add"), {"role": A, "content": "<think>plan</think>  Calling. ", "tool_calls": [
+         dict(CALL, function={"name": "add", "arguments": json.dumps(
+             {"t": True, "f": False, "n": None, "fl": 2.5, "big": 1e20, "i": -3,
+              "l": [1, "a'b", "x\"y", "c\nd\\", "x\"y'z\n", True, None, {"k": "v"}, [2.5]],
+              "d": {"x": [1, 2], "y": "\u00e9\n"}, "s": "it's \"q\"\n", "z": 0.1})}),
+         dict(CALL, id="call_2", function={"name": "now", "arguments": "{}"})]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+      {"role": "tool", "tool_call_id": "call_2", "content": "noon"}, (U, "Thanks")]),
+]
 # Granite 3.2 and 3.3: the thinking switch, which only the default system message reads (a
 # conversation's own system message, or tools, take its place)
 GRANITE_THINKING_CASES = [
@@ -210,7 +250,7 @@ def main():
                 [os.path.join(bindir, "llama-server"), "-m", model, "--host", "127.0.0.1", "--port",
                  str(port), "-t", "1", "-c", "256", "--jinja"] + extra, plog, port)
             try:
-                detected = re.search(r"chat template[: =]+([\w.]+)", open(klog).read())
+                detected = re.search(r"chat template[: =]+([\w.-]+)", open(klog).read())
                 if detected and detected.group(1) != FAMILIES[name]:
                     print("%-9s detected as %s, expected %s" % (name, detected.group(1),
                                                                 FAMILIES[name]))
@@ -226,6 +266,9 @@ def main():
                         {"type": "function", "function": {"name": "now"}}]}))
                 if FAMILIES[name] in ("granite3.2", "granite3.3"):
                     cases += GRANITE_THINKING_CASES
+                if name.startswith("lfm2"):
+                    cases += LFM2_CASES
+                    cases += [(label, msgs, {"tools": TOOLS_LFM2}) for label, msgs in LFM2_TOOL_CASES]
                 if name.startswith("granite"):  # the generation prompt follows the last turn
                     cases.append(("a system message alone", [(S, "Be brief.")], None))
                     cases.append(("a tool role", [(U, "Hi"), {"role": "tool", "tool_call_id": "c",

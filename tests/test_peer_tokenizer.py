@@ -1,7 +1,8 @@
 """meson test 'peer_tokenizer': kvserve's tokenizers against llama.cpp's, text by text. The
 vocabularies of ../shared/models/vocab as they are, and GPT-2's under the pre-tokenizers that
 no shared vocabulary names (tokenizer.ggml.pre rewritten): llama-bpe (Llama 3, its digits in
-threes, its case-blind contractions, BOS added and whole words taken before merges), qwen2
+threes, its case-blind contractions, BOS added and whole words taken before merges), lfm2
+(Liquid AI's LFM2 and LFM2.5: llama-bpe's pre-tokenizer under its own name), qwen2
 (Qwen 2 / 2.5 / 3: digits one by one), smaug-bpe (Llama 3's regex, merges as usual), default and
 gpt-4o (o200k: gpt-oss, Llama 4; words split at case changes), and harmony (gpt-4o with
 gpt-oss's special tokens appended: tests/e2e/harmony_vocab.py).
@@ -29,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VOCABS = ["llama-spm", "phi-3", "gpt-2", "starcoder", "refact", "deepseek-coder",
           "deepseek-llm", "falcon", "mpt"]
 SPM = ("llama-spm", "phi-3")
-PRES = ["llama-bpe", "qwen2", "smaug-bpe", "default", "gpt-4o"]  # on GPT-2's vocabulary
+PRES = ["llama-bpe", "lfm2", "qwen2", "smaug-bpe", "default", "gpt-4o"]  # on GPT-2's vocabulary
 SEP = "\n__ggml_vocab_test__\n"  # between the texts of a .inp file (llama.cpp's test-tokenizer-0)
 
 # Beyond the .inp files: what the Llama 3 and Qwen 2 regexes treat apart (digit runs, upper-case

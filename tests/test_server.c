@@ -293,6 +293,9 @@ static void test_tool_calls_stream_safe(void **state)
     stream_safe_holds(SRV_CHAT_LLAMA3, tools, "It is 4.", 8);
     stream_safe_holds(SRV_CHAT_GRANITE, tools,
                       "Ok <|tool_call|>[{\"name\": \"add\", \"arguments\": {}}]", 3);
+    stream_safe_holds(SRV_CHAT_LFM2, tools,
+                      "Ok <|tool_call_start|>[add(a=1)]<|tool_call_end|> done <|tool_cal", 3);
+    stream_safe_holds(SRV_CHAT_LFM25, tools, "No call <|tool_call_start|>[nope()]", 8);
     cJSON_Delete(tools);
 }
 
@@ -317,6 +320,7 @@ static void test_json_py(void **state)
 static void test_tool_calls(void **state)
 {
     (void)state;
+    char *out_py;
     cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"add\"}},"
                                "{\"type\":\"function\",\"function\":{\"name\":\"w\"}}]");
     assert_non_null(tools);
@@ -369,6 +373,58 @@ static void test_tool_calls(void **state)
     assert_string_equal(rest, "Sure.");
     cJSON_Delete(calls);
     free(rest);
+    /* LFM2: Python calls between <|tool_call_start|> and <|tool_call_end|>, the text around
+     * them content; Python literals (and JSON's) as JSON */
+    const char *lf = "Sure. <|tool_call_start|>[add(a=1, b=\"x\\\"y\\n\\u00e9\", c='it\\'s', "
+                     "d=True, e=None, f=-2.5e3, g=[1, 'two', (3, false)], h={'k': null, \"l\": "
+                     "{}},), w()]<|tool_call_end|> Done.";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_LFM2, lf, strlen(lf), false, tools, "l", &calls, &rest), 2);
+    assert_string_equal(rest, "Sure.  Done.");
+    fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+    assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "add");
+    assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring,
+                        "{\"a\":1,\"b\":\"x\\\"y\\né\",\"c\":\"it's\",\"d\":true,"
+                        "\"e\":null,\"f\":-2500,\"g\":[1,\"two\",[3,false]],\"h\":{\"k\":null,"
+                        "\"l\":{}}}");
+    fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "function");
+    assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "w");
+    assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{}");
+    cJSON_Delete(calls);
+    free(rest);
+    /* an unknown tool, a block that is not Python calls, an unclosed one: all text */
+    static const char *const not_calls[] = {
+        "<|tool_call_start|>[nope(a=1)]<|tool_call_end|>",
+        "<|tool_call_start|>[add(a=)]<|tool_call_end|>",
+        "<|tool_call_start|>[add(1)]<|tool_call_end|>",
+        "<|tool_call_start|>[add(a=1]<|tool_call_end|>",
+        "<|tool_call_start|>[add(a='x)]<|tool_call_end|>",
+        "<|tool_call_start|>[add(a=1)] x<|tool_call_end|>",
+        "<|tool_call_start|>[add(a=1)]",
+    };
+    for (size_t i = 0; i < sizeof not_calls / sizeof not_calls[0]; i++) {
+        assert_int_equal(srv_tools_parse(SRV_CHAT_LFM25, not_calls[i], strlen(not_calls[i]), false,
+                                         tools, "n", &calls, &rest),
+                         0);
+        assert_null(calls);
+    }
+    /* LFM2.5-8B-A1B's template writes a call back in its Python form */
+    cJSON *py = cJSON_Parse("[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                            "\"add\",\"arguments\":\"{\\\"s\\\":\\\"it's\\\",\\\"t\\\":true,"
+                            "\\\"n\\\":null,\\\"x\\\":2.5,\\\"l\\\":[\\\"a\\\",\\\"b'c\\\",false],"
+                            "\\\"d\\\":{\\\"k\\\":1}}\"}},{\"id\":\"c2\",\"type\":\"function\","
+                            "\"function\":{\"name\":\"w\",\"arguments\":\"{}\"}}]");
+    assert_non_null(py);
+    assert_int_equal(srv_tools_render_calls_apart(SRV_CHAT_LFM25_8B, py, &out_py), 0);
+    assert_string_equal(out_py, "<|tool_call_start|>[add(s='it's', t=True, n=None, x=2.5, "
+                                "l=['a', \"b'c\", False], d={\"k\": 1}), w()]<|tool_call_end|>");
+    free(out_py);
+    assert_int_equal(srv_tools_render_calls_apart(SRV_CHAT_LFM25, py, &out_py), 0);
+    assert_null(out_py);
+    assert_int_equal(srv_tools_render_calls(SRV_CHAT_LFM25_8B, "Ok.", py, &out_py), 0);
+    assert_string_equal(out_py, "Ok."); /* the calls go apart */
+    free(out_py);
+    cJSON_Delete(py);
     /* forced: the whole text is one object, whatever the family */
     const char *forced = " {\"name\":\"add\",\"arguments\":{\"a\":3}}";
     assert_int_equal(
@@ -401,6 +457,35 @@ static void test_tool_calls(void **state)
     free(out);
     assert_int_equal(srv_tools_render_result(SRV_CHAT_CHATML, "c1", "42", &role, &out), 0);
     assert_string_equal(out, "<tool_response>\n42\n</tool_response>");
+    free(out);
+    /* LFM2: its tools between markers after "List of tools: ", a line after the system text;
+     * a result wrapped in its markers (LFM2.5's as it is) */
+    assert_int_equal(srv_tools_render_system(SRV_CHAT_LFM2, tools, &out), 0);
+    assert_string_equal(out, "List of tools: <|tool_list_start|>[{\"type\": \"function\", "
+                             "\"function\": {\"name\": \"add\"}}, {\"type\": \"function\", "
+                             "\"function\": {\"name\": \"w\"}}]<|tool_list_end|>");
+    free(out);
+    assert_int_equal(srv_tools_render_system(SRV_CHAT_LFM25, tools, &out), 0);
+    assert_ptr_equal(strstr(out, "List of tools: [{\"type\""), out);
+    free(out);
+    assert_int_equal(srv_tools_render_system(SRV_CHAT_LFM25_8B, tools, &out), 0);
+    assert_ptr_equal(strstr(out, "Today's date: 2"), out);
+    assert_non_null(strstr(out, "\n\nList of tools: [{\"type\""));
+    free(out);
+    assert_string_equal(srv_tools_system_sep(SRV_CHAT_LFM2, "Be brief."), "\n");
+    assert_string_equal(srv_tools_system_sep(SRV_CHAT_LFM25, ""), "");
+    assert_string_equal(srv_tools_system_sep(SRV_CHAT_LFM25_8B, "x"), "\n\n");
+    assert_string_equal(srv_tools_system_sep(SRV_CHAT_CHATML, ""), "\n\n");
+    assert_int_equal(srv_tools_render_result(SRV_CHAT_LFM2, "c1", "42", &role, &out), 0);
+    assert_string_equal(role, "tool");
+    assert_string_equal(out, "<|tool_response_start|>42<|tool_response_end|>");
+    free(out);
+    assert_int_equal(srv_tools_render_result(SRV_CHAT_LFM25, "c1", "42", &role, &out), 0);
+    assert_string_equal(out, "42");
+    free(out);
+    assert_false(srv_tools_merge_results(SRV_CHAT_LFM2));
+    assert_int_equal(srv_tools_render_calls(SRV_CHAT_LFM2, "Ok.", hist, &out), 0);
+    assert_string_equal(out, "Ok."); /* LFM2's template writes content alone */
     free(out);
     cJSON_Delete(hist);
     cJSON_Delete(tools);

@@ -15,6 +15,7 @@
 
 #include "common/status.h"
 #include "engine/gguf.h"
+#include "engine/gguf_write.h"
 #include "engine/tokenizer.h"
 #include "test_util.h"
 
@@ -294,6 +295,70 @@ static void test_pieces_and_lookup(void **state)
     assert_int_equal(tok_token_to_piece(v, id, buf, sizeof buf), 4);
     assert_memory_equal(buf, " the", 4);
     tok_destroy(v);
+}
+
+/* GPT-2's vocabulary with tokenizer.ggml.pre set to pre and no add_bos_token key (so the
+ * pre-tokenizer's own BOS default shows): *rc the load's status, the vocab or NULL. */
+static tok_vocab *gpt2_as(const char *pre, int *rc)
+{
+    char path[1024];
+    if (!test_model_path(path, sizeof path, "vocab/ggml-vocab-gpt-2.gguf"))
+        return NULL;
+    gguf_file *f = NULL;
+    char err[256] = "";
+    assert_int_equal(gguf_open(path, &f, err, sizeof err), 0);
+    gguf_writer *w = NULL;
+    assert_int_equal(gguf_writer_create(&w), 0);
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        size_t len;
+        const char *key = gguf_key_name(f, i, &len);
+        if (strncmp(key, "tokenizer.ggml.pre", len) &&
+            strncmp(key, "tokenizer.ggml.add_bos_token", len))
+            assert_int_equal(gguf_writer_copy_kv(w, f, i), 0);
+    }
+    assert_int_equal(gguf_writer_add_str(w, "tokenizer.ggml.pre", pre), 0);
+    void *buf = NULL;
+    size_t size = 0;
+    assert_int_equal(gguf_writer_write_mem(w, &buf, &size), 0);
+    gguf_writer_destroy(w);
+    gguf_close(f);
+    assert_int_equal(gguf_open_memory(buf, size, &f, err, sizeof err), 0);
+    tok_vocab *v = NULL;
+    *rc = tok_create_from_gguf(f, &v, err, sizeof err);
+    gguf_close(f);
+    free(buf);
+    return v;
+}
+
+/* tokenizer.ggml.pre "lfm2" (Liquid AI's LFM2 and LFM2.5) is llama.cpp's llama3 row under
+ * another name: Llama 3's splits (digits in threes, case-blind contractions), whole words taken
+ * before merges, BOS added; an unknown name is refused, so the row is what loads it. */
+static void test_pre_aliases(void **state)
+{
+    (void)state;
+    int rc;
+    tok_vocab *llama = gpt2_as("llama-bpe", &rc);
+    if (!llama)
+        skip();
+    tok_vocab *lfm2 = gpt2_as("lfm2", &rc);
+    assert_int_equal(rc, 0);
+    assert_true(tok_add_bos(lfm2));
+    assert_true(tok_add_bos(llama));
+    static const char *const texts[] = {"1234567 I'M you'll", " Hello  world\n\n x",
+                                        "caf\xC3\xA9!!"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        size_t na, nb;
+        int32_t *a = encode(llama, texts[i], strlen(texts[i]), true, false, &na);
+        int32_t *b = encode(lfm2, texts[i], strlen(texts[i]), true, false, &nb);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, na * sizeof *a);
+        free(a);
+        free(b);
+    }
+    tok_destroy(llama);
+    tok_destroy(lfm2);
+    assert_null(gpt2_as("lfm3", &rc));
+    assert_int_equal(rc, KVS_EUNSUPPORTED);
 }
 
 static void test_control_tokens(void **state)
@@ -590,7 +655,7 @@ int main(void)
         cmocka_unit_test(test_pieces_and_lookup),   cmocka_unit_test(test_control_tokens),
         cmocka_unit_test(test_eog_tokens),          cmocka_unit_test(test_user_defined_and_rstrip),
         cmocka_unit_test(test_incremental_decoder), cmocka_unit_test(test_invalid_utf8_and_enospc),
-        cmocka_unit_test(test_speed_1mb),
+        cmocka_unit_test(test_speed_1mb),           cmocka_unit_test(test_pre_aliases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -61,7 +61,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             continue; /* harmony's template renders only the first system message */
         if (t == SRV_CHAT_SMOLLM3 && !strcmp(msgs[i].role, "system"))
             continue;
-        if (t == SRV_CHAT_QWEN3 && !strcmp(msgs[i].role, "assistant"))
+        /* Qwen 3 and LFM2.5 keep (at least) an answer's text after its last </think> */
+        if ((t == SRV_CHAT_QWEN3 || t == SRV_CHAT_LFM25 || t == SRV_CHAT_LFM25_8B) &&
+            !strcmp(msgs[i].role, "assistant"))
             for (const char *e = strstr(c, "</think>"); e; e = strstr(c, "</think>"))
                 c = e + 8;
         size_t len = strlen(c);

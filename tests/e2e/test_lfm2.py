@@ -1,0 +1,174 @@
+"""Liquid AI's LFM2.5 chat side end to end, on a random-weight llama file (the lfm2 architecture
+is not needed for what is tested here) whose vocabulary is GPT-2's under the lfm2 pre-tokenizer
+with LFM2's special tokens appended as control tokens (<|im_end|> as EOS, <|im_start|>, the tool
+list, call and response markers, <think> and </think>, as its GGUF files hold them) and whose
+template is LFM2.5-1.2B-Instruct's (tests/data/chat_templates/lfm2.5.jinja): the template is
+detected; the markers tokenize to their tokens; <|im_end|> ends a generation; <|tool_call_start|>,
+<|tool_call_end|>, <think> and </think> are printed (engine/tokenizer.c fix_lfm2), the list and
+role markers not. Two user-defined tokens are test devices, so that a random model can be made to
+write a whole answer in one token: a call block, <|tool_call_start|>[add(a=1, b='x'), mul(b=2)]
+<|tool_call_end|> after some text (and a stop string after it), comes back as two tool_calls whole and streamed (the reading
+itself: tests/test_server.c), and <think>plan</think>Done as reasoning_content and content;
+enable_thinking is a 400 (no such switch), keep_past_thinking keeps earlier think blocks.
+A forced call (tool_choice required or named) is generated as the generic JSON object (not LFM2's
+Python form) and comes back as tool_calls."""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+import harmony_vocab
+from kvs_e2e import MKMODEL, MODELS, Server, forced_first, require_mkmodel
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "lfm2.5.jinja")
+VOCAB = os.path.join(MODELS, "vocab", "ggml-vocab-gpt-2.gguf")
+SPECIALS = ["<|startoftext|>", "<|im_start|>", "<|im_end|>", "<|tool_list_start|>",
+            "<|tool_list_end|>", "<|tool_call_start|>", "<|tool_call_end|>",
+            "<|tool_response_start|>", "<|tool_response_end|>", "<think>", "</think>"]
+CALL = "Calling.<|tool_call_start|>[add(a=1, b='x'), mul(b=2)]<|tool_call_end|>"
+STOP = "#END"  # ends the one-token answer as a stop string (a call cut by max_tokens is not read)
+THINK = "<think>plan</think>Done"
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Adds two numbers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "number"}},
+                   "required": ["a"]}}},
+    {"type": "function", "function": {
+        "name": "mul", "parameters": {"type": "object", "properties": {
+            "b": {"type": "integer"}}, "required": ["b"]}}}]
+MSGS = [{"role": "user", "content": "Hi"}]
+
+
+class Lfm25(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        require_mkmodel(VOCAB)
+        cls.dir = tempfile.TemporaryDirectory()
+        vocab = os.path.join(cls.dir.name, "lfm2-vocab.gguf")
+        cls.ids = harmony_vocab.append(VOCAB, vocab, SPECIALS, [CALL + STOP, THINK], eos="<|im_end|>",
+                                       pre="lfm2")
+        path = os.path.join(cls.dir.name, "lfm25.gguf")
+        with open(TEMPLATE) as f:
+            template = f.read()
+        subprocess.run([MKMODEL, "--shape", "tiny", "--vocab", vocab, "-o", path,
+                        "--chat-template", template], check=True, capture_output=True)
+        cls.srv = Server(ctx=2048, model=path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        cls.dir.cleanup()
+
+    def test_detected(self):
+        self.assertIn("chat template lfm2.5", self.srv.stderr())
+
+    def test_markers_are_tokens(self):
+        text = "<|im_start|>user\nHi<|im_end|><|tool_call_start|>"
+        st, out = self.srv.post("/tokenize", {"prompt": text, "add_special_tokens": False})
+        self.assertEqual(st, 200, out)
+        toks = out["tokens"]
+        self.assertEqual(toks[0], self.ids["<|im_start|>"])
+        self.assertEqual(toks[-2:], [self.ids["<|im_end|>"], self.ids["<|tool_call_start|>"]])
+
+    def first(self, name, max_tokens=3):
+        return forced_first(self, self.srv, self.ids[name], max_tokens)
+
+    def test_end_tokens(self):
+        self.assertEqual(self.first("<|im_end|>"), ("stop", 1, ""))
+        # the call and think markers are printed; the list and role markers print nothing
+        for shown in ("<|tool_call_start|>", "<|tool_call_end|>", "<think>", "</think>"):
+            self.assertEqual(self.first(shown), ("length", 3, shown * 3))
+        for hidden in ("<|tool_list_start|>", "<|im_start|>", "<|tool_response_start|>"):
+            self.assertEqual(self.first(hidden), ("length", 3, ""))
+
+    def answer(self, token, **extra):
+        """A chat answer of one token pushed to token: (whole message, finish_reason, streamed
+        events' choices)."""
+        body = {"messages": MSGS, "max_tokens": 1, "temperature": 0,
+                "logit_bias": {str(self.ids[token]): 100}}
+        body.update(extra)
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        c = out["choices"][0]
+        return c["message"], c["finish_reason"], [e["choices"][0] for e in events
+                                                  if e.get("choices")]
+
+    def test_calls_read_back(self):
+        msg, finish, deltas = self.answer(CALL + STOP, tools=TOOLS, stop=[STOP])
+        self.assertEqual(finish, "tool_calls", msg)
+        self.assertEqual(msg["content"], "Calling.")
+        got = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+               for c in msg["tool_calls"]]
+        self.assertEqual(got, [("add", {"a": 1, "b": "x"}), ("mul", {"b": 2})])
+        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+        self.assertEqual([(t["function"]["name"], json.loads(t["function"]["arguments"]))
+                          for t in streamed], got)
+        self.assertEqual("".join(d["delta"].get("content") or "" for d in deltas), "Calling.")
+        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
+        # without tools the block is content
+        msg, finish, _ = self.answer(CALL + STOP, stop=[STOP])
+        self.assertEqual(msg["content"], CALL)
+        self.assertNotIn("tool_calls", msg)
+
+    def test_think_split(self):
+        msg, _, deltas = self.answer(THINK)
+        self.assertEqual((msg.get("reasoning_content"), msg["content"]), ("plan", "Done"), msg)
+        self.assertEqual("".join(d["delta"].get("reasoning_content") or "" for d in deltas), "plan")
+        self.assertEqual("".join(d["delta"].get("content") or "" for d in deltas), "Done")
+
+    def test_no_switch(self):
+        body = {"messages": MSGS, "max_tokens": 1,
+                "chat_template_kwargs": {"enable_thinking": False}}
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 400, out)
+        self.assertIn("no thinking switch", out["error"]["message"])
+        # its own switch keeps earlier answers' think blocks; 8B's name for it is not its own
+        st, out = self.srv.post("/apply-template", {
+            "messages": [{"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "<think>a</think>b"},
+                         {"role": "user", "content": "Bye"}],
+            "chat_template_kwargs": {"keep_past_thinking": True}})
+        self.assertEqual(st, 200, out)
+        self.assertIn("<think>a</think>b<|im_end|>", out["prompt"])
+        body["chat_template_kwargs"] = {"preserve_thinking": True}
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 400, out)
+        self.assertIn("keep_past_thinking (LFM2.5)", out["error"]["message"])
+
+    def forced(self, choice):
+        body = {"messages": MSGS, "tools": TOOLS, "tool_choice": choice, "max_tokens": 64,
+                "temperature": 0}
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        if c["finish_reason"] == "length":
+            self.skipTest("this random model's call did not end in 64 tokens")
+        self.assertEqual(c["finish_reason"], "tool_calls", out)
+        calls = c["message"]["tool_calls"]
+        self.assertEqual(len(calls), 1, calls)
+        fn = calls[0]["function"]
+        key = {"add": "a", "mul": "b"}[fn["name"]]
+        self.assertIsInstance(json.loads(fn["arguments"])[key], (int, float))
+        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        deltas = [e["choices"][0] for e in events if e.get("choices")]
+        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+        self.assertEqual(len(streamed), 1, deltas)
+        self.assertEqual(streamed[0]["function"]["arguments"], fn["arguments"])
+        return fn
+
+    def test_required(self):
+        self.forced("required")
+
+    def test_named(self):
+        self.assertEqual(self.forced({"type": "function", "function": {"name": "mul"}})["name"],
+                         "mul")
+
+
+if __name__ == "__main__":
+    unittest.main()
