@@ -1,5 +1,5 @@
-"""Liquid AI's LFM2.5 chat side end to end, on a random-weight llama file (the lfm2 architecture
-is not needed for what is tested here) whose vocabulary is GPT-2's under the lfm2 pre-tokenizer
+"""Liquid AI's LFM2.5 chat side end to end, on a random-weight lfm2 file (kvs-mkmodel's swa7
+shape: short convolutions and attention layers) whose vocabulary is GPT-2's under the lfm2 pre-tokenizer
 with LFM2's special tokens appended as control tokens (<|im_end|> as EOS, <|im_start|>, the tool
 list, call and response markers, <think> and </think>, as its GGUF files hold them) and whose
 template is LFM2.5-1.2B-Instruct's (tests/data/chat_templates/lfm2.5.jinja): the template is
@@ -51,7 +51,7 @@ class Lfm25(unittest.TestCase):
         path = os.path.join(cls.dir.name, "lfm25.gguf")
         with open(TEMPLATE) as f:
             template = f.read()
-        subprocess.run([MKMODEL, "--shape", "tiny", "--vocab", vocab, "-o", path,
+        subprocess.run([MKMODEL, "--shape", "swa7", "--arch", "lfm2", "--vocab", vocab, "-o", path,
                         "--chat-template", template], check=True, capture_output=True)
         cls.srv = Server(ctx=2048, model=path)
 
