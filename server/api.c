@@ -728,9 +728,9 @@ out:
  *   <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>
  * The header's fixed part goes into the prompt (tool_prefill) and the grammar constrains the
  * rest: a named function's arguments alone, or for "required" one of the tools' names, the
- * header's end and that tool's arguments (srv_json_schema_compile_tool_texts: raw text, then
- * JSON). <|constrain|> and <|message|> are special tokens, but the harmony vocabulary writes
- * them out as their text (engine/tokenizer.c fix_harmony), so the grammar's vocabulary trie
+ * header's end and that tool's arguments (srv_json_schema_tool_calls with a separator: raw
+ * text, then JSON). <|constrain|> and <|message|> are special tokens, but the harmony vocabulary
+ * writes them out as their text (engine/tokenizer.c fix_harmony), so the grammar's vocabulary trie
  * holds them as those bytes and a header spelled in text lets the model write them as the one
  * token each it was trained on. The output ends at <|call|>, an end-of-generation token the
  * grammar allows once the arguments are complete.
@@ -778,7 +778,14 @@ static int prefill_grammar(srv_request *r, srv_error *e)
                  : KVS_ENOMEM;
         cJSON_Delete(empty);
     } else {
-        rc = srv_json_schema_compile_tool_texts(r->tools, sep, NULL, &g, err, sizeof err);
+        grammar_builder *b = NULL;
+        int32_t calls;
+        rc = grammar_builder_create(&b);
+        if (!rc)
+            rc = srv_json_schema_tool_calls(b, r->tools, NULL, sep, &calls, err, sizeof err);
+        if (!rc)
+            rc = grammar_builder_finish(b, calls, NULL, &g, err, sizeof err);
+        grammar_builder_destroy(b);
     }
     if (!rc && pre.oom)
         rc = KVS_ENOMEM;
@@ -797,11 +804,49 @@ static int prefill_grammar(srv_request *r, srv_error *e)
     }
     grammar_def_destroy(r->grammar);
     r->grammar = g;
+    r->tool_native = true;
+    return 0;
+}
+
+/* Granite with a forced call: the call as Granite writes calls, "<|tool_call|>" then a JSON
+ * list of {"name", "arguments"} objects, read back by the unforced Granite reader
+ * (tool_calls.c), as llama.cpp's granite grammar forces it (common_chat_params_init_granite).
+ * <|tool_call|> is a special token, but a Granite vocabulary writes it out as its text
+ * (engine/tokenizer.c fix_granite), so the grammar's vocabulary trie holds it as those bytes and
+ * the model may write it as the one token it was trained on. The list holds one call or more
+ * for "required" with parallel_tool_calls (OpenAI's default), exactly one for a named function
+ * or with parallel_tool_calls false (llama.cpp's grammar allows more whatever it says). */
+static int granite_grammar(srv_request *r, srv_error *e)
+{
+    static const char mark[] = "<|tool_call|>";
+    grammar_builder *b = NULL;
+    grammar_def *g = NULL;
+    char err[200] = "";
+    int32_t calls, list, root;
+    uint32_t most = r->tool_name || !r->parallel_tool_calls ? 1 : 0;
+    int rc = grammar_builder_create(&b);
+    if (!rc)
+        rc = srv_json_schema_tool_calls(b, r->tools, r->tool_name, NULL, &calls, err, sizeof err);
+    if (!rc)
+        rc = grammar_builder_array_bounded(b, calls, 1, most, &list);
+    if (!rc)
+        rc = grammar_builder_prefixed(b, mark, sizeof mark - 1, list, &root);
+    if (!rc)
+        rc = grammar_builder_finish(b, root, NULL, &g, err, sizeof err);
+    grammar_builder_destroy(b);
+    if (rc == KVS_ENOMEM)
+        return oom(e);
+    if (rc) /* compiled already as the generic grammar: not expected */
+        return srv_error_set(e, 400, "tools", NULL, "%s", err);
+    grammar_def_destroy(r->grammar);
+    r->grammar = g;
+    r->tool_native = true;
     return 0;
 }
 
 /* tools, tool_choice, parallel_tool_calls (chat). A forced choice ("required" or a named
- * function) compiles the calls' grammar. */
+ * function) compiles the calls' grammar: the bare {"name", "arguments"} object, or the
+ * family's own call syntax where kvserve writes it (gpt-oss, Granite). */
 static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     r->tool_choice = SRV_TOOLS_NONE;
@@ -886,6 +931,9 @@ static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *
         r->format_type = "a forced tool call";
         if (tmpl == SRV_CHAT_HARMONY)
             return prefill_grammar(r, e);
+        if (tmpl == SRV_CHAT_GRANITE || tmpl == SRV_CHAT_GRANITE30 || tmpl == SRV_CHAT_GRANITE32 ||
+            tmpl == SRV_CHAT_GRANITE33)
+            return granite_grammar(r, e);
     }
     return 0;
 }

@@ -87,6 +87,10 @@ typedef struct srv_request {
     enum { SRV_TOOLS_NONE = 0, SRV_TOOLS_AUTO, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } tool_choice;
     char *tool_name;
     bool parallel_tool_calls;
+    /* a forced call is written in the family's own call syntax (Granite's <|tool_call|> list,
+     * gpt-oss's commentary message) and read back as an unforced call; false: the bare
+     * {"name", "arguments"} object of srv_json_schema_compile_tools */
+    bool tool_native;
     /* gpt-oss (harmony) with a forced call: the text the prompt ends in after
      * "<|start|>assistant", the call's header as far as it is known (api.c prefill_grammar);
      * the output continues it, in the format the model writes calls in, where a bare

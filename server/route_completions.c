@@ -79,7 +79,9 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
     srv_request *rq = &c->rq;
     if (!rq->tools || rq->tool_choice == SRV_TOOLS_NONE || ch->finish != SCHED_FINISH_STOP)
         return 0;
-    bool forced = rq->tool_choice == SRV_TOOLS_REQUIRED || rq->tool_choice == SRV_TOOLS_NAMED;
+    /* a forced call in the family's own syntax is read as an unforced one */
+    bool forced = (rq->tool_choice == SRV_TOOLS_REQUIRED || rq->tool_choice == SRV_TOOLS_NAMED) &&
+                  !rq->tool_native;
     char base[48];
     size_t idl = strlen(c->id);
     snprintf(base, sizeof base, "%s_%u", c->id + (idl > 16 ? idl - 16 : 0), idx);
@@ -100,7 +102,6 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
             kvs_buf_free(&call);
             return KVS_ENOMEM;
         }
-        forced = false;
     }
     const char *text = rq->tool_prefill ? call.p ? call.p : "" : ch->text ? ch->text : "";
     int n = srv_tools_parse(c->srv->chat.tmpl, text, rq->tool_prefill ? call.len : ch->len, forced,

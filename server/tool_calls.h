@@ -32,9 +32,10 @@
  *
  * A forced call (tool_choice "required" or a named function) is generated under the grammar of
  * srv_json_schema_compile_tools from the first token: the whole text is then one
- * {"name", "arguments"} object, whatever the family, except HARMONY's, whose prompt ends in the
- * call's header (server/api.h tool_prefill) and whose output is read as an unforced call once
- * the header is put back before it. Pure functions, any thread. */
+ * {"name", "arguments"} object, whatever the family, except GRANITE's and HARMONY's, whose
+ * forced calls are written in their own syntax (server/api.h tool_native) and read as unforced
+ * ones (HARMONY's once the header its prompt ends in, tool_prefill, is put back before the
+ * output). Pure functions, any thread. */
 #ifndef KVS_SERVER_TOOL_CALLS_H
 #define KVS_SERVER_TOOL_CALLS_H
 

@@ -942,6 +942,81 @@ static void test_harmony_required(void **state)
     assert_string_equal(e.param, "tools");
 }
 
+/* Granite with a forced call: the grammar allows only Granite's own call syntax, <|tool_call|>
+ * then a JSON list of the tools' calls (one or more for "required", exactly one for a named
+ * function or with parallel_tool_calls false), and the output reads back through the unforced
+ * Granite reader. */
+static void test_granite_required(void **state)
+{
+    (void)state;
+    static const srv_chat_fmt granite = {SRV_CHAT_GRANITE, NULL, 0};
+    static const char tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"
+        ",{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
+    static const char one[] = "<|tool_call|>[{\"name\": \"add\", \"arguments\": {\"a\": 1}}]",
+                      two[] = "<|tool_call|>[{\"name\": \"add\", \"arguments\": {\"a\": 1}}, "
+                              "{\"name\": \"now\", \"arguments\": {}}]";
+    static const struct {
+        const char *choice; /* tool_choice, and parallel_tool_calls where given */
+        const char *text;
+        bool ok;
+    } cases[] = {
+        {"\"required\"", one, true},
+        {"\"required\"", two, true},
+        {"\"required\"", "<|tool_call|>[\n  {\"name\": \"now\", \"arguments\": {}}\n]", true},
+        {"\"required\"", "<|tool_call|>[]", false},
+        {"\"required\"", "<|tool_call|> [{\"name\": \"now\", \"arguments\": {}}]", false},
+        {"\"required\"", " <|tool_call|>[{\"name\": \"now\", \"arguments\": {}}]", false},
+        {"\"required\"", "<|tool_call|>{\"name\": \"now\", \"arguments\": {}}", false},
+        {"\"required\"", "{\"name\": \"now\", \"arguments\": {}}", false}, /* the generic form */
+        {"\"required\"", "[{\"name\": \"now\", \"arguments\": {}}]", false},
+        {"\"required\"", "<|tool_call|>[{\"name\": \"sub\", \"arguments\": {}}]", false},
+        {"\"required\",\"parallel_tool_calls\":false", one, true},
+        {"\"required\",\"parallel_tool_calls\":false", two, false},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"add\"}}", one, true},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"add\"}}", two, false},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"now\"}}", one, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[1024];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":%s}",
+                 tools, cases[i].choice);
+        srv_request r;
+        srv_error e;
+        memset(&e, 0, sizeof e);
+        assert_int_equal(srv_request_parse(body, strlen(body), true, &granite, &k_defaults, &r, &e),
+                         0);
+        assert_true(r.tool_native);
+        /* the prompt ends where the assistant's turn begins, as unforced */
+        const char *gen = "<|start_of_role|>assistant<|end_of_role|>";
+        size_t pl = strlen(r.prompt_text);
+        assert_string_equal(r.prompt_text + pl - strlen(gen), gen);
+        grammar *g;
+        assert_int_equal(grammar_create(r.grammar, &g), 0);
+        bool ok =
+            grammar_accept_bytes(g, cases[i].text, strlen(cases[i].text)) && grammar_is_complete(g);
+        if (ok != cases[i].ok)
+            fail_msg("%s: %s: %s", cases[i].choice, cases[i].text, ok ? "accepted" : "refused");
+        grammar_destroy(g);
+        if (ok) { /* read back as Granite's unforced call */
+            cJSON *calls = NULL;
+            char *rest = NULL;
+            int n = srv_tools_parse(SRV_CHAT_GRANITE, cases[i].text, strlen(cases[i].text), false,
+                                    r.tools, "x", &calls, &rest);
+            assert_int_equal(n, cases[i].text == two ? 2 : 1);
+            assert_string_equal(rest, "");
+            const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+            assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring,
+                                cases[i].text == one || cases[i].text == two ? "add" : "now");
+            cJSON_Delete(calls);
+            free(rest);
+        }
+        srv_request_free(&r);
+    }
+}
+
 static void test_reasoning_split(void **state)
 {
     (void)state;
@@ -1128,7 +1203,7 @@ int main(void)
         cmocka_unit_test(test_json_py),          cmocka_unit_test(test_tool_calls_stream_safe),
         cmocka_unit_test(test_relay_no_nagle),   cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_harmony_split),    cmocka_unit_test(test_granite_split),
-        cmocka_unit_test(test_harmony_required),
+        cmocka_unit_test(test_harmony_required), cmocka_unit_test(test_granite_required),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
