@@ -34,8 +34,7 @@
  * srv_json_schema_compile_tools from the first token: the whole text is then one
  * {"name", "arguments"} object, whatever the family, except GRANITE's and HARMONY's, whose
  * forced calls are written in their own syntax (server/api.h tool_native) and read as unforced
- * ones (HARMONY's once the header its prompt ends in, tool_prefill, is put back before the
- * output). Pure functions, any thread. */
+ * ones. Pure functions, any thread. */
 #ifndef KVS_SERVER_TOOL_CALLS_H
 #define KVS_SERVER_TOOL_CALLS_H
 
