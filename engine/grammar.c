@@ -27,12 +27,14 @@ enum gkind {
     GK_LITERALS,
     GK_ANYOF,
     GK_PREFIXED, /* raw text (first, n: a range of the def's bytes), then a value of child */
+    GK_TEXT,     /* free text up to its stop (first, n: a range of the def's bytes), then child */
 };
 
 typedef struct gnode {
     uint8_t kind;
     int32_t child;           /* array items, free object values, alias target */
-    uint32_t first, n;       /* object: props; literals: lits; anyOf: alts (ranges into the def) */
+    uint32_t first, n;       /* object: props; literals: lits; anyOf: alts (ranges into the def);
+                                array: the least and most items (n 0: no most) */
     uint32_t min_depth;      /* containers needed to complete a value of this node */
     uint32_t first_bytes[8]; /* bytes a value of this node can start with (non-anyOf) */
 } gnode;
@@ -217,9 +219,22 @@ int grammar_builder_literals(grammar_builder *b, size_t n, const char *const *te
 
 int grammar_builder_array(grammar_builder *b, int32_t items, int32_t *id)
 {
-    if (!valid_id(b, items))
+    return grammar_builder_array_bounded(b, items, 0, 0, id);
+}
+
+int grammar_builder_array_bounded(grammar_builder *b, int32_t items, uint32_t min_items,
+                                  uint32_t max_items, int32_t *id)
+{
+    /* a frame counts the items in 16 bits */
+    if (!valid_id(b, items) || min_items > UINT16_MAX || max_items > UINT16_MAX ||
+        (max_items && min_items > max_items))
         return KVS_EINVAL;
-    return add_node(b, GK_ARRAY, items, id);
+    int rc = add_node(b, GK_ARRAY, items, id);
+    if (!rc) {
+        b->nodes[*id].first = min_items;
+        b->nodes[*id].n = max_items;
+    }
+    return rc;
 }
 
 int grammar_builder_prefixed(grammar_builder *b, const char *text, size_t len, int32_t value,
@@ -232,6 +247,25 @@ int grammar_builder_prefixed(grammar_builder *b, const char *text, size_t len, i
     if (add_bytes(b, text, len, &off))
         return KVS_ENOMEM;
     int rc = add_node(b, GK_PREFIXED, value, id);
+    if (rc) {
+        b->n_bytes = n_bytes0;
+        return rc;
+    }
+    b->nodes[*id].first = off;
+    b->nodes[*id].n = (uint32_t)len;
+    return 0;
+}
+
+int grammar_builder_text_until(grammar_builder *b, const char *stop, size_t len, int32_t value,
+                               int32_t *id)
+{
+    if (!valid_id(b, value) || len == 0 || len > GRAMMAR_MAX_STOP)
+        return KVS_EINVAL;
+    size_t n_bytes0 = b->n_bytes;
+    uint32_t off;
+    if (add_bytes(b, stop, len, &off))
+        return KVS_ENOMEM;
+    int rc = add_node(b, GK_TEXT, value, id);
     if (rc) {
         b->n_bytes = n_bytes0;
         return rc;
@@ -547,8 +581,13 @@ static void compute_min_depth(grammar_def *d)
             case GK_NUMBER:
             case GK_INTEGER:
             case GK_LITERALS: m = 0; break;
-            case GK_ARRAY:
-            case GK_FREE_OBJECT: m = 1; break; /* [] and {} */
+            case GK_FREE_OBJECT: m = 1; break; /* {} */
+            case GK_ARRAY:                     /* [], or as many items as it needs */
+                m = n->first == 0 ? 1
+                    : d->nodes[n->child].min_depth == MIN_DEPTH_INF
+                        ? MIN_DEPTH_INF
+                        : d->nodes[n->child].min_depth + 1;
+                break;
             case GK_OBJECT:
                 m = 1;
                 for (uint32_t k = 0; k < n->n && m != MIN_DEPTH_INF; k++) {
@@ -562,7 +601,8 @@ static void compute_min_depth(grammar_def *d)
                         m = v + 1;
                 }
                 break;
-            case GK_PREFIXED: m = d->nodes[n->child].min_depth; break;
+            case GK_PREFIXED:
+            case GK_TEXT: m = d->nodes[n->child].min_depth; break;
             case GK_ANYOF:
                 for (uint32_t k = 0; k < n->n; k++) {
                     uint32_t v = d->nodes[d->alts[n->first + k]].min_depth;
@@ -600,6 +640,7 @@ static void compute_first_bytes(const grammar_def *d, gnode *n)
             FB_SET(d->bytes[d->lits[n->first + k].off]);
         break;
     case GK_PREFIXED: FB_SET(d->bytes[n->first]); break;
+    case GK_TEXT: memset(n->first_bytes, 0xFF, sizeof n->first_bytes); break; /* any */
     default: break;
     }
 #undef FB_SET
@@ -657,7 +698,8 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
     /* Every reference points at a resolved node; a reference to an undefined one fails. */
     for (size_t i = 0; i < b->n_nodes; i++) {
         gnode *n = &d->nodes[i];
-        if (n->kind == GK_ARRAY || n->kind == GK_FREE_OBJECT || n->kind == GK_PREFIXED) {
+        if (n->kind == GK_ARRAY || n->kind == GK_FREE_OBJECT || n->kind == GK_PREFIXED ||
+            n->kind == GK_TEXT) {
             n->child = resolved[n->child];
             if (n->child < 0) {
                 snprintf(err, err_len, "node %zu refers to an undefined node", i);
@@ -761,13 +803,15 @@ int grammar_builder_finish(grammar_builder *b, int32_t root, const grammar_optio
         rc = KVS_EINVAL;
         goto fail;
     }
-    /* No gap before raw text: a prefixed root's first byte is its text's (gpt-oss's
-     * recipient follows the prompt's "to=functions." directly). */
+    /* No gap before raw or free text: a root that opens with text begins where the prompt
+     * ends (Granite's <|tool_call|>, gpt-oss's channel header). */
     const gnode *r = &d->nodes[d->root];
-    d->lead_ws = r->kind != GK_PREFIXED;
-    for (uint32_t k = 0; r->kind == GK_ANYOF && k < r->n; k++)
-        if (d->nodes[d->alts[r->first + k]].kind == GK_PREFIXED)
+    d->lead_ws = r->kind != GK_PREFIXED && r->kind != GK_TEXT;
+    for (uint32_t k = 0; r->kind == GK_ANYOF && k < r->n; k++) {
+        uint8_t kind = d->nodes[d->alts[r->first + k]].kind;
+        if (kind == GK_PREFIXED || kind == GK_TEXT)
             d->lead_ws = false;
+    }
     free(resolved);
     free(state);
     free(pfirst);
@@ -801,7 +845,7 @@ int grammar_def_json_object(const grammar_options *opts, grammar_def **out)
 
 /* ---- the automaton ---------------------------------------------------------------------- */
 
-enum fkind { F_ROOT, F_OBJ, F_KEY, F_ARR, F_STR, F_NUM, F_LIT, F_PFX };
+enum fkind { F_ROOT, F_OBJ, F_KEY, F_ARR, F_STR, F_NUM, F_LIT, F_PFX, F_TXT };
 enum { R_START, R_DONE };
 enum { O_OPEN, O_COLON, O_VALUE, O_AFTER, O_COMMA };
 enum { A_OPEN, A_AFTER, A_COMMA };
@@ -813,9 +857,11 @@ enum { N_START, N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 
 /* One stack frame. F_OBJ: a = next property index, b = current property. F_KEY (a property
  * name being matched; node is the object): a = bytes matched, b = lowest candidate still
- * alive. F_LIT: a = bytes matched, b = lowest literal still alive (literals are sorted, so
- * the alive ones are a run from b). F_PFX: a = bytes of the raw text matched; the value that
- * follows takes the frame's place. */
+ * alive. F_ARR: a = items begun (saturating when there is no most). F_LIT: a = bytes matched,
+ * b = lowest literal still alive (literals are sorted, so the alive ones are a run from b).
+ * F_PFX: a = bytes of the raw text matched; the value that follows takes the frame's place.
+ * F_TXT: a = the longest tail of the text that is a beginning of the stop (all of it: the
+ * text has ended, and the value that follows takes the frame's place). */
 typedef struct gframe {
     uint32_t node;
     uint8_t kind, st;
@@ -1068,6 +1114,19 @@ static int lit_byte(const grammar_def *d, gframe *t, uint8_t c)
     return lit_can_end(d, t) ? 0 : -1;
 }
 
+/* One byte of free text (node n, frame t): t->a becomes the longest tail of the text that
+ * begins the stop, as a KMP automaton would have it (stops are short: GRAMMAR_MAX_STOP). */
+static void txt_byte(const grammar_def *d, const gnode *n, gframe *t, uint8_t c)
+{
+    const char *stop = d->bytes + n->first;
+    for (uint32_t k = t->a + 1u; k > 0; k--) /* the tail of stop[0..a) + c of length k */
+        if ((uint8_t)stop[k - 1] == c && !memcmp(stop + t->a + 1 - k, stop, k - 1)) {
+            t->a = (uint16_t)k;
+            return;
+        }
+    t->a = 0;
+}
+
 /* Whether property k of object node obj (whose frame sits at stack index oi, so oi
  * containers are open counting it) can still have its value completed under max_depth. */
 static bool prop_fits(const grammar_def *d, const gnode *obj, uint32_t k, uint16_t oi)
@@ -1150,6 +1209,10 @@ static bool begin_simple(const grammar_def *d, gframe *f, uint16_t *depth, int32
             return false;
         t->kind = F_PFX;
         t->a = 1;
+        break;
+    case GK_TEXT:
+        t->kind = F_TXT;
+        txt_byte(d, n, t, c);
         break;
     default: return false;
     }
@@ -1290,18 +1353,20 @@ static int cfg_byte(const grammar_def *d, gframe *f, uint16_t *depth, uint16_t *
             switch (t->st) {
             case A_OPEN:
             case A_COMMA:
-                if (c == ']' && t->st == A_OPEN) {
+                if (c == ']' && t->st == A_OPEN && n->first == 0) {
                     (*depth)--;
                     return R_ACCEPT;
                 }
                 t->st = A_AFTER;
+                if (t->a < UINT16_MAX) /* only an array with no most gets this far */
+                    t->a++;
                 return begin_value(d, f, depth, 0, n->child, c, out);
             case A_AFTER:
-                if (c == ',') {
+                if (c == ',' && (n->n == 0 || t->a < n->n)) {
                     t->st = A_COMMA;
                     return R_ACCEPT;
                 }
-                if (c == ']') {
+                if (c == ']' && t->a >= n->first) {
                     (*depth)--;
                     return R_ACCEPT;
                 }
@@ -1339,6 +1404,14 @@ static int cfg_byte(const grammar_def *d, gframe *f, uint16_t *depth, uint16_t *
                 return R_ACCEPT;
             }
             /* the text is matched: c begins the value, with no gap, in this frame's place */
+            (*depth)--;
+            return begin_value(d, f, depth, 0, n->child, c, out);
+        case F_TXT:
+            if (t->a < n->n) {
+                txt_byte(d, n, t, c);
+                return R_ACCEPT;
+            }
+            /* the stop is matched: c begins the value, as after raw text */
             (*depth)--;
             return begin_value(d, f, depth, 0, n->child, c, out);
         }
@@ -1817,8 +1890,22 @@ static void set_bits(uint32_t *mask, const int32_t *toks, uint32_t from, uint32_
         mask[toks[i] >> 5] |= 1u << (toks[i] & 31);
 }
 
+/* The one byte that can change s, when s is one configuration inside free text with no part
+ * of its stop matched: any other byte leaves s as it is. -1 when s is not such a state. */
+static int text_idle_byte(const grammar_def *d, const gstate *s)
+{
+    if (s->n_cfg != 1)
+        return -1;
+    const gframe *t = s->fr + s->cfg[0].off + s->cfg[0].depth - 1;
+    if (t->kind != F_TXT || t->a != 0)
+        return -1;
+    return (uint8_t)d->bytes[d->nodes[t->node].first];
+}
+
 /* covered: the walk began inside plain string text, so mask already holds safe_mask; a
- * subtree of safe text under a safe prefix is then in it already. */
+ * subtree of safe text under a safe prefix is then in it already. Inside free text the edges
+ * that leave the state as it is (text_idle_byte) are followed without stepping, so a walk
+ * through an analysis message costs the trie's size, not a step per node. */
 static int walk(grammar *g, const grammar_vocab *gv, uint32_t u, const gstate *s, size_t level,
                 bool covered, uint32_t *mask)
 {
@@ -1832,12 +1919,19 @@ static int walk(grammar *g, const grammar_vocab *gv, uint32_t u, const gstate *s
     if (covered && n->below_safe)
         return 0; /* everything below is plain text from the start: in safe_mask already */
     gstate *next = &g->lvl[level];
+    int idle = text_idle_byte(g->d, s);
     for (uint32_t i = 0; i < n->n_edges; i++) {
         const gv_edge *e = &gv->edges[n->edge_first + i];
         const gv_node *cn = &gv->nodes[e->node];
         if (covered && cn->below_safe && cn->pre_safe)
             continue; /* the whole subtree is plain text from the start: in safe_mask */
-        int r = state_step(g->d, s, e->byte, next, g->work);
+        int r;
+        if (idle >= 0 && e->byte != idle) { /* s itself: deeper levels never write it */
+            if ((r = walk(g, gv, e->node, s, level + 1, covered, mask)) < 0)
+                return r;
+            continue;
+        }
+        r = state_step(g->d, s, e->byte, next, g->work);
         if (r < 0)
             return next->overflow ? KVS_ERANGE : KVS_ENOMEM;
         if (r > 0 && (r = walk(g, gv, e->node, next, level + 1, covered, mask)) < 0)

@@ -12,19 +12,19 @@
  *                  stack of frames each; more than one only while anyOf alternatives are still
  *                  ambiguous). One thread at a time; n > 1 forks take grammar_clone copies.
  *
- * The language: exactly one JSON value of the def's root (preceded by raw text where the def
- * says so: grammar_builder_prefixed); before it and in each gap between
- * tokens of the JSON text, whitespace of the form "" | " " | "\t" | "\n" [ \t]{0,max_ws} (as
- * llama.cpp's json.gbnf: compact or pretty-printed text, but a model that loves whitespace
- * cannot loop on it, and wastes at most 1 + max_ws bytes per gap); no "\r"; none after the
- * value (so a complete object ends the generation); nesting at most
- * opts.max_depth objects/arrays deep; numbers of at most GRAMMAR_MAX_*_DIGITS digits per part.
- * Strings must be valid UTF-8 (no overlong forms, no encoded surrogates) with escapes as RFC 8259
- * says; a \u escape of a high surrogate must be followed by one of a low surrogate (as cJSON
- * requires). Object keys of a def object must be the property names in the order the def lists them
- * (OpenAI strict mode's order), each spelled as cJSON prints it; required properties cannot be
- * skipped, optional ones can; no other keys. Literals (enum, const) must appear exactly as
- * cJSON_PrintUnformatted prints them.
+ * The language: exactly one JSON value of the def's root (preceded by raw text, or by free
+ * text up to a stop, where the def says so: grammar_builder_prefixed,
+ * grammar_builder_text_until); before it and in each gap between tokens of the JSON text,
+ * whitespace of the form "" | " " | "\t" | "\n" [ \t]{0,max_ws} (as llama.cpp's json.gbnf:
+ * compact or pretty-printed text, but a model that loves whitespace cannot loop on it, and
+ * wastes at most 1 + max_ws bytes per gap); no "\r"; none after the value (so a complete object
+ * ends the generation); nesting at most opts.max_depth objects/arrays deep; numbers of at most
+ * GRAMMAR_MAX_*_DIGITS digits per part. Strings must be valid UTF-8 (no overlong forms, no
+ * encoded surrogates) with escapes as RFC 8259 says; a \u escape of a high surrogate must be
+ * followed by one of a low surrogate (as cJSON requires). Object keys of a def object must be
+ * the property names in the order the def lists them (OpenAI strict mode's order), each spelled
+ * as cJSON prints it; required properties cannot be skipped, optional ones can; no other keys.
+ * Literals (enum, const) must appear exactly as cJSON_PrintUnformatted prints them.
  *
  * Errors are negative kvs_status codes (common/status.h); builder errors also fill err. */
 #ifndef KVS_ENGINE_GRAMMAR_H
@@ -40,6 +40,7 @@
 #define GRAMMAR_MAX_TEXT 65535       /* bytes of one literal or escaped property name */
 #define GRAMMAR_MAX_PROPERTIES 65535 /* properties of one object */
 #define GRAMMAR_MAX_CONFIGS 256      /* anyOf alternatives alive at once */
+#define GRAMMAR_MAX_STOP 64          /* bytes of a free text's stop (matched naively per byte) */
 /* Digits of a number's integer part, fraction and exponent (as llama.cpp's JSON grammars
  * bound the first two): every number allowed is a finite double (|x| < 10^16 x 10^99), so a
  * model that loves zeros cannot write one that parses as Infinity. */
@@ -79,6 +80,11 @@ int grammar_builder_number(grammar_builder *b, bool integer, int32_t *id);
 int grammar_builder_literals(grammar_builder *b, size_t n, const char *const *texts,
                              const size_t *lens, int32_t *id);
 int grammar_builder_array(grammar_builder *b, int32_t items, int32_t *id);
+/* An array of at least min_items and at most max_items items (max_items 0: no most), e.g. a
+ * list of tool calls that holds one call or more. KVS_EINVAL for a bound over 65535 or
+ * min_items > max_items. */
+int grammar_builder_array_bounded(grammar_builder *b, int32_t items, uint32_t min_items,
+                                  uint32_t max_items, int32_t *id);
 /* An object with only the properties added below, in that order. */
 int grammar_builder_object(grammar_builder *b, int32_t *id);
 /* Appends property `name` (raw UTF-8, len bytes; the builder escapes it as cJSON does). */
@@ -91,6 +97,13 @@ int grammar_builder_property(grammar_builder *b, int32_t object, const char *nam
  * whitespace before the root. KVS_EINVAL for len 0 or over GRAMMAR_MAX_TEXT. */
 int grammar_builder_prefixed(grammar_builder *b, const char *text, size_t len, int32_t value,
                              int32_t *id);
+/* Free text ended by a stop, then a value of `value` with no whitespace between: any bytes
+ * (not checked as UTF-8) that do not hold the len bytes of stop, then stop (its first
+ * occurrence ends the text), e.g. a gpt-oss analysis message's body and its "<|end|>". A def
+ * whose root is one (or an anyOf with one among its alternatives) allows no whitespace before
+ * the root. KVS_EINVAL for len 0 or over GRAMMAR_MAX_STOP. */
+int grammar_builder_text_until(grammar_builder *b, const char *stop, size_t len, int32_t value,
+                               int32_t *id);
 /* An object with any keys, every value matching `value`. */
 int grammar_builder_free_object(grammar_builder *b, int32_t value, int32_t *id);
 /* A value matching at least one of alts (n >= 1). Alternatives that are literal nodes are

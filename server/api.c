@@ -79,7 +79,6 @@ void srv_request_free(srv_request *r)
     grammar_def_destroy(r->grammar);
     cJSON_Delete(r->tools);
     free(r->tool_name);
-    free(r->tool_prefill);
     for (size_t i = 0; i < r->n_more; i++) {
         free(r->more[i].text);
         free(r->more[i].ids);
@@ -585,15 +584,6 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
         opts.tools_dev = tools_dev;
         int rc = parse_messages_harmony(msgs, &opts, r, e);
         free(tools_dev);
-        if (!rc && r->tool_prefill) { /* the call's header, as far as it is known */
-            kvs_buf b = {0};
-            kvs_buf_add(&b, r->prompt_text);
-            kvs_buf_add(&b, r->tool_prefill);
-            free(r->prompt_text);
-            r->prompt_text = NULL;
-            if (kvs_buf_take(&b, &r->prompt_text))
-                rc = oom(e);
-        }
         return rc;
     }
     /* one more slot: the tools' system text when the request has no system message */
@@ -748,29 +738,31 @@ out:
 }
 
 /* gpt-oss (harmony) with a forced call: the call is written as gpt-oss writes calls, after
- * the prompt's "<|start|>assistant":
+ * the prompt's "<|start|>assistant" (where the assistant's turn begins, as unforced), and may
+ * follow an analysis message, as llama.cpp's grammar for "required" lets it
+ * (common_chat_params_init_gpt_oss), so the model reasons first as it was trained to:
+ *   [<|channel|>analysis<|message|>TEXT<|end|><|start|>assistant]
  *   <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>
- * The header's fixed part goes into the prompt (tool_prefill) and the grammar constrains the
- * rest: a named function's arguments alone, or for "required" one of the tools' names, the
- * header's end and that tool's arguments (srv_json_schema_compile_tool_texts: raw text, then
- * JSON). <|constrain|> and <|message|> are special tokens, but the harmony vocabulary writes
- * them out as their text (engine/tokenizer.c fix_harmony), so the grammar's vocabulary trie
- * holds them as those bytes and a header spelled in text lets the model write them as the one
- * token each it was trained on. The output ends at <|call|>, an end-of-generation token the
- * grammar allows once the arguments are complete.
- *
- * llama.cpp's server (common_chat_params_init_gpt_oss) prefills nothing for "required": its
- * grammar lets an analysis message (and a commentary preamble) come first, then the call.
- * Here the call comes at once, as with a named function, because the grammar has no
- * free-text node to hold reasoning in; the model is then asked for the call in its own
- * format but without thinking first. The same goes for parallel_tool_calls: gpt-oss writes
- * one call per message and ends its generation there, so a forced call is one call (as
- * llama.cpp's grammar allows one), whatever parallel_tool_calls says. */
-static int prefill_grammar(srv_request *r, srv_error *e)
+ * TEXT is free text up to its first <|end|> (grammar_builder_text_until), NAME one of the
+ * tools' names (the named function's for a named choice: llama.cpp's server reads tool_choice
+ * as a string only, so a named one is "auto" there) and ARGS that tool's arguments
+ * (srv_json_schema_tool_calls with a separator: raw text, then JSON). <|end|>, <|start|>,
+ * <|channel|>, <|constrain|> and <|message|> are special tokens, but the harmony vocabulary writes
+ * them out as their text (engine/tokenizer.c fix_harmony), so the grammar's vocabulary trie holds
+ * them as those bytes and the model may write each as the one token it was trained on. The output
+ * ends at <|call|>, an end-of-generation token the grammar allows once the arguments are complete,
+ * and is read as an unforced call is (the splitter, reasoning.h: the analysis is
+ * reasoning_content). llama.cpp's grammar also lets a commentary preamble (content) come before the
+ * call; this one does not. parallel_tool_calls: gpt-oss writes one call per message and ends its
+ * generation there, so a forced call is one call (as llama.cpp's grammar allows one), whatever
+ * parallel_tool_calls says. */
+static int harmony_grammar(srv_request *r, srv_error *e)
 {
-    static const char head[] = "<|channel|>commentary to=functions.",
-                      sep[] = " <|constrain|>json<|message|>";
-    const cJSON *t, *params = NULL;
+    static const char call_head[] = "<|channel|>commentary to=functions.",
+                      sep[] = " <|constrain|>json<|message|>",
+                      analysis[] = "<|channel|>analysis<|message|>", end[] = "<|end|>",
+                      next[] = "<|start|>assistant";
+    const cJSON *t;
     int i = 0;
     cJSON_ArrayForEach(t, r->tools)
     {
@@ -784,48 +776,80 @@ static int prefill_grammar(srv_request *r, srv_error *e)
                                  "tools[%d].function.name: a forced call of gpt-oss's format "
                                  "cannot name a function whose name has whitespace or '<'",
                                  i);
-        if (chosen)
-            params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
         i++;
     }
+    grammar_builder *b = NULL;
     grammar_def *g = NULL;
-    char err[200];
-    int rc;
-    kvs_buf pre = {0};
-    kvs_buf_add(&pre, head);
-    if (r->tool_name) {
-        kvs_buf_add(&pre, r->tool_name);
-        kvs_buf_add(&pre, sep);
-        cJSON *empty = params ? NULL : cJSON_CreateObject(); /* no parameters: {} */
-        rc = params || empty
-                 ? srv_json_schema_compile(params ? params : empty, NULL, &g, err, sizeof err)
-                 : KVS_ENOMEM;
-        cJSON_Delete(empty);
-    } else {
-        rc = srv_json_schema_compile_tool_texts(r->tools, sep, NULL, &g, err, sizeof err);
+    char err[200] = "";
+    int32_t calls, call, after, text, think, alt[2], root;
+    int rc = grammar_builder_create(&b);
+    if (!rc)
+        rc = srv_json_schema_tool_calls(b, r->tools, r->tool_name, sep, &calls, err, sizeof err);
+    if (!rc)
+        rc = grammar_builder_prefixed(b, call_head, sizeof call_head - 1, calls, &call);
+    if (!rc)
+        rc = grammar_builder_prefixed(b, next, sizeof next - 1, call, &after);
+    if (!rc)
+        rc = grammar_builder_text_until(b, end, sizeof end - 1, after, &text);
+    if (!rc)
+        rc = grammar_builder_prefixed(b, analysis, sizeof analysis - 1, text, &think);
+    if (!rc) {
+        alt[0] = call;
+        alt[1] = think;
+        rc = grammar_builder_any_of(b, 2, alt, &root);
     }
-    if (!rc && pre.oom)
-        rc = KVS_ENOMEM;
-    if (rc) {
-        kvs_buf_free(&pre);
-        grammar_def_destroy(g);
-        if (rc == KVS_ENOMEM)
-            return oom(e);
-        /* compiled already as part of the tools' grammar: not expected */
-        return srv_error_set(e, 400, "tools", NULL, "%s", err);
-    }
-    free(r->tool_prefill);
-    if (kvs_buf_take(&pre, &r->tool_prefill)) {
-        grammar_def_destroy(g);
+    if (!rc)
+        rc = grammar_builder_finish(b, root, NULL, &g, err, sizeof err);
+    grammar_builder_destroy(b);
+    if (rc == KVS_ENOMEM)
         return oom(e);
-    }
+    if (rc) /* compiled already as the generic grammar: not expected */
+        return srv_error_set(e, 400, "tools", NULL, "%s", err);
     grammar_def_destroy(r->grammar);
     r->grammar = g;
+    r->tool_native = true;
+    return 0;
+}
+
+/* Granite with a forced call: the call as Granite writes calls, "<|tool_call|>" then a JSON
+ * list of {"name", "arguments"} objects, read back by the unforced Granite reader
+ * (tool_calls.c), as llama.cpp's granite grammar forces it (common_chat_params_init_granite).
+ * <|tool_call|> is a special token, but a Granite vocabulary writes it out as its text
+ * (engine/tokenizer.c fix_granite), so the grammar's vocabulary trie holds it as those bytes and
+ * the model may write it as the one token it was trained on. The list holds one call or more
+ * for "required" with parallel_tool_calls (OpenAI's default), exactly one for a named function
+ * or with parallel_tool_calls false (llama.cpp's grammar allows more whatever it says). */
+static int granite_grammar(srv_request *r, srv_error *e)
+{
+    static const char mark[] = "<|tool_call|>";
+    grammar_builder *b = NULL;
+    grammar_def *g = NULL;
+    char err[200] = "";
+    int32_t calls, list, root;
+    uint32_t most = r->tool_name || !r->parallel_tool_calls ? 1 : 0;
+    int rc = grammar_builder_create(&b);
+    if (!rc)
+        rc = srv_json_schema_tool_calls(b, r->tools, r->tool_name, NULL, &calls, err, sizeof err);
+    if (!rc)
+        rc = grammar_builder_array_bounded(b, calls, 1, most, &list);
+    if (!rc)
+        rc = grammar_builder_prefixed(b, mark, sizeof mark - 1, list, &root);
+    if (!rc)
+        rc = grammar_builder_finish(b, root, NULL, &g, err, sizeof err);
+    grammar_builder_destroy(b);
+    if (rc == KVS_ENOMEM)
+        return oom(e);
+    if (rc) /* compiled already as the generic grammar: not expected */
+        return srv_error_set(e, 400, "tools", NULL, "%s", err);
+    grammar_def_destroy(r->grammar);
+    r->grammar = g;
+    r->tool_native = true;
     return 0;
 }
 
 /* tools, tool_choice, parallel_tool_calls (chat). A forced choice ("required" or a named
- * function) compiles the calls' grammar. */
+ * function) compiles the calls' grammar: the bare {"name", "arguments"} object, or the
+ * family's own call syntax where kvserve writes it (gpt-oss, Granite). */
 static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     r->tool_choice = SRV_TOOLS_NONE;
@@ -909,7 +933,10 @@ static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *
                                  NULL, "%s", err);
         r->format_type = "a forced tool call";
         if (tmpl == SRV_CHAT_HARMONY)
-            return prefill_grammar(r, e);
+            return harmony_grammar(r, e);
+        if (tmpl == SRV_CHAT_GRANITE || tmpl == SRV_CHAT_GRANITE30 || tmpl == SRV_CHAT_GRANITE32 ||
+            tmpl == SRV_CHAT_GRANITE33)
+            return granite_grammar(r, e);
     }
     return 0;
 }

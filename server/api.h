@@ -87,11 +87,10 @@ typedef struct srv_request {
     enum { SRV_TOOLS_NONE = 0, SRV_TOOLS_AUTO, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } tool_choice;
     char *tool_name;
     bool parallel_tool_calls;
-    /* gpt-oss (harmony) with a forced call: the text the prompt ends in after
-     * "<|start|>assistant", the call's header as far as it is known (api.c prefill_grammar);
-     * the output continues it, in the format the model writes calls in, where a bare
-     * {"name", "arguments"} object from the first token is not. NULL: none */
-    char *tool_prefill;
+    /* a forced call is written in the family's own call syntax (Granite's <|tool_call|> list,
+     * gpt-oss's commentary message) and read back as an unforced call; false: the bare
+     * {"name", "arguments"} object of srv_json_schema_compile_tools */
+    bool tool_native;
 } srv_request;
 
 /* Parses a request body that must be exactly one JSON value: trailing data after it, and

@@ -1,7 +1,8 @@
 /* JSON Schema -> grammar_def. One recursive pass over the schema; $ref targets are compiled
  * once each (keyed by the cJSON node they resolve to) through a reserved builder node, which is
  * what makes recursive schemas terminate. Error paths are JSON pointers into the document.
- * Tools: one {"name", "arguments"} object per function, each parameters schema its own document. */
+ * Tools: one {"name", "arguments"} object (or raw text NAME sep) per function, each parameters
+ * schema its own document. */
 #include "server/json_schema.h"
 
 #include "common/buf.h"
@@ -565,24 +566,18 @@ static int compile_tool(compiler *c, const cJSON *tool, int i, const char *sep, 
     return 0;
 }
 
-static int compile_tools(const cJSON *tools, const char *only, const char *sep,
-                         const grammar_options *opts, grammar_def **out, char *err, size_t err_len)
+/* The calls of tools (or of the one named only) as one anyOf node of c->b. */
+static int tool_alts(compiler *c, const cJSON *tools, const char *only, const char *sep,
+                     int32_t *id)
 {
-    char dummy[1];
-    compiler c = {.err = err && err_len ? err : dummy,
-                  .err_len = err && err_len ? err_len : sizeof dummy};
-    c.err[0] = '\0';
     int n = cJSON_GetArraySize(tools);
     if (!cJSON_IsArray(tools) || n == 0)
-        return fail(&c, KVS_EINVAL, "tools must be a non-empty array");
+        return fail(c, KVS_EINVAL, "tools must be a non-empty array");
     int32_t *alts = malloc((size_t)n * sizeof *alts);
-    int rc = alts ? grammar_builder_create(&c.b) : KVS_ENOMEM;
-    if (rc) {
-        free(alts);
-        return fail(&c, rc, "out of memory");
-    }
+    if (!alts)
+        return fail(c, KVS_ENOMEM, "out of memory");
     size_t n_alts = 0;
-    int i = 0;
+    int i = 0, rc = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, tools)
     {
@@ -590,18 +585,41 @@ static int compile_tools(const cJSON *tools, const char *only, const char *sep,
             cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
         bool wanted = !only || (cJSON_IsString(name) && strcmp(name->valuestring, only) == 0);
         /* every tool is checked, so a bad one is reported whichever is chosen */
-        int32_t id;
-        if ((rc = compile_tool(&c, t, i, sep, &id)) != 0)
+        int32_t tid;
+        if ((rc = compile_tool(c, t, i, sep, &tid)) != 0)
             break;
         if (wanted)
-            alts[n_alts++] = id;
+            alts[n_alts++] = tid;
         i++;
     }
     if (!rc && n_alts == 0)
-        rc = fail(&c, KVS_EINVAL, "tool_choice names \"%.64s\", which is not in tools", only);
+        rc = fail(c, KVS_EINVAL, "tool_choice names \"%.64s\", which is not in tools", only);
+    if (!rc && grammar_builder_any_of(c->b, n_alts, alts, id))
+        rc = fail(c, KVS_ENOMEM, "out of memory");
+    free(alts);
+    return rc;
+}
+
+static void compiler_init(compiler *c, grammar_builder *b, char *err, size_t err_len, char *dummy)
+{
+    memset(c, 0, sizeof *c);
+    c->b = b;
+    c->err = err && err_len ? err : dummy;
+    c->err_len = err && err_len ? err_len : 1;
+    c->err[0] = '\0';
+}
+
+int srv_json_schema_compile_tools(const cJSON *tools, const char *only, const grammar_options *opts,
+                                  grammar_def **out, char *err, size_t err_len)
+{
+    char dummy[1];
+    compiler c;
+    compiler_init(&c, NULL, err, err_len, dummy);
+    int rc = grammar_builder_create(&c.b);
+    if (rc)
+        return fail(&c, rc, "out of memory");
     int32_t root;
-    if (!rc && grammar_builder_any_of(c.b, n_alts, alts, &root))
-        rc = fail(&c, KVS_ENOMEM, "out of memory");
+    rc = tool_alts(&c, tools, only, NULL, &root);
     if (!rc) {
         char e[256];
         rc = grammar_builder_finish(c.b, root, opts, out, e, sizeof e);
@@ -610,19 +628,16 @@ static int compile_tools(const cJSON *tools, const char *only, const char *sep,
     }
     grammar_builder_destroy(c.b);
     free(c.refs);
-    free(alts);
     return rc;
 }
 
-int srv_json_schema_compile_tools(const cJSON *tools, const char *only, const grammar_options *opts,
-                                  grammar_def **out, char *err, size_t err_len)
+int srv_json_schema_tool_calls(grammar_builder *b, const cJSON *tools, const char *only,
+                               const char *sep, int32_t *id, char *err, size_t err_len)
 {
-    return compile_tools(tools, only, NULL, opts, out, err, err_len);
-}
-
-int srv_json_schema_compile_tool_texts(const cJSON *tools, const char *sep,
-                                       const grammar_options *opts, grammar_def **out, char *err,
-                                       size_t err_len)
-{
-    return compile_tools(tools, NULL, sep, opts, out, err, err_len);
+    char dummy[1];
+    compiler c;
+    compiler_init(&c, b, err, err_len, dummy);
+    int rc = tool_alts(&c, tools, only, sep, id);
+    free(c.refs);
+    return rc;
 }

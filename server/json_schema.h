@@ -35,13 +35,13 @@ int srv_json_schema_compile(const cJSON *schema, const grammar_options *opts, gr
 int srv_json_schema_compile_tools(const cJSON *tools, const char *only, const grammar_options *opts,
                                   grammar_def **out, char *err, size_t err_len);
 
-/* Tool calls as raw text: NAME sep ARGS for any of tools, NAME a tool's name as it is (not
- * JSON), sep raw text too, ARGS an instance of its parameters (grammar_builder_prefixed). For
- * a prompt that already holds the call's text before the name: gpt-oss's
- * "<|channel|>commentary to=functions." with sep " <|constrain|>json<|message|>". Errors as
- * above. */
-int srv_json_schema_compile_tool_texts(const cJSON *tools, const char *sep,
-                                       const grammar_options *opts, grammar_def **out, char *err,
-                                       size_t err_len);
+/* The calls of tools (or of the one named only, NULL: any) as one node *id of b, for a family
+ * whose own call syntax wraps them (server/api.c): sep NULL, each call the {"name",
+ * "arguments"} object above; else raw text NAME sep ARGS (grammar_builder_prefixed), NAME a
+ * tool's name as it is (not JSON), e.g. gpt-oss's " <|constrain|>json<|message|>" before the
+ * arguments. Errors as above; on failure b may hold nodes that nothing refers to (the caller
+ * destroys it). */
+int srv_json_schema_tool_calls(grammar_builder *b, const cJSON *tools, const char *only,
+                               const char *sep, int32_t *id, char *err, size_t err_len);
 
 #endif

@@ -79,20 +79,27 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
     srv_request *rq = &c->rq;
     if (!rq->tools || rq->tool_choice == SRV_TOOLS_NONE || ch->finish != SCHED_FINISH_STOP)
         return 0;
-    bool forced = rq->tool_choice == SRV_TOOLS_REQUIRED || rq->tool_choice == SRV_TOOLS_NAMED;
+    /* a forced call in the family's own syntax is read as an unforced one */
+    bool forced = (rq->tool_choice == SRV_TOOLS_REQUIRED || rq->tool_choice == SRV_TOOLS_NAMED) &&
+                  !rq->tool_native;
     char base[48];
     size_t idl = strlen(c->id);
     snprintf(base, sizeof base, "%s_%u", c->id + (idl > 16 ? idl - 16 : 0), idx);
     cJSON *calls;
     char *rest;
+    const char *text = ch->text ? ch->text : "";
+    size_t len = ch->len, kept = 0;
     kvs_buf call = {0}, none = {0};
-    if (rq->tool_prefill) {
-        /* gpt-oss's forced call: the output continues the header the prompt ends in; both
-         * together are the call as the model writes it, which the harmony splitter turns
-         * into the form its call reader takes (reasoning.h), as for a call unforced */
+    if (rq->tool_native && c->srv->chat.tmpl == SRV_CHAT_HARMONY && !srv__splits_reasoning(c)) {
+        /* gpt-oss's forced call with --reasoning-format none: the text is as the model wrote
+         * it, which the harmony splitter turns into the form the call reader takes
+         * (reasoning.h). The analysis message the grammar lets come first (its body ends at
+         * the first <|end|>) stays content as written, as llama-server's none leaves it. */
+        static const char an[] = "<|channel|>analysis<|message|>", end[] = "<|end|>";
+        const char *e = strncmp(text, an, sizeof an - 1) ? NULL : strstr(text, end);
+        kept = e ? (size_t)(e - text) + sizeof end - 1 : 0;
         srv_think t = {.harmony = true};
-        srv_think_feed(&t, rq->tool_prefill, strlen(rq->tool_prefill), &none, &call);
-        srv_think_feed(&t, ch->text ? ch->text : "", ch->len, &none, &call);
+        srv_think_feed(&t, text, len, &none, &call);
         srv_think_end(&t, &none, &call);
         bool failed = call.oom || none.oom;
         kvs_buf_free(&none);
@@ -100,12 +107,22 @@ int srv__read_tool_calls(srv_conn *c, uint32_t idx, srv_choice *ch)
             kvs_buf_free(&call);
             return KVS_ENOMEM;
         }
-        forced = false;
+        text = call.p ? call.p : "";
+        len = call.len;
     }
-    const char *text = rq->tool_prefill ? call.p ? call.p : "" : ch->text ? ch->text : "";
-    int n = srv_tools_parse(c->srv->chat.tmpl, text, rq->tool_prefill ? call.len : ch->len, forced,
-                            rq->tools, base, &calls, &rest);
+    int n = srv_tools_parse(c->srv->chat.tmpl, text, len, forced, rq->tools, base, &calls, &rest);
     kvs_buf_free(&call);
+    if (n > 0 && kept) {
+        kvs_buf b = {0};
+        kvs_buf_addn(&b, ch->text, kept);
+        kvs_buf_add(&b, rest);
+        free(rest);
+        rest = NULL;
+        if (kvs_buf_take(&b, &rest)) {
+            cJSON_Delete(calls);
+            return KVS_ENOMEM;
+        }
+    }
     if (n <= 0)
         return n;
     if (!rq->parallel_tool_calls)

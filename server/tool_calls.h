@@ -44,9 +44,8 @@
  * A forced call (tool_choice "required" or a named function) is generated under the grammar of
  * srv_json_schema_compile_tools from the first token: the whole text is then one
  * {"name", "arguments"} object, whatever the family (LFM2's too, not in its Python form), except
- * HARMONY's, whose prompt ends in the call's header (server/api.h tool_prefill) and whose output
- * is read as an unforced call once the header is put back before it. Pure functions, any
- * thread. */
+ * GRANITE's and HARMONY's, whose forced calls are written in their own syntax (server/api.h
+ * tool_native) and read as unforced ones. Pure functions, any thread. */
 #ifndef KVS_SERVER_TOOL_CALLS_H
 #define KVS_SERVER_TOOL_CALLS_H
 

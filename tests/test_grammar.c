@@ -719,6 +719,103 @@ static void test_prefixed(void **state)
     grammar_def_destroy(d);
 }
 
+/* Masks equal the slow reference after each of the texts at[] (which d must accept). */
+static void check_masks(const grammar_def *d, tok_vocab *v, const char *const *at, size_t n_at)
+{
+    grammar_vocab *gv;
+    assert_int_equal(grammar_vocab_create(v, NULL, 0, &gv), 0);
+    uint32_t *m = malloc(grammar_mask_words(grammar_vocab_n_tokens(gv)) * sizeof *m);
+    for (size_t i = 0; i < n_at; i++) {
+        grammar *g;
+        assert_int_equal(grammar_create(d, &g), 0);
+        if (!grammar_accept_bytes(g, at[i], strlen(at[i])))
+            fail_msg("\"%s\" refused", at[i]);
+        assert_true(grammar_mask(g, gv, m) > 0);
+        int32_t bad = -1;
+        if (mask_mismatches(g, gv, m, &bad))
+            fail_msg("after \"%s\": token %d", at[i], (int)bad);
+        grammar_destroy(g);
+    }
+    free(m);
+    grammar_vocab_destroy(gv);
+}
+
+/* Arrays with item bounds (grammar_builder_array_bounded): the counts allowed and no others,
+ * whitespace in the gaps as in any array; a least count makes an item's nesting part of the
+ * array's (refused at build past max_depth, and at '[' where it cannot fit, so no dead end);
+ * masks equal the slow reference at each count. */
+static void test_array_bounds(void **state)
+{
+    (void)state;
+    grammar_builder *b;
+    assert_int_equal(grammar_builder_create(&b), 0);
+    int32_t num, one, more, two3, bad;
+    assert_int_equal(grammar_builder_number(b, true, &num), 0);
+    assert_int_equal(grammar_builder_array_bounded(b, num, 1, 1, &one), 0);
+    assert_int_equal(grammar_builder_array_bounded(b, num, 1, 0, &more), 0);
+    assert_int_equal(grammar_builder_array_bounded(b, num, 2, 3, &two3), 0);
+    assert_int_equal(grammar_builder_array_bounded(b, num, 2, 1, &bad), KVS_EINVAL);
+    assert_int_equal(grammar_builder_array_bounded(b, num, 0, 70000, &bad), KVS_EINVAL);
+    grammar_def *d1, *dm, *d23;
+    char err[128];
+    assert_int_equal(grammar_builder_finish(b, one, NULL, &d1, err, sizeof err), 0);
+    assert_int_equal(grammar_builder_finish(b, more, NULL, &dm, err, sizeof err), 0);
+    assert_int_equal(grammar_builder_finish(b, two3, NULL, &d23, err, sizeof err), 0);
+    grammar_builder_destroy(b);
+    assert_true(accepts_s(d1, "[1]"));
+    assert_true(accepts_s(d1, "[ 1 ]"));
+    assert_false(accepts_s(d1, "[]"));
+    assert_false(accepts_s(d1, "[1,2]"));
+    assert_true(accepts_s(dm, "[1]"));
+    assert_true(accepts_s(dm, "[1, 2,\n 3]"));
+    assert_false(accepts_s(dm, "[]"));
+    assert_false(accepts_s(d23, "[1]"));
+    assert_true(accepts_s(d23, "[1,2]"));
+    assert_true(accepts_s(d23, "[1,2,3]"));
+    assert_false(accepts_s(d23, "[1,2,3,4]"));
+    grammar *g;
+    assert_int_equal(grammar_create(d1, &g), 0);
+    assert_true(grammar_accept_bytes(g, "[1", 2));
+    assert_false(grammar_accept_bytes(g, ",", 1)); /* refused where it comes, not at ']' */
+    grammar_destroy(g);
+    tok_vocab *v = load_spm();
+    if (v) {
+        static const char *const at1[] = {"[", "[1", "[12 "};
+        static const char *const at23[] = {"[", "[1", "[1,", "[1, 2", "[1,2,3"};
+        check_masks(d1, v, at1, 3);
+        check_masks(d23, v, at23, 5);
+        tok_destroy(v);
+    }
+    grammar_def_destroy(d1);
+    grammar_def_destroy(dm);
+    grammar_def_destroy(d23);
+
+    /* nesting: [[[1]]] with each level needing an item takes 3 levels */
+    grammar_options o = grammar_default_options();
+    o.max_depth = 2;
+    assert_int_equal(grammar_builder_create(&b), 0);
+    int32_t a1, a2, a3, loose;
+    assert_int_equal(grammar_builder_number(b, true, &num), 0);
+    assert_int_equal(grammar_builder_array_bounded(b, num, 1, 0, &a1), 0);
+    assert_int_equal(grammar_builder_array_bounded(b, a1, 1, 0, &a2), 0);
+    assert_int_equal(grammar_builder_array_bounded(b, a2, 1, 0, &a3), 0);
+    assert_int_equal(grammar_builder_array(b, a2, &loose), 0);
+    grammar_def *d = NULL;
+    assert_int_equal(grammar_builder_finish(b, a3, &o, &d, err, sizeof err), KVS_EINVAL);
+    assert_non_null(strstr(err, "3 levels"));
+    assert_null(d);
+    assert_int_equal(grammar_builder_finish(b, loose, &o, &d, err, sizeof err), 0);
+    grammar_builder_destroy(b);
+    assert_true(accepts_s(d, "[]"));
+    assert_int_equal(grammar_create(d, &g), 0);
+    assert_true(grammar_accept_bytes(g, "[", 1));
+    assert_false(grammar_accept_bytes(g, "[", 1)); /* its item could not fit */
+    assert_true(grammar_accept_bytes(g, "]", 1));
+    assert_true(grammar_is_finished(g));
+    grammar_destroy(g);
+    grammar_def_destroy(d);
+}
+
 static void test_schema_literals_anyof_refs(void **state)
 {
     (void)state;
@@ -1102,6 +1199,98 @@ static void test_random_walks_bpe(void **state)
     tok_destroy(v);
 }
 
+/* Free text up to a stop (grammar_builder_text_until): any bytes but the stop, which ends the
+ * text at its first occurrence (a partial stop is text, overlapping beginnings are followed as
+ * KMP follows them), then the value with no gap; alternatives that open with raw text and with
+ * free text fork and die apart; masks equal the slow reference inside the text (where the walk
+ * follows edges without stepping), across partial stops and after the stop, on SentencePiece
+ * and byte-level BPE vocabularies, and on random walks through the text. */
+static void test_text_until(void **state)
+{
+    (void)state;
+    grammar_builder *b;
+    assert_int_equal(grammar_builder_create(&b), 0);
+    int32_t num, call, text, think, alt[2], root, bad;
+    assert_int_equal(grammar_builder_number(b, true, &num), 0);
+    assert_int_equal(grammar_builder_prefixed(b, "C:", 2, num, &call), 0);
+    assert_int_equal(grammar_builder_text_until(b, "<|end|>", 7, call, &text), 0);
+    assert_int_equal(grammar_builder_prefixed(b, "T:", 2, text, &think), 0);
+    assert_int_equal(grammar_builder_text_until(b, "", 0, call, &bad), KVS_EINVAL);
+    char long_stop[GRAMMAR_MAX_STOP + 1];
+    memset(long_stop, 'x', sizeof long_stop);
+    assert_int_equal(grammar_builder_text_until(b, long_stop, sizeof long_stop, call, &bad),
+                     KVS_EINVAL);
+    alt[0] = call;
+    alt[1] = think;
+    assert_int_equal(grammar_builder_any_of(b, 2, alt, &root), 0);
+    grammar_def *d = NULL, *dt = NULL;
+    char err[128];
+    assert_int_equal(grammar_builder_finish(b, root, NULL, &d, err, sizeof err), 0);
+    assert_int_equal(grammar_builder_finish(b, text, NULL, &dt, err, sizeof err), 0);
+    grammar_builder_destroy(b);
+    assert_true(accepts_s(d, "C:12"));
+    assert_true(accepts_s(d, "T:hello <b>|x|</b>\n\"{\"<|end|>C:3"));
+    assert_true(accepts_s(d, "T:<|end|>C:3"));
+    assert_true(accepts_s(d, "T:a<|en<|end|>C:1"));
+    assert_true(accepts_s(d, "T:<<|end|>C:1"));
+    assert_true(accepts_s(d, "T:<|end|<|end|>C:1"));
+    assert_false(accepts_s(d, "T:hello"));
+    assert_false(accepts_s(d, "T:hello<|end|>"));
+    assert_false(accepts_s(d, "T:hello<|end|>x<|end|>C:1")); /* the first stop ends it */
+    assert_false(accepts_s(d, "T:hello<|end|> C:1"));
+    assert_false(accepts_s(d, " C:1"));
+    assert_false(accepts_s(d, "C:1<|end|>"));
+    /* a root of free text: whitespace is text, not a gap */
+    assert_true(accepts_s(dt, "  \n<|end|>C:1"));
+    assert_true(accepts_s(dt, "<|end|>C:1"));
+    grammar_def_destroy(dt);
+    /* a stop that overlaps itself: "aab" in "aaab" */
+    assert_int_equal(grammar_builder_create(&b), 0);
+    assert_int_equal(grammar_builder_number(b, true, &num), 0);
+    assert_int_equal(grammar_builder_text_until(b, "aab", 3, num, &text), 0);
+    assert_int_equal(grammar_builder_finish(b, text, NULL, &dt, err, sizeof err), 0);
+    grammar_builder_destroy(b);
+    assert_true(accepts_s(dt, "aaab1"));
+    assert_true(accepts_s(dt, "abaaaab1"));
+    assert_false(accepts_s(dt, "aaab"));
+    assert_false(accepts_s(dt, "aabaab1"));
+    grammar_def_destroy(dt);
+    /* a stop that real tokens hold ("ing" in "ings", "ingly"): a token may end the text and
+     * begin the value, or end it and fail; the walk's shortcut must step at the stop's byte */
+    assert_int_equal(grammar_builder_create(&b), 0);
+    assert_int_equal(grammar_builder_number(b, true, &num), 0);
+    assert_int_equal(grammar_builder_prefixed(b, "s:", 2, num, &call), 0);
+    assert_int_equal(grammar_builder_text_until(b, "ing", 3, call, &text), 0);
+    assert_int_equal(grammar_builder_finish(b, text, NULL, &dt, err, sizeof err), 0);
+    grammar_builder_destroy(b);
+    static const char *const at[] = {"",         "T:",        "T:some text", "T:x<",
+                                     "T:x<|end", "T:x<|end|", "T:x<|end|>",  "T:x<|end|>C:1"};
+    static const char *const at_ing[] = {"", "a th", "a thi", "a thin", "a thing", "a things"};
+    static const char *const names[] = {"llama-spm", "gpt-2"};
+    for (int k = 0; k < 2; k++) {
+        tok_vocab *v = load_named(names[k]);
+        if (!v)
+            continue;
+        check_masks(d, v, at, sizeof at / sizeof at[0]);
+        check_masks(dt, v, at_ing, sizeof at_ing / sizeof at_ing[0]);
+        grammar_vocab *gv;
+        assert_int_equal(grammar_vocab_create(v, NULL, 0, &gv), 0);
+        walk_stats ws = {0};
+        for (int seed = 0; seed < 2; seed++) {
+            grammar *g;
+            assert_int_equal(grammar_create(d, &g), 0);
+            assert_true(grammar_accept_bytes(g, "T:", 2));
+            bool done;
+            free(random_walk(g, v, gv, (uint64_t)seed + 7, 40, 8, &done, &ws));
+            grammar_destroy(g);
+        }
+        grammar_vocab_destroy(gv);
+        tok_destroy(v);
+    }
+    grammar_def_destroy(dt);
+    grammar_def_destroy(d);
+}
+
 static void test_clone_independence(void **state)
 {
     (void)state;
@@ -1332,6 +1521,8 @@ int main(void)
         cmocka_unit_test(test_ambiguity_bound),
         cmocka_unit_test(test_tools),
         cmocka_unit_test(test_prefixed),
+        cmocka_unit_test(test_array_bounds),
+        cmocka_unit_test(test_text_until),
         cmocka_unit_test(test_random_walks),
         cmocka_unit_test(test_random_walks_bpe),
         cmocka_unit_test(test_clone_independence),

@@ -929,9 +929,10 @@ static void test_harmony_split(void **state)
     cJSON_Delete(tools);
 }
 
-/* gpt-oss with tool_choice "required": the prompt ends in the fixed part of the call's header
- * and the grammar allows only the rest of a call of one of the tools, in gpt-oss's format;
- * that output, after the header, reads back as the call. */
+/* gpt-oss with a forced call: the prompt ends where the assistant's turn begins, as unforced,
+ * and the grammar allows only an optional analysis message (free text up to its first <|end|>)
+ * then a commentary message calling one of the tools (the named one, for a named choice), in
+ * gpt-oss's format; that output reads back through the splitter as the reasoning and the call. */
 static void test_harmony_required(void **state)
 {
     (void)state;
@@ -941,6 +942,86 @@ static void test_harmony_required(void **state)
         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"
         ","
         "{\"type\":\"function\",\"function\":{\"name\":\"add_all\"}}]";
+#define H_CALL(name, args)                                                                         \
+    "<|channel|>commentary to=functions." name " <|constrain|>json<|message|>" args
+#define H_THINK(text) "<|channel|>analysis<|message|>" text "<|end|><|start|>assistant"
+    static const char add1[] = H_CALL("add", "{\"a\": 1}"), all[] = H_CALL("add_all", "{}"),
+                      think_add[] = H_THINK("Add 1. <b>|x|</b> <|en\n") H_CALL("add", "{\"a\": 1}");
+    static const struct {
+        const char *text;
+        bool required, named; /* accepted for "required", for the named "add" */
+    } cases[] = {
+        {add1, true, true},
+        {all, true, false},
+        {think_add, true, true},
+        {H_THINK("") H_CALL("add_all", "{}"), true, false},
+        {H_THINK("x"), false, false}, /* no call */
+        {H_THINK("x") H_THINK("y") H_CALL("add", "{\"a\": 1}"), false, false},
+        {H_THINK("x") "<|channel|>final<|message|>hi", false, false},
+        {"<|channel|>final<|message|>hi", false, false},
+        {"<|channel|>analysis<|message|>x<|end|>" H_CALL("add", "{\"a\": 1}"), false, false},
+        {H_CALL("add", "{}"), false, false},             /* add's schema */
+        {H_CALL("add_all", "{\"a\":1}"), false, false},  /* no parameters: {} */
+        {" " H_CALL("add", "{\"a\": 1}"), false, false}, /* no gap before the header */
+        {H_CALL("add", " {\"a\": 1}"), false, false},    /* nor before the arguments */
+        {H_CALL("sub", "{}"), false, false},
+        {"{\"name\": \"add\", \"arguments\": {\"a\": 1}}", false, false}, /* the generic form */
+        {H_CALL("add", ""), false, false},
+    };
+    for (int named = 0; named < 2; named++) {
+        char body[1024];
+        snprintf(
+            body, sizeof body,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":%s}", tools,
+            named ? "{\"type\":\"function\",\"function\":{\"name\":\"add\"}}" : "\"required\"");
+        srv_request r;
+        srv_error e;
+        memset(&e, 0, sizeof e);
+        assert_int_equal(srv_request_parse(body, strlen(body), true, &harmony, &k_defaults, &r, &e),
+                         0);
+        assert_true(r.tool_native);
+        const char *head = "<|start|>assistant";
+        size_t pl = strlen(r.prompt_text);
+        assert_string_equal(r.prompt_text + pl - strlen(head), head);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            bool want = named ? cases[i].named : cases[i].required;
+            grammar *g;
+            assert_int_equal(grammar_create(r.grammar, &g), 0);
+            bool ok = grammar_accept_bytes(g, cases[i].text, strlen(cases[i].text)) &&
+                      grammar_is_complete(g);
+            if (ok != want)
+                fail_msg("%s: %s: %s", named ? "named" : "required", cases[i].text,
+                         ok ? "accepted" : "refused");
+            grammar_destroy(g);
+        }
+        srv_request_free(&r);
+    }
+    /* read back: the splitter gives the analysis as reasoning and the call to the call reader */
+    cJSON *tl = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"add\"}}]");
+    srv_think t = {.harmony = true};
+    kvs_buf rs = {0}, content = {0};
+    srv_think_feed(&t, think_add, strlen(think_add), &rs, &content);
+    srv_think_end(&t, &rs, &content);
+    assert_int_equal(rs.len, strlen("Add 1. <b>|x|</b> <|en\n"));
+    assert_memory_equal(rs.p, "Add 1. <b>|x|</b> <|en\n", rs.len);
+    cJSON *calls = NULL;
+    char *rest = NULL;
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_HARMONY, content.p, content.len, false, tl, "x", &calls, &rest),
+        1);
+    assert_string_equal(rest, "");
+    const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+    assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "add");
+    assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"a\":1}");
+    cJSON_Delete(calls);
+    cJSON_Delete(tl);
+    free(rest);
+    kvs_buf_free(&rs);
+    kvs_buf_free(&content);
+#undef H_CALL
+#undef H_THINK
+
+    /* other templates keep the generic form; a name the header cannot carry is a 400 */
     char body[1024];
     snprintf(body, sizeof body,
              "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":"
@@ -948,74 +1029,8 @@ static void test_harmony_required(void **state)
              tools);
     srv_request r;
     srv_error e;
-    memset(&e, 0, sizeof e);
-    assert_int_equal(srv_request_parse(body, strlen(body), true, &harmony, &k_defaults, &r, &e), 0);
-    const char *head = "<|start|>assistant<|channel|>commentary to=functions.";
-    size_t pl = strlen(r.prompt_text);
-    assert_true(pl > strlen(head));
-    assert_string_equal(r.prompt_text + pl - strlen(head), head);
-    assert_string_equal(r.tool_prefill, "<|channel|>commentary to=functions.");
-    static const struct {
-        const char *text;
-        bool ok;
-    } cases[] = {
-        {"add <|constrain|>json<|message|>{\"a\": 1}", true},
-        {"add_all <|constrain|>json<|message|>{}", true},
-        {"add <|constrain|>json<|message|>{}", false},            /* add's schema */
-        {"add_all <|constrain|>json<|message|>{\"a\":1}", false}, /* no parameters: {} */
-        {" add <|constrain|>json<|message|>{\"a\": 1}", false},   /* no gap before the name */
-        {"add <|constrain|>json<|message|> {\"a\": 1}", false},   /* nor before the arguments */
-        {"sub <|constrain|>json<|message|>{}", false},
-        {"{\"name\": \"add\", \"arguments\": {\"a\": 1}}", false}, /* the generic form */
-        {"add <|constrain|>json<|message|>", false},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        grammar *g;
-        assert_int_equal(grammar_create(r.grammar, &g), 0);
-        bool ok =
-            grammar_accept_bytes(g, cases[i].text, strlen(cases[i].text)) && grammar_is_complete(g);
-        if (ok != cases[i].ok)
-            fail_msg("%s: %s", cases[i].text, ok ? "accepted" : "refused");
-        grammar_destroy(g);
-    }
-    /* read back: the header the prompt ends in, then the output, through the splitter */
-    srv_think t = {.harmony = true};
-    kvs_buf rs = {0}, content = {0};
-    const char *out = "add <|constrain|>json<|message|>{\"a\": 1}";
-    srv_think_feed(&t, r.tool_prefill, strlen(r.tool_prefill), &rs, &content);
-    srv_think_feed(&t, out, strlen(out), &rs, &content);
-    srv_think_end(&t, &rs, &content);
-    cJSON *calls = NULL;
-    char *rest = NULL;
-    assert_int_equal(srv_tools_parse(SRV_CHAT_HARMONY, content.p, content.len, false, r.tools, "x",
-                                     &calls, &rest),
-                     1);
-    assert_string_equal(rest, "");
-    const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
-    assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "add");
-    assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"a\":1}");
-    cJSON_Delete(calls);
-    free(rest);
-    kvs_buf_free(&rs);
-    kvs_buf_free(&content);
-    srv_request_free(&r);
-
-    /* a named function: its whole header is in the prompt, the output is its arguments */
-    snprintf(body, sizeof body,
-             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":"
-             "{\"type\":\"function\",\"function\":{\"name\":\"add\"}}}",
-             tools);
-    assert_int_equal(srv_request_parse(body, strlen(body), true, &harmony, &k_defaults, &r, &e), 0);
-    assert_string_equal(r.tool_prefill,
-                        "<|channel|>commentary to=functions.add <|constrain|>json<|message|>");
-    srv_request_free(&r);
-    /* other templates keep the generic form; a name the header cannot carry is a 400 */
-    snprintf(body, sizeof body,
-             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":"
-             "\"required\"}",
-             tools);
     assert_int_equal(parse(body, true, &r, &e), 0);
-    assert_null(r.tool_prefill);
+    assert_false(r.tool_native);
     srv_request_free(&r);
     static const char spaced[] =
         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
@@ -1025,6 +1040,81 @@ static void test_harmony_required(void **state)
         srv_request_parse(spaced, strlen(spaced), true, &harmony, &k_defaults, &r, &e), 0);
     assert_int_equal(e.status, 400);
     assert_string_equal(e.param, "tools");
+}
+
+/* Granite with a forced call: the grammar allows only Granite's own call syntax, <|tool_call|>
+ * then a JSON list of the tools' calls (one or more for "required", exactly one for a named
+ * function or with parallel_tool_calls false), and the output reads back through the unforced
+ * Granite reader. */
+static void test_granite_required(void **state)
+{
+    (void)state;
+    static const srv_chat_fmt granite = {SRV_CHAT_GRANITE, NULL, 0};
+    static const char tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"
+        ",{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
+    static const char one[] = "<|tool_call|>[{\"name\": \"add\", \"arguments\": {\"a\": 1}}]",
+                      two[] = "<|tool_call|>[{\"name\": \"add\", \"arguments\": {\"a\": 1}}, "
+                              "{\"name\": \"now\", \"arguments\": {}}]";
+    static const struct {
+        const char *choice; /* tool_choice, and parallel_tool_calls where given */
+        const char *text;
+        bool ok;
+    } cases[] = {
+        {"\"required\"", one, true},
+        {"\"required\"", two, true},
+        {"\"required\"", "<|tool_call|>[\n  {\"name\": \"now\", \"arguments\": {}}\n]", true},
+        {"\"required\"", "<|tool_call|>[]", false},
+        {"\"required\"", "<|tool_call|> [{\"name\": \"now\", \"arguments\": {}}]", false},
+        {"\"required\"", " <|tool_call|>[{\"name\": \"now\", \"arguments\": {}}]", false},
+        {"\"required\"", "<|tool_call|>{\"name\": \"now\", \"arguments\": {}}", false},
+        {"\"required\"", "{\"name\": \"now\", \"arguments\": {}}", false}, /* the generic form */
+        {"\"required\"", "[{\"name\": \"now\", \"arguments\": {}}]", false},
+        {"\"required\"", "<|tool_call|>[{\"name\": \"sub\", \"arguments\": {}}]", false},
+        {"\"required\",\"parallel_tool_calls\":false", one, true},
+        {"\"required\",\"parallel_tool_calls\":false", two, false},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"add\"}}", one, true},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"add\"}}", two, false},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"now\"}}", one, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[1024];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":%s}",
+                 tools, cases[i].choice);
+        srv_request r;
+        srv_error e;
+        memset(&e, 0, sizeof e);
+        assert_int_equal(srv_request_parse(body, strlen(body), true, &granite, &k_defaults, &r, &e),
+                         0);
+        assert_true(r.tool_native);
+        /* the prompt ends where the assistant's turn begins, as unforced */
+        const char *gen = "<|start_of_role|>assistant<|end_of_role|>";
+        size_t pl = strlen(r.prompt_text);
+        assert_string_equal(r.prompt_text + pl - strlen(gen), gen);
+        grammar *g;
+        assert_int_equal(grammar_create(r.grammar, &g), 0);
+        bool ok =
+            grammar_accept_bytes(g, cases[i].text, strlen(cases[i].text)) && grammar_is_complete(g);
+        if (ok != cases[i].ok)
+            fail_msg("%s: %s: %s", cases[i].choice, cases[i].text, ok ? "accepted" : "refused");
+        grammar_destroy(g);
+        if (ok) { /* read back as Granite's unforced call */
+            cJSON *calls = NULL;
+            char *rest = NULL;
+            int n = srv_tools_parse(SRV_CHAT_GRANITE, cases[i].text, strlen(cases[i].text), false,
+                                    r.tools, "x", &calls, &rest);
+            assert_int_equal(n, cases[i].text == two ? 2 : 1);
+            assert_string_equal(rest, "");
+            const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+            assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring,
+                                cases[i].text == one || cases[i].text == two ? "add" : "now");
+            cJSON_Delete(calls);
+            free(rest);
+        }
+        srv_request_free(&r);
+    }
 }
 
 static void test_reasoning_split(void **state)
@@ -1213,7 +1303,7 @@ int main(void)
         cmocka_unit_test(test_json_py),          cmocka_unit_test(test_tool_calls_stream_safe),
         cmocka_unit_test(test_relay_no_nagle),   cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_harmony_split),    cmocka_unit_test(test_granite_split),
-        cmocka_unit_test(test_harmony_required),
+        cmocka_unit_test(test_harmony_required), cmocka_unit_test(test_granite_required),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,8 +5,10 @@ and whose template is Granite 3.1's official one (tests/data/chat_templates/gran
 the template is detected; the role markers tokenize to their tokens; <|end_of_text|> ends a
 generation; <|tool_call|> is printed in the output (a Granite vocabulary's call marker is made
 user-defined at load, engine/tokenizer.c fix_granite) and reaches the call reader (which reads
-<|tool_call|>[...] back as calls: tests/test_server.c); a forced call (tool_choice required or named: output
-constrained to the call's JSON) comes back as tool_calls, whole and streamed. Granite 3.3's
+<|tool_call|>[...] back as calls: tests/test_server.c); a forced call (tool_choice required or
+named) is written in Granite's own syntax, <|tool_call|> then a JSON list of the calls (the raw
+text seen through logprobs; the marker as its one token when favoured), and comes back as
+tool_calls, whole and streamed. Granite 3.3's
 template (granite3.3.jinja) on the same vocabulary with <think> and </think> appended as
 user-defined tokens, a test device (Granite 3.3 writes them as text): chat_template_kwargs.thinking
 adds its reasoning system text, enable_thinking and documents are 400s naming them, and an
@@ -94,10 +96,14 @@ class Granite(unittest.TestCase):
                        if e.get("choices"))
         self.assertEqual(text, msg["content"])
 
-    def forced(self, choice):
+    def forced(self, choice, **extra):
+        """A forced call, whole and streamed (greedy, so the same): finish_reason tool_calls, no
+        content, and the raw text (the tokens' logprobs view) in Granite's own call syntax,
+        <|tool_call|> then the JSON list of the calls returned. Returns the calls."""
         body = {"messages": MSGS, "tools": TOOLS, "tool_choice": choice, "max_tokens": 64,
                 "temperature": 0}
-        st, out = self.srv.post("/v1/chat/completions", body)
+        body.update(extra)
+        st, out = self.srv.post("/v1/chat/completions", dict(body, logprobs=True))
         self.assertEqual(st, 200, out)
         c = out["choices"][0]
         if c["finish_reason"] == "length":
@@ -105,28 +111,46 @@ class Granite(unittest.TestCase):
         self.assertEqual(c["finish_reason"], "tool_calls", out)
         self.assertIsNone(c["message"]["content"], out)
         calls = c["message"]["tool_calls"]
-        self.assertEqual(len(calls), 1, calls)
-        fn = calls[0]["function"]
-        key = {"add": "a", "mul": "b"}[fn["name"]]
-        self.assertIsInstance(json.loads(fn["arguments"])[key], (int, float))
+        raw = "".join(t["token"] for t in c["logprobs"]["content"])
+        self.assertTrue(raw.startswith("<|tool_call|>["), raw)
+        self.assertEqual(json.loads(raw[len("<|tool_call|>"):]),
+                         [{"name": t["function"]["name"],
+                           "arguments": json.loads(t["function"]["arguments"])} for t in calls])
+        for t in calls:
+            key = {"add": "a", "mul": "b"}[t["function"]["name"]]
+            self.assertIsInstance(json.loads(t["function"]["arguments"])[key], (int, float))
         st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
         self.assertEqual(st, 200, events)
         self.assertTrue(done)
         deltas = [e["choices"][0] for e in events if e.get("choices")]
         streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
-        self.assertEqual(len(streamed), 1, deltas)
-        self.assertEqual(streamed[0]["function"]["name"], fn["name"])
-        self.assertEqual(streamed[0]["function"]["arguments"], fn["arguments"])
+        self.assertEqual([(t["function"]["name"], t["function"]["arguments"]) for t in streamed],
+                         [(t["function"]["name"], t["function"]["arguments"]) for t in calls])
         self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
         self.assertFalse("".join(d["delta"].get("content") or "" for d in deltas))
-        return fn
+        return calls
 
     def test_required(self):
-        self.forced("required")
+        # one call or more (parallel_tool_calls defaults to true), each one of the tools'
+        self.assertGreaterEqual(len(self.forced("required")), 1)
+        # parallel_tool_calls false: the grammar's list holds exactly one
+        self.assertEqual(len(self.forced("required", parallel_tool_calls=False)), 1)
 
     def test_named(self):
-        fn = self.forced({"type": "function", "function": {"name": "mul"}})
-        self.assertEqual(fn["name"], "mul")
+        calls = self.forced({"type": "function", "function": {"name": "mul"}})
+        self.assertEqual([t["function"]["name"] for t in calls], ["mul"])
+
+    def test_marker_token(self):
+        # <|tool_call|> is a special token whose text the grammar matches: favoured, the model
+        # writes it as that one token, and the call still reads back
+        calls = self.forced("required", logit_bias={str(self.ids["<|tool_call|>"]): 30})
+        self.assertGreaterEqual(len(calls), 1)
+        body = {"messages": MSGS, "tools": TOOLS, "tool_choice": "required", "max_tokens": 64,
+                "temperature": 0, "logprobs": True,
+                "logit_bias": {str(self.ids["<|tool_call|>"]): 30}}
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(out["choices"][0]["logprobs"]["content"][0]["token"], "<|tool_call|>")
 
 
 class Granite33(unittest.TestCase):

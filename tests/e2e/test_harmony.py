@@ -7,7 +7,8 @@ reasoning effort reaches the system message, a bad one is a 400 naming it. A ran
 not write channels, so the splitting itself is checked in tests/test_server.c
 (test_harmony_split, whole and at every cut); here its wiring: output that never reaches a
 <|message|> is header only (no content, no reasoning) with --reasoning-format auto, the raw
-text with none, the same streamed and not."""
+text with none, the same streamed and not. A forced call (test_required, test_named) makes it
+write channels: an optional analysis message, then the call in gpt-oss's format."""
 import json
 import os
 import subprocess
@@ -156,26 +157,7 @@ class Harmony(unittest.TestCase):
                                  {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS,
                                   "max_tokens": 3})
         self.assertEqual(st, 200, out)
-        # tool_choice required: see test_required
-        # a named function: the prompt ends in that call's header, as gpt-oss writes calls,
-        # and the output is its arguments alone (their schema's grammar), read back as the call
-        named = {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS,
-                 "tool_choice": {"type": "function", "function": {"name": "add"}}}
-        st, out = self.auto.post("/apply-template", named)
-        self.assertEqual(st, 200, out)
-        self.assertTrue(out["prompt"].endswith(
-            "<|start|>assistant<|channel|>commentary to=functions.add <|constrain|>json"
-            "<|message|>"), out["prompt"][-120:])
-        st, out = self.auto.post("/v1/chat/completions", dict(named, max_tokens=64))
-        self.assertEqual(st, 200, out)
-        c = out["choices"][0]
-        if c["finish_reason"] == "length":
-            self.skipTest("this random model's arguments did not end in 64 tokens")
-        self.assertEqual(c["finish_reason"], "tool_calls", out)
-        call = c["message"]["tool_calls"][0]["function"]
-        self.assertEqual(call["name"], "add")
-        self.assertIsInstance(json.loads(call["arguments"])["a"], (int, float))
-        self.assertIsNone(c["message"]["content"])
+        # tool_choice required and a named function: see test_required, test_named
         # a result with no call before it: the template raises, kvserve refuses
         st, out = self.auto.post("/v1/chat/completions", {"messages": [
             {"role": "user", "content": "Hi"},
@@ -201,45 +183,68 @@ class Harmony(unittest.TestCase):
         self.assertEqual("".join(deltas), text)
         self.assertGreater(len(deltas), 1)
 
+    MUL = {"type": "function", "function": {"name": "mul", "parameters": {
+        "type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}}}
+    ANALYSIS = "<|channel|>analysis<|message|>"
+
+    def call_text(self, name, args):
+        return "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>%s" % (name, args)
+
+    def check_call(self, c, raw_analysis, names=("add", "mul")):
+        """Choice c (asked with logprobs) is one call of one of names, and its raw text (the
+        tokens' logprobs view) is the analysis message raw_analysis (its text, or None for
+        none), then the call in gpt-oss's format. Returns the call's function."""
+        self.assertEqual(c["finish_reason"], "tool_calls", c)
+        calls = c["message"]["tool_calls"]
+        self.assertEqual(len(calls), 1, calls)
+        fn = calls[0]["function"]
+        self.assertIn(fn["name"], names)
+        key = {"add": "a", "mul": "b"}[fn["name"]]
+        self.assertIsInstance(json.loads(fn["arguments"])[key], (int, float))
+        raw = "".join(t["token"] for t in c["logprobs"]["content"])
+        args = raw[raw.rindex("<|message|>") + len("<|message|>"):]
+        self.assertEqual(json.loads(args), json.loads(fn["arguments"]))
+        head = "" if raw_analysis is None else (
+            self.ANALYSIS + raw_analysis + "<|end|><|start|>assistant")
+        self.assertEqual(raw, head + self.call_text(fn["name"], args))
+        return fn
+
     def test_required(self):
-        """tool_choice "required": the prompt ends in the fixed part of gpt-oss's call header
-        and the output is constrained to the rest of a call of one of the tools, in gpt-oss's
-        format (its name, " <|constrain|>json<|message|>", its arguments), read back as the
-        call: chat whole and streamed, and /v1/responses' function_call item. One call, as
-        gpt-oss ends its generation at a call's <|call|>."""
-        tools = TOOLS + [{"type": "function", "function": {
-            "name": "mul", "parameters": {"type": "object", "properties": {
-                "b": {"type": "integer"}}, "required": ["b"]}}}]
+        """tool_choice "required": the prompt ends where the assistant's turn begins, as
+        unforced, and the output is constrained to an optional analysis message, then a call of
+        one of the tools in gpt-oss's format (<|channel|>commentary to=functions.NAME
+        <|constrain|>json<|message|>ARGS), read back as the call: chat whole and streamed, with
+        --reasoning-format none too, and /v1/responses' function_call item. A random model's
+        greedy analysis runs on, so <|end|> is favoured here (an empty analysis message, the
+        form the grammar allows before the call); test_required_reasoning has a longer one. One
+        call, as gpt-oss ends its generation at a call's <|call|>."""
+        tools = TOOLS + [self.MUL]
+        end = {str(self.ids["<|end|>"]): 100}
         req = {"messages": [{"role": "user", "content": "Hi"}], "tools": tools,
                "tool_choice": "required"}
         st, out = self.auto.post("/apply-template", req)
         self.assertEqual(st, 200, out)
-        self.assertTrue(out["prompt"].endswith(
-            "<|start|>assistant<|channel|>commentary to=functions."), out["prompt"][-120:])
-        body = dict(req, max_tokens=64, parallel_tool_calls=True)
-        for srv in (self.auto, self.none):
-            st, out = srv.post("/v1/chat/completions", body)
-            self.assertEqual(st, 200, out)
-            c = out["choices"][0]
-            if c["finish_reason"] == "length":
-                self.skipTest("this random model's call did not end in 64 tokens")
-            self.assertEqual(c["finish_reason"], "tool_calls", out)
-            self.assertIsNone(c["message"]["content"], out)
-            calls = c["message"]["tool_calls"]
-            self.assertEqual(len(calls), 1, calls)
-            fn = calls[0]["function"]
-            key = {"add": "a", "mul": "b"}[fn["name"]]
-            self.assertIsInstance(json.loads(fn["arguments"])[key], (int, float))
+        self.assertTrue(out["prompt"].endswith("<|end|><|start|>assistant"), out["prompt"][-120:])
+        body = dict(req, max_tokens=64, parallel_tool_calls=True, temperature=0, logprobs=True,
+                    logit_bias=end)
+        st, out = self.auto.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        if c["finish_reason"] == "length":
+            self.skipTest("this random model's call did not end in 64 tokens")
+        whole = self.check_call(c, "")
+        self.assertIsNone(c["message"]["content"], out)
+        self.assertIsNone(c["message"].get("reasoning_content"), out)
+        # --reasoning-format none: the analysis message stays content, as written
+        st, out = self.none.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        self.assertEqual(self.check_call(c, ""), whole)
+        self.assertEqual(c["message"]["content"], self.ANALYSIS + "<|end|>")
         # streamed: the same call (greedy), as delta.tool_calls
-        st, events, done = self.auto.stream("/v1/chat/completions",
-                                            dict(body, stream=True, temperature=0))
+        st, events, done = self.auto.stream("/v1/chat/completions", dict(body, stream=True))
         self.assertEqual(st, 200, events)
         self.assertTrue(done)
-        st, out = self.auto.post("/v1/chat/completions", dict(body, temperature=0))
-        self.assertEqual(st, 200, out)
-        if out["choices"][0]["finish_reason"] == "length":
-            self.skipTest("this random model's greedy call did not end in 64 tokens")
-        whole = out["choices"][0]["message"]["tool_calls"][0]["function"]
         deltas = [e["choices"][0] for e in events if e.get("choices")]
         streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
         self.assertEqual(len(streamed), 1, deltas)
@@ -249,7 +254,8 @@ class Harmony(unittest.TestCase):
         self.assertFalse("".join(d["delta"].get("content") or "" for d in deltas))
         # /v1/responses: a function_call item, whole and streamed
         rbody = {"input": "Hi", "tools": [dict(t["function"], type="function") for t in tools],
-                 "tool_choice": "required", "max_output_tokens": 64, "temperature": 0}
+                 "tool_choice": "required", "max_output_tokens": 64, "temperature": 0,
+                 "logit_bias": end}
         st, r = self.auto.post("/v1/responses", rbody)
         self.assertEqual(st, 200, r)
         calls = [o for o in r["output"] if o["type"] == "function_call"]
@@ -266,19 +272,88 @@ class Harmony(unittest.TestCase):
         st, tk = self.auto.post("/tokenize", {"prompt": " <", "add_special_tokens": False})
         self.assertEqual(st, 200, tk)
         st, out = self.auto.post("/v1/chat/completions", dict(
-            body, logprobs=True, logit_bias={str(tk["tokens"][0]): -100,
-                                             str(self.ids["<|constrain|>"]): 30}))
+            body, logit_bias=dict(end, **{str(tk["tokens"][0]): -100,
+                                          str(self.ids["<|constrain|>"]): 30})))
         self.assertEqual(st, 200, out)
         c = out["choices"][0]
         if c["finish_reason"] == "length":
             self.skipTest("this random model's call did not end in 64 tokens")
         self.assertIn("<|constrain|>", [t["token"] for t in c["logprobs"]["content"]])
-        self.assertEqual(len(c["message"]["tool_calls"]), 1, c)
+        self.check_call(c, "")
         # a name gpt-oss's header cannot carry is a 400 naming tools
         bad = dict(req, tools=[{"type": "function", "function": {"name": "two words"}}])
         st, out = self.auto.post("/v1/chat/completions", bad)
         self.assertEqual(st, 400, out)
         self.assertEqual(out["error"]["param"], "tools", out)
+
+    def test_required_reasoning(self):
+        """tool_choice "required" with an analysis message of some length before the call
+        (sampled, <|end|> favoured a little: the first seed that writes one is taken): the raw
+        text is that message then the call; the analysis comes back as reasoning_content (one
+        reasoning delta before the calls streamed; the reasoning item of /v1/responses) and
+        counts as reasoning tokens, and with --reasoning-format none stays content as written."""
+        tools = TOOLS + [self.MUL]
+        body = {"messages": [{"role": "user", "content": "Hi"}], "tools": tools,
+                "tool_choice": "required", "max_tokens": 64, "temperature": 1, "logprobs": True,
+                "logit_bias": {str(self.ids["<|end|>"]): 10}}
+        for seed in range(1, 17):
+            st, out = self.auto.post("/v1/chat/completions", dict(body, seed=seed))
+            self.assertEqual(st, 200, out)
+            c = out["choices"][0]
+            if c["finish_reason"] == "tool_calls" and c["message"].get("reasoning_content"):
+                break
+        else:
+            self.skipTest("no seed gave this random model an analysis message and a call")
+        body["seed"] = seed
+        thought = c["message"]["reasoning_content"]
+        fn = self.check_call(c, thought)
+        self.assertIsNone(c["message"]["content"], out)
+        self.assertGreater(out["usage"]["completion_tokens_details"]["reasoning_tokens"], 0)
+        st, out = self.none.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        self.assertEqual(self.check_call(c, thought), fn)
+        self.assertEqual(c["message"]["content"], self.ANALYSIS + thought + "<|end|>")
+        self.assertIsNone(c["message"].get("reasoning_content"))
+        st, events, done = self.auto.stream("/v1/chat/completions",
+                                            dict(body, stream=True, logprobs=False))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+        self.assertEqual("".join(d.get("reasoning_content") or "" for d in deltas), thought)
+        streamed = [t["function"] for d in deltas for t in d.get("tool_calls") or []]
+        self.assertEqual([(t["name"], t["arguments"]) for t in streamed],
+                         [(fn["name"], fn["arguments"])])
+        rbody = {"input": "Hi", "tools": [dict(t["function"], type="function") for t in tools],
+                 "tool_choice": "required", "max_output_tokens": 64, "temperature": 1,
+                 "seed": seed, "logit_bias": body["logit_bias"]}
+        st, r = self.auto.post("/v1/responses", rbody)
+        self.assertEqual(st, 200, r)
+        self.assertEqual([o["type"] for o in r["output"]], ["reasoning", "function_call"])
+        self.assertEqual(r["output"][0]["content"][0]["text"], thought)
+        self.assertEqual((r["output"][1]["name"], r["output"][1]["arguments"]),
+                         (fn["name"], fn["arguments"]))
+
+    def test_named(self):
+        """A named function: the prompt ends where the assistant's turn begins, as for
+        "required", and the output is an optional analysis message then that function's call
+        (no other), read back as the call."""
+        named = {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS + [self.MUL],
+                 "tool_choice": {"type": "function", "function": {"name": "mul"}}}
+        st, out = self.auto.post("/apply-template", named)
+        self.assertEqual(st, 200, out)
+        self.assertTrue(out["prompt"].endswith("<|end|><|start|>assistant"), out["prompt"][-120:])
+        for bias in (100, 10):  # an empty analysis message; sampled, maybe a longer one
+            st, out = self.auto.post("/v1/chat/completions", dict(
+                named, max_tokens=64, temperature=0 if bias == 100 else 1, seed=3,
+                logprobs=True, logit_bias={str(self.ids["<|end|>"]): bias}))
+            self.assertEqual(st, 200, out)
+            c = out["choices"][0]
+            if c["finish_reason"] == "length":
+                self.skipTest("this random model's call did not end in 64 tokens")
+            thought = c["message"].get("reasoning_content")
+            self.check_call(c, "" if bias == 100 else thought, names=("mul",))
+            self.assertIsNone(c["message"]["content"])
 
 
 if __name__ == "__main__":
