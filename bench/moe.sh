@@ -10,7 +10,10 @@
 # experts of ffn 768, 8 used per token, 48 layers; TYPE Q4_K_M by default) or gpt-oss-20b
 # (gpt-oss: dim 2880, 64 heads of 64, 8 kv heads, 32 experts of ffn 2880, 4 used, 24 layers,
 # windows of 128 on half of them; TYPE MXFP4_MOE by default, the experts in MXFP4 and the rest
-# Q8_0, as the published gpt-oss files). In each round both servers are up at once and each
+# Q8_0, as the published gpt-oss files) or lfm2-8b-a1b (LFM2-8B-A1B: lfm2moe, dim 2048, 32 heads,
+# 8 kv heads, short convolutions in place of attention on two thirds of the layers, 32 experts
+# of ffn 1792, 4 used, sigmoid gating, 2 dense layers first, 24 layers; TYPE Q4_K_M; with
+# LAYERS 8 the dense pair is a quarter of the file, against a twelfth in the model). In each round both servers are up at once and each
 # load level is measured on both back to back, in alternating order:
 #   decode: 1 client and 16 clients, PROMPT-token prompts, OUT generated tokens each
 #   prefill: 512-token prompts, 1 generated token, 1 client (prompt tokens per second)
@@ -18,7 +21,7 @@
 # token reads (kvserve's load log: every weight but the 120 experts a token does not run), so
 # the one-client figures read as a share of bandwidth / bytes; the servers' resident memory
 # (VmRSS) after the run against the file's size.
-# Writes the "moe.sh" (qwen3-30b-a3b) or "moe.sh gpt-oss" section of docs/BENCHMARKS.md (one per
+# Writes the "moe.sh" (qwen3-30b-a3b), "moe.sh gpt-oss" or "moe.sh lfm2" section of docs/BENCHMARKS.md (one per
 # CPU kind) and prints it.
 # Environment: BUILD (build), MODEL (qwen3-30b-a3b), THREADS (nproc), LAYERS (8), TYPE (the
 # model's), OUT (32), PROMPT
@@ -38,7 +41,11 @@ gpt-oss-20b)
     ARCH=(--arch gpt-oss --head-dim 64) TYPE=${TYPE:-MXFP4_MOE} ALL_LAYERS=24 NAME="moe.sh gpt-oss"
     TITLE="gpt-oss-20b's shape"
     DESC="gpt-oss-20b's shape (gpt-oss, 32 experts, 4 per token, windows of 128 on half the layers)" ;;
-*) echo "moe.sh: MODEL is qwen3-30b-a3b or gpt-oss-20b" >&2; exit 2 ;;
+lfm2-8b-a1b)
+    ARCH=(--arch lfm2moe --tied --dense-lead 2) TYPE=${TYPE:-Q4_K_M} ALL_LAYERS=24 NAME="moe.sh lfm2"
+    TITLE="LFM2-8B-A1B's shape"
+    DESC="LFM2-8B-A1B's shape (lfm2moe: short convolutions on two thirds of the layers, 32 experts of ffn 1792, 4 per token, sigmoid gating; the first 2 layers dense)" ;;
+*) echo "moe.sh: MODEL is qwen3-30b-a3b, gpt-oss-20b or lfm2-8b-a1b" >&2; exit 2 ;;
 esac
 # shellcheck disable=SC2034 # make_model reads it
 SHAPE=$MODEL
