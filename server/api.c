@@ -819,9 +819,13 @@ static int harmony_grammar(srv_request *r, srv_error *e)
  * the model may write it as the one token it was trained on. The list holds one call or more
  * for "required" with parallel_tool_calls (OpenAI's default), exactly one for a named function
  * or with parallel_tool_calls false (llama.cpp's grammar allows more whatever it says). */
-static int granite_grammar(srv_request *r, srv_error *e)
+/* A forced call in a family's marker syntax: the marker (Granite's <|tool_call|>, LFM2's
+ * <|tool_call_start|>) then a JSON list of the tools' {"name", "arguments"} objects, one or more
+ * (one for a named function or without parallel calls), as llama.cpp's grammars force both; the
+ * family's unforced reader reads it back (server/tool_calls.c; LFM2's block then ends with the
+ * list, its closing marker being text the grammar cannot follow with). */
+static int marker_grammar(srv_request *r, const char *mark, srv_error *e)
 {
-    static const char mark[] = "<|tool_call|>";
     grammar_builder *b = NULL;
     grammar_def *g = NULL;
     char err[200] = "";
@@ -833,7 +837,7 @@ static int granite_grammar(srv_request *r, srv_error *e)
     if (!rc)
         rc = grammar_builder_array_bounded(b, calls, 1, most, &list);
     if (!rc)
-        rc = grammar_builder_prefixed(b, mark, sizeof mark - 1, list, &root);
+        rc = grammar_builder_prefixed(b, mark, strlen(mark), list, &root);
     if (!rc)
         rc = grammar_builder_finish(b, root, NULL, &g, err, sizeof err);
     grammar_builder_destroy(b);
@@ -849,7 +853,7 @@ static int granite_grammar(srv_request *r, srv_error *e)
 
 /* tools, tool_choice, parallel_tool_calls (chat). A forced choice ("required" or a named
  * function) compiles the calls' grammar: the bare {"name", "arguments"} object, or the
- * family's own call syntax where kvserve writes it (gpt-oss, Granite). */
+ * family's own call syntax where kvserve writes it (gpt-oss, Granite, LFM2). */
 static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     r->tool_choice = SRV_TOOLS_NONE;
@@ -936,7 +940,9 @@ static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *
             return harmony_grammar(r, e);
         if (tmpl == SRV_CHAT_GRANITE || tmpl == SRV_CHAT_GRANITE30 || tmpl == SRV_CHAT_GRANITE32 ||
             tmpl == SRV_CHAT_GRANITE33)
-            return granite_grammar(r, e);
+            return marker_grammar(r, "<|tool_call|>", e);
+        if (tmpl == SRV_CHAT_LFM2 || tmpl == SRV_CHAT_LFM25 || tmpl == SRV_CHAT_LFM25_8B)
+            return marker_grammar(r, "<|tool_call_start|>", e);
     }
     return 0;
 }

@@ -866,6 +866,36 @@ static cJSON *py_value(py_cur *c, int depth)
     return cJSON_CreateNumber(d);
 }
 
+/* A block's body as a JSON list of {"name", "arguments"} objects (only whitespace after it when
+ * whole) into calls: the number added, 0 when it is not such a list of the tools' calls (then
+ * nothing is added), or KVS_ENOMEM. */
+static int json_calls(const char *body, size_t len, bool whole, const cJSON *tools,
+                      const char *id_base, cJSON *calls)
+{
+    const char *jend = NULL;
+    cJSON *j = parse_at(body, len, &jend);
+    bool ok = cJSON_IsArray(j) && cJSON_GetArraySize(j) > 0;
+    for (const char *q = jend; ok && whole && q < body + len; q++)
+        ok = *q == ' ' || *q == '\t' || *q == '\r' || *q == '\n';
+    int base = cJSON_GetArraySize(calls), n = 0, rc = 0;
+    const cJSON *it;
+    cJSON *list = ok ? j : NULL;
+    cJSON_ArrayForEach(it, list)
+    {
+        int added = add_call(calls, it, tools, id_base);
+        if (added <= 0) { /* an item that is not a call: the list is not calls */
+            rc = added;
+            n = 0;
+            break;
+        }
+        n++;
+    }
+    while (!n && cJSON_GetArraySize(calls) > base)
+        cJSON_DeleteItemFromArray(calls, base);
+    cJSON_Delete(j);
+    return rc < 0 ? rc : n;
+}
+
 /* One call block's body ([f(a=1), g()], the brackets optional) into calls. Returns the number
  * of calls naming one of tools (0 if the body is not a list of calls), or KVS_ENOMEM. */
 static int py_calls(const char *body, size_t len, const cJSON *tools, const char *id_base,
@@ -1009,18 +1039,31 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
             p = c && c < end ? c + sizeof close - 1 : end;
         }
     } else if (f == FAM_LFM2) {
-        /* <|tool_call_start|>[f(a=1), ...]<|tool_call_end|>, the text around them content */
+        /* <|tool_call_start|>[f(a=1), ...]<|tool_call_end|>, the text around them content; the
+         * block's list may be JSON's {"name", "arguments"} objects instead (llama.cpp's LFM2
+         * form, and kvserve's forced calls: those end with the list, unclosed) */
         static const char open[] = "<|tool_call_start|>", close[] = "<|tool_call_end|>";
         const char *p = text, *end = text + len;
         while (p < end && rc >= 0) {
             const char *o = strstr(p, open);
             const char *body = o ? o + sizeof open - 1 : NULL;
             const char *c = body ? strstr(body, close) : NULL;
-            if (!c || c >= end) { /* an unclosed block stays text */
+            bool closed = c && c < end;
+            int added = 0;
+            if (!closed && o && o < end) /* unclosed: a JSON list ending the text, or text */
+                added = json_calls(body, (size_t)(end - body), true, tools, id_base, arr);
+            if (!closed && added <= 0) {
+                rc = added < 0 ? added : rc;
                 kvs_buf_addn(&rest, p, (size_t)(end - p));
                 break;
             }
-            int added = py_calls(body, (size_t)(c - body), tools, id_base, arr);
+            if (!closed) {
+                kvs_buf_addn(&rest, p, (size_t)(o - p));
+                break;
+            }
+            added = py_calls(body, (size_t)(c - body), tools, id_base, arr);
+            if (added == 0)
+                added = json_calls(body, (size_t)(c - body), true, tools, id_base, arr);
             if (added < 0) {
                 rc = added;
                 break;

@@ -43,9 +43,10 @@
  *
  * A forced call (tool_choice "required" or a named function) is generated under the grammar of
  * srv_json_schema_compile_tools from the first token: the whole text is then one
- * {"name", "arguments"} object, whatever the family (LFM2's too, not in its Python form), except
- * GRANITE's and HARMONY's, whose forced calls are written in their own syntax (server/api.h
- * tool_native) and read as unforced ones. Pure functions, any thread. */
+ * {"name", "arguments"} object, whatever the family, except GRANITE's, HARMONY's and LFM2's
+ * (its markers around a JSON list, llama.cpp's form, not its Python one), whose forced calls are
+ * written in their own syntax (server/api.h tool_native) and read as unforced ones. Pure
+ * functions, any thread. */
 #ifndef KVS_SERVER_TOOL_CALLS_H
 #define KVS_SERVER_TOOL_CALLS_H
 

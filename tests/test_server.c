@@ -392,8 +392,33 @@ static void test_tool_calls(void **state)
     assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{}");
     cJSON_Delete(calls);
     free(rest);
-    /* an unknown tool, a block that is not Python calls, an unclosed one: all text */
+    /* llama.cpp's LFM2 form, a JSON list of {"name", "arguments"} in the block, closed or (a
+     * forced call's) ending the text */
+    static const char *const json_forms[] = {
+        "Ok <|tool_call_start|>[{\"name\": \"w\", \"arguments\": {}}, {\"name\": \"add\", "
+        "\"arguments\": {\"a\": 2}}]<|tool_call_end|>",
+        "<|tool_call_start|>[{\"name\":\"w\",\"arguments\":{}},{\"name\":\"add\","
+        "\"arguments\":{\"a\":2}}] \n",
+    };
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(srv_tools_parse(SRV_CHAT_LFM2, json_forms[i], strlen(json_forms[i]), false,
+                                         tools, "j", &calls, &rest),
+                         2);
+        assert_string_equal(rest, i ? "" : "Ok ");
+        fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "function");
+        assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "add");
+        assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"a\":2}");
+        assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "id")->valuestring,
+                            "call_j_1");
+        cJSON_Delete(calls);
+        free(rest);
+    }
+    /* an unknown tool, a block that is not Python calls, an unclosed one (unless a JSON list of
+     * calls ends the text), a JSON list with a non-call: all text */
     static const char *const not_calls[] = {
+        "<|tool_call_start|>[{\"name\": \"add\", \"arguments\": {}}, 3]<|tool_call_end|>",
+        "<|tool_call_start|>[{\"name\": \"add\", \"arguments\": {}}] more",
+        "<|tool_call_start|>[{\"name\": \"nope\", \"arguments\": {}}]",
         "<|tool_call_start|>[nope(a=1)]<|tool_call_end|>",
         "<|tool_call_start|>[add(a=)]<|tool_call_end|>",
         "<|tool_call_start|>[add(1)]<|tool_call_end|>",

@@ -10,8 +10,9 @@ write a whole answer in one token: a call block, <|tool_call_start|>[add(a=1, b=
 <|tool_call_end|> after some text (and a stop string after it), comes back as two tool_calls whole and streamed (the reading
 itself: tests/test_server.c), and <think>plan</think>Done as reasoning_content and content;
 enable_thinking is a 400 (no such switch), keep_past_thinking keeps earlier think blocks.
-A forced call (tool_choice required or named) is generated as the generic JSON object (not LFM2's
-Python form) and comes back as tool_calls."""
+A forced call (tool_choice required or named) is generated in llama.cpp's LFM2 form,
+<|tool_call_start|> then a JSON list of {"name", "arguments"} objects, and comes back as
+tool_calls."""
 import json
 import os
 import subprocess
@@ -140,9 +141,12 @@ class Lfm25(unittest.TestCase):
         self.assertIn("keep_past_thinking (LFM2.5)", out["error"]["message"])
 
     def forced(self, choice):
+        """A forced call in llama.cpp's LFM2 form, <|tool_call_start|> then the JSON list of
+        the calls (the tokens' logprobs view), whole and streamed; parallel_tool_calls false
+        makes it one."""
         body = {"messages": MSGS, "tools": TOOLS, "tool_choice": choice, "max_tokens": 64,
-                "temperature": 0}
-        st, out = self.srv.post("/v1/chat/completions", body)
+                "temperature": 0, "parallel_tool_calls": False}
+        st, out = self.srv.post("/v1/chat/completions", dict(body, logprobs=True))
         self.assertEqual(st, 200, out)
         c = out["choices"][0]
         if c["finish_reason"] == "length":
@@ -150,6 +154,11 @@ class Lfm25(unittest.TestCase):
         self.assertEqual(c["finish_reason"], "tool_calls", out)
         calls = c["message"]["tool_calls"]
         self.assertEqual(len(calls), 1, calls)
+        raw = "".join(t["token"] for t in c["logprobs"]["content"])
+        self.assertTrue(raw.startswith("<|tool_call_start|>["), raw)
+        self.assertEqual(json.loads(raw[len("<|tool_call_start|>"):]),
+                         [{"name": t["function"]["name"],
+                           "arguments": json.loads(t["function"]["arguments"])} for t in calls])
         fn = calls[0]["function"]
         key = {"add": "a", "mul": "b"}[fn["name"]]
         self.assertIsInstance(json.loads(fn["arguments"])[key], (int, float))
