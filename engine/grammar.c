@@ -237,16 +237,17 @@ int grammar_builder_array_bounded(grammar_builder *b, int32_t items, uint32_t mi
     return rc;
 }
 
-int grammar_builder_prefixed(grammar_builder *b, const char *text, size_t len, int32_t value,
-                             int32_t *id)
+/* A node of kind k holding text (a prefix, or a stop string) before value. */
+static int text_node(grammar_builder *b, uint8_t k, const char *text, size_t len, size_t max,
+                     int32_t value, int32_t *id)
 {
-    if (!valid_id(b, value) || len == 0 || len > GRAMMAR_MAX_TEXT)
-        return KVS_EINVAL; /* a frame counts the matched bytes in 16 bits */
+    if (!valid_id(b, value) || len == 0 || len > max)
+        return KVS_EINVAL;
     size_t n_bytes0 = b->n_bytes;
     uint32_t off;
     if (add_bytes(b, text, len, &off))
         return KVS_ENOMEM;
-    int rc = add_node(b, GK_PREFIXED, value, id);
+    int rc = add_node(b, k, value, id);
     if (rc) {
         b->n_bytes = n_bytes0;
         return rc;
@@ -256,23 +257,17 @@ int grammar_builder_prefixed(grammar_builder *b, const char *text, size_t len, i
     return 0;
 }
 
+int grammar_builder_prefixed(grammar_builder *b, const char *text, size_t len, int32_t value,
+                             int32_t *id)
+{
+    /* a frame counts the matched bytes in 16 bits */
+    return text_node(b, GK_PREFIXED, text, len, GRAMMAR_MAX_TEXT, value, id);
+}
+
 int grammar_builder_text_until(grammar_builder *b, const char *stop, size_t len, int32_t value,
                                int32_t *id)
 {
-    if (!valid_id(b, value) || len == 0 || len > GRAMMAR_MAX_STOP)
-        return KVS_EINVAL;
-    size_t n_bytes0 = b->n_bytes;
-    uint32_t off;
-    if (add_bytes(b, stop, len, &off))
-        return KVS_ENOMEM;
-    int rc = add_node(b, GK_TEXT, value, id);
-    if (rc) {
-        b->n_bytes = n_bytes0;
-        return rc;
-    }
-    b->nodes[*id].first = off;
-    b->nodes[*id].n = (uint32_t)len;
-    return 0;
+    return text_node(b, GK_TEXT, stop, len, GRAMMAR_MAX_STOP, value, id);
 }
 
 int grammar_builder_object(grammar_builder *b, int32_t *id)

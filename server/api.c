@@ -737,6 +737,25 @@ out:
     return rc;
 }
 
+/* A forced call's grammar in the family's own syntax, built in b from root (rc: how the
+ * building went, err its message), compiled in place of the generic one; b is destroyed. */
+static int native_grammar(srv_request *r, grammar_builder *b, int rc, int32_t root, char *err,
+                          size_t err_len, srv_error *e)
+{
+    grammar_def *g = NULL;
+    if (!rc)
+        rc = grammar_builder_finish(b, root, NULL, &g, err, err_len);
+    grammar_builder_destroy(b);
+    if (rc == KVS_ENOMEM)
+        return oom(e);
+    if (rc) /* compiled already as the generic grammar: not expected */
+        return srv_error_set(e, 400, "tools", NULL, "%s", err);
+    grammar_def_destroy(r->grammar);
+    r->grammar = g;
+    r->tool_native = true;
+    return 0;
+}
+
 /* gpt-oss (harmony) with a forced call: the call is written as gpt-oss writes calls, after
  * the prompt's "<|start|>assistant" (where the assistant's turn begins, as unforced), and may
  * follow an analysis message, as llama.cpp's grammar for "required" lets it
@@ -779,9 +798,8 @@ static int harmony_grammar(srv_request *r, srv_error *e)
         i++;
     }
     grammar_builder *b = NULL;
-    grammar_def *g = NULL;
     char err[200] = "";
-    int32_t calls, call, after, text, think, alt[2], root;
+    int32_t calls, call, after, text, think, alt[2], root = -1;
     int rc = grammar_builder_create(&b);
     if (!rc)
         rc = srv_json_schema_tool_calls(b, r->tools, r->tool_name, sep, &calls, err, sizeof err);
@@ -798,38 +816,23 @@ static int harmony_grammar(srv_request *r, srv_error *e)
         alt[1] = think;
         rc = grammar_builder_any_of(b, 2, alt, &root);
     }
-    if (!rc)
-        rc = grammar_builder_finish(b, root, NULL, &g, err, sizeof err);
-    grammar_builder_destroy(b);
-    if (rc == KVS_ENOMEM)
-        return oom(e);
-    if (rc) /* compiled already as the generic grammar: not expected */
-        return srv_error_set(e, 400, "tools", NULL, "%s", err);
-    grammar_def_destroy(r->grammar);
-    r->grammar = g;
-    r->tool_native = true;
-    return 0;
+    return native_grammar(r, b, rc, root, err, sizeof err, e);
 }
 
-/* Granite with a forced call: the call as Granite writes calls, "<|tool_call|>" then a JSON
- * list of {"name", "arguments"} objects, read back by the unforced Granite reader
- * (tool_calls.c), as llama.cpp's granite grammar forces it (common_chat_params_init_granite).
- * <|tool_call|> is a special token, but a Granite vocabulary writes it out as its text
- * (engine/tokenizer.c fix_granite), so the grammar's vocabulary trie holds it as those bytes and
- * the model may write it as the one token it was trained on. The list holds one call or more
- * for "required" with parallel_tool_calls (OpenAI's default), exactly one for a named function
- * or with parallel_tool_calls false (llama.cpp's grammar allows more whatever it says). */
-/* A forced call in a family's marker syntax: the marker (Granite's <|tool_call|>, LFM2's
- * <|tool_call_start|>) then a JSON list of the tools' {"name", "arguments"} objects, one or more
- * (one for a named function or without parallel calls), as llama.cpp's grammars force both; the
- * family's unforced reader reads it back (server/tool_calls.c; LFM2's block then ends with the
- * list, its closing marker being text the grammar cannot follow with). */
+/* A forced call in a family's marker syntax, as llama.cpp's grammars force them: the marker
+ * (Granite's <|tool_call|>, common_chat_params_init_granite; LFM2's <|tool_call_start|>) then a
+ * JSON list of the tools' {"name", "arguments"} objects, read back by the family's unforced
+ * reader (tool_calls.c; LFM2's block then ends with the list, unclosed). The marker is a special
+ * token, but these vocabularies write it out as its text (engine/tokenizer.c fix_granite,
+ * fix_lfm2), so the grammar's vocabulary trie holds it as those bytes and the model may write
+ * it as the one token it was trained on. The list holds one call or more for "required" with
+ * parallel_tool_calls (OpenAI's default), exactly one for a named function or with
+ * parallel_tool_calls false (llama.cpp's grammar allows more whatever it says). */
 static int marker_grammar(srv_request *r, const char *mark, srv_error *e)
 {
     grammar_builder *b = NULL;
-    grammar_def *g = NULL;
     char err[200] = "";
-    int32_t calls, list, root;
+    int32_t calls, list, root = -1;
     uint32_t most = r->tool_name || !r->parallel_tool_calls ? 1 : 0;
     int rc = grammar_builder_create(&b);
     if (!rc)
@@ -838,17 +841,7 @@ static int marker_grammar(srv_request *r, const char *mark, srv_error *e)
         rc = grammar_builder_array_bounded(b, calls, 1, most, &list);
     if (!rc)
         rc = grammar_builder_prefixed(b, mark, strlen(mark), list, &root);
-    if (!rc)
-        rc = grammar_builder_finish(b, root, NULL, &g, err, sizeof err);
-    grammar_builder_destroy(b);
-    if (rc == KVS_ENOMEM)
-        return oom(e);
-    if (rc) /* compiled already as the generic grammar: not expected */
-        return srv_error_set(e, 400, "tools", NULL, "%s", err);
-    grammar_def_destroy(r->grammar);
-    r->grammar = g;
-    r->tool_native = true;
-    return 0;
+    return native_grammar(r, b, rc, root, err, sizeof err, e);
 }
 
 /* tools, tool_choice, parallel_tool_calls (chat). A forced choice ("required" or a named
