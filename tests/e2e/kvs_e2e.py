@@ -54,6 +54,54 @@ def forced_first(test, srv, token, max_tokens=3, **extra):
     return c["finish_reason"], out["usage"]["completion_tokens"], c["text"]
 
 
+# Two tools for the tool-call tests of the families' own syntaxes (test_granite, test_lfm2):
+# add(a: number), mul(b: integer)
+ADD_MUL_TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Adds two numbers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "number"}},
+                   "required": ["a"]}}},
+    {"type": "function", "function": {
+        "name": "mul", "parameters": {"type": "object", "properties": {
+            "b": {"type": "integer"}}, "required": ["b"]}}}]
+
+
+def forced_marker_calls(test, srv, mark, messages, choice, **extra):
+    """A forced call (tool_choice choice, ADD_MUL_TOOLS) in a family's marker syntax, whole and
+    streamed (greedy, so the same): finish_reason tool_calls, no content, and the raw text (the
+    tokens' logprobs view) is mark then the JSON list of the calls returned, each with its
+    tool's argument as a number. Skips when the random model's call does not end in 64 tokens.
+    Returns the calls."""
+    body = {"messages": messages, "tools": ADD_MUL_TOOLS, "tool_choice": choice,
+            "max_tokens": 64, "temperature": 0}
+    body.update(extra)
+    st, out = srv.post("/v1/chat/completions", dict(body, logprobs=True))
+    test.assertEqual(st, 200, out)
+    c = out["choices"][0]
+    if c["finish_reason"] == "length":
+        test.skipTest("this random model's call did not end in 64 tokens")
+    test.assertEqual(c["finish_reason"], "tool_calls", out)
+    test.assertIsNone(c["message"]["content"], out)
+    calls = c["message"]["tool_calls"]
+    raw = "".join(t["token"] for t in c["logprobs"]["content"])
+    test.assertTrue(raw.startswith(mark + "["), raw)
+    test.assertEqual(json.loads(raw[len(mark):]),
+                     [{"name": t["function"]["name"],
+                       "arguments": json.loads(t["function"]["arguments"])} for t in calls])
+    for t in calls:
+        key = {"add": "a", "mul": "b"}[t["function"]["name"]]
+        test.assertIsInstance(json.loads(t["function"]["arguments"])[key], (int, float))
+    st, events, done = srv.stream("/v1/chat/completions", dict(body, stream=True))
+    test.assertEqual(st, 200, events)
+    test.assertTrue(done)
+    deltas = [e["choices"][0] for e in events if e.get("choices")]
+    streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+    test.assertEqual([(t["function"]["name"], t["function"]["arguments"]) for t in streamed],
+                     [(t["function"]["name"], t["function"]["arguments"]) for t in calls])
+    test.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
+    test.assertFalse("".join(d["delta"].get("content") or "" for d in deltas))
+    return calls
+
+
 def load_reference():
     with open(REFERENCE) as f:
         return json.load(f)["cases"]

@@ -21,19 +21,14 @@ import tempfile
 import unittest
 
 import harmony_vocab
-from kvs_e2e import MKMODEL, MODELS, Server, forced_first, require_mkmodel
+from kvs_e2e import (ADD_MUL_TOOLS, MKMODEL, MODELS, Server, forced_first, forced_marker_calls,
+                     require_mkmodel)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "granite3.1.jinja")
 VOCAB = os.path.join(MODELS, "vocab", "ggml-vocab-gpt-2.gguf")
 SPECIALS = ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"]
-TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "Adds two numbers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "number"}},
-                   "required": ["a"]}}},
-    {"type": "function", "function": {
-        "name": "mul", "parameters": {"type": "object", "properties": {
-            "b": {"type": "integer"}}, "required": ["b"]}}}]
+TOOLS = ADD_MUL_TOOLS
 MSGS = [{"role": "user", "content": "Hi"}]
 
 
@@ -97,38 +92,9 @@ class Granite(unittest.TestCase):
         self.assertEqual(text, msg["content"])
 
     def forced(self, choice, **extra):
-        """A forced call, whole and streamed (greedy, so the same): finish_reason tool_calls, no
-        content, and the raw text (the tokens' logprobs view) in Granite's own call syntax,
-        <|tool_call|> then the JSON list of the calls returned. Returns the calls."""
-        body = {"messages": MSGS, "tools": TOOLS, "tool_choice": choice, "max_tokens": 64,
-                "temperature": 0}
-        body.update(extra)
-        st, out = self.srv.post("/v1/chat/completions", dict(body, logprobs=True))
-        self.assertEqual(st, 200, out)
-        c = out["choices"][0]
-        if c["finish_reason"] == "length":
-            self.skipTest("this random model's call did not end in 64 tokens")
-        self.assertEqual(c["finish_reason"], "tool_calls", out)
-        self.assertIsNone(c["message"]["content"], out)
-        calls = c["message"]["tool_calls"]
-        raw = "".join(t["token"] for t in c["logprobs"]["content"])
-        self.assertTrue(raw.startswith("<|tool_call|>["), raw)
-        self.assertEqual(json.loads(raw[len("<|tool_call|>"):]),
-                         [{"name": t["function"]["name"],
-                           "arguments": json.loads(t["function"]["arguments"])} for t in calls])
-        for t in calls:
-            key = {"add": "a", "mul": "b"}[t["function"]["name"]]
-            self.assertIsInstance(json.loads(t["function"]["arguments"])[key], (int, float))
-        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
-        self.assertEqual(st, 200, events)
-        self.assertTrue(done)
-        deltas = [e["choices"][0] for e in events if e.get("choices")]
-        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
-        self.assertEqual([(t["function"]["name"], t["function"]["arguments"]) for t in streamed],
-                         [(t["function"]["name"], t["function"]["arguments"]) for t in calls])
-        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
-        self.assertFalse("".join(d["delta"].get("content") or "" for d in deltas))
-        return calls
+        """A forced call in Granite's own syntax, <|tool_call|> then the JSON list of the calls
+        (kvs_e2e.forced_marker_calls)."""
+        return forced_marker_calls(self, self.srv, "<|tool_call|>", MSGS, choice, **extra)
 
     def test_required(self):
         # one call or more (parallel_tool_calls defaults to true), each one of the tools'

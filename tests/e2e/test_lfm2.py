@@ -20,7 +20,8 @@ import tempfile
 import unittest
 
 import harmony_vocab
-from kvs_e2e import MKMODEL, MODELS, Server, forced_first, require_mkmodel
+from kvs_e2e import (ADD_MUL_TOOLS, MKMODEL, MODELS, Server, forced_first, forced_marker_calls,
+                     require_mkmodel)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "lfm2.5.jinja")
@@ -31,13 +32,7 @@ SPECIALS = ["<|startoftext|>", "<|im_start|>", "<|im_end|>", "<|tool_list_start|
 CALL = "Calling.<|tool_call_start|>[add(a=1, b='x'), mul(b=2)]<|tool_call_end|>"
 STOP = "#END"  # ends the one-token answer as a stop string (a call cut by max_tokens is not read)
 THINK = "<think>plan</think>Done"
-TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "Adds two numbers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "number"}},
-                   "required": ["a"]}}},
-    {"type": "function", "function": {
-        "name": "mul", "parameters": {"type": "object", "properties": {
-            "b": {"type": "integer"}}, "required": ["b"]}}}]
+TOOLS = ADD_MUL_TOOLS
 MSGS = [{"role": "user", "content": "Hi"}]
 
 
@@ -141,35 +136,12 @@ class Lfm25(unittest.TestCase):
         self.assertIn("keep_past_thinking (LFM2.5)", out["error"]["message"])
 
     def forced(self, choice):
-        """A forced call in llama.cpp's LFM2 form, <|tool_call_start|> then the JSON list of
-        the calls (the tokens' logprobs view), whole and streamed; parallel_tool_calls false
-        makes it one."""
-        body = {"messages": MSGS, "tools": TOOLS, "tool_choice": choice, "max_tokens": 64,
-                "temperature": 0, "parallel_tool_calls": False}
-        st, out = self.srv.post("/v1/chat/completions", dict(body, logprobs=True))
-        self.assertEqual(st, 200, out)
-        c = out["choices"][0]
-        if c["finish_reason"] == "length":
-            self.skipTest("this random model's call did not end in 64 tokens")
-        self.assertEqual(c["finish_reason"], "tool_calls", out)
-        calls = c["message"]["tool_calls"]
+        """A forced call in llama.cpp's LFM2 form, <|tool_call_start|> then the JSON list of the
+        calls (kvs_e2e.forced_marker_calls); parallel_tool_calls false makes it one."""
+        calls = forced_marker_calls(self, self.srv, "<|tool_call_start|>", MSGS, choice,
+                                    parallel_tool_calls=False)
         self.assertEqual(len(calls), 1, calls)
-        raw = "".join(t["token"] for t in c["logprobs"]["content"])
-        self.assertTrue(raw.startswith("<|tool_call_start|>["), raw)
-        self.assertEqual(json.loads(raw[len("<|tool_call_start|>"):]),
-                         [{"name": t["function"]["name"],
-                           "arguments": json.loads(t["function"]["arguments"])} for t in calls])
-        fn = calls[0]["function"]
-        key = {"add": "a", "mul": "b"}[fn["name"]]
-        self.assertIsInstance(json.loads(fn["arguments"])[key], (int, float))
-        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
-        self.assertEqual(st, 200, events)
-        self.assertTrue(done)
-        deltas = [e["choices"][0] for e in events if e.get("choices")]
-        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
-        self.assertEqual(len(streamed), 1, deltas)
-        self.assertEqual(streamed[0]["function"]["arguments"], fn["arguments"])
-        return fn
+        return calls[0]["function"]
 
     def test_required(self):
         self.forced("required")
