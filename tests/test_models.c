@@ -159,6 +159,7 @@ typedef struct ref_model {
     uint32_t moe_lead, moe_step;
     uint32_t n_swa, swa_pattern; /* 0 = no windowed layers */
     uint32_t taps;               /* lfm2: shortconv.l_cache */
+    bool swa_all;                /* lfm2 with attention.sliding_window: every layer windowed */
     float base_swa;              /* RoPE base of the windowed layers (gemma3), 0: base */
     uint32_t
         nope_step; /* smollm3: layer l rotates nothing when (l + 1) % nope_step == 0; 0: none */
@@ -292,6 +293,8 @@ static void ref_load(ref_model *r, const char *path)
             r->n_kv = h ? (uint32_t)h : r->n_kv;
         }
         r->taps = ref_u32(f, arch, "shortconv.l_cache");
+        snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+        r->swa_all = !gguf_get_u32(f, key, &r->n_swa) && r->n_swa > 0;
     } else {
         r->n_kv = ref_u32(f, arch, "attention.head_count_kv");
     }
@@ -724,7 +727,8 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
     bool rope = !r->no_rope || o->rope_anyway;
     for (uint32_t l = 0; l < r->n_layer; l++) {
         const ref_layer *L = &r->L[l];
-        bool swa = !o->no_window && r->swa_pattern && l % r->swa_pattern < r->swa_pattern - 1;
+        bool swa = !o->no_window &&
+                   ((r->swa_pattern && l % r->swa_pattern < r->swa_pattern - 1) || r->swa_all);
         int window = swa ? (int)r->n_swa : 0;
         if (L->conv_in)
             ref_conv(r, L, o, x, n, res);
@@ -1200,6 +1204,13 @@ static const family_case FAMILY_CASES[] = {
      * before each row read back from the cache), attention with Q/K norms on 2, 5, 6; tied in
      * Q8_0 */
     {"test_lfm2_f32", "lfm2-f32.gguf", "lfm2", "F32", {"--arch", "lfm2", "--shape", "swa7"}},
+    /* with attention.sliding_window 4: every attention layer windowed (llama.cpp's iswa graph),
+     * beside the convolutions' own window of 3 in the same group */
+    {"test_lfm2_swa_f32",
+     "lfm2-swa-f32.gguf",
+     "lfm2",
+     "F32",
+     {"--arch", "lfm2", "--shape", "swa7", "--sliding-window", "4"}},
     {"test_lfm2_q8_0_tied",
      "lfm2-q8-tied.gguf",
      "lfm2",
@@ -1655,6 +1666,9 @@ static void test_family_reference_is_sensitive(void **st)
 #undef ERNIE_SENS
         /* lfm2's convolution over the positions before a row, not its own alone */
         {"sens-lfm2.gguf", {"--arch", "lfm2", "--shape", "swa7", NULL}, {.conv_own_only = true}},
+        {"sens-lfm2-swa.gguf",
+         {"--arch", "lfm2", "--shape", "swa7", "--sliding-window", "4", NULL},
+         {.no_window = true}},
         /* lfm2moe's selection bias, and its gating (a softmax in place of the sigmoids) */
         {"sens-lfm2moe.gguf",
          {"--arch", "lfm2moe", "--shape", "swa7", "--expert-ffn", "96", NULL},

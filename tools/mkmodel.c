@@ -327,7 +327,8 @@ static void usage(FILE *fp)
             "  --expert-ffn F  qwen3moe: expert_feed_forward_length, one expert's hidden size\n"
             "            (default the shape's, else its ffn; feed_forward_length stays the\n"
             "            shape's ffn)\n"
-            "  --sliding-window  attention.sliding_window (gemma, gpt-oss; default 4096 for\n"
+            "  --sliding-window  attention.sliding_window (gemma, gpt-oss, lfm2: every\n"
+            "            attention layer windowed; default 4096 for\n"
             "            gemma2, 512 for gemma3, 128 for gpt-oss)\n"
             "  --rope-base  <arch>.rope.freq_base (default 10000, gpt-oss 150000; Llama 3\n"
             "            uses 500000)\n"
@@ -639,8 +640,8 @@ static int parse_args(int argc, char **argv, opts *o)
             return -1;
         }
     }
-    if (o->sliding_window && !gemma && !gpt_oss) {
-        fprintf(stderr, "kvs-mkmodel: --sliding-window is for gemma and gpt-oss only\n");
+    if (o->sliding_window && !gemma && !gpt_oss && strncmp(o->arch, "lfm2", 4)) {
+        fprintf(stderr, "kvs-mkmodel: --sliding-window is for gemma, gpt-oss and lfm2 only\n");
         return -1;
     }
     /* As the converters: Gemma's output is always token_embd, Phi-3 has its own. */
@@ -820,6 +821,10 @@ static int build(gen *g, const opts *o)
     if ((qwen3 || gemma || gpt_oss || (ernie && o->head_dim)) &&
         ((rc = gguf_writer_add_u32(w, ARCH_KEY("attention.key_length"), head_dim)) ||
          (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.value_length"), head_dim))))
+        return rc;
+    /* lfm2: only when asked (its attention layers all windowed then, as llama.cpp reads it) */
+    if (lfm2 && o->sliding_window &&
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"), o->sliding_window)))
         return rc;
     if ((gemma || gpt_oss) && (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"),
                                                         o->sliding_window ? o->sliding_window
