@@ -112,6 +112,16 @@ static int load_lfm2_layer(engine_model *m, uint32_t l, char *err, size_t err_le
     layer_weights *w = &m->layers[l];
     uint32_t hd = m->hp.head_dim;
     int rc;
+    /* the other kind's tensors in a layer would go unread: head_count_kv disagrees with the
+     * tensors, refused naming the tensor (llama.cpp refuses a file with tensors it did not
+     * load) */
+    char name[96];
+    snprintf(name, sizeof name, "blk.%u.%s", l,
+             w->conv_len ? "attn_q.weight" : "shortconv.in_proj.weight");
+    if (gguf_find_tensor(m->file, name) >= 0)
+        return status_set_err(
+            err, err_len, KVS_EUNSUPPORTED, "%s in a %s layer (head_count_kv[%u] = %u)", name,
+            w->conv_len ? "convolution" : "attention", l, w->conv_len ? 0 : m->hp.n_head_kv);
     if (w->conv_len) {
         if ((rc = load_conv_layer(m, l, err, err_len)))
             return rc;

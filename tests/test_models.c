@@ -2185,6 +2185,27 @@ static void test_refuse_family_files(void **st)
     expect_refusal_from(gmoe, &ef, KVS_EUNSUPPORTED, "granitemoe.expert_feed_forward_length = 64",
                         "feed_forward_length = 128");
 
+    /* lfm2: the convolution's window, which layers convolve (head_count_kv: a file whose count
+     * is one for all has attention everywhere, and a convolution layer's tensors left over), its
+     * tensors; lfm2moe's gating */
+    const char *lfm2[] = {"--arch", "lfm2", "--shape", "swa7", NULL};
+    edit lc = {.drop_key = "lfm2.shortconv.l_cache"};
+    expect_refusal_from(lfm2, &lc, KVS_ENOKEY, "missing metadata key lfm2.shortconv.l_cache", NULL);
+    edit lc1 = {.u32_key = "lfm2.shortconv.l_cache", .u32_val = 1};
+    expect_refusal_from(lfm2, &lc1, KVS_EFORMAT, "lfm2.shortconv.l_cache = 1", NULL);
+    edit kv1 = {.u32_key = "lfm2.attention.head_count_kv", .u32_val = 2};
+    expect_refusal_from(lfm2, &kv1, KVS_EUNSUPPORTED, "blk.0.shortconv.in_proj.weight",
+                        "in an attention layer");
+    edit cw = {.drop = "blk.3.shortconv.conv.weight"};
+    expect_refusal_from(lfm2, &cw, KVS_EFORMAT, "missing tensor blk.3.shortconv.conv.weight", NULL);
+    edit en = {.drop = "token_embd_norm.weight"};
+    expect_refusal_from(lfm2, &en, KVS_EFORMAT, "missing tensor token_embd_norm.weight", NULL);
+    const char *lmoe[] = {"--arch", "lfm2moe", "--shape", "swa7", NULL};
+    edit gf = {.u32_key = "lfm2moe.expert_gating_func", .u32_val = 1};
+    expect_refusal_from(lmoe, &gf, KVS_EUNSUPPORTED, "lfm2moe.expert_gating_func = 1", NULL);
+    edit pb = {.drop = "blk.2.exp_probs_b.bias"};
+    expect_refusal_from(lmoe, &pb, KVS_EFORMAT, "missing tensor blk.2.exp_probs_b.bias", NULL);
+
     /* ernie4_5-moe: the layers' kinds come from the keys, so a key that disagrees with the
      * tensors is a refusal naming the tensor, not a layer run the other way */
     const char *emoe[] = {
