@@ -120,8 +120,8 @@ static int load_lfm2_layer(engine_model *m, uint32_t l, char *err, size_t err_le
              w->conv_len ? "attn_q.weight" : "shortconv.in_proj.weight");
     if (gguf_find_tensor(m->file, name) >= 0)
         return status_set_err(
-            err, err_len, KVS_EUNSUPPORTED, "%s in a %s layer (head_count_kv[%u] = %u)", name,
-            w->conv_len ? "convolution" : "attention", l, w->conv_len ? 0 : m->hp.n_head_kv);
+            err, err_len, KVS_EUNSUPPORTED, "%s in %s layer (head_count_kv[%u] = %u)", name,
+            w->conv_len ? "a convolution" : "an attention", l, w->conv_len ? 0 : m->hp.n_head_kv);
     if (w->conv_len) {
         if ((rc = load_conv_layer(m, l, err, err_len)))
             return rc;
