@@ -61,7 +61,7 @@ static int load_gemma_common(engine_model *m, bool gemma3, char *err, size_t err
                                   "(gemma3 is 6: five windowed layers, then one global)",
                                   p);
         if (n_swa) {
-            m->rope[1] = (rope_params){10000.0f, 1.0f};
+            m->rope[1] = (rope_params){10000.0f, 1.0f, false};
             m->n_rope = 2;
         }
     } else {

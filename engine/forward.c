@@ -77,8 +77,9 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
      * original context, 0 past the one where it turns beta_slow times, linear between. */
     for (uint32_t r = 0; r < m->n_rope; r++) {
         float lo = 0.0f, hi = 0.0f, scale = m->rope[r].scale;
-        c->rope_mscale[r] = hp->rope_attn_factor;
-        if (hp->rope_yarn) {
+        bool yarn = hp->rope_yarn && !m->rope[r].plain;
+        c->rope_mscale[r] = m->rope[r].plain ? 1.0f : hp->rope_attn_factor;
+        if (yarn) {
             float n = (float)hp->n_rot, two_pi = 2.0f * 3.14159265358979f;
             float base_ln = 2.0f * logf(m->rope[r].base), orig = (float)hp->yarn_orig_ctx;
             lo = floorf(n * logf(orig / (hp->yarn_beta_fast * two_pi)) / base_ln);
@@ -89,7 +90,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
         }
         for (uint32_t j = 0; j < hp->n_rot / 2; j++) {
             float mix = scale;
-            if (hp->rope_yarn) {
+            if (yarn) {
                 float y = ((float)j - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
                 float ramp = 1.0f - (y < 0.0f ? 0.0f : y > 1.0f ? 1.0f : y);
                 mix = scale * (1.0f - ramp) + ramp;

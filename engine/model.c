@@ -475,7 +475,7 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
                               (double)hp->rope_base);
     if ((rc = load_rope_scaling(m, err, err_len)))
         return rc;
-    m->rope[0] = (rope_params){hp->rope_base, hp->rope_freq_scale};
+    m->rope[0] = (rope_params){hp->rope_base, hp->rope_freq_scale, false};
     m->n_rope = 1;
     m->embd_scale = 1.0f;
     m->logit_mul = 1.0f;

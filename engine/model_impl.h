@@ -65,6 +65,7 @@ typedef struct layer_weights {
  * (/ rope_freqs[j] when the file has them). */
 typedef struct rope_params {
     float base, scale;
+    bool plain; /* no YaRN and no attention factor on this set (olmo2's windowed layers) */
 } rope_params;
 
 #define ENGINE_ROPE_SETS 2 /* gemma3: global layers and windowed ones */

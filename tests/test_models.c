@@ -160,6 +160,8 @@ typedef struct ref_model {
     uint32_t n_swa, swa_pattern; /* 0 = no windowed layers */
     uint32_t taps;               /* lfm2: shortconv.l_cache */
     bool swa_all;                /* lfm2 with attention.sliding_window: every layer windowed */
+    bool swa_plain;              /* olmo2: windowed layers rotate without YaRN or scaling */
+    bool qk_norm_full;           /* olmo2: Q and K normed over their whole projections */
     float base_swa;              /* RoPE base of the windowed layers (gemma3), 0: base */
     uint32_t
         nope_step; /* smollm3: layer l rotates nothing when (l + 1) % nope_step == 0; 0: none */
@@ -355,6 +357,19 @@ static void ref_load(ref_model *r, const char *path)
         r->swa_pattern = r->n_swa ? 6 : 0;
         r->base_swa = 10000.0f;
     }
+    bool olmo2 = !strcmp(arch, "olmo2");
+    if (olmo2) { /* llama.cpp's olmo2 graph: windows (OLMo 3) on l % n < n - 1, plain RoPE */
+        r->qk_norm_full = true;
+        snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+        if (!gguf_get_u32(f, key, &r->n_swa) && r->n_swa > 0) {
+            r->swa_pattern = 4;
+            snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+            gguf_get_u32(f, key, &r->swa_pattern);
+            r->swa_plain = true;
+            r->base_swa = ref_f32(f, arch, "rope.freq_base_swa",
+                                  ref_f32(f, arch, "rope.freq_base", 10000.0f));
+        }
+    }
     if (gpt_oss) {
         r->n_swa = ref_u32(f, arch, "attention.sliding_window");
         r->swa_pattern = 2;
@@ -415,8 +430,8 @@ static void ref_load(ref_model *r, const char *path)
                 continue;
             snprintf(name, sizeof name, "blk.%u.%s", l, names[k]);
             *dst[k] = ref_tensor(f, name);
-            if ((k < 5 && (!L->conv_in || k == 0)) ||
-                (k > 7 && !(lmoe && k > 8) && !(gpt_oss && k == 8)))
+            if ((k < 5 && (!L->conv_in || k == 0) && !(olmo2 && k == 0)) ||
+                (k > 7 && !(lmoe && k > 8) && !((gpt_oss || olmo2) && k == 8)))
                 assert_non_null(*dst[k]);
         }
         if (lmoe) {
@@ -456,7 +471,8 @@ static void ref_load(ref_model *r, const char *path)
             snprintf(name, sizeof name, "blk.%u.%s", l, extra[k]);
             *edst[k] = ref_tensor(f, name);
         }
-        if (gemma3 || !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe") || (lfm2 && !L->conv_in))
+        if (gemma3 || !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe") ||
+            (lfm2 && !L->conv_in) || olmo2)
             assert_true(L->q_norm && L->k_norm);
         if (gpt_oss) { /* its post_attention_norm is the MLP's pre-norm; biases everywhere */
             assert_true(!L->ffn_norm && L->post_attn && L->bq && L->bk && L->bv);
@@ -480,7 +496,7 @@ static void ref_load(ref_model *r, const char *path)
             snprintf(name, sizeof name, "blk.%u.ffn_down_shexp.weight", l);
             L->sh_down = ref_tensor_dims(f, name, r->sh_ffn, r->dim, 0);
         }
-        if (r->gelu)
+        if (r->gelu || olmo2)
             assert_true(L->post_attn && L->post_ffn);
     }
     gguf_close(f);
@@ -529,7 +545,8 @@ static void ref_rope(const ref_model *r, bool neox, bool use_freqs, float *v, in
     uint32_t half = r->n_rot / 2;
     double base = swa && r->base_swa ? r->base_swa : r->base;
     double scale = swa && r->base_swa ? 1.0 : r->scale, lo = 0, hi = 0, mscale = 1;
-    if (r->yarn_orig) { /* YaRN as llama.cpp's ggml_rope_yarn_corr_dims and rope_yarn */
+    bool yarn = r->yarn_orig && !(swa && r->swa_plain);
+    if (yarn) { /* YaRN as llama.cpp's ggml_rope_yarn_corr_dims and rope_yarn */
         double n = r->n_rot, c = 2 * log(base);
         lo = fmax(0, floor(n * log(r->yarn_orig / (r->beta_fast * 6.283185307179586)) / c));
         hi = fmin(n - 1, ceil(n * log(r->yarn_orig / (r->beta_slow * 6.283185307179586)) / c));
@@ -537,7 +554,7 @@ static void ref_rope(const ref_model *r, bool neox, bool use_freqs, float *v, in
     }
     for (uint32_t j = 0; j < half; j++) {
         double extrap = pos * pow(base, -2.0 * j / r->n_rot), th = scale * extrap;
-        if (r->yarn_orig) {
+        if (yarn) {
             double ramp = 1 - fmin(1, fmax(0, (j - lo) / fmax(0.001, hi - lo)));
             th = th * (1 - ramp) + extrap * ramp;
         }
@@ -570,11 +587,22 @@ typedef struct ref_opts {
     bool no_probs_b, probs_b_weights;
     bool conv_own_only;  /* lfm2: each convolution reads its own position's B*x only */
     bool softmax_gating; /* lfm2moe: a softmax over the router's logits, not their sigmoids */
+    bool qk_norm_heads;  /* olmo2: Q and K normed head by head, not over the projection */
 } ref_opts;
 
 static double ref_cap(double x, double cap)
 {
     return cap > 0 ? cap * tanh(x / cap) : x;
+}
+
+/* RMSNorm of x (n) times w into y, or x copied where the family has no such norm (w NULL:
+ * olmo2's sublayers take the residual stream as it is). */
+static void ref_norm_or_copy(float *y, const float *x, const float *w, uint32_t n, float eps)
+{
+    if (w)
+        ref_rmsnorm(y, x, w, n, eps);
+    else
+        memcpy(y, x, n * sizeof *y);
 }
 
 /* Per-head RMSNorm in place: n_heads vectors of hd values, one weight vector. */
@@ -733,7 +761,7 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
         if (L->conv_in)
             ref_conv(r, L, o, x, n, res);
         for (int t = 0; t < n && !L->conv_in; t++) {
-            ref_rmsnorm(xn, x + (size_t)t * D, L->attn_norm, D, r->eps);
+            ref_norm_or_copy(xn, x + (size_t)t * D, L->attn_norm, D, r->eps);
             float *qt = q + (size_t)t * QD, *kt = k + (size_t)t * KV, *vt = v + (size_t)t * KV;
             ref_matvec(qt, L->wq, xn, QD, D);
             ref_matvec(kt, L->wk, xn, KV, D);
@@ -744,7 +772,10 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                 kt[i] += L->bk[i];
             for (uint32_t i = 0; !o->no_bias && L->bv && i < KV; i++)
                 vt[i] += L->bv[i];
-            if (L->q_norm && !o->no_qk_norm) {
+            if (L->q_norm && !o->no_qk_norm && r->qk_norm_full && !o->qk_norm_heads) {
+                ref_rmsnorm(qt, qt, L->q_norm, QD, r->eps);
+                ref_rmsnorm(kt, kt, L->k_norm, KV, r->eps);
+            } else if (L->q_norm && !o->no_qk_norm) {
                 ref_head_norm(qt, L->q_norm, r->n_head, r->hd, r->eps);
                 ref_head_norm(kt, L->k_norm, r->n_kv, r->hd, r->eps);
             }
@@ -792,7 +823,7 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                 x[(size_t)t * D + i] += res != 0.0f ? tmp[i] * res : tmp[i];
         }
         for (int t = 0; t < n && L->router; t++) {
-            ref_rmsnorm(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
+            ref_norm_or_copy(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
             ref_moe(r, L, o, o->experts_used ? o->experts_used : r->n_expert_used, xn, tmp);
             if (L->sh_down && !o->no_shexp) { /* moe_out + the shared expert's SwiGLU */
                 float *sg = malloc(r->sh_ffn * sizeof(float)),
@@ -812,7 +843,7 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                 x[(size_t)t * D + i] += res != 0.0f ? tmp[i] * res : tmp[i];
         }
         for (int t = 0; t < n && !L->router; t++) {
-            ref_rmsnorm(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
+            ref_norm_or_copy(xn, x + (size_t)t * D, L->ffn_norm, D, r->eps);
             ref_matvec(g, L->gate, xn, F, D);
             ref_matvec(u, L->up, xn, F, D);
             for (uint32_t i = 0; i < F; i++) {
@@ -1232,6 +1263,19 @@ static const family_case FAMILY_CASES[] = {
      "Q8_0",
      {"--arch", "lfm2moe", "--shape", "swa7", "--experts", "6", "--experts-used", "2", "--type",
       "q8_0", "--seed", "2"}},
+    /* olmo2 on seven layers (F32, Q8_0), and OLMo 3's windows: layers 0-2 and 4-6 windowed (4
+     * positions, plain RoPE), 3 global with YaRN */
+    {"test_olmo2_f32", "olmo2-f32.gguf", "olmo2", "F32", {"--arch", "olmo2", "--shape", "swa7"}},
+    {"test_olmo2_q8_0",
+     "olmo2-q8.gguf",
+     "olmo2",
+     "Q8_0",
+     {"--arch", "olmo2", "--shape", "swa7", "--type", "q8_0", "--seed", "2"}},
+    {"test_olmo2_swa_f32",
+     "olmo2-swa-f32.gguf",
+     "olmo2",
+     "F32",
+     {"--arch", "olmo2", "--shape", "swa7", "--sliding-window", "4", "--yarn", "4"}},
     {"test_granitemoe_q8_0",
      "granitemoe-q8.gguf",
      "granitemoe",
@@ -1669,6 +1713,15 @@ static void test_family_reference_is_sensitive(void **st)
         {"sens-lfm2-swa.gguf",
          {"--arch", "lfm2", "--shape", "swa7", "--sliding-window", "4", NULL},
          {.no_window = true}},
+        /* olmo2's Q/K norms over the projections (head by head instead), its windows, and their
+         * plain RoPE (the global layers' YaRN there too) */
+        {"sens-olmo2.gguf", {"--arch", "olmo2", "--shape", "swa7", NULL}, {.qk_norm_heads = true}},
+        {"sens-olmo2-swa.gguf",
+         {"--arch", "olmo2", "--shape", "swa7", "--sliding-window", "4", "--yarn", "4", NULL},
+         {.no_window = true}},
+        {"sens-olmo2-swa.gguf",
+         {"--arch", "olmo2", "--shape", "swa7", "--sliding-window", "4", "--yarn", "4", NULL},
+         {.one_base = true}},
         /* lfm2moe's selection bias, and its gating (a softmax in place of the sigmoids) */
         {"sens-lfm2moe.gguf",
          {"--arch", "lfm2moe", "--shape", "swa7", "--expert-ffn", "96", NULL},
@@ -2014,7 +2067,7 @@ static void test_refuse_architecture(void **st)
     edit e = {.arch = "mamba"};
     expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'mamba' is not supported",
                    "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, "
-                   "smollm3, granite, granitemoe, ernie4_5, ernie4_5-moe, lfm2, lfm2moe");
+                   "smollm3, granite, granitemoe, ernie4_5, ernie4_5-moe, lfm2, lfm2moe, olmo2");
     edit e2 = {.arch = "gemma"}; /* Gemma 1: not implemented */
     expect_refusal(&e2, KVS_EUNSUPPORTED, "'gemma'", NULL);
 }
@@ -2205,6 +2258,13 @@ static void test_refuse_family_files(void **st)
     expect_refusal_from(lmoe, &gf, KVS_EUNSUPPORTED, "lfm2moe.expert_gating_func = 1", NULL);
     edit pb = {.drop = "blk.2.exp_probs_b.bias"};
     expect_refusal_from(lmoe, &pb, KVS_EFORMAT, "missing tensor blk.2.exp_probs_b.bias", NULL);
+
+    /* olmo2: an output matrix of its own (llama.cpp requires it), its windows' RoPE base */
+    const char *olmo2[] = {"--arch", "olmo2", "--shape", "swa7", NULL};
+    edit oo = {.drop = "output.weight"};
+    expect_refusal_from(olmo2, &oo, KVS_EFORMAT, "missing tensor output.weight", NULL);
+    edit ob = {.f32_key = "olmo2.rope.freq_base_swa", .f32_val = 0.5f};
+    expect_refusal_from(olmo2, &ob, KVS_EFORMAT, "olmo2.rope.freq_base_swa", "out of range");
 
     /* ernie4_5-moe: the layers' kinds come from the keys, so a key that disagrees with the
      * tensors is a refusal naming the tensor, not a layer run the other way */

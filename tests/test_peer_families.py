@@ -79,6 +79,11 @@ FAMILIES = {
     # lfm2 with attention.sliding_window: its attention layers windowed (16 positions), as
     # llama.cpp's iswa graph for the family
     "lfm2-swa": ["--sliding-window", "16"],
+    # olmo2: no pre-norms, Q/K RMSNorms over the whole projections, post-norms, NEOX pairs;
+    # olmo2-swa (OLMo 3): three windowed layers (16 positions, plain RoPE) to one global with
+    # YaRN (factor 4 over the file's context)
+    "olmo2": [],
+    "olmo2-swa": ["--sliding-window", "16", "--yarn", "4"],
     # lfm2moe: the same layers, the MLP of layer 0 dense (leading_dense_block_count 1), experts on
     # the others: 8 of 256, 2 used, sigmoid gating, picked on the probabilities plus exp_probs_b
     "lfm2moe": ["--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
@@ -86,7 +91,7 @@ FAMILIES = {
 }
 ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
         "granite-norope": "granite", "granitemoe-shared": "granitemoe", "ernie4_5-hd": "ernie4_5",
-        "lfm2-swa": "lfm2"}  # rows whose name is not their --arch
+        "lfm2-swa": "lfm2", "olmo2-swa": "olmo2"}  # rows whose name is not their --arch
 # The mixtures of experts run in F32 weights and F32 K/V caches on both sides. An expert is
 # picked by a comparison, so a rounding moves a token's routing where two experts' scores are
 # close, and its output with it: llama.cpp rounds activations to F16 to multiply F16 weights, and

@@ -311,7 +311,8 @@ static void usage(FILE *fp)
             "            the layers l with l %% 3 != 2 but the last, Q/K norms on the others,\n"
             "            head_count_kv per layer (0 on the convolutions), token_embd_norm);\n"
             "            lfm2moe (lfm2 with experts after --dense-lead dense layers, sigmoid\n"
-            "            gating, exp_probs_b.bias of std 0.1).\n"
+            "            gating, exp_probs_b.bias of std 0.1); olmo2 (no pre-norms, Q/K norms\n"
+            "            over the whole projections, post-norms, never tied).\n"
             "            gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n");
     fprintf(fp, /* two strings: C99 compilers need take only 4095 bytes in one */
@@ -483,7 +484,7 @@ static int parse_args(int argc, char **argv, opts *o)
             static const char *const archs[] = {"llama",        "qwen2",   "qwen3",      "qwen3moe",
                                                 "gemma2",       "gemma3",  "phi3",       "gpt-oss",
                                                 "smollm3",      "granite", "granitemoe", "ernie4_5",
-                                                "ernie4_5-moe", "lfm2",    "lfm2moe"};
+                                                "ernie4_5-moe", "lfm2",    "lfm2moe",    "olmo2"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
                 if (!strcmp(val, archs[k]))
@@ -492,7 +493,7 @@ static int parse_args(int argc, char **argv, opts *o)
                 fprintf(stderr,
                         "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
                         "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe, "
-                        "ernie4_5, ernie4_5-moe, lfm2, lfm2moe)\n",
+                        "ernie4_5, ernie4_5-moe, lfm2, lfm2moe, olmo2)\n",
                         val);
                 return -1;
             }
@@ -640,8 +641,14 @@ static int parse_args(int argc, char **argv, opts *o)
             return -1;
         }
     }
-    if (o->sliding_window && !gemma && !gpt_oss && strncmp(o->arch, "lfm2", 4)) {
-        fprintf(stderr, "kvs-mkmodel: --sliding-window is for gemma, gpt-oss and lfm2 only\n");
+    if (o->sliding_window && !gemma && !gpt_oss && strncmp(o->arch, "lfm2", 4) &&
+        strcmp(o->arch, "olmo2")) {
+        fprintf(stderr,
+                "kvs-mkmodel: --sliding-window is for gemma, gpt-oss, lfm2 and olmo2 only\n");
+        return -1;
+    }
+    if (!strcmp(o->arch, "olmo2") && o->tied) {
+        fprintf(stderr, "kvs-mkmodel: olmo2 is never tied\n");
         return -1;
     }
     /* As the converters: Gemma's output is always token_embd, Phi-3 has its own. */
@@ -788,6 +795,7 @@ static int build(gen *g, const opts *o)
     bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
     bool gpt_oss = !strcmp(o->arch, "gpt-oss"), smollm3 = !strcmp(o->arch, "smollm3");
     bool lfm2 = !strncmp(o->arch, "lfm2", 4); /* lfm2, lfm2moe */
+    bool olmo2 = !strcmp(o->arch, "olmo2");
     /* lfm2's converter: one KV head count per layer, 0 on the convolutions */
     int32_t kv_heads[1024];
     for (uint32_t l = 0; l < n_layers && l < 1024; l++)
@@ -823,7 +831,7 @@ static int build(gen *g, const opts *o)
          (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.value_length"), head_dim))))
         return rc;
     /* lfm2: only when asked (its attention layers all windowed then, as llama.cpp reads it) */
-    if (lfm2 && o->sliding_window &&
+    if ((lfm2 || olmo2) && o->sliding_window &&
         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"), o->sliding_window)))
         return rc;
     if ((gemma || gpt_oss) && (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"),
@@ -920,20 +928,22 @@ static int build(gen *g, const opts *o)
             uint64_t d0, d1, d2;
             bool on;
         } L[] = {
-            {"attn_norm", sh->dim, 0, 0, true},
+            {"attn_norm", sh->dim, 0, 0, !olmo2},
             {"attn_qkv", sh->dim, q_dim + 2 * kv_dim, 0, phi3},
             {"attn_q", sh->dim, q_dim, 0, attn},
             {"attn_k", sh->dim, kv_dim, 0, attn},
             {"attn_v", sh->dim, kv_dim, 0, attn},
             {"attn_q_norm", head_dim, 0, 0, qwen3 || gemma3 || (lfm2 && attn)},
             {"attn_k_norm", head_dim, 0, 0, qwen3 || gemma3 || (lfm2 && attn)},
+            {"attn_q_norm", q_dim, 0, 0, olmo2}, /* over the whole projection */
+            {"attn_k_norm", kv_dim, 0, 0, olmo2},
             {"attn_output", q_dim, sh->dim, 0, !conv},
             {"shortconv.conv", 3, sh->dim, 0, conv},
             {"shortconv.in_proj", sh->dim, 3 * (uint64_t)sh->dim, 0, conv},
             {"shortconv.out_proj", sh->dim, sh->dim, 0, conv},
             {"attn_sinks", sh->n_heads, 0, 0, gpt_oss},
-            {"post_attention_norm", sh->dim, 0, 0, gemma || gpt_oss},
-            {"ffn_norm", sh->dim, 0, 0, !gpt_oss},
+            {"post_attention_norm", sh->dim, 0, 0, gemma || gpt_oss || olmo2},
+            {"ffn_norm", sh->dim, 0, 0, !gpt_oss && !olmo2},
             {"ffn_gate", sh->dim, sh->ffn, 0, !phi3 && dense},
             {"ffn_down", sh->ffn, sh->dim, 0, dense},
             {"ffn_up", sh->dim, phi3 ? 2 * (uint64_t)sh->ffn : sh->ffn, 0, dense},
@@ -945,7 +955,7 @@ static int build(gen *g, const opts *o)
             {"ffn_gate_shexp", sh->dim, o->shexp_ffn, 0, shexp},
             {"ffn_up_shexp", sh->dim, o->shexp_ffn, 0, shexp},
             {"ffn_down_shexp", o->shexp_ffn, sh->dim, 0, shexp},
-            {"post_ffw_norm", sh->dim, 0, 0, gemma},
+            {"post_ffw_norm", sh->dim, 0, 0, gemma || olmo2},
         };
         for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
             if (!L[k].on)
