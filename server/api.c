@@ -568,6 +568,7 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
         return -1;
     opts.default_system = fmt->default_system;
     opts.granite_spaced = fmt->granite_spaced;
+    opts.eos_text = fmt->eos_text;
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!msgs || cJSON_IsNull(msgs))
         return srv_error_set(e, 400, "messages", NULL, "'messages' is required");

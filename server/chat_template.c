@@ -12,9 +12,10 @@
 #include "common/status.h"
 
 static const char *k_names[SRV_CHAT_COUNT] = {
-    "plain",      "chatml",     "llama2",     "llama3",   "zephyr",  "mistral", "gemma",
-    "phi3",       "qwen3",      "llama3.1",   "llama3.2", "harmony", "smollm3", "granite",
-    "granite3.0", "granite3.2", "granite3.3", "ernie4.5", "lfm2",    "lfm2.5",  "lfm2.5-8b"};
+    "plain",   "chatml",  "llama2",     "llama3",     "zephyr",     "mistral",
+    "gemma",   "phi3",    "qwen3",      "llama3.1",   "llama3.2",   "harmony",
+    "smollm3", "granite", "granite3.0", "granite3.2", "granite3.3", "ernie4.5",
+    "lfm2",    "lfm2.5",  "lfm2.5-8b",  "olmo2"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -74,6 +75,10 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
     }
     if (HAS("<|assistant|>") && HAS("<|end|>"))
         return SRV_CHAT_PHI3;
+    /* OLMo 2's (Tulu 3's): a user turn closed by a newline, an answer by eos_token, the last
+     * answer with no newline after it */
+    if (HAS("<|user|>") && HAS("<|assistant|>") && HAS("not loop.last") && HAS("eos_token"))
+        return SRV_CHAT_OLMO2;
     if (HAS("<|user|>") && (HAS("<|endoftext|>") || HAS("eos_token")))
         return SRV_CHAT_ZEPHYR;
     if (HAS("<start_of_turn>"))
@@ -132,15 +137,29 @@ int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out)
 {
     out->tmpl = srv_chat_detect(tmpl);
     out->default_system = NULL;
+    out->eos_text = NULL;
+    out->eos_var = tmpl && strstr(tmpl, "eos_token") != NULL;
     out->granite_spaced = tmpl && strstr(tmpl, "Knowledge Cutoff Date: April 2024. Today's Date") &&
                           out->tmpl != SRV_CHAT_GRANITE30;
     return out->tmpl == SRV_CHAT_CHATML ? default_system_of(tmpl, &out->default_system) : 0;
+}
+
+int srv_chat_fmt_set_eos(srv_chat_fmt *f, const char *eos_text)
+{
+    free(f->eos_text);
+    f->eos_text = NULL;
+    if (!f->eos_var || !eos_text)
+        return 0;
+    f->eos_text = strdup(eos_text);
+    return f->eos_text ? 0 : KVS_ENOMEM;
 }
 
 void srv_chat_fmt_free(srv_chat_fmt *f)
 {
     free(f->default_system);
     f->default_system = NULL;
+    free(f->eos_text);
+    f->eos_text = NULL;
 }
 
 static bool is_space(char c)
@@ -691,6 +710,7 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
     static const srv_chat_opts k_defaults = {.enable_thinking = -1};
     if (!opts)
         opts = &k_defaults;
+    const char *eos = opts->eos_text ? opts->eos_text : "<|endoftext|>";
     kvs_buf b = {0};
     kvs_buf_add(&b, ""); /* an empty conversation still renders to a valid string */
     switch (t) {
@@ -803,13 +823,30 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
     case SRV_CHAT_LFM25:
     case SRV_CHAT_LFM25_8B: render_lfm2(&b, t, m, n, opts); break;
     case SRV_CHAT_COUNT: break;
-    case SRV_CHAT_ZEPHYR:
+    case SRV_CHAT_ZEPHYR: /* every turn closed by eos_token (TinyLlama's </s>) and a newline */
         for (size_t i = 0; i < n; i++) {
             kvs_buf_add(&b, "<|");
             kvs_buf_add(&b, m[i].role);
             kvs_buf_add(&b, "|>\n");
             kvs_buf_add(&b, m[i].content);
-            kvs_buf_add(&b, "<|endoftext|>\n");
+            kvs_buf_add(&b, eos);
+            kvs_buf_add(&b, "\n");
+        }
+        kvs_buf_add(&b, "<|assistant|>\n");
+        break;
+    case SRV_CHAT_OLMO2: /* system, user and assistant turns only (its template writes no other) */
+        for (size_t i = 0; i < n; i++) {
+            bool asst = !strcmp(m[i].role, "assistant");
+            if (!asst && strcmp(m[i].role, "system") && strcmp(m[i].role, "user"))
+                continue;
+            kvs_buf_add(&b, "<|");
+            kvs_buf_add(&b, m[i].role);
+            kvs_buf_add(&b, "|>\n");
+            kvs_buf_add(&b, m[i].content);
+            if (asst)
+                kvs_buf_add(&b, eos);
+            if (!asst || i + 1 < n)
+                kvs_buf_add(&b, "\n");
         }
         kvs_buf_add(&b, "<|assistant|>\n");
         break;

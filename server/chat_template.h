@@ -33,6 +33,7 @@ enum srv_chat_tmpl {
     SRV_CHAT_LFM2,      /* Liquid AI LFM2: ChatML, tools in <|tool_list_start|>, results wrapped */
     SRV_CHAT_LFM25,     /* LFM2.5-1.2B: ChatML, earlier answers' <think> blocks dropped */
     SRV_CHAT_LFM25_8B,  /* LFM2.5-8B-A1B: LFM2.5's, dated tools, earlier calls written back */
+    SRV_CHAT_OLMO2,     /* OLMo 2 (Tulu 3): <|user|>\n...\n, answers closed by the EOS text */
     SRV_CHAT_COUNT
 };
 
@@ -46,6 +47,11 @@ typedef struct srv_chat_fmt {
      * and "You are Granite" with spaces, not newlines (as the copy of Granite 3.3's template
      * in llama.cpp's models/templates does) */
     int granite_spaced;
+    /* The vocabulary's EOS text where the template writes eos_token (Zephyr's and TinyLlama's
+     * turns, OLMo 2's answers), malloc'd (srv_chat_fmt_set_eos); NULL: "<|endoftext|>", the
+     * text of the templates that spell it out */
+    char *eos_text;
+    int eos_var; /* the template writes eos_token (srv_chat_fmt_detect) */
 } srv_chat_fmt;
 
 /* What a request may change in a rendering (chat_template_kwargs), and the model's defaults. */
@@ -77,6 +83,7 @@ typedef struct srv_chat_opts {
     /* Harmony: the developer message's "# Tools" section (the functions namespace, as the
      * template writes it); NULL: no tools */
     const char *tools_dev;
+    const char *eos_text; /* srv_chat_fmt's */
 } srv_chat_opts;
 
 /* Harmony: an assistant message's reasoning and first tool call (the template renders one).
@@ -100,10 +107,13 @@ enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
 /* srv_chat_detect plus the default system text a ChatML template writes as a literal. Returns 0
  * or KVS_ENOMEM; free with srv_chat_fmt_free. */
 int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out);
+/* The vocabulary's EOS text (NULL: none), kept where the template writes eos_token. 0 or
+ * KVS_ENOMEM. */
+int srv_chat_fmt_set_eos(srv_chat_fmt *f, const char *eos_text);
 void srv_chat_fmt_free(srv_chat_fmt *f);
 /* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, qwen3, llama3.1, llama3.2,
  * harmony, smollm3, granite, granite3.0, granite3.2, granite3.3, ernie4.5, lfm2, lfm2.5,
- * lfm2.5-8b, plain. -1 if unknown. */
+ * lfm2.5-8b, olmo2, plain. -1 if unknown. */
 int srv_chat_from_name(const char *name);
 const char *srv_chat_name(enum srv_chat_tmpl t);
 

@@ -87,7 +87,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr,
                 "kvserve serve: unknown --chat-template '%s' "
                 "(chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|harmony|"
-                "granite|granite3.0|granite3.2|granite3.3|ernie4.5|lfm2|lfm2.5|lfm2.5-8b|plain)\n",
+                "granite|granite3.0|granite3.2|granite3.3|ernie4.5|lfm2|lfm2.5|lfm2.5-8b|olmo2|plain)\n",
                 cfg.chat_template);
         srv_config_free(&cfg);
         return 2;
@@ -194,6 +194,12 @@ int cmd_serve(int argc, char **argv)
     if (forced_tmpl >= 0)
         chat.tmpl = (enum srv_chat_tmpl)forced_tmpl;
     else if (srv_chat_fmt_detect(engine_model_chat_template(model), &chat)) {
+        fprintf(stderr, "kvserve serve: out of memory\n");
+        goto out;
+    }
+    const tok_vocab *vocab = engine_model_vocab(model);
+    int32_t eos = tok_eos(vocab);
+    if (srv_chat_fmt_set_eos(&chat, eos >= 0 ? tok_token_text(vocab, eos) : NULL)) {
         fprintf(stderr, "kvserve serve: out of memory\n");
         goto out;
     }

@@ -213,6 +213,48 @@ static void test_zephyr(void **state)
           "<|assistant|>\nHello!<|endoftext|>\n<|user|>\nBye<|endoftext|>\n<|assistant|>\n");
 }
 
+/* Zephyr's (TinyLlama's) and OLMo 2's eos_token: the vocabulary's EOS text (srv_chat_fmt_set_eos,
+ * kept only where the template writes eos_token); OLMo 2 closes an answer with it, the last with
+ * no newline after it, and a user or system turn with a newline alone. */
+static void test_eos_text(void **state)
+{
+    (void)state;
+    srv_chat_fmt f;
+    assert_int_equal(srv_chat_fmt_detect("{{ '<|user|>\n' + message['content'] + eos_token }}", &f),
+                     0);
+    assert_int_equal(f.tmpl, SRV_CHAT_ZEPHYR);
+    assert_int_equal(srv_chat_fmt_set_eos(&f, "</s>"), 0);
+    srv_chat_opts o = {.enable_thinking = -1, .eos_text = f.eos_text};
+    char *got = NULL;
+    assert_int_equal(srv_chat_render(f.tmpl, k_conv, 4, &o, &got), 0);
+    assert_string_equal(got,
+                        "<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello!</s>"
+                        "\n<|user|>\nBye</s>\n<|assistant|>\n");
+    free(got);
+    srv_chat_fmt_free(&f);
+    /* a template spelling the text out keeps it whatever the vocabulary's EOS */
+    assert_int_equal(srv_chat_fmt_detect("'<|user|>\n' + message['content'] + '<|endoftext|>'", &f),
+                     0);
+    assert_int_equal(srv_chat_fmt_set_eos(&f, "</s>"), 0);
+    assert_null(f.eos_text);
+    srv_chat_fmt_free(&f);
+    static const char olmo2[] =
+        "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ "
+        "'<|user|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'assistant' %}"
+        "{% if not loop.last %}{{ '<|assistant|>\n'  + message['content'] + eos_token + '\n' }}"
+        "{% endif %}{% endif %}{% endfor %}";
+    assert_int_equal(srv_chat_detect(olmo2), SRV_CHAT_OLMO2);
+    o.eos_text = "<|endoftext|>";
+    assert_int_equal(srv_chat_render(SRV_CHAT_OLMO2, k_conv, 4, &o, &got), 0);
+    assert_string_equal(got, "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\nHello!"
+                             "<|endoftext|>\n<|user|>\nBye\n<|assistant|>\n");
+    free(got);
+    assert_int_equal(srv_chat_render(SRV_CHAT_OLMO2, k_conv, 3, &o, &got), 0);
+    assert_string_equal(got, "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\nHello!"
+                             "<|endoftext|><|assistant|>\n");
+    free(got);
+}
+
 static void test_mistral(void **state)
 {
     (void)state;
@@ -625,15 +667,25 @@ static void test_harmony(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_detect),         cmocka_unit_test(test_names),
-        cmocka_unit_test(test_default_system), cmocka_unit_test(test_plain),
-        cmocka_unit_test(test_chatml),         cmocka_unit_test(test_llama2),
-        cmocka_unit_test(test_llama3),         cmocka_unit_test(test_zephyr),
-        cmocka_unit_test(test_mistral),        cmocka_unit_test(test_gemma),
-        cmocka_unit_test(test_phi3),           cmocka_unit_test(test_qwen3),
-        cmocka_unit_test(test_llama31),        cmocka_unit_test(test_gemma_trailing_system),
-        cmocka_unit_test(test_harmony),        cmocka_unit_test(test_smollm3),
-        cmocka_unit_test(test_granite),        cmocka_unit_test(test_ernie45),
+        cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_default_system),
+        cmocka_unit_test(test_plain),
+        cmocka_unit_test(test_chatml),
+        cmocka_unit_test(test_llama2),
+        cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_zephyr),
+        cmocka_unit_test(test_eos_text),
+        cmocka_unit_test(test_mistral),
+        cmocka_unit_test(test_gemma),
+        cmocka_unit_test(test_phi3),
+        cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_llama31),
+        cmocka_unit_test(test_gemma_trailing_system),
+        cmocka_unit_test(test_harmony),
+        cmocka_unit_test(test_smollm3),
+        cmocka_unit_test(test_granite),
+        cmocka_unit_test(test_ernie45),
         cmocka_unit_test(test_lfm2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,9 @@
 """meson test 'peer_templates': the chat templates of the families kvserve detects, checked
 against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
 official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2,
-gpt-oss, SmolLM3, Granite 3.0, 3.1, 3.2 and 3.3, ERNIE 4.5, LFM2, LFM2.5, LFM2.5-8B-A1B);
+gpt-oss, SmolLM3, Granite 3.0, 3.1, 3.2 and 3.3, ERNIE 4.5, LFM2, LFM2.5, LFM2.5-8B-A1B, OLMo 2,
+and Zephyr-7B-beta's, which TinyLlama's chat models carry: its eos_token is the vocabulary's
+EOS text, </s> here);
 a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
 /apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
 llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
@@ -45,7 +47,8 @@ FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": 
             "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony",
             "smollm3": "smollm3", "granite3.1": "granite", "granite3.0": "granite3.0",
             "granite3.2": "granite3.2", "granite3.3": "granite3.3",
-            "granite3.3-spaced": "granite3.3", "ernie4.5": "ernie4.5",
+            "granite3.3-spaced": "granite3.3", "ernie4.5": "ernie4.5", "zephyr": "zephyr",
+            "olmo2": "olmo2",
             "lfm2": "lfm2", "lfm2.5": "lfm2.5", "lfm2.5-8b": "lfm2.5-8b"}
 # variants made here from a file: name -> (file, [(old, new)])
 VARIANTS = {

@@ -1074,7 +1074,7 @@ static void test_harmony_required(void **state)
 static void test_granite_required(void **state)
 {
     (void)state;
-    static const srv_chat_fmt granite = {SRV_CHAT_GRANITE, NULL, 0};
+    static const srv_chat_fmt granite = {.tmpl = SRV_CHAT_GRANITE};
     static const char tools[] =
         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"
         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"
