@@ -156,8 +156,8 @@ int srv_chat_may_think(enum srv_chat_tmpl t);
  * system, user and assistant messages as turns of their role (a tool result, role tool, is not
  * written: the template knows only its own tool_response role), and the generation prompt.
  *
- * GRANITE40 (Granite 4.0's official template, shared by granite-4.0-micro, -h-micro, -h-tiny,
- * -h-small and the 1b/350m models): a system turn always, the conversation's first system
+ * GRANITE40 (Granite 4.0's official template, shared by granite-4.0-micro, -h-micro, -h-tiny
+ * and -h-small): a system turn always, the conversation's first system
  * message (the tools' text after it, server/api.c) or, when that is absent or empty, the
  * template's default "You are a helpful assistant. Please ensure responses are professional,
  * accurate, and safe."; then user, assistant and later system messages as turns of their role,
