@@ -241,6 +241,11 @@ GRANITE4_TOOL_CASES = [
       {"role": "tool", "tool_call_id": "call_1", "content": " 5 \n"},
       {"role": "tool", "tool_call_id": "call_2", "content": "{\"r\": 5}"},
       (A, "Both are 5."), (U, "Thanks")]),
+    # arguments sent compact and unordered: written back as tojson writes the object
+    ("compact arguments",
+     [(U, "Add"), {"role": A, "content": None, "tool_calls": [
+         dict(CALL, function={"name": "add", "arguments": "{\"b\":3,\"a\":[1,{\"x\":\"\u00e9\"}]}"})]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "5"}]),
 ]
 # Where gpt-oss's template raises an exception but llama-server renders anyway (it hands the
 # reasoning of a call to the template as "thinking" and drops the content; it does not see the
