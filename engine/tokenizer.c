@@ -113,15 +113,17 @@ static void fix_harmony(tok_vocab *v)
  * llama-server prints it as one of its granite format's "preserved tokens". Here it becomes
  * user-defined, so it prints wherever output is decoded (server/tool_calls.c reads it). So do
  * 3.3's <think>, </think>, <response>, </response> where a vocabulary has them as control
- * tokens (Granite 3.3's own has them as plain text). Prompt side: the server tokenizes with
+ * tokens (Granite 3.3's own has them as plain text), and Granite 4.0's call tags <tool_call>,
+ * </tool_call> (its own vocabulary has them as plain text too; llama-server prints them as the
+ * Hermes format's preserved tokens either way). Prompt side: the server tokenizes with
  * special tokens parsed, so user text holding "<|tool_call|>" became that token before and
  * still does; without parse_special (kvserve generate, tok_encode(..., false)) a user-defined
  * token is matched in text too, so there that text now becomes the one token instead of its
  * characters' pieces, as for gpt-oss's markers. */
 static void fix_granite(tok_vocab *v)
 {
-    static const char *const shown[] = {"<|tool_call|>", "<think>", "</think>", "<response>",
-                                        "</response>"};
+    static const char *const shown[] = {"<|tool_call|>", "<think>",     "</think>",    "<response>",
+                                        "</response>",   "<tool_call>", "</tool_call>"};
     if (by_text(v, "<|start_of_role|>") < 0 || by_text(v, "<|end_of_role|>") < 0)
         return;
     for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++) {

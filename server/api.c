@@ -670,11 +670,12 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
                 rc = oom(e);
                 goto out;
             }
-            if (prev_tool && srv_tools_merge_results(tmpl)) {
-                /* results in a row share one turn, a line apart (Qwen's templates) */
+            const char *merge = srv_tools_merge_sep(tmpl);
+            if (prev_tool && merge) {
+                /* results in a row share one turn (Qwen's templates: a line apart) */
                 kvs_buf b = {0};
                 kvs_buf_add(&b, texts[k - 1]);
-                kvs_buf_add(&b, "\n");
+                kvs_buf_add(&b, merge);
                 kvs_buf_add(&b, texts[k]);
                 free(texts[k - 1]);
                 free(texts[k]);
@@ -845,9 +846,29 @@ static int marker_grammar(srv_request *r, const char *mark, srv_error *e)
     return native_grammar(r, b, rc, root, err, sizeof err, e);
 }
 
+/* Granite 4.0 with a forced call: its own call block, "<tool_call>\n" (raw text, as its template
+ * writes a call; a plain token in its vocabulary) then one of the tools' {"name", "arguments"}
+ * objects, and the generation ends with the object: the grammar has no way to ask for text after
+ * a value, so the block's closing "\n</tool_call>" is not written, and the Hermes reader
+ * (tool_calls.c) takes a block left open at the end of the text as a call. One call whatever
+ * parallel_tool_calls says, as the generic form's. */
+static int tag_grammar(srv_request *r, const char *open, srv_error *e)
+{
+    grammar_builder *b = NULL;
+    char err[200] = "";
+    int32_t calls, root = -1;
+    int rc = grammar_builder_create(&b);
+    if (!rc)
+        rc = srv_json_schema_tool_calls(b, r->tools, r->tool_name, NULL, &calls, err, sizeof err);
+    if (!rc)
+        rc = grammar_builder_prefixed(b, open, strlen(open), calls, &root);
+    return native_grammar(r, b, rc, root, err, sizeof err, e);
+}
+
 /* tools, tool_choice, parallel_tool_calls (chat). A forced choice ("required" or a named
  * function) compiles the calls' grammar: the bare {"name", "arguments"} object, or the
- * family's own call syntax where kvserve writes it (gpt-oss, Granite, LFM2). */
+ * family's own call syntax where kvserve writes it (gpt-oss, Granite, LFM2; Granite 4.0's
+ * unclosed). */
 static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     r->tool_choice = SRV_TOOLS_NONE;
@@ -937,6 +958,8 @@ static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *
             return marker_grammar(r, "<|tool_call|>", e);
         if (tmpl == SRV_CHAT_LFM2 || tmpl == SRV_CHAT_LFM25 || tmpl == SRV_CHAT_LFM25_8B)
             return marker_grammar(r, "<|tool_call_start|>", e);
+        if (tmpl == SRV_CHAT_GRANITE40)
+            return tag_grammar(r, "<tool_call>\n", e);
     }
     return 0;
 }

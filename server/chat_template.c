@@ -15,7 +15,7 @@ static const char *k_names[SRV_CHAT_COUNT] = {
     "plain",   "chatml",  "llama2",     "llama3",     "zephyr",     "mistral",
     "gemma",   "phi3",    "qwen3",      "llama3.1",   "llama3.2",   "harmony",
     "smollm3", "granite", "granite3.0", "granite3.2", "granite3.3", "ernie4.5",
-    "lfm2",    "lfm2.5",  "lfm2.5-8b",  "olmo2"};
+    "lfm2",    "lfm2.5",  "lfm2.5-8b",  "olmo2",      "granite4.0"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -39,9 +39,13 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
      * holds "<|end|>", which would otherwise read as Phi-3's). */
     if (HAS("<|start|>") && HAS("<|channel|>") && HAS("<|message|>"))
         return SRV_CHAT_HARMONY;
-    /* IBM Granite 3.x: roles between <|start_of_role|> and <|end_of_role|>; 3.1 on dates its
-     * default system message, 3.2 adds a thinking text to it, 3.3 asks for <think> blocks */
+    /* IBM Granite: roles between <|start_of_role|> and <|end_of_role|>. 4.0 lists its tools in
+     * <tools> and calls in <tool_call> tags (as llama.cpp's llm_chat_detect_template tells 4.0
+     * from 3.x); of 3.x, 3.1 on dates its default system message, 3.2 adds a thinking text to
+     * it, 3.3 asks for <think> blocks */
     if (HAS("<|start_of_role|>") && HAS("<|end_of_role|>")) {
+        if (HAS("<tool_call>") || HAS("<tools>"))
+            return SRV_CHAT_GRANITE40;
         if (!HAS("Knowledge Cutoff Date"))
             return SRV_CHAT_GRANITE30;
         if (HAS("<think></think>"))
@@ -650,6 +654,29 @@ static void render_granite30(kvs_buf *b, const srv_chat_msg *m, size_t n, const 
     }
 }
 
+/* Granite 4.0's template (chat_template.h). */
+static void render_granite40(kvs_buf *b, const srv_chat_msg *m, size_t n)
+{
+    size_t i = 0;
+    const char *sys = n && !strcmp(m[0].role, "system") ? m[i++].content : "";
+    kvs_buf_add(b, "<|start_of_role|>system<|end_of_role|>");
+    kvs_buf_add(b, *sys ? sys
+                        : "You are a helpful assistant. Please ensure responses are "
+                          "professional, accurate, and safe.");
+    kvs_buf_add(b, "<|end_of_text|>\n");
+    for (; i < n; i++) {
+        if (strcmp(m[i].role, "user") && strcmp(m[i].role, "system") &&
+            strcmp(m[i].role, "assistant"))
+            continue;
+        kvs_buf_add(b, "<|start_of_role|>");
+        kvs_buf_add(b, m[i].role);
+        kvs_buf_add(b, "<|end_of_role|>");
+        kvs_buf_add(b, m[i].content);
+        kvs_buf_add(b, "<|end_of_text|>\n");
+    }
+    kvs_buf_add(b, "<|start_of_role|>assistant<|end_of_role|>");
+}
+
 /* Jinja's trim (Python's strip()): s[0..n) without its leading and trailing whitespace. */
 static void strip_ws(const char **s, size_t *n)
 {
@@ -807,6 +834,7 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
     case SRV_CHAT_GRANITE32:
     case SRV_CHAT_GRANITE33: render_granite(&b, t, m, n, opts); break;
     case SRV_CHAT_GRANITE30: render_granite30(&b, m, n, opts); break;
+    case SRV_CHAT_GRANITE40: render_granite40(&b, m, n); break;
     case SRV_CHAT_ERNIE45:
         kvs_buf_add(&b, "<|begin_of_sentence|>");
         for (size_t i = 0; i < n; i++) {

@@ -34,6 +34,7 @@ enum srv_chat_tmpl {
     SRV_CHAT_LFM25,     /* LFM2.5-1.2B: ChatML, earlier answers' <think> blocks dropped */
     SRV_CHAT_LFM25_8B,  /* LFM2.5-8B-A1B: LFM2.5's, dated tools, earlier calls written back */
     SRV_CHAT_OLMO2,     /* OLMo 2 (Tulu 3): <|user|>\n...\n, answers closed by the EOS text */
+    SRV_CHAT_GRANITE40, /* Granite 4.0: <|start_of_role|> turns, tools in <tools> in the system */
     SRV_CHAT_COUNT
 };
 
@@ -112,8 +113,8 @@ int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out);
 int srv_chat_fmt_set_eos(srv_chat_fmt *f, const char *eos_text);
 void srv_chat_fmt_free(srv_chat_fmt *f);
 /* By name: chatml, llama2, llama3, zephyr, mistral, gemma, phi3, qwen3, llama3.1, llama3.2,
- * harmony, smollm3, granite, granite3.0, granite3.2, granite3.3, ernie4.5, lfm2, lfm2.5,
- * lfm2.5-8b, olmo2, plain. -1 if unknown. */
+ * harmony, smollm3, granite, granite3.0, granite3.2, granite3.3, granite4.0, ernie4.5, lfm2,
+ * lfm2.5, lfm2.5-8b, olmo2, plain. -1 if unknown. */
 int srv_chat_from_name(const char *name);
 const char *srv_chat_name(enum srv_chat_tmpl t);
 
@@ -164,6 +165,15 @@ int srv_chat_may_think(enum srv_chat_tmpl t);
  * GRANITE30 (Granite 3.0's official template): the tools first (an available_tools turn), then
  * system, user and assistant messages as turns of their role (a tool result, role tool, is not
  * written: the template knows only its own tool_response role), and the generation prompt.
+ *
+ * GRANITE40 (Granite 4.0's official template, shared by granite-4.0-micro, -h-micro, -h-tiny
+ * and -h-small): a system turn always, the conversation's first system
+ * message (the tools' text after it, server/api.c) or, when that is absent or empty, the
+ * template's default "You are a helpful assistant. Please ensure responses are professional,
+ * accurate, and safe."; then user, assistant and later system messages as turns of their role,
+ * untrimmed (an assistant's calls already written after its content, and tool results already
+ * a user turn of <tool_response> blocks, tool_calls.h); other roles are not written; the
+ * generation prompt. Its documents are not rendered (the request has no way to give them).
  *
  * ERNIE45 (ERNIE 4.5's official template): <|begin_of_sentence|> (its cls_token, not the
  * vocabulary's BOS <s>, so written here), then each system message's content and a newline,

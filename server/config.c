@@ -61,7 +61,7 @@ static const opt k_opts[] = {
      "seconds to let in-flight requests finish after SIGINT/SIGTERM"},
     {"chat-template", 0, OPT_STR, OFF(chat_template), "",
      "chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|harmony|granite|"
-     "granite3.0|granite3.2|granite3.3|ernie4.5|lfm2|lfm2.5|lfm2.5-8b|olmo2|plain "
+     "granite3.0|granite3.2|granite3.3|granite4.0|ernie4.5|lfm2|lfm2.5|lfm2.5-8b|olmo2|plain "
      "(default: "
      "detect from the model)"},
     {"reasoning-format", 0, OPT_STR, OFF(reasoning_format), "auto",

@@ -264,6 +264,24 @@ int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out
     const cJSON *tool;
     switch (family_of(t)) {
     case FAM_HERMES:
+        if (t == SRV_CHAT_GRANITE40) { /* its template's own words, each tool tojson */
+            kvs_buf_add(&b, "You are a helpful assistant with access to the following tools. You "
+                            "may call one or more tools to assist with the user query.\n\nYou "
+                            "are provided with function signatures within <tools></tools> XML "
+                            "tags:\n<tools>");
+            cJSON_ArrayForEach(tool, tools)
+            {
+                kvs_buf_add(&b, "\n");
+                tb_json(&b, tool);
+            }
+            kvs_buf_add(&b, "\n</tools>\n\nFor each tool call, return a json object with "
+                            "function name and arguments within <tool_call></tool_call> XML "
+                            "tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                            "<args-json-object>}\n</tool_call>. If a tool does not exist in the "
+                            "provided list of tools, notify the user that you do not have the "
+                            "ability to fulfill the request.");
+            break;
+        }
         kvs_buf_add(&b,
                     "# Tools\n\nYou may call one or more functions to assist with the user "
                     "query.\n\nYou are provided with function signatures within <tools></tools> "
@@ -475,6 +493,17 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
         }
         switch (f) {
         case FAM_HERMES:
+            if (t == SRV_CHAT_GRANITE40) {
+                /* a line before each call but a first one with no content before it; the
+                 * name as it is, then the arguments tojson */
+                kvs_buf_add(&b,
+                            b.len ? "\n<tool_call>\n{\"name\": \"" : "<tool_call>\n{\"name\": \"");
+                kvs_buf_add(&b, name->valuestring);
+                kvs_buf_add(&b, "\", \"arguments\": ");
+                tb_json(&b, cJSON_GetObjectItemCaseSensitive(call, "arguments"));
+                kvs_buf_add(&b, "}\n</tool_call>");
+                break;
+            }
             kvs_buf_add(&b, b.len && b.p[b.len - 1] != '\n' ? "\n<tool_call>\n" : "<tool_call>\n");
             tb_json(&b, call);
             kvs_buf_add(&b, "\n</tool_call>");
@@ -507,9 +536,11 @@ bool srv_tools_in_user_turn(enum srv_chat_tmpl t)
            t == SRV_CHAT_GRANITE30 || t == SRV_CHAT_GRANITE32 || t == SRV_CHAT_GRANITE33;
 }
 
-bool srv_tools_merge_results(enum srv_chat_tmpl t)
+const char *srv_tools_merge_sep(enum srv_chat_tmpl t)
 {
-    return family_of(t) == FAM_HERMES;
+    if (t == SRV_CHAT_GRANITE40) /* each result opens with its own newline */
+        return "";
+    return family_of(t) == FAM_HERMES ? "\n" : NULL;
 }
 
 int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const char *content,
@@ -519,6 +550,8 @@ int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const cha
     switch (family_of(t)) {
     case FAM_HERMES:
         *role = "user";
+        if (t == SRV_CHAT_GRANITE40) /* its template writes a newline before each result */
+            kvs_buf_add(&b, "\n");
         kvs_buf_add(&b, "<tool_response>\n");
         kvs_buf_add(&b, content);
         kvs_buf_add(&b, "\n</tool_response>");

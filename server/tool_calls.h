@@ -28,6 +28,13 @@
  *                                an earlier call is not written back (the template writes an
  *                                assistant turn's content alone); a result is a turn of role
  *                                tool, its content as it is
+ *   GRANITE40 (Granite 4.0)      CHATML's tags in its own words: the tools, each tojson, in
+ *                                <tools></tools> after the system text (a blank line apart;
+ *                                alone when there is none); a call is <tool_call>\n{"name":
+ *                                "NAME", "arguments": {...}}\n</tool_call> after the content,
+ *                                a line before each but a first one with no content; results in
+ *                                a row one user turn, each "\n<tool_response>\n...\n
+ *                                </tool_response>"; calls read back as CHATML's
  *   LFM2 (Liquid AI LFM2, LFM2.5) the tools as "List of tools: [...]" (each tool tojson) after
  *                                the system text, a line apart (LFM2's between <|tool_list_start|>
  *                                and <|tool_list_end|>; LFM2.5-8B-A1B's a blank line apart, after
@@ -45,8 +52,9 @@
  * srv_json_schema_compile_tools from the first token: the whole text is then one
  * {"name", "arguments"} object, whatever the family, except GRANITE's, HARMONY's and LFM2's
  * (its markers around a JSON list, llama.cpp's form, not its Python one), whose forced calls are
- * written in their own syntax (server/api.h tool_native) and read as unforced ones. Pure
- * functions, any thread. */
+ * written in their own syntax (server/api.h tool_native) and read as unforced ones, and
+ * GRANITE40's, "<tool_call>\n" then one call object, the block left unclosed (the grammar cannot
+ * ask for text after a value), read as an unforced one too. Pure functions, any thread. */
 #ifndef KVS_SERVER_TOOL_CALLS_H
 #define KVS_SERVER_TOOL_CALLS_H
 
@@ -90,8 +98,10 @@ int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const cha
  * turn; Granite: in a turn of their own): srv_tools_render_system's text then goes to
  * srv_chat_opts.tools_user. */
 bool srv_tools_in_user_turn(enum srv_chat_tmpl t);
-/* Whether results in a row are one turn (their texts a line apart): Hermes-style families. */
-bool srv_tools_merge_results(enum srv_chat_tmpl t);
+/* Whether results in a row are one turn: NULL if not, else what joins their texts (static):
+ * "\n" for the Hermes-style families, "" for Granite 4.0 (each of its results opens with a
+ * newline). */
+const char *srv_tools_merge_sep(enum srv_chat_tmpl t);
 
 /* Reads calls out of generated text (len bytes). forced: the text is one {"name",
  * "arguments"} object. Only calls naming one of tools with an object as arguments count; in

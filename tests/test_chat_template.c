@@ -99,6 +99,18 @@ static void test_detect(void **state)
                                      "<think></think>\" %}{{- '<|start_of_role|>system"
                                      "<|end_of_role|>' + system_message }}"),
                      SRV_CHAT_GRANITE33);
+    /* Granite 4.0: the same role markers, its tools in <tools> and calls in <tool_call> tags
+     * (either alone tells it from 3.x, as llama.cpp's detection) */
+    assert_int_equal(srv_chat_detect("{%- set tools_system_message_prefix = 'You are provided "
+                                     "with function signatures within <tools></tools> XML tags:"
+                                     "\\n<tools>' %}{{- '<|start_of_role|>system<|end_of_role|>'"
+                                     " + ns.system_message + '<|end_of_text|>\\n' }}"),
+                     SRV_CHAT_GRANITE40);
+    assert_int_equal(srv_chat_detect("{{- '<|start_of_role|>' + message.role + "
+                                     "'<|end_of_role|>' + content.val }}{{- '<tool_call>\\n{\"name"
+                                     "\": \"' }}"),
+                     SRV_CHAT_GRANITE40);
+    assert_int_equal(srv_chat_from_name("granite4.0"), SRV_CHAT_GRANITE40);
     assert_int_equal(srv_chat_from_name("granite3.2"), SRV_CHAT_GRANITE32);
     assert_int_equal(srv_chat_from_name("granite3.3"), SRV_CHAT_GRANITE33);
     /* ERNIE 4.5: its cls_token and sep_token around "User: " / "Assistant: " turns */
@@ -497,6 +509,38 @@ static void test_granite(void **state)
     free(got);
 }
 
+/* Granite 4.0 (its official template, checked against llama-server's Jinja in peer_templates):
+ * a system turn always, the conversation's first system message or, absent or empty, the
+ * template's default text; other turns as their role, untrimmed; roles it does not know (a raw
+ * tool turn: server/api.c has made results user turns already) not written. */
+static void test_granite40(void **state)
+{
+    (void)state;
+    check(SRV_CHAT_GRANITE40, k_conv, 4,
+          "<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>\n"
+          "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n"
+          "<|start_of_role|>assistant<|end_of_role|>Hello!<|end_of_text|>\n"
+          "<|start_of_role|>user<|end_of_role|>Bye<|end_of_text|>\n"
+          "<|start_of_role|>assistant<|end_of_role|>");
+    static const char dflt[] = "<|start_of_role|>system<|end_of_role|>You are a helpful "
+                               "assistant. Please ensure responses are professional, accurate, "
+                               "and safe.<|end_of_text|>\n";
+    const srv_chat_msg none[] = {{"user", " Hi "}, {"tool", "5"}, {"system", "Later."}};
+    check(SRV_CHAT_GRANITE40, none, 3,
+          "<|start_of_role|>system<|end_of_role|>You are a helpful assistant. Please ensure "
+          "responses are professional, accurate, and safe.<|end_of_text|>\n"
+          "<|start_of_role|>user<|end_of_role|> Hi <|end_of_text|>\n"
+          "<|start_of_role|>system<|end_of_role|>Later.<|end_of_text|>\n"
+          "<|start_of_role|>assistant<|end_of_role|>");
+    const srv_chat_msg empty[] = {{"system", ""}};
+    char *got = NULL;
+    assert_int_equal(srv_chat_render(SRV_CHAT_GRANITE40, empty, 1, NULL, &got), 0);
+    assert_non_null(got);
+    assert_memory_equal(got, dflt, sizeof dflt - 1);
+    assert_string_equal(got + sizeof dflt - 1, "<|start_of_role|>assistant<|end_of_role|>");
+    free(got);
+}
+
 /* ERNIE 4.5 (its official template, checked against llama-server's Jinja in peer_templates): its
  * cls_token first, system text and user turns each ending in a newline, assistant turns in its
  * sep_token, contents untrimmed; a tool result not written (the template writes no other role) */
@@ -687,6 +731,7 @@ int main(void)
         cmocka_unit_test(test_granite),
         cmocka_unit_test(test_ernie45),
         cmocka_unit_test(test_lfm2),
+        cmocka_unit_test(test_granite40),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

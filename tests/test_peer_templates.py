@@ -1,9 +1,9 @@
 """meson test 'peer_templates': the chat templates of the families kvserve detects, checked
 against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
 official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2,
-gpt-oss, SmolLM3, Granite 3.0, 3.1, 3.2 and 3.3, ERNIE 4.5, LFM2, LFM2.5, LFM2.5-8B-A1B, OLMo 2,
-and Zephyr-7B-beta's, which TinyLlama's chat models carry: its eos_token is the vocabulary's
-EOS text, </s> here);
+gpt-oss, SmolLM3, Granite 3.0, 3.1, 3.2, 3.3 and 4.0, ERNIE 4.5, LFM2, LFM2.5, LFM2.5-8B-A1B,
+OLMo 2, and Zephyr-7B-beta's, which TinyLlama's chat models carry: its eos_token is the
+vocabulary's EOS text, </s> here);
 a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
 /apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
 llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
@@ -23,6 +23,8 @@ assistant turn's content alone (earlier calls are not in its prompt), so kvserve
 as well. Granite 3.2's and 3.3's read chat_template_kwargs.thinking (llama-server hands the
 kwargs to the template as they are), compared on and off, with tools and a system message
 (which both take over from it).
+Granite 4.0's is compared with an empty system message (its default text then), tools, calls
+written back after content and without, and tool results in a row.
 LFM2's and LFM2.5's are compared with tools (two, one without parameters), an empty system
 message, earlier answers' think blocks, and calls whose arguments LFM2.5-8B-A1B's template writes
 back in Python form (strings, numbers, True/False/None, lists and dicts), and the switches that
@@ -47,8 +49,8 @@ FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": 
             "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony",
             "smollm3": "smollm3", "granite3.1": "granite", "granite3.0": "granite3.0",
             "granite3.2": "granite3.2", "granite3.3": "granite3.3",
-            "granite3.3-spaced": "granite3.3", "ernie4.5": "ernie4.5", "zephyr": "zephyr",
-            "olmo2": "olmo2",
+            "granite3.3-spaced": "granite3.3", "granite4.0": "granite4.0", "ernie4.5": "ernie4.5",
+            "zephyr": "zephyr", "olmo2": "olmo2",
             "lfm2": "lfm2", "lfm2.5": "lfm2.5", "lfm2.5-8b": "lfm2.5-8b"}
 # variants made here from a file: name -> (file, [(old, new)])
 VARIANTS = {
@@ -177,7 +179,7 @@ SMOLLM3_CASES = [
      {"enable_thinking": False}),
 ]
 WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2", "gpt-oss", "granite3.1", "granite3.0",
-              "granite3.2", "granite3.3", "lfm2", "lfm2.5", "lfm2.5-8b")
+              "granite3.2", "granite3.3", "granite4.0", "lfm2", "lfm2.5", "lfm2.5-8b")
 # LFM2 and LFM2.5: an empty system message (no system turn), a later one (a turn of its own),
 # earlier answers' think blocks (LFM2.5 keeps the last answer's, 8B the answers' after the last
 # user turn), tools with an empty system message, calls' arguments in Python form (8B writes
@@ -217,6 +219,36 @@ GRANITE_THINKING_CASES = [
      {"chat_template_kwargs": {"thinking": True}}),
     ("granite thinking and tools", [(U, "Add 2 and 3")],
      {"chat_template_kwargs": {"thinking": True}, "tools": TOOLS}),
+]
+# Granite 4.0: an empty system message (its default text then), with tools too; a later system
+# message; calls after content and without, two in a turn, non-ASCII and nested arguments;
+# results in a row and apart; content given as text parts
+GRANITE4_CASES = [
+    ("an empty system message", [(S, ""), (U, "Hi")], None),
+    ("a later system message", [(U, "Hi"), (A, "Hello!"), (S, "Be brief."), (U, "Bye")], None),
+    ("text parts", [{"role": S, "content": [{"type": "text", "text": "Be"},
+                                            {"type": "text", "text": "brief."}]},
+                    {"role": U, "content": [{"type": "text", "text": "Hi"},
+                                            {"type": "text", "text": "there"}]}], None),
+]
+GRANITE4_TOOL_CASES = [
+    ("tools and an empty system message", [(S, ""), (U, "Add 2 and 3")]),
+    ("calls in turns apart",
+     [(S, "Be brief."), (U, "Add"), {"role": A, "content": "", "tool_calls": [
+         dict(CALL, function={"name": "now", "arguments": "{}"})]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "noon"},
+      {"role": A, "content": "Adding.\n", "tool_calls": [
+          dict(CALL, function={"name": "add", "arguments": json.dumps(
+              {"a": "caf\u00e9 \u2615", "b": [1, 2.5, True, None], "c": {"d": "x\"y\n"}})}),
+          dict(CALL, id="call_2")]},
+      {"role": "tool", "tool_call_id": "call_1", "content": " 5 \n"},
+      {"role": "tool", "tool_call_id": "call_2", "content": "{\"r\": 5}"},
+      (A, "Both are 5."), (U, "Thanks")]),
+    # arguments sent compact and unordered: written back as tojson writes the object
+    ("compact arguments",
+     [(U, "Add"), {"role": A, "content": None, "tool_calls": [
+         dict(CALL, function={"name": "add", "arguments": "{\"b\":3,\"a\":[1,{\"x\":\"\u00e9\"}]}"})]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "5"}]),
 ]
 # Where gpt-oss's template raises an exception but llama-server renders anyway (it hands the
 # reasoning of a call to the template as "thinking" and drops the content; it does not see the
@@ -272,6 +304,10 @@ def main():
                 if name.startswith("lfm2"):
                     cases += LFM2_CASES
                     cases += [(label, msgs, {"tools": TOOLS_LFM2}) for label, msgs in LFM2_TOOL_CASES]
+                if name == "granite4.0":
+                    cases += GRANITE4_CASES
+                    cases += [(label, msgs, {"tools": TOOLS_LFM2})
+                              for label, msgs in GRANITE4_TOOL_CASES]
                 if name.startswith("granite"):  # the generation prompt follows the last turn
                     cases.append(("a system message alone", [(S, "Be brief.")], None))
                     cases.append(("a tool role", [(U, "Hi"), {"role": "tool", "tool_call_id": "c",

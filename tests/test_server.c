@@ -508,7 +508,7 @@ static void test_tool_calls(void **state)
     assert_int_equal(srv_tools_render_result(SRV_CHAT_LFM25, "c1", "42", &role, &out), 0);
     assert_string_equal(out, "42");
     free(out);
-    assert_false(srv_tools_merge_results(SRV_CHAT_LFM2));
+    assert_null(srv_tools_merge_sep(SRV_CHAT_LFM2));
     assert_int_equal(srv_tools_render_calls(SRV_CHAT_LFM2, "Ok.", hist, &out), 0);
     assert_string_equal(out, "Ok."); /* LFM2's template writes content alone */
     free(out);
@@ -1142,6 +1142,123 @@ static void test_granite_required(void **state)
     }
 }
 
+/* Granite 4.0: the tools in its system turn (after the request's system text), earlier calls
+ * written back after the content, results in a row as one user turn of <tool_response> blocks;
+ * its calls read back whole and streamed as Hermes's; a forced call is "<tool_call>\n" then one
+ * call object, unclosed (the grammar cannot ask for "</tool_call>" after it), read back by the
+ * unforced reader. */
+static void test_granite40_tools(void **state)
+{
+    (void)state;
+    static const srv_chat_fmt g4 = {.tmpl = SRV_CHAT_GRANITE40};
+    static const char tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"
+        ",{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+             "{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":"
+             "\"Ok.\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{"
+             "\"name\":\"add\",\"arguments\":\"{\\\"a\\\":1}\"}},{\"id\":\"c2\",\"type\":"
+             "\"function\",\"function\":{\"name\":\"now\",\"arguments\":\"{}\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"2\"},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"noon\"}],%s}",
+             tools);
+    srv_request r;
+    srv_error e;
+    memset(&e, 0, sizeof e);
+    assert_int_equal(srv_request_parse(body, strlen(body), true, &g4, &k_defaults, &r, &e), 0);
+    assert_string_equal(
+        r.prompt_text,
+        "<|start_of_role|>system<|end_of_role|>Be brief.\n\nYou are a helpful assistant with "
+        "access to the following tools. You may call one or more tools to assist with the user "
+        "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n"
+        "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"add\", \"parameters\": "
+        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}, \"required\": "
+        "[\"a\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\"}}\n</tools>\n\n"
+        "For each tool call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+        "\"arguments\": <args-json-object>}\n</tool_call>. If a tool does not exist in the "
+        "provided list of tools, notify the user that you do not have the ability to fulfill the "
+        "request.<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>x<|end_of_text|>\n"
+        "<|start_of_role|>assistant<|end_of_role|>Ok.\n<tool_call>\n{\"name\": \"add\", "
+        "\"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": "
+        "{}}\n</tool_call><|end_of_text|>\n<|start_of_role|>user<|end_of_role|>\n<tool_response>\n"
+        "2\n</tool_response>\n<tool_response>\nnoon\n</tool_response><|end_of_text|>\n"
+        "<|start_of_role|>assistant<|end_of_role|>");
+    assert_false(r.tool_native);
+    srv_request_free(&r);
+
+    /* read back: one block or more, the text around them content; streamed up to a tag */
+    cJSON *tl = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"add\"}},"
+                            "{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]");
+    const char *two = "Sure.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n"
+                      "</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n"
+                      "</tool_call>";
+    cJSON *calls = NULL;
+    char *rest = NULL;
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_GRANITE40, two, strlen(two), false, tl, "g", &calls, &rest), 2);
+    assert_string_equal(rest, "Sure.\n\n");
+    cJSON_Delete(calls);
+    free(rest);
+    stream_safe_holds(SRV_CHAT_GRANITE40, tl, two, strlen("Sure.\n"));
+    stream_safe_holds(SRV_CHAT_GRANITE40, tl, "No call <tool_ca", strlen("No call "));
+    cJSON_Delete(tl);
+
+    static const char one[] = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}",
+                      now[] = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}";
+    static const struct {
+        const char *choice; /* tool_choice, and parallel_tool_calls where given */
+        const char *text;
+        bool ok;
+    } cases[] = {
+        {"\"required\"", one, true},
+        {"\"required\"", now, true},
+        {"\"required\"", "<tool_call>\n{\n  \"name\": \"now\",\n  \"arguments\": {}\n}", true},
+        {"\"required\"", "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>",
+         false},
+        {"\"required\"", "<tool_call>{\"name\": \"now\", \"arguments\": {}}", false},
+        {"\"required\"", "<tool_call>\n[{\"name\": \"now\", \"arguments\": {}}]", false},
+        {"\"required\"", "{\"name\": \"now\", \"arguments\": {}}", false}, /* the generic form */
+        {"\"required\"", "<tool_call>\n{\"name\": \"sub\", \"arguments\": {}}", false},
+        {"\"required\",\"parallel_tool_calls\":false", one, true},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"add\"}}", one, true},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"add\"}}", now, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":%s}",
+                 tools, cases[i].choice);
+        memset(&e, 0, sizeof e);
+        assert_int_equal(srv_request_parse(body, strlen(body), true, &g4, &k_defaults, &r, &e), 0);
+        assert_true(r.tool_native);
+        const char *gen = "<|start_of_role|>assistant<|end_of_role|>";
+        size_t pl = strlen(r.prompt_text);
+        assert_string_equal(r.prompt_text + pl - strlen(gen), gen);
+        grammar *g;
+        assert_int_equal(grammar_create(r.grammar, &g), 0);
+        bool ok =
+            grammar_accept_bytes(g, cases[i].text, strlen(cases[i].text)) && grammar_is_complete(g);
+        if (ok != cases[i].ok)
+            fail_msg("%s: %s: %s", cases[i].choice, cases[i].text, ok ? "accepted" : "refused");
+        grammar_destroy(g);
+        if (ok) { /* read back as an unforced call, the block left open */
+            int n = srv_tools_parse(SRV_CHAT_GRANITE40, cases[i].text, strlen(cases[i].text), false,
+                                    r.tools, "x", &calls, &rest);
+            assert_int_equal(n, 1);
+            assert_string_equal(rest, "");
+            const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+            assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring,
+                                cases[i].text == one ? "add" : "now");
+            cJSON_Delete(calls);
+            free(rest);
+        }
+        srv_request_free(&r);
+    }
+}
+
 static void test_reasoning_split(void **state)
 {
     (void)state;
@@ -1329,6 +1446,7 @@ int main(void)
         cmocka_unit_test(test_relay_no_nagle),   cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_harmony_split),    cmocka_unit_test(test_granite_split),
         cmocka_unit_test(test_harmony_required), cmocka_unit_test(test_granite_required),
+        cmocka_unit_test(test_granite40_tools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

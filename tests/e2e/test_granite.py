@@ -13,7 +13,9 @@ template (granite3.3.jinja) on the same vocabulary with <think> and </think> app
 user-defined tokens, a test device (Granite 3.3 writes them as text): chat_template_kwargs.thinking
 adds its reasoning system text, enable_thinking and documents are 400s naming them, and an
 answer opening with <think> comes back as reasoning_content (the splitting itself:
-tests/test_server.c), whole and streamed alike."""
+tests/test_server.c), whole and streamed alike. Granite 4.0's template (granite4.0.jinja,
+class Granite40): detected, its prompts, its call tags printed, and forced calls written as
+"<tool_call>\n" then one call (the block left open) and read back, whole and streamed."""
 import json
 import os
 import subprocess
@@ -193,6 +195,141 @@ class Granite33(unittest.TestCase):
         self.assertEqual(self.chat(self.srv), (None, "<think><think>"))
         self.assertEqual(self.chat(self.srv, stream=True), (None, "<think><think>"))
         self.assertEqual(self.chat(self.none), ("<think>" * 3, None))
+
+
+class Granite40(unittest.TestCase):
+    """Granite 4.0 (granite4.0.jinja) on GPT-2's vocabulary with Granite 4.0's role markers and
+    <tools>, </tools> appended as control tokens, and its call tags <tool_call>, </tool_call>
+    as control tokens too: its own vocabulary holds the tags as plain added tokens (printed
+    anyway); as control tokens they show fix_granite prints them (the test fails without it)."""
+
+    @classmethod
+    def setUpClass(cls):
+        require_mkmodel(VOCAB)
+        cls.dir = tempfile.TemporaryDirectory()
+        vocab = os.path.join(cls.dir.name, "granite4-vocab.gguf")
+        cls.ids = harmony_vocab.append(
+            VOCAB, vocab, ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<tools>",
+                           "</tools>", "<tool_call>", "</tool_call>"],
+            ["<tool_response>", "</tool_response>"], eos="<|end_of_text|>")
+        path = os.path.join(cls.dir.name, "granite4.gguf")
+        with open(os.path.join(HERE, "..", "data", "chat_templates", "granite4.0.jinja")) as f:
+            template = f.read()
+        subprocess.run([MKMODEL, "--shape", "tiny", "--arch", "granite", "--vocab", vocab,
+                        "-o", path, "--chat-template", template], check=True,
+                       capture_output=True)
+        cls.srv = Server(ctx=2048, model=path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        cls.dir.cleanup()
+
+    def test_detected(self):
+        self.assertIn("chat template granite4.0", self.srv.stderr())
+
+    def test_prompt(self):
+        # no system message: the template's default; tools: in <tools> in the system turn
+        st, out = self.srv.post("/apply-template", {"messages": MSGS})
+        self.assertEqual(st, 200, out)
+        self.assertEqual(out["prompt"], "<|start_of_role|>system<|end_of_role|>You are a helpful "
+                         "assistant. Please ensure responses are professional, accurate, and "
+                         "safe.<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Hi"
+                         "<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>")
+        st, out = self.srv.post("/apply-template", {"messages": MSGS, "tools": TOOLS})
+        self.assertEqual(st, 200, out)
+        self.assertTrue(out["prompt"].startswith(
+            "<|start_of_role|>system<|end_of_role|>You are a helpful assistant with access to "
+            "the following tools."), out)
+        self.assertIn("<tools>\n" + json.dumps(TOOLS[0]) + "\n", out["prompt"])
+        # no switches: the template reads none
+        st, out = self.srv.post("/v1/chat/completions", {
+            "messages": MSGS, "max_tokens": 1, "chat_template_kwargs": {"thinking": True}})
+        self.assertEqual(st, 400, out)
+
+    def test_tokens(self):
+        text = "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|><tool_call></tool_call>"
+        st, out = self.srv.post("/tokenize", {"prompt": text, "add_special_tokens": False})
+        self.assertEqual(st, 200, out)
+        toks = out["tokens"]
+        self.assertEqual(toks[0], self.ids["<|start_of_role|>"])
+        self.assertEqual(toks[-3:], [self.ids["<|end_of_text|>"], self.ids["<tool_call>"],
+                                     self.ids["</tool_call>"]])
+        # the call tags print; <|end_of_text|> ends a generation; <tools> prints nothing
+        self.assertEqual(forced_first(self, self.srv, self.ids["<|end_of_text|>"]),
+                         ("stop", 1, ""))
+        self.assertEqual(forced_first(self, self.srv, self.ids["<tool_call>"]),
+                         ("length", 3, "<tool_call>" * 3))
+        self.assertEqual(forced_first(self, self.srv, self.ids["</tool_call>"]),
+                         ("length", 3, "</tool_call>" * 3))
+        self.assertEqual(forced_first(self, self.srv, self.ids["<tools>"]), ("length", 3, ""))
+
+    def forced(self, choice, **extra):
+        """A forced call, whole and streamed: the raw text (the tokens' logprobs view) is
+        "<tool_call>\n" then the one call returned, the block left open (the grammar ends it
+        there); finish_reason tool_calls, no content."""
+        body = {"messages": MSGS, "tools": TOOLS, "tool_choice": choice, "max_tokens": 64,
+                "temperature": 0}
+        body.update(extra)
+        st, out = self.srv.post("/v1/chat/completions", dict(body, logprobs=True))
+        self.assertEqual(st, 200, out)
+        c = out["choices"][0]
+        if c["finish_reason"] == "length":
+            self.skipTest("this random model's call did not end in 64 tokens")
+        self.assertEqual(c["finish_reason"], "tool_calls", out)
+        self.assertIsNone(c["message"]["content"], out)
+        calls = c["message"]["tool_calls"]
+        self.assertEqual(len(calls), 1, out)
+        raw = "".join(t["token"] for t in c["logprobs"]["content"])
+        self.assertTrue(raw.startswith("<tool_call>\n{"), raw)
+        f = calls[0]["function"]
+        self.assertEqual(json.loads(raw[len("<tool_call>\n"):]),
+                         {"name": f["name"], "arguments": json.loads(f["arguments"])})
+        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        deltas = [e["choices"][0] for e in events if e.get("choices")]
+        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+        self.assertEqual([(t["function"]["name"], t["function"]["arguments"]) for t in streamed],
+                         [(f["name"], f["arguments"])])
+        self.assertFalse("".join(d["delta"].get("content") or "" for d in deltas))
+        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
+        return calls
+
+    def test_required(self):
+        self.forced("required")
+        self.forced("required", parallel_tool_calls=False)
+
+    def test_named(self):
+        calls = self.forced({"type": "function", "function": {"name": "mul"}})
+        self.assertEqual(calls[0]["function"]["name"], "mul")
+
+    def test_tag_token(self):
+        # favoured, the model writes the opening tag as its one token, and the call reads back
+        self.forced("required", logit_bias={str(self.ids["<tool_call>"]): 30})
+        body = {"messages": MSGS, "tools": TOOLS, "tool_choice": "required", "max_tokens": 64,
+                "temperature": 0, "logprobs": True,
+                "logit_bias": {str(self.ids["<tool_call>"]): 30}}
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(out["choices"][0]["logprobs"]["content"][0]["token"], "<tool_call>")
+
+    def test_tag_reaches_call_reader(self):
+        # tools on (auto), the model made to open with the tag: the reader holds back what
+        # follows it, and with no call after it (a random model's) the text stays content,
+        # the same streamed and whole
+        body = {"messages": MSGS, "tools": TOOLS, "max_tokens": 2, "temperature": 0,
+                "logit_bias": {str(self.ids["<tool_call>"]): 100}}
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        msg = out["choices"][0]["message"]
+        self.assertEqual(msg["content"], "<tool_call>" * 2, out)
+        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                       if e.get("choices"))
+        self.assertEqual(text, msg["content"])
 
 
 if __name__ == "__main__":
