@@ -401,7 +401,8 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
  * for Qwen 3's template, the reasoning goes back in front as the think block the template
  * reads it from (the template then keeps or drops it by its own rule). SmolLM3's template
  * reads content only, so there the reasoning is not rendered (as llama.cpp renders it). */
-static int add_reasoning(const cJSON *msg, int i, char **text, srv_error *e)
+static int add_reasoning(enum srv_chat_tmpl tmpl, const cJSON *msg, int i, char **text,
+                         srv_error *e)
 {
     const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
     if (!rc || cJSON_IsNull(rc))
@@ -409,10 +410,20 @@ static int add_reasoning(const cJSON *msg, int i, char **text, srv_error *e)
     if (!cJSON_IsString(rc))
         return srv_error_set(e, 400, "messages", NULL,
                              "messages[%d].reasoning_content must be a string", i);
+    bool mistral = tmpl == SRV_CHAT_MISTRAL3_THINK;
+    if ((mistral || tmpl == SRV_CHAT_MISTRAL3) && !*rc->valuestring)
+        return 0; /* no thinking chunk for an empty one */
+    /* llama-server hands Mistral's templates the reasoning as a thinking chunk before the
+     * text: the Reasoning template writes it in [THINK] tags, the Instruct one raises */
+    if (tmpl == SRV_CHAT_MISTRAL3)
+        return srv_error_set(e, 400, "messages", NULL,
+                             "messages[%d].reasoning_content: this model's template takes no "
+                             "reasoning (its Instruct template raises on a thinking chunk)",
+                             i);
     kvs_buf b = {0};
-    kvs_buf_add(&b, "<think>\n");
+    kvs_buf_add(&b, mistral ? "[THINK]" : "<think>\n");
     kvs_buf_add(&b, rc->valuestring);
-    kvs_buf_add(&b, "\n</think>\n\n");
+    kvs_buf_add(&b, mistral ? "[/THINK]" : "\n</think>\n\n");
     kvs_buf_add(&b, *text);
     char *s;
     if (kvs_buf_take(&b, &s))
@@ -645,11 +656,21 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
                 goto out;
             if (content && !cJSON_IsNull(content) && (rc = content_text(content, i, &text, e)))
                 goto out;
+            if ((tmpl == SRV_CHAT_MISTRAL3 || tmpl == SRV_CHAT_MISTRAL3_THINK) &&
+                (rc =
+                     text || (text = strdup("")) ? add_reasoning(tmpl, it, i, &text, e) : oom(e))) {
+                free(text);
+                goto out;
+            }
             int rr = srv_tools_render_calls(tmpl, text, tc, &texts[k]);
             free(text);
             if (!rr)
                 rr = srv_tools_render_calls_apart(tmpl, tc, &calls[k]);
             x[k].calls = calls[k];
+            /* the first call's name marks a turn with calls (srv_chat_check) */
+            x[k].call_name = cJSON_GetObjectItemCaseSensitive(
+                                 cJSON_GetObjectItemCaseSensitive(tc->child, "function"), "name")
+                                 ->valuestring;
             if (rr) {
                 rc = oom(e);
                 goto out;
@@ -689,8 +710,10 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
             prev_tool = true;
         } else if ((rc = content_text(content, i, &texts[k], e))) {
             goto out;
-        } else if (!strcmp(ro, "assistant") && tmpl == SRV_CHAT_QWEN3 &&
-                   (rc = add_reasoning(it, i, &texts[k], e))) {
+        } else if (!strcmp(ro, "assistant") &&
+                   (tmpl == SRV_CHAT_QWEN3 || tmpl == SRV_CHAT_MISTRAL3 ||
+                    tmpl == SRV_CHAT_MISTRAL3_THINK) &&
+                   (rc = add_reasoning(tmpl, it, i, &texts[k], e))) {
             goto out;
         }
         if (k == 1 && tools_on && !tools_user && !strcmp(ro, "system") && i == 0) {
@@ -720,7 +743,11 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
         i++;
         k++;
     }
-    if (srv_chat_render(tmpl, m, (size_t)k, &opts, &r->prompt_text))
+    size_t bad = 0;
+    const char *why = srv_chat_check(tmpl, m, (size_t)k, &opts, &bad);
+    if (why) /* (k counts the messages as the request has them: no system slot was added) */
+        rc = srv_error_set(e, 400, "messages", NULL, "messages[%zu]: %s", bad, why);
+    else if (srv_chat_render(tmpl, m, (size_t)k, &opts, &r->prompt_text))
         rc = oom(e);
 out:
     free(tools_user);

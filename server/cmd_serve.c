@@ -87,7 +87,8 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr,
                 "kvserve serve: unknown --chat-template '%s' "
                 "(chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|harmony|"
-                "granite|granite3.0|granite3.2|granite3.3|ernie4.5|lfm2|lfm2.5|lfm2.5-8b|plain)\n",
+                "granite|granite3.0|granite3.2|granite3.3|ernie4.5|lfm2|lfm2.5|lfm2.5-8b|mistral3|"
+                "mistral3-think|plain)\n",
                 cfg.chat_template);
         srv_config_free(&cfg);
         return 2;
