@@ -296,6 +296,80 @@ static void test_tool_calls_stream_safe(void **state)
     stream_safe_holds(SRV_CHAT_LFM2, tools,
                       "Ok <|tool_call_start|>[add(a=1)]<|tool_call_end|> done <|tool_cal", 3);
     stream_safe_holds(SRV_CHAT_LFM25, tools, "No call <|tool_call_start|>[nope()]", 8);
+    stream_safe_holds(SRV_CHAT_MISTRAL3, tools,
+                      "Ok [TOOL_CALLS]add[ARGS]{\"a\": 1}[TOOL_CALLS]add[ARGS]{} [TOOL_CA", 3);
+    stream_safe_holds(SRV_CHAT_MISTRAL3_THINK, tools, "No call [TOOL_CALLS]nope[ARGS]{}", 8);
+    cJSON_Delete(tools);
+}
+
+/* Mistral's current calls: [TOOL_CALLS]name[ARGS]{...} one after another, the text before the
+ * first content; v3's list still read; anything that is not all calls of the tools is text. */
+static void test_mistral3_calls(void **state)
+{
+    (void)state;
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"add\"}},"
+                               "{\"type\":\"function\",\"function\":{\"name\":\"w.x-1\"}}]");
+    cJSON *calls = NULL;
+    char *rest = NULL;
+    const char *two = "Sure. [TOOL_CALLS]add[ARGS]{\"a\": [1, {\"b\": \"[ARGS]\"}]} \n"
+                      "[TOOL_CALLS]w.x-1[ARGS] {}\n";
+    for (int t = SRV_CHAT_MISTRAL3; t <= SRV_CHAT_MISTRAL3_THINK; t++) {
+        assert_int_equal(srv_tools_parse((enum srv_chat_tmpl)t, two, strlen(two), false, tools, "m",
+                                         &calls, &rest),
+                         2);
+        assert_string_equal(rest, "Sure. ");
+        const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+        assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "add");
+        assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring,
+                            "{\"a\":[1,{\"b\":\"[ARGS]\"}]}");
+        fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "function");
+        assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "w.x-1");
+        assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "id")->valuestring,
+                            "call_m_1");
+        cJSON_Delete(calls);
+        free(rest);
+    }
+    const char *v3 = "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 2}}]";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_MISTRAL3, v3, strlen(v3), false, tools, "v", &calls, &rest), 1);
+    assert_string_equal(rest, "");
+    cJSON_Delete(calls);
+    free(rest);
+    static const char *const not_calls[] = {
+        "[TOOL_CALLS]nope[ARGS]{}",                                /* not a tool */
+        "[TOOL_CALLS]add[ARGS]{\"a\": 1}[TOOL_CALLS]nope[ARGS]{}", /* one of them not */
+        "[TOOL_CALLS]add[ARGS][1]",                                /* not an object */
+        "[TOOL_CALLS]add[ARGS]{\"a\": ",                           /* cut */
+        "[TOOL_CALLS]add{\"a\": 1}",                               /* no [ARGS] */
+        "[TOOL_CALLS]add[ARGS]{} trailing text",                   /* text after a call */
+        "[TOOL_CALLS][ARGS]{}",                                    /* no name */
+        "[TOOL_CALLS]",
+    };
+    for (size_t i = 0; i < sizeof not_calls / sizeof not_calls[0]; i++) {
+        assert_int_equal(srv_tools_parse(SRV_CHAT_MISTRAL3, not_calls[i], strlen(not_calls[i]),
+                                         false, tools, "n", &calls, &rest),
+                         0);
+        assert_null(calls);
+    }
+    /* an earlier call written back: [TOOL_CALLS]name[ARGS] and the arguments' object as tojson
+     * prints it (as llama-server hands it to the template) */
+    cJSON *tc = cJSON_Parse("[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                            "\"add\",\"arguments\":\"{\\\"a\\\":2,  \\\"b\\\":2.50}\"}},{\"id\":"
+                            "\"c2\",\"type\":\"function\",\"function\":{\"name\":\"w.x-1\","
+                            "\"arguments\":\"{}\"}}]");
+    assert_non_null(tc);
+    char *out = NULL;
+    assert_int_equal(srv_tools_render_calls(SRV_CHAT_MISTRAL3, "Ok.", tc, &out), 0);
+    assert_string_equal(out, "Ok.[TOOL_CALLS]add[ARGS]{\"a\": 2, \"b\": 2.5}[TOOL_CALLS]w.x-1"
+                             "[ARGS]{}");
+    free(out);
+    const char *role = NULL;
+    assert_int_equal(srv_tools_render_result(SRV_CHAT_MISTRAL3, "c1", " 5\n", &role, &out), 0);
+    assert_string_equal(role, "tool");
+    assert_string_equal(out, "[TOOL_RESULTS] 5\n[/TOOL_RESULTS]");
+    free(out);
+    assert_true(srv_tools_in_user_turn(SRV_CHAT_MISTRAL3_THINK));
+    cJSON_Delete(tc);
     cJSON_Delete(tools);
 }
 
@@ -855,6 +929,20 @@ static void think_split(const char *text, const char *want_r, const char *want_c
 /* Granite 3.2's phrases in the tags' place (as vLLM's granite reasoning parser reads them);
  * Granite 3.3's <think> as Qwen 3's, its <response> tags left in the content (as llama-server
  * leaves them). */
+/* Ministral 3 Reasoning's and Magistral's [THINK] block in the tags' place (as llama-server
+ * splits them); the Instruct family does not split. */
+static void test_mistral3_split(void **state)
+{
+    (void)state;
+    split_as(SRV_CHAT_MISTRAL3_THINK, "[THINK]\nPlan.\n[/THINK]\nAnswer.", "Plan.", "Answer.");
+    split_as(SRV_CHAT_MISTRAL3_THINK, "[THINK]cut", "cut", "");
+    split_as(SRV_CHAT_MISTRAL3_THINK, "[THI", "", "[THI");
+    split_as(SRV_CHAT_MISTRAL3_THINK, "Hi [THINK]x[/THINK]", "", "Hi [THINK]x[/THINK]");
+    split_as(SRV_CHAT_MISTRAL3_THINK, "<think>a</think>b", "", "<think>a</think>b");
+    split_as(SRV_CHAT_MISTRAL3_THINK, "[THINK]a[/THINK][TOOL_CALLS]add[ARGS]{}", "a",
+             "[TOOL_CALLS]add[ARGS]{}");
+}
+
 static void test_granite_split(void **state)
 {
     (void)state;
@@ -1303,6 +1391,7 @@ int main(void)
         cmocka_unit_test(test_json_py),          cmocka_unit_test(test_tool_calls_stream_safe),
         cmocka_unit_test(test_relay_no_nagle),   cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_harmony_split),    cmocka_unit_test(test_granite_split),
+        cmocka_unit_test(test_mistral3_split),   cmocka_unit_test(test_mistral3_calls),
         cmocka_unit_test(test_harmony_required), cmocka_unit_test(test_granite_required),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
