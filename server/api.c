@@ -874,9 +874,44 @@ static int granite_grammar(srv_request *r, srv_error *e)
     return 0;
 }
 
+/* Mistral's current format with a forced call: the call as its models write calls,
+ * "[TOOL_CALLS]" NAME "[ARGS]" ARGS (srv_json_schema_tool_calls with the separator [ARGS]: raw
+ * text, then the arguments as JSON), read back by the unforced reader (tool_calls.c), as
+ * llama.cpp's grammar for Ministral 3 / Magistral forces it. [TOOL_CALLS] and [ARGS] are special
+ * tokens, but a Mistral vocabulary writes them out as their text (engine/tokenizer.c
+ * fix_mistral), so the grammar's vocabulary trie holds them as those bytes and the model may
+ * write each as the one token it was trained on. One call, whatever parallel_tool_calls says
+ * (the grammar builder has no repetition of a raw-text node); no [THINK] block before it: the
+ * grammar holds from the first token. */
+static int mistral3_grammar(srv_request *r, srv_error *e)
+{
+    static const char mark[] = "[TOOL_CALLS]", sep[] = "[ARGS]";
+    grammar_builder *b = NULL;
+    grammar_def *g = NULL;
+    char err[200] = "";
+    int32_t calls, root;
+    int rc = grammar_builder_create(&b);
+    if (!rc)
+        rc = srv_json_schema_tool_calls(b, r->tools, r->tool_name, sep, &calls, err, sizeof err);
+    if (!rc)
+        rc = grammar_builder_prefixed(b, mark, sizeof mark - 1, calls, &root);
+    if (!rc)
+        rc = grammar_builder_finish(b, root, NULL, &g, err, sizeof err);
+    grammar_builder_destroy(b);
+    if (rc == KVS_ENOMEM)
+        return oom(e);
+    if (rc) /* compiled already as the generic grammar: not expected */
+        return srv_error_set(e, 400, "tools", NULL, "%s", err);
+    grammar_def_destroy(r->grammar);
+    r->grammar = g;
+    r->tool_native = true;
+    return 0;
+}
+
 /* tools, tool_choice, parallel_tool_calls (chat). A forced choice ("required" or a named
  * function) compiles the calls' grammar: the bare {"name", "arguments"} object, or the
- * family's own call syntax where kvserve writes it (gpt-oss, Granite). */
+ * family's own call syntax where kvserve writes it (gpt-oss, Granite, Mistral's current
+ * format). */
 static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     r->tool_choice = SRV_TOOLS_NONE;
@@ -964,6 +999,8 @@ static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *
         if (tmpl == SRV_CHAT_GRANITE || tmpl == SRV_CHAT_GRANITE30 || tmpl == SRV_CHAT_GRANITE32 ||
             tmpl == SRV_CHAT_GRANITE33)
             return granite_grammar(r, e);
+        if (tmpl == SRV_CHAT_MISTRAL3 || tmpl == SRV_CHAT_MISTRAL3_THINK)
+            return mistral3_grammar(r, e);
     }
     return 0;
 }

@@ -1205,6 +1205,69 @@ static void test_granite_required(void **state)
     }
 }
 
+/* Mistral's current format with a forced call: the grammar allows only its own call syntax,
+ * [TOOL_CALLS]NAME[ARGS]ARGS, one call (the named function's for a named choice), read back by
+ * the unforced reader; the prompt is the unforced one. */
+static void test_mistral3_required(void **state)
+{
+    (void)state;
+    static const srv_chat_fmt m3 = {SRV_CHAT_MISTRAL3_THINK, NULL, 0};
+    static const char tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"
+        ",{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
+    static const char one[] = "[TOOL_CALLS]add[ARGS]{\"a\": 1}";
+    static const struct {
+        const char *choice;
+        const char *text;
+        bool ok;
+    } cases[] = {
+        {"\"required\"", one, true},
+        {"\"required\"", "[TOOL_CALLS]now[ARGS]{}", true},
+        {"\"required\"", "[TOOL_CALLS]add[ARGS]{\"a\": 1}[TOOL_CALLS]now[ARGS]{}", false},
+        {"\"required\"", "[TOOL_CALLS]add[ARGS]{\"a\": \"x\"}", false},
+        {"\"required\"", "[TOOL_CALLS]sub[ARGS]{}", false},
+        {"\"required\"", " [TOOL_CALLS]now[ARGS]{}", false},
+        {"\"required\"", "[THINK]x[/THINK][TOOL_CALLS]now[ARGS]{}", false},
+        {"\"required\"", "{\"name\": \"now\", \"arguments\": {}}", false}, /* generic */
+        {"\"required\"", "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]", false},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"add\"}}", one, true},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"now\"}}", one, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[1024];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":%s}",
+                 tools, cases[i].choice);
+        srv_request r;
+        srv_error e;
+        memset(&e, 0, sizeof e);
+        assert_int_equal(srv_request_parse(body, strlen(body), true, &m3, &k_defaults, &r, &e), 0);
+        assert_true(r.tool_native);
+        size_t pl = strlen(r.prompt_text);
+        assert_string_equal(r.prompt_text + pl - strlen("[INST]x[/INST]"), "[INST]x[/INST]");
+        grammar *g;
+        assert_int_equal(grammar_create(r.grammar, &g), 0);
+        bool ok =
+            grammar_accept_bytes(g, cases[i].text, strlen(cases[i].text)) && grammar_is_complete(g);
+        if (ok != cases[i].ok)
+            fail_msg("%s: %s: %s", cases[i].choice, cases[i].text, ok ? "accepted" : "refused");
+        grammar_destroy(g);
+        if (ok) {
+            cJSON *calls = NULL;
+            char *rest = NULL;
+            assert_int_equal(srv_tools_parse(SRV_CHAT_MISTRAL3_THINK, cases[i].text,
+                                             strlen(cases[i].text), false, r.tools, "x", &calls,
+                                             &rest),
+                             1);
+            assert_string_equal(rest, "");
+            cJSON_Delete(calls);
+            free(rest);
+        }
+        srv_request_free(&r);
+    }
+}
+
 static void test_reasoning_split(void **state)
 {
     (void)state;
@@ -1381,18 +1444,19 @@ static void test_embeddings(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_completion_ok),    cmocka_unit_test(test_chat_ok),
-        cmocka_unit_test(test_reasoning_split),  cmocka_unit_test(test_rejects),
-        cmocka_unit_test(test_error_json),       cmocka_unit_test(test_config),
-        cmocka_unit_test(test_default_json),     cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_kv_view),          cmocka_unit_test(test_http_head),
-        cmocka_unit_test(test_chunk_lines),      cmocka_unit_test(test_new_fields),
-        cmocka_unit_test(test_cors_config),      cmocka_unit_test(test_tool_calls),
-        cmocka_unit_test(test_json_py),          cmocka_unit_test(test_tool_calls_stream_safe),
-        cmocka_unit_test(test_relay_no_nagle),   cmocka_unit_test(test_embeddings),
-        cmocka_unit_test(test_harmony_split),    cmocka_unit_test(test_granite_split),
-        cmocka_unit_test(test_mistral3_split),   cmocka_unit_test(test_mistral3_calls),
-        cmocka_unit_test(test_harmony_required), cmocka_unit_test(test_granite_required),
+        cmocka_unit_test(test_completion_ok),     cmocka_unit_test(test_chat_ok),
+        cmocka_unit_test(test_reasoning_split),   cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_error_json),        cmocka_unit_test(test_config),
+        cmocka_unit_test(test_default_json),      cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_kv_view),           cmocka_unit_test(test_http_head),
+        cmocka_unit_test(test_chunk_lines),       cmocka_unit_test(test_new_fields),
+        cmocka_unit_test(test_cors_config),       cmocka_unit_test(test_tool_calls),
+        cmocka_unit_test(test_json_py),           cmocka_unit_test(test_tool_calls_stream_safe),
+        cmocka_unit_test(test_relay_no_nagle),    cmocka_unit_test(test_embeddings),
+        cmocka_unit_test(test_harmony_split),     cmocka_unit_test(test_granite_split),
+        cmocka_unit_test(test_mistral3_split),    cmocka_unit_test(test_mistral3_calls),
+        cmocka_unit_test(test_harmony_required),  cmocka_unit_test(test_granite_required),
+        cmocka_unit_test(test_mistral3_required),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

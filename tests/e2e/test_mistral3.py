@@ -11,8 +11,8 @@ devices, so that a random model can be made to write a whole answer in one token
 them), come back as two tool_calls whole and streamed (the reading itself: tests/test_server.c),
 and [THINK]plan[/THINK]Done as reasoning_content and content; enable_thinking is a 400 (no such
 switch); turns that do not alternate are a 400, as the template raises. A forced call
-(tool_choice required or named) is generated as the generic JSON object and comes back as
-tool_calls."""
+(tool_choice required or named) is generated in Mistral's own syntax, [TOOL_CALLS]NAME[ARGS]ARGS
+(the markers as their one token each or as text), and comes back as tool_calls."""
 import json
 import os
 import subprocess
@@ -167,6 +167,14 @@ class Ministral3(unittest.TestCase):
 
     def test_required(self):
         self.forced("required")
+        # the raw text, through logprobs: Mistral's syntax, not the generic object
+        body = {"messages": MSGS, "tools": TOOLS, "tool_choice": "required", "max_tokens": 64,
+                "temperature": 0, "logprobs": True}
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        raw = "".join(t["token"] for t in out["choices"][0]["logprobs"]["content"])
+        self.assertTrue(raw.startswith("[TOOL_CALLS]add[ARGS]{") or
+                        raw.startswith("[TOOL_CALLS]mul[ARGS]{"), raw)
 
     def test_named(self):
         self.assertEqual(self.forced({"type": "function", "function": {"name": "mul"}})["name"],
