@@ -1,7 +1,8 @@
 """meson test 'peer_templates': the chat templates of the families kvserve detects, checked
 against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
 official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2,
-gpt-oss, SmolLM3, Granite 3.0, 3.1, 3.2 and 3.3, ERNIE 4.5, LFM2, LFM2.5, LFM2.5-8B-A1B);
+gpt-oss, SmolLM3, Granite 3.0, 3.1, 3.2 and 3.3, ERNIE 4.5, LFM2, LFM2.5, LFM2.5-8B-A1B, Ministral 3
+Instruct and Reasoning);
 a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
 /apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
 llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
@@ -27,6 +28,11 @@ back in Python form (strings, numbers, True/False/None, lists and dicts), and th
 keep earlier answers' think blocks (keep_past_thinking, 8B's preserve_thinking); llama-server (d32676d)
 hands them no "thinking" field (8B's template reads one), so reasoning_content is not rendered by
 either.
+Ministral 3's are compared with calls after content (llama-server hands the template the object an
+arguments string holds, so the call is written as its tojson: kvserve writes it so), results in a
+row, an earlier answer's [THINK] block and reasoning_content (a thinking chunk for the Reasoning
+template; the Instruct one raises on it, and kvserve refuses it), and the turns the templates
+raise on (REFUSES_TOO).
 Exits 77 (meson's skip) with the reason when llama-server (KVS_PEER/llama.cpp/bin) is absent.
 Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER; by hand: test_peer_templates.py [NAME ...]."""
 import json
