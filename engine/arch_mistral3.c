@@ -15,7 +15,9 @@
  *     1 + scale ln(1 + floor(pos / n)), n = rope.scaling.original_context_length (llama.cpp's
  *     n_ctx_orig_yarn, context_length when absent), computed as llama.cpp's set_input does (a
  *     float quotient, the logarithm in double). attention.temperature_length is not read by
- *     llama.cpp for this family: a file whose value differs from n is refused.
+ *     llama.cpp for this family (d32676d: a file with 16 over an original context of 8 gives
+ *     llama-server the tokens of the same file without it, not those of one over 16): a file
+ *     whose value differs from n is refused rather than run one way or the other.
  * Optional Q/K/V and output biases are added; MLP biases, attention.scale (the graph's
  * f_attention_scale, which llama.cpp does not load for mistral3) are refused by name. */
 #include "engine/arch.h"
