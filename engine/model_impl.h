@@ -91,6 +91,9 @@ struct engine_model {
     float logit_mul;        /* logits are multiplied by it (granite: 1 / logit_scale); 1 */
     float residual_scale;   /* != 0: a sublayer's output is times it before the residual add
                                (granite); 0: added as it is */
+    float attn_temp_scale;  /* mistral3's attention.temperature_scale: each query row times
+                               1 + it ln(1 + floor(pos / attn_temp_len)) after RoPE */
+    uint32_t attn_temp_len; /* the positions' divisor; 0: no temperature */
     bool no_rope;           /* granite's rope.scaling.finetuned false: every layer's no_rope
                                (positions enter through the causal mask only) */
     bool moe_dense;         /* an MoE model with dense MLP layers as well (ernie4_5-moe's leading

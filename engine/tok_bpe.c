@@ -32,6 +32,12 @@
     "[^\\r\\n\\p{L}\\p{N}]?" RE_O200K_UP "*" RE_O200K_LO "+" RE_O200K_CASE                         \
     "|[^\\r\\n\\p{L}\\p{N}]?" RE_O200K_UP "+" RE_O200K_LO "*" RE_O200K_CASE                        \
     "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* Mistral's tekken (Mistral NeMo, Ministral 3, Mistral Small 3.x, Magistral, Devstral): o200k's
+ * words (spelled as above) without the contractions, digits one by one. */
+#define RE_TEKKEN                                                                                  \
+    "[^\\r\\n\\p{L}\\p{N}]?" RE_O200K_UP "*" RE_O200K_LO "+"                                       \
+    "|[^\\r\\n\\p{L}\\p{N}]?" RE_O200K_UP "+" RE_O200K_LO "*"                                      \
+    "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* CJK ideographs, a block below them, Hangul (deepseek's "[一-龥ࠀ-一가-퟿]+"). */
 #define RE_DEEPSEEK_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 /* deepseek-llm's letter class: the cased letters (Lu, Ll, Lt) of its Unicode version, spelled
@@ -98,6 +104,8 @@ static const pre_def k_pre[] = {
     {{"dbrx", "smaug-bpe", NULL}, {RE_LLAMA3, NULL}, false, false},
     {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", NULL}, {RE_QWEN2, NULL}, false, false},
     {{"gpt-4o", "llama4", "minimax-m2", NULL}, {RE_O200K, NULL}, false, false},
+    /* llama.cpp: tekken takes whole words before merges and adds BOS, as llama3 */
+    {{"tekken", NULL}, {RE_TEKKEN, NULL}, true, true},
 };
 
 static const pre_def *find_pre(const char *name, size_t len)

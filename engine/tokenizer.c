@@ -151,6 +151,24 @@ static void fix_lfm2(tok_vocab *v)
     }
 }
 
+/* Mistral's tekken vocabulary (known by its [SYSTEM_PROMPT] and [TOOL_CALLS] tokens: Ministral 3,
+ * Mistral Small 3.x, Magistral, Devstral): a call is written [TOOL_CALLS]name[ARGS]{...} and
+ * a reasoning model's thoughts between [THINK] and [/THINK], control tokens that would print
+ * nothing; llama-server prints them as its Mistral formats' preserved tokens. Here they become
+ * user-defined, as fix_granite's, so server/tool_calls.c and the think splitter read them. */
+static void fix_mistral(tok_vocab *v)
+{
+    static const char *const shown[] = {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]",
+                                        "[/THINK]"};
+    if (by_text(v, "[SYSTEM_PROMPT]") < 0 || by_text(v, "[TOOL_CALLS]") < 0)
+        return;
+    for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++) {
+        int32_t id = by_text(v, shown[i]);
+        if (id >= 0 && (v->flags[id] & TOK__CONTROL))
+            v->flags[id] = (uint8_t)((v->flags[id] & ~TOK__CONTROL) | TOK__USER_DEFINED);
+    }
+}
+
 /* The end-of-generation set, as llama.cpp's llama_vocab builds special_eog_ids: EOS, EOT, EOM
  * and the end-of-turn markers by text. */
 static int find_eog(tok_vocab *v, const gguf_file *f)
@@ -185,6 +203,7 @@ static int find_eog(tok_vocab *v, const gguf_file *f)
     fix_harmony(v);
     fix_granite(v);
     fix_lfm2(v);
+    fix_mistral(v);
     return 0;
 }
 

@@ -401,7 +401,8 @@ static int parse_template_kwargs(const cJSON *root, enum srv_chat_tmpl tmpl, srv
  * for Qwen 3's template, the reasoning goes back in front as the think block the template
  * reads it from (the template then keeps or drops it by its own rule). SmolLM3's template
  * reads content only, so there the reasoning is not rendered (as llama.cpp renders it). */
-static int add_reasoning(const cJSON *msg, int i, char **text, srv_error *e)
+static int add_reasoning(enum srv_chat_tmpl tmpl, const cJSON *msg, int i, char **text,
+                         srv_error *e)
 {
     const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
     if (!rc || cJSON_IsNull(rc))
@@ -409,10 +410,20 @@ static int add_reasoning(const cJSON *msg, int i, char **text, srv_error *e)
     if (!cJSON_IsString(rc))
         return srv_error_set(e, 400, "messages", NULL,
                              "messages[%d].reasoning_content must be a string", i);
+    bool mistral = tmpl == SRV_CHAT_MISTRAL3_THINK;
+    if ((mistral || tmpl == SRV_CHAT_MISTRAL3) && !*rc->valuestring)
+        return 0; /* no thinking chunk for an empty one */
+    /* llama-server hands Mistral's templates the reasoning as a thinking chunk before the
+     * text: the Reasoning template writes it in [THINK] tags, the Instruct one raises */
+    if (tmpl == SRV_CHAT_MISTRAL3)
+        return srv_error_set(e, 400, "messages", NULL,
+                             "messages[%d].reasoning_content: this model's template takes no "
+                             "reasoning (its Instruct template raises on a thinking chunk)",
+                             i);
     kvs_buf b = {0};
-    kvs_buf_add(&b, "<think>\n");
+    kvs_buf_add(&b, mistral ? "[THINK]" : "<think>\n");
     kvs_buf_add(&b, rc->valuestring);
-    kvs_buf_add(&b, "\n</think>\n\n");
+    kvs_buf_add(&b, mistral ? "[/THINK]" : "\n</think>\n\n");
     kvs_buf_add(&b, *text);
     char *s;
     if (kvs_buf_take(&b, &s))
@@ -646,11 +657,21 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
                 goto out;
             if (content && !cJSON_IsNull(content) && (rc = content_text(content, i, &text, e)))
                 goto out;
+            if ((tmpl == SRV_CHAT_MISTRAL3 || tmpl == SRV_CHAT_MISTRAL3_THINK) &&
+                (rc =
+                     text || (text = strdup("")) ? add_reasoning(tmpl, it, i, &text, e) : oom(e))) {
+                free(text);
+                goto out;
+            }
             int rr = srv_tools_render_calls(tmpl, text, tc, &texts[k]);
             free(text);
             if (!rr)
                 rr = srv_tools_render_calls_apart(tmpl, tc, &calls[k]);
             x[k].calls = calls[k];
+            /* the first call's name marks a turn with calls (srv_chat_check) */
+            x[k].call_name = cJSON_GetObjectItemCaseSensitive(
+                                 cJSON_GetObjectItemCaseSensitive(tc->child, "function"), "name")
+                                 ->valuestring;
             if (rr) {
                 rc = oom(e);
                 goto out;
@@ -691,8 +712,10 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
             prev_tool = true;
         } else if ((rc = content_text(content, i, &texts[k], e))) {
             goto out;
-        } else if (!strcmp(ro, "assistant") && tmpl == SRV_CHAT_QWEN3 &&
-                   (rc = add_reasoning(it, i, &texts[k], e))) {
+        } else if (!strcmp(ro, "assistant") &&
+                   (tmpl == SRV_CHAT_QWEN3 || tmpl == SRV_CHAT_MISTRAL3 ||
+                    tmpl == SRV_CHAT_MISTRAL3_THINK) &&
+                   (rc = add_reasoning(tmpl, it, i, &texts[k], e))) {
             goto out;
         }
         if (k == 1 && tools_on && !tools_user && !strcmp(ro, "system") && i == 0) {
@@ -722,7 +745,11 @@ static int parse_messages(const cJSON *root, const srv_chat_fmt *fmt, srv_reques
         i++;
         k++;
     }
-    if (srv_chat_render(tmpl, m, (size_t)k, &opts, &r->prompt_text))
+    size_t bad = 0;
+    const char *why = srv_chat_check(tmpl, m, (size_t)k, &opts, &bad);
+    if (why) /* (k counts the messages as the request has them: no system slot was added) */
+        rc = srv_error_set(e, 400, "messages", NULL, "messages[%zu]: %s", bad, why);
+    else if (srv_chat_render(tmpl, m, (size_t)k, &opts, &r->prompt_text))
         rc = oom(e);
 out:
     free(tools_user);
@@ -846,20 +873,26 @@ static int marker_grammar(srv_request *r, const char *mark, srv_error *e)
     return native_grammar(r, b, rc, root, err, sizeof err, e);
 }
 
-/* Granite 4.0 with a forced call: its own call block, "<tool_call>\n" (raw text, as its template
- * writes a call; a plain token in its vocabulary) then one of the tools' {"name", "arguments"}
- * objects, and the generation ends with the object: the grammar has no way to ask for text after
- * a value, so the block's closing "\n</tool_call>" is not written, and the Hermes reader
- * (tool_calls.c) takes a block left open at the end of the text as a call. One call whatever
- * parallel_tool_calls says, as the generic form's. */
-static int tag_grammar(srv_request *r, const char *open, srv_error *e)
+/* One forced call in a family's tag syntax: the opening text (raw, which the model may write as
+ * the one special token it was trained on: its vocabulary prints it, engine/tokenizer.c) then
+ * one of the tools' calls, its name and arguments apart where sep says (srv_json_schema_tool_calls:
+ * raw text between them), else one {"name", "arguments"} object; the generation ends with the
+ * call, read back by the family's unforced reader (tool_calls.c). One call whatever
+ * parallel_tool_calls says (the builder has no repetition of a raw-text node), and nothing
+ * before it (a reasoning block): the grammar holds from the first token.
+ *   Granite 4.0: "<tool_call>\n" then the object; the grammar has no way to ask for text after a
+ *     value, so the block's closing "\n</tool_call>" is not written, and the Hermes reader takes
+ *     a block left open at the end of the text as a call.
+ *   Mistral's current format: "[TOOL_CALLS]" NAME "[ARGS]" ARGS, as llama.cpp's grammar for
+ *     Ministral 3 / Magistral forces it. */
+static int tag_grammar(srv_request *r, const char *open, const char *sep, srv_error *e)
 {
     grammar_builder *b = NULL;
     char err[200] = "";
     int32_t calls, root = -1;
     int rc = grammar_builder_create(&b);
     if (!rc)
-        rc = srv_json_schema_tool_calls(b, r->tools, r->tool_name, NULL, &calls, err, sizeof err);
+        rc = srv_json_schema_tool_calls(b, r->tools, r->tool_name, sep, &calls, err, sizeof err);
     if (!rc)
         rc = grammar_builder_prefixed(b, open, strlen(open), calls, &root);
     return native_grammar(r, b, rc, root, err, sizeof err, e);
@@ -867,8 +900,8 @@ static int tag_grammar(srv_request *r, const char *open, srv_error *e)
 
 /* tools, tool_choice, parallel_tool_calls (chat). A forced choice ("required" or a named
  * function) compiles the calls' grammar: the bare {"name", "arguments"} object, or the
- * family's own call syntax where kvserve writes it (gpt-oss, Granite, LFM2; Granite 4.0's
- * unclosed). */
+ * family's own call syntax where kvserve writes it (gpt-oss, Granite, LFM2, Mistral's current
+ * format; Granite 4.0's unclosed). */
 static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *r, srv_error *e)
 {
     r->tool_choice = SRV_TOOLS_NONE;
@@ -959,7 +992,9 @@ static int parse_tools(const cJSON *root, enum srv_chat_tmpl tmpl, srv_request *
         if (tmpl == SRV_CHAT_LFM2 || tmpl == SRV_CHAT_LFM25 || tmpl == SRV_CHAT_LFM25_8B)
             return marker_grammar(r, "<|tool_call_start|>", e);
         if (tmpl == SRV_CHAT_GRANITE40)
-            return tag_grammar(r, "<tool_call>\n", e);
+            return tag_grammar(r, "<tool_call>\n", NULL, e);
+        if (tmpl == SRV_CHAT_MISTRAL3 || tmpl == SRV_CHAT_MISTRAL3_THINK)
+            return tag_grammar(r, "[TOOL_CALLS]", "[ARGS]", e);
     }
     return 0;
 }

@@ -12,10 +12,10 @@
 #include "common/status.h"
 
 static const char *k_names[SRV_CHAT_COUNT] = {
-    "plain",   "chatml",  "llama2",     "llama3",     "zephyr",     "mistral",
-    "gemma",   "phi3",    "qwen3",      "llama3.1",   "llama3.2",   "harmony",
-    "smollm3", "granite", "granite3.0", "granite3.2", "granite3.3", "ernie4.5",
-    "lfm2",    "lfm2.5",  "lfm2.5-8b",  "olmo2",      "granite4.0"};
+    "plain",      "chatml",     "llama2",     "llama3",        "zephyr",  "mistral", "gemma",
+    "phi3",       "qwen3",      "llama3.1",   "llama3.2",      "harmony", "smollm3", "granite",
+    "granite3.0", "granite3.2", "granite3.3", "ernie4.5",      "lfm2",    "lfm2.5",  "lfm2.5-8b",
+    "olmo2",      "granite4.0", "mistral3",   "mistral3-think"};
 
 const char *srv_chat_name(enum srv_chat_tmpl t)
 {
@@ -64,6 +64,11 @@ enum srv_chat_tmpl srv_chat_detect(const char *t)
             return SRV_CHAT_LFM2;
         return HAS("<|tool_call_start|>") ? SRV_CHAT_LFM25_8B : SRV_CHAT_LFM25;
     }
+    /* Mistral's current templates (mistral-common's, tokenizer v7 and later): a system prompt
+     * between [SYSTEM_PROMPT] tags and calls written [TOOL_CALLS]name[ARGS]arguments; those
+     * that handle thinking chunks write [THINK] */
+    if (HAS("[SYSTEM_PROMPT]") && HAS("[ARGS]") && HAS("[INST]"))
+        return HAS("[THINK]") ? SRV_CHAT_MISTRAL3_THINK : SRV_CHAT_MISTRAL3;
     /* Order matters as in llama.cpp: ChatML markers first, then [INST] (Mistral's official
      * templates put the system message inside the first [INST] and lack <<SYS>>). */
     /* SmolLM3's ChatML opens with a metadata system turn naming its reasoning mode (its template
@@ -137,6 +142,36 @@ static int default_system_of(const char *t, char **out)
     return 0;
 }
 
+/* Mistral's templates: the literal of `set default_system_message = '...'`, a Jinja string in
+ * single quotes whose escapes (\n, \', \\, \") are read as Python reads them; its {today} and
+ * {yesterday} are no Jinja, written as they are. 0 and *out (NULL if there is none or it is
+ * empty), or KVS_ENOMEM. */
+static int mistral_default_system(const char *t, char **out)
+{
+    *out = NULL;
+    static const char head[] = "set default_system_message = '";
+    const char *p = strstr(t, head);
+    if (!p)
+        return 0;
+    kvs_buf b = {0};
+    kvs_buf_add(&b, "");
+    for (p += sizeof head - 1; *p && *p != '\''; p++) {
+        if (*p != '\\') {
+            kvs_buf_addn(&b, p, 1);
+            continue;
+        }
+        char c = *++p;
+        if (!c)
+            break;
+        kvs_buf_addn(&b, c == 'n' ? "\n" : c == 't' ? "\t" : p, 1);
+    }
+    if (!b.oom && (*p != '\'' || !b.len)) { /* unterminated or empty: none */
+        free(b.p);
+        return 0;
+    }
+    return kvs_buf_take(&b, out);
+}
+
 int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out)
 {
     out->tmpl = srv_chat_detect(tmpl);
@@ -145,6 +180,8 @@ int srv_chat_fmt_detect(const char *tmpl, srv_chat_fmt *out)
     out->eos_var = tmpl && strstr(tmpl, "eos_token") != NULL;
     out->granite_spaced = tmpl && strstr(tmpl, "Knowledge Cutoff Date: April 2024. Today's Date") &&
                           out->tmpl != SRV_CHAT_GRANITE30;
+    if (out->tmpl == SRV_CHAT_MISTRAL3 || out->tmpl == SRV_CHAT_MISTRAL3_THINK)
+        return mistral_default_system(tmpl, &out->default_system);
     return out->tmpl == SRV_CHAT_CHATML ? default_system_of(tmpl, &out->default_system) : 0;
 }
 
@@ -189,7 +226,8 @@ int srv_chat_has_thinking(enum srv_chat_tmpl t)
 
 int srv_chat_may_think(enum srv_chat_tmpl t)
 {
-    return srv_chat_has_thinking(t) || t == SRV_CHAT_LFM25 || t == SRV_CHAT_LFM25_8B;
+    return srv_chat_has_thinking(t) || t == SRV_CHAT_LFM25 || t == SRV_CHAT_LFM25_8B ||
+           t == SRV_CHAT_MISTRAL3_THINK;
 }
 
 static bool is_nl(char c)
@@ -453,9 +491,33 @@ static bool has_channel_tags(const char *s)
                  strstr(s, "<|channel|>final<|message|>"));
 }
 
+/* Mistral's templates' exceptions (chat_template.h). */
+static const char *check_mistral3(const srv_chat_msg *m, size_t n, const srv_chat_opts *opts,
+                                  size_t *bad)
+{
+    size_t turn = 0; /* user and assistant turns without calls must alternate, user first */
+    for (size_t i = n && !strcmp(m[0].role, "system") ? 1 : 0; i < n; i++) {
+        const srv_chat_extra *x = extra_of(opts, i);
+        bool user = !strcmp(m[i].role, "user"), asst = !strcmp(m[i].role, "assistant");
+        *bad = i;
+        if (!user && !asst && strcmp(m[i].role, "tool"))
+            return "only user, assistant and tool roles are supported after the first system "
+                   "message";
+        if (user || (asst && !x->call_name)) {
+            if (user != (turn % 2 == 0))
+                return "after the optional system message, user and assistant roles must "
+                       "alternate, except for tool calls and results";
+            turn++;
+        }
+    }
+    return NULL;
+}
+
 const char *srv_chat_check(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
                            const srv_chat_opts *opts, size_t *bad)
 {
+    if (t == SRV_CHAT_MISTRAL3 || t == SRV_CHAT_MISTRAL3_THINK)
+        return check_mistral3(m, n, opts, bad);
     if (t != SRV_CHAT_HARMONY)
         return NULL;
     bool called = false; /* the last assistant turn was a call (a final answer forgets it) */
@@ -850,6 +912,27 @@ int srv_chat_render(enum srv_chat_tmpl t, const srv_chat_msg *m, size_t n,
     case SRV_CHAT_LFM2:
     case SRV_CHAT_LFM25:
     case SRV_CHAT_LFM25_8B: render_lfm2(&b, t, m, n, opts); break;
+    case SRV_CHAT_MISTRAL3:
+    case SRV_CHAT_MISTRAL3_THINK: {
+        size_t i = 0;
+        const char *sys = opts->default_system;
+        if (n && !strcmp(m[0].role, "system"))
+            sys = m[i++].content;
+        if (sys) {
+            kvs_buf_add(&b, "[SYSTEM_PROMPT]");
+            kvs_buf_add(&b, sys);
+            kvs_buf_add(&b, "[/SYSTEM_PROMPT]");
+        }
+        if (opts->tools_user)
+            kvs_buf_add(&b, opts->tools_user);
+        for (; i < n; i++) {
+            bool user = !strcmp(m[i].role, "user"), asst = !strcmp(m[i].role, "assistant");
+            kvs_buf_add(&b, user ? "[INST]" : "");
+            kvs_buf_add(&b, m[i].content);
+            kvs_buf_add(&b, user ? "[/INST]" : asst ? "</s>" : "");
+        }
+        break;
+    }
     case SRV_CHAT_COUNT: break;
     case SRV_CHAT_ZEPHYR: /* every turn closed by eos_token (TinyLlama's </s>) and a newline */
         for (size_t i = 0; i < n; i++) {

@@ -88,7 +88,7 @@ int cmd_serve(int argc, char **argv)
                 "kvserve serve: unknown --chat-template '%s' "
                 "(chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|harmony|"
                 "granite|granite3.0|granite3.2|granite3.3|granite4.0|ernie4.5|lfm2|lfm2.5|lfm2.5-"
-                "8b|olmo2|plain)\n",
+                "8b|olmo2|mistral3|mistral3-think|plain)\n",
                 cfg.chat_template);
         srv_config_free(&cfg);
         return 2;

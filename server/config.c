@@ -61,12 +61,14 @@ static const opt k_opts[] = {
      "seconds to let in-flight requests finish after SIGINT/SIGTERM"},
     {"chat-template", 0, OPT_STR, OFF(chat_template), "",
      "chatml|qwen3|llama2|llama3|llama3.1|llama3.2|zephyr|mistral|gemma|phi3|harmony|granite|"
-     "granite3.0|granite3.2|granite3.3|granite4.0|ernie4.5|lfm2|lfm2.5|lfm2.5-8b|olmo2|plain "
+     "granite3.0|granite3.2|granite3.3|granite4.0|ernie4.5|lfm2|lfm2.5|lfm2.5-8b|olmo2|mistral3|"
+     "mistral3-think|plain "
      "(default: "
      "detect from the model)"},
     {"reasoning-format", 0, OPT_STR, OFF(reasoning_format), "auto",
-     "auto|none: with a thinking chat template (Qwen 3, SmolLM3, Granite 3.2/3.3, LFM2.5), auto "
-     "returns the <think> block as reasoning_content beside content; none leaves it in content"},
+     "auto|none: with a thinking chat template (Qwen 3, SmolLM3, Granite 3.2/3.3, LFM2.5, "
+     "Ministral 3 Reasoning and Magistral's [THINK]), auto returns the <think> block as "
+     "reasoning_content beside content; none leaves it in content"},
     {"pooling", 0, OPT_STR, OFF(pooling), "auto",
      "auto|mean|cls|last: how /v1/embeddings pools an input's hidden states (auto: the file's "
      "<arch>.pooling_type, else last, as vLLM pools a decoder-only model)"},

@@ -8,11 +8,13 @@ enum { ST_START = 0, ST_IN, ST_OUT };
 static const char k_think_open[] = "<think>", k_think_close[] = "</think>";
 static const char k_g32_open[] = "Here is my thought process:",
                   k_g32_close[] = "Here is my response:";
+static const char k_m3_open[] = "[THINK]", k_m3_close[] = "[/THINK]";
 
 void srv_think_set_format(srv_think *t, enum srv_chat_tmpl tmpl)
 {
     t->harmony = tmpl == SRV_CHAT_HARMONY;
     t->granite32 = tmpl == SRV_CHAT_GRANITE32;
+    t->mistral = tmpl == SRV_CHAT_MISTRAL3_THINK;
 }
 
 /* The length of the longest suffix of s[0..n) that is a proper prefix of tag. */
@@ -161,8 +163,8 @@ void srv_think_feed(srv_think *t, const char *s, size_t n, kvs_buf *reasoning, k
     }
     const char *b = t->held.p;
     size_t len = t->held.len, i = 0;
-    const char *k_open = t->granite32 ? k_g32_open : k_think_open;
-    const char *k_close = t->granite32 ? k_g32_close : k_think_close;
+    const char *k_open = t->granite32 ? k_g32_open : t->mistral ? k_m3_open : k_think_open;
+    const char *k_close = t->granite32 ? k_g32_close : t->mistral ? k_m3_close : k_think_close;
     const size_t open_n = strlen(k_open), close_n = strlen(k_close);
     if (t->harmony)
         i = harmony_feed(t, b, len, reasoning, content);

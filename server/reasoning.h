@@ -36,12 +36,14 @@ typedef struct srv_think {
      * response:" ...: those phrases take the tags' place (as vLLM's granite reasoning parser
      * reads them; llama.cpp's server does not split them) */
     bool granite32;
+    /* Ministral 3 Reasoning and Magistral write [THINK] ... [/THINK] in the tags' place */
+    bool mistral;
     int channel;  /* harmony: where the current message's body goes */
     kvs_buf call; /* harmony: the current call's header and arguments */
 } srv_think;
 
 /* Sets the format t splits for chat template tmpl's output: harmony's channels, Granite 3.2's
- * phrases, else <think> tags. Before the first feed. */
+ * phrases, Mistral's [THINK] tags, else <think> tags. Before the first feed. */
 void srv_think_set_format(srv_think *t, enum srv_chat_tmpl tmpl);
 
 /* Places n more bytes of output: appended to reasoning or content as far as they are known.

@@ -18,7 +18,15 @@ static void tb_json(kvs_buf *b, const cJSON *j)
     srv_json_py(b, j, 0);
 }
 
-enum family { FAM_HERMES, FAM_LLAMA3, FAM_MISTRAL, FAM_HARMONY, FAM_GRANITE, FAM_LFM2 };
+enum family {
+    FAM_HERMES,
+    FAM_LLAMA3,
+    FAM_MISTRAL,
+    FAM_MISTRAL3,
+    FAM_HARMONY,
+    FAM_GRANITE,
+    FAM_LFM2
+};
 
 static enum family family_of(enum srv_chat_tmpl t)
 {
@@ -27,6 +35,8 @@ static enum family family_of(enum srv_chat_tmpl t)
     case SRV_CHAT_LLAMA31:
     case SRV_CHAT_LLAMA32: return FAM_LLAMA3;
     case SRV_CHAT_MISTRAL: return FAM_MISTRAL;
+    case SRV_CHAT_MISTRAL3:
+    case SRV_CHAT_MISTRAL3_THINK: return FAM_MISTRAL3;
     case SRV_CHAT_HARMONY: return FAM_HARMONY;
     case SRV_CHAT_GRANITE:
     case SRV_CHAT_GRANITE30:
@@ -336,6 +346,7 @@ int srv_tools_render_system(enum srv_chat_tmpl t, const cJSON *tools, char **out
         }
         break;
     case FAM_MISTRAL:
+    case FAM_MISTRAL3:
         kvs_buf_add(&b, "[AVAILABLE_TOOLS]");
         tb_json(&b, tools);
         kvs_buf_add(&b, "[/AVAILABLE_TOOLS]");
@@ -472,6 +483,26 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
     enum family f = family_of(t);
     if (f == FAM_MISTRAL)
         kvs_buf_add(&b, "[TOOL_CALLS][");
+    if (f == FAM_MISTRAL3) {
+        /* each call [TOOL_CALLS]name[ARGS]arguments|tojson: llama-server hands the template the
+         * object the arguments string holds (so 2.50 is written 2.5) */
+        const cJSON *tc;
+        cJSON_ArrayForEach(tc, tool_calls)
+        {
+            const cJSON *fn = get(tc, "function");
+            const cJSON *args = get(fn, "arguments");
+            cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+            kvs_buf_add(&b, "[TOOL_CALLS]");
+            kvs_buf_add(&b, get(fn, "name")->valuestring);
+            kvs_buf_add(&b, "[ARGS]");
+            if (parsed)
+                tb_json(&b, parsed);
+            else
+                kvs_buf_add(&b, "{}");
+            cJSON_Delete(parsed);
+        }
+        return kvs_buf_take(&b, out);
+    }
     /* Granite 3.1's and LFM2's templates write an assistant's content alone (LFM2.5-8B's
      * calls go apart: srv_tools_render_calls_apart) */
     if (f == FAM_GRANITE || f == FAM_LFM2)
@@ -518,7 +549,8 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
                 kvs_buf_add(&b, ", ");
             tb_json(&b, call);
             break;
-        case FAM_HARMONY: /* srv_tools_render_call_args and the renderer write them */
+        case FAM_MISTRAL3: /* written above */
+        case FAM_HARMONY:  /* srv_tools_render_call_args and the renderer write them */
         case FAM_GRANITE:
         case FAM_LFM2: break;
         }
@@ -533,7 +565,8 @@ int srv_tools_render_calls(enum srv_chat_tmpl t, const char *content, const cJSO
 bool srv_tools_in_user_turn(enum srv_chat_tmpl t)
 {
     return t == SRV_CHAT_LLAMA31 || t == SRV_CHAT_LLAMA32 || t == SRV_CHAT_GRANITE ||
-           t == SRV_CHAT_GRANITE30 || t == SRV_CHAT_GRANITE32 || t == SRV_CHAT_GRANITE33;
+           t == SRV_CHAT_GRANITE30 || t == SRV_CHAT_GRANITE32 || t == SRV_CHAT_GRANITE33 ||
+           family_of(t) == FAM_MISTRAL3;
 }
 
 const char *srv_tools_merge_sep(enum srv_chat_tmpl t)
@@ -587,6 +620,12 @@ int srv_tools_render_result(enum srv_chat_tmpl t, const char *call_id, const cha
         cJSON_Delete(str);
         break;
     }
+    case FAM_MISTRAL3: /* a turn of role tool: [TOOL_RESULTS]content[/TOOL_RESULTS] */
+        *role = "tool";
+        kvs_buf_add(&b, "[TOOL_RESULTS]");
+        kvs_buf_add(&b, content);
+        kvs_buf_add(&b, "[/TOOL_RESULTS]");
+        break;
     case FAM_MISTRAL: {
         *role = "user";
         cJSON *r = cJSON_CreateObject();
@@ -670,7 +709,8 @@ size_t srv_tools_stream_safe(enum srv_chat_tmpl t, const char *text, size_t len)
 {
     switch (family_of(t)) {
     case FAM_HERMES: return before_mark(text, len, "<tool_call>");
-    case FAM_MISTRAL: return before_mark(text, len, "[TOOL_CALLS]");
+    case FAM_MISTRAL:
+    case FAM_MISTRAL3: return before_mark(text, len, "[TOOL_CALLS]");
     case FAM_GRANITE: return before_mark(text, len, "<|tool_call|>");
     case FAM_LFM2: return before_mark(text, len, "<|tool_call_start|>");
     case FAM_HARMONY: return before_mark(text, len, "<|start|>assistant to=functions.");
@@ -992,6 +1032,71 @@ static int py_calls(const char *body, size_t len, const cJSON *tools, const char
     return n;
 }
 
+/* Mistral's current calls, [TOOL_CALLS]name[ARGS]{...} each (tokenizer v11 on): the text before
+ * the first marker is content, each call's arguments the JSON object after [ARGS] (what follows
+ * it up to the next marker, whitespace aside, must be nothing). false when the text has no
+ * [TOOL_CALLS]name[ARGS] (the caller then reads v3's [TOOL_CALLS][{...}] list); else true, the
+ * calls in arr and the content in rest, or every byte in rest when one of them is not a call of
+ * the tools; *rc KVS_ENOMEM on failure. */
+static bool mistral3_calls(const char *text, size_t len, const cJSON *tools, const char *id_base,
+                           cJSON *arr, kvs_buf *rest, int *rc)
+{
+    static const char mark[] = "[TOOL_CALLS]", sep[] = "[ARGS]";
+    const size_t mk = sizeof mark - 1, sk = sizeof sep - 1;
+    const char *end = text + len, *first = NULL;
+    for (const char *p = text; p + mk <= end; p++)
+        if (!memcmp(p, mark, mk)) {
+            first = p;
+            break;
+        }
+    if (!first || first + mk >= end || first[mk] == '[')
+        return false;
+    bool ok = true;
+    const char *p = first;
+    while (ok && p < end && *rc >= 0) {
+        const char *name = p + mk, *s = name;
+        while (s + sk <= end && memcmp(s, sep, sk) && memcmp(s, mark, mk))
+            s++;
+        ok = p + mk <= end && !memcmp(p, mark, mk) && s + sk <= end && !memcmp(s, sep, sk) &&
+             s > name && (size_t)(s - name) < 256;
+        const char *jend = NULL;
+        cJSON *args = ok ? parse_at(s + sk, (size_t)(end - s - sk), &jend) : NULL;
+        cJSON *obj = cJSON_IsObject(args) ? cJSON_CreateObject() : NULL;
+        char nm[256];
+        if (ok) {
+            memcpy(nm, name, (size_t)(s - name));
+            nm[s - name] = '\0';
+        }
+        int added = 0;
+        if (obj && cJSON_AddStringToObject(obj, "name", nm) &&
+            cJSON_AddItemToObject(obj, "arguments", args)) {
+            args = NULL;
+            added = add_call(arr, obj, tools, id_base);
+        } else if (cJSON_IsObject(args)) {
+            added = KVS_ENOMEM;
+        }
+        cJSON_Delete(args);
+        cJSON_Delete(obj);
+        if (added < 0)
+            *rc = added;
+        ok = added > 0;
+        if (ok) {
+            p = jend;
+            while (p < end && strchr(" \t\r\n", *p) && *p)
+                p++;
+        }
+    }
+    if (*rc < 0 || !ok) { /* not all calls of the tools: all content */
+        cJSON *it;
+        while ((it = cJSON_DetachItemFromArray(arr, 0)))
+            cJSON_Delete(it);
+        kvs_buf_addn(rest, text, len);
+        return true;
+    }
+    kvs_buf_addn(rest, text, (size_t)(first - text));
+    return true;
+}
+
 int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool forced,
                     const cJSON *tools, const char *id_base, cJSON **calls, char **content)
 {
@@ -1126,6 +1231,8 @@ int srv_tools_parse(enum srv_chat_tmpl t, const char *text, size_t len, bool for
         }
         if (!arr)
             rc = KVS_ENOMEM;
+    } else if (f == FAM_MISTRAL3 && mistral3_calls(text, len, tools, id_base, arr, &rest, &rc)) {
+        /* [TOOL_CALLS]name[ARGS]{...}, one after another (read by mistral3_calls) */
     } else { /* Mistral's [TOOL_CALLS] or Granite's <|tool_call|>, then a JSON list */
         const char *mark = f == FAM_GRANITE ? "<|tool_call|>" : "[TOOL_CALLS]";
         const char *m = strstr(text, mark);

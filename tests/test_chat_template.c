@@ -131,6 +131,21 @@ static void test_detect(void **state)
                      SRV_CHAT_LFM25_8B);
     assert_int_equal(srv_chat_detect("List of tools: <|tool_list_start|>"), SRV_CHAT_PLAIN);
     assert_int_equal(srv_chat_from_name("lfm2.5-8b"), SRV_CHAT_LFM25_8B);
+    /* Mistral's current templates: [SYSTEM_PROMPT] and calls as name[ARGS]; [THINK] where they
+     * handle thinking chunks; Mistral Small 3.1's older tool template (a JSON list after
+     * [TOOL_CALLS], no [ARGS]) stays v3's */
+    assert_int_equal(srv_chat_detect("{{- '[SYSTEM_PROMPT]' -}}{{- '[INST]' + c + '[/INST]' }}"
+                                     "{{- '[TOOL_CALLS]' + name + '[ARGS]' + arguments }}"),
+                     SRV_CHAT_MISTRAL3);
+    assert_int_equal(srv_chat_detect("{{- '[SYSTEM_PROMPT]' -}}{{- '[INST]' + c + '[/INST]' }}"
+                                     "{{- '[THINK]' + block['thinking'] + '[/THINK]' }}"
+                                     "{{- name + '[ARGS]' + arguments }}"),
+                     SRV_CHAT_MISTRAL3_THINK);
+    assert_int_equal(srv_chat_detect("{{- '[SYSTEM_PROMPT]' + s + '[/SYSTEM_PROMPT]' }}[INST]"
+                                     "{{- \"[AVAILABLE_TOOLS] [\" }}{{- \"[TOOL_CALLS] [\" }}"),
+                     SRV_CHAT_MISTRAL);
+    assert_int_equal(srv_chat_from_name("mistral3"), SRV_CHAT_MISTRAL3);
+    assert_int_equal(srv_chat_from_name("mistral3-think"), SRV_CHAT_MISTRAL3_THINK);
     assert_int_equal(srv_chat_detect("{{ message['content'] }}"), SRV_CHAT_PLAIN);
 }
 
@@ -172,6 +187,77 @@ static void test_default_system(void **state)
     assert_null(f.default_system);
     assert_int_equal(srv_chat_fmt_detect("{{ message['content'] }}", &f), 0);
     assert_null(f.default_system);
+}
+
+/* Mistral's default_system_message literal: Python's escapes read, {today} left as written; an
+ * empty one is none. */
+static void test_mistral3_default_system(void **state)
+{
+    (void)state;
+    srv_chat_fmt f;
+    assert_int_equal(srv_chat_fmt_detect("{%- set default_system_message = 'You\\'re \"M\".\\nThe "
+                                         "date is {today}.\\\\' %}{{- '[SYSTEM_PROMPT]' -}}[INST]"
+                                         "{{- '[TOOL_CALLS]' + n + '[ARGS]' }}",
+                                         &f),
+                     0);
+    assert_int_equal(f.tmpl, SRV_CHAT_MISTRAL3);
+    assert_string_equal(f.default_system, "You're \"M\".\nThe date is {today}.\\");
+    srv_chat_fmt_free(&f);
+    assert_int_equal(srv_chat_fmt_detect("{%- set default_system_message = '' %}[SYSTEM_PROMPT]"
+                                         "[INST][ARGS][THINK]",
+                                         &f),
+                     0);
+    assert_int_equal(f.tmpl, SRV_CHAT_MISTRAL3_THINK);
+    assert_null(f.default_system);
+}
+
+/* Mistral's current format (checked against llama-server's Jinja in peer_templates): the system
+ * prompt (the first system message, else the default), the tools, [INST] turns, answers closed
+ * by </s> with their calls already in their text, tool results as written, no generation
+ * prompt; what the templates raise on refused by srv_chat_check. */
+static void test_mistral3(void **state)
+{
+    (void)state;
+    for (int t = SRV_CHAT_MISTRAL3; t <= SRV_CHAT_MISTRAL3_THINK; t++) {
+        check((enum srv_chat_tmpl)t, k_conv, 4,
+              "[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST]Hi[/INST]Hello!</s>[INST]Bye[/INST]");
+        const srv_chat_msg calls[] = {
+            {"user", " Add "},
+            {"assistant", "Sure.[TOOL_CALLS]add[ARGS]{\"a\": 2}"},
+            {"tool", "[TOOL_RESULTS]5[/TOOL_RESULTS]"},
+        };
+        srv_chat_extra x[] = {{0}, {.call_name = "add"}, {0}};
+        srv_chat_opts o = {.enable_thinking = -1,
+                           .default_system = "Default.",
+                           .tools_user = "[AVAILABLE_TOOLS][][/AVAILABLE_TOOLS]",
+                           .extra = x};
+        char *got = NULL;
+        assert_int_equal(srv_chat_render((enum srv_chat_tmpl)t, calls, 3, &o, &got), 0);
+        assert_string_equal(got, "[SYSTEM_PROMPT]Default.[/SYSTEM_PROMPT][AVAILABLE_TOOLS][]"
+                                 "[/AVAILABLE_TOOLS][INST] Add [/INST]Sure.[TOOL_CALLS]add[ARGS]"
+                                 "{\"a\": 2}</s>[TOOL_RESULTS]5[/TOOL_RESULTS]");
+        free(got);
+        size_t bad = 9;
+        assert_null(srv_chat_check((enum srv_chat_tmpl)t, calls, 3, &o, &bad));
+        /* user, assistant, user alternate; two user turns in a row, a later system message, or
+         * an answer first are refused */
+        const srv_chat_msg two[] = {{"system", ""}, {"user", "a"}, {"user", "b"}};
+        assert_non_null(srv_chat_check((enum srv_chat_tmpl)t, two, 3, NULL, &bad));
+        assert_int_equal(bad, 2);
+        assert_null(srv_chat_check((enum srv_chat_tmpl)t, k_conv + 1, 3, NULL, &bad));
+        const srv_chat_msg later[] = {{"user", "a"}, {"assistant", "b"}, {"system", "c"}};
+        assert_non_null(srv_chat_check((enum srv_chat_tmpl)t, later, 3, NULL, &bad));
+        assert_int_equal(bad, 2);
+        const srv_chat_msg first[] = {{"assistant", "a"}, {"user", "b"}};
+        assert_non_null(srv_chat_check((enum srv_chat_tmpl)t, first, 2, NULL, &bad));
+        assert_int_equal(bad, 0);
+        /* no system message and no default: no system prompt */
+        const srv_chat_msg one[] = {{"user", "Hi"}};
+        check((enum srv_chat_tmpl)t, one, 1, "[INST]Hi[/INST]");
+    }
+    assert_true(srv_chat_may_think(SRV_CHAT_MISTRAL3_THINK));
+    assert_false(srv_chat_may_think(SRV_CHAT_MISTRAL3));
+    assert_false(srv_chat_has_thinking(SRV_CHAT_MISTRAL3_THINK)); /* no switch */
 }
 
 static void test_names(void **state)
@@ -732,6 +818,8 @@ int main(void)
         cmocka_unit_test(test_ernie45),
         cmocka_unit_test(test_lfm2),
         cmocka_unit_test(test_granite40),
+        cmocka_unit_test(test_mistral3),
+        cmocka_unit_test(test_mistral3_default_system),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

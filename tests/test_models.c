@@ -165,7 +165,10 @@ typedef struct ref_model {
     float base_swa;              /* RoPE base of the windowed layers (gemma3), 0: base */
     uint32_t
         nope_step; /* smollm3: layer l rotates nothing when (l + 1) % nope_step == 0; 0: none */
-    float *freqs;  /* (n_rot / 2) or NULL */
+    /* mistral3: roped queries times 1 + temp ln(1 + floor(pos / temp_len)); temp_len 0: none */
+    double temp;
+    uint32_t temp_len;
+    float *freqs; /* (n_rot / 2) or NULL */
     float *embd, *out_norm, *out;
     ref_layer *L;
 } ref_model;
@@ -273,9 +276,9 @@ static void ref_load(ref_model *r, const char *path)
     char key[128];
     snprintf(key, sizeof key, "%s.expert_count", arch);
     bool moe = gguf_find_key(f, key) >= 0; /* qwen3moe, or llama with experts (Mixtral) */
-    bool smollm3 = !strcmp(arch, "smollm3");
+    bool smollm3 = !strcmp(arch, "smollm3"), mistral3 = !strcmp(arch, "mistral3");
     bool ernie = !strncmp(arch, "ernie4_5", 8), ernie_moe = !strcmp(arch, "ernie4_5-moe");
-    r->neox = strcmp(arch, "llama") != 0 && !smollm3 && !granite && !ernie; /* ernie: NORM */
+    r->neox = strcmp(arch, "llama") != 0 && !smollm3 && !granite && !ernie && !mistral3;
     r->nope_step = smollm3 ? 4 : 0; /* llama.cpp's n_no_rope_layer_step: no key in the file */
     r->gelu = gemma2 || gemma3;
     r->dim = ref_u32(f, arch, "embedding_length");
@@ -369,6 +372,13 @@ static void ref_load(ref_model *r, const char *path)
             r->base_swa = ref_f32(f, arch, "rope.freq_base_swa",
                                   ref_f32(f, arch, "rope.freq_base", 10000.0f));
         }
+    }
+    if (mistral3) { /* llama.cpp: the positions over n_ctx_orig_yarn (context_length's default) */
+        r->temp = ref_f32(f, arch, "attention.temperature_scale", 0.0f);
+        r->temp_len = ref_u32(f, arch, "context_length");
+        snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
+        gguf_get_u32(f, key, &r->temp_len);
+        r->temp_len = r->temp != 0.0 ? r->temp_len : 0;
     }
     if (gpt_oss) {
         r->n_swa = ref_u32(f, arch, "attention.sliding_window");
@@ -488,6 +498,10 @@ static void ref_load(ref_model *r, const char *path)
                 assert_non_null(*bdst[k] = ref_tensor(f, name));
             }
         }
+        if (mistral3) {
+            snprintf(name, sizeof name, "blk.%u.attn_output.bias", l);
+            L->bo = ref_tensor(f, name);
+        }
         if (r->sh_ffn && lmoe) {
             snprintf(name, sizeof name, "blk.%u.ffn_gate_shexp.weight", l);
             L->sh_gate = ref_tensor_dims(f, name, r->dim, r->sh_ffn, 0);
@@ -588,6 +602,7 @@ typedef struct ref_opts {
     bool conv_own_only;  /* lfm2: each convolution reads its own position's B*x only */
     bool softmax_gating; /* lfm2moe: a softmax over the router's logits, not their sigmoids */
     bool qk_norm_heads;  /* olmo2: Q and K normed head by head, not over the projection */
+    bool no_temp;        /* mistral3: no attention temperature */
 } ref_opts;
 
 static double ref_cap(double x, double cap)
@@ -786,6 +801,9 @@ static void ref_forward_h(const ref_model *r, const ref_opts *o, const int32_t *
                 ref_rope(rr, neox, !o->no_freqs, qt + h * r->hd, t, swa_base);
             for (uint32_t h = 0; rope && h < r->n_kv; h++)
                 ref_rope(rr, neox, !o->no_freqs, kt + h * r->hd, t, swa_base);
+            double ts = 1 + r->temp * log(1 + floor((double)t / (r->temp_len ? r->temp_len : 1)));
+            for (uint32_t i = 0; r->temp_len && !o->no_temp && i < QD; i++)
+                qt[i] = (float)(qt[i] * ts);
         }
         double cap = o->no_softcap ? 0 : r->attn_cap;
         for (int t = 0; t < n && !L->conv_in; t++) {
@@ -1276,6 +1294,26 @@ static const family_case FAMILY_CASES[] = {
      "olmo2",
      "F32",
      {"--arch", "olmo2", "--shape", "swa7", "--sliding-window", "4", "--yarn", "4"}},
+    /* mistral3: heads of attention.key_length (32: Q 128 wide on a width of 64), YaRN (factor 4)
+     * and the attention temperature (0.5) over an original context of 4, so the positions see
+     * floor(pos / 4) of 0 to 3 and more; Q/K/V and output biases tied in Q8_0; Mixtral's experts */
+    {"test_mistral3_f32",
+     "mistral3-f32.gguf",
+     "mistral3",
+     "F32",
+     {"--arch", "mistral3", "--head-dim", "32", "--yarn", "4", "--orig-ctx", "4", "--attn-temp",
+      "0.5"}},
+    {"test_mistral3_q8_0_bias",
+     "mistral3-q8-bias.gguf",
+     "mistral3",
+     "Q8_0",
+     {"--arch", "mistral3", "--type", "q8_0", "--tied", "--bias", "--orig-ctx", "4", "--attn-temp",
+      "0.5"}},
+    {"test_mistral3_moe_f32",
+     "mistral3-moe-f32.gguf",
+     "mistral3",
+     "F32",
+     {"--arch", "mistral3", "--experts", "4", "--experts-used", "2"}},
     {"test_granitemoe_q8_0",
      "granitemoe-q8.gguf",
      "granitemoe",
@@ -1723,6 +1761,19 @@ static void test_family_reference_is_sensitive(void **st)
          {"--arch", "olmo2", "--shape", "swa7", "--sliding-window", "4", "--yarn", "4", NULL},
          {.one_base = true}},
         /* lfm2moe's selection bias, and its gating (a softmax in place of the sigmoids) */
+        /* mistral3's attention temperature, its YaRN and its biases */
+        {"sens-mistral3.gguf",
+         {"--arch", "mistral3", "--yarn", "4", "--orig-ctx", "4", "--attn-temp", "0.5", "--bias",
+          NULL},
+         {.no_temp = true}},
+        {"sens-mistral3.gguf",
+         {"--arch", "mistral3", "--yarn", "4", "--orig-ctx", "4", "--attn-temp", "0.5", "--bias",
+          NULL},
+         {.no_yarn = true}},
+        {"sens-mistral3.gguf",
+         {"--arch", "mistral3", "--yarn", "4", "--orig-ctx", "4", "--attn-temp", "0.5", "--bias",
+          NULL},
+         {.no_bias = true}},
         {"sens-lfm2moe.gguf",
          {"--arch", "lfm2moe", "--shape", "swa7", "--expert-ffn", "96", NULL},
          {.no_probs_b = true}},
@@ -2067,7 +2118,8 @@ static void test_refuse_architecture(void **st)
     edit e = {.arch = "mamba"};
     expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'mamba' is not supported",
                    "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, "
-                   "smollm3, granite, granitemoe, ernie4_5, ernie4_5-moe, lfm2, lfm2moe, olmo2");
+                   "smollm3, granite, granitemoe, ernie4_5, ernie4_5-moe, lfm2, lfm2moe, olmo2, "
+                   "mistral3");
     edit e2 = {.arch = "gemma"}; /* Gemma 1: not implemented */
     expect_refusal(&e2, KVS_EUNSUPPORTED, "'gemma'", NULL);
 }
@@ -2173,6 +2225,18 @@ static void test_refuse_family_files(void **st)
                         "key_length = 32");
     edit qs = {.reshape = "blk.0.attn_q.weight"};
     expect_refusal_from(qwen3, &qs, KVS_EFORMAT, "blk.0.attn_q.weight", "expected [64, 128]");
+
+    /* mistral3: what llama.cpp's graph would not read, refused by name */
+    const char *m3[] = {"--arch", "mistral3", "--orig-ctx", "4", "--attn-temp", "0.5", NULL};
+    edit m3s = {.f32_key = "mistral3.attention.scale", .f32_val = 0.2f};
+    expect_refusal_from(m3, &m3s, KVS_EUNSUPPORTED, "mistral3.attention.scale", NULL);
+    edit m3b = {.add_vec = "blk.0.ffn_up.bias"};
+    expect_refusal_from(m3, &m3b, KVS_EUNSUPPORTED, "blk.0.ffn_up.bias", "mistral3");
+    edit m3t = {.u32_key = "mistral3.attention.temperature_length", .u32_val = 8};
+    expect_refusal_from(m3, &m3t, KVS_EUNSUPPORTED, "mistral3.attention.temperature_length = 8",
+                        "original_context_length = 4");
+    edit m3r = {.u32_key = "mistral3.rope.dimension_count", .u32_val = 8};
+    expect_refusal_from(m3, &m3r, KVS_EUNSUPPORTED, "mistral3.rope.dimension_count = 8", NULL);
 
     const char *gemma2[] = {"--arch", "gemma2", "--sliding-window", "4", NULL};
     edit w0 = {.u32_key = "gemma2.attention.sliding_window", .u32_val = 0};

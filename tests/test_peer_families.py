@@ -88,10 +88,31 @@ FAMILIES = {
     # the others: 8 of 256, 2 used, sigmoid gating, picked on the probabilities plus exp_probs_b
     "lfm2moe": ["--experts", "8", "--experts-used", "2", "--expert-ffn", "256",
                 "--weight-std", "0.06"],
+    # mistral3 (Ministral 3's layout): llama's layer, NORM pairs, heads of attention.key_length
+    # 128 on a width of 768 (Ministral 3 3B: 128 on 3072 over 32 heads), tied embeddings, rope
+    # base 1e6
+    # (seed 2: seed 1's tokens are not valid UTF-8, which llama-server answers with a 500)
+    "mistral3": ["--head-dim", "128", "--tied", "--rope-base", "1000000", "--seed", "2"],
+    # the same with Ministral 3's YaRN (factor 16) and Llama 4's attention temperature 0.1 over
+    # an original context of 8 positions, so the 40 positions see floor(pos / 8) = 0 .. 4. F32: in
+    # F16 seeds 2 to 5 parted from llama-server on near-ties (0.0025 to 0.02 nats) at tokens 0 to
+    # 27, where llama-server's own F16 and F32 answers part too; in F32 seeds 1 to 5 agree. By
+    # hand: YaRN's magnitude left out (1, as an older llama.cpp graph's attn_factor gives) parts
+    # at token 0; the temperature left out parts at token 0
+    "mistral3-yarn": ["--head-dim", "128", "--tied", "--rope-base", "1000000", "--yarn", "16",
+                      "--orig-ctx", "8", "--attn-temp", "0.1"],
+    # the temperature (0.5) without YaRN, positions over 8 as above
+    "mistral3-temp": ["--head-dim", "128", "--tied", "--orig-ctx", "8", "--attn-temp", "0.5"],
+    # Q/K/V and output biases (std 0.5)
+    "mistral3-bias": ["--bias", "--seed", "4"],
+    # Mixtral's branch: 4 experts of feed_forward_length, 2 used
+    "mistral3-moe": ["--experts", "4", "--seed", "3", "--weight-std", "0.06"],
 }
 ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
         "granite-norope": "granite", "granitemoe-shared": "granitemoe", "ernie4_5-hd": "ernie4_5",
-        "lfm2-swa": "lfm2", "olmo2-swa": "olmo2"}  # rows whose name is not their --arch
+        "lfm2-swa": "lfm2", "olmo2-swa": "olmo2", "mistral3-yarn": "mistral3",
+        "mistral3-temp": "mistral3", "mistral3-bias": "mistral3",
+        "mistral3-moe": "mistral3"}  # rows whose name is not their --arch
 # The mixtures of experts run in F32 weights and F32 K/V caches on both sides. An expert is
 # picked by a comparison, so a rounding moves a token's routing where two experts' scores are
 # close, and its output with it: llama.cpp rounds activations to F16 to multiply F16 weights, and
@@ -101,7 +122,7 @@ ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
 # random model's distribution (top logprobs near -8.6, neighbours 0.001 apart), and on F16 files
 # two seeds parted at token 19 on such near-ties (0.0009 and 0.003), after 19 equal tokens.
 F32 = {"qwen3moe", "mixtral", "gpt-oss", "granite", "granitemoe", "granitemoe-shared",
-       "ernie4_5-moe", "ernie4_5-hd", "lfm2moe"}
+       "ernie4_5-moe", "ernie4_5-hd", "lfm2moe", "mistral3-moe", "mistral3-yarn"}
 
 
 def main():

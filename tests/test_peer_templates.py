@@ -2,8 +2,8 @@
 against a real Jinja renderer. Each file in tests/data/chat_templates is a model family's
 official tokenizer.chat_template (Qwen 3, Gemma 2 and 3, Phi-3.5, Llama 3.1/3.3 and 3.2,
 gpt-oss, SmolLM3, Granite 3.0, 3.1, 3.2, 3.3 and 4.0, ERNIE 4.5, LFM2, LFM2.5, LFM2.5-8B-A1B,
-OLMo 2, and Zephyr-7B-beta's, which TinyLlama's chat models carry: its eos_token is the
-vocabulary's EOS text, </s> here);
+OLMo 2, Ministral 3 Instruct and Reasoning, and Zephyr-7B-beta's, which TinyLlama's chat models
+carry: its eos_token is the vocabulary's EOS text, </s> here);
 a tiny kvs-mkmodel file carries it, and for each conversation below kvserve's POST
 /apply-template (its own renderer, chosen by srv_chat_detect) must give exactly the text that
 llama.cpp's llama-server (--jinja, the template itself) gives on its /apply-template, but for
@@ -31,6 +31,11 @@ back in Python form (strings, numbers, True/False/None, lists and dicts), and th
 keep earlier answers' think blocks (keep_past_thinking, 8B's preserve_thinking); llama-server (d32676d)
 hands them no "thinking" field (8B's template reads one), so reasoning_content is not rendered by
 either.
+Ministral 3's are compared with calls after content (llama-server hands the template the object an
+arguments string holds, so the call is written as its tojson: kvserve writes it so), results in a
+row, an earlier answer's [THINK] block and reasoning_content (a thinking chunk for the Reasoning
+template; the Instruct one raises on it, and kvserve refuses it), and the turns the templates
+raise on (REFUSES_TOO).
 Exits 77 (meson's skip) with the reason when llama-server (KVS_PEER/llama.cpp/bin) is absent.
 Environment: KVSERVE_BIN, KVS_MKMODEL, KVS_PEER; by hand: test_peer_templates.py [NAME ...]."""
 import json
@@ -51,7 +56,8 @@ FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": 
             "granite3.2": "granite3.2", "granite3.3": "granite3.3",
             "granite3.3-spaced": "granite3.3", "granite4.0": "granite4.0", "ernie4.5": "ernie4.5",
             "zephyr": "zephyr", "olmo2": "olmo2",
-            "lfm2": "lfm2", "lfm2.5": "lfm2.5", "lfm2.5-8b": "lfm2.5-8b"}
+            "lfm2": "lfm2", "lfm2.5": "lfm2.5", "lfm2.5-8b": "lfm2.5-8b",
+            "ministral3": "mistral3", "ministral3-reasoning": "mistral3-think"}
 # variants made here from a file: name -> (file, [(old, new)])
 VARIANTS = {
     # the copy of Granite 3.3's template in llama.cpp's models/templates joins the default
@@ -179,7 +185,8 @@ SMOLLM3_CASES = [
      {"enable_thinking": False}),
 ]
 WITH_TOOLS = ("qwen2.5", "qwen3", "llama3.1", "llama3.2", "gpt-oss", "granite3.1", "granite3.0",
-              "granite3.2", "granite3.3", "granite4.0", "lfm2", "lfm2.5", "lfm2.5-8b")
+              "granite3.2", "granite3.3", "granite4.0", "lfm2", "lfm2.5", "lfm2.5-8b", "ministral3",
+              "ministral3-reasoning")
 # LFM2 and LFM2.5: an empty system message (no system turn), a later one (a turn of its own),
 # earlier answers' think blocks (LFM2.5 keeps the last answer's, 8B the answers' after the last
 # user turn), tools with an empty system message, calls' arguments in Python form (8B writes
@@ -208,6 +215,31 @@ LFM2_TOOL_CASES = [
          dict(CALL, id="call_2", function={"name": "now", "arguments": "{}"})]},
       {"role": "tool", "tool_call_id": "call_1", "content": "5"},
       {"role": "tool", "tool_call_id": "call_2", "content": "noon"}, (U, "Thanks")]),
+]
+# Ministral 3: calls' arguments written as the request's strings (spacing kept; "" as {}), a
+# call after content, a [THINK] block in an earlier answer, an empty system message; turns that
+# do not alternate, which the templates raise on (and kvserve refuses: REFUSES_TOO)
+MISTRAL3_CASES = [
+    ("raw arguments",
+     [(U, "Add"), {"role": A, "content": "Sure. ", "tool_calls": [
+         dict(CALL, function={"name": "add", "arguments": "{\"a\":2,  \"b\" : [1, 2.50]}"}),
+         dict(CALL, id="call_2", function={"name": "now", "arguments": "{}"})]},
+      {"role": "tool", "tool_call_id": "call_1", "content": " 5\n"},
+      {"role": "tool", "tool_call_id": "call_2", "content": "noon"}, (A, "Done."), (U, "Thanks")]),
+    ("a think block in an earlier answer",
+     [(U, "Hi"), (A, "[THINK]hmm[/THINK]Hello!"), (U, "Bye")]),
+    ("an empty system message", [(S, ""), (U, "Hi")]),
+    ("empty arguments", [(U, "Add"), {"role": A, "content": None, "tool_calls": [
+        dict(CALL, function={"name": "now", "arguments": ""})]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "noon"}]),
+    ("reasoning_content with a call",
+     [(U, "Add"), {"role": A, "content": "Sure.", "reasoning_content": "use add",
+                   "tool_calls": [CALL]}, {"role": "tool", "tool_call_id": "call_1", "content": "5"}]),
+    ("an empty reasoning_content",
+     [(U, "Hi"), {"role": A, "content": "Hello!", "reasoning_content": ""}, (U, "Bye")]),
+    ("two user turns in a row", [(U, "Hi"), (U, "Bye")]),
+    ("an empty assistant turn", [(U, "Hi"), (A, ""), (U, "Bye")]),
+    ("a tool result first", [{"role": "tool", "tool_call_id": "c", "content": "5"}, (U, "Hi")]),
 ]
 # Granite 3.2 and 3.3: the thinking switch, which only the default system message reads (a
 # conversation's own system message, or tools, take its place)
@@ -254,7 +286,7 @@ GRANITE4_TOOL_CASES = [
 # reasoning of a call to the template as "thinking" and drops the content; it does not see the
 # channel tags): kvserve refuses them with a 400, as the template (and Hugging Face's renderer)
 # does.
-REFUSES_TOO = ("gpt-oss",)  # families whose refusals kvserve must give too (a 400)
+REFUSES_TOO = ("gpt-oss", "ministral3", "ministral3-reasoning")  # families whose refusals kvserve must give too (a 400)
 TEMPLATE_RAISES = {("gpt-oss", "content and reasoning_content with a call"),
                    ("gpt-oss", "channel tags in content")}
 
@@ -308,6 +340,8 @@ def main():
                     cases += GRANITE4_CASES
                     cases += [(label, msgs, {"tools": TOOLS_LFM2})
                               for label, msgs in GRANITE4_TOOL_CASES]
+                if name.startswith("ministral3"):
+                    cases += [(label, msgs, {"tools": TOOLS_LFM2}) for label, msgs in MISTRAL3_CASES]
                 if name.startswith("granite"):  # the generation prompt follows the last turn
                     cases.append(("a system message alone", [(S, "Be brief.")], None))
                     cases.append(("a tool role", [(U, "Hi"), {"role": "tool", "tool_call_id": "c",

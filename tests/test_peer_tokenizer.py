@@ -4,7 +4,8 @@ no shared vocabulary names (tokenizer.ggml.pre rewritten): llama-bpe (Llama 3, i
 threes, its case-blind contractions, BOS added and whole words taken before merges), lfm2
 (Liquid AI's LFM2 and LFM2.5: llama-bpe's pre-tokenizer under its own name), qwen2
 (Qwen 2 / 2.5 / 3: digits one by one), smaug-bpe (Llama 3's regex, merges as usual), default and
-gpt-4o (o200k: gpt-oss, Llama 4; words split at case changes), and harmony (gpt-4o with
+gpt-4o (o200k: gpt-oss, Llama 4; words split at case changes), tekken (Mistral's: o200k's words
+without contractions, digits one by one, BOS added, whole words before merges), and harmony (gpt-4o with
 gpt-oss's special tokens appended: tests/e2e/harmony_vocab.py).
 Each rides in a tiny kvs-mkmodel file that both servers load; for every text (the test strings
 of every vocabulary's .inp file, and the cases below) kvserve's POST /tokenize must give
@@ -30,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VOCABS = ["llama-spm", "phi-3", "gpt-2", "starcoder", "refact", "deepseek-coder",
           "deepseek-llm", "falcon", "mpt"]
 SPM = ("llama-spm", "phi-3")
-PRES = ["llama-bpe", "lfm2", "qwen2", "smaug-bpe", "default", "gpt-4o"]  # on GPT-2's vocabulary
+PRES = ["llama-bpe", "lfm2", "qwen2", "smaug-bpe", "default", "gpt-4o", "tekken"]  # on GPT-2's vocabulary
 SEP = "\n__ggml_vocab_test__\n"  # between the texts of a .inp file (llama.cpp's test-tokenizer-0)
 
 # Beyond the .inp files: what the Llama 3 and Qwen 2 regexes treat apart (digit runs, upper-case

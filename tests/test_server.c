@@ -1432,21 +1432,173 @@ static void test_embeddings(void **state)
     free(body);
 }
 
+/* Mistral's current calls: [TOOL_CALLS]name[ARGS]{...} one after another, the text before the
+ * first content; v3's list still read; anything that is not all calls of the tools is text. */
+static void test_mistral3_calls(void **state)
+{
+    (void)state;
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"add\"}},"
+                               "{\"type\":\"function\",\"function\":{\"name\":\"w.x-1\"}}]");
+    cJSON *calls = NULL;
+    char *rest = NULL;
+    const char *two = "Sure. [TOOL_CALLS]add[ARGS]{\"a\": [1, {\"b\": \"[ARGS]\"}]} \n"
+                      "[TOOL_CALLS]w.x-1[ARGS] {}\n";
+    for (int t = SRV_CHAT_MISTRAL3; t <= SRV_CHAT_MISTRAL3_THINK; t++) {
+        assert_int_equal(srv_tools_parse((enum srv_chat_tmpl)t, two, strlen(two), false, tools, "m",
+                                         &calls, &rest),
+                         2);
+        assert_string_equal(rest, "Sure. ");
+        const cJSON *fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 0), "function");
+        assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "add");
+        assert_string_equal(cJSON_GetObjectItem(fn, "arguments")->valuestring,
+                            "{\"a\":[1,{\"b\":\"[ARGS]\"}]}");
+        fn = cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "function");
+        assert_string_equal(cJSON_GetObjectItem(fn, "name")->valuestring, "w.x-1");
+        assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(calls, 1), "id")->valuestring,
+                            "call_m_1");
+        cJSON_Delete(calls);
+        free(rest);
+    }
+    const char *v3 = "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 2}}]";
+    assert_int_equal(
+        srv_tools_parse(SRV_CHAT_MISTRAL3, v3, strlen(v3), false, tools, "v", &calls, &rest), 1);
+    assert_string_equal(rest, "");
+    cJSON_Delete(calls);
+    free(rest);
+    static const char *const not_calls[] = {
+        "[TOOL_CALLS]nope[ARGS]{}",                                /* not a tool */
+        "[TOOL_CALLS]add[ARGS]{\"a\": 1}[TOOL_CALLS]nope[ARGS]{}", /* one of them not */
+        "[TOOL_CALLS]add[ARGS][1]",                                /* not an object */
+        "[TOOL_CALLS]add[ARGS]{\"a\": ",                           /* cut */
+        "[TOOL_CALLS]add{\"a\": 1}",                               /* no [ARGS] */
+        "[TOOL_CALLS]add[ARGS]{} trailing text",                   /* text after a call */
+        "[TOOL_CALLS][ARGS]{}",                                    /* no name */
+        "[TOOL_CALLS]",
+    };
+    for (size_t i = 0; i < sizeof not_calls / sizeof not_calls[0]; i++) {
+        assert_int_equal(srv_tools_parse(SRV_CHAT_MISTRAL3, not_calls[i], strlen(not_calls[i]),
+                                         false, tools, "n", &calls, &rest),
+                         0);
+        assert_null(calls);
+    }
+    /* an earlier call written back: [TOOL_CALLS]name[ARGS] and the arguments' object as tojson
+     * prints it (as llama-server hands it to the template) */
+    cJSON *tc = cJSON_Parse("[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                            "\"add\",\"arguments\":\"{\\\"a\\\":2,  \\\"b\\\":2.50}\"}},{\"id\":"
+                            "\"c2\",\"type\":\"function\",\"function\":{\"name\":\"w.x-1\","
+                            "\"arguments\":\"{}\"}}]");
+    assert_non_null(tc);
+    char *out = NULL;
+    assert_int_equal(srv_tools_render_calls(SRV_CHAT_MISTRAL3, "Ok.", tc, &out), 0);
+    assert_string_equal(out, "Ok.[TOOL_CALLS]add[ARGS]{\"a\": 2, \"b\": 2.5}[TOOL_CALLS]w.x-1"
+                             "[ARGS]{}");
+    free(out);
+    const char *role = NULL;
+    assert_int_equal(srv_tools_render_result(SRV_CHAT_MISTRAL3, "c1", " 5\n", &role, &out), 0);
+    assert_string_equal(role, "tool");
+    assert_string_equal(out, "[TOOL_RESULTS] 5\n[/TOOL_RESULTS]");
+    free(out);
+    assert_true(srv_tools_in_user_turn(SRV_CHAT_MISTRAL3_THINK));
+    cJSON_Delete(tc);
+    cJSON_Delete(tools);
+}
+
+/* Granite 3.2's phrases in the tags' place (as vLLM's granite reasoning parser reads them);
+ * Granite 3.3's <think> as Qwen 3's, its <response> tags left in the content (as llama-server
+ * leaves them). */
+/* Ministral 3 Reasoning's and Magistral's [THINK] block in the tags' place (as llama-server
+ * splits them); the Instruct family does not split. */
+static void test_mistral3_split(void **state)
+{
+    (void)state;
+    split_as(SRV_CHAT_MISTRAL3_THINK, "[THINK]\nPlan.\n[/THINK]\nAnswer.", "Plan.", "Answer.");
+    split_as(SRV_CHAT_MISTRAL3_THINK, "[THINK]cut", "cut", "");
+    split_as(SRV_CHAT_MISTRAL3_THINK, "[THI", "", "[THI");
+    split_as(SRV_CHAT_MISTRAL3_THINK, "Hi [THINK]x[/THINK]", "", "Hi [THINK]x[/THINK]");
+    split_as(SRV_CHAT_MISTRAL3_THINK, "<think>a</think>b", "", "<think>a</think>b");
+    split_as(SRV_CHAT_MISTRAL3_THINK, "[THINK]a[/THINK][TOOL_CALLS]add[ARGS]{}", "a",
+             "[TOOL_CALLS]add[ARGS]{}");
+}
+
+/* Mistral's current format with a forced call: the grammar allows only its own call syntax,
+ * [TOOL_CALLS]NAME[ARGS]ARGS, one call (the named function's for a named choice), read back by
+ * the unforced reader; the prompt is the unforced one. */
+static void test_mistral3_required(void **state)
+{
+    (void)state;
+    static const srv_chat_fmt m3 = {.tmpl = SRV_CHAT_MISTRAL3_THINK};
+    static const char tools[] =
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"
+        ",{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
+    static const char one[] = "[TOOL_CALLS]add[ARGS]{\"a\": 1}";
+    static const struct {
+        const char *choice;
+        const char *text;
+        bool ok;
+    } cases[] = {
+        {"\"required\"", one, true},
+        {"\"required\"", "[TOOL_CALLS]now[ARGS]{}", true},
+        {"\"required\"", "[TOOL_CALLS]add[ARGS]{\"a\": 1}[TOOL_CALLS]now[ARGS]{}", false},
+        {"\"required\"", "[TOOL_CALLS]add[ARGS]{\"a\": \"x\"}", false},
+        {"\"required\"", "[TOOL_CALLS]sub[ARGS]{}", false},
+        {"\"required\"", " [TOOL_CALLS]now[ARGS]{}", false},
+        {"\"required\"", "[THINK]x[/THINK][TOOL_CALLS]now[ARGS]{}", false},
+        {"\"required\"", "{\"name\": \"now\", \"arguments\": {}}", false}, /* generic */
+        {"\"required\"", "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]", false},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"add\"}}", one, true},
+        {"{\"type\":\"function\",\"function\":{\"name\":\"now\"}}", one, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[1024];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s,\"tool_choice\":%s}",
+                 tools, cases[i].choice);
+        srv_request r;
+        srv_error e;
+        memset(&e, 0, sizeof e);
+        assert_int_equal(srv_request_parse(body, strlen(body), true, &m3, &k_defaults, &r, &e), 0);
+        assert_true(r.tool_native);
+        size_t pl = strlen(r.prompt_text);
+        assert_string_equal(r.prompt_text + pl - strlen("[INST]x[/INST]"), "[INST]x[/INST]");
+        grammar *g;
+        assert_int_equal(grammar_create(r.grammar, &g), 0);
+        bool ok =
+            grammar_accept_bytes(g, cases[i].text, strlen(cases[i].text)) && grammar_is_complete(g);
+        if (ok != cases[i].ok)
+            fail_msg("%s: %s: %s", cases[i].choice, cases[i].text, ok ? "accepted" : "refused");
+        grammar_destroy(g);
+        if (ok) {
+            cJSON *calls = NULL;
+            char *rest = NULL;
+            assert_int_equal(srv_tools_parse(SRV_CHAT_MISTRAL3_THINK, cases[i].text,
+                                             strlen(cases[i].text), false, r.tools, "x", &calls,
+                                             &rest),
+                             1);
+            assert_string_equal(rest, "");
+            cJSON_Delete(calls);
+            free(rest);
+        }
+        srv_request_free(&r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_completion_ok),    cmocka_unit_test(test_chat_ok),
-        cmocka_unit_test(test_reasoning_split),  cmocka_unit_test(test_rejects),
-        cmocka_unit_test(test_error_json),       cmocka_unit_test(test_config),
-        cmocka_unit_test(test_default_json),     cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_kv_view),          cmocka_unit_test(test_http_head),
-        cmocka_unit_test(test_chunk_lines),      cmocka_unit_test(test_new_fields),
-        cmocka_unit_test(test_cors_config),      cmocka_unit_test(test_tool_calls),
-        cmocka_unit_test(test_json_py),          cmocka_unit_test(test_tool_calls_stream_safe),
-        cmocka_unit_test(test_relay_no_nagle),   cmocka_unit_test(test_embeddings),
-        cmocka_unit_test(test_harmony_split),    cmocka_unit_test(test_granite_split),
-        cmocka_unit_test(test_harmony_required), cmocka_unit_test(test_granite_required),
-        cmocka_unit_test(test_granite40_tools),
+        cmocka_unit_test(test_completion_ok),     cmocka_unit_test(test_chat_ok),
+        cmocka_unit_test(test_reasoning_split),   cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_error_json),        cmocka_unit_test(test_config),
+        cmocka_unit_test(test_default_json),      cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_kv_view),           cmocka_unit_test(test_http_head),
+        cmocka_unit_test(test_chunk_lines),       cmocka_unit_test(test_new_fields),
+        cmocka_unit_test(test_cors_config),       cmocka_unit_test(test_tool_calls),
+        cmocka_unit_test(test_json_py),           cmocka_unit_test(test_tool_calls_stream_safe),
+        cmocka_unit_test(test_relay_no_nagle),    cmocka_unit_test(test_embeddings),
+        cmocka_unit_test(test_harmony_split),     cmocka_unit_test(test_granite_split),
+        cmocka_unit_test(test_harmony_required),  cmocka_unit_test(test_granite_required),
+        cmocka_unit_test(test_mistral3_split),    cmocka_unit_test(test_mistral3_calls),
+        cmocka_unit_test(test_mistral3_required), cmocka_unit_test(test_granite40_tools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -359,6 +359,17 @@ static void test_pre_aliases(void **state)
     tok_destroy(lfm2);
     assert_null(gpt2_as("lfm3", &rc));
     assert_int_equal(rc, KVS_EUNSUPPORTED);
+
+    /* "tekken" (Mistral's) loads, adds BOS and takes digits one by one (peer_tokenizer's
+     * gpt-2+tekken row holds its ids to llama-server's) */
+    tok_vocab *tekken = gpt2_as("tekken", &rc);
+    assert_int_equal(rc, 0);
+    assert_true(tok_add_bos(tekken));
+    size_t n;
+    int32_t *ids = encode(tekken, "1234567", 7, false, false, &n);
+    assert_int_equal(n, 7);
+    free(ids);
+    tok_destroy(tekken);
 }
 
 static void test_control_tokens(void **state)

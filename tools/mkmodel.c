@@ -312,7 +312,8 @@ static void usage(FILE *fp)
             "            head_count_kv per layer (0 on the convolutions), token_embd_norm);\n"
             "            lfm2moe (lfm2 with experts after --dense-lead dense layers, sigmoid\n"
             "            gating, exp_probs_b.bias of std 0.1); olmo2 (no pre-norms, Q/K norms\n"
-            "            over the whole projections, post-norms, never tied).\n"
+            "            over the whole projections, post-norms, never tied); mistral3 (llama's\n"
+            "            tensors; --attn-temp, --bias).\n"
             "            gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n");
     fprintf(fp, /* two strings: C99 compilers need take only 4095 bytes in one */
@@ -351,6 +352,11 @@ static void usage(FILE *fp)
             "  --moe-step N  ernie4_5-moe: interleave_moe_layer_step, experts on the layers\n"
             "            l >= the lead with (l + 1) %% N == 0 (default 1)\n"
             "  --no-probs-bias  ernie4_5-moe: no exp_probs_b.bias\n"
+            "  --attn-temp S  mistral3: attention.temperature_scale S (queries times\n"
+            "            1 + S ln(1 + floor(pos / original context)))\n"
+            "  --orig-ctx N  rope.scaling.original_context_length N (YaRN's original\n"
+            "            context, mistral3's temperature divisor; default --ctx with --yarn)\n"
+            "  --bias    mistral3: Q/K/V and output projection biases (F32, std 0.5)\n"
             "  --weight-std  std of the random matrices (default %.2f; larger makes\n"
             "            attention sharper, so tests see position effects)\n",
             WEIGHT_STD);
@@ -396,6 +402,9 @@ typedef struct opts {
     uint32_t shexp_ffn; /* granitemoe, ernie4_5-moe: a shared expert this wide; 0: none */
     uint32_t dense_lead, moe_step; /* ernie4_5-moe: the layers of experts (default 1, 1) */
     bool no_probs_bias;            /* ernie4_5-moe: no exp_probs_b.bias */
+    float attn_temp;               /* mistral3: attention.temperature_scale; 0: not written */
+    uint32_t orig_ctx; /* rope.scaling.original_context_length; 0: --ctx's with --yarn, else none */
+    bool bias;         /* mistral3: Q/K/V and output biases */
 } opts;
 
 static int parse_args(int argc, char **argv, opts *o)
@@ -429,6 +438,10 @@ static int parse_args(int argc, char **argv, opts *o)
         }
         if (!strcmp(a, "--no-rope")) {
             o->no_rope = true;
+            continue;
+        }
+        if (!strcmp(a, "--bias")) {
+            o->bias = true;
             continue;
         }
         if (!strcmp(a, "--no-probs-bias")) {
@@ -481,10 +494,10 @@ static int parse_args(int argc, char **argv, opts *o)
             }
             o->n_layers = (uint32_t)n;
         } else if (!strcmp(a, "--arch")) {
-            static const char *const archs[] = {"llama",        "qwen2",   "qwen3",      "qwen3moe",
-                                                "gemma2",       "gemma3",  "phi3",       "gpt-oss",
-                                                "smollm3",      "granite", "granitemoe", "ernie4_5",
-                                                "ernie4_5-moe", "lfm2",    "lfm2moe",    "olmo2"};
+            static const char *const archs[] = {
+                "llama",        "qwen2",   "qwen3",   "qwen3moe", "gemma2",     "gemma3",
+                "phi3",         "gpt-oss", "smollm3", "granite",  "granitemoe", "ernie4_5",
+                "ernie4_5-moe", "lfm2",    "lfm2moe", "olmo2",    "mistral3"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
                 if (!strcmp(val, archs[k]))
@@ -493,7 +506,7 @@ static int parse_args(int argc, char **argv, opts *o)
                 fprintf(stderr,
                         "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
                         "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe, "
-                        "ernie4_5, ernie4_5-moe, lfm2, lfm2moe, olmo2)\n",
+                        "ernie4_5, ernie4_5-moe, lfm2, lfm2moe, olmo2, mistral3)\n",
                         val);
                 return -1;
             }
@@ -530,6 +543,21 @@ static int parse_args(int argc, char **argv, opts *o)
                 return -1;
             }
             o->yarn = (float)f;
+        } else if (!strcmp(a, "--attn-temp")) {
+            char *end;
+            errno = 0;
+            double f = strtod(val, &end);
+            if (errno || *end || !(f > 0 && f <= 100)) {
+                fprintf(stderr, "kvs-mkmodel: bad attention temperature '%s' (0..100)\n", val);
+                return -1;
+            }
+            o->attn_temp = (float)f;
+        } else if (!strcmp(a, "--orig-ctx")) {
+            if (!parse_u64(val, UINT32_MAX, &n) || n == 0) {
+                fprintf(stderr, "kvs-mkmodel: bad original context '%s'\n", val);
+                return -1;
+            }
+            o->orig_ctx = (uint32_t)n;
         } else if (!strcmp(a, "--rope-base")) {
             char *end;
             errno = 0;
@@ -595,7 +623,13 @@ static int parse_args(int argc, char **argv, opts *o)
     bool granite = !strncmp(o->arch, "granite", 7);
     /* llama with --experts, and granitemoe: Mixtral's layout (experts as wide as
      * feed_forward_length) */
-    bool mixtral = (!strcmp(o->arch, "llama") && o->n_expert) || !strcmp(o->arch, "granitemoe");
+    bool mistral3 = !strcmp(o->arch, "mistral3");
+    bool mixtral =
+        ((!strcmp(o->arch, "llama") || mistral3) && o->n_expert) || !strcmp(o->arch, "granitemoe");
+    if ((o->attn_temp || o->bias) && !mistral3) {
+        fprintf(stderr, "kvs-mkmodel: --attn-temp and --bias are for mistral3 only\n");
+        return -1;
+    }
     if (o->no_rope && !granite) {
         fprintf(stderr, "kvs-mkmodel: --no-rope is for granite only\n");
         return -1;
@@ -609,14 +643,16 @@ static int parse_args(int argc, char **argv, opts *o)
                         "--no-probs-bias are for ernie4_5-moe\n");
         return -1;
     }
-    if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma && strcmp(o->arch, "ernie4_5")) {
-        fprintf(stderr,
-                "kvs-mkmodel: --head-dim is for qwen3, qwen3moe, gemma, gpt-oss and ernie\n");
+    if (o->head_dim && strcmp(o->arch, "qwen3") && !moe && !gemma && strcmp(o->arch, "ernie4_5") &&
+        !mistral3) {
+        fprintf(stderr, "kvs-mkmodel: --head-dim is for qwen3, qwen3moe, gemma, gpt-oss, ernie "
+                        "and mistral3\n");
         return -1;
     }
     if ((o->n_expert || o->n_expert_used || o->expert_ffn) && !moe && !mixtral) {
         fprintf(stderr, "kvs-mkmodel: --experts, --experts-used and --expert-ffn are for "
-                        "qwen3moe, gpt-oss, granitemoe and llama with --experts (Mixtral)\n");
+                        "qwen3moe, gpt-oss, granitemoe, llama and mistral3 with --experts "
+                        "(Mixtral)\n");
         return -1;
     }
     if (mixtral && o->expert_ffn) {
@@ -826,7 +862,8 @@ static int build(gen *g, const opts *o)
         return rc;
     /* ernie: only with --head-dim, as its converter writes a config's head_dim */
     bool ernie = !strncmp(o->arch, "ernie4_5", 8);
-    if ((qwen3 || gemma || gpt_oss || (ernie && o->head_dim)) &&
+    bool mistral3 = !strcmp(o->arch, "mistral3");
+    if ((qwen3 || gemma || gpt_oss || ((ernie || mistral3) && o->head_dim)) &&
         ((rc = gguf_writer_add_u32(w, ARCH_KEY("attention.key_length"), head_dim)) ||
          (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.value_length"), head_dim))))
         return rc;
@@ -860,11 +897,17 @@ static int build(gen *g, const opts *o)
         return rc;
     /* gpt-oss's YaRN: factor 32 over an original context of 4096. */
     float yarn = o->yarn ? o->yarn : gpt_oss ? 32.0f : 0.0f;
-    uint32_t yarn_ctx = o->yarn ? o->ctx : 4096;
+    uint32_t yarn_ctx = o->orig_ctx ? o->orig_ctx : o->yarn ? o->ctx : 4096;
     if (yarn &&
         ((rc = gguf_writer_add_str(w, ARCH_KEY("rope.scaling.type"), "yarn")) ||
          (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.factor"), yarn)) ||
          (rc = gguf_writer_add_u32(w, ARCH_KEY("rope.scaling.original_context_length"), yarn_ctx))))
+        return rc;
+    if (!yarn && o->orig_ctx &&
+        (rc = gguf_writer_add_u32(w, ARCH_KEY("rope.scaling.original_context_length"), yarn_ctx)))
+        return rc;
+    if (o->attn_temp &&
+        (rc = gguf_writer_add_f32(w, ARCH_KEY("attention.temperature_scale"), o->attn_temp)))
         return rc;
     /* granite's four scalars, each only when non-zero (as the converter: absent when the
      * config has none), and RoPE's switch */
@@ -1000,8 +1043,11 @@ static int build(gen *g, const opts *o)
                 if ((rc = gen_add(g, tn, L[k].d2 ? 2 : 1, bdims, GGML_TYPE_F32, 0.5)))
                     return rc;
             }
-            /* Qwen2's biases: large enough (std 0.5) that dropping one changes the logits. */
-            if (qwen2 && k >= 2 && k <= 4) {
+            /* Qwen2's biases: large enough (std 0.5) that dropping one changes the logits;
+             * mistral3's --bias adds the output projection's too. */
+            bool mbias = o->bias && !strcmp(o->arch, "mistral3") &&
+                         ((k >= 2 && k <= 4) || !strcmp(L[k].suffix, "attn_output"));
+            if ((qwen2 && k >= 2 && k <= 4) || mbias) {
                 snprintf(tn, sizeof tn, "blk.%u.%s.bias", l, L[k].suffix);
                 if ((rc = gen_tensor_ex(g, tn, L[k].d1, 0, 0.5)))
                     return rc;
