@@ -7,11 +7,11 @@
 # differ in what the layer does around the same products: Gemma's post-norms and GELU, its
 # tied (bigger-looking) output, Qwen 3's head norms, windows, SmolLM3's unrotated layers,
 # Granite's four scalars, ERNIE 4.5's (llama's block), LFM2's short convolutions in place of
-# attention on 14 of the 22 layers (their B*x rows in the paged cache), OLMo 2's post-norms. Writes its section of
+# attention on 14 of the 22 layers (their B*x rows in the paged cache), OLMo 2's post-norms, Mistral 3's attention temperature. Writes its section of
 # docs/BENCHMARKS.md (one per CPU kind) and prints it.
 #   decode: 1 client, PROMPT-token prompts, OUT generated tokens each (N1 requests)
 #   prefill: 512-token prompts, 1 generated token, 1 client (NPP requests)
-# Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), FAMILIES (the eleven dense),
+# Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), FAMILIES (the twelve dense),
 # OUT (64), PROMPT (32), N1 (2), NPP (2), PEER (../shared/peer/llama.cpp/bin).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,7 +19,7 @@ cd "$ROOT"
 # shellcheck source=bench/peer_lib.sh
 . bench/peer_lib.sh
 SHAPE=${SHAPE:-tinyllama-1.1b}
-FAMILIES=${FAMILIES:-llama qwen2 qwen3 gemma2 gemma3 phi3 smollm3 granite ernie4_5 lfm2 olmo2}
+FAMILIES=${FAMILIES:-llama qwen2 qwen3 gemma2 gemma3 phi3 smollm3 granite ernie4_5 lfm2 olmo2 mistral3}
 OUT=${OUT:-64}
 PROMPT=${PROMPT:-32}
 N1=${N1:-2}
