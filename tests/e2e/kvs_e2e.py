@@ -102,6 +102,56 @@ def forced_marker_calls(test, srv, mark, messages, choice, **extra):
     return calls
 
 
+class OneTokenAnswers:
+    """A mixin for the tests of a family's chat markers on a vocabulary with test devices
+    (harmony_vocab.append): self.srv, self.ids (text -> token id), and the class's MSGS, TOOLS,
+    CALL (a whole call answer as one token, read back with STOP as a stop string) and THINK
+    ("<think>plan</think>Done" in the family's markers)."""
+
+    def first(self, name, max_tokens=3):
+        return forced_first(self, self.srv, self.ids[name], max_tokens)
+
+    def answer(self, token, **extra):
+        """A chat answer of one token pushed to token: (whole message, finish_reason, streamed
+        events' choices)."""
+        body = {"messages": self.MSGS, "max_tokens": 1, "temperature": 0,
+                "logit_bias": {str(self.ids[token]): 100}}
+        body.update(extra)
+        st, out = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(st, 200, out)
+        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
+        self.assertEqual(st, 200, events)
+        self.assertTrue(done)
+        c = out["choices"][0]
+        return c["message"], c["finish_reason"], [e["choices"][0] for e in events
+                                                  if e.get("choices")]
+
+    def test_calls_read_back(self):
+        """CALL's "Calling." then add(a=1, b="x") and mul(b=2): two tool_calls, whole and
+        streamed; without tools the calls are content."""
+        msg, finish, deltas = self.answer(self.CALL + self.STOP, tools=self.TOOLS,
+                                          stop=[self.STOP])
+        self.assertEqual(finish, "tool_calls", msg)
+        self.assertEqual(msg["content"], "Calling.")
+        got = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+               for c in msg["tool_calls"]]
+        self.assertEqual(got, [("add", {"a": 1, "b": "x"}), ("mul", {"b": 2})])
+        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+        self.assertEqual([(t["function"]["name"], json.loads(t["function"]["arguments"]))
+                          for t in streamed], got)
+        self.assertEqual("".join(d["delta"].get("content") or "" for d in deltas), "Calling.")
+        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
+        msg, finish, _ = self.answer(self.CALL + self.STOP, stop=[self.STOP])
+        self.assertEqual(msg["content"], self.CALL)
+        self.assertNotIn("tool_calls", msg)
+
+    def test_think_split(self):
+        msg, _, deltas = self.answer(self.THINK)
+        self.assertEqual((msg.get("reasoning_content"), msg["content"]), ("plan", "Done"), msg)
+        self.assertEqual("".join(d["delta"].get("reasoning_content") or "" for d in deltas), "plan")
+        self.assertEqual("".join(d["delta"].get("content") or "" for d in deltas), "Done")
+
+
 def load_reference():
     with open(REFERENCE) as f:
         return json.load(f)["cases"]

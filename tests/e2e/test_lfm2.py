@@ -13,14 +13,13 @@ enable_thinking is a 400 (no such switch), keep_past_thinking keeps earlier thin
 A forced call (tool_choice required or named) is generated in llama.cpp's LFM2 form,
 <|tool_call_start|> then a JSON list of {"name", "arguments"} objects, and comes back as
 tool_calls."""
-import json
 import os
 import subprocess
 import tempfile
 import unittest
 
 import harmony_vocab
-from kvs_e2e import (ADD_MUL_TOOLS, MKMODEL, MODELS, Server, forced_first, forced_marker_calls,
+from kvs_e2e import (ADD_MUL_TOOLS, MKMODEL, MODELS, OneTokenAnswers, Server, forced_marker_calls,
                      require_mkmodel)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,7 +35,9 @@ TOOLS = ADD_MUL_TOOLS
 MSGS = [{"role": "user", "content": "Hi"}]
 
 
-class Lfm25(unittest.TestCase):
+class Lfm25(OneTokenAnswers, unittest.TestCase):
+    MSGS, TOOLS, CALL, STOP, THINK = MSGS, TOOLS, CALL, STOP, THINK
+
     @classmethod
     def setUpClass(cls):
         require_mkmodel(VOCAB)
@@ -67,9 +68,6 @@ class Lfm25(unittest.TestCase):
         self.assertEqual(toks[0], self.ids["<|im_start|>"])
         self.assertEqual(toks[-2:], [self.ids["<|im_end|>"], self.ids["<|tool_call_start|>"]])
 
-    def first(self, name, max_tokens=3):
-        return forced_first(self, self.srv, self.ids[name], max_tokens)
-
     def test_end_tokens(self):
         self.assertEqual(self.first("<|im_end|>"), ("stop", 1, ""))
         # the call and think markers are printed; the list and role markers print nothing
@@ -77,44 +75,6 @@ class Lfm25(unittest.TestCase):
             self.assertEqual(self.first(shown), ("length", 3, shown * 3))
         for hidden in ("<|tool_list_start|>", "<|im_start|>", "<|tool_response_start|>"):
             self.assertEqual(self.first(hidden), ("length", 3, ""))
-
-    def answer(self, token, **extra):
-        """A chat answer of one token pushed to token: (whole message, finish_reason, streamed
-        events' choices)."""
-        body = {"messages": MSGS, "max_tokens": 1, "temperature": 0,
-                "logit_bias": {str(self.ids[token]): 100}}
-        body.update(extra)
-        st, out = self.srv.post("/v1/chat/completions", body)
-        self.assertEqual(st, 200, out)
-        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
-        self.assertEqual(st, 200, events)
-        self.assertTrue(done)
-        c = out["choices"][0]
-        return c["message"], c["finish_reason"], [e["choices"][0] for e in events
-                                                  if e.get("choices")]
-
-    def test_calls_read_back(self):
-        msg, finish, deltas = self.answer(CALL + STOP, tools=TOOLS, stop=[STOP])
-        self.assertEqual(finish, "tool_calls", msg)
-        self.assertEqual(msg["content"], "Calling.")
-        got = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-               for c in msg["tool_calls"]]
-        self.assertEqual(got, [("add", {"a": 1, "b": "x"}), ("mul", {"b": 2})])
-        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
-        self.assertEqual([(t["function"]["name"], json.loads(t["function"]["arguments"]))
-                          for t in streamed], got)
-        self.assertEqual("".join(d["delta"].get("content") or "" for d in deltas), "Calling.")
-        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
-        # without tools the block is content
-        msg, finish, _ = self.answer(CALL + STOP, stop=[STOP])
-        self.assertEqual(msg["content"], CALL)
-        self.assertNotIn("tool_calls", msg)
-
-    def test_think_split(self):
-        msg, _, deltas = self.answer(THINK)
-        self.assertEqual((msg.get("reasoning_content"), msg["content"]), ("plan", "Done"), msg)
-        self.assertEqual("".join(d["delta"].get("reasoning_content") or "" for d in deltas), "plan")
-        self.assertEqual("".join(d["delta"].get("content") or "" for d in deltas), "Done")
 
     def test_no_switch(self):
         body = {"messages": MSGS, "max_tokens": 1,

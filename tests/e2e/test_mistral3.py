@@ -20,7 +20,7 @@ import tempfile
 import unittest
 
 import harmony_vocab
-from kvs_e2e import MKMODEL, MODELS, Server, forced_first, require_mkmodel
+from kvs_e2e import (ADD_MUL_TOOLS, MKMODEL, MODELS, OneTokenAnswers, Server, require_mkmodel)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "ministral3-reasoning.jinja")
@@ -31,17 +31,13 @@ SPECIALS = ["</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
 CALL = 'Calling.[TOOL_CALLS]add[ARGS]{"a": 1, "b": "x"}[TOOL_CALLS]mul[ARGS]{"b": 2}'
 STOP = "#END"  # ends the one-token answer as a stop string (a call cut by max_tokens is not read)
 THINK = "[THINK]plan[/THINK]Done"
-TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "Adds two numbers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "number"}},
-                   "required": ["a"]}}},
-    {"type": "function", "function": {
-        "name": "mul", "parameters": {"type": "object", "properties": {
-            "b": {"type": "integer"}}, "required": ["b"]}}}]
+TOOLS = ADD_MUL_TOOLS
 MSGS = [{"role": "user", "content": "Hi"}]
 
 
-class Ministral3(unittest.TestCase):
+class Ministral3(OneTokenAnswers, unittest.TestCase):
+    MSGS, TOOLS, CALL, STOP, THINK = MSGS, TOOLS, CALL, STOP, THINK
+
     @classmethod
     def setUpClass(cls):
         require_mkmodel(VOCAB)
@@ -75,9 +71,6 @@ class Ministral3(unittest.TestCase):
         self.assertEqual(toks[-1], self.ids["[ARGS]"])
         self.assertIn(self.ids["[TOOL_CALLS]"], toks)
 
-    def first(self, name, max_tokens=3):
-        return forced_first(self, self.srv, self.ids[name], max_tokens)
-
     def test_end_tokens(self):
         self.assertEqual(self.first("</s>"), ("stop", 1, ""))
         # the call and think markers are printed; the turn markers print nothing
@@ -85,44 +78,6 @@ class Ministral3(unittest.TestCase):
             self.assertEqual(self.first(shown), ("length", 3, shown * 3))
         for hidden in ("[INST]", "[SYSTEM_PROMPT]", "[TOOL_RESULTS]"):
             self.assertEqual(self.first(hidden), ("length", 3, ""))
-
-    def answer(self, token, **extra):
-        """A chat answer of one token pushed to token: (whole message, finish_reason, streamed
-        events' choices)."""
-        body = {"messages": MSGS, "max_tokens": 1, "temperature": 0,
-                "logit_bias": {str(self.ids[token]): 100}}
-        body.update(extra)
-        st, out = self.srv.post("/v1/chat/completions", body)
-        self.assertEqual(st, 200, out)
-        st, events, done = self.srv.stream("/v1/chat/completions", dict(body, stream=True))
-        self.assertEqual(st, 200, events)
-        self.assertTrue(done)
-        c = out["choices"][0]
-        return c["message"], c["finish_reason"], [e["choices"][0] for e in events
-                                                  if e.get("choices")]
-
-    def test_calls_read_back(self):
-        msg, finish, deltas = self.answer(CALL + STOP, tools=TOOLS, stop=[STOP])
-        self.assertEqual(finish, "tool_calls", msg)
-        self.assertEqual(msg["content"], "Calling.")
-        got = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-               for c in msg["tool_calls"]]
-        self.assertEqual(got, [("add", {"a": 1, "b": "x"}), ("mul", {"b": 2})])
-        streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
-        self.assertEqual([(t["function"]["name"], json.loads(t["function"]["arguments"]))
-                          for t in streamed], got)
-        self.assertEqual("".join(d["delta"].get("content") or "" for d in deltas), "Calling.")
-        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
-        # without tools the calls are content
-        msg, finish, _ = self.answer(CALL + STOP, stop=[STOP])
-        self.assertEqual(msg["content"], CALL)
-        self.assertNotIn("tool_calls", msg)
-
-    def test_think_split(self):
-        msg, _, deltas = self.answer(THINK)
-        self.assertEqual((msg.get("reasoning_content"), msg["content"]), ("plan", "Done"), msg)
-        self.assertEqual("".join(d["delta"].get("reasoning_content") or "" for d in deltas), "plan")
-        self.assertEqual("".join(d["delta"].get("content") or "" for d in deltas), "Done")
 
     def test_refusals(self):
         body = {"messages": MSGS, "max_tokens": 1,
