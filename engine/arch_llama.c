@@ -7,6 +7,8 @@
 
 #include "common/status.h"
 
+#include <math.h>
+
 int engine__load_llama_layer(engine_model *m, uint32_t l, char *err, size_t err_len)
 {
     const engine_hparams *hp = &m->hp;
@@ -83,6 +85,15 @@ void engine__llama_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, ui
         engine__norm_rows(c, c->k, c->k, w->k_norm, T * hp->n_head_kv, hp->head_dim);
     }
     engine__rope_store(c, kv, b, l);
+    /* Llama 4's attention temperature (mistral3: engine_model.attn_temp_len > 0), as llama.cpp's
+     * llm_graph_input_attn_temp (offset 0): each roped query row times
+     * 1 + scale ln(1 + floor(pos / n)), the quotient in float and the logarithm in double */
+    for (size_t t = 0; c->m->attn_temp_len && t < T; t++) {
+        float fl = floorf((float)b->pos[t] / (float)c->m->attn_temp_len);
+        float s = (float)(log((double)fl + 1.0) * (double)c->m->attn_temp_scale + 1.0);
+        for (size_t i = 0; i < Q; i++)
+            c->q[t * Q + i] *= s;
+    }
     engine__attention(c, kv, b, l);
     engine__matmul(c, c->xn, c->att, &w->wo, T);
     for (size_t t = 0; w->bo && t < T; t++)

@@ -88,49 +88,6 @@ static int load_mistral3_layer(engine_model *m, uint32_t l, char *err, size_t er
                                   err_len);
 }
 
-/* llama.cpp's llm_graph_input_attn_temp (offset 0 for this family): the query scale at pos. */
-static float temp_scale(const engine_model *m, int32_t pos)
-{
-    float q = floorf((float)pos / (float)m->attn_temp_len);
-    return (float)(log((double)q + 1.0) * (double)m->attn_temp_scale + 1.0);
-}
-
-static void mistral3_layer(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l)
-{
-    const engine_model *m = c->m;
-    const engine_hparams *hp = &m->hp;
-    const layer_weights *w = &m->layers[l];
-    size_t T = b->n_tokens, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           KV = (size_t)hp->n_head_kv * hp->head_dim;
-
-    engine__norm_rows(c, c->xn, c->x, w->attn_norm, T, E);
-    const kern_mat *qkv[3] = {&w->wq, &w->wk, &w->wv};
-    float *qkv_out[3] = {c->q, c->k, c->v};
-    engine__matmuls(c, c->xn, T, 3, qkv, qkv_out, ENGINE_GLU_NONE);
-    for (size_t t = 0; t < T; t++) {
-        if (w->bq)
-            kern_add(c->q + t * Q, w->bq, Q);
-        if (w->bk)
-            kern_add(c->k + t * KV, w->bk, KV);
-        if (w->bv)
-            kern_add(c->v + t * KV, w->bv, KV);
-    }
-    engine__rope_store(c, kv, b, l);
-    /* the temperature multiplies the roped queries only, as the graph's ggml_mul */
-    for (size_t t = 0; m->attn_temp_len && t < T; t++) {
-        float s = temp_scale(m, b->pos[t]);
-        float *q = c->q + t * Q;
-        for (size_t i = 0; i < Q; i++)
-            q[i] *= s;
-    }
-    engine__attention(c, kv, b, l);
-    engine__matmul(c, c->xn, c->att, &w->wo, T);
-    for (size_t t = 0; w->bo && t < T; t++)
-        kern_add(c->xn + t * E, w->bo, E);
-    kern_add(c->x, c->xn, T * E);
-    engine__llama_ffn(c, l, T);
-}
-
 const engine_arch engine__arch_mistral3 = {
     .name = "mistral3",
     .rope_type = ENGINE_ROPE_NORM,
@@ -139,5 +96,5 @@ const engine_arch engine__arch_mistral3 = {
     .moe = true, /* llama.cpp's graph has Mixtral's branch (softmax, top k, renormalized) */
     .load_hparams = load_mistral3_hparams,
     .load_layer = load_mistral3_layer,
-    .layer = mistral3_layer,
+    .layer = engine__llama_layer, /* which applies the temperature (engine_model.attn_temp_len) */
 };
