@@ -64,7 +64,8 @@ struct engine_arch {
 extern const engine_arch engine__arch_llama, engine__arch_qwen2, engine__arch_qwen3,
     engine__arch_qwen3moe, engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3,
     engine__arch_gpt_oss, engine__arch_smollm3, engine__arch_granite, engine__arch_granitemoe,
-    engine__arch_ernie4_5, engine__arch_ernie4_5_moe, engine__arch_lfm2, engine__arch_lfm2moe;
+    engine__arch_ernie4_5, engine__arch_ernie4_5_moe, engine__arch_lfm2, engine__arch_lfm2moe,
+    engine__arch_gemma3n;
 
 /* The family named name[0..len), or NULL. */
 const engine_arch *engine__arch_find(const char *name, size_t len);
