@@ -311,7 +311,10 @@ static void usage(FILE *fp)
             "            the layers l with l %% 3 != 2 but the last, Q/K norms on the others,\n"
             "            head_count_kv per layer (0 on the convolutions), token_embd_norm);\n"
             "            lfm2moe (lfm2 with experts after --dense-lead dense layers, sigmoid\n"
-            "            gating, exp_probs_b.bias of std 0.1).\n"
+            "            gating, exp_probs_b.bias of std 0.1); gemma3n (gemma3's layer with\n"
+            "            AltUp's 4 streams, LAuReL of rank 64, per-layer embeddings 256 wide,\n"
+            "            the window pattern as one bool per layer, layers from 20 on sharing\n"
+            "            K/V: --layers 25 has shared windowed and global layers).\n"
             "            gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n");
     fprintf(fp, /* two strings: C99 compilers need take only 4095 bytes in one */
@@ -482,7 +485,7 @@ static int parse_args(int argc, char **argv, opts *o)
             static const char *const archs[] = {"llama",        "qwen2",   "qwen3",      "qwen3moe",
                                                 "gemma2",       "gemma3",  "phi3",       "gpt-oss",
                                                 "smollm3",      "granite", "granitemoe", "ernie4_5",
-                                                "ernie4_5-moe", "lfm2",    "lfm2moe"};
+                                                "ernie4_5-moe", "lfm2",    "lfm2moe",    "gemma3n"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
                 if (!strcmp(val, archs[k]))
@@ -491,7 +494,7 @@ static int parse_args(int argc, char **argv, opts *o)
                 fprintf(stderr,
                         "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
                         "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe, "
-                        "ernie4_5, ernie4_5-moe, lfm2, lfm2moe)\n",
+                        "ernie4_5, ernie4_5-moe, lfm2, lfm2moe, gemma3n)\n",
                         val);
                 return -1;
             }
@@ -771,6 +774,13 @@ static bool lfm2_conv(uint32_t l, uint32_t n)
     return l % 3 != 2 && l + 1 != n;
 }
 
+/* gemma3n's sizes: AltUp streams, LAuReL's rank (llama.cpp's fixed 64), per-layer input
+ * width; the layers from G3N_KV_FROM on share K/V (llama.cpp's fixed 20) */
+#define G3N_ALTUP 4
+#define G3N_LAUREL 64
+#define G3N_PL 256
+#define G3N_KV_FROM 20
+
 static int build(gen *g, const opts *o)
 {
     const shape *sh = o->shape;
@@ -784,7 +794,8 @@ static int build(gen *g, const opts *o)
     bool granite = !strncmp(o->arch, "granite", 7);
     bool ernie_moe = !strcmp(o->arch, "ernie4_5-moe"), lfm2moe = !strcmp(o->arch, "lfm2moe");
     bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
-    bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
+    bool gemma3n = !strcmp(o->arch, "gemma3n");
+    bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3 || gemma3n;
     bool gpt_oss = !strcmp(o->arch, "gpt-oss"), smollm3 = !strcmp(o->arch, "smollm3");
     bool lfm2 = !strncmp(o->arch, "lfm2", 4); /* lfm2, lfm2moe */
     /* lfm2's converter: one KV head count per layer, 0 on the convolutions */
@@ -869,6 +880,27 @@ static int build(gen *g, const opts *o)
         return rc;
     if (lfm2 && (rc = gguf_writer_add_u32(w, ARCH_KEY("shortconv.l_cache"), 3)))
         return rc;
+    /* as Gemma 3n's converter: the window pattern one bool per layer (four windowed, one
+     * global), its sparsity one std multiplier per layer (icdf(0.95) on the first 10) */
+    uint8_t swa[1024];
+    float sparsity[1024];
+    for (uint32_t l = 0; l < n_layers && l < 1024; l++) {
+        swa[l] = l % 5 < 4;
+        sparsity[l] = l < 10 ? 1.6448533535003662f : 0.0f;
+    }
+    if (gemma3n &&
+        ((rc = gguf_writer_add_u32(w, ARCH_KEY("altup.active_idx"), 0)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("altup.num_inputs"), G3N_ALTUP)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("embedding_length_per_layer_input"), G3N_PL)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.shared_kv_layers"),
+                                   n_layers > G3N_KV_FROM ? n_layers - G3N_KV_FROM : 0)) ||
+         (rc = gguf_writer_add_arr(w, ARCH_KEY("attention.sliding_window_pattern"), GGUF_TYPE_BOOL,
+                                   swa, n_layers)) ||
+         (rc = gguf_writer_add_arr(w, ARCH_KEY("activation_sparsity_scale"), GGUF_TYPE_FLOAT32,
+                                   sparsity, n_layers)) ||
+         (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base_swa"), 10000.0f)) ||
+         (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
+        return rc;
     if (gemma2 && ((rc = gguf_writer_add_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f)) ||
                    (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
         return rc;
@@ -893,13 +925,26 @@ static int build(gen *g, const opts *o)
     g->tmp_len = g->tmp_len > q_dim ? g->tmp_len : q_dim;
     g->tmp_len = g->tmp_len > o->expert_ffn ? g->tmp_len : o->expert_ffn;
     g->tmp_len = g->tmp_len > o->shexp_ffn ? g->tmp_len : o->shexp_ffn;
+    if (gemma3n && g->tmp_len < (uint64_t)n_layers * G3N_PL)
+        g->tmp_len = (uint64_t)n_layers * G3N_PL; /* a row of per_layer_token_embd */
     g->tmp = malloc(g->tmp_len * sizeof *g->tmp);
-    g->cap_fills = 3 + 24 * (size_t)n_layers;
+    g->cap_fills = 8 + 26 * (size_t)n_layers;
     g->fills = calloc(g->cap_fills, sizeof *g->fills);
     if (!g->tmp || !g->fills)
         return KVS_ENOMEM;
     if ((rc = gen_tensor(g, "token_embd.weight", sh->dim, n_vocab)))
         return rc;
+    if (gemma3n) {
+        uint64_t stack[3] = {sh->dim, sh->dim, G3N_ALTUP - 1};
+        if ((rc = gen_tensor(g, "per_layer_token_embd.weight", (uint64_t)n_layers * G3N_PL,
+                             n_vocab)) ||
+            (rc = gen_tensor(g, "per_layer_model_proj.weight", sh->dim,
+                             (uint64_t)n_layers * G3N_PL)) ||
+            (rc = gen_tensor(g, "per_layer_proj_norm.weight", G3N_PL, 0)) ||
+            (rc = gen_add(g, "altup_proj.weight", 3, stack, g->wtype, g->std)) ||
+            (rc = gen_add(g, "altup_unembd_proj.weight", 3, stack, g->wtype, g->std)))
+            return rc;
+    }
     for (uint32_t l = 0; l < n_layers; l++) {
         /* In the order llama.cpp's converters write them (and kvs-mkmodel always has: each
          * tensor's values come from its index). d1 = 0 marks a norm vector; d2 > 0 a stack of
@@ -920,8 +965,8 @@ static int build(gen *g, const opts *o)
             {"attn_q", sh->dim, q_dim, 0, attn},
             {"attn_k", sh->dim, kv_dim, 0, attn},
             {"attn_v", sh->dim, kv_dim, 0, attn},
-            {"attn_q_norm", head_dim, 0, 0, qwen3 || gemma3 || (lfm2 && attn)},
-            {"attn_k_norm", head_dim, 0, 0, qwen3 || gemma3 || (lfm2 && attn)},
+            {"attn_q_norm", head_dim, 0, 0, qwen3 || gemma3 || gemma3n || (lfm2 && attn)},
+            {"attn_k_norm", head_dim, 0, 0, qwen3 || gemma3 || gemma3n || (lfm2 && attn)},
             {"attn_output", q_dim, sh->dim, 0, !conv},
             {"shortconv.conv", 3, sh->dim, 0, conv},
             {"shortconv.in_proj", sh->dim, 3 * (uint64_t)sh->dim, 0, conv},
@@ -941,6 +986,18 @@ static int build(gen *g, const opts *o)
             {"ffn_up_shexp", sh->dim, o->shexp_ffn, 0, shexp},
             {"ffn_down_shexp", o->shexp_ffn, sh->dim, 0, shexp},
             {"post_ffw_norm", sh->dim, 0, 0, gemma},
+            /* gemma3n's per-layer input, AltUp and LAuReL, as its converter orders them */
+            {"inp_gate", sh->dim, G3N_PL, 0, gemma3n},
+            {"proj", G3N_PL, sh->dim, 0, gemma3n},
+            {"post_norm", sh->dim, 0, 0, gemma3n},
+            {"altup_correct_coef", G3N_ALTUP, G3N_ALTUP, 0, gemma3n},
+            {"altup_correct_scale", sh->dim, 0, 0, gemma3n},
+            {"altup_predict_coef", G3N_ALTUP, G3N_ALTUP * G3N_ALTUP, 0, gemma3n},
+            {"altup_router", sh->dim, G3N_ALTUP, 0, gemma3n},
+            {"altup_router_norm", sh->dim, 0, 0, gemma3n},
+            {"laurel_l", sh->dim, G3N_LAUREL, 0, gemma3n},
+            {"laurel_r", G3N_LAUREL, sh->dim, 0, gemma3n},
+            {"laurel_post_norm", sh->dim, 0, 0, gemma3n},
         };
         for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
             if (!L[k].on)
