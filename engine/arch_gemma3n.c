@@ -389,8 +389,9 @@ static void gelu_f16_mul(float *g, const float *u, size_t n)
             y = x;
         } else {
             float h = ggml_fp16_to_fp32(ggml_fp32_to_fp16(x));
-            y = 0.5f * h * (1.0f + tanhf(0.79788456080286535587989211986876f * h *
-                                         (1.0f + 0.044715f * h * h)));
+            y = 0.5f * h *
+                (1.0f +
+                 tanhf(0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h)));
             y = ggml_fp16_to_fp32(ggml_fp32_to_fp16(y));
         }
         g[i] = u[i] * y;
