@@ -2327,7 +2327,7 @@ static void test_refuse_architecture(void **st)
     edit e = {.arch = "mamba"};
     expect_refusal(&e, KVS_EUNSUPPORTED, "architecture 'mamba' is not supported",
                    "supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, "
-                   "smollm3, granite, granitemoe, ernie4_5, ernie4_5-moe, lfm2, lfm2moe");
+                   "smollm3, granite, granitemoe, ernie4_5, ernie4_5-moe, lfm2, lfm2moe, gemma3n");
     edit e2 = {.arch = "gemma"}; /* Gemma 1: not implemented */
     expect_refusal(&e2, KVS_EUNSUPPORTED, "'gemma'", NULL);
 }
