@@ -383,6 +383,33 @@ static int load_kv_heads(engine_model *m, char *err, size_t err_len)
     return 0;
 }
 
+/* feed_forward_length: one width, or one per layer (Gemma 3n's converter writes its config's
+ * list), which must then be the same on every layer. */
+static int load_ff_length(engine_model *m, char *err, size_t err_len)
+{
+    engine_hparams *hp = &m->hp;
+    char key[128];
+    enum gguf_type et;
+    uint64_t n;
+    const void *data;
+    if (gguf_get_arr(m->file, arch_key(m, "feed_forward_length", key, sizeof key), &et, &n, &data))
+        return get_arch_u32(m, "feed_forward_length", &hp->n_ff, true, 1, MAX_FF, err, err_len);
+    if ((et != GGUF_TYPE_UINT32 && et != GGUF_TYPE_INT32) || n != hp->n_layer)
+        return status_set_err(err, err_len, KVS_EFORMAT,
+                              "%s is not a 32-bit integer per layer (%llu values, %u layers)", key,
+                              (unsigned long long)n, hp->n_layer);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        uint32_t v;
+        memcpy(&v, (const uint8_t *)data + 4 * (size_t)l, 4);
+        if (v < 1 || v > MAX_FF || (l && v != hp->n_ff))
+            return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                                  "%s[%u] = %u: one width on every layer (1..%u) is supported", key,
+                                  l, v, MAX_FF);
+        hp->n_ff = v;
+    }
+    return 0;
+}
+
 static int load_hparams(engine_model *m, char *err, size_t err_len)
 {
     engine_hparams *hp = &m->hp;
@@ -403,7 +430,7 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
              get_arch_u32(m, "context_length", &hp->n_ctx_train, true, 1, MAX_CTX, err, err_len)) ||
         (rc = get_arch_u32(m, "embedding_length", &hp->n_embd, true, 1, MAX_EMBD, err, err_len)) ||
         (rc = get_arch_u32(m, "block_count", &hp->n_layer, true, 1, MAX_LAYERS, err, err_len)) ||
-        (rc = get_arch_u32(m, "feed_forward_length", &hp->n_ff, true, 1, MAX_FF, err, err_len)) ||
+        (rc = load_ff_length(m, err, err_len)) ||
         (rc = get_arch_u32(m, "attention.head_count", &hp->n_head, true, 1, MAX_HEADS, err,
                            err_len)))
         return rc;

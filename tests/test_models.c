@@ -307,7 +307,16 @@ static void ref_load(ref_model *r, const char *path)
     } else {
         r->n_kv = ref_u32(f, arch, "attention.head_count_kv");
     }
-    r->ffn = ref_u32(f, arch, "feed_forward_length");
+    snprintf(key, sizeof key, "%s.feed_forward_length", arch);
+    enum gguf_type ffn_t;
+    uint64_t ffn_n;
+    const void *ffn_a;
+    if (!gguf_get_arr(f, key, &ffn_t, &ffn_n, &ffn_a)) { /* gemma3n: one per layer, all alike */
+        assert_true(ffn_t == GGUF_TYPE_UINT32 && ffn_n == r->n_layer);
+        memcpy(&r->ffn, ffn_a, 4);
+    } else {
+        r->ffn = ref_u32(f, arch, "feed_forward_length");
+    }
     r->vocab = ref_u32(f, arch, "vocab_size");
     if (moe) {
         r->n_expert = ref_u32(f, arch, "expert_count");

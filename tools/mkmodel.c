@@ -802,6 +802,10 @@ static int build(gen *g, const opts *o)
     int32_t kv_heads[1024];
     for (uint32_t l = 0; l < n_layers && l < 1024; l++)
         kv_heads[l] = lfm2 && lfm2_conv(l, n_layers) ? 0 : (int32_t)sh->n_kv_heads;
+    /* Gemma 3n's converter: feed_forward_length is its config's list, one width per layer */
+    uint32_t ffn_arr[1024];
+    for (uint32_t l = 0; l < n_layers && l < 1024; l++)
+        ffn_arr[l] = sh->ffn;
     uint32_t ftype = o->type == GGML_TYPE_F32   ? FTYPE_ALL_F32
                      : o->type == GGML_TYPE_F16 ? FTYPE_MOSTLY_F16
                                                 : FTYPE_MOSTLY_Q8_0;
@@ -816,7 +820,9 @@ static int build(gen *g, const opts *o)
         (rc = gguf_writer_add_u32(w, ARCH_KEY("context_length"), o->ctx)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("embedding_length"), sh->dim)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("block_count"), n_layers)) ||
-        (rc = gguf_writer_add_u32(w, ARCH_KEY("feed_forward_length"), sh->ffn)) ||
+        (rc = gemma3n ? gguf_writer_add_arr(w, ARCH_KEY("feed_forward_length"), GGUF_TYPE_UINT32,
+                                            ffn_arr, n_layers)
+                      : gguf_writer_add_u32(w, ARCH_KEY("feed_forward_length"), sh->ffn)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count"), sh->n_heads)) ||
         (rc = lfm2 ? gguf_writer_add_arr(w, ARCH_KEY("attention.head_count_kv"), GGUF_TYPE_INT32,
                                          kv_heads, n_layers)
