@@ -11,7 +11,7 @@
 # docs/BENCHMARKS.md (one per CPU kind) and prints it.
 #   decode: 1 client, PROMPT-token prompts, OUT generated tokens each (N1 requests)
 #   prefill: 512-token prompts, 1 generated token, 1 client (NPP requests)
-# Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), FAMILIES (the twelve dense),
+# Environment: BUILD (build), THREADS (nproc), SHAPE (tinyllama-1.1b), FAMILIES (the thirteen dense),
 # OUT (64), PROMPT (32), N1 (2), NPP (2), PEER (../shared/peer/llama.cpp/bin).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,7 +19,7 @@ cd "$ROOT"
 # shellcheck source=bench/peer_lib.sh
 . bench/peer_lib.sh
 SHAPE=${SHAPE:-tinyllama-1.1b}
-FAMILIES=${FAMILIES:-llama qwen2 qwen3 gemma2 gemma3 phi3 smollm3 granite ernie4_5 lfm2 olmo2 mistral3}
+FAMILIES=${FAMILIES:-llama qwen2 qwen3 gemma2 gemma3 gemma3n phi3 smollm3 granite ernie4_5 lfm2 olmo2 mistral3}
 OUT=${OUT:-64}
 PROMPT=${PROMPT:-32}
 N1=${N1:-2}
@@ -41,7 +41,7 @@ rows=()
 for fam in $FAMILIES; do
     f="$TMP/$fam.gguf"
     extra=()
-    case $fam in gemma2|gemma3) extra=(--sliding-window 512) ;; esac
+    case $fam in gemma2|gemma3|gemma3n) extra=(--sliding-window 512) ;; esac
     "$MKMODEL" --shape "$SHAPE" --type f16 --arch "$fam" --vocab "$VOCAB" "${extra[@]}" \
         -o "$f" 2>/dev/null
     mib=$(( $(stat -c %s "$f") / 1048576 ))

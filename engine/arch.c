@@ -10,7 +10,7 @@ static const engine_arch *const ARCHS[] = {
     &engine__arch_phi3,         &engine__arch_gpt_oss,    &engine__arch_smollm3,
     &engine__arch_granite,      &engine__arch_granitemoe, &engine__arch_ernie4_5,
     &engine__arch_ernie4_5_moe, &engine__arch_lfm2,       &engine__arch_lfm2moe,
-    &engine__arch_olmo2,        &engine__arch_mistral3,
+    &engine__arch_olmo2,        &engine__arch_mistral3,   &engine__arch_gemma3n,
 };
 
 #define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])

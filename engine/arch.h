@@ -52,6 +52,12 @@ struct engine_arch {
     int (*load_layer)(engine_model *m, uint32_t l, char *err, size_t err_len);
     /* Layer l over every row of the batch: reads and updates the residual stream c->x. */
     void (*layer)(engine_ctx *c, engine_kv *kv, const engine_batch *b, uint32_t l);
+    /* NULL, or: floats of the family's own step buffers for max_tokens rows (engine_ctx.fam);
+     * begin, after the embedding rows are in c->x (scaled), before the first layer; end, after
+     * the last, leaving in c->x what the final norm reads (gemma3n's AltUp streams). */
+    size_t (*ctx_floats)(const engine_model *m, size_t max_tokens);
+    void (*begin)(engine_ctx *c, const engine_batch *b);
+    void (*end)(engine_ctx *c, const engine_batch *b);
 };
 
 /* The registry's rows, one per family file. */
@@ -59,7 +65,7 @@ extern const engine_arch engine__arch_llama, engine__arch_qwen2, engine__arch_qw
     engine__arch_qwen3moe, engine__arch_gemma2, engine__arch_gemma3, engine__arch_phi3,
     engine__arch_gpt_oss, engine__arch_smollm3, engine__arch_granite, engine__arch_granitemoe,
     engine__arch_ernie4_5, engine__arch_ernie4_5_moe, engine__arch_lfm2, engine__arch_lfm2moe,
-    engine__arch_olmo2, engine__arch_mistral3;
+    engine__arch_olmo2, engine__arch_mistral3, engine__arch_gemma3n;
 
 /* The family named name[0..len), or NULL. */
 const engine_arch *engine__arch_find(const char *name, size_t len);
@@ -83,6 +89,10 @@ void engine__mat_rows(const kern_mat *src, size_t row0, size_t n, kern_mat *out)
 int engine__load_layer_experts(engine_model *m, uint32_t l, const char *suffix, uint64_t d0,
                                uint64_t d1, uint32_t n, kern_mat *out, size_t stride, char *err,
                                size_t err_len);
+/* name, a stack of n matrices of ggml dims {d0, d1} (ggml dims {d0, d1, n}), as
+ * engine__load_layer_experts. */
+int engine__load_stack(engine_model *m, const char *name, uint64_t d0, uint64_t d1, uint32_t n,
+                       kern_mat *out, size_t stride, char *err, size_t err_len);
 /* "blk.<l>.<suffix>" as engine__load_vec / engine__load_mat. */
 int engine__load_layer_vec(engine_model *m, uint32_t l, const char *suffix, uint64_t d0,
                            bool required, const float **out, char *err, size_t err_len);
@@ -137,6 +147,9 @@ void engine__matmuls(engine_ctx *c, const float *in, size_t rows, uint32_t n,
  * whatever the split). */
 void engine__quantize_rows(engine_ctx *c, kern_qx fmt, const float *in, size_t rows, size_t n_in,
                            void *dst);
+/* Rotates each row's queries c->q by its position with layer l's RoPE set (unless a NoPE
+ * layer), writing nothing to the arena: a layer that reads another's K/V (gemma3n). */
+void engine__rope_q(engine_ctx *c, const engine_batch *b, uint32_t l);
 /* out (rows, w->n_out) = in (rows, w->n_in) * w^T. */
 void engine__matmul(engine_ctx *c, float *out, const float *in, const kern_mat *w, size_t rows);
 /* Rotates each row's queries c->q and keys c->k by its position with layer l's RoPE set (unless

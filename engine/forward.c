@@ -34,6 +34,7 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->kern = m->kern;
     size_t max_in = E > F ? E : F;
     max_in = max_in > Q ? max_in : Q;
+    max_in = max_in > m->extra_in ? max_in : m->extra_in; /* a family's own matrices' */
     c->tile_floats = KERN_PANEL * max_in;
     c->x = malloc(T * E * sizeof(float));
     c->xn = malloc(T * E * sizeof(float));
@@ -56,6 +57,10 @@ int engine_ctx_create(const engine_model *m, uint32_t max_tokens, uint32_t n_thr
     c->tile = malloc(c->n_threads * c->tile_floats * sizeof(float));
     if (c->kern->pack_x)
         c->xp = malloc(T * max_in * sizeof(float));
+    if (m->arch->ctx_floats && !(c->fam = malloc(m->arch->ctx_floats(m, T) * sizeof(float)))) {
+        engine_ctx_destroy(c);
+        return KVS_ENOMEM;
+    }
     if (hp->n_expert && !(c->moe = engine__moe_buf_create(m, max_tokens))) {
         engine_ctx_destroy(c);
         return KVS_ENOMEM;
@@ -130,6 +135,7 @@ void engine_ctx_destroy(engine_ctx *c)
     free(c->wslot);
     free(c->rope_inv_freq);
     free(c->rope_cs);
+    free(c->fam);
     free(c);
 }
 
@@ -418,6 +424,15 @@ void engine__rope_store(engine_ctx *c, engine_kv *kv, const engine_batch *b, uin
     }
 }
 
+void engine__rope_q(engine_ctx *c, const engine_batch *b, uint32_t l)
+{
+    const engine_hparams *hp = &c->m->hp;
+    size_t T = b->n_tokens, Q = (size_t)hp->n_head * hp->head_dim, R = hp->n_rot / 2;
+    const float *cs = c->rope_cs + (size_t)c->m->layers[l].rope_set * c->max_tokens * R * 2;
+    for (size_t t = 0; t < T && !c->m->layers[l].no_rope; t++)
+        rope(c->q + t * Q, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs + t * R * 2);
+}
+
 int engine_forward(engine_ctx *c, engine_kv *kv, const engine_batch *b, float *logits_out)
 {
     return engine_forward_hidden(c, kv, b, logits_out, NULL, NULL);
@@ -448,8 +463,12 @@ int engine_forward_hidden(engine_ctx *c, engine_kv *kv, const engine_batch *b, f
         }
     }
 
+    if (m->arch->begin)
+        m->arch->begin(c, b);
     for (uint32_t l = 0; l < hp->n_layer; l++)
         m->arch->layer(c, kv, b, l);
+    if (m->arch->end)
+        m->arch->end(c, b);
 
     /* Final norm and the vocabulary projection, only for rows whose logits are wanted. */
     size_t n_out = 0;

@@ -42,13 +42,18 @@ uint32_t engine_model_window(const engine_model *m)
     return w;
 }
 
-/* Bytes of layer l's K and of its V per token slot. A short-convolution layer (lfm2) keeps the
+/* Bytes of layer l's K and of its V per token slot: none for a layer that reads another's
+ * (gemma3n's shared KV). A short-convolution layer (lfm2) keeps the
  * product B*x of each position (n_embd values) in its K rows and has no V: F32 whatever the
  * cache type, as llama.cpp keeps its convolution states, and the window its layer holds is a
  * few positions per sequence. */
 static void slot_bytes(const engine_model *m, engine_kv_type type, uint32_t l, size_t *k, size_t *v)
 {
     const engine_hparams *hp = &m->hp;
+    if (m->layers[l].kv_shared) { /* reads an earlier layer's rows (gemma3n) */
+        *k = *v = 0;
+        return;
+    }
     if (m->layers[l].conv_len) {
         *k = (size_t)hp->n_embd * sizeof(float);
         *v = 0;
@@ -120,6 +125,16 @@ static int kv_create(const engine_model *m, engine_kv_type type, uint32_t n_bloc
         kv->v_off[l] = v_total;
         k_total += slots * k_row;
         v_total += slots * v_row;
+    }
+    /* A shared-KV layer reads its source's rows: the same offsets and group, no rows of its
+     * own (k_row 0: copying a block copies nothing for it). */
+    for (uint32_t l = 0; l < kv->n_layer; l++) {
+        uint32_t src = m->layers[l].kv_layer;
+        if (!m->layers[l].kv_shared)
+            continue;
+        kv->layer_off[l] = kv->layer_off[src];
+        kv->v_off[l] = kv->v_off[src];
+        kv->group[l] = kv->group[src];
     }
     /* faulted in now, as llama.cpp clears its KV buffer at start: a block's first use never
      * pays page faults in the middle of a step (4-5 % of a 16-client 110m benchmark, which

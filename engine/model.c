@@ -189,6 +189,12 @@ int engine__load_layer_experts(engine_model *m, uint32_t l, const char *suffix, 
 {
     char name[96];
     snprintf(name, sizeof name, "blk.%u.%s", l, suffix);
+    return engine__load_stack(m, name, d0, d1, n, out, stride, err, err_len);
+}
+
+int engine__load_stack(engine_model *m, const char *name, uint64_t d0, uint64_t d1, uint32_t n,
+                       kern_mat *out, size_t stride, char *err, size_t err_len)
+{
     kern_mat all;
     const float *p;
     int rc = load_tensor_as(m, name, d0, d1, n, true, &p, &all, err, err_len);
@@ -377,6 +383,33 @@ static int load_kv_heads(engine_model *m, char *err, size_t err_len)
     return 0;
 }
 
+/* feed_forward_length: one width, or one per layer (Gemma 3n's converter writes its config's
+ * list), which must then be the same on every layer. */
+static int load_ff_length(engine_model *m, char *err, size_t err_len)
+{
+    engine_hparams *hp = &m->hp;
+    char key[128];
+    enum gguf_type et;
+    uint64_t n;
+    const void *data;
+    if (gguf_get_arr(m->file, arch_key(m, "feed_forward_length", key, sizeof key), &et, &n, &data))
+        return get_arch_u32(m, "feed_forward_length", &hp->n_ff, true, 1, MAX_FF, err, err_len);
+    if ((et != GGUF_TYPE_UINT32 && et != GGUF_TYPE_INT32) || n != hp->n_layer)
+        return status_set_err(err, err_len, KVS_EFORMAT,
+                              "%s is not a 32-bit integer per layer (%llu values, %u layers)", key,
+                              (unsigned long long)n, hp->n_layer);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        uint32_t v;
+        memcpy(&v, (const uint8_t *)data + 4 * (size_t)l, 4);
+        if (v < 1 || v > MAX_FF || (l && v != hp->n_ff))
+            return status_set_err(err, err_len, KVS_EUNSUPPORTED,
+                                  "%s[%u] = %u: one width on every layer (1..%u) is supported", key,
+                                  l, v, MAX_FF);
+        hp->n_ff = v;
+    }
+    return 0;
+}
+
 static int load_hparams(engine_model *m, char *err, size_t err_len)
 {
     engine_hparams *hp = &m->hp;
@@ -397,7 +430,7 @@ static int load_hparams(engine_model *m, char *err, size_t err_len)
              get_arch_u32(m, "context_length", &hp->n_ctx_train, true, 1, MAX_CTX, err, err_len)) ||
         (rc = get_arch_u32(m, "embedding_length", &hp->n_embd, true, 1, MAX_EMBD, err, err_len)) ||
         (rc = get_arch_u32(m, "block_count", &hp->n_layer, true, 1, MAX_LAYERS, err, err_len)) ||
-        (rc = get_arch_u32(m, "feed_forward_length", &hp->n_ff, true, 1, MAX_FF, err, err_len)) ||
+        (rc = load_ff_length(m, err, err_len)) ||
         (rc = get_arch_u32(m, "attention.head_count", &hp->n_head, true, 1, MAX_HEADS, err,
                            err_len)))
         return rc;
@@ -556,8 +589,10 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
     /* Each layer's matrices: the dense MLP's 7, or 4 + the router + 3 stacks of experts (+ a
      * shared expert's 3); an MoE model's dense layers (ernie4_5-moe) use the first 7 of theirs. */
     size_t X = m->hp.n_expert, SH = X && m->hp.n_ff_shexp ? 3 : 0;
-    size_t per_layer = X ? 5 + 3 * X + SH + 2 : 9; /* + a short convolution's two */
-    size_t n_mats = (size_t)m->hp.n_layer * per_layer + 2;
+    size_t per_layer = X ? 5 + 3 * X + SH + 2 : 9 + ENGINE_LAYER_EXTRA; /* + a short
+                                          convolution's two, or a family's own (gemma3n) */
+    size_t n_layer_mats = (size_t)m->hp.n_layer * per_layer;
+    size_t n_mats = n_layer_mats + ENGINE_MODEL_EXTRA + 2;
     /* An expert stack's copies go into one mapping, each slice 64-byte aligned: one mapping per
      * matrix would be 18k of them for Qwen3-30B-A3B (and three VMAs each, against the kernel's
      * 65530 per process). All slices of a stack are alike (same type and shape). */
@@ -579,22 +614,28 @@ static int repack_weights(engine_model *m, load_progress *lp, char *err, size_t 
                 break;
             }
             mat = &m->output;
+        } else if (i > n_layer_mats) {
+            mat = &m->extra[i - 1 - n_layer_mats];
+            if (!mat->data)
+                continue;
         } else {
             layer_weights *w = &m->layers[(i - 1) / per_layer];
             size_t k = (i - 1) % per_layer;
             kern_mat *mats[9] = {&w->wq,   &w->wk,     &w->wv,      &w->wo,      &w->w_gate,
                                  &w->w_up, &w->w_down, &w->conv_in, &w->conv_out};
             kern_mat *shared[3] = {&w->sh_gate, &w->sh_up, &w->sh_down};
-            if (!w->experts && k >= 9) /* a dense layer of an MoE model (ernie4_5-moe) */
+            if (!w->experts && X && k >= 9) /* a dense layer of an MoE model (ernie4_5-moe) */
                 continue;
             in_stack = w->experts && k >= 5 && k < 5 + 3 * X;
             e = in_stack ? (k - 5) % X : 0;
-            /* stack by stack: every expert's gate, then every up, then every down */
-            mat = k < 4 || !w->experts ? mats[k]
-                  : k == 4             ? &w->router
-                  : in_stack           ? &w->experts[e * 3 + (k - 5) / X]
-                  : k < 5 + 3 * X + SH ? shared[k - 5 - 3 * X]
-                                       : mats[7 + k - (5 + 3 * X + SH)];
+            /* stack by stack: every expert's gate, then every up, then every down; past a
+             * dense layer's nine, the family's own */
+            mat = !X && k >= 9           ? &w->extra[k - 9]
+                  : k < 4 || !w->experts ? mats[k]
+                  : k == 4               ? &w->router
+                  : in_stack             ? &w->experts[e * 3 + (k - 5) / X]
+                  : k < 5 + 3 * X + SH   ? shared[k - 5 - 3 * X]
+                                         : mats[7 + k - (5 + 3 * X + SH)];
             if (!mat->data) /* a matrix this layer does not have (attention or convolution) */
                 continue;
         }
@@ -662,7 +703,9 @@ static void prefault_weights(const engine_model *m, load_progress *lp)
         const gguf_tensor *t = gguf_tensor_at(m->file, i);
         if (is_released(m, t->data))
             continue;
-        if (t->data == m->tok_embd.data) { /* an untied embedding: mapped row by row */
+        /* an untied embedding, or a family's table (gemma3n's per-layer embeddings, the
+         * largest tensor of its files): mapped row by row */
+        if (t->data == m->tok_embd.data || t->data == m->extra_table.data) {
             gguf_willneed(m->file, t->data, t->n_bytes); /* into the page cache, not mapped */
             progress_add(lp, t->n_bytes);
             continue;

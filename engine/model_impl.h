@@ -17,6 +17,9 @@
 typedef struct engine_arch engine_arch;       /* a model family: arch.h */
 typedef struct engine_moe_buf engine_moe_buf; /* a step's expert routing: moe.c */
 
+#define ENGINE_LAYER_EXTRA 8  /* a layer's family matrices (layer_weights.extra) */
+#define ENGINE_MODEL_EXTRA 16 /* a model's (engine_model.extra) */
+
 typedef struct layer_weights {
     const float *attn_norm; /* (n_embd) */
     kern_mat wq;            /* (n_head * head_dim, n_embd): row-major out x in */
@@ -59,6 +62,13 @@ typedef struct layer_weights {
     uint32_t rope_set;   /* index into engine_model.rope */
     bool no_rope;        /* queries and keys go unrotated (smollm3's NoPE layers, every layer of a
                             granite file with rope.scaling.finetuned false): rope_set unused */
+    bool kv_shared;      /* writes no K/V: attends over layer kv_layer's rows (gemma3n's shared-KV
+                            layers; the arena gives it no rows of its own) */
+    uint32_t kv_layer;   /* with kv_shared: the earlier layer whose K/V it reads */
+    /* A family's own matrices and vectors (gemma3n's AltUp, LAuReL and per-layer input parts:
+     * arch_gemma3n.c names the slots), the matrices repacked as the ones above; unused: empty. */
+    kern_mat extra[ENGINE_LAYER_EXTRA];
+    const float *extra_vec[ENGINE_LAYER_EXTRA];
 } layer_weights;
 
 /* One RoPE frequency table: angle of pair j at position p is p * scale * base^(-2j/n_rot)
@@ -100,6 +110,14 @@ struct engine_model {
                                and interleaved ones): w_gate.. n_ff wide beside the experts */
     uint32_t moe_lead;      /* ernie4_5-moe: layers l >= moe_lead with (l + 1) % moe_step == 0 */
     uint32_t moe_step;      /* run experts, the others the dense MLP */
+    /* A family's own model-wide parts (gemma3n's AltUp projections and per-layer embeddings:
+     * arch_gemma3n.c): matrices repacked as the layers' (empty ones skipped), a lookup table
+     * kept in the file's rows as an untied tok_embd, vectors, sizes. */
+    kern_mat extra[ENGINE_MODEL_EXTRA];
+    kern_mat extra_table;
+    const float *extra_vec[2];
+    uint32_t extra_u32[8];
+    size_t extra_in;        /* the widest input of the family's matrices (the ctx's buffers) */
     engine_pooling pooling; /* <arch>.pooling_type, NONE when absent or another value */
     uint32_t weight_type;
     uint64_t n_params;
@@ -175,6 +193,7 @@ struct engine_ctx {
     float *rope_inv_freq;  /* (n_rope, n_rot / 2) each RoPE set's scale * base^(-2j/n_rot) */
     float *rope_cs;        /* (n_rope, max_tokens, n_rot / 2, 2) cos, sin of each row's angles */
     float rope_mscale[ENGINE_ROPE_SETS]; /* each set's cos and sin are times it (YaRN), else 1 */
+    float *fam; /* the family's own step buffers (engine_arch.ctx_floats), or NULL */
 };
 
 /* Runs fn on the ctx's pool (every thread, fn(arg, ith, nth)), or on the calling thread alone

@@ -107,6 +107,13 @@ FAMILIES = {
     "mistral3-bias": ["--bias", "--seed", "4"],
     # Mixtral's branch: 4 experts of feed_forward_length, 2 used
     "mistral3-moe": ["--experts", "4", "--seed", "3", "--weight-std", "0.06"],
+    # 15 layers: the sparse first 10, windowed layers and global ones (4, 9, 14); not the
+    # layers from 20 on that share K/V: ggml's GELU rounds its input and output to F16, so a
+    # random 25-layer file is chaotic (a 1e-7 change of one magnitude moves logprobs by 5e-3)
+    # and its 32 tokens part from llama-server's after 13 (its top logprobs differ by 2e-3 to
+    # 4e-2 with the sharing, by 0.14 to 0.2 without, and the first token then differs)
+    "gemma3n": ["--layers", "15", "--head-dim", "128", "--sliding-window", "16",
+                "--rope-base", "1000000", "--weight-std", "0.02"],
 }
 ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
         "granite-norope": "granite", "granitemoe-shared": "granitemoe", "ernie4_5-hd": "ernie4_5",
@@ -122,7 +129,7 @@ ARCH = {"mixtral": "llama", "qwen3-yarn": "qwen3", "smollm3-yarn": "smollm3",
 # random model's distribution (top logprobs near -8.6, neighbours 0.001 apart), and on F16 files
 # two seeds parted at token 19 on such near-ties (0.0009 and 0.003), after 19 equal tokens.
 F32 = {"qwen3moe", "mixtral", "gpt-oss", "granite", "granitemoe", "granitemoe-shared",
-       "ernie4_5-moe", "ernie4_5-hd", "lfm2moe", "mistral3-moe", "mistral3-yarn"}
+       "ernie4_5-moe", "ernie4_5-hd", "lfm2moe", "mistral3-moe", "mistral3-yarn", "gemma3n"}
 
 
 def main():

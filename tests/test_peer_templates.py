@@ -50,7 +50,8 @@ import peer_util
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join(HERE, "data", "chat_templates")
 # name -> the family srv_chat_detect must pick (kvserve logs it at start)
-FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
+FAMILIES = {"qwen2.5": "chatml", "qwen3": "qwen3", "gemma2": "gemma", "gemma3": "gemma",
+            "gemma3n": "gemma", "phi3": "phi3",
             "llama3.1": "llama3.1", "llama3.2": "llama3.2", "gpt-oss": "harmony",
             "smollm3": "smollm3", "granite3.1": "granite", "granite3.0": "granite3.0",
             "granite3.2": "granite3.2", "granite3.3": "granite3.3",

@@ -313,7 +313,10 @@ static void usage(FILE *fp)
             "            lfm2moe (lfm2 with experts after --dense-lead dense layers, sigmoid\n"
             "            gating, exp_probs_b.bias of std 0.1); olmo2 (no pre-norms, Q/K norms\n"
             "            over the whole projections, post-norms, never tied); mistral3 (llama's\n"
-            "            tensors; --attn-temp, --bias).\n"
+            "            tensors; --attn-temp, --bias); gemma3n (gemma3's layer with\n"
+            "            AltUp's 4 streams, LAuReL of rank 64, per-layer embeddings 256 wide,\n"
+            "            the window pattern as one bool per layer, layers from 20 on sharing\n"
+            "            K/V: --layers 25 has shared windowed and global layers).\n"
             "            gemma is always tied, phi3 never\n"
             "  --tied    no output.weight: the output projection reuses token_embd\n");
     fprintf(fp, /* two strings: C99 compilers need take only 4095 bytes in one */
@@ -497,7 +500,7 @@ static int parse_args(int argc, char **argv, opts *o)
             static const char *const archs[] = {
                 "llama",        "qwen2",   "qwen3",   "qwen3moe", "gemma2",     "gemma3",
                 "phi3",         "gpt-oss", "smollm3", "granite",  "granitemoe", "ernie4_5",
-                "ernie4_5-moe", "lfm2",    "lfm2moe", "olmo2",    "mistral3"};
+                "ernie4_5-moe", "lfm2",    "lfm2moe", "olmo2",    "mistral3",   "gemma3n"};
             o->arch = NULL;
             for (size_t k = 0; k < sizeof archs / sizeof archs[0]; k++)
                 if (!strcmp(val, archs[k]))
@@ -506,7 +509,7 @@ static int parse_args(int argc, char **argv, opts *o)
                 fprintf(stderr,
                         "kvs-mkmodel: unknown architecture '%s' (llama, qwen2, qwen3, "
                         "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe, "
-                        "ernie4_5, ernie4_5-moe, lfm2, lfm2moe, olmo2, mistral3)\n",
+                        "ernie4_5, ernie4_5-moe, lfm2, lfm2moe, olmo2, mistral3, gemma3n)\n",
                         val);
                 return -1;
             }
@@ -815,6 +818,13 @@ static bool lfm2_conv(uint32_t l, uint32_t n)
     return l % 3 != 2 && l + 1 != n;
 }
 
+/* gemma3n's sizes: AltUp streams, LAuReL's rank (llama.cpp's fixed 64), per-layer input
+ * width; the layers from G3N_KV_FROM on share K/V (llama.cpp's fixed 20) */
+#define G3N_ALTUP 4
+#define G3N_LAUREL 64
+#define G3N_PL 256
+#define G3N_KV_FROM 20
+
 static int build(gen *g, const opts *o)
 {
     const shape *sh = o->shape;
@@ -828,7 +838,8 @@ static int build(gen *g, const opts *o)
     bool granite = !strncmp(o->arch, "granite", 7);
     bool ernie_moe = !strcmp(o->arch, "ernie4_5-moe"), lfm2moe = !strcmp(o->arch, "lfm2moe");
     bool gemma2 = !strcmp(o->arch, "gemma2"), gemma3 = !strcmp(o->arch, "gemma3");
-    bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3;
+    bool gemma3n = !strcmp(o->arch, "gemma3n");
+    bool phi3 = !strcmp(o->arch, "phi3"), gemma = gemma2 || gemma3 || gemma3n;
     bool gpt_oss = !strcmp(o->arch, "gpt-oss"), smollm3 = !strcmp(o->arch, "smollm3");
     bool lfm2 = !strncmp(o->arch, "lfm2", 4); /* lfm2, lfm2moe */
     bool olmo2 = !strcmp(o->arch, "olmo2");
@@ -836,6 +847,10 @@ static int build(gen *g, const opts *o)
     int32_t kv_heads[1024];
     for (uint32_t l = 0; l < n_layers && l < 1024; l++)
         kv_heads[l] = lfm2 && lfm2_conv(l, n_layers) ? 0 : (int32_t)sh->n_kv_heads;
+    /* Gemma 3n's converter: feed_forward_length is its config's list, one width per layer */
+    uint32_t ffn_arr[1024];
+    for (uint32_t l = 0; l < n_layers && l < 1024; l++)
+        ffn_arr[l] = sh->ffn;
     uint32_t ftype = o->type == GGML_TYPE_F32   ? FTYPE_ALL_F32
                      : o->type == GGML_TYPE_F16 ? FTYPE_MOSTLY_F16
                                                 : FTYPE_MOSTLY_Q8_0;
@@ -850,7 +865,9 @@ static int build(gen *g, const opts *o)
         (rc = gguf_writer_add_u32(w, ARCH_KEY("context_length"), o->ctx)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("embedding_length"), sh->dim)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("block_count"), n_layers)) ||
-        (rc = gguf_writer_add_u32(w, ARCH_KEY("feed_forward_length"), sh->ffn)) ||
+        (rc = gemma3n ? gguf_writer_add_arr(w, ARCH_KEY("feed_forward_length"), GGUF_TYPE_UINT32,
+                                            ffn_arr, n_layers)
+                      : gguf_writer_add_u32(w, ARCH_KEY("feed_forward_length"), sh->ffn)) ||
         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.head_count"), sh->n_heads)) ||
         (rc = lfm2 ? gguf_writer_add_arr(w, ARCH_KEY("attention.head_count_kv"), GGUF_TYPE_INT32,
                                          kv_heads, n_layers)
@@ -925,6 +942,27 @@ static int build(gen *g, const opts *o)
         return rc;
     if (lfm2 && (rc = gguf_writer_add_u32(w, ARCH_KEY("shortconv.l_cache"), 3)))
         return rc;
+    /* as Gemma 3n's converter: the window pattern one bool per layer (four windowed, one
+     * global), its sparsity one std multiplier per layer (icdf(0.95) on the first 10) */
+    uint8_t swa[1024];
+    float sparsity[1024];
+    for (uint32_t l = 0; l < n_layers && l < 1024; l++) {
+        swa[l] = l % 5 < 4;
+        sparsity[l] = l < 10 ? 1.6448533535003662f : 0.0f;
+    }
+    if (gemma3n &&
+        ((rc = gguf_writer_add_u32(w, ARCH_KEY("altup.active_idx"), 0)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("altup.num_inputs"), G3N_ALTUP)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("embedding_length_per_layer_input"), G3N_PL)) ||
+         (rc = gguf_writer_add_u32(w, ARCH_KEY("attention.shared_kv_layers"),
+                                   n_layers > G3N_KV_FROM ? n_layers - G3N_KV_FROM : 0)) ||
+         (rc = gguf_writer_add_arr(w, ARCH_KEY("attention.sliding_window_pattern"), GGUF_TYPE_BOOL,
+                                   swa, n_layers)) ||
+         (rc = gguf_writer_add_arr(w, ARCH_KEY("activation_sparsity_scale"), GGUF_TYPE_FLOAT32,
+                                   sparsity, n_layers)) ||
+         (rc = gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base_swa"), 10000.0f)) ||
+         (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
+        return rc;
     if (gemma2 && ((rc = gguf_writer_add_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f)) ||
                    (rc = gguf_writer_add_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f))))
         return rc;
@@ -949,13 +987,26 @@ static int build(gen *g, const opts *o)
     g->tmp_len = g->tmp_len > q_dim ? g->tmp_len : q_dim;
     g->tmp_len = g->tmp_len > o->expert_ffn ? g->tmp_len : o->expert_ffn;
     g->tmp_len = g->tmp_len > o->shexp_ffn ? g->tmp_len : o->shexp_ffn;
+    if (gemma3n && g->tmp_len < (uint64_t)n_layers * G3N_PL)
+        g->tmp_len = (uint64_t)n_layers * G3N_PL; /* a row of per_layer_token_embd */
     g->tmp = malloc(g->tmp_len * sizeof *g->tmp);
-    g->cap_fills = 3 + 24 * (size_t)n_layers;
+    g->cap_fills = 8 + 26 * (size_t)n_layers;
     g->fills = calloc(g->cap_fills, sizeof *g->fills);
     if (!g->tmp || !g->fills)
         return KVS_ENOMEM;
     if ((rc = gen_tensor(g, "token_embd.weight", sh->dim, n_vocab)))
         return rc;
+    if (gemma3n) {
+        uint64_t stack[3] = {sh->dim, sh->dim, G3N_ALTUP - 1};
+        if ((rc = gen_tensor(g, "per_layer_token_embd.weight", (uint64_t)n_layers * G3N_PL,
+                             n_vocab)) ||
+            (rc = gen_tensor(g, "per_layer_model_proj.weight", sh->dim,
+                             (uint64_t)n_layers * G3N_PL)) ||
+            (rc = gen_tensor(g, "per_layer_proj_norm.weight", G3N_PL, 0)) ||
+            (rc = gen_add(g, "altup_proj.weight", 3, stack, g->wtype, g->std)) ||
+            (rc = gen_add(g, "altup_unembd_proj.weight", 3, stack, g->wtype, g->std)))
+            return rc;
+    }
     for (uint32_t l = 0; l < n_layers; l++) {
         /* In the order llama.cpp's converters write them (and kvs-mkmodel always has: each
          * tensor's values come from its index). d1 = 0 marks a norm vector; d2 > 0 a stack of
@@ -976,8 +1027,8 @@ static int build(gen *g, const opts *o)
             {"attn_q", sh->dim, q_dim, 0, attn},
             {"attn_k", sh->dim, kv_dim, 0, attn},
             {"attn_v", sh->dim, kv_dim, 0, attn},
-            {"attn_q_norm", head_dim, 0, 0, qwen3 || gemma3 || (lfm2 && attn)},
-            {"attn_k_norm", head_dim, 0, 0, qwen3 || gemma3 || (lfm2 && attn)},
+            {"attn_q_norm", head_dim, 0, 0, qwen3 || gemma3 || gemma3n || (lfm2 && attn)},
+            {"attn_k_norm", head_dim, 0, 0, qwen3 || gemma3 || gemma3n || (lfm2 && attn)},
             {"attn_q_norm", q_dim, 0, 0, olmo2}, /* over the whole projection */
             {"attn_k_norm", kv_dim, 0, 0, olmo2},
             {"attn_output", q_dim, sh->dim, 0, !conv},
@@ -999,6 +1050,18 @@ static int build(gen *g, const opts *o)
             {"ffn_up_shexp", sh->dim, o->shexp_ffn, 0, shexp},
             {"ffn_down_shexp", o->shexp_ffn, sh->dim, 0, shexp},
             {"post_ffw_norm", sh->dim, 0, 0, gemma || olmo2},
+            /* gemma3n's per-layer input, AltUp and LAuReL, as its converter orders them */
+            {"inp_gate", sh->dim, G3N_PL, 0, gemma3n},
+            {"proj", G3N_PL, sh->dim, 0, gemma3n},
+            {"post_norm", sh->dim, 0, 0, gemma3n},
+            {"altup_correct_coef", G3N_ALTUP, G3N_ALTUP, 0, gemma3n},
+            {"altup_correct_scale", sh->dim, 0, 0, gemma3n},
+            {"altup_predict_coef", G3N_ALTUP, G3N_ALTUP * G3N_ALTUP, 0, gemma3n},
+            {"altup_router", sh->dim, G3N_ALTUP, 0, gemma3n},
+            {"altup_router_norm", sh->dim, 0, 0, gemma3n},
+            {"laurel_l", sh->dim, G3N_LAUREL, 0, gemma3n},
+            {"laurel_r", G3N_LAUREL, sh->dim, 0, gemma3n},
+            {"laurel_post_norm", sh->dim, 0, 0, gemma3n},
         };
         for (size_t k = 0; k < sizeof L / sizeof L[0]; k++) {
             if (!L[k].on)

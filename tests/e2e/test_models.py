@@ -286,7 +286,7 @@ class Refusals(unittest.TestCase):
         self.assertNotEqual(rc, 0)
         self.assertIn("architecture 'mamba' is not supported (supported: llama, qwen2, qwen3, "
                       "qwen3moe, gemma2, gemma3, phi3, gpt-oss, smollm3, granite, granitemoe, "
-                      "ernie4_5, ernie4_5-moe, lfm2, lfm2moe, olmo2, mistral3)", err)
+                      "ernie4_5, ernie4_5-moe, lfm2, lfm2moe, olmo2, mistral3, gemma3n)", err)
 
     def test_unsupported_tensor_type(self):
         path = mkmodel("q4.gguf")
