@@ -102,6 +102,27 @@ def forced_marker_calls(test, srv, mark, messages, choice, **extra):
     return calls
 
 
+def marker_model(cls, vocab_base, name, control, user=(), eos=None, pre=None, template=None,
+                 mkmodel_args=("--shape", "tiny")):
+    """A test class's model on vocab_base's vocabulary with a family's marker tokens appended
+    (harmony_vocab.append: control as control tokens, user as user-defined ones, EOS and the
+    pre-tokenizer where given; cls.ids their ids) and the chat template at path template, in
+    cls.dir (a TemporaryDirectory the class cleans up). Skips without kvs-mkmodel or the
+    vocabulary. Returns the model's path."""
+    import harmony_vocab  # beside this file
+    require_mkmodel(vocab_base)
+    cls.dir = tempfile.TemporaryDirectory()
+    vocab = os.path.join(cls.dir.name, name + "-vocab.gguf")
+    cls.ids = harmony_vocab.append(vocab_base, vocab, control, list(user), eos=eos, pre=pre)
+    path = os.path.join(cls.dir.name, name + ".gguf")
+    args = [MKMODEL, *mkmodel_args, "--vocab", vocab, "-o", path]
+    if template:
+        with open(template) as f:
+            args += ["--chat-template", f.read()]
+    subprocess.run(args, check=True, capture_output=True)
+    return path
+
+
 class OneTokenAnswers:
     """A mixin for the tests of a family's chat markers on a vocabulary with test devices
     (harmony_vocab.append): self.srv, self.ids (text -> token id), and the class's MSGS, TOOLS,

@@ -18,13 +18,9 @@ class Granite40): detected, its prompts, its call tags printed, and forced calls
 "<tool_call>\n" then one call (the block left open) and read back, whole and streamed."""
 import json
 import os
-import subprocess
-import tempfile
 import unittest
 
-import harmony_vocab
-from kvs_e2e import (ADD_MUL_TOOLS, MKMODEL, MODELS, Server, forced_first, forced_marker_calls,
-                     require_mkmodel)
+from kvs_e2e import (ADD_MUL_TOOLS, MODELS, Server, forced_first, forced_marker_calls, marker_model)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "granite3.1.jinja")
@@ -32,21 +28,18 @@ VOCAB = os.path.join(MODELS, "vocab", "ggml-vocab-gpt-2.gguf")
 SPECIALS = ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"]
 TOOLS = ADD_MUL_TOOLS
 MSGS = [{"role": "user", "content": "Hi"}]
+GRANITE = ("--shape", "tiny", "--arch", "granite")
+
+
+def template_path(name):
+    return os.path.join(HERE, "..", "data", "chat_templates", name + ".jinja")
 
 
 class Granite(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        require_mkmodel(VOCAB)
-        cls.dir = tempfile.TemporaryDirectory()
-        vocab = os.path.join(cls.dir.name, "granite-vocab.gguf")
-        cls.ids = harmony_vocab.append(VOCAB, vocab, SPECIALS, eos="<|end_of_text|>")
-        path = os.path.join(cls.dir.name, "granite.gguf")
-        with open(TEMPLATE) as f:
-            template = f.read()
-        subprocess.run([MKMODEL, "--shape", "tiny", "--arch", "granite", "--vocab", vocab,
-                        "-o", path, "--chat-template", template], check=True,
-                       capture_output=True)
+        path = marker_model(cls, VOCAB, "granite", SPECIALS, eos="<|end_of_text|>",
+                            template=TEMPLATE, mkmodel_args=GRANITE)
         cls.srv = Server(ctx=2048, model=path)
 
     @classmethod
@@ -124,17 +117,9 @@ class Granite(unittest.TestCase):
 class Granite33(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        require_mkmodel(VOCAB)
-        cls.dir = tempfile.TemporaryDirectory()
-        vocab = os.path.join(cls.dir.name, "granite-vocab.gguf")
-        cls.ids = harmony_vocab.append(VOCAB, vocab, SPECIALS, ["<think>", "</think>"],
-                                       eos="<|end_of_text|>")
-        path = os.path.join(cls.dir.name, "granite33.gguf")
-        with open(os.path.join(HERE, "..", "data", "chat_templates", "granite3.3.jinja")) as f:
-            template = f.read()
-        subprocess.run([MKMODEL, "--shape", "tiny", "--arch", "granite", "--vocab", vocab,
-                        "-o", path, "--chat-template", template], check=True,
-                       capture_output=True)
+        path = marker_model(cls, VOCAB, "granite33", SPECIALS, ["<think>", "</think>"],
+                            eos="<|end_of_text|>", template=template_path("granite3.3"),
+                            mkmodel_args=GRANITE)
         cls.srv = Server(ctx=2048, model=path)
         cls.none = Server("--reasoning-format", "none", ctx=2048, model=path)
 
@@ -205,19 +190,11 @@ class Granite40(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        require_mkmodel(VOCAB)
-        cls.dir = tempfile.TemporaryDirectory()
-        vocab = os.path.join(cls.dir.name, "granite4-vocab.gguf")
-        cls.ids = harmony_vocab.append(
-            VOCAB, vocab, ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<tools>",
-                           "</tools>", "<tool_call>", "</tool_call>"],
-            ["<tool_response>", "</tool_response>"], eos="<|end_of_text|>")
-        path = os.path.join(cls.dir.name, "granite4.gguf")
-        with open(os.path.join(HERE, "..", "data", "chat_templates", "granite4.0.jinja")) as f:
-            template = f.read()
-        subprocess.run([MKMODEL, "--shape", "tiny", "--arch", "granite", "--vocab", vocab,
-                        "-o", path, "--chat-template", template], check=True,
-                       capture_output=True)
+        path = marker_model(
+            cls, VOCAB, "granite4", ["<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>",
+                                     "<tools>", "</tools>", "<tool_call>", "</tool_call>"],
+            ["<tool_response>", "</tool_response>"], eos="<|end_of_text|>",
+            template=template_path("granite4.0"), mkmodel_args=GRANITE)
         cls.srv = Server(ctx=2048, model=path)
 
     @classmethod

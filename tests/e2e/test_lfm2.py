@@ -14,13 +14,10 @@ A forced call (tool_choice required or named) is generated in llama.cpp's LFM2 f
 <|tool_call_start|> then a JSON list of {"name", "arguments"} objects, and comes back as
 tool_calls."""
 import os
-import subprocess
-import tempfile
 import unittest
 
-import harmony_vocab
-from kvs_e2e import (ADD_MUL_TOOLS, MKMODEL, MODELS, OneTokenAnswers, Server, forced_marker_calls,
-                     require_mkmodel)
+from kvs_e2e import (ADD_MUL_TOOLS, MODELS, OneTokenAnswers, Server, forced_marker_calls,
+                     marker_model)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "lfm2.5.jinja")
@@ -40,16 +37,9 @@ class Lfm25(OneTokenAnswers, unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        require_mkmodel(VOCAB)
-        cls.dir = tempfile.TemporaryDirectory()
-        vocab = os.path.join(cls.dir.name, "lfm2-vocab.gguf")
-        cls.ids = harmony_vocab.append(VOCAB, vocab, SPECIALS, [CALL + STOP, THINK], eos="<|im_end|>",
-                                       pre="lfm2")
-        path = os.path.join(cls.dir.name, "lfm25.gguf")
-        with open(TEMPLATE) as f:
-            template = f.read()
-        subprocess.run([MKMODEL, "--shape", "swa7", "--arch", "lfm2", "--vocab", vocab, "-o", path,
-                        "--chat-template", template], check=True, capture_output=True)
+        path = marker_model(cls, VOCAB, "lfm25", SPECIALS, [CALL + STOP, THINK], eos="<|im_end|>",
+                            pre="lfm2", template=TEMPLATE,
+                            mkmodel_args=("--shape", "swa7", "--arch", "lfm2"))
         cls.srv = Server(ctx=2048, model=path)
 
     @classmethod

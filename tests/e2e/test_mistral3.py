@@ -15,12 +15,9 @@ switch); turns that do not alternate are a 400, as the template raises. A forced
 (the markers as their one token each or as text), and comes back as tool_calls."""
 import json
 import os
-import subprocess
-import tempfile
 import unittest
 
-import harmony_vocab
-from kvs_e2e import (ADD_MUL_TOOLS, MKMODEL, MODELS, OneTokenAnswers, Server, require_mkmodel)
+from kvs_e2e import (ADD_MUL_TOOLS, MODELS, OneTokenAnswers, Server, marker_model)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "..", "data", "chat_templates", "ministral3-reasoning.jinja")
@@ -40,17 +37,10 @@ class Ministral3(OneTokenAnswers, unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        require_mkmodel(VOCAB)
-        cls.dir = tempfile.TemporaryDirectory()
-        vocab = os.path.join(cls.dir.name, "tekken-vocab.gguf")
-        cls.ids = harmony_vocab.append(VOCAB, vocab, SPECIALS, [CALL + STOP, THINK], eos="</s>",
-                                       pre="tekken")
-        path = os.path.join(cls.dir.name, "mistral3.gguf")
-        with open(TEMPLATE) as f:
-            template = f.read()
-        subprocess.run([MKMODEL, "--shape", "tiny", "--arch", "mistral3", "--vocab", vocab,
-                        "--orig-ctx", "16", "--attn-temp", "0.1", "-o", path,
-                        "--chat-template", template], check=True, capture_output=True)
+        path = marker_model(cls, VOCAB, "mistral3", SPECIALS, [CALL + STOP, THINK], eos="</s>",
+                            pre="tekken", template=TEMPLATE,
+                            mkmodel_args=("--shape", "tiny", "--arch", "mistral3", "--orig-ctx",
+                                          "16", "--attn-temp", "0.1"))
         cls.srv = Server(ctx=2048, model=path)
 
     @classmethod
