@@ -1055,7 +1055,9 @@ static bool mistral3_calls(const char *text, size_t len, const cJSON *tools, con
     const char *p = first;
     while (ok && p < end && *rc >= 0) {
         const char *name = p + mk, *s = name;
-        while (s + sk <= end && memcmp(s, sep, sk) && memcmp(s, mark, mk))
+        /* the name runs to [ARGS] (or, not a call, to the next marker; either whole inside
+         * the text before it is compared) */
+        while (s + sk <= end && memcmp(s, sep, sk) && (s + mk > end || memcmp(s, mark, mk)))
             s++;
         ok = p + mk <= end && !memcmp(p, mark, mk) && s + sk <= end && !memcmp(s, sep, sk) &&
              s > name && (size_t)(s - name) < 256;
